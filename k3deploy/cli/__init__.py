@@ -1,0 +1,55 @@
+"""The ``k3deploy`` command line.
+
+Sub-commands are imported lazily so that ``k3deploy resolve`` stays fast: pyinfra, rich and the simulation
+are only imported by the commands that need them. To add a command, add one line to ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from k3deploy.errors import K3Error
+
+#: command name -> "module:attribute" of a click command
+COMMANDS: dict[str, str] = {
+    "resolve": "k3deploy.cli.resolve:resolve",
+    "options": "k3deploy.cli.options:options",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="k3deploy")
+def cli() -> None:
+    """Deploy Kimi-K3 on vLLM to bare-metal GPU clusters."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="k3deploy", standalone_mode=False)
+    except K3Error as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)

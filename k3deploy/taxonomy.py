@@ -1,0 +1,136 @@
+"""Hardware profiles and serving strategies: the data the resolver reads besides the recipe.
+
+Both live as YAML in ``k3deploy/data`` (``taxonomy.yaml``, ``strategies/*.yaml``, ``images.yaml``).
+
+Example::
+
+    >>> from k3deploy.taxonomy import hardware, strategies
+    >>> hardware()["gb300"].gpu_count
+    4
+    >>> strategies()["multi_node_dep"].parallel_flag
+    '--data-parallel-size'
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+DATA = Path(__file__).parent / "data"
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _read(path: Path) -> Any:
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+
+
+class HardwareProfile(BaseModel):
+    """One hardware id of the taxonomy (one node of that kind)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    brand: str
+    generation: str | list[str]
+    gpu_count: int
+    vram_gb: float
+    label: str | None = None
+    gpu_names: tuple[str, ...] = ()
+    compute_capability: str | None = None
+    gfx: str | None = None
+    nvl: bool = False
+    restricted: bool = False
+    scalable: bool = True
+
+    @property
+    def gen(self) -> str:
+        """The generation key (first element when the taxonomy gives a list)."""
+        g = self.generation
+        return g[0] if isinstance(g, list) else g
+
+    @property
+    def generations(self) -> list[str]:
+        return list(self.generation) if isinstance(self.generation, list) else [self.generation]
+
+    @property
+    def brand_key(self) -> str:
+        """Docker flavour: tpu, amd, intel or nvidia (Huawei NPUs land on nvidia, as in the builder)."""
+        if self.gen == "tpu":
+            return "tpu"
+        if self.brand == "AMD":
+            return "amd"
+        if self.gen in ("cpu", "xpu") or self.brand == "Intel":
+            return "intel"
+        return "nvidia"
+
+    @property
+    def vendor(self) -> str:
+        """The container vendor k3deploy deploys for: nvidia, amd, npu (or intel/tpu, unsupported)."""
+        if self.brand == "Huawei":
+            return "npu"
+        return self.brand_key
+
+    @property
+    def per_gpu_gb(self) -> float:
+        return self.vram_gb / self.gpu_count if self.gpu_count else 0.0
+
+
+class RoleStrategy(BaseModel):
+    vllm_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    parallelism: str | None = None
+    parallel_flag: str | None = None
+    tp: int | None = None
+
+
+class Strategy(BaseModel):
+    """A serving strategy (``strategies/<id>.yaml`` of the recipes project)."""
+
+    id: str
+    deploy_type: str = "single_node"
+    vllm_args: list[str] = Field(default_factory=list)
+    parallel_flag: str = "--tensor-parallel-size"
+    parallelism: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    prefill: RoleStrategy | None = None
+    decode: RoleStrategy | None = None
+    router: dict[str, Any] | None = None
+
+    @property
+    def multi_node(self) -> bool:
+        return self.deploy_type == "multi_node"
+
+    @property
+    def pd(self) -> bool:
+        return self.deploy_type == "pd_cluster"
+
+    def role(self, name: str) -> RoleStrategy:
+        r = getattr(self, name)
+        return r if r is not None else RoleStrategy()
+
+
+@cache
+def hardware() -> dict[str, HardwareProfile]:
+    raw = _read(DATA / "taxonomy.yaml")["hardware"]
+    return {k: HardwareProfile(id=k, **v) for k, v in raw.items()}
+
+
+@cache
+def strategies() -> dict[str, Strategy]:
+    out = {}
+    for path in sorted((DATA / "strategies").glob("*.yaml")):
+        out[path.stem] = Strategy(id=path.stem, **(_read(path) or {}))
+    return out
+
+
+@cache
+def pinned_images() -> dict[str, dict[str, str]]:
+    return _read(DATA / "images.yaml") or {}
+
+
+#: the builder's MAX_NODES
+MAX_NODES = 16
