@@ -23,7 +23,7 @@ from typing import Any, Union
 import yaml
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictStr, ValidationError, field_validator
 
 from k3deploy.errors import RecipeError
 
@@ -207,6 +207,16 @@ class Recipe(_Model):
     strategy_overrides: dict[str, StrategyOverride | None] = Field(default_factory=dict)
     guide: str | None = None
     source: str | None = None
+    #: memoised derived data (offered strategies per hardware, ...): a recipe is not changed once loaded
+    _memo: dict[Any, Any] = PrivateAttr(default_factory=dict)
+
+    def memo(self, key: Any, compute: Any) -> Any:
+        """``compute()`` once per key for this recipe object."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = compute()
+            return value
 
     @field_validator(
         "features", "hardware_opt_in_features", "strategy_hardware", "hardware_overrides",

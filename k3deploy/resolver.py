@@ -53,6 +53,10 @@ def precision_ok(variant: Variant, hw: HardwareProfile) -> bool:
 
 def hardware_for_variant(recipe: Recipe, variant_key: str) -> list[str]:
     """Hardware ids a variant can be deployed on (the recipes site's hardware candidates)."""
+    return list(recipe.memo(("hardware_for_variant", variant_key), lambda: _hardware_for_variant(recipe, variant_key)))
+
+
+def _hardware_for_variant(recipe: Recipe, variant_key: str) -> list[str]:
     v = recipe.variants[variant_key]
     out = []
     for hw_id, hw in hardware().items():
@@ -70,6 +74,10 @@ def hardware_for_variant(recipe: Recipe, variant_key: str) -> list[str]:
 
 def strategies_on(recipe: Recipe, hw: HardwareProfile) -> list[str]:
     """Strategies offered on one hardware id: offered, per-GPU gate, reachable, scalable."""
+    return list(recipe.memo(("strategies_on", hw.id), lambda: _strategies_on(recipe, hw)))
+
+
+def _strategies_on(recipe: Recipe, hw: HardwareProfile) -> list[str]:
     known = strategies()
     out = []
     for s in offered_strategies(recipe):
@@ -84,6 +92,10 @@ def strategies_on(recipe: Recipe, hw: HardwareProfile) -> list[str]:
 
 def recommended(recipe: Recipe, variant_key: str, hw: HardwareProfile) -> tuple[str, int]:
     """The recommended strategy and node count for (variant, hardware), as the recipes site picks them."""
+    return recipe.memo(("recommended", variant_key, hw.id), lambda: _recommended(recipe, variant_key, hw))
+
+
+def _recommended(recipe: Recipe, variant_key: str, hw: HardwareProfile) -> tuple[str, int]:
     offered_here = strategies_on(recipe, hw)
     v = recipe.variants[variant_key]
     base_n = 2 if (not fits_single_node(v, hw) and any(s.startswith("multi_node_") for s in offered_here)) else 1

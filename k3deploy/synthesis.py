@@ -92,34 +92,30 @@ def dedupe_args(args: Iterable[str]) -> list[str]:
     ['--b', '--a', '2']
     """
     items = [a for a in args if a]
-    units: list[tuple[str, ...]] = []
-    i, n = 0, len(items)
+    n = len(items)
+    # pass 1: unit boundaries (start index, length, flag key or None for a positional)
+    units: list[tuple[int, int, str | None]] = []
+    i = 0
     while i < n:
         a = items[i]
-        if a.startswith("-"):
-            if i + 1 < n and not items[i + 1].startswith("-"):
-                units.append((a, items[i + 1]))
+        if a[0] == "-":
+            if i + 1 < n and items[i + 1][0] != "-":
+                units.append((i, 2, a))
                 i += 2
                 continue
-            units.append((a,))
+            units.append((i, 1, a))
         else:
-            units.append(("", a))
+            units.append((i, 1, None))
         i += 1
-    seen: set[str] = set()
-    kept: list[tuple[str, ...]] = []
-    for unit in reversed(units):
-        key = unit[0]
-        if key:
-            if key in seen:
-                continue
-            seen.add(key)
-        kept.append(unit)
+    # pass 2: keep the last sighting of each flag
+    last: dict[str, int] = {}
+    for idx, (_, _, key) in enumerate(units):
+        if key is not None:
+            last[key] = idx
     out: list[str] = []
-    for unit in reversed(kept):
-        if unit[0]:
-            out.extend(unit)
-        else:
-            out.append(unit[1])
+    for idx, (start, length, key) in enumerate(units):
+        if key is None or last[key] == idx:
+            out.extend(items[start:start + length])
     return out
 
 

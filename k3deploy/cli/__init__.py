@@ -17,6 +17,7 @@ from k3deploy.errors import K3Error
 COMMANDS: dict[str, str] = {
     "resolve": "k3deploy.cli.resolve:resolve",
     "options": "k3deploy.cli.options:options",
+    "sim": "k3deploy.sim.cli:sim_group",
 }
 
 

@@ -1,0 +1,70 @@
+"""Resolver speed over the whole offered matrix, and the CLI's cold start.
+
+Reports, as figures (JSON on stdout, a summary on stderr):
+- the median time per node command (one node's argv + env; a plan of N nodes counts N), over every
+  selection of the offered matrix (hardware x offered strategy x variant x feature subset); target <= 40 us;
+- the cold start of `k3deploy resolve --hardware gb300 --json` (target <= 0.3 s).
+
+Run: python benchmarks/resolve_matrix.py [--repeat 5] [--recipe PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5, help="timed repetitions per selection (the median is kept)")
+    ap.add_argument("--cold-runs", type=int, default=10)
+    ap.add_argument("--recipe", default=None)
+    args = ap.parse_args()
+
+    from k3deploy import load_recipe, resolve
+    from k3deploy.resolver import iter_matrix
+
+    recipe = load_recipe(args.recipe)
+    selections = list(iter_matrix(recipe))
+    per_node: list[float] = []
+    total_nodes = 0
+    for sel in selections:
+        resolve(recipe, **sel)  # warm
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            plan = resolve(recipe, **sel)
+            times.append(time.perf_counter() - t0)
+        n = sum(1 for node in plan.nodes if node.role != "router") or 1
+        total_nodes += n
+        per_node.append(statistics.median(times) / n)
+
+    cli = [sys.executable, "-c", "from k3deploy.cli import main; main()", "resolve", "--hardware", "gb300", "--json"]
+    cold = []
+    for _ in range(args.cold_runs):
+        t0 = time.perf_counter()
+        subprocess.run(cli, check=True, capture_output=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "0"})
+        cold.append(time.perf_counter() - t0)
+
+    result = {
+        "selections": len(selections),
+        "node_commands": total_nodes,
+        "median_us_per_node_command": round(statistics.median(per_node) * 1e6, 2),
+        "p90_us_per_node_command": round(sorted(per_node)[int(len(per_node) * 0.9)] * 1e6, 2),
+        "target_us_per_node_command": 40,
+        "cli_cold_start_s_median": round(statistics.median(cold), 3),
+        "cli_cold_start_s_min": round(min(cold), 3),
+        "target_cli_cold_start_s": 0.3,
+    }
+    print(json.dumps(result, indent=2))
+    print(f"median {result['median_us_per_node_command']} us per node command over {len(selections)} selections "
+          f"({total_nodes} node commands); CLI cold start {result['cli_cold_start_s_median']} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up everything k3deploy and its tests need on a fresh Debian 12 machine, idempotently:
+# the system packages of the simulated cluster (when run as root) and a virtualenv in .venv with
+# k3deploy and its test extras. Usage: bash tools/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && [ -f .ci/install-sim.sh ]; then
+  bash .ci/install-sim.sh
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.k3deploy-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+  touch "$stamp"
+fi
