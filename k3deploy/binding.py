@@ -1,0 +1,162 @@
+"""Bind a plan to inventory hosts: which host runs which node, and the placeholders filled in.
+
+Pure: the caller passes plain host records (name, groups, data) taken from a pyinfra inventory.
+
+Inventory contract:
+
+- non-P/D strategies: group ``head`` (exactly one host) and group ``workers`` (ranks 1..N-1);
+- ``pd_cluster``: groups ``prefill`` and ``decode`` (one host per pool rank) and ``router`` (one host,
+  which may also be a prefill or decode host);
+- per host, ``k3_ip`` is its address on the cluster network (default: ``ssh_hostname``, else the host name)
+  and ``rank`` its rank within its group (default: the order of the group).
+
+Example::
+
+    >>> hosts = [HostRecord("n1", ("head",), {"k3_ip": "10.0.0.1"}), HostRecord("n2", ("workers",), {"k3_ip": "10.0.0.2"})]
+    >>> bound = bind(plan, hosts, ifaces={"n1": "eth0", "n2": "eth0"})      # doctest: +SKIP
+    >>> bound["n2"].engine.argv[-3:]                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from k3deploy.errors import K3Error
+from k3deploy.plan import NodePlan, Plan
+
+PLACEHOLDER = re.compile(r"\$([A-Z_][A-Z0-9_]*)")
+DEFAULT_MASTER_PORT = 29501
+DEFAULT_DP_RPC_PORT = 29550
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    name: str
+    groups: tuple[str, ...]
+    data: Mapping[str, Any]
+
+    @property
+    def address(self) -> str:
+        return str(self.data.get("k3_ip") or self.data.get("ssh_hostname") or self.name)
+
+
+@dataclass
+class BoundNode:
+    """One plan node on one host, placeholders filled."""
+
+    node: NodePlan          # as planned (placeholders intact)
+    argv: list[str]         # filled
+    env: dict[str, str]     # filled
+    address: str
+
+    @property
+    def role(self) -> str:
+        return self.node.role
+
+    @property
+    def rank(self) -> int:
+        return self.node.rank
+
+
+@dataclass
+class BoundHost:
+    host: HostRecord
+    engine: BoundNode | None = None
+    router: BoundNode | None = None
+    extras: list[BoundNode] = field(default_factory=list)  # a co-located second engine (P/D on one node)
+
+
+def _ranked(hosts: list[HostRecord], group: str) -> list[HostRecord]:
+    members = [h for h in hosts if group in h.groups]
+    ranks = [h.data.get("rank") for h in members]
+    if all(r is not None for r in ranks) and members:
+        dup = {r for r in ranks if ranks.count(r) > 1}
+        if dup:
+            names = [h.name for h in members if h.data.get("rank") in dup]
+            raise K3Error(f"duplicate rank {sorted(dup)[0]} in group {group}: hosts {', '.join(names)}; give each a unique rank")
+        return sorted(members, key=lambda h: int(h.data["rank"]))
+    if any(r is not None for r in ranks):
+        missing = [h.name for h in members if h.data.get("rank") is None]
+        raise K3Error(f"group {group}: hosts {', '.join(missing)} have no rank while others do; set rank on all or none")
+    return members
+
+
+def fill(value: str, mapping: Mapping[str, str]) -> str:
+    """Replace known ``$NAME`` placeholders; unknown ``$...`` text is left as it is."""
+    return PLACEHOLDER.sub(lambda m: mapping.get(m.group(1), m.group(0)), value)
+
+
+def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] | None = None,
+         dp_rpc_port: int = DEFAULT_DP_RPC_PORT, router_host: str = "0.0.0.0", router_port: int = 8000) -> dict[str, BoundHost]:
+    """Assign every plan node to a host and fill the placeholders; raise K3Error on an inventory mismatch."""
+    hosts = list(hosts)
+    ifaces = ifaces or {}
+    out: dict[str, BoundHost] = {h.name: BoundHost(h) for h in hosts}
+    common = {"PREFILL_DP_RPC_PORT": str(dp_rpc_port), "DECODE_DP_RPC_PORT": str(dp_rpc_port),
+              "ROUTER_HOST": router_host, "ROUTER_PORT": str(router_port)}
+
+    def make(node: NodePlan, host: HostRecord, mapping: dict[str, str]) -> BoundNode:
+        m = {**mapping, "IFACE_NAME": ifaces.get(host.name, mapping.get("IFACE_NAME", "$IFACE_NAME"))}
+        return BoundNode(node, [fill(a, m) for a in node.argv], {k: fill(v, m) for k, v in node.env.items()},
+                         host.address)
+
+    if plan.strategy == "pd_cluster":
+        pools: dict[str, list[HostRecord]] = {}
+        mapping = dict(common)
+        for role in ("prefill", "decode"):
+            planned = plan.role(role)
+            members = _ranked(hosts, role)
+            if len(members) != len(planned):
+                raise K3Error(f"the plan has {len(planned)} {role} node(s) but group {role} has {len(members)} host(s): "
+                              f"add or remove hosts, or set k3_{role}_nodes")
+            pools[role] = members
+            for i, h in enumerate(members, start=1):
+                mapping[f"{role.upper()}_NODE_{i}"] = h.address
+        routers = [h for h in hosts if "router" in h.groups]
+        if len(routers) != 1:
+            raise K3Error(f"pd_cluster needs exactly one host in group router, found {len(routers)}")
+        for role, members in pools.items():
+            for node, h in zip(plan.role(role), members):
+                bound = make(node, h, mapping)
+                if out[h.name].engine is None:
+                    out[h.name].engine = bound
+                else:
+                    out[h.name].extras.append(bound)
+        out[routers[0].name].router = make(plan.role("router")[0], routers[0], mapping)
+        return out
+
+    heads = [h for h in hosts if "head" in h.groups]
+    if len(heads) != 1:
+        raise K3Error(f"{plan.strategy} needs exactly one host in group head, found {len(heads)}"
+                      + (f" ({', '.join(h.name for h in heads)})" if heads else ": add a head group to the inventory"))
+    workers = _ranked(hosts, "workers")
+    if heads[0] in workers:
+        raise K3Error(f"host {heads[0].name} is in both head and workers")
+    ordered = [heads[0], *workers]
+    if len(ordered) != len(plan.nodes):
+        raise K3Error(f"the plan for {plan.strategy} on {plan.hardware} has {len(plan.nodes)} node(s) but the inventory "
+                      f"has {len(ordered)} (1 head + {len(workers)} workers): set k3_nodes or fix the inventory")
+    if heads[0].data.get("rank") not in (None, 0):
+        raise K3Error(f"head host {heads[0].name} has rank {heads[0].data.get('rank')}; the head is rank 0")
+    for i, w in enumerate(workers, start=1):
+        if w.data.get("rank") is not None and int(w.data["rank"]) != i:
+            raise K3Error(f"workers must have ranks 1..{len(workers)}; host {w.name} has rank {w.data['rank']}")
+    mapping = {**common, "HEAD_IP": heads[0].address}
+    for node, h in zip(plan.nodes, ordered):
+        out[h.name].engine = make(node, h, mapping)
+    return out
+
+
+def rendezvous_port(argv: list[str]) -> int | None:
+    """The TCP port workers join on: ``--master-port`` (nnodes) or ``--data-parallel-rpc-port`` (DP address)."""
+    def value(flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+
+    if "--nnodes" in argv:
+        return int(value("--master-port") or DEFAULT_MASTER_PORT)
+    if "--data-parallel-address" in argv:
+        v = value("--data-parallel-rpc-port")
+        return int(v) if v and v.isdigit() else DEFAULT_DP_RPC_PORT
+    return None

@@ -1,0 +1,139 @@
+"""Render what a node runs: the container command, the env file and the systemd unit (jinja2 template).
+
+Pure. The template (``templates/k3-engine.service.j2``) holds no logic: every value is computed here.
+
+Quoting: ``ExecStart=`` is parsed by systemd, not by a shell, so each argument is written in systemd's own
+quoting (double quotes, C escapes, ``%%`` for ``%`` and ``$$`` for ``$``). On Ascend the engine runs under
+``bash -lc`` (the CANN environment lives in the login profile), so its command is shell-quoted first and the
+whole string then systemd-quoted: both layers apply and the engine still receives the plan's argv byte for byte.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from k3deploy.binding import BoundNode
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+_PKG_TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"
+
+ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+ASCEND_MOUNTS = [
+    "/usr/local/dcmi:/usr/local/dcmi",
+    "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
+    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/",
+    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info:/etc/ascend_install.info",
+]
+ASCEND_PROFILE = ("source /usr/local/Ascend/ascend-toolkit/set_env.sh; "
+                  "source /usr/local/Ascend/nnal/atb/set_env.sh; ")
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argument for an ``Exec*=`` line so systemd passes it through unchanged."""
+    escaped = (arg.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+               .replace("%", "%%").replace("$", "$$"))
+    return f'"{escaped}"'
+
+
+def exec_line(argv: list[str]) -> str:
+    return " ".join(systemd_quote(a) for a in argv)
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """How to run one engine (or router) container on a host."""
+
+    name: str
+    image: str
+    vendor: str                 # nvidia | amd | npu
+    env_file: str
+    cache_dir: str
+    gpus_per_node: int
+    shm_size: str = "64g"
+    rdma: bool = False          # expose /dev/infiniband, memlock
+    imex: bool = False          # GB200/GB300 IMEX channel
+    docker: str = "/usr/bin/docker"
+
+
+def container_argv(spec: ContainerSpec, argv: list[str]) -> list[str]:
+    """``docker run`` for a plan argv (``vllm serve <model> ...`` or ``vllm-router ...``)."""
+    d = [spec.docker, "run", "--rm", "--name", spec.name, "--network", "host", "--ipc", "host",
+         "--env-file", spec.env_file]
+    if spec.vendor == "nvidia":
+        d += ["--gpus", "all", "--shm-size", spec.shm_size, "-v", f"{spec.cache_dir}:/root/.cache"]
+        if spec.imex:
+            d += ["--device", "/dev/nvidia-caps-imex-channels/channel0"]
+    elif spec.vendor == "amd":
+        d += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--cap-add", "SYS_PTRACE",
+              "--security-opt", "seccomp=unconfined", "--shm-size", spec.shm_size,
+              "-v", f"{spec.cache_dir}:/root/.cache"]
+    elif spec.vendor == "npu":
+        d += ["--privileged", "--shm-size", "1g"]
+        for i in range(spec.gpus_per_node):
+            d += ["--device", f"/dev/davinci{i}"]
+        for dev in ASCEND_DEVICES:
+            d += ["--device", dev]
+        for m in ASCEND_MOUNTS:
+            d += ["-v", m]
+        d += ["-v", f"{spec.cache_dir}:/root/.cache"]
+    if spec.rdma:
+        d += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1",
+              "--ulimit", "stack=67108864"]
+    if argv[:2] == ["vllm", "serve"]:
+        if spec.vendor == "npu":
+            # vllm-ascend images start a shell; the CANN environment needs a login shell
+            return d + ["--entrypoint", "bash", spec.image, "-lc", ASCEND_PROFILE + "exec " + shlex.join(argv)]
+        return d + [spec.image, *argv[2:]]  # vllm/vllm-openai* entrypoint is `vllm serve`
+    return d + ["--entrypoint", argv[0], spec.image, *argv[1:]]
+
+
+def env_file_text(env: dict[str, str]) -> str:
+    """A docker ``--env-file``: one ``NAME=value`` per line, values taken literally (no quoting)."""
+    for k, v in env.items():
+        if "\n" in v or "\n" in k:
+            raise ValueError(f"env value of {k} contains a newline; docker env files cannot carry it")
+    return "".join(f"{k}={v}\n" for k, v in env.items())
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    description: str
+    summary: str
+    argv: list[str]             # the full container command
+    cleanup: list[str]
+    stop: list[str]
+    start_timeout: int
+    stop_timeout: int = 120
+    restart_sec: int = 10
+    after: str = "network-online.target docker.service"
+    wants: str = "network-online.target"
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
+def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
+    return _env().get_template(template).render(
+        description=spec.description, summary=spec.summary, after=spec.after, wants=spec.wants,
+        exec_cleanup=exec_line(spec.cleanup), exec_start=exec_line(spec.argv), exec_stop=exec_line(spec.stop),
+        restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout)
+
+
+def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: str, ready_timeout: int) -> str:
+    argv = container_argv(spec, node.argv)
+    return render_unit(UnitSpec(
+        description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
+        summary=f"{node.role} rank {node.rank} of {strategy}, image {spec.image}",
+        argv=argv,
+        cleanup=[spec.docker, "rm", "-f", spec.name],
+        stop=[spec.docker, "stop", "-t", "60", spec.name],
+        start_timeout=ready_timeout + 900,
+    ))

@@ -1,0 +1,125 @@
+"""Units, env files and container commands rendered from the plan; units checked by systemd-analyze."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+
+import pytest
+
+from k3deploy import resolve
+from k3deploy.binding import HostRecord, bind
+from k3deploy.units import ContainerSpec, container_argv, engine_unit, env_file_text, exec_line, systemd_quote
+from k3deploy.unitcheck import verify_unit
+
+needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+
+
+def _hosts(n, group_sizes=None):
+    hosts = [HostRecord("n0", ("head",), {"k3_ip": "10.77.0.11"})]
+    hosts += [HostRecord(f"n{i}", ("workers",), {"k3_ip": f"10.77.0.{11 + i}"}) for i in range(1, n)]
+    return hosts
+
+
+def _spec(plan, **kw):
+    return ContainerSpec(name="k3-engine", image=plan.image, vendor=plan.vendor, env_file="/etc/k3deploy/engine.env",
+                         cache_dir="/var/lib/k3deploy/cache", gpus_per_node=16 if plan.vendor == "npu" else 8, **kw)
+
+
+def systemd_split(line: str) -> list[str]:
+    """Undo systemd's Exec quoting as systemd documents it (for the tests' own round-trip check)."""
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == " ":
+            i += 1
+            continue
+        assert line[i] == '"'
+        i += 1
+        buf = []
+        while line[i] != '"':
+            c = line[i]
+            if c == "\\":
+                nxt = line[i + 1]
+                buf.append({"n": "\n", "t": "\t"}.get(nxt, nxt))
+                i += 2
+                continue
+            if c in "%$" and line[i + 1] == c:
+                buf.append(c)
+                i += 2
+                continue
+            buf.append(c)
+            i += 1
+        out.append("".join(buf))
+        i += 1
+    return out
+
+
+NASTY = ["--x", "a b", "it's", 'say "hi"', "$HOME", "${X}", "100%", "%n", "back\\slash", "tab\there", "{\"k\": [1, 2]}"]
+
+
+def test_systemd_quoting_round_trip():
+    assert systemd_split(exec_line(NASTY)) == NASTY
+    assert systemd_quote("%h") == '"%%h"' and systemd_quote("$X") == '"$$X"'
+
+
+@pytest.mark.parametrize("hardware, strategy, variant", [
+    ("gb300", "multi_node_tp", "default"), ("b300", "single_node_tp", "default"), ("mi355x", "single_node_tp", "default"),
+    ("gb200", "multi_node_dep", "default"), ("ascend_910c", "multi_node_tp_dp", "ascend_w4a8"),
+])
+@needs_analyze
+def test_every_rendered_unit_passes_systemd_analyze_verify(recipe, hardware, strategy, variant):
+    plan = resolve(recipe, hardware=hardware, strategy=strategy, variant=variant)
+    bound = bind(plan, _hosts(len(plan.nodes)), ifaces={f"n{i}": "eth0" for i in range(len(plan.nodes))})
+    for b in bound.values():
+        text = engine_unit(b.engine, _spec(plan, rdma=len(plan.nodes) > 1), model=plan.model, strategy=strategy,
+                           ready_timeout=3600)
+        rc, out = verify_unit(text, "k3-engine.service")
+        assert rc == 0, out
+
+
+@needs_analyze
+def test_verify_catches_a_broken_unit(recipe):
+    plan = resolve(recipe, hardware="b300")
+    bound = bind(plan, _hosts(1))
+    text = engine_unit(bound["n0"].engine, _spec(plan), model=plan.model, strategy=plan.strategy, ready_timeout=3600)
+    rc, out = verify_unit(text.replace("Restart=on-failure", "Restart=sometimes"), "k3-engine.service")
+    assert rc == 1 and "sometimes" in out
+
+
+def test_container_argv_carries_the_plan_argv_exactly(recipe):
+    plan = resolve(recipe, hardware="b300", extra_args=["--served-model-name", "k3 $prod 100%", "--chat-template",
+                                                          "{% if x %}'\\n'{% endif %}"])
+    node = bind(plan, _hosts(1))["n0"].engine
+    argv = container_argv(_spec(plan), node.argv)
+    image_at = argv.index(plan.image)
+    assert argv[image_at + 1:] == node.argv[2:]
+    unit_line = engine_unit(node, _spec(plan), model=plan.model, strategy=plan.strategy, ready_timeout=60)
+    exec_start = next(line for line in unit_line.splitlines() if line.startswith("ExecStart="))
+    assert systemd_split(exec_start[len("ExecStart="):]) == argv
+
+
+def test_ascend_runs_under_a_login_shell_with_both_quoting_layers(recipe):
+    plan = resolve(recipe, hardware="ascend_910c", variant="ascend_w4a8", extra_args=["--served-model-name", "k3 'x' $y"])
+    node = bind(plan, _hosts(4))["n1"].engine
+    argv = container_argv(_spec(plan), node.argv)
+    assert argv[argv.index("--entrypoint") + 1] == "bash" and "/dev/davinci15" in argv and "/dev/davinci16" not in argv
+    script = argv[-1]
+    assert script.startswith("source /usr/local/Ascend/ascend-toolkit/set_env.sh; ")
+    # what bash -lc runs: the plan argv, unchanged
+    assert shlex.split(script.split("; exec ", 1)[1]) == node.argv
+
+
+def test_amd_container_flags(recipe):
+    plan = resolve(recipe, hardware="mi355x")
+    argv = container_argv(_spec(plan), plan.nodes[0].argv)
+    for flag in ("/dev/kfd", "/dev/dri", "video", "seccomp=unconfined"):
+        assert flag in argv
+    assert "--gpus" not in argv
+
+
+def test_env_file_is_literal_and_filled(recipe):
+    plan = resolve(recipe, hardware="gb300")
+    bound = bind(plan, _hosts(2), ifaces={"n0": "enp1s0", "n1": "ib0"})
+    assert env_file_text(bound["n1"].engine.env).splitlines()[:2] == ["GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME=ib0"]
+    with pytest.raises(ValueError):
+        env_file_text({"A": "x\ny"})
