@@ -43,7 +43,7 @@ class Variables(BaseModel):
     k3_iface: str | None = Field(None, description="Cluster interface for NCCL/GLOO; default: the interface carrying the node's inventory address (from facts).")
     k3_master_port: int = Field(29501, description="torch.distributed rendezvous port (`--master-port`) of `--nnodes` strategies.")
     k3_dp_rpc_port: int = Field(29550, description="DP handshake port (`--data-parallel-rpc-port`); fills `$PREFILL_DP_RPC_PORT`/`$DECODE_DP_RPC_PORT`.")
-    k3_router_port: int = Field(8000, description="Port of the public endpoint when a router fronts the engines (pd_cluster, hybrid-LB).")
+    k3_router_port: int = Field(30000, description="Port of the public endpoint when a router fronts the engines (pd_cluster, hybrid-LB multi_node_dep).")
     k3_router_host: str = Field("0.0.0.0", description="Bind address of the router.")
     k3_router_image: str | None = Field(None, description="Run the router from this image; default: the `vllm-router` command on the router host.")
     k3_front_hybrid_lb: bool = Field(True, description="Put a vllm-router in front of hybrid-LB nodes (multi_node_dep) so clients get one endpoint.")
@@ -53,6 +53,9 @@ class Variables(BaseModel):
     k3_rollout_deadline: int | None = Field(None, description="Overall deadline of the start phase in seconds; default: engine-ready timeout + 900.")
     k3_poll_interval: float = Field(5.0, description="Seconds between readiness polls.")
     k3_smoke_test: bool = Field(True, description="Send one short chat completion through the public endpoint after the rollout.")
+    # per host / per run
+    k3_ip: str | None = Field(None, description="Per host: its address on the cluster network (fills `$HEAD_IP`, `$PREFILL_NODE_n`, ...); default: `ssh_hostname`.")
+    k3_rollback: bool = Field(False, description="Per run (`--data k3_rollback=true`): restore the previous unit and env files and restart in order.")
 
     @property
     def recipe_path(self) -> str | None:
@@ -70,6 +73,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise K3Error(f"{path}: group vars must be a YAML mapping of k3_* variables")
     return data
+
+
+def inventory_path_from_argv(argv: list[str] | None = None) -> str | None:
+    """The inventory file of a ``pyinfra INVENTORY deploy/k3.py`` run (its first existing .py argument)."""
+    for arg in (argv if argv is not None else sys.argv)[1:]:
+        if arg.endswith(".py") and Path(arg).is_file() and "deploy" not in Path(arg).parts[:-1]:
+            return arg
+    return None
 
 
 def group_vars_dirs(inventory_file: str | None) -> list[Path]:

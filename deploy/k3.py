@@ -1,0 +1,25 @@
+"""Kimi-K3 on vLLM: from preflight to serving.
+
+    pyinfra inventories/gb300.py deploy/k3.py -y          # roll out
+    pyinfra inventories/gb300.py deploy/k3.py --dry --diff # review first
+    pyinfra inventories/gb300.py deploy/k3.py -y --data k3_rollback=true
+
+The selection and every knob come from group_vars/*.yml and the inventory (README: Variables).
+"""
+
+from k3deploy.deploy import configure_phase, context, preflight_phase, smoke_phase, stage_phase, start_phase
+
+cluster = context()  # inventory -> plan -> preflight facts and checks -> rendered files -> what restarts
+
+# 1. Preflight on every host: any failure stops here, before anything is changed.
+preflight_phase(cluster)
+
+if cluster.ok:
+    # 2. Stage, on every node in parallel: the image (digest verified when pinned) and the weights, once.
+    stage_phase(cluster)
+    # 3. Configure: env files (0600) and systemd units; the previous versions are kept for rollback.
+    configure_phase(cluster)
+    # 4. Start what changed, group by group: head, its rendezvous port, workers, readiness; P/D pools, router.
+    start_phase(cluster)
+    # 5. Smoke test: one short chat completion through the public endpoint.
+    smoke_phase(cluster)

@@ -1,0 +1,78 @@
+"""Facts the rollout reads: unit state, container image digests, weights present in the cache.
+
+Example::
+
+    >>> host.get_fact(UnitState, unit="k3-engine.service")      # doctest: +SKIP
+    UnitStatus(active='active', sub='running', restarts=0, result='success')
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+
+
+@dataclass(frozen=True)
+class UnitStatus:
+    active: str          # active | inactive | failed | activating | deactivating | absent
+    sub: str
+    restarts: int
+    result: str
+
+    @property
+    def running(self) -> bool:
+        return self.active == "active"
+
+
+def parse_unit_show(lines: list[str]) -> UnitStatus:
+    values = dict(line.split("=", 1) for line in lines if "=" in line)
+    load = values.get("LoadState", "")
+    active = "absent" if load == "not-found" else values.get("ActiveState", "unknown")
+    return UnitStatus(active, values.get("SubState", ""), int(values.get("NRestarts") or 0), values.get("Result", ""))
+
+
+class UnitState(FactBase[UnitStatus]):
+    """``systemctl show`` of one unit: active state, sub state, restart count, result."""
+
+    def requires_command(self, unit: str) -> str:
+        return "systemctl"
+
+    def command(self, unit: str) -> str:
+        return (f"systemctl show --property=LoadState,ActiveState,SubState,NRestarts,Result "
+                f"{shlex.quote(unit)} 2>/dev/null || true")
+
+    def process(self, output: list[str]) -> UnitStatus:
+        return parse_unit_show(output)
+
+    @staticmethod
+    def default() -> UnitStatus:
+        return UnitStatus("absent", "", 0, "")
+
+
+class ImageDigest(FactBase[str | None]):
+    """The repo digest (``repo@sha256:...``) of a local image, or None when the image is not present."""
+
+    def requires_command(self, image: str, docker: str = "docker") -> str:
+        return docker
+
+    def command(self, image: str, docker: str = "docker") -> str:
+        fmt = shlex.quote("{{index .RepoDigests 0}}")
+        return f"{shlex.quote(docker)} image inspect --format {fmt} {shlex.quote(image)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        line = output[0].strip() if output else ""
+        return line or None
+
+
+class WeightsPresent(FactBase[bool]):
+    """True when the Hugging Face cache under ``cache`` holds a complete snapshot of ``model``."""
+
+    def command(self, cache: str, model: str) -> str:
+        repo = "models--" + model.replace("/", "--")
+        snap = shlex.quote(f"{cache.rstrip('/')}/huggingface/hub/{repo}/snapshots")
+        return f"if [ -n \"$(ls -A {snap} 2>/dev/null)\" ]; then echo yes; else echo no; fi"
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[-1].strip() == "yes"

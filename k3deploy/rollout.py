@@ -1,0 +1,195 @@
+"""The rollout, computed: per host the files to write, the units to run, the groups to (re)start and in which
+order, and where readiness is judged. Pure: the deploy file feeds it the inventory and facts.
+
+Order rules (vLLM 0.33.0): a multi-node head cannot become healthy before its workers joined, so a group
+starts as head -> head's rendezvous port accepts TCP -> all workers -> readiness of the serving nodes.
+P/D pools are independent groups started side by side; the router starts once both pools serve.
+A change to any node of a group restarts the whole group, never half of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from k3deploy.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
+from k3deploy.plan import Plan
+from k3deploy.taxonomy import hardware
+from k3deploy.units import ContainerSpec, UnitSpec, container_argv, env_file_text, render_unit
+from k3deploy.variables import Variables
+
+HEALTH_PATH = "/health"
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class UnitWork:
+    """One systemd unit on one host."""
+
+    host: str
+    unit: str                       # e.g. k3-engine.service
+    group: str                      # engine | prefill | decode | router
+    rank: int
+    node: BoundNode
+    unit_path: str
+    unit_text: str
+    env_path: str
+    env_text: str
+    serves: str | None              # http://addr:port when this unit answers HTTP
+    join: tuple[str, int] | None    # (head address, port) a worker waits for before starting
+    container: str
+
+    @property
+    def is_group_head(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class Rollout:
+    plan: Plan
+    vars: Variables
+    units: list[UnitWork]
+    endpoint: str                   # the public base URL (http://host:port)
+    ready_timeout: int
+    deadline: int
+    changed_groups: set[str] = field(default_factory=set)
+
+    def on_host(self, name: str) -> list[UnitWork]:
+        return [u for u in self.units if u.host == name]
+
+    def group(self, name: str) -> list[UnitWork]:
+        return sorted((u for u in self.units if u.group == name), key=lambda u: u.rank)
+
+    @property
+    def groups(self) -> list[str]:
+        seen: list[str] = []
+        for u in self.units:
+            if u.group not in seen:
+                seen.append(u.group)
+        return seen
+
+    def restart_order(self) -> list[str]:
+        """``host:unit`` in the order they would be started."""
+        out = []
+        for g in self.groups:
+            if g in self.changed_groups:
+                out += [f"{u.host}:{u.unit}" for u in self.group(g)]
+        return out
+
+
+def _ready_timeout(plan: Plan, v: Variables) -> int:
+    if v.k3_engine_ready_timeout:
+        return v.k3_engine_ready_timeout
+    values = [int(n.env["VLLM_ENGINE_READY_TIMEOUT_S"]) for n in plan.nodes
+              if n.env.get("VLLM_ENGINE_READY_TIMEOUT_S", "").isdigit()]
+    return max(values) if values else 600
+
+
+def front_router_argv(urls: list[str], v: Variables) -> list[str]:
+    argv = ["vllm-router", "--policy", "round_robin", "--worker-urls", *urls,
+            "--host", v.k3_router_host, "--port", str(v.k3_router_port)]
+    return argv
+
+
+def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[str, str] | None = None,
+            host_env: dict[str, dict[str, str]] | None = None) -> Rollout:
+    """Bind the plan to the hosts and render every unit and env file."""
+    bound: dict[str, BoundHost] = bind(plan, hosts, ifaces=ifaces, dp_rpc_port=v.k3_dp_rpc_port,
+                                       router_host=v.k3_router_host, router_port=v.k3_router_port)
+    hw = hardware()[plan.hardware]
+    multi = len([n for n in plan.nodes if n.role != "router"]) > 1
+    ready = _ready_timeout(plan, v)
+    units: list[UnitWork] = []
+    cfg = v.k3_config_dir.rstrip("/")
+    pd = plan.strategy == "pd_cluster"
+
+    def add(host: BoundHost, node: BoundNode, group: str, unit_base: str, head_addr: str | None) -> None:
+        unit = f"{unit_base}.service"
+        env_path = f"{cfg}/{unit_base}.env"
+        spec = ContainerSpec(name=unit_base, image=plan.image, vendor=plan.vendor, env_file=env_path,
+                             cache_dir=v.k3_model_cache, gpus_per_node=hw.gpu_count, shm_size=v.k3_shm_size,
+                             rdma=multi and plan.vendor != "npu", imex=hw.nvl, docker=v.k3_docker)
+        if node.role == "router":
+            argv = list(node.argv)
+            if v.k3_router_image:
+                argv = container_argv(ContainerSpec(name=unit_base, image=v.k3_router_image, vendor="none",
+                                                    env_file=env_path, cache_dir=v.k3_model_cache, gpus_per_node=0,
+                                                    docker=v.k3_docker), node.argv)
+            cleanup = ["/bin/true"]
+            stop = ["/bin/true"]  # then systemd stops the process itself (SIGTERM to the unit's cgroup)
+            serves = f"http://{host.host.address}:{v.k3_router_port}"
+        else:
+            argv = container_argv(spec, node.argv)
+            cleanup = [v.k3_docker, "rm", "-f", unit_base]
+            stop = [v.k3_docker, "stop", "-t", "60", unit_base]
+            serves = f"http://{node.address}:{node.node.port or 8000}" if node.node.serves_http else None
+        text = render_unit(UnitSpec(
+            description=f"k3deploy {node.role} rank {node.rank}: {plan.model} ({plan.strategy})",
+            summary=f"{node.role} rank {node.rank} of {plan.strategy} on {plan.hardware}, image {plan.image}",
+            argv=argv, cleanup=cleanup, stop=stop, start_timeout=ready + 900,
+        ))
+        join = None
+        if node.rank > 0 and head_addr is not None:
+            port = rendezvous_port(node.argv)
+            join = (head_addr, port) if port else None
+        env = dict(node.env)
+        if node.role != "router":
+            for k, val in (host_env or {}).get(host.host.name, {}).items():
+                env.setdefault(k, val)  # derived host settings add to the plan's env, never override it
+            env.setdefault("HF_HUB_OFFLINE", "1")
+        units.append(UnitWork(host=host.host.name, unit=unit, group=group, rank=node.rank, node=node,
+                              unit_path=f"/etc/systemd/system/{unit}", unit_text=text, env_path=env_path,
+                              env_text=env_file_text(env), serves=serves, join=join, container=unit_base))
+
+    base = v.k3_unit_name
+    if pd:
+        heads = {}
+        for b in bound.values():
+            for node in [b.engine, *b.extras]:
+                if node is not None and node.rank == 0:
+                    heads[node.role] = node.address
+        for b in bound.values():
+            for node in [n for n in [b.engine, *b.extras] if n is not None]:
+                add(b, node, node.role, f"{base}-{node.role}", heads.get(node.role))
+            if b.router is not None:
+                add(b, b.router, "router", f"{base}-router", None)
+        router_host = next(b for b in bound.values() if b.router is not None)
+        endpoint = f"http://{router_host.host.address}:{v.k3_router_port}"
+    else:
+        head = next(b for b in bound.values() if b.engine is not None and b.engine.rank == 0)
+        for b in bound.values():
+            if b.engine is not None:
+                add(b, b.engine, "engine", base, head.engine.address if b.engine.rank else None)
+        serving = [u for u in units if u.serves]
+        if len(serving) > 1 and v.k3_front_hybrid_lb:
+            from k3deploy.binding import BoundNode as _BN
+            from k3deploy.plan import NodePlan
+
+            argv = front_router_argv([u.serves for u in sorted(serving, key=lambda u: u.rank)], v)
+            node = _BN(NodePlan(role="router", rank=0, argv=argv, env={}), argv, {}, head.host.address)
+            add(head, node, "router", f"{base}-router", None)
+            endpoint = f"http://{head.host.address}:{v.k3_router_port}"
+        else:
+            endpoint = serving[0].serves if serving else f"http://{head.engine.address}:8000"
+    deadline = v.k3_rollout_deadline or ready + 900
+    return Rollout(plan=plan, vars=v, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline)
+
+
+def mark_changes(r: Rollout, observed: dict[tuple[str, str], tuple[str | None, str | None, bool]]) -> set[str]:
+    """Set ``r.changed_groups`` from observed state: ``(host, unit) -> (unit sha, env sha, running)``.
+
+    A group changes when any of its units' files differ from what is planned or any of its units is not
+    running; the router group also restarts when an engine group it fronts restarts.
+    """
+    changed: set[str] = set()
+    for u in r.units:
+        unit_sha, env_sha, running = observed.get((u.host, u.unit), (None, None, False))
+        if unit_sha != sha256(u.unit_text) or env_sha != sha256(u.env_text) or not running:
+            changed.add(u.group)
+    if changed - {"router"} and "router" in r.groups:
+        changed.add("router")
+    r.changed_groups = changed
+    return changed
