@@ -15,6 +15,7 @@ from typing import Any
 import gevent.lock
 from pyinfra import host, inventory, logger, state
 from pyinfra.api import deploy
+from pyinfra.context import ctx_state
 from pyinfra.facts.files import FileContents, Sha256File
 from pyinfra.operations import python
 
@@ -24,6 +25,7 @@ from k3deploy.facts.rollout import UnitState
 from k3deploy.operations import image, managed_file, start_units, stop_units, wait_tcp, weights
 from k3deploy.readiness import smoke, wait_group
 from k3deploy.rollout import Rollout, compute, mark_changes
+from k3deploy import load_recipe
 from k3deploy.inventory import plan_for, variables_for
 from k3deploy.variables import Variables, inventory_path_from_argv
 
@@ -55,12 +57,25 @@ def _records() -> list[HostRecord]:
 
 def _preflight(r: Rollout, records: list[HostRecord]) -> tuple[dict[str, list[str]], dict[str, dict[str, str]], dict[str, str], list[Any]]:
     """Run the preflight checks over every host; returns failures, derived env and interfaces per host."""
-    from k3deploy.preflight import runner
-    from k3deploy.preflight.checks import run_checks
-    from k3deploy.preflight.settings import derive_settings
+    import gevent
 
-    sel = runner.selection_for_plan(r.plan)
-    facts = runner.collect(state, sel, cache_dir=r.vars.k3_model_cache)
+    from k3deploy.preflight import runner
+    from k3deploy.preflight.checks import Selection, run_checks
+    from k3deploy.preflight.settings import derive_settings
+    from k3deploy.taxonomy import hardware as profiles
+
+    plan = r.plan
+    engines = [n for n in plan.nodes if n.role != "router"]
+    variant = load_recipe(r.vars.k3_recipe).variant(plan.variant)
+    sel = Selection(hardware=profiles()[plan.hardware], variant=plan.variant, vram_minimum_gb=variant.vram_minimum_gb,
+                    nodes=len(engines), strategy=plan.strategy, multi_node=len(engines) > 1,
+                    pd=plan.strategy == "pd_cluster")
+    hosts = list(inventory)
+    real_state = ctx_state.get()  # the State object itself, not pyinfra's context proxy
+    jobs = [gevent.spawn(runner.host_facts, real_state, h, sel, r.vars.k3_model_cache)
+            for h in hosts]
+    gevent.joinall(jobs)
+    facts = [j.value for j in jobs]
     results = run_checks(sel, facts)
     failures: dict[str, list[str]] = {}
     for res in results:
@@ -70,17 +85,16 @@ def _preflight(r: Rollout, records: list[HostRecord]) -> tuple[dict[str, list[st
     ifaces: dict[str, str] = {}
     for f in facts:
         s = derive_settings(sel, f)
-        host_env[f.name] = dict(s.env)
-        if r.vars.k3_iface:
-            ifaces[f.name] = r.vars.k3_iface
-        elif s.interface:
-            ifaces[f.name] = s.interface
+        host_env[f.host] = dict(s.env)
+        iface = r.vars.k3_iface or s.env.get("NCCL_SOCKET_IFNAME")
+        if iface:
+            ifaces[f.host] = iface
     return failures, host_env, ifaces, results
 
 
 def context() -> Context:
     """The run's shared context (computed by the first host that asks)."""
-    key = id(state)
+    key = id(ctx_state.get())
     with _lock:
         if key in _contexts:
             return _contexts[key]

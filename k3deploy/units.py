@@ -18,8 +18,8 @@ import jinja2
 
 from k3deploy.binding import BoundNode
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-_PKG_TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"
+#: ``templates/`` of the project (shipped in the package as ``k3deploy/data/templates``)
+TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"
 
 ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 ASCEND_MOUNTS = [

@@ -41,7 +41,6 @@ class Variables(BaseModel):
     k3_shm_size: str = Field("64g", description="`--shm-size` of the engine container (NVIDIA and AMD).")
     # network
     k3_iface: str | None = Field(None, description="Cluster interface for NCCL/GLOO; default: the interface carrying the node's inventory address (from facts).")
-    k3_master_port: int = Field(29501, description="torch.distributed rendezvous port (`--master-port`) of `--nnodes` strategies.")
     k3_dp_rpc_port: int = Field(29550, description="DP handshake port (`--data-parallel-rpc-port`); fills `$PREFILL_DP_RPC_PORT`/`$DECODE_DP_RPC_PORT`.")
     k3_router_port: int = Field(30000, description="Port of the public endpoint when a router fronts the engines (pd_cluster, hybrid-LB multi_node_dep).")
     k3_router_host: str = Field("0.0.0.0", description="Bind address of the router.")
@@ -55,6 +54,7 @@ class Variables(BaseModel):
     k3_smoke_test: bool = Field(True, description="Send one short chat completion through the public endpoint after the rollout.")
     # per host / per run
     k3_ip: str | None = Field(None, description="Per host: its address on the cluster network (fills `$HEAD_IP`, `$PREFILL_NODE_n`, ...); default: `ssh_hostname`.")
+    k3_sim: str | None = Field(None, description="Per host, set by `k3deploy sim up`: the simulated cluster the host belongs to.")
     k3_rollback: bool = Field(False, description="Per run (`--data k3_rollback=true`): restore the previous unit and env files and restart in order.")
 
     @property

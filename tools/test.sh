@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
+# the real vLLM 0.33.0 / vllm-router 0.1.17 parsers, in their own venv, for the conformance tests
+bash tools/engine-venv.sh >/dev/null
 exec .venv/bin/pytest -q "$@"

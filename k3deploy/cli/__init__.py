@@ -17,6 +17,7 @@ from k3deploy.errors import K3Error
 COMMANDS: dict[str, str] = {
     "resolve": "k3deploy.cli.resolve:resolve",
     "options": "k3deploy.cli.options:options",
+    "preflight": "k3deploy.preflight.cli:preflight",
     "sim": "k3deploy.sim.cli:sim_group",
 }
 
@@ -42,7 +43,7 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:
-        cli.main(args=argv, prog_name="k3deploy", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="k3deploy", standalone_mode=False)
     except K3Error as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -54,3 +55,4 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(2)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,451 @@
+"""NVIDIA facts: GPUs, driver flavour, Container Toolkit, Fabric Manager, IMEX, NVLink fabric state."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from k3deploy.facts.base import (
+    ABSENT_MARK,
+    EXIT_MARK,
+    SECTION_MARK,
+    FactError,
+    Jsonable,
+    K3Fact,
+    Unparsable,
+    first_line,
+    sections,
+    wrap,
+)
+
+DRIVER_HINT = "is the NVIDIA driver installed?"
+NA_VALUES = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
+_DRIVER_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
+_MEMORY_RE = re.compile(r"^(\d+)(\s*MiB)?$")
+
+
+# --------------------------------------------------------------------------------------- GPUs
+
+
+@dataclass(frozen=True)
+class NvidiaGpu(Jsonable):
+    name: str
+    memory_mib: int | None
+    driver: str | None
+
+
+def parse_gpu_query(lines: list[str]) -> list[NvidiaGpu]:
+    """Parse ``nvidia-smi --query-gpu=driver_version,name,memory.total,count --format=csv,noheader``.
+
+    Works with and without ``nounits``; ``[N/A]`` fields become None; ``No devices were found`` is
+    an empty list.
+
+    >>> parse_gpu_query(["580.126.09, NVIDIA H200, 143771 MiB, 8"])
+    [NvidiaGpu(name='NVIDIA H200', memory_mib=143771, driver='580.126.09')]
+    """
+    gpus: list[NvidiaGpu] = []
+    for raw in lines:
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("No devices were found"):
+            return []
+        fields = [part.strip() for part in line.split(",")]
+        if len(fields) != 4:
+            raise Unparsable(f"expected 4 comma-separated fields, got {len(fields)}")
+        driver, name, memory, _count = fields
+        if driver in NA_VALUES:
+            driver_value = None
+        elif _DRIVER_RE.match(driver):
+            driver_value = driver
+        else:
+            raise Unparsable(f"driver version {driver!r} is not a version")
+        if memory in NA_VALUES:
+            memory_value = None
+        else:
+            match = _MEMORY_RE.match(memory)
+            if not match:
+                raise Unparsable(f"memory.total {memory!r} is not a MiB value")
+            memory_value = int(match.group(1))
+        if not name or name in NA_VALUES:
+            raise Unparsable("empty GPU name")
+        gpus.append(NvidiaGpu(name=name, memory_mib=memory_value, driver=driver_value))
+    if not gpus:
+        raise Unparsable("no GPU lines")
+    return gpus
+
+
+class NvidiaGpus(K3Fact[list[NvidiaGpu]]):
+    """One entry per GPU: product name, total memory in MiB, driver version.
+
+    Example output line: ``580.126.09, NVIDIA H200, 143771 MiB, 8`` →
+    ``NvidiaGpu(name='NVIDIA H200', memory_mib=143771, driver='580.126.09')``.
+    ``No devices were found`` → ``[]``; no ``nvidia-smi`` → ``FactError(kind='absent')``;
+    "couldn't communicate with the NVIDIA driver" → ``FactError(kind='failed')``.
+    """
+
+    tool = required_binary = "nvidia-smi"
+    hint = DRIVER_HINT
+    shown_command = (
+        "nvidia-smi --query-gpu=driver_version,name,memory.total,count --format=csv,noheader,nounits"
+    )
+
+    def command(self) -> str:
+        return wrap(self.shown_command)
+
+    def parse_result(self, lines: list[str], status: int | None) -> list[NvidiaGpu] | FactError:
+        if any(line.strip().startswith("No devices were found") for line in lines):
+            return []
+        return super().parse_result(lines, status)
+
+    def parse(self, lines: list[str]) -> list[NvidiaGpu]:
+        return parse_gpu_query(lines)
+
+
+# ------------------------------------------------------------------------------ driver flavour
+
+
+@dataclass(frozen=True)
+class DriverFlavour(Jsonable):
+    flavour: str  # "open" | "proprietary"
+    version: str | None
+    source: str  # "proc" | "modinfo"
+
+
+_NVRM_RE = re.compile(r"NVRM version:\s*(?P<desc>.*?Kernel Module.*?)\s+(?P<version>\d+\.\d+(?:\.\d+)?)\s")
+
+
+def parse_driver_flavour(lines: list[str]) -> DriverFlavour:
+    """Parse ``/proc/driver/nvidia/version`` or ``modinfo -F license nvidia``.
+
+    >>> parse_driver_flavour(["NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.105.08  "
+    ...                       "Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Oct 23 2025"])
+    DriverFlavour(flavour='open', version='580.105.08', source='proc')
+    >>> parse_driver_flavour(["Dual MIT/GPL"])
+    DriverFlavour(flavour='open', version=None, source='modinfo')
+    """
+    text = [line.strip() for line in lines if line.strip()]
+    if not text:
+        raise Unparsable("empty output")
+    for line in text:
+        if line.startswith("NVRM version:"):
+            match = _NVRM_RE.search(line + " ")
+            if not match:
+                raise Unparsable("NVRM line without a kernel module version")
+            flavour = "open" if "Open Kernel Module" in match.group("desc") else "proprietary"
+            return DriverFlavour(flavour=flavour, version=match.group("version"), source="proc")
+    license_line = text[0]
+    if license_line in ("Dual MIT/GPL", "Dual MIT/GPL v2"):
+        return DriverFlavour(flavour="open", version=None, source="modinfo")
+    if license_line == "NVIDIA":
+        return DriverFlavour(flavour="proprietary", version=None, source="modinfo")
+    raise Unparsable("neither an NVRM version line nor a module license")
+
+
+class NvidiaDriverFlavour(K3Fact[DriverFlavour]):
+    """Open kernel modules or the proprietary flavour (DMA-BUF needs the open modules).
+
+    Reads ``/proc/driver/nvidia/version``; without it, ``modinfo -F license nvidia``.
+    ``NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.105.08  Release Build ...`` →
+    ``DriverFlavour(flavour='open', version='580.105.08', source='proc')``;
+    ``Dual MIT/GPL`` → open, ``NVIDIA`` → proprietary.
+    """
+
+    tool = "nvidia kernel module"
+    hint = DRIVER_HINT
+    shown_command = "cat /proc/driver/nvidia/version || modinfo -F license nvidia"
+
+    def command(self) -> str:
+        return (
+            "if [ -r /proc/driver/nvidia/version ]; then cat /proc/driver/nvidia/version 2>&1; "
+            "elif command -v modinfo >/dev/null 2>&1; then modinfo -F license nvidia 2>&1; "
+            f"else echo '{ABSENT_MARK}nvidia kernel module'; fi; echo {EXIT_MARK}$?"
+        )
+
+    def parse_result(self, lines: list[str], status: int | None) -> DriverFlavour | FactError:
+        if any("not found" in line and "nvidia" in line for line in lines[:2]) and status:
+            # modinfo: ERROR: Module nvidia not found.
+            return FactError(kind="absent", tool=self.tool, command=self.shown_command, hint=self.hint)
+        return super().parse_result(lines, status)
+
+    def parse(self, lines: list[str]) -> DriverFlavour:
+        return parse_driver_flavour(lines)
+
+
+# ---------------------------------------------------------------------- NVIDIA Container Toolkit
+
+
+@dataclass(frozen=True)
+class ToolkitVersion(Jsonable):
+    version: str
+
+
+_CTK_RE = re.compile(r"NVIDIA Container Toolkit CLI version\s+(\d+(?:\.\d+)+)")
+
+
+def parse_ctk_version(lines: list[str]) -> ToolkitVersion:
+    """``NVIDIA Container Toolkit CLI version 1.17.8`` → ``ToolkitVersion(version='1.17.8')``.
+
+    >>> parse_ctk_version(["NVIDIA Container Toolkit CLI version 1.17.8", "commit: f202b80a"])
+    ToolkitVersion(version='1.17.8')
+    """
+    for line in lines:
+        match = _CTK_RE.search(line)
+        if match:
+            return ToolkitVersion(version=match.group(1))
+    raise Unparsable("no 'NVIDIA Container Toolkit CLI version' line")
+
+
+class NvidiaContainerToolkit(K3Fact[ToolkitVersion]):
+    """Version of the NVIDIA Container Toolkit (``nvidia-ctk --version``).
+
+    ``NVIDIA Container Toolkit CLI version 1.17.8`` → ``ToolkitVersion(version='1.17.8')``.
+    """
+
+    tool = required_binary = "nvidia-ctk"
+    hint = "is the NVIDIA Container Toolkit (nvidia-container-toolkit) installed?"
+    shown_command = "nvidia-ctk --version"
+
+    def command(self) -> str:
+        return wrap(self.shown_command)
+
+    def parse(self, lines: list[str]) -> ToolkitVersion:
+        return parse_ctk_version(lines)
+
+
+# ---------------------------------------------------------------- Fabric Manager and IMEX
+
+_SYSTEMD_STATES = {"active", "inactive", "failed", "activating", "deactivating", "reloading", "unknown"}
+
+
+def parse_unit_state(lines: list[str]) -> str:
+    """First line of ``systemctl is-active UNIT``; anything else (no systemd) becomes ``unknown``.
+
+    >>> parse_unit_state(["active"]), parse_unit_state(["System has not been booted with systemd"])
+    ('active', 'unknown')
+    """
+    line = first_line(lines)
+    return line if line in _SYSTEMD_STATES else "unknown"
+
+
+@dataclass(frozen=True)
+class FabricManagerState(Jsonable):
+    service: str  # systemctl is-active
+    version: str | None  # nv-fabricmanager --version
+    detail: str = ""  # first line when the state is not a systemd state
+
+
+_FM_VERSION_RE = re.compile(r"(\d+\.\d+\.\d+)")
+
+
+def parse_fabricmanager(lines: list[str]) -> FabricManagerState:
+    """Sections ``state`` (``systemctl is-active nvidia-fabricmanager``) and ``version``.
+
+    >>> parse_fabricmanager(["K3_SECTION=state", "active", "K3_SECTION=version",
+    ...                      "Fabric Manager version is : 580.95.05"])
+    FabricManagerState(service='active', version='580.95.05', detail='')
+    """
+    parts = sections(lines)
+    if "state" not in parts:
+        raise Unparsable("no state section")
+    state = parse_unit_state(parts["state"])
+    version = None
+    for line in parts.get("version", []):
+        match = _FM_VERSION_RE.search(line)
+        if match:
+            version = match.group(1)
+            break
+    detail = "" if state != "unknown" else first_line(parts["state"])
+    return FabricManagerState(service=state, version=version, detail=detail)
+
+
+class FabricManager(K3Fact[FabricManagerState]):
+    """NVIDIA Fabric Manager (HGX systems with NVSwitch): service state and version.
+
+    Its version must equal the driver version, otherwise CUDA fails with error 802.
+    ``active`` + ``Fabric Manager version is : 580.95.05`` →
+    ``FabricManagerState(service='active', version='580.95.05')``.
+    """
+
+    tool = required_binary = "systemctl"
+    hint = "Fabric Manager is checked with systemd's systemctl"
+    shown_command = "systemctl is-active nvidia-fabricmanager; nv-fabricmanager --version"
+
+    def command(self) -> str:
+        return (
+            f"echo {SECTION_MARK}state; systemctl is-active nvidia-fabricmanager 2>&1; "
+            f"echo {SECTION_MARK}version; nv-fabricmanager --version 2>&1; echo {EXIT_MARK}0"
+        )
+
+    def parse(self, lines: list[str]) -> FabricManagerState:
+        return parse_fabricmanager(lines)
+
+
+@dataclass(frozen=True)
+class ImexState(Jsonable):
+    service: str  # systemctl is-active nvidia-imex
+    channels: list[str] = field(default_factory=list)  # entries of /dev/nvidia-caps-imex-channels
+    major: int | None = None  # from /proc/devices
+    detail: str = ""
+
+
+def parse_imex(lines: list[str]) -> ImexState:
+    """Sections ``state``, ``channels`` (``ls /dev/nvidia-caps-imex-channels``), ``devices``.
+
+    >>> parse_imex(["K3_SECTION=state", "active", "K3_SECTION=channels", "channel0",
+    ...             "K3_SECTION=devices", "234 nvidia-caps-imex-channels"])
+    ImexState(service='active', channels=['channel0'], major=234, detail='')
+    """
+    parts = sections(lines)
+    if "state" not in parts:
+        raise Unparsable("no state section")
+    state = parse_unit_state(parts["state"])
+    channels = sorted(
+        line.strip()
+        for line in parts.get("channels", [])
+        if re.fullmatch(r"channel\d+", line.strip())
+    )
+    major = None
+    for line in parts.get("devices", []):
+        match = re.fullmatch(r"\s*(\d+)\s+nvidia-caps-imex-channels\s*", line)
+        if match:
+            major = int(match.group(1))
+    detail = "" if state != "unknown" else first_line(parts["state"])
+    return ImexState(service=state, channels=channels, major=major, detail=detail)
+
+
+class Imex(K3Fact[ImexState]):
+    """IMEX service (GB200/GB300 multi-node NVLink) and its channel devices.
+
+    ``active`` + ``channel0`` + ``234 nvidia-caps-imex-channels`` →
+    ``ImexState(service='active', channels=['channel0'], major=234)``.
+    """
+
+    tool = required_binary = "systemctl"
+    hint = "IMEX is checked with systemd's systemctl"
+    shown_command = "systemctl is-active nvidia-imex; ls /dev/nvidia-caps-imex-channels"
+
+    def command(self) -> str:
+        return (
+            f"echo {SECTION_MARK}state; systemctl is-active nvidia-imex 2>&1; "
+            f"echo {SECTION_MARK}channels; ls /dev/nvidia-caps-imex-channels 2>/dev/null; "
+            f"echo {SECTION_MARK}devices; grep nvidia-caps-imex-channels /proc/devices 2>/dev/null; "
+            f"echo {EXIT_MARK}0"
+        )
+
+    def parse(self, lines: list[str]) -> ImexState:
+        return parse_imex(lines)
+
+
+# ------------------------------------------------------------------------- NVLink fabric state
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+_GPU_HEADER_RE = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
+_KV_RE = re.compile(r"^(\s*)([^:]+?)\s*:\s*(.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class GpuFabric(Jsonable):
+    gpu: str  # PCI bus id from the "GPU 00000000:xx:00.0" header, or the block's position
+    state: str | None
+    status: str | None
+    clique_id: str | None
+    cluster_uuid: str | None
+    health: str | None = None  # Health/Summary on newer drivers
+
+    @property
+    def completed(self) -> bool:
+        return self.state == "Completed" and self.status == "Success"
+
+    @property
+    def has_cluster(self) -> bool:
+        return self.cluster_uuid not in (None, ZERO_UUID)
+
+
+def _na(value: str) -> str | None:
+    return None if value in NA_VALUES else value
+
+
+def parse_fabric(lines: list[str]) -> list[GpuFabric]:
+    """Extract every GPU's ``Fabric`` block from ``nvidia-smi -q``.
+
+    >>> parse_fabric(["GPU 00000008:01:00.0", "    Fabric", "        State : Completed",
+    ...               "        Status : Success", "        CliqueId : 32766",
+    ...               "        ClusterUUID : 5bd2e8a5-8b4e-4d7e-9a2f-0c1e2d3f4a5b"])[0].completed
+    True
+    """
+    result: list[GpuFabric] = []
+    gpu: str | None = None
+    saw_smi = False
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        header = _GPU_HEADER_RE.match(line)
+        if header:
+            gpu, saw_smi = header.group(1), True
+            i += 1
+            continue
+        if line.strip().startswith(("Driver Version", "==============NVSMI LOG")):
+            saw_smi = True
+        if line.strip() == "Fabric":
+            indent = len(line) - len(line.lstrip())
+            values: dict[str, str] = {}
+            sub: str | None = None
+            sub_indent = 0
+            i += 1
+            while i < len(lines):
+                inner = lines[i].rstrip()
+                if not inner.strip():
+                    i += 1
+                    continue
+                inner_indent = len(inner) - len(inner.lstrip())
+                if inner_indent <= indent:
+                    break
+                match = _KV_RE.match(inner)
+                if match and ":" in inner:
+                    key, value = match.group(2), match.group(3)
+                    if sub is not None and inner_indent > sub_indent:
+                        values[f"{sub}/{key}"] = value
+                    else:
+                        sub = None
+                        values[key] = value
+                else:
+                    sub, sub_indent = inner.strip(), inner_indent
+                i += 1
+            if not any(key in values for key in ("State", "Status", "ClusterUUID", "CliqueId")):
+                raise Unparsable("Fabric block without State/Status/ClusterUUID/CliqueId")
+            result.append(
+                GpuFabric(
+                    gpu=gpu if gpu is not None else str(len(result)),
+                    state=_na(values.get("State", "")),
+                    status=_na(values.get("Status", "")),
+                    clique_id=_na(values.get("CliqueId", "")),
+                    cluster_uuid=_na(values.get("ClusterUUID", "")),
+                    health=_na(values.get("Health/Summary", "")),
+                )
+            )
+            continue
+        i += 1
+    if not result and not saw_smi:
+        raise Unparsable("no Fabric block and no GPU sections")
+    return result
+
+
+class NvlinkFabric(K3Fact[list[GpuFabric]]):
+    """Per-GPU NVLink fabric state from ``nvidia-smi -q`` (GB200/GB300 multi-node NVLink).
+
+    MNNVL is usable when every GPU shows ``State: Completed``, ``Status: Success`` and the same
+    non-zero ``ClusterUUID`` and ``CliqueId``. A PCIe/HGX GPU shows ``N/A`` everywhere →
+    ``GpuFabric(state=None, status=None, clique_id=None, cluster_uuid=None)``. ``[]`` means the
+    driver prints no Fabric block (too old to report it).
+    """
+
+    tool = required_binary = "nvidia-smi"
+    hint = DRIVER_HINT
+    shown_command = "nvidia-smi -q"
+
+    def command(self) -> str:
+        return wrap(self.shown_command)
+
+    def parse(self, lines: list[str]) -> list[GpuFabric]:
+        return parse_fabric(lines)

@@ -1,0 +1,304 @@
+"""RDMA facts: InfiniBand/RoCE devices, loaded kernel modules (nvidia_peermem), DMA-BUF prerequisites."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from k3deploy.facts.base import (
+    ABSENT_MARK,
+    EXIT_MARK,
+    SECTION_MARK,
+    FactError,
+    Jsonable,
+    K3Fact,
+    Unparsable,
+    first_line,
+    sections,
+    version_key,
+    wrap,
+)
+
+# ------------------------------------------------------------------------------- ibv_devinfo
+
+
+@dataclass(frozen=True)
+class RdmaPort(Jsonable):
+    port: int
+    state: str  # PORT_ACTIVE, PORT_DOWN, PORT_INIT, ...
+    link_layer: str | None  # InfiniBand | Ethernet
+    active_mtu: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state == "PORT_ACTIVE"
+
+
+@dataclass(frozen=True)
+class RdmaDevice(Jsonable):
+    name: str
+    transport: str | None = None
+    fw_ver: str | None = None
+    node_guid: str | None = None
+    ports: list[RdmaPort] = field(default_factory=list)
+
+
+_FIELD_RE = re.compile(r"^\s*([A-Za-z_][^:]*?):\s*(.*?)\s*$")
+
+
+def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
+    """Parse ``ibv_devinfo`` (tab-separated fields, one ``hca_id`` block per device, several ports).
+
+    >>> devs = parse_ibv_devinfo(["hca_id:\\tmlx5_0", "\\ttransport:\\t\\t\\tInfiniBand (0)",
+    ...     "\\t\\tport:\\t1", "\\t\\t\\tstate:\\t\\t\\tPORT_ACTIVE (4)", "\\t\\t\\tlink_layer:\\t\\tInfiniBand"])
+    >>> devs[0].name, devs[0].ports[0].active, devs[0].ports[0].link_layer
+    ('mlx5_0', True, 'InfiniBand')
+    """
+    devices: list[RdmaDevice] = []
+    current: dict | None = None
+    port: dict | None = None
+
+    def close_port() -> None:
+        nonlocal port
+        if port is not None and current is not None:
+            if "state" not in port:
+                raise Unparsable(f"port {port['port']} of {current['name']} has no state")
+            current["ports"].append(
+                RdmaPort(
+                    port=port["port"],
+                    state=port["state"],
+                    link_layer=port.get("link_layer"),
+                    active_mtu=port.get("active_mtu"),
+                )
+            )
+        port = None
+
+    def close_device() -> None:
+        nonlocal current
+        close_port()
+        if current is not None:
+            devices.append(
+                RdmaDevice(
+                    name=current["name"],
+                    transport=current.get("transport"),
+                    fw_ver=current.get("fw_ver"),
+                    node_guid=current.get("node_guid"),
+                    ports=current["ports"],
+                )
+            )
+        current = None
+
+    for raw in lines:
+        if not raw.strip():
+            continue
+        if raw.strip().startswith("No IB devices found"):
+            return []
+        match = _FIELD_RE.match(raw)
+        if not match:
+            if raw.strip() == "Device ports:":
+                continue
+            raise Unparsable(f"unexpected line {raw.strip()[:60]!r}")
+        key, value = match.group(1).strip(), match.group(2)
+        if key == "hca_id":
+            close_device()
+            current = {"name": value, "ports": []}
+            continue
+        if current is None:
+            raise Unparsable("field before the first hca_id")
+        if key == "port":
+            close_port()
+            port = {"port": int(value)}
+            continue
+        if port is not None:
+            if key == "state":
+                port["state"] = value.split()[0]
+            elif key == "link_layer":
+                port["link_layer"] = value
+            elif key == "active_mtu":
+                port["active_mtu"] = int(value.split()[0])
+        elif key in ("transport", "fw_ver", "node_guid"):
+            current[key] = value
+    close_device()
+    if not devices:
+        raise Unparsable("no hca_id block")
+    return devices
+
+
+class RdmaDevices(K3Fact[list[RdmaDevice]]):
+    """RDMA devices with their ports' state and link layer, from ``ibv_devinfo``.
+
+    ``hca_id: mlx5_0`` / ``port: 1`` / ``state: PORT_ACTIVE (4)`` / ``link_layer: InfiniBand`` →
+    ``RdmaDevice(name='mlx5_0', ports=[RdmaPort(port=1, state='PORT_ACTIVE', link_layer='InfiniBand')])``.
+    ``No IB devices found`` → ``[]``.
+    """
+
+    tool = required_binary = "ibv_devinfo"
+    hint = "is rdma-core / ibverbs-utils (or MLNX/DOCA-OFED) installed?"
+    shown_command = "ibv_devinfo"
+
+    def command(self) -> str:
+        return wrap(self.shown_command)
+
+    def parse_result(self, lines: list[str], status: int | None) -> list[RdmaDevice] | FactError:
+        if any(line.strip().startswith("No IB devices found") for line in lines):
+            return []
+        return super().parse_result(lines, status)
+
+    def parse(self, lines: list[str]) -> list[RdmaDevice]:
+        return parse_ibv_devinfo(lines)
+
+
+# ------------------------------------------------------------------------------------ lsmod
+
+
+@dataclass(frozen=True)
+class LoadedModules(Jsonable):
+    names: list[str]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+
+def parse_modules(lines: list[str]) -> LoadedModules:
+    """Module names from ``lsmod`` (header line skipped) or ``/proc/modules``.
+
+    >>> parse_modules(["Module                  Size  Used by", "nvidia_peermem         16384  0"]).names
+    ['nvidia_peermem']
+    """
+    names: set[str] = set()
+    for line in lines:
+        parts = line.split()
+        if not parts or parts[0] == "Module":
+            continue
+        if len(parts) < 3 or not parts[1].isdigit():
+            raise Unparsable(f"not a module line: {line.strip()[:60]!r}")
+        names.add(parts[0])
+    return LoadedModules(names=sorted(names))
+
+
+class KernelModules(K3Fact[LoadedModules]):
+    """Loaded kernel modules (``lsmod``, or ``/proc/modules`` without kmod).
+
+    ``nvidia_peermem  16384  0`` → ``'nvidia_peermem' in LoadedModules(...)``.
+    """
+
+    tool = "lsmod"
+    hint = "neither lsmod (kmod) nor /proc/modules is available"
+    shown_command = "lsmod"
+
+    def command(self) -> str:
+        return (
+            "if command -v lsmod >/dev/null 2>&1; then lsmod 2>&1; "
+            "elif [ -r /proc/modules ]; then cat /proc/modules; "
+            f"else echo '{ABSENT_MARK}lsmod'; fi; echo {EXIT_MARK}$?"
+        )
+
+    def parse(self, lines: list[str]) -> LoadedModules:
+        return parse_modules(lines)
+
+
+# ------------------------------------------------------------------------- DMA-BUF support
+
+DMABUF_MIN_KERNEL = (5, 12)
+
+
+@dataclass(frozen=True)
+class DmabufSupport(Jsonable):
+    """Prerequisites for DMA-BUF GPUDirect RDMA; only a registration attempt is definitive."""
+
+    kernel: str
+    kernel_ok: bool
+    open_modules: bool | None  # None: no NVIDIA kernel module loaded
+    verbs_dmabuf: bool | None  # libibverbs exports ibv_reg_dmabuf_mr; None: no libibverbs found
+    prerequisites_met: bool | None  # None: unknown
+    reasons: list[str] = field(default_factory=list)
+
+
+def parse_dmabuf(lines: list[str]) -> DmabufSupport:
+    """Sections ``kernel`` (``uname -r``), ``nvidia`` (first line of ``/proc/driver/nvidia/version``, else
+    ``modinfo -F license nvidia``) and ``verbs`` (``<libibverbs path> yes|no``).
+
+    >>> parse_dmabuf(["K3_SECTION=kernel", "6.8.0-45-generic", "K3_SECTION=nvidia",
+    ...     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.105.08  Release Build",
+    ...     "K3_SECTION=verbs", "/usr/lib/x86_64-linux-gnu/libibverbs.so.1 yes"]).prerequisites_met
+    True
+    """
+    parts = sections(lines)
+    kernel = first_line(parts.get("kernel", []))
+    if not kernel or not re.match(r"^\d+\.\d+", kernel):
+        raise Unparsable("no kernel release")
+    kernel_ok = version_key(kernel)[:2] >= DMABUF_MIN_KERNEL
+    nvidia = first_line(parts.get("nvidia", []))
+    open_modules: bool | None = None
+    if nvidia.startswith("NVRM version:"):
+        open_modules = "Open Kernel Module" in nvidia
+    elif nvidia in ("Dual MIT/GPL", "Dual MIT/GPL v2"):  # modinfo -F license nvidia
+        open_modules = True
+    elif nvidia == "NVIDIA":
+        open_modules = False
+    verbs: bool | None = None
+    for line in parts.get("verbs", []):
+        fields = line.split()
+        if len(fields) == 2 and fields[1] in ("yes", "no"):
+            verbs = (verbs or False) or fields[1] == "yes"
+    reasons: list[str] = []
+    if not kernel_ok:
+        reasons.append(f"kernel {kernel} < 5.12")
+    if open_modules is False:
+        reasons.append("proprietary NVIDIA kernel modules (DMA-BUF needs the open modules)")
+    elif open_modules is None:
+        reasons.append("no NVIDIA kernel module loaded")
+    if verbs is False:
+        reasons.append("libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34)")
+    elif verbs is None:
+        reasons.append("no libibverbs found")
+    if not kernel_ok or open_modules is False or verbs is False:
+        met: bool | None = False
+    elif open_modules is None or verbs is None:
+        met = None
+    else:
+        met = True
+    return DmabufSupport(
+        kernel=kernel,
+        kernel_ok=kernel_ok,
+        open_modules=open_modules,
+        verbs_dmabuf=verbs,
+        prerequisites_met=met,
+        reasons=reasons,
+    )
+
+
+_VERBS_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/libibverbs.so.1",
+    "/usr/lib/aarch64-linux-gnu/libibverbs.so.1",
+    "/usr/lib64/libibverbs.so.1",
+    "/usr/lib/libibverbs.so.1",
+)
+
+
+class DmabufPrerequisites(K3Fact[DmabufSupport]):
+    """What the host offers for DMA-BUF GPUDirect RDMA: kernel ≥ 5.12, NVIDIA open kernel modules,
+    and an RDMA stack that can register DMA-BUF memory (libibverbs exporting ``ibv_reg_dmabuf_mr``).
+
+    Kernel ``6.8.0-45-generic`` + ``Open Kernel Module`` + libibverbs with the symbol →
+    ``DmabufSupport(prerequisites_met=True)``. A failed registration (``errno 524``) can still
+    happen with an old mlx5 kernel driver, so NCCL's log stays the final word.
+    """
+
+    tool = required_binary = "uname"
+    hint = "uname is missing"
+    shown_command = "uname -r; head -n1 /proc/driver/nvidia/version; grep ibv_reg_dmabuf_mr libibverbs.so.1"
+
+    def command(self) -> str:
+        paths = " ".join(_VERBS_PATHS)
+        return (
+            f"echo {SECTION_MARK}kernel; uname -r; "
+            f"echo {SECTION_MARK}nvidia; if [ -r /proc/driver/nvidia/version ]; then "
+            "head -n1 /proc/driver/nvidia/version; else modinfo -F license nvidia 2>/dev/null; fi; "
+            f"echo {SECTION_MARK}verbs; for f in {paths}; do if [ -e \"$f\" ]; then "
+            f"if grep -q ibv_reg_dmabuf_mr \"$f\"; then echo \"$f yes\"; else echo \"$f no\"; fi; fi; done; "
+            f"echo {EXIT_MARK}0"
+        )
+
+    def parse(self, lines: list[str]) -> DmabufSupport:
+        return parse_dmabuf(lines)

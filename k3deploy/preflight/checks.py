@@ -1,0 +1,668 @@
+"""Preflight checks: pure functions from (selection, per-host facts) to a list of results.
+
+Nothing here touches a host. :func:`run_checks` takes the planned selection (hardware profile,
+strategy, variant, node count) and one :class:`HostFacts` per node and returns one
+:class:`CheckResult` per host and check (plus cluster-wide results under the host name
+``"cluster"``). Every result carries what was observed, what is required and the fix.
+
+Thresholds are module variables so a site can change them before calling :func:`run_checks`:
+
+* ``NVIDIA_DRIVER_FLOOR``: minimum Linux driver for the CUDA 13.0 image ``vllm/vllm-openai:kimi-k3``.
+* ``CTK_IMEX_CHANNELS_MIN``: Container Toolkit version that understands ``NVIDIA_IMEX_CHANNELS``.
+* ``SHM_MIN_GIB``: ``/dev/shm`` size below which NCCL/PyTorch shared memory runs out.
+* ``IMAGE_DISK_MIN_GIB``: free space where container images are stored.
+* ``CACHE_DISK_FACTOR``: free space for weights = factor x the variant's ``vram_minimum_gb``.
+* ``ASCEND_DRIVER_RECOMMENDED``: Ascend HDK the vllm-ascend K3 images are validated with.
+* ``ROCM_HOST_MIN``: host ROCm userspace floor (None: the ROCm image brings its own ROCm).
+* ``GPUDIRECT_MISSING_STATUS``: status when neither DMA-BUF nor nvidia_peermem can serve
+  GPUDirect RDMA (NCCL then stages through host memory: it works, much slower).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
+from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo
+from k3deploy.facts.base import FactError, version_at_least
+from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
+from k3deploy.facts.nvidia import (
+    DriverFlavour,
+    FabricManagerState,
+    GpuFabric,
+    ImexState,
+    NvidiaGpu,
+    ToolkitVersion,
+)
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice
+
+NVIDIA_DRIVER_FLOOR = "580.65.06"
+CTK_IMEX_CHANNELS_MIN = "1.17.0"
+SHM_MIN_GIB = 16.0
+IMAGE_DISK_MIN_GIB = 100.0
+CACHE_DISK_FACTOR = 1.0
+ASCEND_DRIVER_RECOMMENDED = "25.5"
+ROCM_HOST_MIN: str | None = None
+GPUDIRECT_MISSING_STATUS: Literal["warn", "fail"] = "warn"
+
+#: hardware ids of HGX baseboards with NVSwitch, where Fabric Manager must run
+NVSWITCH_HARDWARE = frozenset({"h100", "h200", "b200", "b300"})
+CLUSTER = "cluster"
+GIB = 1024**3
+
+Status = Literal["pass", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    host: str
+    check: str
+    status: Status
+    observed: str
+    required: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the plan asks of the cluster.
+
+    ``hardware`` is a taxonomy profile (anything with ``id``, ``brand``, ``gpu_count``, ``vram_gb``,
+    ``gpu_names`` and ``nvl``); ``nodes`` is the number of planned nodes.
+    """
+
+    hardware: Any
+    variant: str
+    vram_minimum_gb: float | None
+    nodes: int
+    strategy: str | None = None
+    multi_node: bool = False
+    pd: bool = False
+
+    @property
+    def brand(self) -> str:
+        return str(self.hardware.brand)
+
+    @property
+    def mnnvl(self) -> bool:
+        """Multi-node NVLink: NVL trays (GB200/GB300) used across more than one tray."""
+        return bool(getattr(self.hardware, "nvl", False)) and self.nodes > 1
+
+    @property
+    def needs_rdma(self) -> bool:
+        return self.nodes > 1 or self.pd
+
+
+@dataclass
+class HostFacts:
+    """Facts of one host; None = not collected (the fact does not apply to this hardware)."""
+
+    host: str
+    address: str = ""
+    unreachable: str | None = None  # the connection error, when the host could not be reached
+    gpus: list[NvidiaGpu] | FactError | None = None
+    flavour: DriverFlavour | FactError | None = None
+    toolkit: ToolkitVersion | FactError | None = None
+    fabric_manager: FabricManagerState | FactError | None = None
+    imex: ImexState | FactError | None = None
+    fabric: list[GpuFabric] | FactError | None = None
+    rdma: list[RdmaDevice] | FactError | None = None
+    modules: LoadedModules | FactError | None = None
+    dmabuf: DmabufSupport | FactError | None = None
+    kernel: KernelRelease | FactError | None = None
+    amd_versions: AmdSmiVersions | FactError | None = None
+    rocm_driver: RocmDriver | FactError | None = None
+    amd_gpus: list[AmdGpu] | FactError | None = None
+    npu: NpuInfo | FactError | None = None
+    ascend: AscendVersionInfo | FactError | None = None
+    runtime: ContainerRuntime | FactError | None = None
+    disk_images: DiskSpace | FactError | None = None
+    disk_cache: DiskSpace | FactError | None = None
+    shm: DiskSpace | FactError | None = None
+    interface: AddressInterface | FactError | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _gib(value: float) -> str:
+    return f"{value:.1f} GiB"
+
+
+def _unit_name(hardware: Any) -> str:
+    return str(getattr(hardware, "label", None) or hardware.id)
+
+
+def _names_match(name: str, allowed: tuple[str, ...] | list[str]) -> bool:
+    norm = " ".join(name.split()).casefold()
+    return any(norm == " ".join(a.split()).casefold() for a in allowed)
+
+
+@dataclass(frozen=True)
+class _Device:
+    name: str
+    memory_gib: float | None
+
+
+def _devices(facts: HostFacts, brand: str) -> list[_Device] | FactError | None:
+    """The accelerators of a host, whatever the vendor: name and memory in GiB (the recipe's GB)."""
+    if brand == "NVIDIA":
+        if facts.gpus is None or isinstance(facts.gpus, FactError):
+            return facts.gpus
+        return [_Device(g.name, g.memory_mib / 1024 if g.memory_mib is not None else None) for g in facts.gpus]
+    if brand == "AMD":
+        if facts.amd_gpus is None or isinstance(facts.amd_gpus, FactError):
+            return facts.amd_gpus
+        return [
+            _Device(g.name or "unknown AMD GPU", g.vram_bytes / GIB if g.vram_bytes is not None else None)
+            for g in facts.amd_gpus
+        ]
+    if brand == "Huawei":
+        if facts.npu is None or isinstance(facts.npu, FactError):
+            return facts.npu
+        return [
+            _Device(c.name, c.hbm_total_mb / 1024 if c.hbm_total_mb is not None else None)
+            for c in facts.npu.chips
+        ]
+    return None
+
+
+def _describe_mix(names: list[str]) -> str:
+    counts = Counter(names)
+    return ", ".join(f"{n}x {name}" for name, n in sorted(counts.items()))
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.results: list[CheckResult] = []
+
+    def add(self, host: str, check: str, status: Status, observed: str, required: str, fix: str = "") -> None:
+        self.results.append(CheckResult(host, check, status, observed, required, fix if status != "pass" else ""))
+
+    def error(self, host: str, check: str, err: FactError, required: str, fix: str) -> None:
+        self.add(host, check, "fail", err.message(host), required, fix)
+
+
+# --------------------------------------------------------------------------- per-host rules
+
+
+def _check_accelerators(out: _Out, sel: Selection, f: HostFacts) -> list[_Device] | None:
+    hw = sel.hardware
+    brand = sel.brand
+    tool = {"NVIDIA": "nvidia-smi", "AMD": "rocm-smi", "Huawei": "npu-smi"}.get(brand, "")
+    devices = _devices(f, brand)
+    check = {"NVIDIA": "nvidia.driver", "AMD": "rocm.devices", "Huawei": "ascend.driver"}.get(brand, "gpu.devices")
+    if devices is None:
+        return None
+    if isinstance(devices, FactError):
+        fix = {
+            "NVIDIA": f"install the NVIDIA r580 driver (>= {NVIDIA_DRIVER_FLOOR}, open kernel modules) and reboot",
+            "AMD": "install the amdgpu driver (amdgpu-dkms) and ROCm SMI, then reboot",
+            "Huawei": "install the Ascend driver and firmware (HDK) so that npu-smi works, then reboot",
+        }.get(brand, "install the accelerator driver")
+        out.error(f.host, check, devices, f"working {tool}", fix)
+        return None
+    if not devices:
+        out.add(
+            f.host, "gpu.count", "fail", f"{tool} sees no devices", f"{hw.gpu_count} ({hw.id})",
+            "check that the devices are visible (lspci, dmesg for Xid / 'fallen off the bus') and the driver is loaded",
+        )
+        return None
+
+    if brand == "NVIDIA":
+        _check_nvidia_driver(out, f)
+
+    names = [d.name for d in devices]
+    allowed = tuple(getattr(hw, "gpu_names", ()) or ())
+    wrong = sorted({n for n in names if not _names_match(n, allowed)})
+    if allowed:
+        if wrong:
+            out.add(
+                f.host, "gpu.model", "fail", _describe_mix(names), " or ".join(allowed) + f" ({hw.id})",
+                f"this node is not a {_unit_name(hw)}: fix its hardware (k3_hardware) in the inventory "
+                "or move it to an inventory of its own",
+            )
+        else:
+            out.add(f.host, "gpu.model", "pass", _describe_mix(names), " or ".join(allowed))
+    else:
+        out.add(f.host, "gpu.model", "warn", _describe_mix(names), f"no product names known for {hw.id}",
+                "add gpu_names for this hardware to the taxonomy")
+
+    count = len(devices)
+    if count == hw.gpu_count:
+        out.add(f.host, "gpu.count", "pass", str(count), str(hw.gpu_count))
+    else:
+        out.add(
+            f.host, "gpu.count", "fail", f"{count} devices", f"{hw.gpu_count} per node ({hw.id})",
+            "a device is missing or hidden (CUDA_VISIBLE_DEVICES, MIG, dmesg Xid errors): repair the node, "
+            "or correct the hardware in the inventory",
+        )
+    return devices
+
+
+def _check_nvidia_driver(out: _Out, f: HostFacts) -> None:
+    assert isinstance(f.gpus, list)
+    drivers = sorted({g.driver for g in f.gpus if g.driver})
+    required = f">= {NVIDIA_DRIVER_FLOOR} (CUDA 13 image)"
+    if not drivers:
+        out.add(f.host, "nvidia.driver", "fail", "driver version not reported", required,
+                "run nvidia-smi on the node and repair the driver installation")
+        return
+    if len(drivers) > 1:
+        out.add(f.host, "nvidia.driver", "fail", "mixed driver versions " + ", ".join(drivers), required,
+                "reinstall one driver version and reboot")
+        return
+    driver = drivers[0]
+    if version_at_least(driver, NVIDIA_DRIVER_FLOOR):
+        out.add(f.host, "nvidia.driver", "pass", driver, required)
+    else:
+        out.add(
+            f.host, "nvidia.driver", "fail", driver, required,
+            f"upgrade to an r580 driver >= {NVIDIA_DRIVER_FLOOR} (with matching Fabric Manager on NVSwitch "
+            "systems) and reboot; the vllm/vllm-openai:kimi-k3 image is CUDA 13 only",
+        )
+
+
+def _check_fabric_manager(out: _Out, sel: Selection, f: HostFacts) -> None:
+    if sel.brand != "NVIDIA" or sel.hardware.id not in NVSWITCH_HARDWARE or f.fabric_manager is None:
+        return
+    fm = f.fabric_manager
+    required = "nvidia-fabricmanager active, version = driver version"
+    if isinstance(fm, FactError):
+        out.error(f.host, "nvidia.fabricmanager", fm, required,
+                  "install nvidia-fabricmanager of the driver's version and enable it")
+        return
+    driver = None
+    if isinstance(f.gpus, list):
+        drivers = {g.driver for g in f.gpus if g.driver}
+        driver = drivers.pop() if len(drivers) == 1 else None
+    if fm.service != "active":
+        observed = f"service {fm.service}" + (f" ({fm.detail})" if fm.detail else "")
+        out.add(f.host, "nvidia.fabricmanager", "fail", observed, required,
+                "systemctl enable --now nvidia-fabricmanager (without it CUDA fails with error 802 "
+                "'system not yet initialized')")
+        return
+    if fm.version is None or driver is None:
+        out.add(f.host, "nvidia.fabricmanager", "warn", f"active, version {fm.version or 'unknown'}", required,
+                "compare nv-fabricmanager --version with the driver version by hand")
+        return
+    if fm.version != driver:
+        out.add(f.host, "nvidia.fabricmanager", "fail", f"active, version {fm.version} (driver {driver})", required,
+                f"install nvidia-fabricmanager {driver} (the driver's exact version) and restart it")
+        return
+    out.add(f.host, "nvidia.fabricmanager", "pass", f"active, version {fm.version}", required)
+
+
+def _fabric_identity(f: HostFacts) -> tuple[str, str] | None:
+    if not isinstance(f.fabric, list) or not f.fabric:
+        return None
+    ids = {(g.cluster_uuid, g.clique_id) for g in f.fabric}
+    if len(ids) != 1:
+        return None
+    uuid, clique = ids.pop()
+    if uuid is None or clique is None:
+        return None
+    return uuid, clique
+
+
+def _check_fabric_host(out: _Out, sel: Selection, f: HostFacts) -> bool:
+    """Per-tray NVLink fabric state; True when the tray is usable for MNNVL."""
+    required = "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId"
+    fab = f.fabric
+    if fab is None:
+        return False
+    if isinstance(fab, FactError):
+        out.error(f.host, "nvlink.fabric", fab, required, "repair nvidia-smi on this tray")
+        return False
+    if not fab:
+        out.add(f.host, "nvlink.fabric", "fail", "nvidia-smi -q shows no Fabric block", required,
+                f"the driver is too old to report the NVLink fabric: install r580 >= {NVIDIA_DRIVER_FLOOR}")
+        return False
+    bad = [g for g in fab if not g.completed or not g.has_cluster]
+    if bad:
+        shown = "; ".join(
+            f"GPU {g.gpu}: State {g.state or 'N/A'}, Status {g.status or 'N/A'}, ClusterUUID {g.cluster_uuid or 'N/A'}"
+            for g in bad[:4]
+        )
+        out.add(
+            f.host, "nvlink.fabric", "fail", shown, required,
+            "the tray has not joined the NVLink domain: check the NVLink switch trays and nvidia-imex "
+            "(journalctl -u nvidia-imex); 'In Progress' usually settles within minutes, then rerun preflight",
+        )
+        return False
+    identity = _fabric_identity(f)
+    if identity is None:
+        ids = sorted({f"{g.cluster_uuid}/{g.clique_id}" for g in fab})
+        out.add(f.host, "nvlink.fabric", "fail", "GPUs disagree: " + ", ".join(ids), required,
+                "the tray's GPUs sit in different NVLink partitions: fix the partition assignment (NMX)")
+        return False
+    return True
+
+
+def _check_imex(out: _Out, sel: Selection, f: HostFacts) -> None:
+    if not sel.mnnvl or f.imex is None:
+        return
+    required = "nvidia-imex active and /dev/nvidia-caps-imex-channels/channel0 present"
+    imex = f.imex
+    if isinstance(imex, FactError):
+        out.error(f.host, "nvidia.imex", imex, required, "install and enable nvidia-imex")
+        return
+    problems = []
+    if imex.service != "active":
+        problems.append(f"nvidia-imex {imex.service}" + (f" ({imex.detail})" if imex.detail else ""))
+    if "channel0" not in imex.channels:
+        problems.append("no channel0 in /dev/nvidia-caps-imex-channels")
+    if problems:
+        out.add(
+            f.host, "nvidia.imex", "fail", "; ".join(problems), required,
+            "list every tray of the NVLink domain in /etc/nvidia-imex/nodes_config.cfg, "
+            "systemctl enable --now nvidia-imex, and create channel0 (module option NVreg_CreateImexChannel0=1 "
+            "survives reboots; mknod does not)",
+        )
+    else:
+        out.add(f.host, "nvidia.imex", "pass", f"active, {', '.join(imex.channels)}", required)
+
+
+def _check_toolkit(out: _Out, sel: Selection, f: HostFacts) -> None:
+    if sel.brand != "NVIDIA" or f.toolkit is None:
+        return
+    required = "nvidia-container-toolkit" + (f" >= {CTK_IMEX_CHANNELS_MIN}" if sel.mnnvl else "")
+    if isinstance(f.toolkit, FactError):
+        out.error(f.host, "container.toolkit", f.toolkit, required,
+                  "install nvidia-container-toolkit and run nvidia-ctk runtime configure --runtime=docker")
+        return
+    version = f.toolkit.version
+    if sel.mnnvl and not version_at_least(version, CTK_IMEX_CHANNELS_MIN):
+        out.add(f.host, "container.toolkit", "warn", version, required,
+                "NVIDIA_IMEX_CHANNELS needs toolkit >= 1.17: upgrade it, or pass "
+                "--device /dev/nvidia-caps-imex-channels/channel0 to the container")
+        return
+    out.add(f.host, "container.toolkit", "pass", version, required)
+
+
+def _check_runtime(out: _Out, sel: Selection, f: HostFacts) -> None:
+    if f.runtime is None:
+        return
+    required = "docker daemon answering" + (" with the nvidia runtime" if sel.brand == "NVIDIA" else "")
+    rt = f.runtime
+    if isinstance(rt, FactError):
+        out.error(f.host, "container.runtime", rt, required, "install Docker Engine and start it")
+        return
+    if rt.server_version is None:
+        out.add(f.host, "container.runtime", "fail", f"docker daemon not reachable: {rt.error}", required,
+                "systemctl enable --now docker (and check that the deploy user may use the docker socket)")
+        return
+    if sel.brand == "NVIDIA" and "nvidia" not in rt.runtimes:
+        out.add(f.host, "container.runtime", "warn",
+                f"docker {rt.server_version}, runtimes: {' '.join(rt.runtimes) or 'none'}", required,
+                "nvidia-ctk runtime configure --runtime=docker && systemctl restart docker "
+                "(or use CDI: --device nvidia.com/gpu=all)")
+        return
+    out.add(f.host, "container.runtime", "pass", f"docker {rt.server_version}", required)
+
+
+def _active_ports(devices: list[RdmaDevice]) -> list[tuple[str, int, str | None]]:
+    return [(d.name, p.port, p.link_layer) for d in devices for p in d.ports if p.active]
+
+
+def _check_rdma(out: _Out, sel: Selection, f: HostFacts) -> bool:
+    """RDMA for multi-node / P/D; True when at least one port is active."""
+    if not sel.needs_rdma or f.rdma is None or sel.brand == "Huawei":
+        return False
+    required = "an ACTIVE InfiniBand/RoCE port (multi-node)"
+    if isinstance(f.rdma, FactError):
+        out.error(f.host, "rdma.devices", f.rdma, required,
+                  "install rdma-core (ibverbs-utils) or DOCA-OFED; without RDMA NCCL falls back to TCP sockets")
+        return False
+    active = _active_ports(f.rdma)
+    if not f.rdma:
+        out.add(f.host, "rdma.devices", "fail", "no RDMA devices", required,
+                "load the mlx5 driver (mlx5_ib) and check the HCAs; without RDMA NCCL falls back to NET/Socket")
+        return False
+    if not active:
+        ports = ", ".join(f"{d.name}:{p.port} {p.state}" for d in f.rdma for p in d.ports)
+        out.add(f.host, "rdma.devices", "fail", ports or "devices without ports", required,
+                "bring the ports up (cable, subnet manager for InfiniBand, switch config for RoCE)")
+        return False
+    shown = ", ".join(f"{name}:{port} {layer or '?'}" for name, port, layer in active)
+    if any(layer == "Ethernet" for _, _, layer in active):
+        out.add(f.host, "rdma.devices", "warn", shown, required,
+                "RoCE: set NCCL_IB_GID_INDEX to the RoCE v2 GID (show_gids), or NCCL times out with error 12")
+    else:
+        out.add(f.host, "rdma.devices", "pass", shown, required)
+    return True
+
+
+def _check_gpudirect(out: _Out, sel: Selection, f: HostFacts) -> None:
+    if sel.brand != "NVIDIA":
+        return
+    required = "DMA-BUF usable, or nvidia_peermem loaded"
+    dmabuf, modules = f.dmabuf, f.modules
+    peermem = isinstance(modules, LoadedModules) and "nvidia_peermem" in modules
+    if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met:
+        out.add(f.host, "rdma.gpudirect", "pass",
+                f"DMA-BUF prerequisites met (kernel {dmabuf.kernel}, open modules, libibverbs dmabuf)", required)
+        return
+    why = "; ".join(dmabuf.reasons) if isinstance(dmabuf, DmabufSupport) else (
+        dmabuf.message(f.host) if isinstance(dmabuf, FactError) else "not checked")
+    if peermem:
+        out.add(f.host, "rdma.gpudirect", "pass", f"nvidia_peermem loaded (DMA-BUF: {why})", required)
+        return
+    mods = modules.message(f.host) if isinstance(modules, FactError) else "nvidia_peermem not loaded"
+    out.add(
+        f.host, "rdma.gpudirect", GPUDIRECT_MISSING_STATUS, f"DMA-BUF: {why}; {mods}", required,
+        "modprobe nvidia-peermem (and add it to /etc/modules-load.d), or move to the open kernel modules on "
+        "kernel >= 5.12 with a DMA-BUF capable rdma-core; otherwise NCCL stages through host memory",
+    )
+
+
+def _check_interface(out: _Out, f: HostFacts) -> None:
+    if f.interface is None:
+        return
+    required = "the node's address on a non-loopback interface"
+    itf = f.interface
+    if isinstance(itf, FactError):
+        out.error(f.host, "network.interface", itf, required, "install iproute2")
+        return
+    if itf.address:
+        if itf.interface is None:
+            have = ", ".join(f"{a.interface} {a.address}" for a in itf.addresses)
+            out.add(f.host, "network.interface", "fail", f"{itf.address} not configured (have {have})", required,
+                    "the inventory address must belong to this node: fix ssh_hostname / k3_address")
+        elif itf.interface == "lo":
+            out.add(f.host, "network.interface", "fail", f"{itf.address} on lo", required,
+                    "use the node's cluster address, not a loopback address (NCCL would bootstrap on lo)")
+        else:
+            out.add(f.host, "network.interface", "pass", f"{itf.address} on {itf.interface}", required)
+        return
+    if itf.default_interface and itf.default_interface != "lo":
+        out.add(f.host, "network.interface", "warn", f"no address given; default route on {itf.default_interface}",
+                required, "set k3_address (or ssh_hostname) to the node's cluster address")
+    else:
+        out.add(f.host, "network.interface", "fail", "no address given and no default route", required,
+                "set k3_address (or ssh_hostname) to the node's cluster address")
+
+
+def _check_space(out: _Out, f: HostFacts, check: str, space: DiskSpace | FactError | None,
+                 need_gib: float | None, what: str, fix: str, use_size: bool = False) -> None:
+    if space is None or need_gib is None:
+        return
+    required = f">= {_gib(need_gib)} {what}"
+    if isinstance(space, FactError):
+        out.error(f.host, check, space, required, fix)
+        return
+    have = (space.size_bytes if use_size else space.available_bytes) / GIB
+    observed = f"{_gib(have)} {'size' if use_size else 'free'} on {space.mount} ({space.path})"
+    out.add(f.host, check, "pass" if have >= need_gib else "fail", observed, required, fix)
+
+
+def _check_rocm(out: _Out, f: HostFacts) -> None:
+    versions = f.amd_versions
+    required = "amdgpu kernel driver" + (f", host ROCm >= {ROCM_HOST_MIN}" if ROCM_HOST_MIN else "")
+    if isinstance(f.rocm_driver, RocmDriver):
+        driver = f.rocm_driver.driver
+    elif isinstance(versions, AmdSmiVersions) and versions.amdgpu:
+        driver = versions.amdgpu
+    else:
+        driver = None
+    if driver is None:
+        err = f.rocm_driver if isinstance(f.rocm_driver, FactError) else None
+        observed = err.message(f.host) if err else "amdgpu driver version not reported"
+        out.add(f.host, "rocm.driver", "fail", observed, required,
+                "install amdgpu-dkms (the ROCm image brings its own ROCm; the host needs the kernel driver)")
+        return
+    out.add(f.host, "rocm.driver", "pass", f"amdgpu {driver}", required)
+    rocm = versions.rocm if isinstance(versions, AmdSmiVersions) else None
+    if ROCM_HOST_MIN and (rocm is None or not version_at_least(rocm, ROCM_HOST_MIN)):
+        out.add(f.host, "rocm.version", "fail", f"host ROCm {rocm or 'N/A'}", f">= {ROCM_HOST_MIN}",
+                f"install ROCm {ROCM_HOST_MIN} or newer on the host")
+    elif rocm is None:
+        out.add(f.host, "rocm.version", "pass", "no host ROCm userspace (the image brings ROCm)", "none")
+    else:
+        out.add(f.host, "rocm.version", "pass", f"host ROCm {rocm}", ROCM_HOST_MIN or "none")
+
+
+def _check_ascend(out: _Out, f: HostFacts) -> None:
+    info = f.ascend
+    required = f"driver (HDK) >= {ASCEND_DRIVER_RECOMMENDED} recommended; version.info and mounted paths present"
+    if info is None:
+        return
+    if isinstance(info, FactError):
+        out.error(f.host, "ascend.versions", info, required, "install the Ascend driver and firmware (HDK)")
+        return
+    if info.missing_paths:
+        out.add(f.host, "ascend.mounts", "fail", "missing " + ", ".join(info.missing_paths),
+                "paths bind-mounted into the vllm-ascend container exist",
+                "install the Ascend driver/toolkit so that these paths exist (the container mounts them)")
+    else:
+        out.add(f.host, "ascend.mounts", "pass", "all present", "paths bind-mounted into the container exist")
+    if info.driver is None:
+        out.add(f.host, "ascend.versions", "fail", "no driver version.info", required,
+                "install the Ascend driver (HDK)")
+    elif not version_at_least(info.driver, ASCEND_DRIVER_RECOMMENDED):
+        out.add(f.host, "ascend.versions", "warn",
+                f"driver {info.driver}, firmware {info.firmware or '?'}, host CANN {info.cann or 'none (image ships CANN)'}",
+                required, f"upgrade the Ascend HDK to {ASCEND_DRIVER_RECOMMENDED}+ as the vllm-ascend release notes ask")
+    else:
+        out.add(f.host, "ascend.versions", "pass",
+                f"driver {info.driver}, firmware {info.firmware or '?'}, host CANN {info.cann or 'none (image ships CANN)'}",
+                required)
+    if isinstance(f.npu, NpuInfo):
+        sick = [f"NPU {c.npu} chip {c.chip}: {c.health}" for c in f.npu.chips if c.health != "OK"]
+        if sick:
+            out.add(f.host, "ascend.health", "fail", "; ".join(sick), "every NPU chip Health OK",
+                    "check npu-smi info -t health -i <id> and the device log; replace or reset the NPU")
+        else:
+            out.add(f.host, "ascend.health", "pass", f"{len(f.npu.chips)} chips OK", "every NPU chip Health OK")
+
+
+# ------------------------------------------------------------------------------------- entry
+
+
+def run_checks(sel: Selection, hosts: list[HostFacts]) -> list[CheckResult]:
+    """All checks for all hosts: per-host results in host order, then the cluster-wide ones."""
+    out = _Out()
+    hw = sel.hardware
+    memory: dict[str, float | None] = {}
+    fabric_ok: dict[str, tuple[str, str]] = {}
+    for f in hosts:
+        if f.unreachable is not None:
+            out.add(f.host, "host.reachable", "fail", f.unreachable, "SSH connection",
+                    "check the address, SSH key and that the node is up")
+            memory[f.host] = None
+            continue
+        devices = _check_accelerators(out, sel, f)
+        if devices is not None:
+            known = [d.memory_gib for d in devices if d.memory_gib is not None]
+            memory[f.host] = sum(known) if len(known) == len(devices) else None
+        else:
+            memory[f.host] = None
+        if sel.brand == "NVIDIA" and devices is not None:
+            _check_fabric_manager(out, sel, f)
+            if getattr(hw, "nvl", False) and _check_fabric_host(out, sel, f):
+                identity = _fabric_identity(f)
+                assert identity is not None
+                fabric_ok[f.host] = identity
+            _check_imex(out, sel, f)
+        _check_toolkit(out, sel, f)
+        _check_runtime(out, sel, f)
+        if _check_rdma(out, sel, f):
+            _check_gpudirect(out, sel, f)
+        _check_interface(out, f)
+        _check_space(out, f, "disk.images", f.disk_images, IMAGE_DISK_MIN_GIB, "for container images",
+                     "free space or point Docker's data-root at a larger disk")
+        cache_need = sel.vram_minimum_gb * CACHE_DISK_FACTOR if sel.vram_minimum_gb else None
+        _check_space(out, f, "disk.cache", f.disk_cache, cache_need, "for the model weights",
+                     "free space in the cache directory or set k3_cache_dir to a larger disk")
+        _check_space(out, f, "disk.shm", f.shm, SHM_MIN_GIB, "of /dev/shm",
+                     "enlarge /dev/shm (mount -o remount,size=64G /dev/shm) and remove stale nccl-* segments",
+                     use_size=True)
+        if sel.brand == "AMD":
+            _check_rocm(out, f)
+        if sel.brand == "Huawei":
+            _check_ascend(out, f)
+
+    # ---- cluster-wide: NVLink domain identity
+    if getattr(hw, "nvl", False) and len(fabric_ok) > 1:
+        counts = Counter(fabric_ok.values())
+        order = [h.host for h in hosts if h.host in fabric_ok]
+        top = max(counts.values())
+        # majority identity; ties go to the first host in inventory order (the head)
+        majority = next(fabric_ok[h] for h in order if counts[fabric_ok[h]] == top)
+        for h in order:
+            uuid, clique = fabric_ok[h]
+            required = f"ClusterUUID {majority[0]}, CliqueId {majority[1]} (same NVL domain as the other trays)"
+            if fabric_ok[h] == majority:
+                out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}", required)
+            else:
+                out.add(h, "nvlink.fabric", "fail", f"ClusterUUID {uuid}, CliqueId {clique}", required,
+                        "this tray belongs to another NVLink domain or partition: use trays of one NVL72 rack and "
+                        "partition, or plan it as a separate deployment")
+    elif getattr(hw, "nvl", False):
+        for h, (uuid, clique) in fabric_ok.items():
+            out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
+                    "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId")
+
+    # ---- cluster-wide: memory of the planned nodes against the variant's planning minimum
+    if sel.vram_minimum_gb:
+        known = {h: m for h, m in memory.items() if m is not None}
+        total = sum(known.values())
+        unknown = sorted(h for h, m in memory.items() if m is None)
+        need = sel.vram_minimum_gb
+        required = (f">= {need:g} GB for variant {sel.variant} (the recipe's GB = GiB = MiB/1024, "
+                    f"summed over the planned nodes)")
+        observed = f"{total:.1f} GB over {len(known)} of {len(hosts)} nodes"
+        if unknown:
+            observed += f" (unknown: {', '.join(unknown)})"
+        if total >= need:
+            out.add(CLUSTER, "gpu.memory", "pass", observed, required)
+        elif unknown:
+            out.add(CLUSTER, "gpu.memory", "fail", observed, required,
+                    "fix the nodes whose memory could not be read, then rerun preflight")
+        else:
+            per_node = float(hw.vram_gb) if hw.vram_gb else 0.0
+            more = ""
+            if per_node > 0:
+                nodes_needed = -(-need // per_node)
+                more = f": plan at least {int(nodes_needed)} {hw.id} nodes"
+            out.add(CLUSTER, "gpu.memory", "fail", observed, required,
+                    f"the checkpoint does not fit{more}, or choose a smaller variant")
+    return out.results
+
+
+def summarize(results: list[CheckResult]) -> dict[str, int]:
+    counts = {"pass": 0, "warn": 0, "fail": 0}
+    for r in results:
+        counts[r.status] += 1
+    return counts
+
+
+def failed_hosts(results: list[CheckResult]) -> list[str]:
+    seen: list[str] = []
+    for r in results:
+        if r.status == "fail" and r.host not in seen:
+            seen.append(r.host)
+    return seen

@@ -1,0 +1,96 @@
+"""``k3deploy preflight INVENTORY``: read every node, check it against the plan, report all nodes at once.
+
+Exit codes: 0 every check passed (warnings allowed), 1 at least one check failed (an unreachable
+node counts as failed), 2 bad input (unknown hardware, missing inventory, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from k3deploy.errors import K3Error
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def render_table(report) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 180)
+    sel = report.selection
+    title = (f"Preflight: {sel.hardware.id} x {sel.nodes} node(s), variant {sel.variant}"
+             + (f", strategy {sel.strategy}" if sel.strategy else ""))
+    table = Table(title=title, show_lines=False, expand=False)
+    for column, style in (("Host", "bold"), ("Check", ""), ("Status", ""), ("Observed", ""),
+                          ("Required", "dim"), ("Fix", "")):
+        table.add_column(column, style=style or None, overflow="fold")
+    hosts = [f.host for f in report.hosts] + ["cluster"]
+    first_group = True
+    for host in hosts:
+        rows = [r for r in report.results if r.host == host]
+        if not rows:
+            continue
+        if not first_group:
+            table.add_section()
+        first_group = False
+        for i, r in enumerate(rows):
+            table.add_row(host if i == 0 else "", r.check, f"[{_STYLE[r.status]}]{r.status.upper()}[/]",
+                          r.observed, r.required, r.fix)
+    console.print(table)
+    settings = [(h, s) for h, s in report.settings.items() if s.env]
+    if settings:
+        console.print("[bold]Derived settings[/] (handed to the rollout):")
+        for host, s in settings:
+            env = " ".join(f"{k}={v}" for k, v in s.env.items())
+            extra = "  (nvidia_peermem required)" if s.peermem_required else ""
+            console.print(f"  {host}: {env}{extra}", highlight=False, soft_wrap=True)
+    counts = {"pass": 0, "warn": 0, "fail": 0}
+    for r in report.results:
+        counts[r.status] += 1
+    failed = []
+    for r in report.results:
+        if r.status == "fail" and r.host not in failed:
+            failed.append(r.host)
+    verdict = "[bold green]ready[/]" if not failed else f"[bold red]failed: {', '.join(failed)}[/]"
+    console.print(f"{len(report.hosts)} host(s), {len(report.results)} checks: {counts['pass']} passed, "
+                  f"{counts['warn']} warnings, {counts['fail']} failed; {verdict}")
+
+
+@click.command("preflight")
+@click.argument("inventory")
+@click.option("--hardware", help="hardware id (default: k3_hardware from the inventory data)")
+@click.option("--strategy", help="serving strategy (default: k3_strategy from the inventory data)")
+@click.option("--variant", help="recipe variant (default: k3_variant from the inventory data, else 'default')")
+@click.option("--nodes", type=int, help="planned node count (default: the number of inventory hosts)")
+@click.option("--cache-dir", help="where weights are cached on the nodes (default: k3_cache_dir or "
+              "/var/lib/k3deploy/cache)")
+@click.option("--image-dir", help="where container images are stored (default: k3_image_dir, else Docker's "
+              "DockerRootDir)")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+def preflight(inventory: str, hardware: str | None, strategy: str | None, variant: str | None,
+              nodes: int | None, cache_dir: str | None, image_dir: str | None, as_json: bool) -> None:
+    """Check every node of INVENTORY (a pyinfra inventory file, host list or @local) before deploying.
+
+    Reads driver, GPUs, fabric, RDMA, container runtime, disk and /dev/shm on all nodes in parallel,
+    changes nothing, and prints one table for the whole cluster. Exit 0: all passed; 1: a check failed;
+    2: bad input.
+    """
+    from k3deploy.preflight.runner import run_preflight
+
+    try:
+        report = run_preflight(inventory, hardware=hardware, strategy=strategy, variant=variant, nodes=nodes,
+                               cache_dir=cache_dir, image_dir=image_dir)
+    except K3Error:
+        raise
+    except Exception as exc:  # never a traceback for the user
+        raise K3Error(f"preflight could not run: {type(exc).__name__}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        render_table(report)
+    if report.exit_code:
+        sys.exit(report.exit_code)

@@ -1,0 +1,138 @@
+"""``k3deploy sim``: the simulated cluster (up, down, status, fault, base)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from k3deploy.errors import K3Error
+from k3deploy.sim import base as sim_base
+from k3deploy.sim import cluster as sim
+
+
+def _say(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+@click.group("sim")
+def sim_group() -> None:
+    """Simulated GPU cluster on this host: real systemd and sshd per node, simulated GPUs and engine."""
+
+
+@sim_group.command("base")
+@click.option("--rebuild", is_flag=True, help="Build the base root again even if it is cached.")
+@click.option("--remove", is_flag=True, help="Delete the cached base roots.")
+def base_cmd(rebuild: bool, remove: bool) -> None:
+    """Build (once) and cache the nodes' base root; prints its path."""
+    if remove:
+        if sim.list_names():
+            raise K3Error("simulated clusters are up (k3deploy sim status): run 'k3deploy sim down' for each first")
+        for path in sim_base.remove_base():
+            _say(f"removed {path}")
+        return
+    click.echo(str(sim_base.ensure_base(_say, rebuild=rebuild)))
+
+
+@sim_group.command("up")
+@click.option("--hardware", "-H", required=True, help="Hardware id, e.g. gb300, h200, mi355x, ascend_910c.")
+@click.option("--nodes", "-n", type=int, required=True, help=f"Number of nodes (1-{sim.MAX_NODES}).")
+@click.option("--name", default=sim.DEFAULT_NAME, show_default=True, help="Cluster name (2-10 chars).")
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    metavar="RANK:KIND[=VALUE]",
+    help="Inject a fault (repeatable); KIND: " + ", ".join(sim.fault_kinds()) + ".",
+)
+@click.option("--time-scale", type=float, default=0.01, show_default=True, help="Factor on vLLM's timeouts/delays.")
+@click.option("--subnet", default=None, help="First three octets of a free /24 (default: from the name).")
+@click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes} as JSON.")
+def up_cmd(
+    hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None, as_json: bool
+) -> None:
+    """Create and boot a simulated cluster; prints its pyinfra inventory."""
+    res = sim.up(
+        hardware=hardware,
+        nodes=nodes,
+        name=name,
+        faults=list(faults),
+        time_scale=time_scale,
+        subnet=subnet,
+        progress=_say,
+    )
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    for n in res["nodes"]:
+        click.echo(f"{n['name']}\t{n['ip']}\trank {n['rank']}")
+    click.echo(f"inventory: {res['inventory']}")
+    click.echo(f"try: pyinfra {res['inventory']} exec -y -- hostname")
+
+
+@sim_group.command("down")
+@click.option("--name", default=sim.DEFAULT_NAME, show_default=True)
+@click.option("--all", "all_", is_flag=True, help="Remove every simulated cluster.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"removed": [names], "absent": [names]}.')
+def down_cmd(name: str, all_: bool, as_json: bool) -> None:
+    """Stop a simulated cluster and remove everything it created."""
+    names = sim.list_names() if all_ else [name]
+    removed, absent = [], []
+    for nm in names:
+        if sim.down(nm, progress=_say):
+            removed.append(nm)
+        else:
+            absent.append(nm)
+            _say(f"no simulated cluster {nm!r}: nothing to do")
+    if as_json:
+        click.echo(json.dumps({"removed": removed, "absent": absent}))
+
+
+@sim_group.command("status")
+@click.option("--name", default=None, help="Only this cluster.")
+@click.option("--json", "as_json", is_flag=True)
+def status_cmd(name: str | None, as_json: bool) -> None:
+    """List simulated clusters and whether each node runs and answers on SSH."""
+    if name is not None:
+        sim.validate_name(name)
+    if os.geteuid() != 0:
+        raise K3Error("the simulated cluster's state is readable by root only: run k3deploy sim status as root (sudo)")
+    clusters = sim.status(name)
+    if as_json:
+        click.echo(json.dumps({"clusters": clusters}, indent=2))
+        return
+    if not clusters:
+        click.echo("no simulated clusters")
+        return
+    for c in clusters:
+        click.echo(f"{c['name']}: {c['hardware']} x {len(c['nodes'])}, {c['phase']}, {c['subnet']}")
+        click.echo(f"  inventory: {c['inventory']}")
+        for n in c["nodes"]:
+            mem = f"{n['memory_bytes'] / 2**20:.0f} MiB" if n["memory_bytes"] else "-"
+            state = "running" if n["running"] else "stopped"
+            ssh = "ssh ok" if n["ssh"] else "no ssh"
+            faults = ",".join(n["faults"]) or "-"
+            click.echo(f"  {n['name']:<16} {n['ip']:<14} rank {n['rank']:<3} {state:<8} {ssh:<7} {mem:>8}  faults: {faults}")
+
+
+@sim_group.command("fault")
+@click.argument("specs", nargs=-1, metavar="[NAME] RANK:KIND[=VALUE]...")
+@click.option("--name", default=None, help=f"Cluster name (default {sim.DEFAULT_NAME}).")
+@click.option("--clear", is_flag=True, help="Clear the given faults (RANK or RANK:KIND), or all faults when none given.")
+def fault_cmd(specs: tuple[str, ...], name: str | None, clear: bool) -> None:
+    """Switch faults of a running simulated cluster (node.json is rewritten; tools re-read it)."""
+    items = list(specs)
+    if items and ":" not in items[0] and not items[0].isdigit():
+        if name is not None and name != items[0]:
+            raise K3Error(f"cluster given twice ({items[0]!r} and --name {name!r}): give it once")
+        name = items.pop(0)
+    name = name or sim.DEFAULT_NAME
+    if not items and not clear:
+        raise K3Error(f"no fault given: use e.g. 'k3deploy sim fault {name} 1:driver=570.86.15', or --clear")
+    if clear:
+        res = sim.set_faults(name, clear=items, clear_all=not items)
+    else:
+        res = sim.set_faults(name, add=items)
+    for node, faults in res.items():
+        click.echo(f"{node}\t{','.join(faults) or '-'}")

@@ -1,0 +1,110 @@
+"""Faults that can be injected into a simulated node: ``RANK:KIND[=VALUE]``.
+
+``RANK`` is the node rank (0 = the head, ``node1``). A fault changes what that node's simulated
+hardware, tools or engine report; :func:`k3deploy.sim.profiles.node_config` applies it.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as _uuid
+from dataclasses import dataclass
+
+from k3deploy.errors import K3Error
+
+#: kind -> one-line description (shown by ``k3deploy sim up --help`` and in errors)
+FAULT_KINDS: dict[str, str] = {
+    "driver": "driver=VERSION: the GPU driver reports VERSION (e.g. 570.86.15, below the CUDA 13 floor)",
+    "no-nvidia-smi": "nvidia-smi is not installed on the node",
+    "gpu-count": "gpu-count=N: the node shows N GPUs instead of the profile's count",
+    "gpu-model": "gpu-model=NAME: the GPUs report product name NAME",
+    "no-dmabuf": "DMA-BUF memory registration fails (errno 524); NCCL needs NCCL_DMABUF_ENABLE=0 + nvidia_peermem",
+    "no-peermem": "the nvidia_peermem kernel module is not loaded",
+    "fabric": "fabric=STATE: the NVLink fabric State is STATE (N/A, Not Started, In Progress, Completed)",
+    "cluster-uuid": "cluster-uuid=UUID: the NVLink fabric reports ClusterUUID UUID",
+    "disk-full": "the image/weights directory and docker's data directory are nearly full",
+    "sshd-down": "sshd is not running: the node is unreachable over ssh",
+    "engine-crash": "the vLLM engine exits 1 shortly after start",
+    "engine-slow": "engine-slow=SECONDS: weight loading takes SECONDS longer (wall-clock, not scaled)",
+}
+
+#: kinds that need ``=VALUE``
+VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "cluster-uuid", "engine-slow"})
+
+#: fabric states nvidia-smi prints (NVML: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED)
+FABRIC_STATES = ("N/A", "Not Started", "In Progress", "Completed")
+
+_DRIVER_RE = re.compile(r"^\d+(\.\d+){1,2}$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    kind: str
+    value: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.rank}:{self.kind}" + (f"={self.value}" if self.value is not None else "")
+
+
+def _kinds_hint() -> str:
+    return ", ".join(sorted(FAULT_KINDS))
+
+
+def parse_fault(text: str) -> Fault:
+    """Parse ``RANK:KIND[=VALUE]`` (e.g. ``1:driver=570.86.15``); raise :class:`K3Error` on bad input."""
+    raw = text.strip()
+    rank_s, sep, rest = raw.partition(":")
+    if not sep or not rank_s.strip().isdigit():
+        raise K3Error(f"bad fault {text!r}: write RANK:KIND[=VALUE] with RANK a node rank (0 = head), "
+                      f"e.g. 1:driver=570.86.15; kinds: {_kinds_hint()}")
+    kind, eq, value = rest.partition("=")
+    kind = kind.strip()
+    if kind not in FAULT_KINDS:
+        raise K3Error(f"unknown fault kind {kind!r} in {text!r}: choose one of {_kinds_hint()}")
+    if kind in VALUE_KINDS:
+        if not eq or not value.strip():
+            raise K3Error(f"fault {text!r} needs a value: {FAULT_KINDS[kind]}")
+        value = _check_value(kind, value.strip(), text)
+    elif eq:
+        raise K3Error(f"fault kind {kind!r} takes no value (got {text!r}): write {rank_s.strip()}:{kind}")
+    else:
+        value = None
+    return Fault(int(rank_s), kind, value)
+
+
+def _check_value(kind: str, value: str, text: str) -> str:
+    if kind == "driver" and not _DRIVER_RE.match(value):
+        raise K3Error(f"bad driver version {value!r} in {text!r}: write it as nvidia-smi prints it, "
+                      "e.g. 570.86.15")
+    if kind == "gpu-count":
+        if not value.isdigit() or int(value) > 64:
+            raise K3Error(f"bad GPU count {value!r} in {text!r}: use a whole number from 0 to 64")
+        return str(int(value))
+    if kind == "fabric":
+        for state in FABRIC_STATES:
+            if value.lower() == state.lower():
+                return state
+        raise K3Error(f"bad fabric state {value!r} in {text!r}: choose one of {', '.join(FABRIC_STATES)}")
+    if kind == "cluster-uuid":
+        try:
+            return str(_uuid.UUID(value))
+        except ValueError:
+            raise K3Error(f"bad ClusterUUID {value!r} in {text!r}: use a UUID such as "
+                          "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b") from None
+    if kind == "engine-slow":
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds <= 86400:
+            raise K3Error(f"bad engine-slow value {value!r} in {text!r}: give extra load seconds, e.g. 5")
+    return value
+
+
+def check_ranks(faults: list[Fault], nodes: int) -> None:
+    """Raise :class:`K3Error` when a fault names a rank outside ``0..nodes-1``."""
+    for fault in faults:
+        if fault.rank >= nodes:
+            raise K3Error(f"fault {str(fault)!r} names rank {fault.rank}, but the cluster has {nodes} "
+                          f"node(s): use a rank from 0 to {nodes - 1}")

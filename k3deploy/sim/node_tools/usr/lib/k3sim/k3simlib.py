@@ -1,0 +1,147 @@
+"""Code shared by the simulated vendor tools (standard library only).
+
+Every tool re-reads the node configuration on each call, so a fault switched on a running node
+takes effect at the next call. Paths:
+
+- ``K3SIM_NODE_CONFIG`` (default ``/etc/k3sim/node.json``): the node configuration;
+- ``K3SIM_STATE_DIR`` (default ``/var/lib/k3sim``): runtime state (loaded modules, docker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+CONFIG_PATH = "/etc/k3sim/node.json"
+STATE_DIR = "/var/lib/k3sim"
+LIB_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def config_path() -> str:
+    return os.environ.get("K3SIM_NODE_CONFIG") or CONFIG_PATH
+
+
+def load_config() -> dict:
+    path = config_path()
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        sys.stderr.write(f"k3sim: node configuration {path} not found\n")
+        sys.exit(1)
+
+
+def state_dir() -> str:
+    return os.environ.get("K3SIM_STATE_DIR") or STATE_DIR
+
+
+def scaled(config: dict, seconds: float) -> float:
+    """Nominal seconds in simulated wall-clock time."""
+    return float(seconds) * float(config.get("time_scale", 1.0))
+
+
+def timestamp(fmt: str = "%a %b %e %H:%M:%S %Y") -> str:
+    return time.strftime(fmt)
+
+
+# ---------------------------------------------------------------- kernel modules
+
+def _modules_file() -> str:
+    return os.path.join(state_dir(), "modules.json")
+
+
+def _module_overrides() -> dict:
+    try:
+        with open(_modules_file()) as fh:
+            return json.load(fh)
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def set_module_loaded(name: str, loaded: bool) -> None:
+    data = _module_overrides()
+    data[name] = loaded
+    os.makedirs(state_dir(), exist_ok=True)
+    tmp = _modules_file() + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, _modules_file())
+
+
+def known_modules(config: dict) -> list[dict]:
+    """Every module the node's kernel has (loaded or not): name, size, holders, license, version."""
+    vendor = config["vendor"]
+    drv = config["driver"]["version"]
+    mods: list[dict] = []
+    if config.get("rdma"):
+        mods += [
+            {"name": "mlx5_ib", "size": 565248, "used_by": ["rdma_ucm"], "license": "Dual BSD/GPL",
+             "version": "24.10-1.1.4", "file": "kernel/drivers/infiniband/hw/mlx5/mlx5_ib.ko"},
+            {"name": "ib_uverbs", "size": 196608, "used_by": ["nvidia_peermem", "rdma_ucm", "mlx5_ib"],
+             "license": "Dual BSD/GPL", "version": "", "file": "kernel/drivers/infiniband/core/ib_uverbs.ko"},
+            {"name": "mlx5_core", "size": 2510848, "used_by": ["mlx5_ib"], "license": "Dual BSD/GPL",
+             "version": "24.10-1.1.4", "file": "kernel/drivers/net/ethernet/mellanox/mlx5/core/mlx5_core.ko"},
+        ]
+    if vendor == "nvidia":
+        open_km = drv and config["driver"].get("kernel_module") == "open"
+        lic = "Dual MIT/GPL" if open_km else "NVIDIA"
+        mods += [
+            {"name": "nvidia_uvm", "size": 2084864, "used_by": [], "license": lic, "version": drv,
+             "file": "updates/dkms/nvidia-uvm.ko"},
+            {"name": "nvidia_drm", "size": 143360, "used_by": [], "license": lic, "version": drv,
+             "file": "updates/dkms/nvidia-drm.ko"},
+            {"name": "nvidia_modeset", "size": 1835008, "used_by": ["nvidia_drm"], "license": lic,
+             "version": drv, "file": "updates/dkms/nvidia-modeset.ko"},
+            {"name": "nvidia", "size": 14376960, "used_by": ["nvidia_uvm", "nvidia_peermem", "nvidia_modeset"],
+             "license": lic, "version": drv, "file": "updates/dkms/nvidia.ko"},
+        ]
+        if config.get("rdma"):
+            mods.append({"name": "nvidia_peermem", "size": 16384, "used_by": [], "license": "Dual BSD/GPL",
+                         "version": drv, "file": "updates/dkms/nvidia-peermem.ko"})
+    elif vendor == "amd":
+        mods.append({"name": "amdgpu", "size": 19595264, "used_by": [], "license": "GPL and additional rights",
+                     "version": config["driver"]["version"], "file": "updates/dkms/amdgpu.ko"})
+    elif vendor == "ascend":
+        mods += [
+            {"name": "drv_davinci_intf_host", "size": 49152, "used_by": [], "license": "GPL v2",
+             "version": drv, "file": "updates/drv_davinci_intf_host.ko"},
+            {"name": "drv_devmm_host", "size": 798720, "used_by": [], "license": "GPL v2",
+             "version": drv, "file": "updates/drv_devmm_host.ko"},
+        ]
+    return mods
+
+
+def loaded_modules(config: dict) -> list[dict]:
+    overrides = _module_overrides()
+    unloaded = set(config.get("modules_unloaded", []))
+    out = []
+    for mod in known_modules(config):
+        loaded = overrides.get(mod["name"], mod["name"] not in unloaded)
+        if loaded:
+            out.append(mod)
+    names = {m["name"] for m in out}
+    for mod in out:
+        mod["used_by"] = [h for h in mod["used_by"] if h in names]
+    return out
+
+
+def kernel_release() -> str:
+    return os.uname().release
+
+
+# ---------------------------------------------------------------- misc
+
+def die(msg: str, code: int = 1) -> None:
+    sys.stderr.write(msg.rstrip("\n") + "\n")
+    sys.exit(code)
+
+
+def tool_missing(config: dict, tool: str) -> bool:
+    return tool in config.get("tools_missing", [])
+
+
+def command_not_found(tool: str) -> None:
+    """Behave like a shell that cannot find the tool (exit 127)."""
+    die(f"bash: {tool}: command not found", 127)

@@ -1,0 +1,337 @@
+"""Hardware profiles of the simulated nodes and the per-node configuration the simulated tools read.
+
+Every hardware id of the Kimi-K3 recipe has a profile: vendor, the GPU product name exactly as the
+vendor tool prints it, GPUs per node, memory per GPU (MiB), driver/CUDA/ROCm/CANN versions, RDMA
+devices and NVLink fabric. :func:`node_config` turns a profile plus the node's identity and faults
+into the JSON document stored at ``/etc/k3sim/node.json`` in the node; the tools under
+``node_tools/`` re-read it on every call (``K3SIM_NODE_CONFIG`` overrides the path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid as _uuid
+from pathlib import Path
+from typing import Any
+
+from k3deploy.errors import K3Error
+from k3deploy.sim.faults import Fault
+
+#: node_tools tree, mirrored at the node's root
+NODE_TOOLS = Path(__file__).with_name("node_tools")
+#: where the node configuration lives inside a node
+NODE_CONFIG_PATH = "/etc/k3sim/node.json"
+#: simulated docker's data directory inside a node
+DOCKER_DATA_DIR = "/var/lib/k3sim/docker"
+#: nominal (unscaled) weight-load time of one engine start, seconds; scaled by time_scale
+NOMINAL_LOAD_SECONDS = 300.0
+
+_NV_HGX_BUS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+_NV_GRACE_BUS = ["00000008:01:00.0", "00000009:01:00.0", "00000018:01:00.0", "00000019:01:00.0"]
+_AMD_BUS = ["05", "26", "46", "65", "85", "a6", "c6", "e5"]
+_ASCEND_BUS = ["9D", "9F", "C1", "C3", "81", "83", "A1", "A3", "01", "03", "21", "23", "41", "43", "61", "63"]
+
+
+def _ib(n: int, link_layer: str = "InfiniBand", part: int = 4129, fw: str = "28.39.2048",
+        board: str = "MT_0000000838") -> list[dict[str, Any]]:
+    devs = []
+    for i in range(n):
+        ib = link_layer == "InfiniBand"
+        devs.append({
+            "name": f"mlx5_{i}", "transport": "InfiniBand (0)", "fw_ver": fw,
+            "node_guid": f"b859:9f03:00ca:{0xe2f8 + i:04x}", "vendor_id": "0x02c9",
+            "vendor_part_id": part, "hw_ver": "0x0", "board_id": board,
+            "state": "PORT_ACTIVE (4)", "max_mtu": "4096 (5)",
+            "active_mtu": "4096 (5)" if ib else "1024 (3)",
+            "sm_lid": 1 if ib else 0, "port_lid": 4 + i if ib else 0, "link_layer": link_layer,
+        })
+    return devs
+
+
+def _bluefield(index: int) -> dict[str, Any]:
+    """A dual-port BlueField-3 (Ethernet/RoCE, north-south traffic) with its second port down."""
+    return {"name": f"mlx5_{index}", "transport": "InfiniBand (0)", "fw_ver": "32.43.1014",
+            "node_guid": "a088:c203:0051:7d2e", "vendor_id": "0x02c9", "vendor_part_id": 41692, "hw_ver": "0x1",
+            "board_id": "MT_0000000884", "state": "PORT_ACTIVE (4)", "max_mtu": "4096 (5)",
+            "active_mtu": "1024 (3)", "sm_lid": 0, "port_lid": 0, "link_layer": "Ethernet",
+            "extra_ports": [{"state": "PORT_DOWN (1)", "max_mtu": "4096 (5)", "active_mtu": "1024 (3)",
+                             "sm_lid": 0, "port_lid": 0, "link_layer": "Ethernet"}]}
+
+
+_NVIDIA_COMMON: dict[str, Any] = {"vendor": "nvidia", "kernel_module": "open", "ctk_version": "1.17.8",
+                                  "container_runtime_version": "1.17.6"}
+
+#: hardware id -> profile
+PROFILES: dict[str, dict[str, Any]] = {
+    "h100": {**_NVIDIA_COMMON, "product": "NVIDIA H100 80GB HBM3", "architecture": "Hopper", "gpus": 8,
+             "memory_mib": 81559, "compute_cap": "9.0", "driver": "580.126.09", "power_w": 700,
+             "rdma": _ib(8), "fabric": None, "fabricmanager": True},
+    "h200": {**_NVIDIA_COMMON, "product": "NVIDIA H200", "architecture": "Hopper", "gpus": 8,
+             "memory_mib": 143771, "compute_cap": "9.0", "driver": "580.126.09", "power_w": 700,
+             "rdma": _ib(8), "fabric": None, "fabricmanager": True},
+    "b200": {**_NVIDIA_COMMON, "product": "NVIDIA B200", "architecture": "Blackwell", "gpus": 8,
+             "memory_mib": 183359, "compute_cap": "10.0", "driver": "580.126.09", "power_w": 1000,
+             "rdma": _ib(8), "fabric": None, "fabricmanager": True},
+    "b300": {**_NVIDIA_COMMON, "product": "NVIDIA B300 SXM6 AC", "architecture": "Blackwell", "gpus": 8,
+             "memory_mib": 275040, "compute_cap": "10.3", "driver": "580.95.05", "power_w": 1100,
+             "rdma": _ib(8, part=4131, fw="40.45.1200", board="MT_0000001093"), "fabric": None,
+             "fabricmanager": True},
+    "gb200": {**_NVIDIA_COMMON, "product": "NVIDIA GB200", "architecture": "Blackwell", "gpus": 4,
+              "memory_mib": 189471, "compute_cap": "10.0", "driver": "580.95.05", "power_w": 1200,
+              "rdma": _ib(4) + [_bluefield(4)], "fabric": "nvl", "fabricmanager": False, "imex": True},
+    "gb300": {**_NVIDIA_COMMON, "product": "NVIDIA GB300", "architecture": "Blackwell", "gpus": 4,
+              "memory_mib": 284208, "compute_cap": "10.3", "driver": "580.95.05", "power_w": 1400,
+              "rdma": _ib(4, part=4131, fw="40.45.1200", board="MT_0000001093") + [_bluefield(4)], "fabric": "nvl",
+              "fabricmanager": False, "imex": True},
+    "mi300x": {"vendor": "amd", "product": "AMD Instinct MI300X", "gfx": "gfx942", "gpus": 8,
+               "memory_mib": 196608, "driver": "6.14.14", "rocm": "7.0.2", "amdsmi": "26.0.2+39589fda",
+               "device_id": "0x74a1", "power_w": 750, "rdma": _ib(8, "Ethernet")},
+    "mi325x": {"vendor": "amd", "product": "AMD Instinct MI325X", "gfx": "gfx942", "gpus": 8,
+               "memory_mib": 262144, "driver": "6.14.14", "rocm": "7.0.2", "amdsmi": "26.0.2+39589fda",
+               "device_id": "0x74a5", "power_w": 1000, "rdma": _ib(8, "Ethernet")},
+    "mi355x": {"vendor": "amd", "product": "AMD Instinct MI355X", "gfx": "gfx950", "gpus": 8,
+               "memory_mib": 294912, "driver": "6.14.14", "rocm": "7.0.2", "amdsmi": "26.0.2+39589fda",
+               "device_id": "0x75a3", "power_w": 1400, "rdma": _ib(8, "Ethernet")},
+    "ascend_910c": {"vendor": "ascend", "product": "Ascend910", "gpus": 16, "memory_mib": 65536,
+                    "driver": "25.3.rc1", "firmware": "7.7.0.1.231", "cann": "8.5.0",
+                    "innerversion": "V100R001C23SPC002B212", "rdma": []},
+}
+
+# files under node_tools that belong to one vendor only (absolute node paths)
+_VENDOR_FILES: dict[str, tuple[str, ...]] = {
+    "nvidia": ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk", "/usr/bin/nvidia-container-runtime",
+               "/usr/bin/nv-fabricmanager", "/usr/bin/nvidia-imex"),
+    "amd": ("/usr/bin/amd-smi", "/usr/bin/rocm-smi", "/opt/rocm/.info/version"),
+    "ascend": ("/usr/local/bin/npu-smi", "/usr/local/Ascend/", "/etc/ascend_install.info",
+               "/usr/local/dcmi/"),
+}
+
+
+_FABRICMANAGER_FILES = ("/usr/bin/nv-fabricmanager", "/etc/systemd/system/nvidia-fabricmanager.service")
+_IMEX_FILES = ("/usr/bin/nvidia-imex", "/etc/systemd/system/nvidia-imex.service")
+#: simulated services enabled at boot when installed (as ``systemctl enable`` would link them)
+_ENABLED_UNITS = ("nvidia-fabricmanager.service", "nvidia-imex.service")
+_RDMA_FILES = ("/usr/lib/x86_64-linux-gnu/libibverbs.so.1",)
+
+
+def hardware_ids() -> list[str]:
+    return sorted(PROFILES)
+
+
+def profile(hardware: str) -> dict[str, Any]:
+    try:
+        return PROFILES[hardware]
+    except KeyError:
+        raise K3Error(f"unknown hardware {hardware!r} for the simulation: choose one of "
+                      f"{', '.join(hardware_ids())}") from None
+
+
+def cuda_for_driver(version: str) -> str:
+    """The ``CUDA Version`` nvidia-smi prints for a driver branch (r580 -> 13.0)."""
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        return "N/A"
+    table = [(590, "13.1"), (580, "13.0"), (575, "12.9"), (570, "12.8"), (565, "12.7"), (560, "12.6"),
+             (555, "12.5"), (550, "12.4"), (545, "12.3"), (535, "12.2"), (530, "12.1"), (525, "12.0")]
+    for floor, cuda in table:
+        if major >= floor:
+            return cuda
+    return "11.8"
+
+
+def _gpu_ids(prof: dict[str, Any], count: int, name: str, cluster_uuid: str) -> tuple[list[str], list[str]]:
+    bus, uuids = [], []
+    for i in range(count):
+        vendor = prof["vendor"]
+        if vendor == "nvidia":
+            if prof.get("fabric") == "nvl" and i < len(_NV_GRACE_BUS):
+                bus.append(_NV_GRACE_BUS[i])
+            else:
+                b = _NV_HGX_BUS[i] if i < len(_NV_HGX_BUS) else f"{0xE0 + i:02X}"
+                bus.append(f"00000000:{b}:00.0")
+        elif vendor == "amd":
+            b = _AMD_BUS[i] if i < len(_AMD_BUS) else f"{0xf0 + i:02x}"
+            bus.append(f"0000:{b}:00.0")
+        else:
+            b = _ASCEND_BUS[i] if i < len(_ASCEND_BUS) else f"{0xE0 + i:02X}"
+            bus.append(f"0000:{b}:00.0")
+        uuids.append(str(_uuid.uuid5(_uuid.NAMESPACE_URL, f"k3sim/{cluster_uuid}/{name}/gpu{i}")))
+    return bus, uuids
+
+
+def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults: list[Fault],
+                time_scale: float, cluster_uuid: str) -> dict[str, Any]:
+    """The JSON document for ``/etc/k3sim/node.json`` of one node (faults for other ranks are ignored)."""
+    prof = profile(hardware)
+    if not 0 < time_scale <= 1:
+        raise K3Error(f"bad time scale {time_scale!r}: use a factor in (0, 1], e.g. 0.01")
+    mine = [f for f in faults if f.rank == rank]
+    vendor = prof["vendor"]
+    count = prof["gpus"]
+    product = prof["product"]
+    driver = prof["driver"]
+    fabric: dict[str, Any] | None = None
+    if prof.get("fabric") == "nvl":
+        fabric = {"state": "Completed", "status": "Success", "cluster_uuid": cluster_uuid, "clique_id": 32766}
+    missing: list[str] = []
+    modules_unloaded: list[str] = []
+    dmabuf = vendor == "nvidia" and prof.get("kernel_module") == "open"
+    crash = False
+    extra_load = 0.0
+    for f in mine:
+        nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid")
+        if nvidia_only and vendor != "nvidia":
+            raise K3Error(f"fault {str(f)!r} applies to NVIDIA hardware only, not {hardware!r}: "
+                          "drop it or pick an NVIDIA profile")
+        if f.kind == "driver":
+            driver = f.value
+        elif f.kind == "gpu-count":
+            count = int(f.value)
+        elif f.kind == "gpu-model":
+            product = f.value
+        elif f.kind == "no-nvidia-smi":
+            missing.append("nvidia-smi")
+        elif f.kind == "no-dmabuf":
+            dmabuf = False
+        elif f.kind == "no-peermem":
+            modules_unloaded.append("nvidia_peermem")
+        elif f.kind in ("fabric", "cluster-uuid"):
+            if fabric is None:
+                raise K3Error(f"fault {str(f)!r} needs NVLink-fabric hardware (gb200, gb300), not {hardware!r}")
+            if f.kind == "fabric":
+                fabric["state"] = f.value
+                fabric["status"] = "Success" if f.value == "Completed" else "N/A"
+            else:
+                fabric["cluster_uuid"] = f.value
+        elif f.kind == "engine-crash":
+            crash = True
+        elif f.kind == "engine-slow":
+            extra_load += float(f.value)
+        # disk-full and sshd-down are applied by the cluster itself (mounts, services)
+    bus, uuids = _gpu_ids(prof, count, name, cluster_uuid)
+    gpu: dict[str, Any] = {"product": product, "count": count, "memory_mib": prof["memory_mib"],
+                           "bus_ids": bus, "uuids": uuids, "power_w": prof.get("power_w", 0)}
+    if vendor == "nvidia":
+        gpu.update(compute_cap=prof["compute_cap"], architecture=prof["architecture"])
+    elif vendor == "amd":
+        gpu.update(gfx=prof["gfx"], device_id=prof["device_id"])
+    config: dict[str, Any] = {
+        "schema": 1,
+        "name": name, "ip": ip, "rank": rank, "nodes": nodes, "hardware": hardware,
+        "cluster_uuid": cluster_uuid, "vendor": vendor,
+        "time_scale": time_scale,
+        "load_seconds": round(NOMINAL_LOAD_SECONDS * time_scale, 3),
+        "gpu": gpu,
+        "driver": {"version": driver},
+        "rdma": [dict(d) for d in prof["rdma"]],
+        "fabric": fabric,
+        "dmabuf": dmabuf,
+        "modules_unloaded": modules_unloaded,
+        "tools_missing": missing,
+        "engine": {"crash": crash, "extra_load_seconds": extra_load},
+        "docker_data_dir": DOCKER_DATA_DIR,
+        "faults": [str(f) for f in mine],
+    }
+    if vendor == "nvidia":
+        config["driver"].update(cuda_version=cuda_for_driver(driver), kernel_module=prof["kernel_module"],
+                                fabricmanager=prof["fabricmanager"], imex=prof.get("imex", False),
+                                fabricmanager_version=prof["driver"])
+        config["nvidia_ctk"] = {"version": prof["ctk_version"],
+                                "runtime_version": prof["container_runtime_version"]}
+    elif vendor == "amd":
+        config["rocm"] = {"version": prof["rocm"], "amdsmi": prof["amdsmi"]}
+    else:
+        config["ascend"] = {"firmware": prof["firmware"], "cann": prof["cann"],
+                            "innerversion": prof["innerversion"]}
+    return config
+
+
+def _tool_files() -> list[str]:
+    return sorted("/" + p.relative_to(NODE_TOOLS).as_posix() for p in NODE_TOOLS.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+
+
+def excluded_paths(config: dict[str, Any]) -> list[str]:
+    """Absolute node paths of ``node_tools`` files that must NOT be installed on this node.
+
+    Other vendors' tools are left out (an H200 node has no ``npu-smi``), and so is ``nvidia-smi``
+    under the ``no-nvidia-smi`` fault, so that the shell answers ``command not found`` as on a real host.
+    """
+    skip_prefixes = [p for vendor, files in _VENDOR_FILES.items() if vendor != config["vendor"] for p in files]
+    skip_prefixes += [f"/usr/bin/{tool}" for tool in config.get("tools_missing", [])]
+    driver = config.get("driver", {})
+    if not driver.get("fabricmanager"):
+        skip_prefixes += _FABRICMANAGER_FILES
+    if not driver.get("imex"):
+        skip_prefixes += _IMEX_FILES
+    if not config.get("rdma"):
+        skip_prefixes += _RDMA_FILES
+    return [f for f in _tool_files()
+            if any(f == p or (p.endswith("/") and f.startswith(p)) for p in skip_prefixes)]
+
+
+def install_node_tools(root: str | Path, config: dict[str, Any]) -> list[str]:
+    """Copy ``node_tools`` (minus :func:`excluded_paths`) into a node root and write its node.json.
+
+    Returns the absolute node paths installed. Modes are kept (the tools are executable scripts).
+    The simulated services (Fabric Manager on HGX, IMEX on NVL trays) are enabled for boot.
+    """
+    root = Path(root)
+    skip = set(excluded_paths(config))
+    installed = []
+    for rel in _tool_files():
+        if rel in skip:
+            continue
+        dest = root / rel.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.k3sim-tmp")  # replace atomically: a tool may be running
+        shutil.copy2(NODE_TOOLS / rel.lstrip("/"), tmp)
+        os.replace(tmp, dest)
+        installed.append(rel)
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    for unit in _ENABLED_UNITS:
+        link = wants / unit
+        if f"/etc/systemd/system/{unit}" in installed:
+            wants.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.unlink(missing_ok=True)
+                link.symlink_to(f"/etc/systemd/system/{unit}")
+        elif link.is_symlink():
+            link.unlink()
+    info = root / "usr/local/Ascend/driver/version.info"
+    if "/usr/local/Ascend/driver/version.info" in installed:  # the driver fault changes the installed version
+        version = config["driver"]["version"]
+        lines = [f"{key}={version}" if key in ("Version", "package_version") else line
+                 for line in info.read_text().splitlines() for key in [line.partition("=")[0]]]
+        info.write_text("\n".join(lines) + "\n")
+    cfg = root / NODE_CONFIG_PATH.lstrip("/")
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cfg.with_name(".node.json.k3sim-tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(tmp, cfg)
+    return installed
+
+
+def device_nodes(config: dict[str, Any]) -> list[str]:
+    """Device paths a real node of this profile has (``/dev/nvidia0`` ...).
+
+    Tools here do not open them; a cluster may expose them as placeholders (for example with
+    ``systemd-nspawn --bind-ro=/dev/null:/dev/nvidia0``) so that existence checks pass.
+    """
+    n = config["gpu"]["count"]
+    vendor = config["vendor"]
+    devs: list[str] = []
+    if vendor == "nvidia":
+        devs += [f"/dev/nvidia{i}" for i in range(n)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+        if config["driver"].get("imex"):
+            devs.append("/dev/nvidia-caps-imex-channels/channel0")
+    elif vendor == "amd":
+        devs += ["/dev/kfd"] + [f"/dev/dri/renderD{128 + i}" for i in range(n)]
+    else:
+        devs += [f"/dev/davinci{i}" for i in range(n)] + ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+    if config.get("rdma"):
+        devs += [f"/dev/infiniband/uverbs{i}" for i in range(len(config["rdma"]))] + ["/dev/infiniband/rdma_cm"]
+    return devs

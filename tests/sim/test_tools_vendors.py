@@ -1,0 +1,235 @@
+"""Simulated AMD and Ascend tools, hardware profiles, fault parsing and tool installation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k3deploy.errors import K3Error
+from k3deploy.sim.faults import FAULT_KINDS, Fault, check_ranks, parse_fault
+from k3deploy.sim.profiles import NODE_TOOLS, PROFILES, excluded_paths, install_node_tools, node_config
+
+UUID = "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "kimi-k3.yaml"
+
+# rocm-smi --showdriverversion, as printed by a real MI3xx host (driver version aside)
+REAL_ROCM_DRIVER = """\
+============================ ROCm System Management Interface ============================
+============================== Version of System Component ===============================
+Driver version: {version}
+==========================================================================================
+================================== End of ROCm SMI Log ==================================="""
+
+# npu-smi info on an A3 (910C) node: banner and the first NPU (two chip rows)
+REAL_NPU_SMI_HEAD = """\
++------------------------------------------------------------------------------------------------+
+| npu-smi 25.3.rc1                 Version: 25.3.rc1                                             |
++---------------------------+---------------+----------------------------------------------------+
+| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
+| Chip  Phy-ID              | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
++===========================+===============+====================================================+
+| 0     Ascend910           | OK            | 166.6       37                0    / 0             |
+| 0     0                   | 0000:9D:00.0  | 0           0    / 0          3150 / 65536         |
++------------------------------------------------------------------------------------------------+
+| 0     Ascend910           | OK            | -           36                0    / 0             |
+| 1     1                   | 0000:9F:00.0  | 0           0    / 0          2886 / 65536         |"""
+
+REAL_VERSION_INFO = """\
+Version=25.3.rc1
+ascendhal_version=7.35.23
+aicpu_version=1.0
+tdt_version=1.0
+log_version=1.0
+prof_version=2.0
+dvppkernels_version=1.1
+tsfw_version=1.0
+Innerversion=V100R001C23SPC002B212
+compatible_version=[V100R001C19],[V100R001C20],[V100R001C21],[V100R001C22],[V100R001C23]
+compatible_version_fw=[7.0.0,8.9.9]
+package_version=25.3.rc1
+"""
+
+
+def node(tmp_path: Path, hardware: str, *faults: str, name: str = "node1") -> dict:
+    cfg = node_config(hardware, 0, 1, name, "10.77.0.11", [parse_fault(f) for f in faults], 0.01, UUID)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    cfg["_path"] = str(path)
+    return cfg
+
+
+def tool(cfg: dict, rel: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, K3SIM_NODE_CONFIG=cfg["_path"], K3SIM_STATE_DIR=str(Path(cfg["_path"]).parent / "st"))
+    return subprocess.run([sys.executable, str(NODE_TOOLS / rel), *args], capture_output=True, text=True,
+                          env=env, timeout=30)
+
+
+# ----------------------------------------------------------------------------------- AMD
+
+
+@pytest.mark.parametrize("hardware,vram", [("mi300x", 206158430208), ("mi325x", 274877906944),
+                                           ("mi355x", 309237645312)])
+def test_rocm_smi_memory_and_count(tmp_path, hardware, vram):
+    cfg = node(tmp_path, hardware)
+    out = tool(cfg, "usr/bin/rocm-smi", "--showmeminfo", "vram").stdout
+    totals = [int(m) for m in re.findall(r"VRAM Total Memory \(B\):\s*(\d+)", out)]
+    assert totals == [vram] * 8
+    ids = tool(cfg, "usr/bin/rocm-smi", "-i").stdout
+    assert len({line.split("]")[0] for line in ids.splitlines() if line.startswith("GPU[")}) == 8
+    names = tool(cfg, "usr/bin/rocm-smi", "--showproductname").stdout
+    assert f"Card Series: \t\t{PROFILES[hardware]['product']}" in names
+
+
+def test_rocm_driver_version_block_and_amd_smi_version(tmp_path):
+    cfg = node(tmp_path, "mi355x")
+    out = tool(cfg, "usr/bin/rocm-smi", "--showdriverversion").stdout
+    assert REAL_ROCM_DRIVER.format(version="6.14.14") in out
+    line = tool(cfg, "usr/bin/amd-smi", "version").stdout.strip()
+    assert line == ("AMDSMI Tool: 26.0.2+39589fda | AMDSMI Library version: 26.0.2 | ROCm version: 7.0.2 | "
+                    "amdgpu version: 6.14.14 | amd_hsmp version: N/A")
+    assert re.search(r"ROCm version:\s*([^\s|]+)", line).group(1) == "7.0.2"
+    bad = node(tmp_path, "mi355x", "0:driver=6.7.0", name="old")
+    assert "Driver version: 6.7.0\n" in tool(bad, "usr/bin/rocm-smi", "--showdriverversion").stdout
+    listing = tool(cfg, "usr/bin/amd-smi", "list").stdout
+    assert listing.count("GPU: ") == 8 and "BDF: 0000:05:00.0" in listing
+
+
+# -------------------------------------------------------------------------------- Ascend
+
+
+def test_npu_smi_info_matches_the_real_table(tmp_path):
+    cfg = node(tmp_path, "ascend_910c")
+    out = tool(cfg, "usr/local/bin/npu-smi", "info").stdout
+    assert out.startswith(REAL_NPU_SMI_HEAD + "\n")
+    chip_rows = [line for line in out.splitlines() if re.search(r"\| [0-9A-F]{4}:[0-9A-F]{2}:00\.0 ", line)]
+    assert len(chip_rows) == 16
+    hbm = {int(m) for m in re.findall(r"\d+ / (\d+)\s+\|$", "\n".join(chip_rows), re.M)}
+    assert hbm == {65536}
+
+
+def test_npu_smi_faults(tmp_path):
+    eight = node(tmp_path, "ascend_910c", "0:gpu-count=8", name="eight")
+    out = tool(eight, "usr/local/bin/npu-smi", "info").stdout
+    assert len(re.findall(r"\| [0-9A-F]{4}:[0-9A-F]{2}:00\.0 ", out)) == 8
+    none = tool(node(tmp_path, "ascend_910c", "0:gpu-count=0", name="none"), "usr/local/bin/npu-smi", "info")
+    assert none.returncode != 0 and "dcmi module initialize failed. ret is -8005" in none.stdout + none.stderr
+    old = node(tmp_path, "ascend_910c", "0:driver=24.1.0", name="old")
+    assert "| npu-smi 24.1.0                   Version: 24.1.0 " in tool(old, "usr/local/bin/npu-smi", "info").stdout
+
+
+def test_version_info_files_and_hccn_tool(tmp_path):
+    assert (NODE_TOOLS / "usr/local/Ascend/driver/version.info").read_text() == REAL_VERSION_INFO
+    fw = (NODE_TOOLS / "usr/local/Ascend/firmware/version.info").read_text()
+    assert fw.splitlines()[0] == "Version=7.7.0.1.231"
+    cfg = node(tmp_path, "ascend_910c")
+    assert tool(cfg, "usr/local/Ascend/driver/tools/hccn_tool", "-i", "15", "-link", "-g").stdout == \
+        "link status: UP\n"
+    # the driver fault is reflected in the installed version.info
+    old = node(tmp_path, "ascend_910c", "0:driver=24.1.0", name="old")
+    root = tmp_path / "root"
+    install_node_tools(root, old)
+    info = dict(line.split("=", 1) for line in (root / "usr/local/Ascend/driver/version.info").read_text().split())
+    assert info["package_version"] == "24.1.0" and info["Version"] == "24.1.0"
+    assert info["Innerversion"] == "V100R001C23SPC002B212"
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def test_every_recipe_hardware_id_has_a_profile_with_the_right_gpu_count():
+    recipe = yaml.safe_load(RECIPE.read_text())
+    ids = {hw for v in recipe["variants"].values() for hw in v.get("supported_hardware", [])}
+    assert ids <= set(PROFILES)
+    expected = {"gb200": 4, "gb300": 4, "ascend_910c": 16}
+    for hw, prof in PROFILES.items():
+        assert prof["gpus"] == expected.get(hw, 8), hw
+        assert len(node_config(hw, 0, 1, "n", "10.77.0.11", [], 0.5, UUID)["gpu"]["bus_ids"]) == prof["gpus"]
+
+
+def test_node_config_shape_and_scaling():
+    cfg = node_config("gb300", 1, 4, "node2", "10.77.0.12", [parse_fault("1:engine-slow=2.5")], 0.01, UUID)
+    assert (cfg["name"], cfg["ip"], cfg["rank"], cfg["nodes"], cfg["hardware"]) == \
+        ("node2", "10.77.0.12", 1, 4, "gb300")
+    assert cfg["load_seconds"] == pytest.approx(3.0)  # 300 s nominal x 0.01
+    assert cfg["engine"]["extra_load_seconds"] == 2.5
+    assert cfg["fabric"]["cluster_uuid"] == UUID
+    assert json.loads(json.dumps(cfg)) == cfg
+    with pytest.raises(K3Error, match="unknown hardware 'b900'"):
+        node_config("b900", 0, 1, "n", "ip", [], 0.01, UUID)
+    with pytest.raises(K3Error, match="NVIDIA hardware only"):
+        node_config("mi355x", 0, 1, "n", "ip", [parse_fault("0:no-peermem")], 0.01, UUID)
+    with pytest.raises(K3Error, match="gb200, gb300"):
+        node_config("h200", 0, 1, "n", "ip", [parse_fault("0:fabric=Completed")], 0.01, UUID)
+
+
+def test_excluded_paths_leave_out_other_vendors_tools(tmp_path):
+    h200 = set(excluded_paths(node_config("h200", 0, 1, "n", "ip", [], 0.01, UUID)))
+    assert {"/usr/local/bin/npu-smi", "/usr/bin/amd-smi", "/usr/bin/rocm-smi", "/usr/bin/nvidia-imex"} <= h200
+    assert not {"/usr/bin/nvidia-smi", "/usr/bin/docker", "/usr/bin/nv-fabricmanager"} & h200
+    gb = set(excluded_paths(node_config("gb300", 0, 1, "n", "ip", [], 0.01, UUID)))
+    assert "/usr/bin/nv-fabricmanager" in gb and "/usr/bin/nvidia-imex" not in gb
+    npu = set(excluded_paths(node_config("ascend_910c", 0, 1, "n", "ip", [], 0.01, UUID)))
+    assert "/usr/bin/nvidia-smi" in npu and "/usr/local/bin/npu-smi" not in npu
+
+
+def test_install_node_tools_gives_executable_python_scripts(tmp_path):
+    cfg = node_config("h200", 0, 1, "node1", "10.77.0.11", [parse_fault("0:no-nvidia-smi")], 0.01, UUID)
+    installed = install_node_tools(tmp_path, cfg)
+    assert "/usr/bin/nvidia-smi" not in installed and not (tmp_path / "usr/bin/nvidia-smi").exists()
+    assert json.loads((tmp_path / "etc/k3sim/node.json").read_text()) == cfg
+    for rel in ("usr/bin/docker", "usr/bin/nvidia-ctk", "usr/bin/vllm-router", "usr/local/bin/lsmod",
+                "usr/lib/k3sim/engine.py"):
+        path = tmp_path / rel
+        assert path.read_text().startswith("#!/usr/bin/python3\n"), rel
+        assert path.stat().st_mode & stat.S_IXUSR, rel
+    # the installed copy runs from its own root and finds its library there
+    env = dict(os.environ, K3SIM_NODE_CONFIG=str(tmp_path / "etc/k3sim/node.json"))
+    res = subprocess.run([sys.executable, str(tmp_path / "usr/bin/ibv_devinfo"), "-l"], capture_output=True,
+                         text=True, env=env, timeout=30)
+    assert res.stdout.startswith("8 HCAs found:")
+
+
+# ------------------------------------------------------------------------------- faults
+
+
+def test_parse_fault_accepts_every_kind():
+    samples = {"driver": "=570.86.15", "gpu-count": "=7", "gpu-model": "=NVIDIA H100",
+               "fabric": "=In Progress", "cluster-uuid": f"={UUID}", "engine-slow": "=5"}
+    for kind in FAULT_KINDS:
+        fault = parse_fault(f"2:{kind}{samples.get(kind, '')}")
+        assert fault == Fault(2, kind, samples[kind][1:] if kind in samples else None)
+        assert str(fault) == f"2:{kind}{samples.get(kind, '')}"
+
+
+@pytest.mark.parametrize("text,words", [
+    ("driver=570", ["RANK:KIND"]),
+    ("1:bogus", ["unknown fault kind 'bogus'", "no-nvidia-smi"]),
+    ("1:driver", ["needs a value"]),
+    ("1:driver=abc", ["bad driver version 'abc'"]),
+    ("1:gpu-count=many", ["bad GPU count 'many'"]),
+    ("1:fabric=Broken", ["bad fabric state 'Broken'", "In Progress"]),
+    ("1:cluster-uuid=xyz", ["bad ClusterUUID 'xyz'"]),
+    ("1:engine-slow=-1", ["bad engine-slow value"]),
+    ("1:disk-full=yes", ["takes no value"]),
+])
+def test_bad_faults_name_the_text_and_the_fix(text, words):
+    with pytest.raises(K3Error) as info:
+        parse_fault(text)
+    msg = str(info.value)
+    assert "\n" not in msg
+    for word in words:
+        assert word in msg
+
+
+def test_check_ranks():
+    check_ranks([parse_fault("1:disk-full")], 2)
+    with pytest.raises(K3Error, match="rank 2, but the cluster has 2 node"):
+        check_ranks([parse_fault("2:disk-full")], 2)

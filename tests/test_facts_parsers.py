@@ -1,0 +1,387 @@
+"""Fact parsers and fact classes against real command outputs kept in tests/fixtures/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3deploy.facts import amd, ascend, host, nvidia, rdma
+from k3deploy.facts.base import FactError, split_exit, version_at_least, version_key
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def lines(name: str) -> list[str]:
+    return (FIX / name).read_text().splitlines()
+
+
+def run(fact_cls, output: list[str], status: int = 0):
+    """What pyinfra hands to process(): the wrapped command's stdout, ending with the exit status."""
+    return fact_cls().process([*output, f"K3_EXIT={status}"])
+
+
+# ------------------------------------------------------------------------------- versions
+
+
+def test_versions_compare_as_integers_not_strings():
+    assert "580.126.09" < "580.65.06"  # the trap
+    assert version_at_least("580.126.09", "580.65.06")
+    assert not version_at_least("570.124.06", "580.65.06")
+    assert version_at_least("580.65.06", "580.65.06")
+    assert not version_at_least("580.65.05", "580.65.06")
+    assert version_key("25.3.rc1") == (25, 3)
+    assert not version_at_least("25.3.rc1", "25.5")
+    assert version_at_least("26.0.rc1", "25.5")
+
+
+def test_split_exit():
+    assert split_exit(["a", "K3_EXIT=9", ""]) == (["a"], 9)
+    assert split_exit(["a"]) == (["a"], None)
+
+
+# ------------------------------------------------------------------------------ nvidia-smi
+
+SAMPLES = {
+    "h100": ("NVIDIA H100 80GB HBM3", 81559, "580.126.09", 8),
+    "h200": ("NVIDIA H200", 143771, "580.126.09", 8),
+    "b200": ("NVIDIA B200", 183359, "580.126.09", 8),
+    "b300": ("NVIDIA B300 SXM6 AC", 275040, "580.95.05", 8),
+    "gb200": ("NVIDIA GB200", 189471, "580.95.05", 4),
+    "gb300": ("NVIDIA GB300", 284208, "580.95.05", 4),
+}
+
+
+def test_gpu_query_every_documented_sample_line():
+    gpus = nvidia.parse_gpu_query(lines("nvidia/query-gpu-samples.txt"))
+    assert [(g.name, g.memory_mib, g.driver) for g in gpus] == [v[:3] for v in SAMPLES.values()]
+
+
+@pytest.mark.parametrize("model", sorted(SAMPLES))
+def test_gpu_query_per_machine(model):
+    name, mib, driver, count = SAMPLES[model]
+    gpus = run(nvidia.NvidiaGpus, lines(f"nvidia/query-gpu-{model}.txt"))
+    assert len(gpus) == count
+    assert {(g.name, g.memory_mib, g.driver) for g in gpus} == {(name, mib, driver)}
+
+
+def test_gpu_query_nounits_and_na_fields():
+    gpus = run(nvidia.NvidiaGpus, lines("nvidia/query-gpu-h200-nounits.txt"))
+    assert {g.memory_mib for g in gpus} == {143771}
+    mig = run(nvidia.NvidiaGpus, lines("nvidia/query-gpu-mig-na.txt"))
+    assert [(g.memory_mib, g.driver) for g in mig] == [(None, "580.126.09"), (None, None)]
+
+
+def test_gpu_query_mixed_models_are_kept_apart():
+    gpus = run(nvidia.NvidiaGpus, lines("nvidia/query-gpu-mixed.txt"))
+    assert [g.name for g in gpus] == ["NVIDIA GB300"] * 3 + ["NVIDIA GB200"]
+
+
+def test_gpu_query_driver_not_loaded_is_a_failed_fact_with_the_message():
+    value = run(nvidia.NvidiaGpus, lines("nvidia/no-driver.txt"), status=9)
+    assert isinstance(value, FactError) and value.kind == "failed" and value.exit_code == 9
+    assert value.first_line.startswith("NVIDIA-SMI has failed because it couldn't communicate")
+    msg = value.message("10.77.0.12")
+    assert "10.77.0.12" in msg and "exit 9" in msg and "couldn't communicate" in msg
+
+
+def test_gpu_query_no_devices_is_an_empty_list_whatever_the_exit_status():
+    assert run(nvidia.NvidiaGpus, lines("nvidia/no-devices.txt"), status=6) == []
+    assert run(nvidia.NvidiaGpus, lines("nvidia/no-devices.txt"), status=0) == []
+
+
+def test_gpu_query_garbage_is_a_parse_error_naming_command_and_first_line():
+    value = run(nvidia.NvidiaGpus, lines("nvidia/garbage.txt"))
+    assert isinstance(value, FactError) and value.kind == "unparsable"
+    msg = value.message("node1")
+    assert "nvidia-smi --query-gpu=driver_version,name,memory.total,count" in msg
+    assert "Segmentation fault (core dumped)" in msg
+
+
+def test_missing_tool_is_absent_with_a_hint():
+    # what pyinfra returns when requires_command is missing on the host
+    value = nvidia.NvidiaGpus().default()
+    assert value.kind == "absent"
+    assert value.message("10.77.0.12") == "nvidia-smi not found on 10.77.0.12: is the NVIDIA driver installed?"
+    # the shell's own "not found" (exit 127) gives the same
+    shell = run(nvidia.NvidiaGpus, ["sh: 1: nvidia-smi: not found"], status=127)
+    assert shell.kind == "absent" and shell.tool == "nvidia-smi"
+
+
+def test_hanging_tool_is_stopped_and_reported():
+    value = run(nvidia.NvidiaGpus, [], status=124)
+    assert value.kind == "failed"
+    assert value.message("n1").endswith("did not finish within 60 s on n1: the tool hangs")
+    assert nvidia.NvidiaGpus().command().startswith("timeout 60 nvidia-smi ")
+
+
+def test_cut_short_output_is_a_parse_error():
+    value = nvidia.NvidiaGpus().process(["580.126.09, NVIDIA H200, 143771 MiB, 8"])
+    assert isinstance(value, FactError) and value.kind == "unparsable"
+
+
+# --------------------------------------------------------------------------- driver flavour
+
+
+@pytest.mark.parametrize(
+    "name, flavour, version",
+    [
+        ("proc-version-open.txt", "open", "580.105.08"),
+        ("proc-version-open-aarch64.txt", "open", "580.95.05"),
+        ("proc-version-proprietary.txt", "proprietary", "580.95.05"),
+        ("modinfo-license-open.txt", "open", None),
+        ("modinfo-license-proprietary.txt", "proprietary", None),
+    ],
+)
+def test_driver_flavour(name, flavour, version):
+    value = run(nvidia.NvidiaDriverFlavour, lines(f"nvidia/{name}"))
+    assert (value.flavour, value.version) == (flavour, version)
+
+
+def test_driver_flavour_absent_and_garbage():
+    absent = run(nvidia.NvidiaDriverFlavour, ["K3_ABSENT=nvidia kernel module"])
+    assert absent.kind == "absent" and "is the NVIDIA driver installed?" in absent.message("n1")
+    missing_module = run(nvidia.NvidiaDriverFlavour, ["modinfo: ERROR: Module nvidia not found."], status=1)
+    assert missing_module.kind == "absent"
+    assert run(nvidia.NvidiaDriverFlavour, ["GPL"]).kind == "unparsable"
+
+
+def test_container_toolkit():
+    assert run(nvidia.NvidiaContainerToolkit, lines("nvidia/nvidia-ctk-version.txt")).version == "1.17.8"
+    assert run(nvidia.NvidiaContainerToolkit, ["hello"]).kind == "unparsable"
+
+
+# ---------------------------------------------------------------------- Fabric Manager / IMEX
+
+
+def test_fabric_manager_and_imex():
+    fm = run(nvidia.FabricManager, lines("nvidia/fabricmanager-active.txt"))
+    assert (fm.service, fm.version) == ("active", "580.126.09")
+    down = run(nvidia.FabricManager, ["K3_SECTION=state", "inactive", "K3_SECTION=version",
+                                      "sh: 1: nv-fabricmanager: not found"])
+    assert (down.service, down.version) == ("inactive", None)
+    imex = run(nvidia.Imex, lines("nvidia/imex-active.txt"))
+    assert (imex.service, imex.channels, imex.major) == ("active", ["channel0"], 234)
+    nosystemd = run(nvidia.Imex, ["K3_SECTION=state", "System has not been booted with systemd as init system "
+                                  "(PID 1). Can't operate.", "K3_SECTION=channels", "K3_SECTION=devices"])
+    assert nosystemd.service == "unknown" and nosystemd.channels == [] and "PID 1" in nosystemd.detail
+
+
+# ------------------------------------------------------------------------------- NVLink fabric
+
+
+def test_fabric_gb300_completed():
+    gpus = run(nvidia.NvlinkFabric, lines("nvidia/smi-q-gb300-completed.txt"))
+    assert len(gpus) == 4 and all(g.completed and g.has_cluster for g in gpus)
+    assert {g.cluster_uuid for g in gpus} == {"9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"}
+    assert {g.clique_id for g in gpus} == {"32766"} and {g.health for g in gpus} == {"Healthy"}
+    assert [g.gpu for g in gpus][:2] == ["00000008:06:00.0", "00000009:06:00.0"]
+
+
+def test_fabric_in_progress_gpu_is_reported():
+    gpus = run(nvidia.NvlinkFabric, lines("nvidia/smi-q-gb300-in-progress.txt"))
+    bad = [g for g in gpus if not g.completed]
+    assert [(g.gpu, g.state, g.status, g.has_cluster) for g in bad] == [
+        ("00000018:06:00.0", "In Progress", None, False)]
+
+
+def test_fabric_pcie_na_and_excerpt():
+    (gpu,) = run(nvidia.NvlinkFabric, lines("nvidia/smi-q-pcie-na.txt"))
+    assert (gpu.state, gpu.status, gpu.clique_id, gpu.cluster_uuid) == (None, None, None, None)
+    (excerpt,) = run(nvidia.NvlinkFabric, lines("nvidia/smi-q-fabric-excerpt.txt"))
+    assert excerpt.gpu == "0" and not excerpt.completed
+    (hgx,) = run(nvidia.NvlinkFabric, lines("nvidia/smi-q-hgx-completed.txt"))
+    assert hgx.completed and not hgx.has_cluster
+
+
+def test_fabric_old_driver_without_block_and_garbage():
+    assert run(nvidia.NvlinkFabric, lines("nvidia/smi-q-no-fabric-block.txt")) == []
+    assert run(nvidia.NvlinkFabric, ["random text"]).kind == "unparsable"
+
+
+# ------------------------------------------------------------------------------------ RDMA
+
+
+def test_ibv_devinfo_documented_sample():
+    (dev,) = run(rdma.RdmaDevices, lines("rdma/ibv_devinfo-mlx5_0.txt"))
+    assert (dev.name, dev.fw_ver, dev.node_guid, dev.transport) == (
+        "mlx5_0", "20.39.2048", "b859:9f03:00ca:e2f8", "InfiniBand (0)")
+    assert [(p.port, p.state, p.link_layer, p.active_mtu) for p in dev.ports] == [
+        (1, "PORT_ACTIVE", "InfiniBand", 4096)]
+
+
+def test_ibv_devinfo_several_devices_and_ports():
+    devs = run(rdma.RdmaDevices, lines("rdma/ibv_devinfo-multi.txt"))
+    got = [(d.name, p.port, p.state, p.link_layer) for d in devs for p in d.ports]
+    assert got == [
+        ("mlx5_0", 1, "PORT_ACTIVE", "InfiniBand"),
+        ("mlx5_1", 1, "PORT_ACTIVE", "InfiniBand"),
+        ("mlx5_1", 2, "PORT_DOWN", "InfiniBand"),
+        ("rocep1s0f0", 1, "PORT_ACTIVE", "Ethernet"),
+    ]
+
+
+def test_ibv_devinfo_none_and_down():
+    assert run(rdma.RdmaDevices, lines("rdma/ibv_devinfo-none.txt"), status=255) == []
+    (dev,) = run(rdma.RdmaDevices, lines("rdma/ibv_devinfo-down.txt"))
+    assert not any(p.active for p in dev.ports)
+    assert run(rdma.RdmaDevices, ["\tport:\t1"]).kind == "unparsable"
+
+
+def test_kernel_modules_lsmod_and_proc_modules():
+    assert "nvidia_peermem" in run(rdma.KernelModules, lines("rdma/lsmod-peermem.txt"))
+    assert "nvidia_peermem" in run(rdma.KernelModules, lines("rdma/proc-modules.txt"))
+    assert "nvidia_peermem" not in run(rdma.KernelModules, ["Module  Size  Used by", "nvidia 1 0"])
+    assert run(rdma.KernelModules, ["K3_ABSENT=lsmod"]).kind == "absent"
+
+
+OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.105.08  Release Build"
+PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 2025"
+
+
+@pytest.mark.parametrize(
+    "kernel, nvrm, verbs, met",
+    [
+        ("6.8.0-45-generic", OPEN, "yes", True),
+        ("5.4.0-150-generic", OPEN, "yes", False),  # kernel < 5.12
+        ("6.8.0-45-generic", PROPRIETARY, "yes", False),  # proprietary modules
+        ("6.8.0-45-generic", OPEN, "no", False),  # rdma-core without DMA-BUF registration
+        ("6.8.0-45-generic", "", "yes", None),  # no NVIDIA module loaded: unknown
+        ("6.8.0-45-generic", OPEN, None, None),  # no libibverbs: unknown
+        ("6.8.0-45-generic", "Dual MIT/GPL", "yes", True),  # modinfo license when /proc is not readable
+        ("6.8.0-45-generic", "NVIDIA", "yes", False),
+    ],
+)
+def test_dmabuf_prerequisites(kernel, nvrm, verbs, met):
+    out = ["K3_SECTION=kernel", kernel, "K3_SECTION=nvidia"]
+    out += [nvrm] if nvrm else []
+    out += ["K3_SECTION=verbs"] + ([f"/usr/lib/x86_64-linux-gnu/libibverbs.so.1 {verbs}"] if verbs else [])
+    value = run(rdma.DmabufPrerequisites, out)
+    assert value.prerequisites_met is met
+    assert bool(value.reasons) is (met is not True)
+
+
+# ------------------------------------------------------------------------------------- host
+
+
+def test_df_and_shm_from_real_output():
+    shm = run(host.ShmSize, ["K3_PATH=/dev/shm", *lines("host/df-dev-shm.txt")])
+    assert shm.mount == "/dev/shm" and shm.size_bytes > 0 and shm.filesystem == "tmpfs"
+    disk = run(host.DiskFree, ["K3_PATH=/var/lib", *lines("host/df-var-lib.txt")])
+    assert disk.path == "/var/lib" and disk.available_bytes <= disk.size_bytes
+    assert run(host.DiskFree, ["K3_PATH=/x", "df: /x: No such file or directory"], status=1).kind == "failed"
+
+
+def test_df_measures_nearest_existing_parent(tmp_path):
+    command = host.DiskFree().command(path=str(tmp_path / "not" / "yet"))
+    import subprocess
+
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout.splitlines()
+    value = host.DiskFree().process(out)
+    assert value.path == str(tmp_path) and value.available_bytes > 0
+
+
+def test_image_store_is_measured_in_dockers_root_dir(tmp_path):
+    import os
+    import subprocess
+
+    root = tmp_path / "docker-root"
+    root.mkdir()
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "docker").write_text(f"#!/bin/sh\necho {root}\n")
+    (stub / "docker").chmod(0o755)
+    env = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}")
+    out = subprocess.run(["sh", "-c", host.ImageStoreFree().command()], env=env, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert host.ImageStoreFree().process(out).path == str(root)
+    (stub / "docker").write_text("#!/bin/sh\nexit 1\n")  # daemon down: Docker's default root
+    out = subprocess.run(["sh", "-c", host.ImageStoreFree().command()], env=env, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert "/var/lib/docker".startswith(host.ImageStoreFree().process(out).path)
+
+
+def test_ip_addr_finds_the_interface_of_an_address():
+    addr = lines("host/ip-o-4-addr.txt")
+    route = lines("host/ip-route-default.txt")
+    eth = next(line for line in addr if " lo " not in line)
+    address = eth.split()[3].split("/")[0]
+    value = run(host.InterfaceForAddress, [f"K3_ADDR={address}", *addr, "K3_SECTION=route", *route])
+    assert value.interface == eth.split()[1] and value.default_interface == eth.split()[1]
+    missing = run(host.InterfaceForAddress, ["K3_ADDR=10.99.0.1", *addr, "K3_SECTION=route", *route])
+    assert missing.interface is None
+    veth = run(host.InterfaceForAddress, ["K3_ADDR=10.77.0.12",
+                                          "5: eth0@if6    inet 10.77.0.12/24 brd 10.77.0.255 scope global eth0"])
+    assert veth.interface == "eth0"
+
+
+def test_interface_fact_only_sends_literal_addresses_to_the_host():
+    with pytest.raises(ValueError):
+        host.InterfaceForAddress().command(address="10.0.0.1; rm -rf /")
+
+
+def test_kernel_and_docker():
+    assert run(host.KernelVersion, lines("host/uname-r.txt")).version[0] >= 3
+    assert run(host.KernelVersion, ["6.8.0-45-generic"]).version == (6, 8, 0)
+    up = run(host.DockerRuntime, ["K3_SECTION=version", "28.3.2", "K3_SECTION=runtimes",
+                                  "io.containerd.runc.v2 nvidia runc "])
+    assert up.server_version == "28.3.2" and "nvidia" in up.runtimes
+    down = run(host.DockerRuntime, ["K3_SECTION=version", "Cannot connect to the Docker daemon at "
+                                    "unix:///var/run/docker.sock. Is the docker daemon running?", "K3_SECTION=runtimes"])
+    assert down.server_version is None and down.error.startswith("Cannot connect")
+
+
+# -------------------------------------------------------------------------------------- AMD
+
+
+def test_amd_smi_versions():
+    new = run(amd.AmdSmiVersion, lines("amd/amd-smi-version-7.txt"))
+    assert (new.rocm, new.amdgpu, new.tool) == ("7.0.2", "6.14.14", "26.0.2+39589fda")
+    old = run(amd.AmdSmiVersion, lines("amd/amd-smi-version-6.txt"))
+    assert (old.rocm, old.amdgpu) == ("6.2.0", None)
+    na = run(amd.AmdSmiVersion, lines("amd/amd-smi-version-na.txt"))
+    assert (na.rocm, na.amdgpu) == (None, None)
+
+
+def test_rocm_smi_driver_and_memory():
+    assert run(amd.RocmDriverVersion, lines("amd/rocm-smi-driverversion.txt")).driver == "6.7.0"
+    gpus = run(amd.AmdGpus, ["K3_SECTION=vram", *lines("amd/rocm-smi-meminfo-mi355x.txt"), "K3_SECTION=name"])
+    assert len(gpus) == 8 and {g.vram_bytes for g in gpus} == {309237645312}
+    assert round(gpus[0].vram_bytes / 1024**3) == 288
+    assert run(amd.AmdGpus, ["K3_SECTION=vram", "nothing here"]).kind == "unparsable"
+
+
+# ----------------------------------------------------------------------------------- Ascend
+
+
+def test_npu_smi_documented_excerpt():
+    info = run(ascend.NpuSmiInfo, lines("ascend/npu-smi-info-excerpt.txt"))
+    assert info.version == "25.3.rc1"
+    assert [(c.npu, c.chip, c.name, c.health, c.bus_id, c.hbm_total_mb) for c in info.chips] == [
+        (0, 0, "Ascend910", "OK", "0000:9D:00.0", 65536),
+        (0, 1, "Ascend910", "OK", "0000:9F:00.0", 65536),
+    ]
+
+
+def test_npu_smi_full_a3_table_has_16_dies_and_ignores_process_table():
+    info = run(ascend.NpuSmiInfo, lines("ascend/npu-smi-info-a3.txt"))
+    assert len(info.chips) == 16
+    assert sorted({c.npu for c in info.chips}) == list(range(8))
+    assert sum(c.hbm_total_mb for c in info.chips) / 1024 == 1024
+
+
+def test_npu_smi_a2_layout_and_failure():
+    info = run(ascend.NpuSmiInfo, lines("ascend/npu-smi-info-a2.txt"))
+    assert [(c.name, c.health) for c in info.chips] == [("910B3", "OK"), ("910B3", "Warning")]
+    failed = run(ascend.NpuSmiInfo, lines("ascend/npu-smi-dcmi-failed.txt"), status=255)
+    assert failed.kind == "failed" and "dcmi module initialize failed" in failed.message("a3-0")
+
+
+def test_ascend_version_files():
+    out = ["K3_SECTION=driver", *lines("ascend/driver-version.info"),
+           "K3_SECTION=firmware", *lines("ascend/firmware-version.info"),
+           "K3_SECTION=cann", *lines("ascend/ascend_toolkit_install.info"),
+           "K3_SECTION=paths", "present /etc/ascend_install.info", "missing /usr/local/dcmi"]
+    value = run(ascend.AscendVersions, out)
+    assert (value.driver, value.firmware, value.cann) == ("25.3.rc1", "7.7.0.1.231", "8.5.0")
+    assert value.missing_paths == ["/usr/local/dcmi"]

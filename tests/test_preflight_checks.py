@@ -1,0 +1,374 @@
+"""Preflight checks and derived settings over synthetic fact sets: each injected fault fails the right
+host with the right check, and only that host."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from k3deploy.facts import nvidia
+from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
+from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo
+from k3deploy.facts.base import FactError
+from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
+from k3deploy.facts.nvidia import FabricManagerState, GpuFabric, ImexState, NvidiaGpu, ToolkitVersion
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
+from k3deploy.preflight import checks
+from k3deploy.preflight.checks import HostFacts, Selection, run_checks
+from k3deploy.preflight.settings import derive_settings
+from k3deploy.taxonomy import hardware
+
+FIX = Path(__file__).parent / "fixtures"
+GIB = 1024**3
+UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
+
+
+def space(path: str, free_gib: float, size_gib: float | None = None) -> DiskSpace:
+    size = size_gib if size_gib is not None else free_gib * 2
+    return DiskSpace(path=path, filesystem="/dev/nvme0n1p2", size_bytes=int(size * GIB),
+                     available_bytes=int(free_gib * GIB), mount="/")
+
+
+def common(name: str, address: str) -> dict:
+    return dict(
+        host=name,
+        address=address,
+        kernel=KernelRelease("6.8.0-45-generic", (6, 8, 0)),
+        runtime=ContainerRuntime("docker", "28.3.2", ["io.containerd.runc.v2", "nvidia", "runc"]),
+        disk_images=space("/var/lib/docker", 800),
+        disk_cache=space("/var/lib/k3deploy/cache", 3000),
+        shm=DiskSpace("/dev/shm", "tmpfs", 64 * GIB, 64 * GIB, "/dev/shm"),
+        interface=AddressInterface(address, "eth0", "eth0", [Ipv4Address("lo", "127.0.0.1", 8),
+                                                             Ipv4Address("eth0", address, 24)]),
+        rdma=[RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)]),
+              RdmaDevice("mlx5_1", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)])],
+        modules=LoadedModules(["ib_core", "nvidia"]),
+        dmabuf=DmabufSupport("6.8.0-45-generic", True, True, True, True, []),
+    )
+
+
+def gb300_host(name: str, address: str) -> HostFacts:
+    return HostFacts(
+        **common(name, address),
+        gpus=[NvidiaGpu("NVIDIA GB300", 284208, "580.95.05") for _ in range(4)],
+        toolkit=ToolkitVersion("1.17.8"),
+        fabric=[GpuFabric(f"0000000{i}:06:00.0", "Completed", "Success", "32766", UUID, "Healthy") for i in range(4)],
+        imex=ImexState("active", ["channel0"], 234),
+    )
+
+
+def h200_host(name: str, address: str) -> HostFacts:
+    return HostFacts(
+        **common(name, address),
+        gpus=[NvidiaGpu("NVIDIA H200", 143771, "580.126.09") for _ in range(8)],
+        toolkit=ToolkitVersion("1.17.8"),
+        fabric_manager=FabricManagerState("active", "580.126.09"),
+    )
+
+
+def sel(hw: str, nodes: int, variant: str = "default", vram: float = 1680, **kw) -> Selection:
+    return Selection(hardware=hardware()[hw], variant=variant, vram_minimum_gb=vram, nodes=nodes,
+                     multi_node=nodes > 1, **kw)
+
+
+def failures(results):
+    return sorted((r.host, r.check) for r in results if r.status == "fail")
+
+
+def gb300_cluster(n: int = 3) -> list[HostFacts]:
+    return [gb300_host(f"gb300-{i}", f"10.77.0.{11 + i}") for i in range(n)]
+
+
+# ------------------------------------------------------------------------------- healthy
+
+
+def test_healthy_gb300_trays_pass_every_check():
+    results = run_checks(sel("gb300", 3), gb300_cluster())
+    assert failures(results) == []
+    assert not [r for r in results if r.status == "warn"]
+    checked = {r.check for r in results if r.host == "gb300-1"}
+    assert checked == {"nvidia.driver", "gpu.model", "gpu.count", "nvlink.fabric", "nvidia.imex",
+                       "container.toolkit", "container.runtime", "rdma.devices", "rdma.gpudirect",
+                       "network.interface", "disk.images", "disk.cache", "disk.shm"}
+    (mem,) = [r for r in results if r.check == "gpu.memory"]
+    assert mem.host == "cluster" and mem.status == "pass"
+    assert mem.observed.startswith("3330.6 GB")  # 3 trays x 4 x 284208 MiB / 1024
+
+
+def test_healthy_h200_pair_passes_including_fabric_manager():
+    hosts = [h200_host("h200-0", "10.0.0.1"), h200_host("h200-1", "10.0.0.2")]
+    results = run_checks(sel("h200", 2), hosts)
+    assert failures(results) == []
+    assert {(r.host, r.status) for r in results if r.check == "nvidia.fabricmanager"} == {
+        ("h200-0", "pass"), ("h200-1", "pass")}
+
+
+# ------------------------------------------------------------------------- injected faults
+
+
+def _gpus(host, **change):
+    return [dataclasses.replace(g, **change) for g in host.gpus]
+
+
+FAULTS = {
+    "old driver": (lambda h: setattr(h, "gpus", _gpus(h, driver="570.124.06")), "nvidia.driver"),
+    "string-compare trap: 580.9 < 580.65": (lambda h: setattr(h, "gpus", _gpus(h, driver="580.9.1")), "nvidia.driver"),
+    "one GPU missing": (lambda h: setattr(h, "gpus", h.gpus[:3]), "gpu.count"),
+    "mixed models": (lambda h: setattr(h, "gpus", h.gpus[:3] + [NvidiaGpu("NVIDIA GB200", 189471, "580.95.05")]),
+                     "gpu.model"),
+    "fabric in progress": (lambda h: setattr(h, "fabric", [dataclasses.replace(h.fabric[0], state="In Progress",
+                                                                              status=None)] + h.fabric[1:]),
+                           "nvlink.fabric"),
+    "zero ClusterUUID": (lambda h: setattr(h, "fabric", [dataclasses.replace(g, cluster_uuid=nvidia.ZERO_UUID)
+                                                        for g in h.fabric]), "nvlink.fabric"),
+    "other NVL domain": (lambda h: setattr(h, "fabric", [dataclasses.replace(g, clique_id="4") for g in h.fabric]),
+                         "nvlink.fabric"),
+    "fabric not reported": (lambda h: setattr(h, "fabric", []), "nvlink.fabric"),
+    "imex inactive": (lambda h: setattr(h, "imex", ImexState("inactive", ["channel0"], 234)), "nvidia.imex"),
+    "no imex channel": (lambda h: setattr(h, "imex", ImexState("active", [], None)), "nvidia.imex"),
+    "rdma port down": (lambda h: setattr(h, "rdma", [RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_DOWN", "InfiniBand")])]),
+                       "rdma.devices"),
+    "no rdma devices": (lambda h: setattr(h, "rdma", []), "rdma.devices"),
+    "no ibv_devinfo": (lambda h: setattr(h, "rdma", FactError("absent", "ibv_devinfo", "ibv_devinfo")), "rdma.devices"),
+    "docker down": (lambda h: setattr(h, "runtime", ContainerRuntime("docker", None, [], "Cannot connect")),
+                    "container.runtime"),
+    "no toolkit": (lambda h: setattr(h, "toolkit", nvidia.NvidiaContainerToolkit().default()), "container.toolkit"),
+    "small shm": (lambda h: setattr(h, "shm", DiskSpace("/dev/shm", "tmpfs", 8 * GIB, 8 * GIB, "/dev/shm")),
+                  "disk.shm"),
+    "full cache disk": (lambda h: setattr(h, "disk_cache", space("/var/lib/k3deploy/cache", 200)), "disk.cache"),
+    "full image disk": (lambda h: setattr(h, "disk_images", space("/var/lib/docker", 40)), "disk.images"),
+    "address elsewhere": (lambda h: setattr(h, "interface", dataclasses.replace(h.interface, interface=None)),
+                          "network.interface"),
+    "loopback address": (lambda h: setattr(h, "interface", dataclasses.replace(h.interface, interface="lo")),
+                         "network.interface"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_each_fault_fails_only_the_faulty_tray_with_the_right_check(fault):
+    inject, check = FAULTS[fault]
+    hosts = gb300_cluster()
+    inject(hosts[1])
+    results = run_checks(sel("gb300", 3), hosts)
+    assert failures(results) == [("gb300-1", check)]
+
+
+def test_other_domain_on_the_head_fails_the_head_when_the_workers_agree():
+    hosts = gb300_cluster()
+    hosts[0].fabric = [dataclasses.replace(g, cluster_uuid="1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f") for g in hosts[0].fabric]
+    assert failures(run_checks(sel("gb300", 3), hosts)) == [("gb300-0", "nvlink.fabric")]
+
+
+def test_fabric_from_real_in_progress_output_fails_that_tray():
+    lines = (FIX / "nvidia/smi-q-gb300-in-progress.txt").read_text().splitlines()
+    hosts = gb300_cluster(2)
+    hosts[1].fabric = nvidia.NvlinkFabric().process(lines + ["K3_EXIT=0"])
+    results = run_checks(sel("gb300", 2), hosts)
+    assert failures(results) == [("gb300-1", "nvlink.fabric")]
+    (bad,) = [r for r in results if r.status == "fail"]
+    assert "00000018:06:00.0" in bad.observed and "In Progress" in bad.observed
+
+
+def test_missing_nvidia_smi_names_the_host_and_the_driver():
+    hosts = gb300_cluster()
+    hosts[2].gpus = nvidia.NvidiaGpus().default()
+    results = run_checks(sel("gb300", 3), hosts)
+    # the other two trays already hold the checkpoint, so the cluster-wide memory check still passes
+    assert failures(results) == [("gb300-2", "nvidia.driver")]
+    (driver,) = [r for r in results if r.check == "nvidia.driver" and r.status == "fail"]
+    assert driver.observed == "nvidia-smi not found on gb300-2: is the NVIDIA driver installed?"
+    assert "580.65.06" in driver.fix
+
+
+def test_unreachable_host_is_a_failed_host_with_the_reason():
+    hosts = gb300_cluster()
+    hosts[1] = HostFacts(host="gb300-1", unreachable="Could not connect (timed out)")
+    results = run_checks(sel("gb300", 3), hosts)
+    assert ("gb300-1", "host.reachable") in failures(results)
+    assert {h for h, _ in failures(results)} == {"gb300-1"}
+    assert [r.observed for r in results if r.check == "host.reachable"] == ["Could not connect (timed out)"]
+
+
+def test_gpudirect_missing_is_a_warning_on_that_host_only():
+    hosts = gb300_cluster()
+    hosts[1].dmabuf = DmabufSupport("5.4.0-150-generic", False, True, True, False, ["kernel 5.4.0-150-generic < 5.12"])
+    results = run_checks(sel("gb300", 3), hosts)
+    assert failures(results) == []
+    warns = [(r.host, r.check) for r in results if r.status == "warn"]
+    assert warns == [("gb300-1", "rdma.gpudirect")]
+    hosts[1].modules = LoadedModules(["nvidia", "nvidia_peermem"])
+    assert not [r for r in run_checks(sel("gb300", 3), hosts) if r.status != "pass"]
+
+
+def test_gpudirect_status_is_configurable(monkeypatch):
+    monkeypatch.setattr(checks, "GPUDIRECT_MISSING_STATUS", "fail")
+    hosts = gb300_cluster()
+    hosts[2].dmabuf = DmabufSupport("6.8.0", True, False, True, False, ["proprietary NVIDIA kernel modules"])
+    assert failures(run_checks(sel("gb300", 3), hosts)) == [("gb300-2", "rdma.gpudirect")]
+
+
+def test_single_tray_needs_no_imex_or_rdma():
+    results = run_checks(sel("gb300", 1), gb300_cluster(1))
+    assert {r.check for r in results} >= {"nvlink.fabric", "gpu.memory"}
+    assert not {"nvidia.imex", "rdma.devices", "rdma.gpudirect"} & {r.check for r in results}
+    assert failures(results) == [("cluster", "gpu.memory")]  # one GB300 tray holds 1110.2 GB < 1680
+
+
+def test_fabric_manager_version_must_equal_driver():
+    hosts = [h200_host("h200-0", "10.0.0.1"), h200_host("h200-1", "10.0.0.2")]
+    hosts[1].fabric_manager = FabricManagerState("active", "580.95.05")
+    assert failures(run_checks(sel("h200", 2), hosts)) == [("h200-1", "nvidia.fabricmanager")]
+    hosts[1].fabric_manager = FabricManagerState("failed", "580.126.09")
+    assert failures(run_checks(sel("h200", 2), hosts)) == [("h200-1", "nvidia.fabricmanager")]
+
+
+def test_no_devices_fails_gpu_count():
+    hosts = [h200_host("h200-0", "10.0.0.1"), h200_host("h200-1", "10.0.0.2")]
+    hosts[0].gpus = []
+    assert failures(run_checks(sel("h200", 2), hosts)) == [("cluster", "gpu.memory"), ("h200-0", "gpu.count")]
+
+
+# ------------------------------------------------------------------------ memory sizing
+
+
+def _node_gpus(model: str) -> list[NvidiaGpu]:
+    lines = (FIX / f"nvidia/query-gpu-{model}.txt").read_text().splitlines()
+    return nvidia.NvidiaGpus().process(lines + ["K3_EXIT=0"])
+
+
+@pytest.mark.parametrize(
+    "model, per_node, nodes_for_1680",
+    [("h100", 637.2, 3), ("h200", 1123.2, 2), ("b200", 1432.5, 2), ("b300", 2148.8, 1),
+     ("gb200", 740.1, 3), ("gb300", 1110.2, 2)],
+)
+def test_memory_sizing_matches_the_documented_table(model, per_node, nodes_for_1680):
+    def hosts(n):
+        out = []
+        for i in range(n):
+            f = h200_host(f"n{i}", f"10.0.0.{i + 1}")
+            f.gpus = _node_gpus(model)
+            out.append(f)
+        return out
+
+    for n in (nodes_for_1680 - 1, nodes_for_1680):
+        if n == 0:
+            continue
+        results = run_checks(sel(model, n), hosts(n))
+        (mem,) = [r for r in results if r.check == "gpu.memory"]
+        assert float(mem.observed.split()[0]) == pytest.approx(per_node * n, abs=0.06 * n)
+        assert mem.status == ("pass" if n == nodes_for_1680 else "fail")
+        assert "1680 GB" in mem.required and "GiB" in mem.required
+
+
+def test_memory_fix_suggests_the_node_count():
+    results = run_checks(sel("h200", 1), [h200_host("h200-0", "10.0.0.1")])
+    (mem,) = [r for r in results if r.check == "gpu.memory"]
+    assert mem.status == "fail" and "at least 2 h200 nodes" in mem.fix
+
+
+# ------------------------------------------------------------------------------ AMD, Ascend
+
+
+def mi355x_host(name: str) -> HostFacts:
+    return HostFacts(
+        **common(name, "10.1.0.1"),
+        amd_gpus=[AmdGpu(i, 309237645312, "AMD Instinct MI355X") for i in range(8)],
+        amd_versions=AmdSmiVersions("26.0.2+39589fda", "26.0.2", "7.0.2", "6.14.14"),
+        rocm_driver=RocmDriver("6.14.14"),
+    )
+
+
+def test_mi355x_node_passes_and_missing_rocm_smi_fails_it():
+    results = run_checks(sel("mi355x", 1), [mi355x_host("mi-0")])
+    assert failures(results) == []
+    assert {r.check for r in results} >= {"rocm.driver", "rocm.version", "gpu.model", "gpu.count", "gpu.memory"}
+    broken = mi355x_host("mi-0")
+    broken.amd_gpus = FactError("absent", "rocm-smi", "rocm-smi --showmeminfo vram", hint="is ROCm SMI installed?")
+    broken.rocm_driver = broken.amd_gpus
+    broken.amd_versions = AmdSmiVersions(None, None, None, None)
+    assert failures(run_checks(sel("mi355x", 1), [broken])) == [
+        ("cluster", "gpu.memory"), ("mi-0", "rocm.devices"), ("mi-0", "rocm.driver")]
+
+
+def test_rocm_host_floor_is_optional(monkeypatch):
+    monkeypatch.setattr(checks, "ROCM_HOST_MIN", "7.1")
+    assert failures(run_checks(sel("mi355x", 1), [mi355x_host("mi-0")])) == [("mi-0", "rocm.version")]
+
+
+def a3_host(name: str, address: str) -> HostFacts:
+    chips = [NpuChip(i // 2, i % 2, "Ascend910", "OK", f"0000:{i:02X}:00.0", 3000, 65536) for i in range(16)]
+    return HostFacts(
+        **common(name, address),
+        npu=NpuInfo("25.5.0", chips),
+        ascend=AscendVersionInfo("25.5.0", "7.7.0.1.231", None, []),
+    )
+
+
+def test_ascend_pair_passes_and_faults_fail_only_their_node():
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    results = run_checks(s, hosts)
+    assert failures(results) == []
+    assert "rdma.devices" not in {r.check for r in results}  # HCCS/RoCE on the NPUs, not ibverbs
+    hosts[1].npu = NpuInfo("25.5.0", hosts[1].npu.chips[:15] + [dataclasses.replace(hosts[1].npu.chips[15],
+                                                                                      health="Warning")])
+    hosts[0].ascend = AscendVersionInfo("25.5.0", None, None, ["/usr/local/dcmi"])
+    assert failures(run_checks(s, hosts)) == [("a3-0", "ascend.mounts"), ("a3-1", "ascend.health")]
+
+
+def test_ascend_old_driver_is_a_warning():
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    hosts[0].ascend = AscendVersionInfo("25.3.rc1", "7.7.0.1.231", "8.5.0", [])
+    results = run_checks(s, hosts)
+    assert failures(results) == []
+    assert [(r.host, r.check) for r in results if r.status == "warn"] == [("a3-0", "ascend.versions")]
+
+
+# ------------------------------------------------------------------------------- settings
+
+
+def test_settings_for_gb300_trays():
+    hosts = gb300_cluster()
+    s = derive_settings(sel("gb300", 3), hosts[0])
+    assert s.env == {
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_MNNVL_ENABLE": "1",
+        "NCCL_CUMEM_ENABLE": "1",
+        "NCCL_NVLS_ENABLE": "1",
+        "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+    }
+    assert not s.peermem_required
+
+
+def test_settings_dmabuf_off_requires_peermem_and_pd_uses_ucx_rc():
+    host = h200_host("h200-0", "10.0.0.1")
+    host.interface = AddressInterface("10.0.0.1", "ens3f0", "eno1", [])
+    host.dmabuf = DmabufSupport("6.8.0", True, False, True, False, ["proprietary NVIDIA kernel modules"])
+    host.rdma = [RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")]),
+                 RdmaDevice("mlx5_1", ports=[RdmaPort(1, "PORT_DOWN", "InfiniBand")])]
+    s = derive_settings(sel("h200", 2, strategy="pd_cluster", pd=True), host)
+    assert s.env["NCCL_SOCKET_IFNAME"] == s.env["GLOO_SOCKET_IFNAME"] == "ens3f0"
+    assert s.env["NCCL_DMABUF_ENABLE"] == "0" and s.peermem_required
+    assert s.env["UCX_TLS"] == "rc,cuda_copy"
+    assert s.env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert "NCCL_MNNVL_ENABLE" not in s.env
+
+
+def test_settings_single_h200_node_and_loopback():
+    host = h200_host("h200-0", "10.0.0.1")
+    s = derive_settings(sel("h200", 1), host)
+    assert set(s.env) == {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
+    host.interface = AddressInterface("127.0.0.1", "lo", "eth0", [])
+    assert derive_settings(sel("h200", 1), host).env == {}
+    host.interface = AddressInterface("", None, "eth0", [])
+    assert derive_settings(sel("h200", 1), host).env["NCCL_SOCKET_IFNAME"] == "eth0"
+
+
+def test_settings_for_ascend():
+    s = derive_settings(sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711), a3_host("a3-0", "10.2.0.1"))
+    assert s.env == {"HCCL_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
+                     "HCCL_IF_IP": "10.2.0.1"}
