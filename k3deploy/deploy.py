@@ -22,8 +22,8 @@ from pyinfra.operations import python
 from k3deploy.binding import HostRecord
 from k3deploy.errors import K3Error
 from k3deploy.facts.rollout import UnitState
-from k3deploy.operations import image, managed_file, start_units, stop_units, wait_tcp, weights
-from k3deploy.readiness import smoke, wait_group
+from k3deploy.operations import image, managed_file, smoke_test, start_units, stop_units, wait_tcp, weights
+from k3deploy.readiness import wait_group
 from k3deploy.rollout import Rollout, compute, mark_changes
 from k3deploy import load_recipe
 from k3deploy.inventory import plan_for, variables_for
@@ -132,16 +132,25 @@ def _build() -> Context:
 
 
 def _load_previous(r: Rollout, hosts: dict[str, Any]) -> str | None:
-    """Rollback: the desired files become the previous versions kept in ``<k3_config_dir>/previous``."""
+    """Rollback: the desired files become the previous versions kept in ``<k3_config_dir>/previous``.
+
+    A file without a previous version (it did not change in the last rollout) keeps its current content.
+    """
     prev = r.vars.k3_config_dir.rstrip("/") + "/previous"
+    found = 0
     for u in r.units:
         h = hosts[u.host]
-        unit = h.get_fact(FileContents, path=f"{prev}/{u.unit}")
-        env = h.get_fact(FileContents, path=f"{prev}/{u.env_path.rsplit('/', 1)[-1]}")
-        if unit is None or env is None:
-            return f"nothing to roll back to on {u.host}: {prev}/{u.unit} or its env file is missing"
-        u.unit_text = "\n".join(unit) + "\n"
-        u.env_text = "\n".join(env) + "\n"
+        for attr, live in (("unit_text", u.unit_path), ("env_text", u.env_path)):
+            old = h.get_fact(FileContents, path=f"{prev}/{live.rsplit('/', 1)[-1]}")
+            if old is None:
+                old = h.get_fact(FileContents, path=live)
+            else:
+                found += 1
+            if old is None:
+                return f"nothing to roll back to on {u.host}: neither {live} nor a previous version exists"
+            setattr(u, attr, "\n".join(old) + "\n")
+    if not found:
+        return f"nothing to roll back to: no previous unit or env file in {prev} on any host"
     return None
 
 
@@ -154,7 +163,7 @@ def _fail(message: str) -> None:
             logger.error(f"[{host.name}] {line}")
         return False
 
-    python.call(name="k3deploy: stop", function=report)
+    python.call(name="k3deploy cannot proceed: nothing is changed", function=report)
 
 
 @deploy("Preflight")
@@ -223,10 +232,12 @@ def start_phase(ctx: Context) -> None:
              address=join[0] if join else "", port=join[1] if join else 0,
              timeout=r.vars.k3_rendezvous_timeout, active=join is not None)
     start_units(name="Start workers", units=[u.unit for u in workers], active=bool(workers))
-    python.call(name="Engine groups serve (health, models)", function=_gate,
-                rollout=r, groups=[u.group for u in engines if u.is_group_head])
+    gated = [u.group for u in engines if u.is_group_head]
+    python.call(name="Engine groups serve (health, models)", function=_gate, rollout=r, groups=gated,
+                _if=lambda: bool(gated))
     start_units(name="Start router", units=routers, active=bool(routers))
-    python.call(name="Router serves", function=_gate, rollout=r, groups=["router"] if routers else [])
+    python.call(name="Router serves", function=_gate, rollout=r, groups=["router"] if routers else [],
+                _if=lambda: bool(routers))
 
 
 def _gate(state: Any, host: Any, rollout: Rollout, groups: list[str]) -> bool:
@@ -247,14 +258,5 @@ def _gate(state: Any, host: Any, rollout: Rollout, groups: list[str]) -> bool:
 def smoke_phase(ctx: Context) -> None:
     r = ctx.rollout
     assert r is not None
-    is_first = host.name == r.units[0].host
-
-    def check(state: Any, host: Any) -> bool:
-        if not is_first or not r.vars.k3_smoke_test:
-            return True
-        err = smoke(r, {h.name: h for h in state.inventory}, host.name)
-        if err:
-            logger.error(f"[{host.name}] {err}")
-        return err is None
-
-    python.call(name=f"Chat completion through {r.endpoint}", function=check)
+    smoke_test(name=f"Chat completion through {r.endpoint}", endpoint=r.endpoint, model=r.plan.model,
+               active=r.vars.k3_smoke_test and host.name == r.units[0].host)

@@ -21,7 +21,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import FileContents, Sha256File
 
-from k3deploy.facts.rollout import ImageDigest, UnitState, WeightsPresent
+from k3deploy.facts.rollout import ChatAnswer, ImageDigest, UnitState, WeightsPresent
 
 #: env names whose values never appear in diffs or logs
 SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|_KEY$)", re.I)
@@ -149,3 +149,21 @@ def wait_tcp(address: str, port: int, timeout: int = 300, interval: float = 1.0,
         f"until timeout 2 bash -c '</dev/tcp/{address}/{int(port)}' 2>/dev/null; do "
         f"if [ $(date +%s) -ge $end ]; then echo 'rendezvous {address}:{int(port)} not open after {int(timeout)}s "
         f"(is the head engine running?)' >&2; exit 1; fi; sleep {interval}; done")
+
+
+@operation(is_idempotent=False)
+def smoke_test(endpoint: str, model: str, active: bool = True):
+    """One short chat completion through the public endpoint, as the recipe guide's client sends it.
+
+    A check, not a change: it reads the answer as a fact and reports "No change" when the model answers.
+    """
+    if not active:
+        host.noop("smoke test runs on the first node")
+        return
+    answer = host.get_fact(ChatAnswer, endpoint=endpoint, model=model)
+    if answer.ok:
+        host.noop(f"{endpoint} answered {answer.text!r}")
+        logger.info(f"    [{host.name}] smoke test: {endpoint} answered {answer.text!r}")
+        return
+    msg = f"smoke test: POST {endpoint}/v1/chat/completions answered {answer.text[:200]!r}; required a chat completion"
+    yield _sh(f"echo {shlex.quote(msg)} >&2; exit 1")

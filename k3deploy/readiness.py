@@ -88,7 +88,8 @@ def wait_group(r: Rollout, group: str, hosts: dict[str, Any], *, phase: str = "s
         for u in units:
             st = unit_status(hosts, u)
             active, sub, restarts = st.get("ActiveState", "?"), st.get("SubState", "?"), int(st.get("NRestarts") or 0)
-            if active == "failed" or restarts > 0 or (active in ("inactive", "deactivating") and u.unit not in ready):
+            if (active == "failed" or restarts > 0 or sub == "auto-restart"
+                    or (active in ("inactive", "deactivating") and u.unit not in ready)):
                 fail = Failure(u, phase, f"unit {u.unit} {active}/{sub}, restarts {restarts}",
                                "the engine keeps running until its group serves", logs(hosts, u, docker))
                 stop_group(hosts, units)
@@ -113,17 +114,3 @@ def wait_group(r: Rollout, group: str, hosts: dict[str, Any], *, phase: str = "s
             stop_group(hosts, units)
             return fail
         sleep(interval)
-
-
-def smoke(r: Rollout, hosts: dict[str, Any], host_name: str) -> str | None:
-    """One short chat completion through the public endpoint, as the recipe guide's client sends it."""
-    body = json.dumps({"model": r.plan.model, "messages": [{"role": "user", "content": "Say hello in one word."}],
-                       "max_tokens": 16})
-    ok, text = _run(hosts, host_name, f"curl -s -m 120 -H 'Content-Type: application/json' "
-                                      f"-d {shlex.quote(body)} {shlex.quote(r.endpoint + '/v1/chat/completions')}")
-    try:
-        answer = json.loads(text)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        return f"smoke test: POST {r.endpoint}/v1/chat/completions answered {text[:200]!r}; required a chat completion"
-    logger.info(f"smoke test: {r.endpoint} answered {answer!r}")
-    return None

@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 
@@ -76,3 +77,30 @@ class WeightsPresent(FactBase[bool]):
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[-1].strip() == "yes"
+
+
+@dataclass(frozen=True)
+class Answer:
+    ok: bool
+    text: str
+
+
+class ChatAnswer(FactBase[Answer]):
+    """POST one short chat completion to ``endpoint`` from this host; the answer's text, or what came back."""
+
+    def requires_command(self, endpoint: str, model: str) -> str:
+        return "curl"
+
+    def command(self, endpoint: str, model: str) -> str:
+        body = json.dumps({"model": model, "max_tokens": 16,
+                           "messages": [{"role": "user", "content": "Say hello in one word."}]})
+        url = endpoint.rstrip("/") + "/v1/chat/completions"
+        return (f"curl -s -m 120 -H 'Content-Type: application/json' -d {shlex.quote(body)} {shlex.quote(url)}"
+                f" || true")
+
+    def process(self, output: list[str]) -> Answer:
+        text = "\n".join(output)
+        try:
+            return Answer(True, json.loads(text)["choices"][0]["message"]["content"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            return Answer(False, text)
