@@ -206,8 +206,8 @@ def configure_phase(ctx: Context) -> None:
     assert r is not None
     prev = r.vars.k3_config_dir.rstrip("/") + "/previous"
     for u in host.loop(r.on_host(host.name)):
-        managed_file(name=f"Env file {u.env_path}", dest=u.env_path, content=u.env_text, mode="600", backup_dir=prev)
-        managed_file(name=f"Unit {u.unit}", dest=u.unit_path, content=u.unit_text, mode="644", backup_dir=prev)
+        managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", backup_dir=prev)
+        managed_file(name="systemd unit", dest=u.unit_path, content=u.unit_text, mode="644", backup_dir=prev)
 
 
 @deploy("Start")

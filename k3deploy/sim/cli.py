@@ -48,9 +48,12 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 )
 @click.option("--time-scale", type=float, default=0.01, show_default=True, help="Factor on vLLM's timeouts/delays.")
 @click.option("--subnet", default=None, help="First three octets of a free /24 (default: from the name).")
+@click.option("--layout", default=None, metavar="pd:P,D",
+              help="pd:P,D: inventory groups prefill (P nodes), decode (D nodes) and router instead of head/workers.")
 @click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes} as JSON.")
 def up_cmd(
-    hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None, as_json: bool
+    hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
+    layout: str | None, as_json: bool,
 ) -> None:
     """Create and boot a simulated cluster; prints its pyinfra inventory."""
     res = sim.up(
@@ -61,6 +64,7 @@ def up_cmd(
         time_scale=time_scale,
         subnet=subnet,
         progress=_say,
+        pd_layout=layout,
     )
     if as_json:
         click.echo(json.dumps(res))

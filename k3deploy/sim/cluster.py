@@ -378,10 +378,16 @@ def up(
     subnet: str | None = None,
     progress: Progress | None = None,
     boot_timeout: float | None = None,
+    pd_layout: str | None = None,
 ) -> dict[str, Any]:
-    """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}]}``."""
+    """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}]}``.
+
+    ``pd_layout`` ``"pd:P,D"`` writes an inventory with groups prefill (P nodes), decode (D nodes) and router
+    (the first prefill node) instead of head and workers.
+    """
     say = progress or (lambda _m: None)
     validate_name(name)
+    pools = parse_layout(pd_layout, nodes)
     hw_ids = hardware_ids()
     if hardware not in hw_ids:
         raise SimError(f"unknown hardware {hardware!r}: choose one of {', '.join(hw_ids)}")
@@ -415,7 +421,7 @@ def up(
         # node files get the modes a normal root would give them, whatever the caller's umask
         umask = os.umask(0o022)
         try:
-            result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout)
+            result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -454,6 +460,7 @@ def _up_locked(
     base: Path,
     say: Progress,
     boot_timeout: float,
+    pools: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     sdir = state_dir(name)
     sdir.mkdir(parents=True, exist_ok=True)
@@ -473,6 +480,7 @@ def _up_locked(
         "phase": "starting",
         "created": time.time(),
         "inventory": str(sdir / f"{name}.py"),
+        "pools": pools,
         "key": str(sdir / "id_ed25519"),
         "known_hosts": str(sdir / "known_hosts"),
         "cgroups": [str(h / CG_PARENT / name) for h in cgroup_hierarchies()],
@@ -801,6 +809,19 @@ def _console_tail(nd: NodeLayout) -> str:
     return "no console output"
 
 
+def parse_layout(layout: str | None, nodes: int) -> dict[str, int] | None:
+    """``None`` (head + workers) or ``"pd:P,D"`` -> ``{"prefill": P, "decode": D}`` with P + D == nodes."""
+    if layout is None or layout == "head":
+        return None
+    m = re.fullmatch(r"pd:(\d+),(\d+)", layout)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise K3Error(f"layout {layout!r} is not pd:P,D with P, D >= 1 (e.g. pd:1,2)")
+    p, d = int(m.group(1)), int(m.group(2))
+    if p + d != nodes:
+        raise K3Error(f"layout {layout} needs {p + d} nodes, got --nodes {nodes}: make P + D equal --nodes")
+    return {"prefill": p, "decode": d}
+
+
 def _write_inventory(state: dict[str, Any]) -> None:
     ssh = {
         "ssh_user": "root",
@@ -814,14 +835,35 @@ def _write_inventory(state: dict[str, Any]) -> None:
         return f"    ({rec['name']!r}, {{**_ssh, **{data!r}}}),\n"
 
     recs = state["nodes"]
-    text = (
+    pools = state.get("pools")
+    head = (
         f'"""pyinfra inventory of the simulated cluster {state["name"]!r} '
         f'({len(recs)} x {state["hardware"]}), written by k3deploy sim up."""\n\n'
         f"_ssh = {ssh!r}\n\n"
-        f"head = [\n{host(recs[0])}]\n\n"
-        f"workers = [\n{''.join(host(r) for r in recs[1:])}]\n"
     )
+    if pools:
+        p = pools["prefill"]
+
+        def pool(rs: list[dict[str, Any]]) -> str:
+            return "".join(host({**r, "rank": i}) for i, r in enumerate(rs))
+
+        text = head + (f"prefill = [\n{pool(recs[:p])}]\n\n"
+                       f"decode = [\n{pool(recs[p:])}]\n\n"
+                       f"router = [\n{host({**recs[0], 'rank': 0})}]\n")
+    else:
+        text = head + f"head = [\n{host(recs[0])}]\n\nworkers = [\n{''.join(host(r) for r in recs[1:])}]\n"
     _write_atomic(Path(state["inventory"]), text, 0o600)
+    # the selection for `pyinfra <inventory> deploy/k3.py`, Ansible-style next to the inventory
+    gv = Path(state["inventory"]).parent / "group_vars"
+    gv.mkdir(exist_ok=True)
+    lines = ["# written by k3deploy sim up: the selection for this simulated cluster",
+             f"k3_hardware: {state['hardware']}"]
+    if pools:
+        lines.append("k3_strategy: pd_cluster")
+    if state["hardware"] == "ascend_910c":
+        lines.append("k3_variant: ascend_w4a8")
+    lines.append("k3_poll_interval: 0.5")
+    _write_atomic(gv / "all.yml", "\n".join(lines) + "\n", 0o644)
 
 
 # --------------------------------------------------------------------------- down
