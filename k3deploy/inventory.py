@@ -73,7 +73,9 @@ def plan_for(records: list[HostRecord], v: Variables) -> Any:
         if not engines:
             raise K3Error("the inventory has no head group (and no prefill/decode groups): add a head group")
         kwargs["nodes"] = len(engines)
-    return resolve(recipe, **kwargs)
+    from k3deploy.fixes import deployable
+
+    return deployable(resolve(recipe, **kwargs))
 
 
 def rollout_for_inventory(spec: str, *, ifaces: dict[str, str] | None = None,

@@ -161,9 +161,10 @@ def smoke_test(endpoint: str, model: str, active: bool = True):
         host.noop("smoke test runs on the first node")
         return
     answer = host.get_fact(ChatAnswer, endpoint=endpoint, model=model)
-    if answer.ok:
+    if answer is not None and answer.ok:  # no output at all (nothing listening) reads as None
         host.noop(f"{endpoint} answered {answer.text!r}")
         logger.info(f"    [{host.name}] smoke test: {endpoint} answered {answer.text!r}")
         return
-    msg = f"smoke test: POST {endpoint}/v1/chat/completions answered {answer.text[:200]!r}; required a chat completion"
+    got = answer.text[:200] if answer is not None else ""
+    msg = f"smoke test: POST {endpoint}/v1/chat/completions answered {got!r}; required a chat completion"
     yield _sh(f"echo {shlex.quote(msg)} >&2; exit 1")

@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "options": "k3deploy.cli.options:options",
     "preflight": "k3deploy.preflight.cli:preflight",
     "sim": "k3deploy.sim.cli:sim_group",
+    "lint": "k3deploy.cli.lint:lint",
+    "plan": "k3deploy.cli.plan:plan", "runbook": "k3deploy.cli.runbook:runbook",
 }
 
 

@@ -9,8 +9,11 @@ from k3deploy.cli.common import echo_json, json_option, selection_kwargs, select
 
 @click.command()
 @selection_options
+@click.option("--inventory", "inventory", metavar="FILE", default=None,
+              help="Resolve the selection of this pyinfra inventory (and its group_vars) and print each host's "
+                   "commands with the placeholders filled in.")
 @json_option
-def resolve(recipe_path: str | None, as_json: bool, **params: object) -> None:
+def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None, **params: object) -> None:
     """Resolve a selection into per-node `vllm serve` commands, env and docker run forms.
 
     \b
@@ -18,14 +21,22 @@ def resolve(recipe_path: str | None, as_json: bool, **params: object) -> None:
       k3deploy resolve --hardware b300
       k3deploy resolve --hardware gb300 --strategy multi_node_tp --nodes 2 --json
       k3deploy resolve --hardware b300 --strategy pd_cluster --prefill-nodes 1 --decode-nodes 2
+      k3deploy resolve --inventory inventories/gb300.py
     """
+    if inventory is not None:
+        _resolve_inventory(inventory, as_json, params)
+        return
     from k3deploy import load_recipe
     from k3deploy import resolve as do_resolve
     from k3deploy.render import format_exports
 
-    plan = do_resolve(load_recipe(recipe_path), **selection_kwargs(params))
+    recipe = load_recipe(recipe_path)
+    plan = do_resolve(recipe, **selection_kwargs(params))
     for w in plan.warnings:
         click.echo(f"warning: {w}", err=True)
+    from k3deploy.lint import echo_findings
+
+    echo_findings(recipe, plan, lambda line: click.echo(line, err=True))
     if as_json:
         echo_json(plan.to_dict())
         return
@@ -44,3 +55,48 @@ def resolve(recipe_path: str | None, as_json: bool, **params: object) -> None:
     for node in engines:
         click.echo(f"\n## {node.role} (rank {node.rank})")
         click.echo(plan.docker_command(node))
+
+
+# ------------------------------------------------------------------------------------ --inventory
+
+
+def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> None:
+    """Per host of an inventory: the env and `vllm serve` command with placeholders filled, and the container
+    command the systemd unit runs. Nothing is contacted: the interface comes from ``k3_iface`` (the rollout
+    reads it from each node's facts)."""
+    import shlex
+
+    from k3deploy.errors import K3Error
+    from k3deploy.inventory import rollout_for_inventory
+    from k3deploy.planning import exec_start
+    from k3deploy.render import format_exports
+
+    given = [f"--{k.replace('_', '-')}" for k, v in params.items() if v not in (None, "default")]
+    if given:
+        raise K3Error(f"{', '.join(given)} cannot be combined with --inventory: the selection comes from the "
+                      "inventory's group_vars (k3_hardware, k3_strategy, ...)")
+    r = rollout_for_inventory(spec)
+    for w in r.plan.warnings:
+        click.echo(f"warning: {w}", err=True)
+    if as_json:
+        echo_json({"endpoint": r.endpoint, "units": [
+            {"host": u.host, "unit": u.unit, "role": u.node.role, "rank": u.rank, "group": u.group,
+             "argv": u.node.argv, "env": u.node.env, "container_argv": exec_start(u.unit_text)}
+            for u in r.units]})
+        return
+    plan = r.plan
+    click.echo(f"# {plan.recipe}: {plan.model} on {plan.hardware}, {plan.strategy}, variant {plan.variant}, "
+               f"{len({u.host for u in r.units})} host(s) of {spec}")
+    click.echo(f"# image: {plan.image}")
+    click.echo(f"# endpoint: {r.endpoint}")
+    if any("$IFACE_NAME" in " ".join([*u.node.argv, *u.node.env.values()]) for u in r.units):
+        click.echo("# $IFACE_NAME: set k3_iface, or let the rollout read each node's interface from its facts")
+    for u in r.units:
+        click.echo(f"\n## {u.host}: {u.node.role} (rank {u.rank}), {u.unit}")
+        if u.node.env:
+            click.echo(format_exports(u.node.env))
+        click.echo(shlex.join(u.node.argv))
+        container = exec_start(u.unit_text)
+        if container:
+            click.echo(f"# as run by {u.unit}:")
+            click.echo(shlex.join(container))

@@ -399,6 +399,7 @@ def up(
     for f in parsed:
         if not 0 <= f.rank < nodes:
             raise SimError(f"bad fault {fault_text(f)!r}: rank {f.rank} is not in 0..{nodes - 1}")
+    explicit_subnet = subnet is not None
     subnet = validate_subnet(subnet or default_subnet(name))
     for nd in layout(name, subnet, nodes):  # profile and fault errors surface before anything is created
         node_config(hardware, nd.rank, nodes, nd.name, nd.ip, parsed, time_scale, "00000000-0000-0000-0000-000000000000")
@@ -415,7 +416,10 @@ def up(
             _down_locked(name, old)
         else:
             _clean_orphans(name)
-        _check_conflicts(name, subnet)
+        if explicit_subnet:
+            _check_conflicts(name, subnet)
+        else:
+            subnet = _free_subnet(name, subnet)
         base = sim_base.ensure_base(say)
         started = time.monotonic()
         # node files get the modes a normal root would give them, whatever the caller's umask
@@ -435,6 +439,20 @@ def up(
             os.umask(umask)
         say(f"{nodes} node(s) up in {time.monotonic() - started:.1f} s")
         return result
+
+
+def _free_subnet(name: str, first: str) -> str:
+    """The name's default /24, or the next free one when another cluster or interface uses it."""
+    a, b, c = (int(x) for x in first.split("."))
+    for i in range(250):
+        candidate = f"{a}.{b}.{1 + (c - 1 + i) % 250}"
+        try:
+            _check_conflicts(name, candidate)
+            return candidate
+        except SimError as exc:
+            if "network interface" in str(exc):
+                raise
+    raise SimError("no free 10.77.x.0/24 subnet for a simulated cluster: pass --subnet")
 
 
 def _check_conflicts(name: str, subnet: str) -> None:

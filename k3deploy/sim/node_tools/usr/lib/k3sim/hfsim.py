@@ -14,6 +14,18 @@ import sys
 import time
 
 
+def host_path(container_path):
+    """Where a container path lives on the node, through the bind mounts (longest destination first)."""
+    mounts = []
+    for spec in json.loads(os.environ.get("K3SIM_VOLUMES", "[]")):
+        src, _, rest = spec.partition(":")
+        mounts.append((rest.split(":")[0].rstrip("/"), src))
+    for dst, src in sorted(mounts, key=lambda m: -len(m[0])):
+        if container_path == dst or container_path.startswith(dst + "/"):
+            return src + container_path[len(dst):]
+    return container_path
+
+
 def cache_root():
     for spec in json.loads(os.environ.get("K3SIM_VOLUMES", "[]")):
         src, _, rest = spec.partition(":")
@@ -34,7 +46,7 @@ def main(argv):
         print(f"Cannot download {repo}: HF_HUB_OFFLINE=1 (offline mode is enabled).", file=sys.stderr)
         return 1
     token_path = os.environ.get("HF_TOKEN_PATH")
-    if token_path and not (os.path.isfile(token_path) and open(token_path).read().strip()):
+    if token_path and not (os.path.isfile(host_path(token_path)) and open(host_path(token_path)).read().strip()):
         print(f"Token file {token_path} is missing or empty.", file=sys.stderr)
         return 1
     root = cache_root()

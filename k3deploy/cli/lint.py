@@ -1,0 +1,67 @@
+"""``k3deploy lint``: check a recipe's offered selections against the pinned engine and the hardware."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from k3deploy.cli.common import echo_json, json_option, recipe_option
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+@click.command()
+@click.option("--hardware", "-H", metavar="ID", default=None, help="Only this hardware id.")
+@click.option("--strategy", "-s", metavar="ID", default=None, help="Only this strategy.")
+@click.option("--variant", "-v", metavar="ID", default=None, help="Only this variant.")
+@recipe_option
+@json_option
+@click.pass_context
+def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant: str | None,
+         recipe_path: str | None, as_json: bool) -> None:
+    """Lint every offered selection (variant x hardware x strategy, default features and each opt-in
+    feature on) against vLLM's flags, env vars and backends, the hardware and the memory plan.
+
+    \b
+    Exit 0: no errors (warnings allowed); 1: at least one error; 2: bad input.
+    Examples:
+      k3deploy lint
+      k3deploy lint --hardware h200 --json
+    """
+    from k3deploy import load_recipe
+    from k3deploy.lint import lint_recipe
+
+    report = lint_recipe(load_recipe(recipe_path), hardware_id=hardware, strategy=strategy, variant=variant)
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        _render(report)
+    if report.exit_code:
+        ctx.exit(report.exit_code)
+
+
+def _render(report) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from k3deploy.lint import summarize_selections
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    c = report.counts
+    if report.groups:
+        table = Table(title=f"k3deploy lint: {report.recipe}, {len(report.checked)} selections", show_lines=True)
+        for column, style in (("Severity", ""), ("Code", "bold"), ("Finding", ""), ("Recipe key", "dim"),
+                              ("Selections", "")):
+            table.add_column(column, style=style or None, overflow="fold")
+        for g in report.groups:
+            f = g.finding
+            roles = f" (on {', '.join(sorted(g.roles))})" if g.roles else ""
+            table.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.code,
+                          f"{escape(f.message)}{escape(roles)}\n[green]fix:[/] {escape(f.fix)}",
+                          escape(f.path or ""), escape(summarize_selections(g.selections, report.checked)))
+        console.print(table)
+    verdict = "[bold red]errors found[/]" if c["error"] else "[bold green]no errors[/]"
+    console.print(f"{len(report.checked)} selections checked: {c['error']} errors, {c['warning']} warnings, "
+                  f"{c['info']} info; {verdict}")

@@ -1,0 +1,355 @@
+"""What a rollout would change, per host: image, container argv, env file, unit file and restarts.
+
+Pure: it compares the rollout (what ``deploy/k3.py`` would write) with what is installed on the hosts
+(read by ``k3deploy plan``). The same :func:`k3deploy.rollout.mark_changes` decides what restarts, so the
+plan and the rollout cannot disagree.
+
+Example::
+
+    >>> from k3deploy.planning import argv_lines
+    >>> argv_lines(["/usr/bin/docker", "run", "--rm", "--name", "k3", "img:1", "m", "--tp", "8", "--x"])
+    ['/usr/bin/docker run', '--rm', '--name k3', 'image img:1', 'm', '--tp 8', '--x']
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from k3deploy.operations import SECRET
+from k3deploy.rollout import Rollout, UnitWork, mark_changes, sha256
+
+MASK = "****"
+
+#: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
+DOCKER_VALUE_OPTIONS = frozenset({
+    "--name", "--network", "--net", "--ipc", "--pid", "--uts", "--env-file", "-e", "--env", "--gpus",
+    "--shm-size", "-v", "--volume", "--mount", "--device", "--cap-add", "--cap-drop", "--ulimit",
+    "--group-add", "--security-opt", "--entrypoint", "-u", "--user", "-w", "--workdir", "-p", "--publish",
+    "-l", "--label", "--runtime", "--hostname", "-h", "--platform", "--memory", "-m", "--cpus",
+    "--restart", "--log-driver", "--log-opt", "--stop-timeout", "--tmpfs", "--add-host", "--pull",
+})
+
+
+# ------------------------------------------------------------------------------ unit parsing
+
+
+def split_exec(value: str) -> list[str]:
+    """Split an ``Exec*=`` value the way systemd does (double/single quotes, C escapes, ``%%``, ``$$``)."""
+    out: list[str] = []
+    i, n = 0, len(value)
+    escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "r": "\r", "s": " "}
+    while i < n:
+        while i < n and value[i] in " \t":
+            i += 1
+        if i >= n:
+            break
+        word: list[str] = []
+        quote = None
+        while i < n:
+            c = value[i]
+            if quote is None and c in " \t":
+                break
+            if c in "\"'" and (quote is None or quote == c):
+                quote = None if quote == c else c
+            elif c == "\\" and i + 1 < n:
+                i += 1
+                word.append(escapes.get(value[i], value[i]))
+            elif c in "%$" and i + 1 < n and value[i + 1] == c:
+                word.append(c)
+                i += 1
+            else:
+                word.append(c)
+            i += 1
+        out.append("".join(word))
+    return out
+
+
+def exec_start(unit_text: str | None) -> list[str] | None:
+    """The argv of the unit's ``ExecStart=`` line (None when there is no unit or no such line)."""
+    if not unit_text:
+        return None
+    for line in unit_text.splitlines():
+        if line.startswith("ExecStart="):
+            value = line[len("ExecStart="):].lstrip("-@:+!")
+            return split_exec(value)
+    return None
+
+
+def _docker_split(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """``docker run`` argv -> (docker part, image, container args). A non-docker argv has no image."""
+    if len(argv) < 2 or argv[1] != "run":
+        return argv, None, []
+    i = 2
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("-") or tok == "-":
+            return argv[:i], tok, argv[i + 1:]
+        i += 2 if (tok in DOCKER_VALUE_OPTIONS and "=" not in tok) else 1
+    return argv, None, []
+
+
+def image_of(argv: list[str] | None) -> str | None:
+    """The container image of a ``docker run`` argv."""
+    if not argv:
+        return None
+    return _docker_split(argv)[1]
+
+
+def _group_flags(args: list[str], value_options: frozenset[str] | None = None) -> list[str]:
+    """One line per flag with its values (``--tp 8``); positional words on their own line."""
+    lines: list[str] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok.startswith("-") and tok != "-":
+            if value_options is not None:
+                take = 1 if (tok in value_options and "=" not in tok) else 0
+            else:  # engine flags: every following word that is not itself a flag
+                take = 0
+                while i + 1 + take < len(args) and not _is_flag(args[i + 1 + take]):
+                    take += 1
+            lines.append(" ".join([tok, *args[i + 1:i + 1 + take]]))
+            i += 1 + take
+        else:
+            lines.append(tok)
+            i += 1
+    return lines
+
+
+def _is_flag(tok: str) -> bool:
+    if not tok.startswith("-") or tok == "-":
+        return False
+    try:
+        float(tok)  # a negative number is a value
+        return False
+    except ValueError:
+        return True
+
+
+def argv_lines(argv: list[str] | None) -> list[str]:
+    """A container command as lines: ``docker run``, one docker option per line, the image, then the engine's
+    own arguments, one flag with its values per line."""
+    if not argv:
+        return []
+    docker, image, rest = _docker_split(argv)
+    if image is None:
+        return [argv[0], *_group_flags(argv[1:])]
+    return [f"{docker[0]} run", *_group_flags(docker[2:], DOCKER_VALUE_OPTIONS), f"image {image}",
+            *_group_flags(rest)]
+
+
+# ---------------------------------------------------------------------------------- diffs
+
+
+def mask_value(name: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    return MASK if SECRET.search(name) else value
+
+
+def parse_env(text: str | None) -> dict[str, str]:
+    """A docker env file -> ordered {name: value} (comments and blank lines skipped)."""
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, _, value = line.partition("=")
+        out[name] = value
+    return out
+
+
+def line_diff(old: list[str], new: list[str]) -> list[tuple[str, str]]:
+    """(``+``/``-``, line) for each line removed or added, in order."""
+    out: list[tuple[str, str]] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            out += [("-", x) for x in old[i1:i2]]
+        if tag in ("replace", "insert"):
+            out += [("+", x) for x in new[j1:j2]]
+    return out
+
+
+def env_diff(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+    """Per variable: added, removed or changed, with secret values masked."""
+    old, new = parse_env(old_text), parse_env(new_text)
+    out: list[dict[str, Any]] = []
+    for name, value in new.items():
+        if name not in old:
+            out.append({"op": "+", "name": name, "from": None, "to": mask_value(name, value)})
+        elif old[name] != value:
+            out.append({"op": "~", "name": name, "from": mask_value(name, old[name]), "to": mask_value(name, value)})
+    for name, value in old.items():
+        if name not in new:
+            out.append({"op": "-", "name": name, "from": mask_value(name, value), "to": None})
+    return out
+
+
+def _unit_other_lines(text: str | None) -> list[str]:
+    return [ln for ln in (text or "").splitlines() if not ln.startswith("ExecStart=")]
+
+
+# ------------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class Installed:
+    """What one unit looks like on its host now."""
+
+    unit_text: str | None = None
+    env_text: str | None = None
+    unit_sha: str | None = None
+    env_sha: str | None = None
+    active: str = "absent"
+
+    @property
+    def running(self) -> bool:
+        return self.active == "active"
+
+
+@dataclass
+class HostPlan:
+    host: str
+    role: str
+    rank: int
+    changes: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "role": self.role, "rank": self.rank, "changes": self.changes}
+
+
+@dataclass
+class PlanReport:
+    hosts: list[HostPlan]
+    restart_order: list[str]
+    endpoint: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.restart_order) or any(h.changes for h in self.hosts)
+
+    @property
+    def exit_code(self) -> int:
+        """Like ``terraform plan -detailed-exitcode``: 0 nothing to do, 3 changes pending (2 is an error)."""
+        return 3 if self.has_changes else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hosts": [h.to_dict() for h in self.hosts], "restart_order": self.restart_order,
+                "endpoint": self.endpoint, "changes_pending": self.has_changes, "notes": self.notes}
+
+
+def unit_changes(u: UnitWork, have: Installed) -> list[dict[str, Any]]:
+    """The changes of one unit: image, argv lines, other unit lines, env variables."""
+    changes: list[dict[str, Any]] = []
+    unit_differs = have.unit_sha != sha256(u.unit_text)
+    env_differs = have.env_sha != sha256(u.env_text)
+    old_argv, new_argv = exec_start(have.unit_text), exec_start(u.unit_text)
+    old_image, new_image = image_of(old_argv), image_of(new_argv)
+    if unit_differs:
+        if have.unit_text is None:
+            changes.append({"kind": "file", "unit": u.unit, "path": u.unit_path, "op": "create"})
+        if old_image != new_image:
+            changes.append({"kind": "image", "unit": u.unit, "from": old_image, "to": new_image})
+        for op, line in line_diff(argv_lines(old_argv), argv_lines(new_argv)):
+            if line.startswith("image ") and old_image != new_image:
+                continue  # shown as the image change
+            changes.append({"kind": "argv", "unit": u.unit, "op": op, "line": line})
+        for op, line in line_diff(_unit_other_lines(have.unit_text), _unit_other_lines(u.unit_text)):
+            changes.append({"kind": "unit", "unit": u.unit, "op": op, "line": line})
+    if env_differs:
+        if have.env_text is None:
+            changes.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
+        for d in env_diff(have.env_text, u.env_text):
+            changes.append({"kind": "env", "unit": u.unit, **d})
+    return changes
+
+
+def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
+    if changed_here:
+        return "its files change"
+    if not have.running:
+        return f"not running ({have.active})"
+    return f"group {u.group} restarts"
+
+
+def build(rollout: Rollout, installed: dict[tuple[str, str], Installed]) -> PlanReport:
+    """Compare the rollout with the installed state ``(host, unit) -> Installed``; sets the rollout's
+    ``changed_groups`` exactly as the deploy does."""
+    observed = {key: (i.unit_sha, i.env_sha, i.running) for key, i in installed.items()}
+    mark_changes(rollout, observed)
+    order = rollout.restart_order()
+    hosts: dict[str, HostPlan] = {}
+    for u in rollout.units:
+        have = installed.get((u.host, u.unit), Installed())
+        hp = hosts.get(u.host)
+        if hp is None:
+            hp = hosts[u.host] = HostPlan(host=u.host, role=u.node.role, rank=u.rank)
+        changes = unit_changes(u, have)
+        hp.changes += changes
+        key = f"{u.host}:{u.unit}"
+        if key in order:
+            hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
+                               "group": u.group, "reason": _reason(u, have, bool(changes))})
+    return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint)
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def _show(value: str | None) -> str:
+    return "(none)" if value is None else value
+
+
+def render_text(report: PlanReport, rollout: Rollout) -> str:
+    """The plan for people: per host its units, image now -> planned, argv, unit and env changes, restarts."""
+    lines: list[str] = []
+    for hp in report.hosts:
+        lines.append(f"{hp.host}: {hp.role} rank {hp.rank}")
+        for u in rollout.on_host(hp.host):
+            mine = [c for c in hp.changes if c["unit"] == u.unit]
+            lines.append(f"  {u.unit} ({u.node.role} rank {u.rank}, group {u.group})")
+            image = next((c for c in mine if c["kind"] == "image"), None)
+            planned = image_of(exec_start(u.unit_text))
+            if image is not None:
+                lines.append(f"    image: {_show(image['from'])} -> {_show(image['to'])}")
+            elif planned:
+                lines.append(f"    image: {planned} (unchanged)")
+            for c in mine:
+                if c["kind"] == "file":
+                    lines.append(f"    new file: {c['path']}")
+            argv = [c for c in mine if c["kind"] == "argv"]
+            if argv:
+                lines.append("    argv:")
+                lines += [f"      {c['op']} {c['line']}" for c in argv]
+            unit = [c for c in mine if c["kind"] == "unit"]
+            if unit:
+                lines.append(f"    unit {u.unit_path}:")
+                lines += [f"      {c['op']} {c['line']}" for c in unit]
+            env = [c for c in mine if c["kind"] == "env"]
+            if env:
+                lines.append(f"    env {u.env_path}:")
+                for c in env:
+                    if c["op"] == "~":
+                        lines.append(f"      ~ {c['name']}: {c['from']} -> {c['to']}")
+                    elif c["op"] == "+":
+                        lines.append(f"      + {c['name']}={c['to']}")
+                    else:
+                        lines.append(f"      - {c['name']}={c['from']}")
+            restart = next((c for c in mine if c["kind"] == "restart"), None)
+            if restart is not None:
+                lines.append(f"    restart: #{restart['position']} ({restart['reason']})")
+            elif not mine:
+                lines.append("    no changes")
+    lines.append("")
+    if report.restart_order:
+        lines.append("Restart order: " + " -> ".join(report.restart_order))
+    else:
+        lines.append("Restart order: nothing restarts")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    n_hosts = len([h for h in report.hosts if h.changes])
+    lines.append(f"Plan: {n_hosts} of {len(report.hosts)} host(s) change, {len(report.restart_order)} service(s) "
+                 f"restart." if report.has_changes else "No changes: the cluster runs the planned version.")
+    return "\n".join(lines) + "\n"

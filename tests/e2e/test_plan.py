@@ -1,0 +1,109 @@
+"""``k3deploy plan`` and ``pyinfra ... --dry --diff`` on a simulated cluster: never deployed, deployed, one
+variable changed, secrets masked, an unreachable node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim
+
+pytestmark = [pytest.mark.sim, skip_no_sim]
+
+FAKE_TOKEN = "hf_k3deployFAKEtoken0123456789abcdef"
+
+
+def dry_diff(inventory: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYINFRA, inventory, "deploy/k3.py", "--dry", "--diff"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def plan_json(inventory: str) -> tuple[int, dict]:
+    proc = k3("plan", inventory, "--json", check=False)
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
+    sim = sim_factory("e6p", "gb300", 2)
+    base = sim.group_vars.read_text() + "k3_strategy: multi_node_tp\n"
+    sim.group_vars.write_text(base)
+    head, worker = (n["name"] for n in sim.info["nodes"])
+    token = tmp_path / "hf-token"
+    token.write_text(FAKE_TOKEN + "\n")
+    token.chmod(0o600)
+
+    # never deployed: everything is a change, both units restart, head first
+    rc, data = plan_json(sim.inventory)
+    assert rc == 3
+    assert data["restart_order"] == [f"{head}:k3-engine.service", f"{worker}:k3-engine.service"]
+    by_host = {h["host"]: h for h in data["hosts"]}
+    assert (by_host[head]["role"], by_host[head]["rank"]) == ("head", 0)
+    assert (by_host[worker]["role"], by_host[worker]["rank"]) == ("worker", 1)
+    for h in data["hosts"]:
+        kinds = {c["kind"] for c in h["changes"]}
+        assert {"file", "image", "argv", "env", "restart"} <= kinds
+        image = next(c for c in h["changes"] if c["kind"] == "image")
+        assert image["from"] is None and image["to"] == "vllm/vllm-openai:kimi-k3"
+
+    # --dry --diff on the never-deployed cluster, with a token file: diffs shown, token never
+    sim.group_vars.write_text(base + f"k3_hf_token_file: {token}\n")
+    dry = dry_diff(sim.inventory)
+    assert dry.returncode == 0, dry.stdout[-3000:]
+    assert FAKE_TOKEN not in dry.stdout
+    for host in (head, worker):
+        assert f"[{host}] Will create /etc/k3deploy/k3-engine.env" in dry.stdout
+        assert f"[{host}] Will create /etc/systemd/system/k3-engine.service" in dry.stdout
+        assert f"[{host}] Will create /etc/k3deploy/hf-token (secret: contents not shown)" in dry.stdout
+    assert "+HF_HUB_OFFLINE=1" in dry.stdout and '--node-rank" "1"' in dry.stdout
+
+    # deployed: no changes (exit 0)
+    sim.group_vars.write_text(base)
+    first = deploy(sim.inventory)
+    assert first.returncode == 0, first.stdout[-3000:]
+    rc, data = plan_json(sim.inventory)
+    assert rc == 0 and data["restart_order"] == [] and all(not h["changes"] for h in data["hosts"])
+    text = k3("plan", sim.inventory, check=False)
+    assert text.returncode == 0 and "No changes" in text.stdout
+
+    # one variable changed: exactly that argv line on each engine node, the group restarts head first
+    changed = base + 'k3_extra_args: ["--max-num-seqs", "64"]\n'
+    sim.group_vars.write_text(changed)
+    rc, data = plan_json(sim.inventory)
+    assert rc == 3
+    assert data["restart_order"] == [f"{head}:k3-engine.service", f"{worker}:k3-engine.service"]
+    for h in data["hosts"]:
+        assert [c for c in h["changes"] if c["kind"] != "restart"] == [
+            {"kind": "argv", "unit": "k3-engine.service", "op": "+", "line": "--max-num-seqs 64"}]
+        restart = [c for c in h["changes"] if c["kind"] == "restart"]
+        assert [(c["position"], c["reason"]) for c in restart] == [(1 if h["host"] == head else 2, "its files change")]
+
+    # a secret in an installed env file: masked in plan and in --dry --diff
+    assert sim.ssh(0, f"echo HF_TOKEN={FAKE_TOKEN} >> /etc/k3deploy/k3-engine.env").returncode == 0
+    sim.group_vars.write_text(changed + f"k3_hf_token_file: {token}\n")
+    dry = dry_diff(sim.inventory)
+    assert dry.returncode == 0, dry.stdout[-3000:]
+    assert FAKE_TOKEN not in dry.stdout
+    assert f"[{head}] Will modify /etc/k3deploy/k3-engine.env" in dry.stdout and "-HF_TOKEN=****" in dry.stdout
+    assert '"--max-num-seqs" "64"' in dry.stdout
+    plan = k3("plan", sim.inventory, check=False)
+    assert plan.returncode == 3 and FAKE_TOKEN not in plan.stdout and "- HF_TOKEN=****" in plan.stdout
+    rc, data = plan_json(sim.inventory)
+    env = [c for h in data["hosts"] for c in h["changes"] if c["kind"] == "env"]
+    assert env == [{"kind": "env", "unit": "k3-engine.service", "op": "-", "name": "HF_TOKEN", "from": "****",
+                    "to": None}]
+
+    # deploy the change: a second plan shows none
+    sim.group_vars.write_text(changed)
+    second = deploy(sim.inventory)
+    assert second.returncode == 0, second.stdout[-3000:]
+    rc, data = plan_json(sim.inventory)
+    assert rc == 0 and data["restart_order"] == []
+
+    # an unreachable node: exit 2, the node and the reason named
+    k3("sim", "fault", "--name", sim.name, "1:sshd-down")
+    down = k3("plan", sim.inventory, check=False)
+    assert down.returncode == 2
+    assert worker in down.stderr and "cannot reach" in down.stderr and "Traceback" not in down.stderr

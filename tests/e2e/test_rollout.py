@@ -1,0 +1,116 @@
+"""`pyinfra <inventory> deploy/k3.py` on simulated clusters: serving, idempotence, failure, rollback."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT, deploy, skip_no_sim, totals
+
+pytestmark = [pytest.mark.sim, skip_no_sim]
+
+
+def endpoint_of(output: str) -> str:
+    m = re.search(r"Chat completion through (http://[0-9.]+:\d+)", output)
+    assert m, output[-2000:]
+    return m.group(1)
+
+
+def openai_client(endpoint: str, model: str = "moonshotai/Kimi-K3") -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), endpoint, model],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Generated text: " in proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name, hardware, nodes, strategy, layout, served_units", [
+    ("e5a", "b300", 1, "single_node_tp", None, ["k3-engine.service"]),
+    ("e5c", "gb200", 4, "multi_node_dep", None, ["k3-engine.service", "k3-engine-router.service"]),
+    ("e5d", "h200", 2, "multi_node_tp_dp", None, ["k3-engine.service"]),  # workers made --headless
+    ("e5e", "b300", 3, "pd_cluster", "pd:1,2", ["k3-engine-prefill.service", "k3-engine-router.service"]),
+])
+def test_strategies_serve(sim_factory, name, hardware, nodes, strategy, layout, served_units):
+    sim = sim_factory(name, hardware, nodes, *(["--layout", layout] if layout else []))
+    sim.set_vars(f"k3_strategy: {strategy}\n")
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-4000:]
+    success, errors, _ = totals(run.stdout)
+    assert errors == 0 and success > 0
+    for unit in served_units:
+        assert f"{unit} serves at" in run.stdout
+    out = openai_client(endpoint_of(run.stdout))
+    assert "Kimi-K3" in out
+    # every node runs its engine under its own systemd
+    for rank in range(nodes):
+        state = sim.ssh(rank, "systemctl is-active k3-engine.service k3-engine-prefill.service "
+                              "k3-engine-decode.service 2>/dev/null | grep -c '^active'")
+        assert state.stdout.strip() == "1", (rank, state.stdout)
+
+
+def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
+    sim = sim_factory("e5b", "gb300", 2)
+    sim.set_vars("k3_strategy: multi_node_tp\n")
+    first = deploy(sim.inventory)
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert "k3-engine.service serves at" in first.stdout
+    openai_client(endpoint_of(first.stdout))
+    pid_before = sim.ssh(0, "systemctl show -p MainPID --value k3-engine.service").stdout.strip()
+
+    # nothing changed: no changes reported, nothing restarted
+    again = deploy(sim.inventory)
+    assert again.returncode == 0
+    success, errors, nochange = totals(again.stdout)
+    assert (success, errors) == (0, 0) and nochange > 0
+    assert sim.ssh(0, "systemctl show -p MainPID --value k3-engine.service").stdout.strip() == pid_before
+
+    # a change that crashes the worker's engine: the rollout stops, names the worker, shows its logs
+    from .conftest import k3
+
+    k3("sim", "fault", "--name", "e5b", "1:engine-crash")
+    sim.set_vars('k3_extra_args: ["--max-num-seqs", "4"]\n')
+    bad = deploy(sim.inventory)
+    assert bad.returncode != 0
+    assert "worker rank 1 on e5b-node2" in bad.stdout and "failed during start" in bad.stdout
+    assert "journalctl -u k3-engine.service" in bad.stdout and "EngineCore failed to start" in bad.stdout
+    # the whole group is stopped, not half of it
+    for rank in (0, 1):
+        assert sim.ssh(rank, "systemctl is-active k3-engine.service").stdout.strip() in ("inactive", "failed")
+    assert "--max-num-seqs" in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
+
+    # rollback brings the previous version back, in order
+    k3("sim", "fault", "--name", "e5b", "--clear")
+    back = deploy(sim.inventory, "--data", "k3_rollback=true")
+    assert back.returncode == 0, back.stdout[-4000:]
+    assert "--max-num-seqs" not in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
+    assert sim.ssh(1, "systemctl is-active k3-engine.service").stdout.strip() == "active"
+    openai_client(endpoint_of(back.stdout))
+
+
+def test_preflight_failure_changes_nothing(sim_factory):
+    sim = sim_factory("e5f", "gb300", 2, "--fault", "1:driver=570.86.15")
+    run = deploy(sim.inventory)
+    assert run.returncode != 0
+    assert "nvidia.driver" in run.stdout and "570.86.15" in run.stdout and "nothing was changed" in run.stdout
+    for rank in (0, 1):
+        assert sim.ssh(rank, "test -e /etc/systemd/system/k3-engine.service && echo present || echo absent").stdout.strip() == "absent"
+        assert sim.ssh(rank, "test -e /etc/k3deploy && echo present || echo absent").stdout.strip() == "absent"
+
+
+def test_secrets_stay_in_0600_files(sim_factory, tmp_path):
+    token = tmp_path / "hf-token"
+    token.write_text("hf_SECRETtokenVALUE123\n")
+    token.chmod(0o600)
+    sim = sim_factory("e5g", "b300", 1)
+    sim.set_vars(f"k3_hf_token_file: {token}\n")
+    run = deploy(sim.inventory, "-v")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "hf_SECRETtokenVALUE123" not in run.stdout
+    mode = sim.ssh(0, "stat -c %a /etc/k3deploy/hf-token /etc/k3deploy/k3-engine.env").stdout.split()
+    assert mode == ["600", "600"]
+    leaks = sim.ssh(0, "grep -rl hf_SECRETtokenVALUE123 /etc/systemd /etc/k3deploy/k3-engine.env; "
+                       "journalctl --no-pager | grep -c hf_SECRETtokenVALUE123").stdout.split()
+    assert leaks == ["0"]
