@@ -60,16 +60,10 @@ def _preflight(r: Rollout, records: list[HostRecord]) -> tuple[dict[str, list[st
     import gevent
 
     from k3deploy.preflight import runner
-    from k3deploy.preflight.checks import Selection, run_checks
+    from k3deploy.preflight.checks import run_checks
     from k3deploy.preflight.settings import derive_settings
-    from k3deploy.taxonomy import hardware as profiles
 
-    plan = r.plan
-    engines = [n for n in plan.nodes if n.role != "router"]
-    variant = load_recipe(r.vars.k3_recipe).variant(plan.variant)
-    sel = Selection(hardware=profiles()[plan.hardware], variant=plan.variant, vram_minimum_gb=variant.vram_minimum_gb,
-                    nodes=len(engines), strategy=plan.strategy, multi_node=len(engines) > 1,
-                    pd=plan.strategy == "pd_cluster")
+    sel = runner.selection_for_plan(r.plan, r.vars.k3_recipe)
     hosts = list(inventory)
     real_state = ctx_state.get()  # the State object itself, not pyinfra's context proxy
     jobs = [gevent.spawn(runner.host_facts, real_state, h, sel, r.vars.k3_model_cache)

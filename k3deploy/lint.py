@@ -547,13 +547,12 @@ class _PlanLinter:
     def arg_path(self, node: NodePlan, a: Arg | None, name: str | None = None) -> str:
         self.ctx.role = node.role
         f = (a.flag or a.abbrev_of) if a else None
-        if a is not None and f is None:
-            spellings: Iterable[str] = [self.cat.normalize(a.option)]
-        else:
-            spellings = f.spellings if f else [name or ""]
+        spellings: list[str] = [self.cat.normalize(a.option)] if a is not None else [name or ""]
+        if f is not None:
+            spellings += f.spellings
         value = a.value if a else None
         found = self.prov.arg(self.ctx, spellings, value, self.cat.normalize)
-        return found or f"builder: {self.plan.strategy} parallel flags"
+        return found or f"builder: {self.plan.strategy}"
 
     def env_path(self, node: NodePlan, name: str) -> str:
         self.ctx.role = node.role

@@ -274,12 +274,27 @@ def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
     return f"group {u.group} restarts"
 
 
+def start_groups(rollout: Rollout) -> list[str]:
+    """The rollout's groups in start order: engine groups (P/D pools side by side), then the router that fronts
+    them (``Rollout.groups`` lists groups as they appear on the hosts, which can put the router first)."""
+    groups = rollout.groups
+    return [g for g in groups if g != "router"] + [g for g in groups if g == "router"]
+
+
+def restart_order(rollout: Rollout) -> list[str]:
+    """``Rollout.restart_order()`` with the router after the engine groups, as the start phase runs them."""
+    order = rollout.restart_order()
+    rank = {g: i for i, g in enumerate(start_groups(rollout))}
+    group_of = {f"{u.host}:{u.unit}": u.group for u in rollout.units}
+    return sorted(order, key=lambda key: rank[group_of[key]])  # stable: rank order inside a group is kept
+
+
 def build(rollout: Rollout, installed: dict[tuple[str, str], Installed]) -> PlanReport:
     """Compare the rollout with the installed state ``(host, unit) -> Installed``; sets the rollout's
     ``changed_groups`` exactly as the deploy does."""
     observed = {key: (i.unit_sha, i.env_sha, i.running) for key, i in installed.items()}
     mark_changes(rollout, observed)
-    order = rollout.restart_order()
+    order = restart_order(rollout)
     hosts: dict[str, HostPlan] = {}
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())

@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.planning import exec_start
+from k3deploy.planning import exec_start, start_groups
 from k3deploy.rollout import Rollout, UnitWork
 
 CONTROL = "control"
@@ -134,7 +134,7 @@ def _start(u: UnitWork) -> str:
 def _start_sequence(doc: Doc, r: Rollout, when: str | None) -> None:
     docker = r.vars.k3_docker
     timeout = r.deadline
-    for g in r.groups:
+    for g in start_groups(r):
         units = r.group(g)
         heads = [u for u in units if u.is_group_head]
         workers = [u for u in units if not u.is_group_head]
@@ -281,7 +281,7 @@ def build(r: Rollout, *, inventory: str, preflight: list[Any], addresses: dict[s
     doc.p("A multi-node head cannot become healthy before its workers joined, so each group starts as: head, "
           "wait for the head's rendezvous port, all workers, then wait for readiness. "
           + ("P/D pools start before the router, which starts once both pools serve. " if "router" in r.groups else "")
-          + "Order: " + " -> ".join(f"{u.host}:{u.unit}" for g in r.groups for u in r.group(g)) + ".")
+          + "Order: " + " -> ".join(f"{u.host}:{u.unit}" for g in start_groups(r) for u in r.group(g)) + ".")
     _start_sequence(doc, r, None)
 
     # ---- 4. smoke test
@@ -337,8 +337,9 @@ def build(r: Rollout, *, inventory: str, preflight: list[Any], addresses: dict[s
                               f"modprobe nvidia_peermem && lsmod | grep -E '^nvidia_peermem'\n"
                               f"grep -q '^NCCL_DMABUF_ENABLE=' {shlex.quote(u.env_path)} || "
                               f"echo 'NCCL_DMABUF_ENABLE=0' >> {shlex.quote(u.env_path)}\n", "troubleshooting")
-    hw_nvl = "NCCL_MNNVL_ENABLE" in " ".join(u.env_text for u in r.units)
-    if brand == "NVIDIA" and (hw_nvl or plan.hardware.startswith("gb")):
+    from k3deploy.taxonomy import hardware
+
+    if brand == "NVIDIA" and multi and getattr(hardware().get(plan.hardware), "nvl", False):
         doc.h(3, "Multi-node NVLink (GB200/GB300)")
         doc.p(_note(notes, "MNNVL") or "MNNVL: NCCL_MNNVL_ENABLE=1, NCCL_CUMEM_ENABLE=1, NCCL_NVLS_ENABLE=1.")
         doc.p("The env files already carry these variables when the plan uses NVLink across trays; check them and "

@@ -37,6 +37,7 @@ class Variables(BaseModel):
     k3_weights_shared: bool = Field(False, description="`k3_model_cache` is one shared filesystem: download the weights from the head only.")
     k3_hf_token_file: str | None = Field(None, description="File on the control machine holding the Hugging Face token (must be mode 0600); copied to the nodes as 0600 and used only to download weights.")
     k3_download_weights: bool = Field(True, description="Download missing weights with the Hugging Face tooling in the image; false = weights must already be in the cache.")
+    k3_image_dir: str | None = Field(None, description="Where the container runtime stores images (preflight's free-space check); default: Docker's DockerRootDir.")
     k3_docker: str = Field("/usr/bin/docker", description="Container CLI on the nodes.")
     k3_shm_size: str = Field("64g", description="`--shm-size` of the engine container (NVIDIA and AMD).")
     # network

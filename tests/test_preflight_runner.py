@@ -53,7 +53,7 @@ def write_fake_inventory(tmp_path: Path, bad_fabric_on: int | None = None) -> Pa
     for i in range(3):
         address = f"10.77.0.{11 + i}"
         fabric = "nvidia/smi-q-gb300-in-progress.txt" if i == bad_fabric_on else "nvidia/smi-q-gb300-completed.txt"
-        hosts.append([f"@fake/gb300-{i}", {"k3_address": address, "fake_delay": 0, "fake_delay_jitter": 0,
+        hosts.append([f"@fake/gb300-{i}", {"k3_ip": address, "fake_delay": 0, "fake_delay_jitter": 0,
                                            "fake_responses": responses(address, fabric)}])
     (tmp_path / "hosts.json").write_text(json.dumps(hosts))
     inventory = tmp_path / "fake_gb300.py"

@@ -51,7 +51,8 @@ def _render(report) -> None:  # type: ignore[no-untyped-def]
     console = Console(width=None if sys.stdout.isatty() else 200)
     c = report.counts
     if report.groups:
-        table = Table(title=f"k3deploy lint: {report.recipe}, {len(report.checked)} selections", show_lines=True)
+        n = len(report.checked)
+        table = Table(title=f"k3deploy lint: {report.recipe}, {n} selection{'s' if n != 1 else ''}", show_lines=True)
         for column, style in (("Severity", ""), ("Code", "bold"), ("Finding", ""), ("Recipe key", "dim"),
                               ("Selections", "")):
             table.add_column(column, style=style or None, overflow="fold")
@@ -63,5 +64,6 @@ def _render(report) -> None:  # type: ignore[no-untyped-def]
                           escape(f.path or ""), escape(summarize_selections(g.selections, report.checked)))
         console.print(table)
     verdict = "[bold red]errors found[/]" if c["error"] else "[bold green]no errors[/]"
-    console.print(f"{len(report.checked)} selections checked: {c['error']} errors, {c['warning']} warnings, "
+    n = len(report.checked)
+    console.print(f"{n} selection{'s' if n != 1 else ''} checked: {c['error']} errors, {c['warning']} warnings, "
                   f"{c['info']} info; {verdict}")

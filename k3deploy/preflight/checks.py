@@ -15,7 +15,8 @@ Thresholds are module variables so a site can change them before calling :func:`
 * ``ASCEND_DRIVER_RECOMMENDED``: Ascend HDK the vllm-ascend K3 images are validated with.
 * ``ROCM_HOST_MIN``: host ROCm userspace floor (None: the ROCm image brings its own ROCm).
 * ``GPUDIRECT_MISSING_STATUS``: status when neither DMA-BUF nor nvidia_peermem can serve
-  GPUDirect RDMA (NCCL then stages through host memory: it works, much slower).
+  GPUDirect RDMA (NCCL then stages through host memory: it works, much slower, so a multi-node K3
+  deployment treats it as a failure; set "warn" to accept it).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ IMAGE_DISK_MIN_GIB = 100.0
 CACHE_DISK_FACTOR = 1.0
 ASCEND_DRIVER_RECOMMENDED = "25.5"
 ROCM_HOST_MIN: str | None = None
-GPUDIRECT_MISSING_STATUS: Literal["warn", "fail"] = "warn"
+GPUDIRECT_MISSING_STATUS: Status = "fail"
 
 #: hardware ids of HGX baseboards with NVSwitch, where Fabric Manager must run
 NVSWITCH_HARDWARE = frozenset({"h100", "h200", "b200", "b300"})
@@ -428,7 +429,8 @@ def _check_rdma(out: _Out, sel: Selection, f: HostFacts) -> bool:
                 "bring the ports up (cable, subnet manager for InfiniBand, switch config for RoCE)")
         return False
     shown = ", ".join(f"{name}:{port} {layer or '?'}" for name, port, layer in active)
-    if any(layer == "Ethernet" for _, _, layer in active):
+    roce_only = all(layer == "Ethernet" for _, _, layer in active)
+    if roce_only:
         out.add(f.host, "rdma.devices", "warn", shown, required,
                 "RoCE: set NCCL_IB_GID_INDEX to the RoCE v2 GID (show_gids), or NCCL times out with error 12")
     else:
@@ -471,7 +473,7 @@ def _check_interface(out: _Out, f: HostFacts) -> None:
         if itf.interface is None:
             have = ", ".join(f"{a.interface} {a.address}" for a in itf.addresses)
             out.add(f.host, "network.interface", "fail", f"{itf.address} not configured (have {have})", required,
-                    "the inventory address must belong to this node: fix ssh_hostname / k3_address")
+                    "the inventory address must belong to this node: fix ssh_hostname / k3_ip")
         elif itf.interface == "lo":
             out.add(f.host, "network.interface", "fail", f"{itf.address} on lo", required,
                     "use the node's cluster address, not a loopback address (NCCL would bootstrap on lo)")
@@ -480,10 +482,10 @@ def _check_interface(out: _Out, f: HostFacts) -> None:
         return
     if itf.default_interface and itf.default_interface != "lo":
         out.add(f.host, "network.interface", "warn", f"no address given; default route on {itf.default_interface}",
-                required, "set k3_address (or ssh_hostname) to the node's cluster address")
+                required, "set k3_ip (or ssh_hostname) to the node's cluster address")
     else:
         out.add(f.host, "network.interface", "fail", "no address given and no default route", required,
-                "set k3_address (or ssh_hostname) to the node's cluster address")
+                "set k3_ip (or ssh_hostname) to the node's cluster address")
 
 
 def _check_space(out: _Out, f: HostFacts, check: str, space: DiskSpace | FactError | None,
@@ -596,7 +598,7 @@ def run_checks(sel: Selection, hosts: list[HostFacts]) -> list[CheckResult]:
                      "free space or point Docker's data-root at a larger disk")
         cache_need = sel.vram_minimum_gb * CACHE_DISK_FACTOR if sel.vram_minimum_gb else None
         _check_space(out, f, "disk.cache", f.disk_cache, cache_need, "for the model weights",
-                     "free space in the cache directory or set k3_cache_dir to a larger disk")
+                     "free space in the cache directory or set k3_model_cache to a larger disk")
         _check_space(out, f, "disk.shm", f.shm, SHM_MIN_GIB, "of /dev/shm",
                      "enlarge /dev/shm (mount -o remount,size=64G /dev/shm) and remove stale nccl-* segments",
                      use_size=True)

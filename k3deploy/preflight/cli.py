@@ -66,7 +66,7 @@ def render_table(report) -> None:  # type: ignore[no-untyped-def]
 @click.option("--strategy", help="serving strategy (default: k3_strategy from the inventory data)")
 @click.option("--variant", help="recipe variant (default: k3_variant from the inventory data, else 'default')")
 @click.option("--nodes", type=int, help="planned node count (default: the number of inventory hosts)")
-@click.option("--cache-dir", help="where weights are cached on the nodes (default: k3_cache_dir or "
+@click.option("--cache-dir", help="where weights are cached on the nodes (default: k3_model_cache or "
               "/var/lib/k3deploy/cache)")
 @click.option("--image-dir", help="where container images are stored (default: k3_image_dir, else Docker's "
               "DockerRootDir)")

@@ -47,7 +47,7 @@ from k3deploy.preflight.checks import (  # noqa: E402
 )
 from k3deploy.preflight.settings import HostSettings, derive_settings  # noqa: E402
 
-#: where weights are cached on a node (``k3_cache_dir`` / ``--cache-dir`` override it); images are
+#: where weights are cached on a node (``k3_model_cache`` / ``--cache-dir`` override it); images are
 #: measured in Docker's own DockerRootDir unless ``k3_image_dir`` / ``--image-dir`` name a directory
 DEFAULT_CACHE_DIR = "/var/lib/k3deploy/cache"
 
@@ -150,9 +150,21 @@ def selection_from_inventory(
     )
 
 
+def selection_for_plan(plan: Any, recipe_path: str | None = None) -> Selection:
+    """What a resolved plan asks of the cluster (engine nodes only; the router needs no GPU)."""
+    from k3deploy.recipe import load_recipe
+    from k3deploy.taxonomy import hardware as hardware_profiles
+
+    engines = [n for n in plan.nodes if n.role != "router"]
+    variant = load_recipe(recipe_path).variant(plan.variant)
+    return Selection(hardware=hardware_profiles()[plan.hardware], variant=plan.variant,
+                     vram_minimum_gb=variant.vram_minimum_gb, nodes=len(engines), strategy=plan.strategy,
+                     multi_node=len(engines) > 1, pd=plan.strategy == "pd_cluster")
+
+
 def host_address(host: Any) -> str:
     """The node's cluster address as a literal IPv4 address, or "" when it is not known."""
-    value = _host_value(host, "k3_ip") or _host_value(host, "k3_address") or _host_value(host, "ssh_hostname")
+    value = _host_value(host, "k3_ip") or _host_value(host, "ssh_hostname")
     if not value:
         value = "" if host.name.startswith("@") else host.name
     value = str(value)
@@ -242,7 +254,7 @@ def host_facts(state: State, host: Any, sel: Selection, cache_dir: str | None = 
     failed fact, and the remaining facts are still read.
     """
     address = host_address(host)
-    cdir = str(cache_dir or _host_value(host, "k3_cache_dir") or DEFAULT_CACHE_DIR)
+    cdir = str(cache_dir or _host_value(host, "k3_model_cache") or DEFAULT_CACHE_DIR)
     idir = str(image_dir or _host_value(host, "k3_image_dir") or "")
     facts = HostFacts(host=host.name, address=address)
     for attr, cls, kwargs in fact_plan(sel, address, cdir, idir):
@@ -355,6 +367,25 @@ def run_preflight(
     image_dir: str | None = None,
 ) -> PreflightReport:
     state = load_inventory(inventory_spec)
+    if Path(inventory_spec).is_file() and not (hardware and strategy):
+        # the deployment's own selection: group_vars/*.yml and the inventory's groups, as deploy/k3.py reads them
+        from k3deploy.inventory import load_records, plan_for, variables_for
+
+        records = load_records(inventory_spec)
+        deployment = any({"head", "prefill"} & set(r.groups) for r in records)
+        v = variables_for(records, inventory_spec) if deployment and not hardware else None
+        if v is not None:
+            if strategy or variant:
+                v = v.model_copy(update={k: val for k, val in (("k3_strategy", strategy), ("k3_variant", variant)) if val})
+            plan = plan_for(records, v)
+            sel = selection_for_plan(plan, v.k3_recipe)
+            if nodes is not None:
+                sel = dataclasses.replace(sel, nodes=nodes, multi_node=nodes > 1 or sel.multi_node)
+            cache_dir = cache_dir or v.k3_model_cache
+            facts = collect(state, sel, cache_dir, image_dir)
+            results = run_checks(sel, facts)
+            settings = {f.host: derive_settings(sel, f) for f in facts}
+            return PreflightReport(selection=sel, hosts=facts, results=results, settings=settings)
     sel = selection_from_inventory(state.inventory, hardware, strategy, variant, nodes)
     facts = collect(state, sel, cache_dir, image_dir)
     results = run_checks(sel, facts)

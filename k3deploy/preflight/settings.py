@@ -55,8 +55,15 @@ def ib_hca(devices: list[RdmaDevice]) -> str | None:
     >>> ib_hca([RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")]),
     ...         RdmaDevice("mlx5_1", ports=[RdmaPort(1, "PORT_DOWN", "InfiniBand")])])
     '=mlx5_0:1'
+    >>> ib_hca([RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")]),
+    ...         RdmaDevice("mlx5_4", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet")])])
+    '=mlx5_0:1'
     """
-    active = [f"{d.name}:{p.port}" for d in devices for p in d.ports if p.active]
+    ports = [(d.name, p) for d in devices for p in d.ports if p.active]
+    # an InfiniBand fabric carries NCCL; an Ethernet port next to it (a BlueField NIC) is not part of it
+    if any(p.link_layer == "InfiniBand" for _, p in ports):
+        ports = [(n, p) for n, p in ports if p.link_layer == "InfiniBand"]
+    active = [f"{n}:{p.port}" for n, p in ports]
     return "=" + ",".join(active) if active else None
 
 

@@ -301,6 +301,11 @@ def install_node_tools(root: str | Path, config: dict[str, Any]) -> list[str]:
                 link.symlink_to(f"/etc/systemd/system/{unit}")
         elif link.is_symlink():
             link.unlink()
+    verbs = root / _RDMA_FILES[0].lstrip("/")
+    if _RDMA_FILES[0] in installed and not config.get("dmabuf", True):
+        # DMA-BUF unsupported: an RDMA stack that cannot register DMA-BUF memory (no ibv_reg_dmabuf_mr)
+        verbs.write_text("Simulated libibverbs.so.1 (rdma-core 33.0): exports ibv_reg_mr, ibv_reg_mr_iova2.\n"
+                         "This node has no real RDMA stack; see the simulation documentation.\n")
     info = root / "usr/local/Ascend/driver/version.info"
     if "/usr/local/Ascend/driver/version.info" in installed:  # the driver fault changes the installed version
         version = config["driver"]["version"]

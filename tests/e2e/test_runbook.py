@@ -3,6 +3,7 @@ cluster, bring the cluster to serving."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -30,9 +31,13 @@ def run_block(sim, node: str, script: str) -> subprocess.CompletedProcess:
                           timeout=300, stdin=subprocess.DEVNULL)
 
 
-def test_runbook_brings_a_fresh_cluster_to_serving(sim_factory, tmp_path):
-    sim = sim_factory("e6r", "gb300", 2)
-    sim.set_vars("k3_strategy: multi_node_tp\n")
+@pytest.mark.parametrize("name, hardware, nodes, strategy, layout", [
+    ("e6r", "gb300", 2, "multi_node_tp", None),
+    ("e6s", "b300", 3, "pd_cluster", "pd:1,2"),
+])
+def test_runbook_brings_a_fresh_cluster_to_serving(sim_factory, tmp_path, name, hardware, nodes, strategy, layout):
+    sim = sim_factory(name, hardware, nodes, *(["--layout", layout] if layout else []))
+    sim.set_vars(f"k3_strategy: {strategy}\n")
     out = tmp_path / "runbook.md"
     k3("runbook", sim.inventory, "-o", str(out))
     text = out.read_text()
@@ -44,15 +49,17 @@ def test_runbook_brings_a_fresh_cluster_to_serving(sim_factory, tmp_path):
     for i, b in enumerate(steps):
         res = run_block(sim, b.node, b.text)
         assert res.returncode == 0, f"block {i} on {b.node} failed:\n{b.text}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
-    head_ip = sim.info["nodes"][0]["ip"]
-    models = sim.ssh(0, f"curl -sf http://{head_ip}:8000/v1/models")
+    # what the runbook installed is what the deploy would install: plan sees no difference
+    plan = k3("plan", sim.inventory, "--json", check=False)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    endpoint = json.loads(plan.stdout)["endpoint"]
+    models = sim.ssh(0, f"curl -sf {endpoint}/v1/models")
     assert "moonshotai/Kimi-K3" in models.stdout
     chat = sim.ssh(0, f"curl -sf -H 'Content-Type: application/json' -d "
                       f"'{{\"model\":\"moonshotai/Kimi-K3\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}' "
-                      f"http://{head_ip}:8000/v1/chat/completions")
+                      f"{endpoint}/v1/chat/completions")
     assert '"choices"' in chat.stdout
-    for rank in (0, 1):
-        assert sim.ssh(rank, "systemctl is-active k3-engine.service").stdout.strip() == "active"
-    # what the runbook installed is what the deploy would install: plan sees no difference
-    plan = k3("plan", sim.inventory, check=False)
-    assert plan.returncode == 0, plan.stdout + plan.stderr
+    for rank in range(nodes):
+        active = sim.ssh(rank, "systemctl is-active k3-engine.service k3-engine-prefill.service "
+                               "k3-engine-decode.service 2>/dev/null | grep -c '^active'")
+        assert active.stdout.strip() == "1", (rank, active.stdout)

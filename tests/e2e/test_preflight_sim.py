@@ -1,0 +1,86 @@
+"""`k3deploy preflight` against simulated clusters: a healthy GB300 pair passes; each injected fault fails the
+right node with the right check, and only that node."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import k3, skip_no_sim
+
+pytestmark = [pytest.mark.sim, skip_no_sim]
+
+# fault on rank 1 -> the check that must fail there (cluster-wide memory fails too when a node cannot be read)
+FAULTS = [
+    ("driver=570.86.15", "nvidia.driver"),
+    ("no-nvidia-smi", "nvidia.driver"),
+    ("gpu-count=3", "gpu.count"),
+    ("gpu-model=NVIDIA GB200", "gpu.model"),
+    ("fabric=In Progress", "nvlink.fabric"),
+    ("cluster-uuid=11111111-2222-3333-4444-555555555555", "nvlink.fabric"),
+    ("disk-full", "disk.cache"),
+    ("sshd-down", "host.reachable"),
+]
+
+
+def preflight(inventory: str) -> tuple[int, dict]:
+    proc = k3("preflight", inventory, "--json", check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def failing(report: dict) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for host, h in report["hosts"].items():
+        for r in h["results"]:
+            if r["status"] == "fail":
+                out.setdefault(host, set()).add(r["check"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from .conftest import Sim
+
+    sim = Sim("e4a", "gb300", 2)
+    yield sim
+    sim.down()
+
+
+def test_healthy_gb300_pair_passes(pair):
+    rc, report = preflight(pair.inventory)
+    assert rc == 0 and report["ok"] and failing(report) == {}
+    assert report["selection"] == {**report["selection"], "hardware": "gb300", "strategy": "multi_node_tp", "nodes": 2}
+    assert all(h["settings"]["NCCL_MNNVL_ENABLE"] == "1" for h in report["hosts"].values())
+
+
+@pytest.mark.parametrize("fault, check", FAULTS, ids=[f[0].split("=")[0] for f in FAULTS])
+def test_each_fault_fails_the_right_node_with_the_right_check(pair, fault, check):
+    k3("sim", "fault", "--name", "e4a", f"1:{fault}")
+    try:
+        rc, report = preflight(pair.inventory)
+    finally:
+        k3("sim", "fault", "--name", "e4a", "--clear")
+    bad = failing(report)
+    assert rc == 1
+    assert check in bad.get("e4a-node2", set()), bad
+    assert "e4a-node1" not in bad, bad  # only that node
+    node2 = report["hosts"]["e4a-node2"]
+    if check != "host.reachable":
+        shown = next(r for r in node2["results"] if r["check"] == check)
+        assert shown["observed"] and shown["required"] and shown["fix"]
+
+
+def test_dmabuf_unusable_derives_the_fallback_and_needs_peermem(pair):
+    k3("sim", "fault", "--name", "e4a", "1:no-dmabuf")
+    try:
+        rc, report = preflight(pair.inventory)
+        assert rc == 0, failing(report)
+        assert report["hosts"]["e4a-node2"]["settings"].get("NCCL_DMABUF_ENABLE") == "0"
+        assert "NCCL_DMABUF_ENABLE" not in report["hosts"]["e4a-node1"]["settings"]
+        k3("sim", "fault", "--name", "e4a", "1:no-peermem")
+        rc, report = preflight(pair.inventory)
+        assert rc == 1 and failing(report) == {"e4a-node2": {"rdma.gpudirect"}}
+    finally:
+        k3("sim", "fault", "--name", "e4a", "--clear")
