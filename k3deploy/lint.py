@@ -924,8 +924,9 @@ class _PlanLinter:
                              f"without --headless ({mode} LB on that node) while its head runs internal-LB data "
                              "parallel; the head refuses it ('Remote engine must use --headless unless in external "
                              "or hybrid dp lb mode')",
-                             "add --headless to that worker (one endpoint on the head), or run every node in "
-                             "hybrid/external LB with a load balancer in front",
+                             "add --headless to that worker (one endpoint on the head; k3deploy's deployable "
+                             "plan does, see k3deploy.fixes), or run every node in hybrid/external LB with a load "
+                             "balancer in front",
                              self.arg_path(node, arg), role)
                 elif head_lb and lay.headless:
                     self.add("error", "dp-headless", f"a {role} node is --headless but its head runs "
@@ -1184,7 +1185,9 @@ def echo_findings(recipe: Recipe, plan: Plan, echo: Callable[[str], None], *, in
 
 def echo_selection_findings(selection: Any, echo: Callable[[str], None]) -> int:
     """``echo_findings`` for a preflight selection (hardware profile, strategy or None, variant, node count)
-    against the vendored recipe; a selection that does not resolve is reported as one skipped line."""
+    against the vendored recipe, as k3deploy deploys it (:func:`k3deploy.fixes.deployable`); a selection that
+    does not resolve is reported as one skipped line."""
+    from k3deploy.fixes import deployable
     from k3deploy.recipe import load_recipe
     from k3deploy.resolver import resolve
 
@@ -1195,7 +1198,7 @@ def echo_selection_findings(selection: Any, echo: Callable[[str], None]) -> int:
                                   "variant": selection.variant}
         if strat is not None and not strat.pd:
             kwargs["nodes"] = selection.nodes
-        plan = resolve(recipe, **kwargs)
+        plan = deployable(resolve(recipe, **kwargs))
     except K3Error as exc:
         echo(f"lint skipped: {exc}")
         return 0

@@ -191,22 +191,22 @@ def test_unreachable_host_is_a_failed_host_with_the_reason():
     assert [r.observed for r in results if r.check == "host.reachable"] == ["Could not connect (timed out)"]
 
 
-def test_gpudirect_missing_is_a_warning_on_that_host_only():
+def test_gpudirect_missing_fails_that_host_only():
     hosts = gb300_cluster()
     hosts[1].dmabuf = DmabufSupport("5.4.0-150-generic", False, True, True, False, ["kernel 5.4.0-150-generic < 5.12"])
     results = run_checks(sel("gb300", 3), hosts)
-    assert failures(results) == []
-    warns = [(r.host, r.check) for r in results if r.status == "warn"]
-    assert warns == [("gb300-1", "rdma.gpudirect")]
+    assert failures(results) == [("gb300-1", "rdma.gpudirect")]
     hosts[1].modules = LoadedModules(["nvidia", "nvidia_peermem"])
     assert not [r for r in run_checks(sel("gb300", 3), hosts) if r.status != "pass"]
 
 
 def test_gpudirect_status_is_configurable(monkeypatch):
-    monkeypatch.setattr(checks, "GPUDIRECT_MISSING_STATUS", "fail")
+    monkeypatch.setattr(checks, "GPUDIRECT_MISSING_STATUS", "warn")
     hosts = gb300_cluster()
     hosts[2].dmabuf = DmabufSupport("6.8.0", True, False, True, False, ["proprietary NVIDIA kernel modules"])
-    assert failures(run_checks(sel("gb300", 3), hosts)) == [("gb300-2", "rdma.gpudirect")]
+    results = run_checks(sel("gb300", 3), hosts)
+    assert failures(results) == []
+    assert [(r.host, r.check) for r in results if r.status == "warn"] == [("gb300-2", "rdma.gpudirect")]
 
 
 def test_single_tray_needs_no_imex_or_rdma():

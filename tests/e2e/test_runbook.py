@@ -16,6 +16,8 @@ from .conftest import k3, skip_no_sim
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
+FAKE_TOKEN = "hf_runbookE2EfakeTOKEN0123456789"
+
 
 def _ssh(sim, host: str) -> list[str]:
     d = Path(sim.inventory).parent
@@ -37,10 +39,14 @@ def run_block(sim, node: str, script: str) -> subprocess.CompletedProcess:
 ])
 def test_runbook_brings_a_fresh_cluster_to_serving(sim_factory, tmp_path, name, hardware, nodes, strategy, layout):
     sim = sim_factory(name, hardware, nodes, *(["--layout", layout] if layout else []))
-    sim.set_vars(f"k3_strategy: {strategy}\n")
+    token = tmp_path / "hf-token"
+    token.write_text(FAKE_TOKEN + "\n")
+    token.chmod(0o600)
+    sim.set_vars(f"k3_strategy: {strategy}\nk3_hf_token_file: {token}\n")
     out = tmp_path / "runbook.md"
     k3("runbook", sim.inventory, "-o", str(out))
     text = out.read_text()
+    assert FAKE_TOKEN not in text and str(token) in text
     steps = [b for b in blocks(text) if b.when is None]
     hosts = {n["name"] for n in sim.info["nodes"]}
     assert {b.node for b in steps} == hosts  # every node has work, nothing runs on an unknown node
@@ -49,6 +55,10 @@ def test_runbook_brings_a_fresh_cluster_to_serving(sim_factory, tmp_path, name, 
     for i, b in enumerate(steps):
         res = run_block(sim, b.node, b.text)
         assert res.returncode == 0, f"block {i} on {b.node} failed:\n{b.text}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
+    # the token reached each engine node by reference, 0600, and was used by the weights download
+    for rank in range(nodes):
+        got = sim.ssh(rank, "stat -c %a /etc/k3deploy/hf-token && cat /etc/k3deploy/hf-token")
+        assert got.stdout.split() == ["600", FAKE_TOKEN], got.stdout + got.stderr
     # what the runbook installed is what the deploy would install: plan sees no difference
     plan = k3("plan", sim.inventory, "--json", check=False)
     assert plan.returncode == 0, plan.stdout + plan.stderr
