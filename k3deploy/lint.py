@@ -28,7 +28,7 @@ from k3deploy.catalog import Catalog, Flag, load_catalog
 from k3deploy.errors import K3Error, SelectionError
 from k3deploy.plan import NodePlan, Plan
 from k3deploy.recipe import Recipe
-from k3deploy.taxonomy import DATA, HardwareProfile, hardware, pinned_images, strategies
+from k3deploy.taxonomy import HardwareProfile, hardware, pinned_images, strategies
 
 SEVERITIES = ("error", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -259,6 +259,14 @@ class Arg:
     flag: Flag | None  # exact match in the catalog
     abbrev_of: Flag | None = None  # the flag argparse would expand an abbreviation to
 
+    @property
+    def dotted(self) -> str | None:
+        """The config key of a dotted option (``--kv-transfer-config.kv_role`` → ``kv_role``), else None."""
+        name = self.option.split("=", 1)[0]
+        if not name.startswith("--") or "." not in name:
+            return None
+        return name.split(".", 1)[1]
+
 
 def parse_argv(tokens: Sequence[str], cat: Catalog) -> tuple[list[Arg], list[str]]:
     """Split an argument vector into options with their values the way argparse consumes them; returns the
@@ -331,6 +339,7 @@ class _Layout:
     external_lb: bool = False
     dp_rank: int | None = None
     moe_backend: str | None = None
+    spec_method: str | None = None
 
     def has(self, name: str) -> bool:
         return name in self.args
@@ -348,11 +357,23 @@ class _Layout:
 
 def _layout(args: list[Arg], cat: Catalog) -> _Layout:
     by: dict[str, Arg] = {}
+    method = None
     for a in args:
         f = a.flag or a.abbrev_of
-        if f is not None:
+        if f is None:
+            continue
+        if f.name == "--speculative-config":
+            if a.dotted == "method":
+                method = a.value
+            elif a.dotted is None and a.value:
+                try:
+                    data = json.loads(a.value)
+                except ValueError:
+                    data = None
+                method = data.get("method") if isinstance(data, dict) else None
+        if a.dotted is None or f.name not in by:
             by[f.name] = a
-    lay = _Layout(args=by)
+    lay = _Layout(args=by, spec_method=method)
 
     def num(name: str, default: int) -> int:
         return _as_int(lay.value(name), default)
@@ -539,7 +560,7 @@ class _PlanLinter:
         self.cuda = self.hw.brand == "NVIDIA"
         self.npu = self.hw.vendor == "npu"
 
-    # -- helpers -------------------------------------------------------------------------------------
+    # -- shared ----------------------------------------------------------------------------------------
 
     def add(self, severity: str, code: str, message: str, fix: str, path: str | None, role: str | None) -> None:
         self.out.append(Finding(severity, code, message, fix, path, (role,) if role else ()))
@@ -586,7 +607,18 @@ class _PlanLinter:
 
     def check_flags(self, node: NodePlan, args: list[Arg]) -> None:
         cat, role = self.cat, node.role
+        seen: dict[str, Arg] = {}
         for a in args:
+            f0 = a.flag or a.abbrev_of
+            if f0 is not None and f0.action not in ("append", "count", "extend"):
+                key = f0.name + (f".{a.dotted}" if a.dotted else "")
+                prev = seen.get(key)
+                if prev is not None:
+                    self.add("warning", "flag-repeated",
+                             f"{f0.name} is set twice ({prev.option} {prev.value or ''} and {a.option} "
+                             f"{a.value or ''}); argparse keeps the last one".replace(" )", ")").replace("  ", " "),
+                             "keep one spelling so the value is the one you mean", self.arg_path(node, a), role)
+                seen[key] = a
             if a.flag is None and a.abbrev_of is None:
                 names = [s for f in cat.flags for s in f.spellings if s.startswith("--")]
                 near = difflib.get_close_matches(cat.normalize(a.option), names, n=1, cutoff=0.75)
@@ -610,6 +642,13 @@ class _PlanLinter:
                              self.arg_path(node, a), role)
                 continue
             if _placeholder(a.value):
+                continue
+            if a.dotted is not None:  # one key of a config given as --flag.key value: vLLM's pydantic checks it
+                keys = set(self.cat.attention_config_keys)
+                key = a.dotted.split(".", 1)[0]
+                if f.name == "--attention-config" and keys and key not in keys:
+                    self.add("error", "flag-value", f"--attention-config has no key {key!r}",
+                             f"use one of: {', '.join(sorted(keys))}", self.arg_path(node, a), role)
                 continue
             why = f.check_value(a.value)
             if why is None:
@@ -764,12 +803,7 @@ class _PlanLinter:
                      role)
         # speculative decoding
         sc = lay.args.get("--speculative-config")
-        method = None
-        if sc is not None and sc.value:
-            try:
-                method = (json.loads(sc.value) or {}).get("method")
-            except (ValueError, AttributeError):
-                method = None
+        method = lay.spec_method
         if sc is not None and lay.pp > 1:
             dspark = method == "dspark"
             self.add("error" if dspark else "warning", "spec-decoding-pp",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import shlex
 import time
+
+import gevent
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,6 +78,23 @@ def check_models(hosts: dict[str, Any], u: UnitWork, model: str) -> bool:
     return model in ids or bool(ids)
 
 
+def _probe(hosts: dict[str, Any], u: UnitWork, ready: set[str], group: str, model: str) -> Any:
+    """None (still starting), "ready", or (observed, required) when the unit failed."""
+    st = unit_status(hosts, u)
+    active, sub, restarts = st.get("ActiveState", "?"), st.get("SubState", "?"), int(st.get("NRestarts") or 0)
+    key = u.unit + "@" + u.host
+    if (active == "failed" or restarts > 0 or sub == "auto-restart"
+            or (active in ("inactive", "deactivating") and key not in ready)):
+        return (f"unit {u.unit} {active}/{sub}, restarts {restarts}", "the engine keeps running until its group serves")
+    if u.serves and key not in ready:
+        code = http_code(hosts, u, "/health")
+        if code == "503":
+            return (f"GET {u.serves}/health -> 503 (engine dead)", "200")
+        if code == "200" and (group == "router" or check_models(hosts, u, model)):
+            return "ready"
+    return None
+
+
 def wait_group(r: Rollout, group: str, hosts: dict[str, Any], *, phase: str = "start",
                sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> Failure | None:
     """Poll a started group until every serving unit is healthy; on failure stop the group and report."""
@@ -85,29 +104,25 @@ def wait_group(r: Rollout, group: str, hosts: dict[str, Any], *, phase: str = "s
     docker = r.vars.k3_docker
     ready: set[str] = set()
     while True:
+        # one poll of every unit, all hosts at once (each over its own connection)
+        jobs = {u.unit + "@" + u.host: gevent.spawn(_probe, hosts, u, ready, group, r.plan.model) for u in units}
+        gevent.joinall(list(jobs.values()))
         for u in units:
-            st = unit_status(hosts, u)
-            active, sub, restarts = st.get("ActiveState", "?"), st.get("SubState", "?"), int(st.get("NRestarts") or 0)
-            if (active == "failed" or restarts > 0 or sub == "auto-restart"
-                    or (active in ("inactive", "deactivating") and u.unit not in ready)):
-                fail = Failure(u, phase, f"unit {u.unit} {active}/{sub}, restarts {restarts}",
-                               "the engine keeps running until its group serves", logs(hosts, u, docker))
-                stop_group(hosts, units)
-                return fail
-            if u.serves and u.unit not in ready:
-                code = http_code(hosts, u, "/health")
-                if code == "503":
-                    fail = Failure(u, phase, f"GET {u.serves}/health -> 503 (engine dead)",
-                                   "200", logs(hosts, u, docker))
-                    stop_group(hosts, units)
-                    return fail
-                if code == "200" and (group == "router" or check_models(hosts, u, r.plan.model)):
-                    ready.add(u.unit)
-                    logger.info(f"[{u.host}] {u.unit} serves at {u.serves}")
-        if all(u.unit in ready for u in units if u.serves):
+            status = jobs[u.unit + "@" + u.host].value
+            if status is None:
+                continue
+            if status == "ready":
+                ready.add(u.unit + "@" + u.host)
+                logger.info(f"[{u.host}] {u.unit} serves at {u.serves}")
+                continue
+            observed, required = status
+            fail = Failure(u, phase, observed, required, logs(hosts, u, docker))
+            stop_group(hosts, units)
+            return fail
+        if all(u.unit + "@" + u.host in ready for u in units if u.serves):
             return None
         if clock() > deadline:
-            waiting = [u for u in units if u.serves and u.unit not in ready]
+            waiting = [u for u in units if u.serves and u.unit + "@" + u.host not in ready]
             u = waiting[0]
             fail = Failure(u, phase, f"{u.serves}/health not 200 after {r.deadline}s",
                            f"healthy within the deadline (k3_rollout_deadline={r.deadline})", logs(hosts, u, docker))

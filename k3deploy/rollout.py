@@ -65,11 +65,10 @@ class Rollout:
 
     @property
     def groups(self) -> list[str]:
-        seen: list[str] = []
-        for u in self.units:
-            if u.group not in seen:
-                seen.append(u.group)
-        return seen
+        """Groups in start order: engine groups (P/D: prefill, decode), then the router."""
+        order = ("engine", "prefill", "decode", "router")
+        present = {u.group for u in self.units}
+        return [g for g in order if g in present]
 
     def restart_order(self) -> list[str]:
         """``host:unit`` in the order they would be started."""
