@@ -218,15 +218,42 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 @contextlib.contextmanager
 def _locked(name: str) -> Iterator[None]:
-    """One simulation change at a time on this host (flock on the state directory itself)."""
+    """One simulation change at a time on this host (flock on the state directory itself).
+
+    Re-entrant within one process (a nested call does not wait for itself); another process holding the
+    lock for longer than ``K3SIM_LOCK_TIMEOUT`` seconds (default 600) is an error, not a hang.
+    """
+    if _LOCK_DEPTH.get(os.getpid(), 0):
+        _LOCK_DEPTH[os.getpid()] += 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH[os.getpid()] -= 1
+        return
     root = state_root()
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        deadline = time.monotonic() + float(os.environ.get("K3SIM_LOCK_TIMEOUT", "600"))
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SimError(f"another k3deploy sim command holds {root} (cluster {name!r} waited too long): "
+                                   "wait for it to finish, or stop it") from None
+                time.sleep(0.1)
+        _LOCK_DEPTH[os.getpid()] = 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH[os.getpid()] = 0
     finally:
         os.close(fd)
+
+
+_LOCK_DEPTH: dict[int, int] = {}
 
 
 def cgroup_hierarchies() -> list[Path]:

@@ -90,6 +90,36 @@ def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
     openai_client(endpoint_of(back.stdout))
 
 
+NASTY = "it's \"quoted\" $HOME ${X} 100% %n back\\slash"
+
+
+def test_argv_reaches_the_container_byte_for_byte(sim_factory):
+    """Spaces, quotes, $, % and backslashes survive systemd's parsing (and docker's): the engine sees the plan."""
+    import json as _json
+
+    from k3deploy.inventory import rollout_for_inventory
+
+    sim = sim_factory("e5h", "b300", 1)
+    value = _json.dumps({"note": NASTY})
+    sim.set_vars("k3_extra_args: " + _json.dumps(["--override-generation-config", value]) + "\n")
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-3000:]
+    planned = rollout_for_inventory(sim.inventory).units[0].node.argv
+    inspected = _json.loads(sim.ssh(0, "docker inspect --format '{{json .Args}}' k3-engine").stdout)
+    assert inspected == planned[2:]  # the image's entrypoint is `vllm serve`
+    assert value in inspected
+
+
+def test_ascend_runs_through_a_login_shell(sim_factory):
+    sim = sim_factory("e5i", "ascend_910c", 4)
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "k3-engine.service serves at" in run.stdout
+    unit = sim.ssh(1, "cat /etc/systemd/system/k3-engine.service").stdout
+    assert '"--entrypoint" "bash"' in unit and "set_env.sh" in unit and '"/dev/davinci15"' in unit
+    openai_client(endpoint_of(run.stdout), "Eco-Tech/Kimi-K3-w4a8")
+
+
 def test_preflight_failure_changes_nothing(sim_factory):
     sim = sim_factory("e5f", "gb300", 2, "--fault", "1:driver=570.86.15")
     run = deploy(sim.inventory)
