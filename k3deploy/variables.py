@@ -85,22 +85,25 @@ def inventory_path_from_argv(argv: list[str] | None = None) -> str | None:
 
 
 def group_vars_dirs(inventory_file: str | None) -> list[Path]:
-    """Where ``group_vars/`` is looked up: next to the inventory file, then in the working directory."""
-    dirs: list[Path] = []
+    """Where ``group_vars/`` is looked up, lowest precedence first: the working directory, one level above the
+    inventory file, next to the inventory file (the most specific, e.g. a simulated cluster's own selection)."""
+    dirs: list[Path] = [Path.cwd() / "group_vars"]
     if inventory_file:
-        dirs.append(Path(inventory_file).resolve().parent / "group_vars")
         dirs.append(Path(inventory_file).resolve().parent.parent / "group_vars")
-    dirs.append(Path.cwd() / "group_vars")
-    seen, out = set(), []
+        dirs.append(Path(inventory_file).resolve().parent / "group_vars")
+    out: list[Path] = []
     for d in dirs:
-        if d not in seen and d.is_dir():
-            seen.add(d)
+        d = d.resolve()
+        if d.is_dir():
+            if d in out:
+                out.remove(d)
             out.append(d)
     return out
 
 
 def merge_vars(groups: Iterable[str], host_data: dict[str, Any], dirs: Iterable[Path], source: str = "") -> Variables:
-    """Defaults < group_vars/all.yml < group_vars/<group>.yml (in order) < host data."""
+    """Defaults < group_vars/all.yml < group_vars/<group>.yml (in order) < host data; a later directory of
+    ``dirs`` wins over an earlier one."""
     merged: dict[str, Any] = {}
     for d in dirs:
         for name in ["all", *[g for g in groups if g != "all"]]:
