@@ -26,7 +26,7 @@ from k3deploy.operations import image, managed_file, smoke_test, start_units, st
 from k3deploy.readiness import wait_group
 from k3deploy.rollout import Rollout, compute, mark_changes
 from k3deploy import load_recipe
-from k3deploy.inventory import plan_for, variables_for
+from k3deploy.inventory import plan_for, records_of, variables_for
 from k3deploy.variables import Variables, inventory_path_from_argv
 
 _lock = gevent.lock.RLock()
@@ -45,14 +45,6 @@ class Context:
     @property
     def ok(self) -> bool:
         return self.error is None and not self.failures
-
-
-def _records() -> list[HostRecord]:
-    out = []
-    for h in inventory:
-        groups = tuple(g for g in getattr(h, "groups", ()) if not g.startswith("@"))
-        out.append(HostRecord(h.name, groups, dict(h.data.dict())))
-    return out
 
 
 def _preflight(r: Rollout, records: list[HostRecord]) -> tuple[dict[str, list[str]], dict[str, dict[str, str]], dict[str, str], list[Any]]:
@@ -98,7 +90,7 @@ def context() -> Context:
 
 
 def _build() -> Context:
-    records = _records()
+    records = records_of(inventory)
     try:
         v = variables_for(records, inventory_path_from_argv())
         plan = plan_for(records, v)

@@ -36,6 +36,11 @@ def load_records(spec: str) -> list[HostRecord]:
     except Exception as exc:  # the inventory file is user code
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise K3Error(f"cannot load inventory {spec!r}: {first}: fix the inventory file") from None
+    return records_of(inv)
+
+
+def records_of(inv: Any) -> list[HostRecord]:
+    """Plain host records of a pyinfra inventory (connector groups such as ``@local`` left out)."""
     out = []
     for h in inv:
         groups = tuple(g for g in getattr(h, "groups", ()) if not g.startswith("@"))
