@@ -178,6 +178,8 @@ class K3Fact(FactBase[T]):
     shown_command: ClassVar[str] = ""
     #: name of the ``requires_command`` binary; empty when the fact needs none
     required_binary: ClassVar[str] = ""
+    #: a line the tool prints (whatever its exit status) when there is nothing to list: the fact is then ``[]``
+    nothing_found: ClassVar[str] = ""
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str | None:
         return self.required_binary or None
@@ -213,6 +215,8 @@ class K3Fact(FactBase[T]):
             return self.error("unparsable", lines, reason=str(exc))
 
     def parse_result(self, lines: list[str], status: int | None) -> T | FactError:
+        if self.nothing_found and any(line.strip().startswith(self.nothing_found) for line in lines):
+            return []  # type: ignore[return-value]
         if status is None:
             raise Unparsable("no exit status: the command was cut short")
         if status != 0:
@@ -220,4 +224,5 @@ class K3Fact(FactBase[T]):
         return self.parse(lines)
 
     def parse(self, lines: list[str]) -> T:
-        raise NotImplementedError
+        """Subclasses parse the tool's output here (see the class docstring)."""
+        raise TypeError(f"{type(self).__name__} defines no parse()")

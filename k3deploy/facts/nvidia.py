@@ -90,13 +90,10 @@ class NvidiaGpus(K3Fact[list[NvidiaGpu]]):
         "nvidia-smi --query-gpu=driver_version,name,memory.total,count --format=csv,noheader,nounits"
     )
 
+    nothing_found = "No devices were found"
+
     def command(self) -> str:
         return wrap(self.shown_command)
-
-    def parse_result(self, lines: list[str], status: int | None) -> list[NvidiaGpu] | FactError:
-        if any(line.strip().startswith("No devices were found") for line in lines):
-            return []
-        return super().parse_result(lines, status)
 
     def parse(self, lines: list[str]) -> list[NvidiaGpu]:
         return parse_gpu_query(lines)

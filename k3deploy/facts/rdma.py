@@ -136,13 +136,10 @@ class RdmaDevices(K3Fact[list[RdmaDevice]]):
     hint = "is rdma-core / ibverbs-utils (or MLNX/DOCA-OFED) installed?"
     shown_command = "ibv_devinfo"
 
+    nothing_found = "No IB devices found"
+
     def command(self) -> str:
         return wrap(self.shown_command)
-
-    def parse_result(self, lines: list[str], status: int | None) -> list[RdmaDevice] | FactError:
-        if any(line.strip().startswith("No IB devices found") for line in lines):
-            return []
-        return super().parse_result(lines, status)
 
     def parse(self, lines: list[str]) -> list[RdmaDevice]:
         return parse_ibv_devinfo(lines)
