@@ -144,3 +144,20 @@ def test_secrets_stay_in_0600_files(sim_factory, tmp_path):
     leaks = sim.ssh(0, "grep -rl hf_SECRETtokenVALUE123 /etc/systemd /etc/k3deploy/k3-engine.env; "
                        "journalctl --no-pager | grep -c hf_SECRETtokenVALUE123").stdout.split()
     assert leaks == ["0"]
+
+
+def test_pinned_digest_is_verified(sim_factory):
+    import json as _json
+
+    registry = _json.loads((ROOT / "k3deploy/sim/node_tools/usr/lib/k3sim/registry.json").read_text())
+    good = registry["vllm/vllm-openai"]["kimi-k3"]["digest"]
+    sim = sim_factory("e5j", "b300", 1)
+    sim.set_vars(f'k3_image: "@sha256:{"0" * 64}"\n')
+    bad = deploy(sim.inventory)
+    assert bad.returncode != 0 and "Stage | Image" in bad.stdout
+    assert sim.ssh(0, "test -e /etc/systemd/system/k3-engine.service && echo present || echo absent").stdout.strip() == "absent"
+    sim.group_vars.write_text(sim.group_vars.read_text().replace("0" * 64, good.split(":", 1)[1]))
+    ok = deploy(sim.inventory)
+    assert ok.returncode == 0, ok.stdout[-3000:]
+    unit = sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
+    assert f"vllm/vllm-openai:kimi-k3@{good}" in unit
