@@ -21,6 +21,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import FileContents, Sha256File
 
+from k3deploy.commands import download_argv, pull_script
 from k3deploy.facts.rollout import ChatAnswer, ImageDigest, UnitState, WeightsPresent
 
 #: env names whose values never appear in diffs or logs
@@ -72,7 +73,7 @@ def managed_file(dest: str, content: str, mode: str = "644", backup_dir: str | N
 
 
 @operation()
-def image(image: str, docker: str = "docker", digest: str | None = None):
+def image(image: str, docker: str = "docker"):
     """The container image is present locally (pulled when missing); with a pinned digest, it is verified."""
     have = host.get_fact(ImageDigest, image=image, docker=docker)
     if have:
@@ -81,13 +82,7 @@ def image(image: str, docker: str = "docker", digest: str | None = None):
             return
         host.noop(f"image {image} present ({have.split('@')[-1][:19]}...)")
         return
-    check = ""
-    if "@sha256:" in image:
-        want = image.split("@", 1)[1]
-        check = (f" && got=$({shlex.quote(docker)} image inspect --format '{{{{index .RepoDigests 0}}}}' "
-                 f"{shlex.quote(image)}) && case \"$got\" in *{want}) ;; *) echo \"pulled $got, required {want}\" >&2;"
-                 f" exit 1;; esac")
-    yield _sh(f"{shlex.quote(docker)} pull -q {shlex.quote(image)}{check}")
+    yield _sh(pull_script(docker, image).strip().replace("\n", " && "))
 
 
 @operation()
@@ -108,11 +103,7 @@ def weights(model: str, cache: str, image: str, docker: str = "docker", token_fi
         yield _sh(f"echo 'weights of {model} are not in {cache}/huggingface and k3_download_weights is false: "
                   f"stage them first' >&2; exit 1")
         return
-    args = [docker, "run", "--rm", "--network", "host", "-v", f"{cache}:/root/.cache"]
-    if token_file:
-        args += ["-v", f"{token_file}:/run/secrets/hf-token:ro", "-e", "HF_TOKEN_PATH=/run/secrets/hf-token"]
-    args += ["--entrypoint", "hf", image, "download", model]
-    yield _sh(f"mkdir -p {shlex.quote(cache)} && " + shlex.join(args))
+    yield _sh(f"mkdir -p {shlex.quote(cache)} && " + shlex.join(download_argv(docker, cache, image, model, token_file)))
 
 
 @operation(is_idempotent=False)

@@ -20,6 +20,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3deploy.commands import download_argv, pull_script, snapshot_dir
 from k3deploy.planning import exec_start, start_groups
 from k3deploy.rollout import Rollout, UnitWork
 
@@ -242,23 +243,12 @@ def build(r: Rollout, *, inventory: str, preflight: list[Any], addresses: dict[s
             doc.block(CONTROL, f"{shlex.join(ssh.get(h, ['ssh', h]))} {shlex.quote(remote)} < "
                                f"{shlex.quote(v.k3_hf_token_file)}\n")
         if engines:
-            docker = shlex.quote(v.k3_docker)
-            img = shlex.quote(plan.image)
-            pull = f"{docker} image inspect {img} >/dev/null 2>&1 || {docker} pull -q {img}\n"
-            if "@sha256:" in plan.image:
-                want = plan.image.split("@", 1)[1]
-                pull += (f"got=$({docker} image inspect --format '{{{{index .RepoDigests 0}}}}' {img})\n"
-                         f"case \"$got\" in *{want}) echo \"digest ok: $got\";; *) echo \"image digest $got, required "
-                         f"{want}\" >&2; exit 1;; esac\n")
+            pull = pull_script(v.k3_docker, plan.image)
             doc.p(f"Pull the image `{plan.image}`" + (" and verify its digest." if "@sha256:" in plan.image else "."))
             doc.block(h, pull)
             if not v.k3_weights_shared or h == first_host:
-                repo = "models--" + plan.model.replace("/", "--")
-                snap = f"{v.k3_model_cache.rstrip('/')}/huggingface/hub/{repo}/snapshots"
-                args = [v.k3_docker, "run", "--rm", "--network", "host", "-v", f"{v.k3_model_cache}:/root/.cache"]
-                if token_dest:
-                    args += ["-v", f"{token_dest}:/run/secrets/hf-token:ro", "-e", "HF_TOKEN_PATH=/run/secrets/hf-token"]
-                args += ["--entrypoint", "hf", plan.image, "download", plan.model]
+                snap = snapshot_dir(v.k3_model_cache, plan.model)
+                args = download_argv(v.k3_docker, v.k3_model_cache, plan.image, plan.model, token_dest)
                 doc.p(f"Stage the weights of {plan.model} in {v.k3_model_cache} (skipped when a snapshot is already "
                       "there)" + ("; the cache is shared, so only this node downloads." if v.k3_weights_shared else "."))
                 doc.block(h, f"mkdir -p {shlex.quote(v.k3_model_cache)}\n"

@@ -71,8 +71,9 @@ class WeightsPresent(FactBase[bool]):
     """True when the Hugging Face cache under ``cache`` holds a complete snapshot of ``model``."""
 
     def command(self, cache: str, model: str) -> str:
-        repo = "models--" + model.replace("/", "--")
-        snap = shlex.quote(f"{cache.rstrip('/')}/huggingface/hub/{repo}/snapshots")
+        from k3deploy.commands import snapshot_dir
+
+        snap = shlex.quote(snapshot_dir(cache, model))
         return f"if [ -n \"$(ls -A {snap} 2>/dev/null)\" ]; then echo yes; else echo no; fi"
 
     def process(self, output: list[str]) -> bool:
