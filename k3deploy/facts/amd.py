@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from k3deploy.facts.base import EXIT_MARK, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections, wrap
+from k3deploy.facts.base import EXIT_MARK, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
 
 ROCM_HINT = "is the amdgpu driver with ROCm SMI (amd-smi / rocm-smi) installed?"
 
@@ -55,8 +55,6 @@ class AmdSmiVersion(K3Fact[AmdSmiVersions]):
     hint = ROCM_HINT
     shown_command = "amd-smi version"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> AmdSmiVersions:
         return parse_amd_smi_version(lines)
@@ -87,8 +85,6 @@ class RocmDriverVersion(K3Fact[RocmDriver]):
     hint = ROCM_HINT
     shown_command = "rocm-smi --showdriverversion"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> RocmDriver:
         return parse_rocm_driver(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from k3deploy.facts.base import EXIT_MARK, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections, wrap
+from k3deploy.facts.base import EXIT_MARK, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
 
 NPU_HINT = "is the Ascend driver (HDK) with npu-smi installed?"
 _BUS_ID_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
@@ -94,8 +94,6 @@ class NpuSmiInfo(K3Fact[NpuInfo]):
     hint = NPU_HINT
     shown_command = "npu-smi info"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> NpuInfo:
         return parse_npu_smi(lines)

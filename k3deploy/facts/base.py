@@ -214,6 +214,10 @@ class K3Fact(FactBase[T]):
         except (Unparsable, ValueError, IndexError, KeyError) as exc:
             return self.error("unparsable", lines, reason=str(exc))
 
+    def command(self, *args: Any, **kwargs: Any) -> str:
+        """By default the fact runs ``shown_command`` as it is, wrapped (stderr folded in, exit status appended)."""
+        return wrap(self.shown_command)
+
     def parse_result(self, lines: list[str], status: int | None) -> T | FactError:
         if self.nothing_found and any(line.strip().startswith(self.nothing_found) for line in lines):
             return []  # type: ignore[return-value]

@@ -16,7 +16,6 @@ from k3deploy.facts.base import (
     first_line,
     sections,
     version_key,
-    wrap,
 )
 
 # ---------------------------------------------------------------------------------- kernel
@@ -48,8 +47,6 @@ class KernelVersion(K3Fact[KernelRelease]):
     hint = "uname is missing"
     shown_command = "uname -r"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> KernelRelease:
         return parse_kernel(lines)

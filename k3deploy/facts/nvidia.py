@@ -15,7 +15,6 @@ from k3deploy.facts.base import (
     Unparsable,
     first_line,
     sections,
-    wrap,
 )
 
 DRIVER_HINT = "is the NVIDIA driver installed?"
@@ -92,8 +91,6 @@ class NvidiaGpus(K3Fact[list[NvidiaGpu]]):
 
     nothing_found = "No devices were found"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> list[NvidiaGpu]:
         return parse_gpu_query(lines)
@@ -203,8 +200,6 @@ class NvidiaContainerToolkit(K3Fact[ToolkitVersion]):
     hint = "is the NVIDIA Container Toolkit (nvidia-container-toolkit) installed?"
     shown_command = "nvidia-ctk --version"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> ToolkitVersion:
         return parse_ctk_version(lines)
@@ -441,8 +436,6 @@ class NvlinkFabric(K3Fact[list[GpuFabric]]):
     hint = DRIVER_HINT
     shown_command = "nvidia-smi -q"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> list[GpuFabric]:
         return parse_fabric(lines)

@@ -9,14 +9,12 @@ from k3deploy.facts.base import (
     ABSENT_MARK,
     EXIT_MARK,
     SECTION_MARK,
-    FactError,
     Jsonable,
     K3Fact,
     Unparsable,
     first_line,
     sections,
     version_key,
-    wrap,
 )
 
 # ------------------------------------------------------------------------------- ibv_devinfo
@@ -138,8 +136,6 @@ class RdmaDevices(K3Fact[list[RdmaDevice]]):
 
     nothing_found = "No IB devices found"
 
-    def command(self) -> str:
-        return wrap(self.shown_command)
 
     def parse(self, lines: list[str]) -> list[RdmaDevice]:
         return parse_ibv_devinfo(lines)
