@@ -551,6 +551,26 @@ class Engine:
         self.fail(exc_type, msg)
 
     # -- rendezvous (worker side)
+    def _connect_until(self, deadline: float, nominal: float):
+        """Connect to the head's rendezvous port, retrying until ``deadline``; None when stopped meanwhile.
+
+        Past the deadline it fails as vLLM does: torch's client-socket timeout (``--nnodes``) or the DP
+        handshake's five-minute limit.
+        """
+        while not self.stop.is_set():
+            try:
+                return socket.create_connection((self.rdv_addr, self.rdv_port), timeout=0.5)
+            except OSError:
+                if time.monotonic() >= deadline:
+                    if self.torch_mode:
+                        raise EngineFailure("torch.distributed.DistNetworkError",
+                                            f"The client socket has timed out after {int(nominal * 1000)}ms while "
+                                            f"trying to connect to ({self.rdv_addr}, {self.rdv_port}).")
+                    raise EngineFailure("RuntimeError", "Did not receive response from front-end process within "
+                                        f"{HANDSHAKE_TIMEOUT_MINS} minutes")
+                time.sleep(0.05)
+        return None
+
     def join(self) -> None:
         a = self.a
         start = time.monotonic()
@@ -563,21 +583,9 @@ class Engine:
                  "key": f"{self.node}/{os.getpid()}", "headless": a["headless"], "dp": a["dp"],
                  "world": self.world, "nnodes": a["nnodes"], "node_rank": a["node_rank"],
                  "start": getattr(self, "dp_start", 0), "local": self.dp_local}
-        sock = None
-        while sock is None:
-            if self.stop.is_set():
-                return
-            try:
-                sock = socket.create_connection((self.rdv_addr, self.rdv_port), timeout=0.5)
-            except OSError:
-                if time.monotonic() >= deadline:
-                    if self.torch_mode:
-                        raise EngineFailure("torch.distributed.DistNetworkError",
-                                            f"The client socket has timed out after {int(nominal * 1000)}ms while "
-                                            f"trying to connect to ({self.rdv_addr}, {self.rdv_port}).")
-                    raise EngineFailure("RuntimeError", "Did not receive response from front-end process within "
-                                        f"{HANDSHAKE_TIMEOUT_MINS} minutes")
-                time.sleep(0.05)
+        sock = self._connect_until(deadline, nominal)
+        if sock is None:
+            return
         _send(sock, hello)
         f = sock.makefile("rb", buffering=0)
         while True:
@@ -601,23 +609,10 @@ class Engine:
             if not line:
                 sock.close()
                 time.sleep(0.05)
-                sock = None
                 # the head went away before the world formed: reconnect within the same window
-                while sock is None:
-                    if self.stop.is_set():
-                        return
-                    try:
-                        sock = socket.create_connection((self.rdv_addr, self.rdv_port), timeout=0.5)
-                    except OSError:
-                        if time.monotonic() >= deadline:
-                            if self.torch_mode:
-                                raise EngineFailure("torch.distributed.DistNetworkError",
-                                                    f"The client socket has timed out after {int(nominal * 1000)}"
-                                                    f"ms while trying to connect to ({self.rdv_addr}, "
-                                                    f"{self.rdv_port}).")
-                            raise EngineFailure("RuntimeError", "Did not receive response from front-end process "
-                                                f"within {HANDSHAKE_TIMEOUT_MINS} minutes")
-                        time.sleep(0.05)
+                sock = self._connect_until(deadline, nominal)
+                if sock is None:
+                    return
                 _send(sock, hello)
                 f = sock.makefile("rb", buffering=0)
                 continue
