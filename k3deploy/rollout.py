@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from k3deploy.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
-from k3deploy.plan import Plan
+from k3deploy.plan import NodePlan, Plan
 from k3deploy.taxonomy import hardware
 from k3deploy.units import ContainerSpec, UnitSpec, container_argv, env_file_text, render_unit
 from k3deploy.variables import Variables
@@ -164,11 +164,8 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
                 add(b, b.engine, "engine", base, head.engine.address if b.engine.rank else None)
         serving = [u for u in units if u.serves]
         if len(serving) > 1 and v.k3_front_hybrid_lb:
-            from k3deploy.binding import BoundNode as _BN
-            from k3deploy.plan import NodePlan
-
             argv = front_router_argv([u.serves for u in sorted(serving, key=lambda u: u.rank)], v)
-            node = _BN(NodePlan(role="router", rank=0, argv=argv, env={}), argv, {}, head.host.address)
+            node = BoundNode(NodePlan(role="router", rank=0, argv=argv, env={}), argv, {}, head.host.address)
             add(head, node, "router", f"{base}-router", None)
             endpoint = f"http://{head.host.address}:{v.k3_router_port}"
         else:
