@@ -69,13 +69,21 @@ def stop_group(hosts: dict[str, Any], units: list[UnitWork]) -> None:
         _run(hosts, u.host, f"systemctl stop {shlex.quote(u.unit)}")
 
 
+def served_model(u: UnitWork, model: str) -> str:
+    """The id ``/v1/models`` must list: ``--served-model-name`` (its first name) when given, else the model."""
+    argv = u.node.argv
+    if "--served-model-name" in argv and argv.index("--served-model-name") + 1 < len(argv):
+        return argv[argv.index("--served-model-name") + 1]
+    return model
+
+
 def check_models(hosts: dict[str, Any], u: UnitWork, model: str) -> bool:
     ok, text = _run(hosts, u.host, f"curl -s -m 5 {shlex.quote(u.serves + '/v1/models')} || true")
     try:
         ids = [m.get("id") for m in json.loads(text).get("data", [])]
     except (ValueError, AttributeError):
         return False
-    return model in ids or bool(ids)
+    return served_model(u, model) in ids
 
 
 def _probe(hosts: dict[str, Any], u: UnitWork, ready: set[str], group: str, model: str) -> Any:
@@ -124,7 +132,8 @@ def wait_group(r: Rollout, group: str, hosts: dict[str, Any], *, phase: str = "s
         if clock() > deadline:
             waiting = [u for u in units if u.serves and u.unit + "@" + u.host not in ready]
             u = waiting[0]
-            fail = Failure(u, phase, f"{u.serves}/health not 200 after {r.deadline}s",
+            fail = Failure(u, phase, f"{u.serves} not serving after {r.deadline}s (GET /health 200 and /v1/models "
+                                     f"listing {served_model(u, r.plan.model)!r} required)",
                            f"healthy within the deadline (k3_rollout_deadline={r.deadline})", logs(hosts, u, docker))
             stop_group(hosts, units)
             return fail

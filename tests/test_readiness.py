@@ -86,8 +86,18 @@ def test_503_is_a_failure_not_a_wait():
     assert failure is not None and "503" in failure.observed and clock.t == 0
 
 
+def test_models_must_list_the_served_model():
+    r, clock = rollout(), Clock()
+    for u in r.units:
+        u.node.argv[:] = [*u.node.argv, "--served-model-name", "k3"]
+    hosts = {"n0": Host("n0", [RUNNING], ["200"] * 3), "n1": Host("n1", [RUNNING])}
+    r.deadline = 1
+    failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)
+    assert failure is not None and "listing 'k3'" in failure.observed  # it answered, but not as "k3"
+
+
 def test_deadline():
     r, clock = rollout(), Clock()
     hosts = {"n0": Host("n0", [RUNNING]), "n1": Host("n1", [RUNNING])}
     failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)
-    assert failure is not None and "not 200 after 30s" in failure.observed and clock.t >= 30
+    assert failure is not None and "not serving after 30s" in failure.observed and clock.t >= 30
