@@ -431,14 +431,14 @@ class Engine:
             threading.Thread(target=self._peer, args=(conn,), daemon=True).start()
 
     def _peer(self, conn: socket.socket) -> None:
-        f = conn.makefile("rwb", buffering=0)
+        reader = LineReader(conn)
         try:
-            line = f.readline()
+            line = reader.readline(None)
             if not line:
                 conn.close()
                 return
             hello = json.loads(line)
-        except (OSError, ValueError):
+        except ValueError:
             conn.close()
             return
         err = self._check_peer(hello)
@@ -466,10 +466,7 @@ class Engine:
             self.world_done.set()
         # after the world formed: watch for the peer going away
         while not self.stop.is_set():
-            try:
-                line = f.readline()
-            except OSError:
-                line = b""
+            line = reader.readline(None)
             if not line:
                 if self.world_done.is_set() and not self.stop.is_set():
                     self.peer_lost(hello)
@@ -587,7 +584,7 @@ class Engine:
         if sock is None:
             return
         _send(sock, hello)
-        f = sock.makefile("rb", buffering=0)
+        reader = LineReader(sock)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -597,15 +594,11 @@ class Engine:
                                         f"wait timeout after {int(nominal * 1000)}ms, keys: /default_pg/0//cuda//0")
                 raise EngineFailure("RuntimeError", "Did not receive response from front-end process within "
                                     f"{HANDSHAKE_TIMEOUT_MINS} minutes")
-            sock.settimeout(min(0.2, remaining))
-            try:
-                line = f.readline()
-            except (socket.timeout, TimeoutError):
+            line = reader.readline(min(0.2, remaining))
+            if line is None:  # nothing yet: a read timeout is not a lost head
                 if self.stop.is_set():
                     return
                 continue
-            except OSError:
-                line = b""
             if not line:
                 sock.close()
                 time.sleep(0.05)
@@ -614,24 +607,20 @@ class Engine:
                 if sock is None:
                     return
                 _send(sock, hello)
-                f = sock.makefile("rb", buffering=0)
+                reader = LineReader(sock)
                 continue
             msg = json.loads(line)
             if msg["type"] == "error":
                 raise EngineFailure(msg["exc"], msg["msg"])
             if msg["type"] == "go":
                 break
-        sock.settimeout(None)
         self.head_sock = sock
         self.peer_socks.append(sock)
-        threading.Thread(target=self._watch_head, args=(f,), daemon=True).start()
+        threading.Thread(target=self._watch_head, args=(reader,), daemon=True).start()
 
-    def _watch_head(self, f) -> None:
+    def _watch_head(self, reader: "LineReader") -> None:
         while not self.stop.is_set():
-            try:
-                line = f.readline()
-            except OSError:
-                line = b""
+            line = reader.readline(None)
             if not line:
                 break
         if self.stop.is_set():
@@ -794,6 +783,30 @@ class Engine:
             self.httpd.shutdown()
         if self.listen_sock is not None:
             self.listen_sock.close()
+
+
+class LineReader:
+    """Newline-framed messages from a socket. A read timeout is "nothing yet" (None), never a lost peer: only an
+    orderly close or a connection error ends the stream (b"")."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def readline(self, timeout: float | None) -> bytes | None:
+        while b"\n" not in self.buf:
+            try:
+                self.sock.settimeout(timeout)
+                chunk = self.sock.recv(4096)
+            except (socket.timeout, TimeoutError):
+                return None
+            except OSError:
+                return b""
+            if not chunk:
+                return b""
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line + b"\n"
 
 
 def _send(sock: socket.socket, obj: dict) -> None:
