@@ -27,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from k3deploy import load_recipe, resolve
-    from k3deploy.resolver import iter_matrix
+    from k3deploy.recipe.offering import iter_matrix
 
     recipe = load_recipe(args.recipe)
     selections = list(iter_matrix(recipe))

@@ -7,7 +7,7 @@
 The selection and every knob come from group_vars/*.yml and the inventory (README: Variables).
 """
 
-from k3deploy.deploy import configure_phase, context, preflight_phase, smoke_phase, stage_phase, start_phase
+from k3deploy.runtime.phases import configure_phase, context, preflight_phase, smoke_phase, stage_phase, start_phase
 
 cluster = context()  # inventory -> plan -> preflight facts and checks -> rendered files -> what restarts
 

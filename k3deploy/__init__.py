@@ -11,9 +11,9 @@ Public API::
 from __future__ import annotations
 
 from k3deploy.errors import K3Error, RecipeError, SelectionError
-from k3deploy.plan import NodePlan, Plan
-from k3deploy.recipe import Recipe, load_recipe, parse_recipe
-from k3deploy.resolver import resolve
+from k3deploy.recipe.plan import NodePlan, Plan
+from k3deploy.recipe.resolve import resolve
+from k3deploy.recipe.schema import Recipe, load_recipe, parse_recipe
 
 __all__ = [
     "K3Error", "NodePlan", "Plan", "Recipe", "RecipeError", "SelectionError", "load_recipe", "parse_recipe",

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT
 
 from k3deploy import K3Error, resolve
-from k3deploy.binding import HostRecord, bind, fill, rendezvous_port
-from k3deploy.inventory import load_records, rollout_for_inventory, variables_for
-
-from conftest import ROOT
+from k3deploy.cluster.binding import HostRecord, bind, fill, rendezvous_port
+from k3deploy.cluster.inventory import load_records, rollout_for_inventory, variables_for
 
 
 def hosts(n, **extra):

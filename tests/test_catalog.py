@@ -1,4 +1,4 @@
-"""k3deploy.catalog against the generated engine catalogs.
+"""k3deploy.recipe.catalog against the generated engine catalogs.
 
 Expected values come from vLLM 0.33.0 / vllm-router 0.1.17 documentation and source (flag tables, envs.py
 defaults), not from the catalog itself; the golden builder argvs are a second, independent source of flags.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.catalog import CATALOG_DIR, Catalog, CatalogError, available, load_catalog
 from k3deploy.errors import K3Error
+from k3deploy.recipe.catalog import CATALOG_DIR, Catalog, CatalogError, available, load_catalog
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "builder-cases.json"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import shlex
 
-from k3deploy import load_recipe, resolve
-
 from test_inputs import run
+
+from k3deploy import resolve
 
 
 def test_resolve_json_is_plan_to_dict(recipe):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from conftest import golden
 
 from k3deploy import resolve
-from k3deploy.render import format_command, format_docker_run, format_router
-from k3deploy.synthesis import PoolSpec, synthesize
-from k3deploy.taxonomy import hardware, strategies
-
-from conftest import golden
+from k3deploy.recipe.printing import format_command, format_docker_run, format_router
+from k3deploy.recipe.rules import PoolSpec, synthesize
+from k3deploy.recipe.taxonomy import hardware, strategies
 
 BUILDER = golden("builder-cases.json")["cases"]
 WORKED = golden("worked-examples.json")["cases"]

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from k3deploy import RecipeError, SelectionError, load_recipe, parse_recipe, resolve
-
-from conftest import ROOT
 
 K3 = sys.executable, "-m", "k3deploy"
 

@@ -12,13 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_inputs import run
 
 from k3deploy import load_recipe, resolve
-from k3deploy.catalog import load_catalog
 from k3deploy.errors import K3Error
-from k3deploy.lint import Finding, check_image, lint_plan, lint_recipe, parse_argv
-
-from test_inputs import run
+from k3deploy.recipe.catalog import load_catalog
+from k3deploy.recipe.lint import Finding, check_image, lint_plan, lint_recipe, parse_argv
 
 HERE = Path(__file__).resolve().parent / "lint_recipes"
 AMD = {"mi300x", "mi325x", "mi355x"}
@@ -317,8 +316,8 @@ def test_preflight_prints_lint_for_its_selection():
 def test_preflight_lints_the_deployed_plan():
     from types import SimpleNamespace
 
-    from k3deploy.lint import echo_selection_findings
-    from k3deploy.taxonomy import hardware
+    from k3deploy.recipe.lint import echo_selection_findings
+    from k3deploy.recipe.taxonomy import hardware
 
     def lines(strategy, nodes):
         out: list[str] = []
@@ -336,9 +335,9 @@ def test_preflight_lints_the_deployed_plan():
 def test_docstring_examples():
     import doctest
 
-    import k3deploy.lint
+    import k3deploy.recipe.lint
 
-    result = doctest.testmod(k3deploy.lint)
+    result = doctest.testmod(k3deploy.recipe.lint)
     assert result.attempted > 0 and result.failed == 0
 
 

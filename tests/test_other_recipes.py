@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy import load_recipe, resolve
-from k3deploy.resolver import iter_matrix
+from k3deploy.recipe.offering import iter_matrix
 
 RECIPES = sorted((Path(__file__).parent / "recipes").glob("*.yaml"))
 

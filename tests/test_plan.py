@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from k3deploy.inventory import rollout_for_inventory
-from k3deploy.planning import (
+from k3deploy.cluster.diff import (
     Installed,
     argv_lines,
     build,
@@ -19,8 +19,9 @@ from k3deploy.planning import (
     render_text,
     split_exec,
 )
-from k3deploy.rollout import sha256
-from k3deploy.units import exec_line
+from k3deploy.cluster.inventory import rollout_for_inventory
+from k3deploy.cluster.rollout import sha256
+from k3deploy.cluster.units import exec_line
 
 
 @given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r"),

@@ -18,7 +18,7 @@ from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPo
 from k3deploy.preflight import checks
 from k3deploy.preflight.checks import HostFacts, Selection, run_checks
 from k3deploy.preflight.settings import derive_settings
-from k3deploy.taxonomy import hardware
+from k3deploy.recipe.taxonomy import hardware
 
 FIX = Path(__file__).parent / "fixtures"
 GIB = 1024**3

@@ -12,14 +12,13 @@ import subprocess
 import pytest
 
 sim_profiles = pytest.importorskip("k3deploy.sim.profiles")
-from k3deploy.sim.faults import parse_fault  # noqa: E402
-
 from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
 from k3deploy.facts.host import AddressInterface, DiskSpace, Ipv4Address  # noqa: E402
 from k3deploy.facts.nvidia import ImexState  # noqa: E402
 from k3deploy.preflight.checks import HostFacts, Selection, run_checks  # noqa: E402
 from k3deploy.preflight.runner import fact_plan  # noqa: E402
-from k3deploy.taxonomy import hardware  # noqa: E402
+from k3deploy.recipe.taxonomy import hardware  # noqa: E402
+from k3deploy.sim.faults import parse_fault  # noqa: E402
 
 GIB = 1024**3
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"

@@ -5,11 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from k3deploy import load_recipe, resolve
-from k3deploy.binding import HostRecord
-from k3deploy.readiness import wait_group
-from k3deploy.rollout import compute
-from k3deploy.variables import Variables
-
+from k3deploy.cluster.binding import HostRecord
+from k3deploy.cluster.rollout import compute
+from k3deploy.cluster.variables import Variables
+from k3deploy.runtime.readiness import wait_group
 
 CALLS: list[tuple[str, str]] = []  # (host, command) in the order the gate sent them
 

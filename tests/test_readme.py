@@ -1,8 +1,8 @@
 """The README's variable table is the variables model's table."""
 
-from k3deploy.variables import markdown_table
-
 from conftest import ROOT
+
+from k3deploy.cluster.variables import markdown_table
 
 
 def test_readme_lists_every_variable_with_its_default():

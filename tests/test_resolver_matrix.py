@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from k3deploy import resolve
-from k3deploy.resolver import iter_matrix, strategies_on, hardware_for_variant
-from k3deploy.synthesis import dedupe_args, min_gpus_for_strategy
-from k3deploy.taxonomy import hardware
+from k3deploy.recipe.offering import hardware_for_variant, iter_matrix, strategies_on
+from k3deploy.recipe.rules import dedupe_args, min_gpus_for_strategy
+from k3deploy.recipe.taxonomy import hardware
 
 # flags that legitimately differ between the ranks of one engine group, with whether they carry a value
 PER_RANK = {"--node-rank": True, "--headless": False, "--data-parallel-start-rank": True}

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from k3deploy.inventory import load_records, plan_for, variables_for
+from k3deploy.cluster.inventory import load_records, plan_for, variables_for
+from k3deploy.cluster.rollout import compute
+from k3deploy.cluster.runbook import _heredoc, blocks, build, to_html, to_markdown
 from k3deploy.preflight.checks import CheckResult
-from k3deploy.rollout import compute
-from k3deploy.runbook import _heredoc, blocks, build, to_html, to_markdown
 
 TOKEN = "hf_runbookFAKEtoken0123456789"
 

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from k3deploy import resolve
-from k3deploy.binding import HostRecord, bind
-from k3deploy.units import ContainerSpec, container_argv, engine_unit, env_file_text, exec_line, systemd_quote
-from k3deploy.unitcheck import verify_unit
+from k3deploy.cluster.binding import HostRecord, bind
+from k3deploy.cluster.unitcheck import verify_unit
+from k3deploy.cluster.units import ContainerSpec, container_argv, engine_unit, env_file_text, exec_line, systemd_quote
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 

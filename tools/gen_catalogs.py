@@ -1,6 +1,6 @@
 """Generate the engine catalogs in ``k3deploy/data/catalog/`` by introspecting a real vLLM / vllm-router install.
 
-The catalogs are what ``k3deploy.catalog`` (and the linter built on it) knows about the pinned engine: every
+The catalogs are what ``k3deploy.recipe.catalog`` (and the linter built on it) knows about the pinned engine: every
 ``vllm serve`` flag with its type, choices and default; the environment variables ``vllm.envs`` registers;
 the attention / MLA-prefill / MoE / all2all / KV-cache / load-format choices; the ``--attention-config`` keys;
 and every ``vllm-router`` flag. Nothing here is typed in by hand: each value is read from the installed
@@ -16,7 +16,7 @@ For a new engine version::
     VLLM_VERSION=0.34.0 ROUTER_VERSION=0.1.18 tools/engine-venv.sh .venv-engine-next
     VLLM_TARGET_DEVICE=cpu .venv-engine-next/bin/python tools/gen_catalogs.py
     # writes k3deploy/data/catalog/vllm-0.34.0.json and vllm-router-0.1.18.json (named after the installed
-    # versions); then point k3deploy.catalog's default version at them and run the tests.
+    # versions); then point k3deploy.recipe.catalog's default version at them and run the tests.
 
 ``--check`` compares what would be written with the files on disk and exits 1 on a difference (handy in CI
 on a machine that has the engine venv). Output is deterministic: keys and lists are sorted, defaults are

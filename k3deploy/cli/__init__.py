@@ -17,8 +17,8 @@ from k3deploy.errors import K3Error
 COMMANDS: dict[str, str] = {
     "resolve": "k3deploy.cli.resolve:resolve",
     "options": "k3deploy.cli.options:options",
-    "preflight": "k3deploy.preflight.cli:preflight",
-    "sim": "k3deploy.sim.cli:sim_group",
+    "preflight": "k3deploy.cli.preflight:preflight",
+    "sim": "k3deploy.cli.sim:sim_group",
     "lint": "k3deploy.cli.lint:lint",
     "plan": "k3deploy.cli.plan:plan", "runbook": "k3deploy.cli.runbook:runbook",
 }

@@ -30,7 +30,7 @@ def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant
       k3deploy lint --hardware h200 --json
     """
     from k3deploy import load_recipe
-    from k3deploy.lint import lint_recipe
+    from k3deploy.recipe.lint import lint_recipe
 
     report = lint_recipe(load_recipe(recipe_path), hardware_id=hardware, strategy=strategy, variant=variant)
     if as_json:
@@ -46,7 +46,7 @@ def _render(report) -> None:  # type: ignore[no-untyped-def]
     from rich.markup import escape
     from rich.table import Table
 
-    from k3deploy.lint import summarize_selections
+    from k3deploy.recipe.lint import summarize_selections
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     c = report.counts

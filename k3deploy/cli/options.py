@@ -15,7 +15,7 @@ from k3deploy.cli.common import echo_json, json_option, recipe_option
 def options(hardware: str | None, variant: str | None, recipe_path: str | None, as_json: bool) -> None:
     """List hardware per variant, strategies per hardware (GPU floor, node count), recommendations, features."""
     from k3deploy import load_recipe
-    from k3deploy.resolver import offering
+    from k3deploy.recipe.offering import offering
 
     data = offering(load_recipe(recipe_path), hardware_id=hardware, variant=variant)
     if as_json:

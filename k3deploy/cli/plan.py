@@ -26,7 +26,7 @@ EXIT_CHANGES = 3
 class Cluster:
     """A rollout bound to live hosts: what ``deploy/k3.py`` would write, and what the hosts have now."""
 
-    rollout: Any                                   # k3deploy.rollout.Rollout (with the derived host settings)
+    rollout: Any                                   # k3deploy.cluster.rollout.Rollout (with the derived host settings)
     installed: dict[tuple[str, str], Any]          # (host, unit) -> planning.Installed
     preflight: list[Any] = field(default_factory=list)       # CheckResult rows
     failures: dict[str, list[str]] = field(default_factory=dict)
@@ -35,7 +35,7 @@ class Cluster:
 
 
 def _records(inventory: Any) -> list[Any]:
-    from k3deploy.binding import HostRecord
+    from k3deploy.cluster.binding import HostRecord
 
     out = []
     for h in inventory:
@@ -49,8 +49,8 @@ def _read_installed(state: Any, host: Any, units: list[Any]) -> dict[tuple[str, 
     from pyinfra.context import ctx_host, ctx_state
     from pyinfra.facts.files import FileContents, Sha256File
 
+    from k3deploy.cluster.diff import Installed
     from k3deploy.facts.rollout import UnitState
-    from k3deploy.planning import Installed
 
     def fact(cls: Any, **kwargs: Any) -> Any:
         with ctx_state.use(state), ctx_host.use(host):
@@ -75,14 +75,13 @@ def gather(spec: str, *, read_installed: bool = True) -> Cluster:
 
     Raises :class:`K3Error` for a bad inventory or selection and when a host cannot be reached.
     """
-    from k3deploy.preflight import runner  # patches gevent first
-
     import gevent
     from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 
-    from k3deploy import deploy as rollout_deploy
-    from k3deploy.inventory import plan_for, variables_for
-    from k3deploy.rollout import compute
+    from k3deploy.cluster.inventory import plan_for, variables_for
+    from k3deploy.cluster.rollout import compute
+    from k3deploy.preflight import runner  # patches gevent first
+    from k3deploy.runtime import phases as rollout_deploy
 
     state = runner.load_inventory(spec)
     records = _records(state.inventory)
@@ -159,7 +158,7 @@ def plan(inventory: str, as_json: bool) -> int:
       k3deploy plan inventories/gb300.py
       k3deploy plan inventories/gb300.py --json | jq .restart_order
     """
-    from k3deploy.planning import build, render_text
+    from k3deploy.cluster.diff import build, render_text
 
     try:
         cluster = gather(inventory)

@@ -28,13 +28,13 @@ def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None
         return
     from k3deploy import load_recipe
     from k3deploy import resolve as do_resolve
-    from k3deploy.render import format_exports
+    from k3deploy.recipe.printing import format_exports
 
     recipe = load_recipe(recipe_path)
     plan = do_resolve(recipe, **selection_kwargs(params))
     for w in plan.warnings:
         click.echo(f"warning: {w}", err=True)
-    from k3deploy.lint import echo_findings
+    from k3deploy.recipe.lint import echo_findings
 
     echo_findings(recipe, plan, lambda line: click.echo(line, err=True))
     if as_json:
@@ -66,10 +66,10 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
     reads it from each node's facts)."""
     import shlex
 
+    from k3deploy.cluster.diff import exec_start
+    from k3deploy.cluster.inventory import rollout_for_inventory
     from k3deploy.errors import K3Error
-    from k3deploy.inventory import rollout_for_inventory
-    from k3deploy.planning import exec_start
-    from k3deploy.render import format_exports
+    from k3deploy.recipe.printing import format_exports
 
     given = [f"--{k.replace('_', '-')}" for k, v in params.items() if v not in (None, "default")]
     if given:

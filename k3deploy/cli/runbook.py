@@ -32,8 +32,8 @@ def runbook(inventory: str, output: str, fmt: str | None) -> None:
 
     from k3deploy import load_recipe
     from k3deploy.cli.plan import gather
-    from k3deploy.runbook import build, to_html, to_markdown
-    from k3deploy.taxonomy import hardware
+    from k3deploy.cluster.runbook import build, to_html, to_markdown
+    from k3deploy.recipe.taxonomy import hardware
 
     if fmt is None:
         fmt = "html" if output.lower().endswith((".html", ".htm")) else "md"

@@ -71,7 +71,7 @@ class WeightsPresent(FactBase[bool]):
     """True when the Hugging Face cache under ``cache`` holds a complete snapshot of ``model``."""
 
     def command(self, cache: str, model: str) -> str:
-        from k3deploy.commands import snapshot_dir
+        from k3deploy.cluster.commands import snapshot_dir
 
         snap = shlex.quote(snapshot_dir(cache, model))
         return f"if [ -n \"$(ls -A {snap} 2>/dev/null)\" ]; then echo yes; else echo no; fi"

@@ -34,7 +34,8 @@ from pyinfra.api.facts import get_fact  # noqa: E402
 from pyinfra.context import ctx_config, ctx_host, ctx_state  # noqa: E402
 
 from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts import amd, ascend, host as hostfacts, nvidia, rdma  # noqa: E402
+from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
+from k3deploy.facts import host as hostfacts
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
 from k3deploy.preflight.checks import (  # noqa: E402
     NVSWITCH_HARDWARE,
@@ -96,9 +97,9 @@ def selection_from_inventory(
 ) -> Selection:
     """The planned selection: CLI values first, else the inventory's host/group data (``k3_hardware``,
     ``k3_strategy``, ``k3_variant``); every host must agree. Bad values raise :class:`K3Error`."""
-    from k3deploy.recipe import load_recipe
-    from k3deploy.taxonomy import hardware as hardware_profiles
-    from k3deploy.taxonomy import strategies as strategy_defs
+    from k3deploy.recipe.schema import load_recipe
+    from k3deploy.recipe.taxonomy import hardware as hardware_profiles
+    from k3deploy.recipe.taxonomy import strategies as strategy_defs
 
     hosts = list(inventory)
 
@@ -152,8 +153,8 @@ def selection_from_inventory(
 
 def selection_for_plan(plan: Any, recipe_path: str | None = None) -> Selection:
     """What a resolved plan asks of the cluster (engine nodes only; the router needs no GPU)."""
-    from k3deploy.recipe import load_recipe
-    from k3deploy.taxonomy import hardware as hardware_profiles
+    from k3deploy.recipe.schema import load_recipe
+    from k3deploy.recipe.taxonomy import hardware as hardware_profiles
 
     engines = [n for n in plan.nodes if n.role != "router"]
     variant = load_recipe(recipe_path).variant(plan.variant)
@@ -369,7 +370,7 @@ def run_preflight(
     state = load_inventory(inventory_spec)
     if Path(inventory_spec).is_file() and not (hardware and strategy):
         # the deployment's own selection: group_vars/*.yml and the inventory's groups, as deploy/k3.py reads them
-        from k3deploy.inventory import load_records, plan_for, variables_for
+        from k3deploy.cluster.inventory import load_records, plan_for, variables_for
 
         records = load_records(inventory_spec)
         deployment = any({"head", "prefill"} & set(r.groups) for r in records)

@@ -10,6 +10,6 @@ Modules:
 
 - :mod:`k3deploy.sim.base`: builds and caches the base root (``k3deploy sim base``).
 - :mod:`k3deploy.sim.cluster`: brings clusters up and down, status, runtime faults.
-- :mod:`k3deploy.sim.cli`: the ``k3deploy sim`` commands.
+- :mod:`k3deploy.cli.sim`: the ``k3deploy sim`` commands.
 - :mod:`k3deploy.sim.profiles` / :mod:`k3deploy.sim.faults`: hardware profiles and fault specs.
 """

@@ -185,7 +185,7 @@ def matrix_entries() -> list[dict[str, Any]] | None:
     is not importable."""
     try:
         from k3deploy import load_recipe, resolve
-        from k3deploy.resolver import iter_matrix
+        from k3deploy.recipe.offering import iter_matrix
     except ImportError:
         return None
     recipe = load_recipe()

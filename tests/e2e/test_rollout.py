@@ -97,7 +97,7 @@ def test_argv_reaches_the_container_byte_for_byte(sim_factory):
     """Spaces, quotes, $, % and backslashes survive systemd's parsing (and docker's): the engine sees the plan."""
     import json as _json
 
-    from k3deploy.inventory import rollout_for_inventory
+    from k3deploy.cluster.inventory import rollout_for_inventory
 
     sim = sim_factory("e5h", "b300", 1)
     value = _json.dumps({"note": NASTY})

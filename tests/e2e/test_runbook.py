@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.runbook import blocks
+from k3deploy.cluster.runbook import blocks
 
 from .conftest import k3, skip_no_sim
 

@@ -424,7 +424,7 @@ class Engine:
         while not self.stop.is_set():
             try:
                 conn, _ = self.rdv_srv.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -618,7 +618,7 @@ class Engine:
         self.peer_socks.append(sock)
         threading.Thread(target=self._watch_head, args=(reader,), daemon=True).start()
 
-    def _watch_head(self, reader: "LineReader") -> None:
+    def _watch_head(self, reader: LineReader) -> None:
         while not self.stop.is_set():
             line = reader.readline(None)
             if not line:
@@ -798,7 +798,7 @@ class LineReader:
             try:
                 self.sock.settimeout(timeout)
                 chunk = self.sock.recv(4096)
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 return None
             except OSError:
                 return b""

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from k3deploy.render import docker_run_argv, format_command, format_docker_run, format_router
+from k3deploy.recipe.printing import docker_run_argv, format_command, format_docker_run, format_router
 
 
 class NodePlan(BaseModel):

@@ -4,7 +4,7 @@ Both live as YAML in ``k3deploy/data`` (``taxonomy.yaml``, ``strategies/*.yaml``
 
 Example::
 
-    >>> from k3deploy.taxonomy import hardware, strategies
+    >>> from k3deploy.recipe.taxonomy import hardware, strategies
     >>> hardware()["gb300"].gpu_count
     4
     >>> strategies()["multi_node_dep"].parallel_flag
@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import jinja2
 
-from k3deploy.binding import BoundNode
+from k3deploy.cluster.binding import BoundNode
 
 #: ``templates/`` of the project (shipped in the package as ``k3deploy/data/templates``)
-TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 
 ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
 ASCEND_MOUNTS = [

@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from k3deploy.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
-from k3deploy.plan import NodePlan, Plan
-from k3deploy.taxonomy import hardware
-from k3deploy.units import ContainerSpec, UnitSpec, container_argv, env_file_text, render_unit
-from k3deploy.variables import Variables
+from k3deploy.cluster.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
+from k3deploy.cluster.units import ContainerSpec, UnitSpec, container_argv, env_file_text, render_unit
+from k3deploy.cluster.variables import Variables
+from k3deploy.recipe.plan import NodePlan, Plan
+from k3deploy.recipe.taxonomy import hardware
 
 HEALTH_PATH = "/health"
 

@@ -2,14 +2,15 @@
 
 Values come, lowest precedence first, from the defaults below, ``group_vars/all.yml``, ``group_vars/<group>.yml``
 for each group of the host (in inventory order), then the host's own data in the inventory. The README's
-variable table is generated from this model (``python -m k3deploy.variables``) and a test keeps them equal.
+variable table is generated from this model (``python -m k3deploy.cluster.variables``) and a test keeps them equal.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError

@@ -18,17 +18,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any
 
 import yaml
-from typing import Annotated
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StrictStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from k3deploy.errors import RecipeError
 
 #: The vendored recipe (``recipes/kimi-k3.yaml``; see ``recipes/README.md`` for its provenance).
-VENDORED_RECIPE = Path(__file__).parent / "data" / "kimi-k3.yaml"
+VENDORED_RECIPE = Path(__file__).resolve().parents[1] / "data" / "kimi-k3.yaml"
 
 Args = list[StrictStr]
 
@@ -56,7 +63,7 @@ def _env_dict(value: Any) -> dict[str, str]:
 
 #: An env block: NAME -> value, values coerced to strings.
 EnvDict = Annotated[dict[str, str], BeforeValidator(_env_dict)]
-OptEnvDict = Annotated[Union[dict[str, str], None], BeforeValidator(lambda v: None if v is None else _env_dict(v))]
+OptEnvDict = Annotated[dict[str, str] | None, BeforeValidator(lambda v: None if v is None else _env_dict(v))]
 
 
 class HardwareBlock(_Model):
@@ -104,8 +111,8 @@ class Variant(_Model):
     extra_args: Args = Field(default_factory=list)
     extra_env: EnvDict = Field(default_factory=dict)
     hardware_overrides: dict[str, HardwareBlock | None] = Field(default_factory=dict)
-    docker_image: Union[str, dict[str, Any], None] = None
-    tp: Union[int, dict[str, int], None] = None
+    docker_image: str | dict[str, Any] | None = None
+    tp: int | dict[str, int] | None = None
     default_modes: dict[str, str] | None = None
     nightly_required: bool = False
 
@@ -122,7 +129,7 @@ class RoleOverride(_Model):
     parallelism: str | None = None
     parallel_flag: str | None = None
     tp: int | None = None
-    nodes: Union[int, dict[str, int], None] = None
+    nodes: int | dict[str, int] | None = None
     vllm_args: Args = Field(default_factory=list)
     extra_args: Args = Field(default_factory=list)
     env: EnvDict = Field(default_factory=dict)
@@ -146,7 +153,7 @@ class StrategyOverride(_Model):
     env: EnvDict = Field(default_factory=dict)
     extra_env: EnvDict = Field(default_factory=dict)
     hardware_overrides: dict[str, HardwareBlock | None] = Field(default_factory=dict)
-    tp: Union[int, dict[str, int], None] = None
+    tp: int | dict[str, int] | None = None
     pool_modes: list[str] | None = None
     prefill: RoleOverride | None = None
     decode: RoleOverride | None = None
@@ -176,10 +183,10 @@ class Meta(_Model):
 class ModelInfo(_Model):
     model_id: str
     min_vllm_version: str | None = None
-    default_frontend: Union[str, dict[str, str], None] = None
+    default_frontend: str | dict[str, str] | None = None
     base_args: Args = Field(default_factory=list)
     base_env: EnvDict = Field(default_factory=dict)
-    docker_image: Union[str, dict[str, Any], None] = None
+    docker_image: str | dict[str, Any] | None = None
     nightly_required: bool = False
     context_length: int | None = None
 
@@ -201,7 +208,7 @@ class Recipe(_Model):
     variants: dict[str, Variant]
     compatible_strategies: list[str] = Field(default_factory=list)
     strategy_hardware: dict[str, dict[str, str]] = Field(default_factory=dict)
-    strategy_min_gpus: Union[int, dict[str, Union[int, dict[str, int], None]], None] = None
+    strategy_min_gpus: int | dict[str, int | dict[str, int] | None] | None = None
     default_strategy: str | None = None
     hardware_overrides: dict[str, HardwareBlock | None] = Field(default_factory=dict)
     strategy_overrides: dict[str, StrategyOverride | None] = Field(default_factory=dict)

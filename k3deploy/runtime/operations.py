@@ -3,7 +3,7 @@ host already has it.
 
 Example (in a deploy file)::
 
-    from k3deploy.operations import managed_file, wait_tcp
+    from k3deploy.runtime.operations import managed_file, wait_tcp
     managed_file(name="env file", dest="/etc/k3deploy/k3-engine.env", content="A=1\\n", mode="600",
                  backup_dir="/etc/k3deploy/previous")
     wait_tcp(name="head rendezvous port", address="10.0.0.1", port=29501, timeout=300, active=True)
@@ -21,7 +21,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import FileContents, Sha256File
 
-from k3deploy.commands import download_argv, pull_script
+from k3deploy.cluster.commands import download_argv, pull_script
 from k3deploy.facts.rollout import ChatAnswer, ImageDigest, UnitState, WeightsPresent
 
 #: env names whose values never appear in diffs or logs

@@ -12,7 +12,7 @@ README. The rollout, ``k3deploy plan``, the runbook and ``resolve --inventory`` 
 
 from __future__ import annotations
 
-from k3deploy.plan import Plan
+from k3deploy.recipe.plan import Plan
 
 LB_FLAGS = ("--data-parallel-hybrid-lb", "--data-parallel-external-lb")
 

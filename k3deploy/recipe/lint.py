@@ -1,11 +1,11 @@
 """Lint: what the recipe builder prints but the pinned engine does not accept, or the hardware cannot run.
 
 Pure (no I/O besides the packaged data): checks resolved plans against the engine catalogs
-(:mod:`k3deploy.catalog`) and the hardware taxonomy, and names for every finding the recipe key that
+(:mod:`k3deploy.recipe.catalog`) and the hardware taxonomy, and names for every finding the recipe key that
 produced the offending argument or variable.
 
     >>> from k3deploy import load_recipe, resolve
-    >>> from k3deploy.lint import lint_plan
+    >>> from k3deploy.recipe.lint import lint_plan
     >>> recipe = load_recipe()
     >>> plan = resolve(recipe, hardware="mi355x", strategy="single_node_tp")
     >>> [f.path for f in lint_plan(recipe, plan) if f.code == "env-unknown"]
@@ -20,15 +20,16 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from math import ceil
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
-from k3deploy.catalog import Catalog, Flag, load_catalog
 from k3deploy.errors import K3Error, SelectionError
-from k3deploy.plan import NodePlan, Plan
-from k3deploy.recipe import Recipe
-from k3deploy.taxonomy import HardwareProfile, hardware, pinned_images, strategies
+from k3deploy.recipe.catalog import Catalog, Flag, load_catalog
+from k3deploy.recipe.plan import NodePlan, Plan
+from k3deploy.recipe.schema import Recipe
+from k3deploy.recipe.taxonomy import HardwareProfile, hardware, pinned_images, strategies
 
 SEVERITIES = ("error", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -183,7 +184,7 @@ class Provenance:
             self.strategy_sources[sid] = found
 
     @staticmethod
-    def _applies(src: _Source, ctx: "_Ctx") -> bool:
+    def _applies(src: _Source, ctx: _Ctx) -> bool:
         p = src.path
         if src.prefix:  # strategy definition: top level, or the node's pd role
             return not (p and p[0] in ("prefill", "decode") and p[0] != ctx.role)
@@ -202,7 +203,7 @@ class Provenance:
                 return False
         return True
 
-    def _candidates(self, ctx: "_Ctx") -> Iterator[_Source]:
+    def _candidates(self, ctx: _Ctx) -> Iterator[_Source]:
         for s in self.sources:
             if self._applies(s, ctx):
                 yield s
@@ -210,7 +211,7 @@ class Provenance:
             if self._applies(s, ctx):
                 yield s
 
-    def arg(self, ctx: "_Ctx", spellings: Iterable[str], value: str | None, norm: Callable[[str], str]) -> str | None:
+    def arg(self, ctx: _Ctx, spellings: Iterable[str], value: str | None, norm: Callable[[str], str]) -> str | None:
         """Key path of the argument list entry that sets this flag (with this value when given)."""
         wanted = set(spellings)
         best: tuple[int, str] | None = None
@@ -227,7 +228,7 @@ class Provenance:
                     best = (score, path)
         return best[1] if best else None
 
-    def env(self, ctx: "_Ctx", name: str, value: str | None) -> str | None:
+    def env(self, ctx: _Ctx, name: str, value: str | None) -> str | None:
         best: tuple[int, str] | None = None
         for src in self._candidates(ctx):
             if name in src.items:
@@ -959,7 +960,7 @@ class _PlanLinter:
                              "parallel; the head refuses it ('Remote engine must use --headless unless in external "
                              "or hybrid dp lb mode')",
                              "add --headless to that worker (one endpoint on the head; k3deploy's deployable "
-                             "plan does, see k3deploy.fixes), or run every node in hybrid/external LB with a load "
+                             "plan does, see k3deploy.recipe.fixes), or run every node in hybrid/external LB with a load "
                              "balancer in front",
                              self.arg_path(node, arg), role)
                 elif head_lb and lay.headless:
@@ -1083,7 +1084,7 @@ def lint_plan(recipe: Recipe, plan: Plan, *, catalog: Catalog | None = None,
 
 def feature_sets(recipe: Recipe, variant: str, hw: HardwareProfile, strategy: str) -> list[tuple[list[str], tuple[str, ...]]]:
     """The default feature set, and that set plus each opt-in feature that applies to ``strategy``."""
-    from k3deploy.synthesis import default_features
+    from k3deploy.recipe.rules import default_features
 
     base = default_features(recipe, recipe.variants[variant], hw)
     out: list[tuple[list[str], tuple[str, ...]]] = [(base, ())]
@@ -1110,7 +1111,8 @@ def _nodes_label(plan: Plan) -> str:
 def lint_recipe(recipe: Recipe, *, hardware_id: str | None = None, strategy: str | None = None,
                 variant: str | None = None) -> LintReport:
     """Lint every offered selection (optionally narrowed) and group identical findings."""
-    from k3deploy.resolver import hardware_for_variant, resolve, strategies_on
+    from k3deploy.recipe.offering import hardware_for_variant, strategies_on
+    from k3deploy.recipe.resolve import resolve
 
     hw_all = hardware()
     if hardware_id is not None and hardware_id not in hw_all:
@@ -1219,11 +1221,11 @@ def echo_findings(recipe: Recipe, plan: Plan, echo: Callable[[str], None], *, in
 
 def echo_selection_findings(selection: Any, echo: Callable[[str], None]) -> int:
     """``echo_findings`` for a preflight selection (hardware profile, strategy or None, variant, node count)
-    against the vendored recipe, as k3deploy deploys it (:func:`k3deploy.fixes.deployable`); a selection that
+    against the vendored recipe, as k3deploy deploys it (:func:`k3deploy.recipe.fixes.deployable`); a selection that
     does not resolve is reported as one skipped line."""
-    from k3deploy.fixes import deployable
-    from k3deploy.recipe import load_recipe
-    from k3deploy.resolver import resolve
+    from k3deploy.recipe.fixes import deployable
+    from k3deploy.recipe.resolve import resolve
+    from k3deploy.recipe.schema import load_recipe
 
     try:
         recipe = load_recipe()

@@ -20,9 +20,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.commands import download_argv, pull_script, snapshot_dir
-from k3deploy.planning import exec_start, start_groups
-from k3deploy.rollout import Rollout, UnitWork
+from k3deploy.cluster.commands import download_argv, pull_script, snapshot_dir
+from k3deploy.cluster.diff import exec_start, start_groups
+from k3deploy.cluster.rollout import Rollout, UnitWork
 
 CONTROL = "control"
 
@@ -327,7 +327,7 @@ def build(r: Rollout, *, inventory: str, preflight: list[Any], addresses: dict[s
                               f"modprobe nvidia_peermem && lsmod | grep -E '^nvidia_peermem'\n"
                               f"grep -q '^NCCL_DMABUF_ENABLE=' {shlex.quote(u.env_path)} || "
                               f"echo 'NCCL_DMABUF_ENABLE=0' >> {shlex.quote(u.env_path)}\n", "troubleshooting")
-    from k3deploy.taxonomy import hardware
+    from k3deploy.recipe.taxonomy import hardware
 
     if brand == "NVIDIA" and multi and getattr(hardware().get(plan.hardware), "nvl", False):
         doc.h(3, "Multi-node NVLink (GB200/GB300)")

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from k3deploy.binding import HostRecord
+from k3deploy.cluster.binding import HostRecord
+from k3deploy.cluster.variables import Variables, group_vars_dirs, merge_vars
 from k3deploy.errors import K3Error
-from k3deploy.variables import Variables, group_vars_dirs, merge_vars
 
 
 def load_records(spec: str) -> list[HostRecord]:
@@ -78,14 +78,14 @@ def plan_for(records: list[HostRecord], v: Variables) -> Any:
         if not engines:
             raise K3Error("the inventory has no head group (and no prefill/decode groups): add a head group")
         kwargs["nodes"] = len(engines)
-    from k3deploy.fixes import deployable
+    from k3deploy.recipe.fixes import deployable
 
     return deployable(resolve(recipe, **kwargs))
 
 
 def rollout_for_inventory(spec: str, *, ifaces: dict[str, str] | None = None,
                           host_env: dict[str, dict[str, str]] | None = None) -> Any:
-    from k3deploy.rollout import compute
+    from k3deploy.cluster.rollout import compute
 
     records = load_records(spec)
     v = variables_for(records, spec)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import gevent
-from dataclasses import dataclass
-from typing import Any, Callable
-
 from pyinfra import logger
 
-from k3deploy.rollout import Rollout, UnitWork
+from k3deploy.cluster.rollout import Rollout, UnitWork
 
 
 @dataclass

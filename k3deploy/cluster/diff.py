@@ -1,12 +1,12 @@
 """What a rollout would change, per host: image, container argv, env file, unit file and restarts.
 
 Pure: it compares the rollout (what ``deploy/k3.py`` would write) with what is installed on the hosts
-(read by ``k3deploy plan``). The same :func:`k3deploy.rollout.mark_changes` decides what restarts, so the
+(read by ``k3deploy plan``). The same :func:`k3deploy.cluster.rollout.mark_changes` decides what restarts, so the
 plan and the rollout cannot disagree.
 
 Example::
 
-    >>> from k3deploy.planning import argv_lines
+    >>> from k3deploy.cluster.diff import argv_lines
     >>> argv_lines(["/usr/bin/docker", "run", "--rm", "--name", "k3", "img:1", "m", "--tp", "8", "--x"])
     ['/usr/bin/docker run', '--rm', '--name k3', 'image img:1', 'm', '--tp 8', '--x']
 """
@@ -17,8 +17,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.operations import SECRET
-from k3deploy.rollout import Rollout, UnitWork, mark_changes, sha256
+from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes, sha256
+from k3deploy.runtime.operations import SECRET
 
 MASK = "****"
 

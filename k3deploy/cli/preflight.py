@@ -88,7 +88,7 @@ def preflight(inventory: str, hardware: str | None, strategy: str | None, varian
         raise
     except Exception as exc:  # never a traceback for the user
         raise K3Error(f"preflight could not run: {type(exc).__name__}: {exc}") from None
-    from k3deploy.lint import echo_selection_findings
+    from k3deploy.recipe.lint import echo_selection_findings
 
     echo_selection_findings(report.selection, lambda line: click.echo(line, err=True))
     if as_json:

@@ -10,12 +10,13 @@ JavaScript truthiness matters in several rules (``a || b`` falls through on ``un
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from math import ceil
-from typing import Any, Iterable
+from typing import Any
 
-from k3deploy.recipe import HardwareBlock, Recipe, RoleOverride, StrategyOverride, Variant
-from k3deploy.taxonomy import MAX_NODES, HardwareProfile, Strategy
+from k3deploy.recipe.schema import HardwareBlock, Recipe, RoleOverride, StrategyOverride, Variant
+from k3deploy.recipe.taxonomy import MAX_NODES, HardwareProfile, Strategy
 
 # --------------------------------------------------------------------------------------------------
 # JavaScript-compatible helpers

@@ -13,24 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent.lock
-from pyinfra import host, inventory, logger, state
+from pyinfra import host, inventory, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 from pyinfra.facts.files import FileContents, Sha256File
 from pyinfra.operations import python
 
-from k3deploy.binding import HostRecord
+from k3deploy.cluster.binding import HostRecord
+from k3deploy.cluster.inventory import plan_for, records_of, variables_for
+from k3deploy.cluster.rollout import Rollout, compute, mark_changes
+from k3deploy.cluster.variables import Variables, inventory_path_from_argv
 from k3deploy.errors import K3Error
 from k3deploy.facts.rollout import UnitState
-from k3deploy.operations import image, managed_file, smoke_test, start_units, stop_units, wait_tcp, weights
-from k3deploy.readiness import wait_group
-from k3deploy.rollout import Rollout, compute, mark_changes
-from k3deploy import load_recipe
-from k3deploy.inventory import plan_for, records_of, variables_for
-from k3deploy.variables import Variables, inventory_path_from_argv
+from k3deploy.runtime.operations import image, managed_file, smoke_test, start_units, stop_units, wait_tcp, weights
+from k3deploy.runtime.readiness import wait_group
 
 _lock = gevent.lock.RLock()
-_contexts: dict[int, "Context"] = {}
+_contexts: dict[int, Context] = {}
 
 
 @dataclass

@@ -20,11 +20,12 @@ Example::
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from k3deploy.errors import K3Error
-from k3deploy.plan import NodePlan, Plan
+from k3deploy.recipe.plan import NodePlan, Plan
 
 PLACEHOLDER = re.compile(r"\$([A-Z_][A-Z0-9_]*)")
 DEFAULT_MASTER_PORT = 29501

@@ -1,0 +1,104 @@
+"""Reading values out of a ``vllm serve`` (or ``vllm-router``) argv the way the engine's own parser does.
+
+vLLM's ``FlexibleArgumentParser`` is argparse: the **last** occurrence of a flag wins, ``--flag=value`` and
+``--flag value`` are the same, and ``_`` may stand for ``-`` in a flag's name. Every value k3deploy reads back
+from an argv (served model name, ports, master address, DP ports, ``--headless``) goes through this module,
+so the rollout, the readiness gate, the smoke test and the plan cannot read one argv two ways.
+
+    >>> argv = ["vllm", "serve", "m", "--port", "8000", "--served-model-name", "a", "b", "--port=8001"]
+    >>> flag_value(argv, "--port")
+    '8001'
+    >>> flag_values(argv, "--served-model-name")
+    ['a', 'b']
+    >>> served_model_name(argv, "m")
+    'a'
+    >>> has_flag(["vllm", "serve", "m", "--headless"], "--headless")
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _norm(token: str) -> str:
+    """The flag name of a token (``--a_b=1`` -> ``--a-b``); non-flags unchanged."""
+    name = token.split("=", 1)[0]
+    if name.startswith("--"):
+        return "--" + name[2:].replace("_", "-")
+    return name
+
+
+def is_flag(token: str) -> bool:
+    """True for ``-x``/``--xy`` tokens; a negative number is a value, not a flag."""
+    if not token.startswith("-") or token == "-":
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return True
+    return False
+
+
+def _occurrences(argv: Sequence[str], names: tuple[str, ...]) -> list[list[str]]:
+    """Every occurrence of one of ``names``, each as the list of values that follow it."""
+    wanted = {_norm(n) for n in names}
+    out: list[list[str]] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if is_flag(tok) and _norm(tok) in wanted:
+            if "=" in tok:
+                out.append([tok.split("=", 1)[1]])
+                i += 1
+                continue
+            values: list[str] = []
+            j = i + 1
+            while j < len(argv) and not is_flag(argv[j]):
+                values.append(argv[j])
+                j += 1
+            out.append(values)
+            i = j
+            continue
+        i += 1
+    return out
+
+
+def flag_values(argv: Sequence[str], *names: str) -> list[str] | None:
+    """The values of the last occurrence of a flag (any of ``names``), or None when it is absent."""
+    found = _occurrences(argv, names)
+    return found[-1] if found else None
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of the last occurrence of a flag (its first word), or None when it is absent or bare."""
+    values = flag_values(argv, *names)
+    return values[0] if values else None
+
+
+def int_value(argv: Sequence[str], *names: str, default: int | None = None) -> int | None:
+    """An integer flag value; ``default`` when the flag is absent or its value is not an integer."""
+    value = flag_value(argv, *names)
+    return int(value) if value is not None and value.lstrip("-").isdigit() else default
+
+
+def has_flag(argv: Sequence[str], name: str) -> bool:
+    """A boolean flag's effective state: its last ``--x`` / ``--no-x`` occurrence (argparse
+    ``BooleanOptionalAction``); False when neither is given."""
+    state = False
+    positive, negative = _norm(name), "--no-" + _norm(name)[2:]
+    for tok in argv:
+        if is_flag(tok):
+            n = _norm(tok)
+            if n == positive:
+                state = True
+            elif n == negative:
+                state = False
+    return state
+
+
+def served_model_name(argv: Sequence[str], model: str) -> str:
+    """The model id clients must send: the first ``--served-model-name`` of its last occurrence, else the
+    model itself."""
+    names = flag_values(argv, "--served-model-name")
+    return names[0] if names else model

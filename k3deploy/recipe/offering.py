@@ -1,0 +1,233 @@
+"""What a recipe offers: hardware per variant, strategies per hardware, recommendations, pool sizes and the
+offered matrix, as the recipes site computes them. Pure: no I/O.
+
+Example::
+
+    >>> from k3deploy import load_recipe
+    >>> recommended(load_recipe(), "default", __import__("k3deploy.recipe.taxonomy").recipe.taxonomy.hardware()["gb300"])
+    ('multi_node_tp', 2)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from math import ceil
+from typing import Any
+
+from k3deploy.errors import SelectionError
+from k3deploy.recipe.rules import (
+    default_features,
+    fits_single_node,
+    js_or,
+    min_gpus_for_strategy,
+    nodes_for,
+    nodes_for_strategy,
+    offered_strategies,
+    reachable,
+    recommend_strategy,
+    strategy_supported_on,
+)
+from k3deploy.recipe.schema import Recipe, Variant
+from k3deploy.recipe.taxonomy import HardwareProfile, Strategy, hardware, strategies
+
+# ------------------------------------------------------------------------------------------------
+# What a recipe offers
+
+
+def listing(items: Sequence[str]) -> str:
+    return ", ".join(items) if items else "(none)"
+
+
+def hardware_profile(hw_id: str) -> HardwareProfile:
+    """The hardware profile of ``hw_id``, or SelectionError listing the known ids."""
+    known = hardware()
+    hw = known.get(hw_id)
+    if hw is None:
+        raise SelectionError(f"unknown hardware {hw_id!r}: choose one of {listing(sorted(known))}")
+    return hw
+
+
+def precision_ok(variant: Variant, hw: HardwareProfile) -> bool:
+    allowed = variant.precision_hardware
+    if allowed:
+        keys = allowed if isinstance(allowed, list) else [allowed]
+        return any(k in (hw.id, hw.gen, hw.brand.lower(), hw.brand) for k in keys)
+    if (variant.precision or "").lower() in ("nvfp4", "fp4"):
+        return hw.brand == "NVIDIA" and "blackwell" in hw.generations
+    return True
+
+
+def hardware_for_variant(recipe: Recipe, variant_key: str) -> list[str]:
+    """Hardware ids a variant can be deployed on (the recipes site's hardware candidates)."""
+    return list(recipe.memo(("hardware_for_variant", variant_key), lambda: _hardware_for_variant(recipe, variant_key)))
+
+
+def _hardware_for_variant(recipe: Recipe, variant_key: str) -> list[str]:
+    v = recipe.variants[variant_key]
+    out = []
+    for hw_id, hw in hardware().items():
+        if not precision_ok(v, hw):
+            continue
+        if recipe.meta.hardware.get(hw_id) == "unsupported":
+            continue
+        if v.supported_hardware and hw_id not in v.supported_hardware:
+            continue
+        if hw.restricted and hw_id not in recipe.meta.hardware:
+            continue
+        out.append(hw_id)
+    return out
+
+
+def strategies_on(recipe: Recipe, hw: HardwareProfile) -> list[str]:
+    """Strategies offered on one hardware id: offered, per-GPU gate, reachable, scalable."""
+    return list(recipe.memo(("strategies_on", hw.id), lambda: _strategies_on(recipe, hw)))
+
+
+def _strategies_on(recipe: Recipe, hw: HardwareProfile) -> list[str]:
+    known = strategies()
+    out = []
+    for s in offered_strategies(recipe):
+        strat = known.get(s)
+        if strat is None or not strategy_supported_on(recipe, s, hw) or not reachable(recipe, strat, hw):
+            continue
+        if not hw.scalable and strat.deploy_type in ("multi_node", "pd_cluster"):
+            continue
+        out.append(s)
+    return out
+
+
+def recommended(recipe: Recipe, variant_key: str, hw: HardwareProfile) -> tuple[str, int]:
+    """The recommended strategy and node count for (variant, hardware), as the recipes site picks them."""
+    return recipe.memo(("recommended", variant_key, hw.id), lambda: _recommended(recipe, variant_key, hw))
+
+
+def _recommended(recipe: Recipe, variant_key: str, hw: HardwareProfile) -> tuple[str, int]:
+    offered_here = strategies_on(recipe, hw)
+    v = recipe.variants[variant_key]
+    base_n = 2 if (not fits_single_node(v, hw) and any(s.startswith("multi_node_") for s in offered_here)) else 1
+    rec = recommend_strategy(recipe, offered_strategies(recipe), base_n)
+    if rec not in offered_here:
+        fallback = [s for s in offered_here if s != "pd_cluster"] or offered_here
+        if not fallback:
+            raise SelectionError(f"recipe {recipe.slug} offers no strategy on {hw.id}")
+        rec = fallback[0]
+    strat = strategies()[rec]
+    n = max(base_n, nodes_for(recipe, strat, hw)) if strat.multi_node else 1
+    return rec, n
+
+
+def strategy_nodes(recipe: Recipe, variant_key: str, strategy: Strategy, hw: HardwareProfile) -> int:
+    rec, rec_n = recommended(recipe, variant_key, hw)
+    if strategy.id == rec:
+        return rec_n
+    return nodes_for(recipe, strategy, hw) if strategy.multi_node else 1
+
+
+def pd_default_pools(recipe: Recipe, variant: Variant, strategy: Strategy, hw: HardwareProfile) -> tuple[int, int]:
+    """The recipes site's P/D pool sizes; (0, 0) means prefill and decode co-located on one node."""
+    need, have = variant.vram_minimum_gb or 0, hw.vram_gb or 0
+    if hw.gpu_count >= 2 and have >= 2 * need:
+        return 0, 0
+    if not need or not have:
+        return 0, 0
+    per = ceil(need / have)
+    if per > 4:
+        raise SelectionError(
+            f"pd_cluster on {hw.id} needs {per} nodes per pool to hold the model: "
+            f"pass --prefill-nodes and --decode-nodes explicitly"
+        )
+    so = recipe.strategy_overrides.get("pd_cluster")
+    sizes = []
+    for role in ("prefill", "decode"):
+        role_ov = getattr(so, role) if so is not None else None
+        par = js_or(role_ov.parallelism if role_ov else None, strategy.role(role).parallelism, "tp")
+        sizes.append(max(per, nodes_for_strategy(recipe, par, hw)))
+    return sizes[0], sizes[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# The offered matrix
+
+
+def iter_matrix(recipe: Recipe, *, feature_subsets: bool = True) -> Iterator[dict[str, Any]]:
+    """Every offered selection: hardware × offered strategy × variant × feature subset, at the site's node count.
+
+    Yields keyword arguments for :func:`resolve` (``hardware``, ``strategy``, ``variant``, ``features``).
+    """
+    names = list(recipe.features)
+    if feature_subsets:
+        subsets = [list(c) for k in range(len(names) + 1) for c in itertools.combinations(names, k)]
+    else:
+        subsets = [None]  # type: ignore[list-item]
+    for variant in recipe.variants:
+        for hw_id in hardware_for_variant(recipe, variant):
+            hw = hardware()[hw_id]
+            for strategy in strategies_on(recipe, hw):
+                for feats in subsets:
+                    yield {"hardware": hw_id, "strategy": strategy, "variant": variant, "features": feats}
+
+
+def pick_default_hardware(recipe: Recipe, variant_key: str = "default") -> str | None:
+    """The hardware the recipes site opens a recipe on (``meta.default_hardware`` when it is a candidate)."""
+    cands = hardware_for_variant(recipe, variant_key)
+    v = recipe.variants[variant_key]
+    if recipe.meta.default_hardware in cands:
+        return recipe.meta.default_hardware
+    if (v.precision or "").lower() in ("nvfp4", "fp4"):
+        for hw_id in ("b200", "gb200"):
+            if hw_id in cands:
+                return hw_id
+    if "h200" in cands:
+        return "h200"
+    order = {"NVIDIA": 0, "AMD": 1}
+    cands.sort(key=lambda h: (order.get(hardware()[h].brand, 2), h))
+    return cands[0] if cands else None
+
+
+def offering(recipe: Recipe, *, hardware_id: str | None = None, variant: str | None = None) -> dict[str, Any]:
+    """What a recipe offers: variants with their hardware, strategies per hardware, features."""
+    if variant is not None and variant not in recipe.variants:
+        raise SelectionError(
+            f"unknown variant {variant!r} in recipe {recipe.slug}: choose one of {listing(list(recipe.variants))}")
+    if hardware_id is not None:
+        hardware_profile(hardware_id)
+    variants = [variant] if variant else list(recipe.variants)
+    out: dict[str, Any] = {"recipe": recipe.slug, "model": recipe.model.model_id,
+                           "default_hardware": pick_default_hardware(recipe, variants[0]), "variants": {},
+                           "hardware": {}, "features": []}
+    for vk in variants:
+        v = recipe.variants[vk]
+        hws = hardware_for_variant(recipe, vk)
+        if hardware_id is not None:
+            hws = [h for h in hws if h == hardware_id]
+        out["variants"][vk] = {"model": v.model_id or recipe.model.model_id, "precision": v.precision,
+                               "vram_minimum_gb": v.vram_minimum_gb, "hardware": hws}
+        for hw_id in hws:
+            hw = hardware()[hw_id]
+            entry = out["hardware"].setdefault(hw_id, {"gpus_per_node": hw.gpu_count, "node_vram_gb": hw.vram_gb,
+                                                      "variants": [], "recommended": {}, "strategies": []})
+            entry["variants"].append(vk)
+            rec, rec_n = recommended(recipe, vk, hw)
+            entry["recommended"][vk] = {"strategy": rec, "nodes": rec_n}
+            if entry["strategies"]:
+                continue
+            for s in strategies_on(recipe, hw):
+                strat = strategies()[s]
+                row: dict[str, Any] = {"strategy": s, "deploy_type": strat.deploy_type,
+                                       "min_gpus": min_gpus_for_strategy(recipe, s, hw)}
+                if strat.pd:
+                    try:
+                        p, d = pd_default_pools(recipe, v, strat, hw)
+                        row["prefill_nodes"], row["decode_nodes"] = p, d
+                    except SelectionError:
+                        row["prefill_nodes"] = row["decode_nodes"] = None
+                else:
+                    row["nodes"] = strategy_nodes(recipe, vk, strat, hw)
+                entry["strategies"].append(row)
+    defaults = default_features(recipe, recipe.variants[variants[0]],
+                                hardware()[hardware_id] if hardware_id else hardware()["h200"])
+    for name, feat in recipe.features.items():
+        out["features"].append({"name": name, "default": name in defaults, "opt_in": name in recipe.opt_in_features,
+                                "strategies": feat.strategies or None, "description": feat.description})
+    return out

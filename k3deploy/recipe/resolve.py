@@ -1,0 +1,200 @@
+"""Validate a selection against a recipe and resolve it into a :class:`~k3deploy.recipe.plan.Plan`. Pure: no I/O.
+
+Example::
+
+    >>> from k3deploy import load_recipe, resolve
+    >>> plan = resolve(load_recipe(), hardware="b300")
+    >>> plan.strategy, plan.nodes[0].argv[:4]
+    ('single_node_tp', ['vllm', 'serve', 'moonshotai/Kimi-K3', '--trust-remote-code'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import ceil
+from typing import Any
+
+from k3deploy.errors import SelectionError
+from k3deploy.recipe.argv import int_value
+from k3deploy.recipe.images import resolve_image
+from k3deploy.recipe.offering import (
+    hardware_for_variant,
+    hardware_profile,
+    listing,
+    pd_default_pools,
+    recommended,
+    strategies_on,
+    strategy_nodes,
+)
+from k3deploy.recipe.plan import NodePlan, Plan
+from k3deploy.recipe.rules import PoolSpec, default_features, js_or, min_gpus_for_strategy, synthesize
+from k3deploy.recipe.schema import Recipe
+from k3deploy.recipe.taxonomy import MAX_NODES, HardwareProfile, Strategy, strategies
+from k3deploy.recipe.taxonomy import hardware as hardware_profiles
+
+
+def _check_count(name: str, value: Any, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SelectionError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise SelectionError(f"{name} must be ≥ {minimum}, got {value}")
+    if value > MAX_NODES:
+        raise SelectionError(f"{name} must be ≤ {MAX_NODES} (the largest cluster the recipes cover), got {value}")
+    return value
+
+
+def _floor_message(recipe: Recipe, strat_key: str, label: str, hw: HardwareProfile, nodes: int) -> str | None:
+    floor = min_gpus_for_strategy(recipe, strat_key, hw)
+    if nodes * hw.gpu_count >= floor:
+        return None
+    need = ceil(floor / hw.gpu_count)
+    return (f"{label} on {hw.id} needs ≥{floor} GPUs = {need} nodes of {hw.gpu_count}; "
+            f"got {nodes} node{'s' if nodes != 1 else ''} ({nodes * hw.gpu_count} GPUs): use --nodes {need} or more")
+
+
+def resolve(
+    recipe: Recipe,
+    *,
+    hardware: str,
+    strategy: str | None = None,
+    variant: str = "default",
+    features: Sequence[str] | None = None,
+    nodes: int | None = None,
+    prefill_nodes: int | None = None,
+    decode_nodes: int | None = None,
+    image: str | None = None,
+    extra_args: Sequence[str] | None = None,
+    frontend: str | None = None,
+) -> Plan:
+    """Resolve a selection into a plan, or raise :class:`~k3deploy.errors.SelectionError` naming the fix.
+
+    ``strategy=None`` picks the recommended strategy for the hardware; ``features=None`` the recipe's default
+    set (a list is exactly that set, emitted in the recipe's feature order); ``nodes=None`` the node count the
+    recipes site picks. pd_cluster takes ``prefill_nodes``/``decode_nodes`` instead of ``nodes``.
+    ``extra_args`` are appended where the recipes site puts its "Advanced" arguments (before features).
+    """
+    if hardware not in hardware_profiles():
+        offered = sorted({h for v in recipe.variants for h in hardware_for_variant(recipe, v)})
+        raise SelectionError(f"unknown hardware {hardware!r}: {recipe.slug} runs on {listing(offered)}")
+    hw = hardware_profile(hardware)
+    if variant not in recipe.variants:
+        raise SelectionError(
+            f"unknown variant {variant!r} in recipe {recipe.slug}: choose one of {listing(list(recipe.variants))}")
+    on_hw = hardware_for_variant(recipe, variant)
+    if hw.id not in on_hw:
+        others = [k for k in recipe.variants if hw.id in hardware_for_variant(recipe, k)]
+        fix = f"use --variant {others[0]}" if others else "this recipe does not deploy on it"
+        raise SelectionError(
+            f"variant {variant} of {recipe.slug} does not support {hw.id} (it runs on {listing(on_hw)}): {fix}")
+    offered_here = strategies_on(recipe, hw)
+    if strategy is None:
+        strategy, _ = recommended(recipe, variant, hw)
+    known = strategies()
+    if strategy not in known:
+        raise SelectionError(f"unknown strategy {strategy!r}: choose one of {listing(sorted(known))}")
+    if strategy not in offered_here:
+        raise SelectionError(
+            f"strategy {strategy} is not offered on {hw.id} by {recipe.slug}: choose one of {listing(offered_here)}")
+    strat = known[strategy]
+
+    # features
+    if features is None:
+        chosen = default_features(recipe, recipe.variants[variant], hw)
+    else:
+        unknown = [f for f in features if f not in recipe.features]
+        if unknown:
+            raise SelectionError(
+                f"unknown feature {unknown[0]!r} in recipe {recipe.slug}: choose from {listing(list(recipe.features))}")
+        wanted = set(features)
+        chosen = [f for f in recipe.features if f in wanted]
+    warnings: list[str] = []
+    applied = []
+    for f in chosen:
+        scope = recipe.features[f].strategies
+        if scope and strategy not in scope:
+            warnings.append(f"feature {f} does not apply to {strategy} (only {', '.join(scope)}): not emitted")
+        else:
+            applied.append(f)
+
+    img = resolve_image(recipe, variant, hw, image)
+    extra = list(extra_args or [])
+
+    if strat.pd:
+        if nodes is not None and nodes != 1:
+            raise SelectionError("pd_cluster sizes its pools with --prefill-nodes and --decode-nodes, not --nodes")
+        return _resolve_pd(recipe, variant, strat, hw, chosen, applied, img, prefill_nodes, decode_nodes, extra,
+                           frontend, warnings)
+    if prefill_nodes is not None or decode_nodes is not None:
+        raise SelectionError(f"--prefill-nodes/--decode-nodes apply to pd_cluster only, not {strategy}")
+    if nodes is None:
+        nodes = strategy_nodes(recipe, variant, strat, hw)
+    nodes = _check_count("--nodes", nodes)
+    if not strat.multi_node and nodes != 1:
+        raise SelectionError(
+            f"{strategy} runs on exactly 1 node, got --nodes {nodes}: use a multi_node_* strategy for {nodes} nodes")
+    if strat.multi_node and nodes < 2:
+        raise SelectionError(f"{strategy} needs at least 2 nodes, got --nodes {nodes}: use --nodes 2 or a single_node_* strategy")
+    msg = _floor_message(recipe, strategy, strategy, hw, nodes)
+    if msg:
+        raise SelectionError(msg)
+
+    syn = synthesize(recipe, variant=variant, strategy=strat, hw=hw, features=chosen, nodes=nodes,
+                     advanced_args=extra, frontend=frontend)
+    plan_nodes = [
+        NodePlan(role="head" if r == 0 else "worker", rank=r, argv=argv, env=dict(syn.env), port=_port(argv, 8000))
+        for r, argv in enumerate(syn.argvs)
+    ]
+    return Plan(recipe=recipe.slug, model=syn.model_id, hardware=hw.id, strategy=strategy, variant=variant,
+                features=applied, image=img, vendor=hw.vendor, nodes=plan_nodes, warnings=warnings)
+
+
+def _port(argv: list[str], default: int) -> int:
+    """The API port a node serves on: its last ``--port`` (as vLLM's parser reads it), else ``default``."""
+    return int_value(argv, "--port", default=default) or default
+
+
+def _resolve_pd(recipe: Recipe, variant: str, strat: Strategy, hw: HardwareProfile, chosen: list[str],
+                applied: list[str], img: str, prefill_nodes: int | None, decode_nodes: int | None,
+                extra: list[str], frontend: str | None, warnings: list[str]) -> Plan:
+    if (prefill_nodes is None) != (decode_nodes is None):
+        raise SelectionError("give both --prefill-nodes and --decode-nodes (or neither, for the recipe's pool sizes)")
+    if prefill_nodes is None:
+        p, d = pd_default_pools(recipe, recipe.variants[variant], strat, hw)
+    else:
+        p = _check_count("--prefill-nodes", prefill_nodes, minimum=0)
+        d = _check_count("--decode-nodes", decode_nodes, minimum=0)
+        if (p == 0) != (d == 0):
+            raise SelectionError(
+                "--prefill-nodes 0 and --decode-nodes 0 together co-locate both pools on one node; "
+                "otherwise give each pool ≥ 1 node")
+        if p == 0 and hw.gpu_count < 2:
+            raise SelectionError(f"co-located P/D needs ≥ 2 GPUs per node; {hw.id} has {hw.gpu_count}")
+    so = recipe.strategy_overrides.get("pd_cluster")
+    pools = {"prefill": p, "decode": d}
+    if p:
+        for role, n in pools.items():
+            role_ov = getattr(so, role) if so is not None else None
+            par = js_or(role_ov.parallelism if role_ov else None, strat.role(role).parallelism, "tp")
+            msg = _floor_message(recipe, par, f"the {role} pool ({par})", hw, n)
+            if msg:
+                raise SelectionError(msg.replace("use --nodes", f"use --{role}-nodes"))
+    plan_nodes: list[NodePlan] = []
+    by_role: dict[str, list[NodePlan]] = {"prefill": [], "decode": []}
+    router: list[str] = []
+    for r in range(max(1, p, d)):
+        pd = {role: PoolSpec(nodes=n, rank=min(r, max(1, n) - 1)) for role, n in pools.items()}
+        syn = synthesize(recipe, variant=variant, strategy=strat, hw=hw, features=chosen, nodes=1, pd_nodes=pd,
+                         advanced_args=extra, frontend=frontend)
+        router = syn.router_argv
+        for role, n in pools.items():
+            if r < max(1, n):
+                argv, env, meta = syn.roles[role]
+                by_role[role].append(NodePlan(role=role, rank=r, argv=argv, env=env,
+                                              port=_port(argv, 8001 if role == "prefill" else 8002),
+                                              pool_nodes=n, parallelism=meta.parallelism))
+    plan_nodes = by_role["prefill"] + by_role["decode"]
+    plan_nodes.append(NodePlan(role="router", rank=0, argv=router, env={}))
+    return Plan(recipe=recipe.slug, model=plan_nodes[0].argv[2], hardware=hw.id, strategy=strat.id, variant=variant,
+                features=applied, image=img, vendor=hw.vendor, nodes=plan_nodes, warnings=warnings)
+
+
