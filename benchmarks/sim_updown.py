@@ -122,7 +122,7 @@ def main() -> None:
         )
     two = next((r for r in rows if r["nodes"] == 2), None)
     if two is not None:
-        verdict = "meets" if two["up_s_median"] <= 10.0 else "MISSES"
+        verdict = "meets" if float(str(two["up_s_median"])) <= 10.0 else "MISSES"
         print(f"\n2 nodes up in {two['up_s_median']:.2f} s: {verdict} the 10 s target")
 
 

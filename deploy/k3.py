@@ -12,14 +12,14 @@ from k3deploy.runtime.phases import configure_phase, context, preflight_phase, s
 cluster = context()  # inventory -> plan -> preflight facts and checks -> rendered files -> what restarts
 
 # 1. Preflight on every host: any failure stops here, before anything is changed.
-preflight_phase(cluster)
+preflight_phase(ctx=cluster)
 
 if cluster.ok:
     # 2. Stage, on every node in parallel: the image (digest verified when pinned) and the weights, once.
-    stage_phase(cluster)
+    stage_phase(ctx=cluster)
     # 3. Configure: env files (0600) and systemd units; the previous versions are kept for rollback.
-    configure_phase(cluster)
+    configure_phase(ctx=cluster)
     # 4. Start what changed, group by group: head, its rendezvous port, workers, readiness; P/D pools, router.
-    start_phase(cluster)
+    start_phase(ctx=cluster)
     # 5. Smoke test: one short chat completion through the public endpoint.
-    smoke_phase(cluster)
+    smoke_phase(ctx=cluster)

@@ -6,6 +6,49 @@ Public API::
     plan = resolve(load_recipe(), hardware="gb300", strategy="multi_node_tp", nodes=2)
     for node in plan.nodes:
         print(node.role, node.rank, node.argv, node.env)
+
+Module map, in the order data flows: recipe -> plan -> bound plan -> rendered files -> operations -> rollout.
+The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps them so).
+
+``recipe/`` -- the recipe engine (pure)
+    recipe/schema.py (the recipe YAML as a typed model), recipe/taxonomy.py (hardware profiles, strategies),
+    recipe/offering.py (what a recipe offers where, recommendations), recipe/rules.py (the recipes builder's merge
+    rules), recipe/images.py (the image of a selection), recipe/resolve.py (a selection -> plan),
+    recipe/plan.py (Plan, NodePlan), recipe/fixes.py (what the pinned engine needs to start),
+    recipe/catalog.py (the pinned engine's flags and env), recipe/lint/ (findings, one rule per code),
+    recipe/argv.py (values read back from an argv as vLLM's parser reads them), recipe/printing.py (commands
+    printed as the recipes site prints them).
+
+``cluster/`` -- the deployment model (pure)
+    cluster/variables.py (every knob, group_vars merged), cluster/inventory.py (host records, roles, the plan of an
+    inventory), cluster/requirements.py (what a plan asks of its hosts), cluster/binding.py (placeholders filled
+    per host), cluster/units.py (container command, env file, systemd unit), cluster/unitcheck.py (systemd-analyze
+    verify), cluster/rollout.py (units per host, start order, what restarts), cluster/observed.py (what a host
+    has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown), cluster/commands.py (every
+    shell command the rollout runs), cluster/runbook/ (the rollout as a runbook), cluster/pipeline.py (inventory ->
+    variables -> requirements -> plan -> rollout).
+
+``runtime/`` -- pyinfra
+    runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),
+    runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
+    runtime/phases.py (the phases of deploy/k3.py).
+
+``facts/`` -- pyinfra facts with pure, doctested parsers
+    facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
+    facts/rollout.py (unit state, image digest, weights, smoke answer).
+
+``preflight/`` -- host checks
+    preflight/checks.py (facts -> results), preflight/settings.py (NCCL/UCX/HCCL settings derived from facts),
+    preflight/report.py (one typed report), preflight/runner.py (which facts, read on one host; local capture).
+
+``sim/`` -- the simulated cluster (see its own module map)
+    sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,
+    sim/host.py, sim/base.py (the cached base root), sim/profiles.py, sim/faults.py; sim/node_tools (the tools
+    inside the nodes).
+
+``cli/`` -- the ``k3deploy`` commands
+    cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/sim.py,
+    cli/common.py (options defined once and composed).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from conftest import ROOT
 
 from k3deploy import K3Error, resolve
 from k3deploy.cluster.binding import HostRecord, bind, fill, rendezvous_port
-from k3deploy.cluster.inventory import load_records, rollout_for_inventory, variables_for
+from k3deploy.cluster.inventory import records_of, variables_for
+from k3deploy.runtime.gather import gather, load_inventory
 
 
 def hosts(n, **extra):
@@ -63,9 +64,9 @@ def test_fill_leaves_unknown_placeholders():
 
 @pytest.mark.parametrize("inventory", sorted((ROOT / "inventories").glob("*.py")), ids=lambda p: p.stem)
 def test_example_inventories_plan_cleanly(inventory):
-    r = rollout_for_inventory(str(inventory))
+    r = gather(str(inventory), facts=False).require_rollout()
     assert r.units and all(u.unit_text.startswith("# Managed by k3deploy") for u in r.units)
-    v = variables_for(load_records(str(inventory)), str(inventory))
+    v = variables_for(records_of(load_inventory(str(inventory)).inventory), str(inventory))
     assert v.k3_hardware == r.plan.hardware
 
 
@@ -75,4 +76,4 @@ def test_unknown_variable_names_the_key(tmp_path):
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "all.yml").write_text("k3_hardware: b300\nk3_hardwre: b200\n")
     with pytest.raises(K3Error, match="unknown variable 'k3_hardwre'"):
-        rollout_for_inventory(str(inv))
+        gather(str(inv), facts=False).require_rollout()

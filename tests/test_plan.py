@@ -19,9 +19,9 @@ from k3deploy.cluster.diff import (
     render_text,
     split_exec,
 )
-from k3deploy.cluster.inventory import rollout_for_inventory
 from k3deploy.cluster.rollout import sha256
 from k3deploy.cluster.units import exec_line
+from k3deploy.runtime.gather import gather
 
 
 @given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r"),
@@ -37,7 +37,7 @@ def test_split_exec_handles_unquoted_and_single_quoted_words():
 
 @pytest.fixture(scope="module")
 def gb300():
-    return rollout_for_inventory("inventories/gb300.py")
+    return gather("inventories/gb300.py", facts=False).require_rollout()
 
 
 def installed_as_planned(r, running=True):
@@ -134,7 +134,7 @@ def test_a_stopped_unit_restarts_its_group(gb300):
 
 
 def test_pd_cluster_router_restarts_after_the_pools():
-    r = rollout_for_inventory("inventories/pd_b300.py")
+    r = gather("inventories/pd_b300.py", facts=False).require_rollout()
     installed = installed_as_planned(r)
     decode = next(u for u in r.units if u.group == "decode")
     installed[(decode.host, decode.unit)].active = "inactive"

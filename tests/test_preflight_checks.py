@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts import nvidia
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
 from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo
@@ -16,7 +17,7 @@ from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, I
 from k3deploy.facts.nvidia import FabricManagerState, GpuFabric, ImexState, NvidiaGpu, ToolkitVersion
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
 from k3deploy.preflight import checks
-from k3deploy.preflight.checks import HostFacts, Selection, run_checks
+from k3deploy.preflight.checks import HostFacts, run_checks
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
 
@@ -68,8 +69,8 @@ def h200_host(name: str, address: str) -> HostFacts:
     )
 
 
-def sel(hw: str, nodes: int, variant: str = "default", vram: float = 1680, **kw) -> Selection:
-    return Selection(hardware=hardware()[hw], variant=variant, vram_minimum_gb=vram, nodes=nodes,
+def sel(hw: str, nodes: int, variant: str = "default", vram: float = 1680, **kw) -> Requirements:
+    return Requirements(hardware=hardware()[hw], variant=variant, vram_minimum_gb=vram, nodes=nodes,
                      multi_node=nodes > 1, **kw)
 
 

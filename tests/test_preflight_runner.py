@@ -82,9 +82,10 @@ def k3(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_fake_gb300_trays_all_pass_in_process(tmp_path):
-    from k3deploy.preflight.runner import run_preflight
+    from k3deploy.runtime.gather import gather
 
-    report = run_preflight(str(write_fake_inventory(tmp_path)))
+    report = gather(str(write_fake_inventory(tmp_path)), installed=False, require_plan=False).preflight
+    assert report is not None
     bad = [(r.host, r.check, r.observed) for r in report.results if r.status != "pass"]
     assert bad == [] and report.exit_code == 0
     assert report.settings["@fake/gb300-1"].env["NCCL_SOCKET_IFNAME"] == "enP6p3s0f0np0"
@@ -141,7 +142,7 @@ def test_local_json_and_unreachable_host_in_an_inventory_file(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["@local"], "no hardware given"),
+        (["@local"], "k3_hardware is not set"),
         (["@local", "--hardware", "b900"], "unknown hardware 'b900'"),
         (["@local", "--hardware", "h200", "--variant", "fp2"], "unknown variant 'fp2'"),
         (["@local", "--hardware", "h200", "--strategy", "warp"], "unknown strategy 'warp'"),
@@ -166,7 +167,7 @@ def test_hosts_that_disagree_on_hardware_exit_2(tmp_path, capsys):
     inv = tmp_path / "two.py"
     inv.write_text("nodes = [('@fake/a', {'k3_hardware': 'h200'}), ('@fake/b', {'k3_hardware': 'b200'})]\n")
     code, _, err = main_in_process(capsys, "preflight", str(inv))
-    assert code == 2 and "hosts disagree on k3_hardware" in err
+    assert code == 2 and "hosts disagree on k3_hardware" in err and len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------- local capture

@@ -12,10 +12,11 @@ import subprocess
 import pytest
 
 sim_profiles = pytest.importorskip("k3deploy.sim.profiles")
+from k3deploy.cluster.requirements import Requirements  # noqa: E402
 from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
 from k3deploy.facts.host import AddressInterface, DiskSpace, Ipv4Address  # noqa: E402
 from k3deploy.facts.nvidia import ImexState  # noqa: E402
-from k3deploy.preflight.checks import HostFacts, Selection, run_checks  # noqa: E402
+from k3deploy.preflight.checks import HostFacts, run_checks  # noqa: E402
 from k3deploy.preflight.runner import fact_plan  # noqa: E402
 from k3deploy.recipe.taxonomy import hardware  # noqa: E402
 from k3deploy.sim.faults import parse_fault  # noqa: E402
@@ -38,7 +39,7 @@ def run_fact(fact_cls, kwargs, env):
 
 
 def cluster(hw: str, nodes: int, faults: list[str], tmp_path, variant="default", vram=1680.0, strategy=None):
-    sel = Selection(hardware=hardware()[hw], variant=variant, vram_minimum_gb=vram, nodes=nodes,
+    sel = Requirements(hardware=hardware()[hw], variant=variant, vram_minimum_gb=vram, nodes=nodes,
                     strategy=strategy, multi_node=nodes > 1)
     parsed = [parse_fault(f) for f in faults]
     # the nodes run systemd with the vendor services up; this host may not: answer is-active for them

@@ -10,16 +10,18 @@ import sys
 
 import pytest
 
-from k3deploy.cluster.inventory import load_records, plan_for, variables_for
+from k3deploy.cluster.commands import install_file
+from k3deploy.cluster.inventory import plan_for, records_of, variables_for
 from k3deploy.cluster.rollout import compute
-from k3deploy.cluster.runbook import _heredoc, blocks, build, to_html, to_markdown
+from k3deploy.cluster.runbook import Context, blocks, build, to_html, to_markdown
 from k3deploy.preflight.checks import CheckResult
+from k3deploy.runtime.gather import load_inventory
 
 TOKEN = "hf_runbookFAKEtoken0123456789"
 
 
 def rollout(inventory: str, **overrides):
-    records = load_records(inventory)
+    records = records_of(load_inventory(inventory).inventory)
     v = variables_for(records, inventory).model_copy(update=overrides)
     return compute(plan_for(records, v), records, v)
 
@@ -29,12 +31,12 @@ def doc_for(r, **kw):
             CheckResult("gb300-node1", "disk.shm", "fail", "1.0 GiB size on /dev/shm", ">= 16.0 GiB of /dev/shm",
                         "enlarge /dev/shm")]
     hosts = list(dict.fromkeys(u.host for u in r.units))
-    return build(r, inventory="inventories/x.py", preflight=rows, addresses={h: h for h in hosts},
+    return build(r, Context(inventory="inventories/x.py", preflight=rows, addresses={h: h for h in hosts},
                  ssh={h: ["ssh", f"root@{h}"] for h in hosts}, brand="NVIDIA",
                  guide=kw.get("guide", "## Notes\n\n- **mlx5 dmabuf registration failures**: errno 524 ... "
                                        "`NCCL_DMABUF_ENABLE=0` ... nvidia_peermem\n- **MNNVL environments**: x\n"
                                        "- **RDMA**: set `UCX_TLS=\"rc,cuda_copy\"`\n"),
-                 version="0")
+                 version="0"))
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +82,8 @@ def test_every_unit_and_env_file_is_written_verbatim_and_steps_are_ordered():
     smoke = first(lambda t: "/v1/chat/completions" in t)
     assert pull < files < head_start < worker < health < smoke
     assert steps[head_start].node == "gb300-node1" and steps[worker].node == "gb300-node2"
-    assert "systemctl restart k3-engine.service" in steps[worker].text  # the worker starts after the rendezvous
+    worker_start = first(lambda t: "systemctl restart k3-engine.service" in t and t is not texts[head_start])
+    assert worker < worker_start < health and steps[worker_start].node == "gb300-node2"  # after the rendezvous
     assert "/v1/models" in steps[health].text
 
 
@@ -89,6 +92,7 @@ def test_prerequisites_rollback_and_troubleshooting():
     md = to_markdown(doc_for(r))
     assert "| disk.shm | `df -h /dev/shm` | >= 16.0 GiB of /dev/shm | 1.0 GiB size on /dev/shm | fail | enlarge" in md
     check = next(b for b in blocks(md) if b.node == "gb300-node1" and "df -h /dev/shm" in b.text)
+    assert check.when == "check"  # what a prerequisite reads; not a bring-up step
     assert "nvidia-smi --query-gpu=driver_version" in check.text
     rollback = [b for b in blocks(md) if b.when == "rollback"]
     assert any("cp -p /etc/k3deploy/previous/k3-engine.env /etc/k3deploy/k3-engine.env" in b.text for b in rollback)
@@ -133,7 +137,7 @@ def test_heredoc_writes_exact_bytes_and_keeps_the_previous_version(tmp_path):
     dest, prev = tmp_path / "etc" / "a.env", tmp_path / "prev"
     tricky = 'A=$HOME `x` \\n "q"\nK3_EOF\nB=100%\n'
     for content in ("OLD=1\n", tricky):
-        proc = subprocess.run(["bash", "-e", "-c", _heredoc(str(dest), content, "0600", str(prev))],
+        proc = subprocess.run(["bash", "-e", "-c", install_file(str(dest), content, "0600", str(prev))],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert dest.read_text() == content

@@ -9,8 +9,11 @@ import pytest
 
 from k3deploy import resolve
 from k3deploy.cluster.binding import HostRecord, bind
+from k3deploy.cluster.rollout import compute
 from k3deploy.cluster.unitcheck import verify_unit
 from k3deploy.cluster.units import ContainerSpec, container_argv, engine_unit, env_file_text, exec_line, systemd_quote
+from k3deploy.cluster.variables import Variables
+from k3deploy.recipe.fixes import deployable
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 
@@ -63,25 +66,32 @@ def test_systemd_quoting_round_trip():
 
 
 @pytest.mark.parametrize("hardware, strategy, variant", [
-    ("gb300", "multi_node_tp", "default"), ("b300", "single_node_tp", "default"), ("mi355x", "single_node_tp", "default"),
-    ("gb200", "multi_node_dep", "default"), ("ascend_910c", "multi_node_tp_dp", "ascend_w4a8"),
+    ("gb300", "multi_node_tp", "default"), ("b300", "single_node_tp", "default"),
+    ("mi355x", "single_node_tp", "default"), ("gb200", "multi_node_dep", "default"),
+    ("ascend_910c", "multi_node_tp_dp", "ascend_w4a8"), ("b300", "pd_cluster", "default"),
 ])
 @needs_analyze
-def test_every_rendered_unit_passes_systemd_analyze_verify(recipe, hardware, strategy, variant):
-    plan = resolve(recipe, hardware=hardware, strategy=strategy, variant=variant)
-    bound = bind(plan, _hosts(len(plan.nodes)), ifaces={f"n{i}": "eth0" for i in range(len(plan.nodes))})
-    for b in bound.values():
-        text = engine_unit(b.engine, _spec(plan, rdma=len(plan.nodes) > 1), model=plan.model, strategy=strategy,
-                           ready_timeout=3600)
-        rc, out = verify_unit(text, "k3-engine.service")
-        assert rc == 0, out
+def test_every_unit_the_rollout_installs_passes_systemd_analyze_verify(recipe, hardware, strategy, variant):
+    plan = deployable(resolve(recipe, hardware=hardware, strategy=strategy, variant=variant))
+    if plan.strategy == "pd_cluster":
+        hosts = [HostRecord(f"n{i}", (n.role,), {"k3_ip": f"10.77.0.{11 + i}"})
+                 for i, n in enumerate(x for x in plan.nodes if x.role != "router")]
+        hosts[0] = HostRecord("n0", ("prefill", "router"), hosts[0].data)
+    else:
+        hosts = _hosts(len(plan.nodes))
+    r = compute(plan, hosts, Variables(k3_hardware=hardware), ifaces={h.name: "eth0" for h in hosts})
+    assert {u.group for u in r.units} >= ({"router"} if strategy in ("multi_node_dep", "pd_cluster") else set())
+    for u in r.units:
+        rc, out = verify_unit(u.unit_text, u.unit, stubs=["/usr/bin/docker", "/usr/bin/vllm-router", "/bin/true"])
+        assert rc == 0, f"{u.host} {u.unit}: {out}"
 
 
 @needs_analyze
 def test_verify_catches_a_broken_unit(recipe):
     plan = resolve(recipe, hardware="b300")
     bound = bind(plan, _hosts(1))
-    text = engine_unit(bound["n0"].engine, _spec(plan), model=plan.model, strategy=plan.strategy, ready_timeout=3600)
+    text = engine_unit(bound["n0"].engine, _spec(plan), model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+                      ready_timeout=3600)
     rc, out = verify_unit(text.replace("Restart=on-failure", "Restart=sometimes"), "k3-engine.service")
     assert rc == 1 and "sometimes" in out
 
@@ -93,7 +103,8 @@ def test_container_argv_carries_the_plan_argv_exactly(recipe):
     argv = container_argv(_spec(plan), node.argv)
     image_at = argv.index(plan.image)
     assert argv[image_at + 1:] == node.argv[2:]
-    unit_line = engine_unit(node, _spec(plan), model=plan.model, strategy=plan.strategy, ready_timeout=60)
+    unit_line = engine_unit(node, _spec(plan), model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+                      ready_timeout=60)
     exec_start = next(line for line in unit_line.splitlines() if line.startswith("ExecStart="))
     assert systemd_split(exec_start[len("ExecStart="):]) == argv
 

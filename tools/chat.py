@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from openai import OpenAI
 
@@ -20,7 +21,7 @@ def main(argv: list[str]) -> int:
         return 2
     endpoint, model = argv[0].rstrip("/"), (argv[1] if len(argv) > 1 else "moonshotai/Kimi-K3")
     client = OpenAI(api_key="EMPTY", base_url=f"{endpoint}/v1", timeout=3600)
-    messages = [{"role": "user", "content": [{"type": "text", "text": "Read all the text in the image."}]}]
+    messages: list[Any] = [{"role": "user", "content": [{"type": "text", "text": "Read all the text in the image."}]}]
     start = time.time()
     response = client.chat.completions.create(model=model, messages=messages, max_tokens=2048)
     print(f"Response costs: {time.time() - start:.2f}s")

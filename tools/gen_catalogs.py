@@ -84,7 +84,7 @@ def closure_vars(fn: Any) -> dict[str, Any]:
     if code is None:
         return {}
     out = {}
-    for name, cell in zip(code.co_freevars, cells):
+    for name, cell in zip(code.co_freevars, cells, strict=True):
         try:
             out[name] = cell.cell_contents
         except ValueError:
@@ -187,8 +187,9 @@ def parser_flags(parser: argparse.ArgumentParser) -> tuple[list[dict[str, Any]],
     accepted: dict[int, list[str]] = {}
     for opt, act in parser._option_string_actions.items():
         accepted.setdefault(id(act), []).append(opt)
-    deprecated = getattr(parser, "_deprecated", set())
-    flags, positionals = [], []
+    deprecated: set[str] = getattr(parser, "_deprecated", set())
+    flags: list[dict[str, Any]] = []
+    positionals: list[dict[str, Any]] = []
     for act in parser._actions:
         if not act.option_strings:
             positionals.append({"dest": act.dest, "nargs": None if act.nargs is None else str(act.nargs)})
@@ -197,8 +198,8 @@ def parser_flags(parser: argparse.ArgumentParser) -> tuple[list[dict[str, Any]],
             continue
         flags.append(action_record(act, sorted(accepted.get(id(act), act.option_strings)),
                                    group_of.get(id(act), ""), deprecated))
-    flags.sort(key=lambda f: f["name"])
-    positionals.sort(key=lambda p: p["dest"])
+    flags.sort(key=lambda f: str(f["name"]))
+    positionals.sort(key=lambda p: str(p["dest"]))
     return flags, positionals
 
 
@@ -341,7 +342,7 @@ def backend_records(enum_cls: Any) -> list[dict[str, Any]]:
                 if isinstance(val, (list, tuple, set)):
                     rec[attr] = sorted(str(v).replace("torch.", "") for v in val)
         out.append(rec)
-    out.sort(key=lambda r: r["name"])
+    out.sort(key=lambda r: str(r["name"]))
     return out
 
 
@@ -353,8 +354,8 @@ def dataclass_keys(cls: Any) -> list[dict[str, Any]]:
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         else:
             default = None
         default = getattr(default, "default", default) if type(default).__name__ == "FieldInfo" else default
@@ -365,7 +366,7 @@ def dataclass_keys(cls: Any) -> list[dict[str, Any]]:
         if literal_choices:
             rec["choices"] = literal_choices
         out.append(rec)
-    out.sort(key=lambda r: r["name"])
+    out.sort(key=lambda r: str(r["name"]))
     return out
 
 

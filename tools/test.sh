@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
+# the code gates: ruff and mypy (tools/lint.sh)
+bash tools/lint.sh
 # the real vLLM 0.33.0 / vllm-router 0.1.17 parsers, in their own venv, for the conformance tests
 bash tools/engine-venv.sh >/dev/null
 exec .venv/bin/pytest -q "$@"

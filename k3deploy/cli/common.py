@@ -55,3 +55,16 @@ def selection_kwargs(params: dict[str, Any]) -> dict[str, Any]:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
+
+
+def read_cluster(command: str, inventory: str, **kwargs: Any) -> Any:
+    """``k3deploy.runtime.gather.gather(inventory, **kwargs)`` for a command: bad input stays one line, and any
+    other failure becomes one line naming the command (never a traceback)."""
+    from k3deploy.runtime.gather import gather
+
+    try:
+        return gather(inventory, **kwargs)
+    except K3Error:
+        raise
+    except Exception as exc:  # never a traceback for the user
+        raise K3Error(f"{command} could not run: {type(exc).__name__}: {exc}") from None

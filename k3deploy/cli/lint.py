@@ -7,6 +7,7 @@ import sys
 import click
 
 from k3deploy.cli.common import echo_json, json_option, recipe_option
+from k3deploy.recipe.lint import LintReport
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -41,7 +42,7 @@ def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant
         ctx.exit(report.exit_code)
 
 
-def _render(report) -> None:  # type: ignore[no-untyped-def]
+def _render(report: LintReport) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -16,12 +17,12 @@ from k3deploy.errors import K3Error
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
-def render_table(report) -> None:  # type: ignore[no-untyped-def]
+def render_table(report: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 180)
-    sel = report.selection
+    sel = report.requirements
     title = (f"Preflight: {sel.hardware.id} x {sel.nodes} node(s), variant {sel.variant}"
              + (f", strategy {sel.strategy}" if sel.strategy else ""))
     table = Table(title=title, show_lines=False, expand=False)
@@ -62,10 +63,11 @@ def render_table(report) -> None:  # type: ignore[no-untyped-def]
 
 @click.command("preflight")
 @click.argument("inventory")
-@click.option("--hardware", help="hardware id (default: k3_hardware from the inventory data)")
-@click.option("--strategy", help="serving strategy (default: k3_strategy from the inventory data)")
-@click.option("--variant", help="recipe variant (default: k3_variant from the inventory data, else 'default')")
-@click.option("--nodes", type=int, help="planned node count (default: the number of inventory hosts)")
+@click.option("--hardware", help="hardware id (default: k3_hardware from the inventory's variables)")
+@click.option("--strategy", help="serving strategy (default: k3_strategy from the inventory's variables)")
+@click.option("--variant", help="recipe variant (default: k3_variant from the inventory's variables, else 'default')")
+@click.option("--nodes", type=int, help="the node count you expect the inventory to plan (checked, exit 2 when it "
+              "differs)")
 @click.option("--cache-dir", help="where weights are cached on the nodes (default: k3_model_cache or "
               "/var/lib/k3deploy/cache)")
 @click.option("--image-dir", help="where container images are stored (default: k3_image_dir, else Docker's "
@@ -76,21 +78,28 @@ def preflight(inventory: str, hardware: str | None, strategy: str | None, varian
     """Check every node of INVENTORY (a pyinfra inventory file, host list or @local) before deploying.
 
     Reads driver, GPUs, fabric, RDMA, container runtime, disk and /dev/shm on all nodes in parallel,
-    changes nothing, and prints one table for the whole cluster. Exit 0: all passed; 1: a check failed;
-    2: bad input.
+    changes nothing, and prints one table for the whole cluster. The options override the inventory's
+    variables (a bare host list is read as the head followed by its workers). Exit 0: all passed; 1: a check
+    failed; 2: bad input.
     """
-    from k3deploy.preflight.runner import run_preflight
+    from k3deploy.cli.common import read_cluster
+    from k3deploy.recipe import load_recipe
+    from k3deploy.recipe.lint import echo_findings
 
-    try:
-        report = run_preflight(inventory, hardware=hardware, strategy=strategy, variant=variant, nodes=nodes,
-                               cache_dir=cache_dir, image_dir=image_dir)
-    except K3Error:
-        raise
-    except Exception as exc:  # never a traceback for the user
-        raise K3Error(f"preflight could not run: {type(exc).__name__}: {exc}") from None
-    from k3deploy.recipe.lint import echo_selection_findings
-
-    echo_selection_findings(report.selection, lambda line: click.echo(line, err=True))
+    overrides = {"k3_hardware": hardware.lower() if hardware else None, "k3_strategy": strategy,
+                 "k3_variant": variant, "k3_model_cache": cache_dir, "k3_image_dir": image_dir}
+    cluster = read_cluster("preflight", inventory, overrides=overrides, installed=False, require_plan=False)
+    report = cluster.preflight
+    assert report is not None
+    t = cluster.target
+    if nodes is not None and nodes != t.requirements.nodes:
+        raise K3Error(f"--nodes {nodes}: {inventory} plans {t.requirements.nodes} engine node(s); add or remove hosts "
+                      "or drop --nodes")
+    if t.plan is not None:
+        echo_findings(load_recipe(t.vars.k3_recipe), t.plan, lambda line: click.echo(line, err=True))
+    else:
+        click.echo(f"warning: no plan for these hosts ({t.plan_error}); the hosts are checked against "
+                   f"{t.requirements.hardware.id} x {t.requirements.nodes}", err=True)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:

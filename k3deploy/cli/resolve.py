@@ -66,8 +66,8 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
     reads it from each node's facts)."""
     import shlex
 
+    from k3deploy.cli.common import read_cluster
     from k3deploy.cluster.diff import exec_start
-    from k3deploy.cluster.inventory import rollout_for_inventory
     from k3deploy.errors import K3Error
     from k3deploy.recipe.printing import format_exports
 
@@ -75,7 +75,7 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
     if given:
         raise K3Error(f"{', '.join(given)} cannot be combined with --inventory: the selection comes from the "
                       "inventory's group_vars (k3_hardware, k3_strategy, ...)")
-    r = rollout_for_inventory(spec)
+    r = read_cluster("resolve", spec, facts=False).require_rollout()
     for w in r.plan.warnings:
         click.echo(f"warning: {w}", err=True)
     if as_json:

@@ -31,31 +31,30 @@ def runbook(inventory: str, output: str, fmt: str | None) -> None:
     from importlib.metadata import version
 
     from k3deploy import load_recipe
-    from k3deploy.cli.plan import gather
-    from k3deploy.cluster.runbook import build, to_html, to_markdown
+    from k3deploy.cli.common import read_cluster
+    from k3deploy.cluster.runbook import Context, build, to_html, to_markdown
     from k3deploy.recipe.taxonomy import hardware
+    from k3deploy.runtime.gather import require_reachable
 
     if fmt is None:
         fmt = "html" if output.lower().endswith((".html", ".htm")) else "md"
     target = Path(output)
     if not target.parent.is_dir():
         raise K3Error(f"-o {output}: directory {target.parent} does not exist: create it or choose another path")
-    try:
-        cluster = gather(inventory, read_installed=False)
-    except K3Error:
-        raise
-    except Exception as exc:  # never a traceback for the user
-        raise K3Error(f"runbook could not be generated: {type(exc).__name__}: {exc}") from None
-    r = cluster.rollout
-    doc = build(r, inventory=inventory, preflight=cluster.preflight, addresses=cluster.addresses, ssh=cluster.ssh,
-                brand=str(hardware()[r.plan.hardware].brand), guide=load_recipe(r.vars.k3_recipe).guide,
-                version=version("k3deploy"))
+    cluster = read_cluster("runbook", inventory, installed=False)
+    require_reachable(cluster)
+    r = cluster.require_rollout()
+    rows = cluster.preflight.results if cluster.preflight else []
+    doc = build(r, Context(inventory=inventory, preflight=rows, addresses=cluster.addresses, ssh=cluster.ssh,
+                           brand=str(hardware()[r.plan.hardware].brand), guide=load_recipe(r.vars.k3_recipe).guide,
+                           version=version("k3deploy")))
     text = to_html(doc) if fmt == "html" else to_markdown(doc)
     try:
         target.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise K3Error(f"-o {output}: cannot write: {exc.strerror}: choose a writable path") from None
     click.echo(f"wrote {output} ({fmt}, {len(r.units)} unit(s) on {len({u.host for u in r.units})} host(s))")
-    if cluster.failures:
-        click.echo("warning: preflight fails on " + ", ".join(sorted(cluster.failures))
+    failing = sorted(cluster.preflight.failures_by_host()) if cluster.preflight else []
+    if failing:
+        click.echo("warning: preflight fails on " + ", ".join(failing)
                    + ": the runbook's prerequisites section lists what to fix", err=True)

@@ -117,13 +117,15 @@ def status_cmd(name: str | None, as_json: bool) -> None:
             state = "running" if n["running"] else "stopped"
             ssh = "ssh ok" if n["ssh"] else "no ssh"
             faults = ",".join(n["faults"]) or "-"
-            click.echo(f"  {n['name']:<16} {n['ip']:<14} rank {n['rank']:<3} {state:<8} {ssh:<7} {mem:>8}  faults: {faults}")
+            click.echo(f"  {n['name']:<16} {n['ip']:<14} rank {n['rank']:<3} {state:<8} {ssh:<7} {mem:>8}  "
+                       f"faults: {faults}")
 
 
 @sim_group.command("fault")
 @click.argument("specs", nargs=-1, metavar="[NAME] RANK:KIND[=VALUE]...")
 @click.option("--name", default=None, help=f"Cluster name (default {sim.DEFAULT_NAME}).")
-@click.option("--clear", is_flag=True, help="Clear the given faults (RANK or RANK:KIND), or all faults when none given.")
+@click.option("--clear", is_flag=True,
+              help="Clear the given faults (RANK or RANK:KIND), or all faults when none given.")
 def fault_cmd(specs: tuple[str, ...], name: str | None, clear: bool) -> None:
     """Switch faults of a running simulated cluster (node.json is rewritten; tools re-read it)."""
     items = list(specs)

@@ -12,7 +12,8 @@ Inventory contract:
 
 Example::
 
-    >>> hosts = [HostRecord("n1", ("head",), {"k3_ip": "10.0.0.1"}), HostRecord("n2", ("workers",), {"k3_ip": "10.0.0.2"})]
+    >>> hosts = [HostRecord("n1", ("head",), {"k3_ip": "10.0.0.1"}),
+    ...          HostRecord("n2", ("workers",), {"k3_ip": "10.0.0.2"})]
     >>> bound = bind(plan, hosts, ifaces={"n1": "eth0", "n2": "eth0"})      # doctest: +SKIP
     >>> bound["n2"].engine.argv[-3:]                                        # doctest: +SKIP
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.errors import K3Error
+from k3deploy.recipe.argv import flag_value, int_value
 from k3deploy.recipe.plan import NodePlan, Plan
 
 PLACEHOLDER = re.compile(r"\$([A-Z_][A-Z0-9_]*)")
@@ -72,15 +74,18 @@ class BoundHost:
 def _ranked(hosts: list[HostRecord], group: str) -> list[HostRecord]:
     members = [h for h in hosts if group in h.groups]
     ranks = [h.data.get("rank") for h in members]
-    if all(r is not None for r in ranks) and members:
+    if members and all(r is not None for r in ranks):
         dup = {r for r in ranks if ranks.count(r) > 1}
         if dup:
             names = [h.name for h in members if h.data.get("rank") in dup]
-            raise K3Error(f"duplicate rank {sorted(dup)[0]} in group {group}: hosts {', '.join(names)}; give each a unique rank")
+            first = sorted(dup, key=str)[0]
+            raise K3Error(f"duplicate rank {first} in group {group}: hosts {', '.join(names)}; give each a "
+                          "unique rank")
         return sorted(members, key=lambda h: int(h.data["rank"]))
     if any(r is not None for r in ranks):
         missing = [h.name for h in members if h.data.get("rank") is None]
-        raise K3Error(f"group {group}: hosts {', '.join(missing)} have no rank while others do; set rank on all or none")
+        raise K3Error(f"group {group}: hosts {', '.join(missing)} have no rank while others do; set rank on all or "
+                      "none")
     return members
 
 
@@ -90,7 +95,8 @@ def fill(value: str, mapping: Mapping[str, str]) -> str:
 
 
 def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] | None = None,
-         dp_rpc_port: int = DEFAULT_DP_RPC_PORT, router_host: str = "0.0.0.0", router_port: int = 8000) -> dict[str, BoundHost]:
+         dp_rpc_port: int = DEFAULT_DP_RPC_PORT, router_host: str = "0.0.0.0",
+         router_port: int = 8000) -> dict[str, BoundHost]:
     """Assign every plan node to a host and fill the placeholders; raise K3Error on an inventory mismatch."""
     hosts = list(hosts)
     ifaces = ifaces or {}
@@ -110,8 +116,8 @@ def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] |
             planned = plan.role(role)
             members = _ranked(hosts, role)
             if len(members) != len(planned):
-                raise K3Error(f"the plan has {len(planned)} {role} node(s) but group {role} has {len(members)} host(s): "
-                              f"add or remove hosts, or set k3_{role}_nodes")
+                raise K3Error(f"the plan has {len(planned)} {role} node(s) but group {role} has {len(members)} "
+                              f"host(s): add or remove hosts, or set k3_{role}_nodes")
             pools[role] = members
             for i, h in enumerate(members, start=1):
                 mapping[f"{role.upper()}_NODE_{i}"] = h.address
@@ -119,7 +125,7 @@ def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] |
         if len(routers) != 1:
             raise K3Error(f"pd_cluster needs exactly one host in group router, found {len(routers)}")
         for role, members in pools.items():
-            for node, h in zip(plan.role(role), members):
+            for node, h in zip(plan.role(role), members, strict=True):
                 bound = make(node, h, mapping)
                 if out[h.name].engine is None:
                     out[h.name].engine = bound
@@ -137,27 +143,29 @@ def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] |
         raise K3Error(f"host {heads[0].name} is in both head and workers")
     ordered = [heads[0], *workers]
     if len(ordered) != len(plan.nodes):
-        raise K3Error(f"the plan for {plan.strategy} on {plan.hardware} has {len(plan.nodes)} node(s) but the inventory "
-                      f"has {len(ordered)} (1 head + {len(workers)} workers): set k3_nodes or fix the inventory")
+        raise K3Error(f"the plan for {plan.strategy} on {plan.hardware} has {len(plan.nodes)} node(s) but the "
+                      f"inventory has {len(ordered)} (1 head + {len(workers)} workers): set k3_nodes or fix the "
+                      "inventory")
     if heads[0].data.get("rank") not in (None, 0):
         raise K3Error(f"head host {heads[0].name} has rank {heads[0].data.get('rank')}; the head is rank 0")
     for i, w in enumerate(workers, start=1):
         if w.data.get("rank") is not None and int(w.data["rank"]) != i:
             raise K3Error(f"workers must have ranks 1..{len(workers)}; host {w.name} has rank {w.data['rank']}")
     mapping = {**common, "HEAD_IP": heads[0].address}
-    for node, h in zip(plan.nodes, ordered):
+    for node, h in zip(plan.nodes, ordered, strict=True):
         out[h.name].engine = make(node, h, mapping)
     return out
 
 
 def rendezvous_port(argv: list[str]) -> int | None:
-    """The TCP port workers join on: ``--master-port`` (nnodes) or ``--data-parallel-rpc-port`` (DP address)."""
-    def value(flag: str) -> str | None:
-        return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+    """The TCP port workers join on: ``--master-port`` (nnodes) or ``--data-parallel-rpc-port`` (DP address),
+    read as vLLM's parser reads them (the last occurrence wins).
 
-    if "--nnodes" in argv:
-        return int(value("--master-port") or DEFAULT_MASTER_PORT)
-    if "--data-parallel-address" in argv:
-        v = value("--data-parallel-rpc-port")
-        return int(v) if v and v.isdigit() else DEFAULT_DP_RPC_PORT
+    >>> rendezvous_port(["vllm", "serve", "m", "--nnodes", "2", "--master-port", "1", "--master-port=29600"])
+    29600
+    """
+    if flag_value(argv, "--nnodes") is not None:
+        return int_value(argv, "--master-port", default=DEFAULT_MASTER_PORT)
+    if flag_value(argv, "--data-parallel-address", "-dpa") is not None:
+        return int_value(argv, "--data-parallel-rpc-port", "-dpp", default=DEFAULT_DP_RPC_PORT)
     return None

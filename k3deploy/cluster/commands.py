@@ -1,19 +1,42 @@
-"""Shell commands shared by the rollout's operations and the runbook, so the two cannot drift.
+"""Every shell command the rollout runs on a node, written once: the operations (:mod:`k3deploy.runtime`) run
+these scripts and the runbook (:mod:`k3deploy.cluster.runbook`) prints the same scripts, so the two cannot drift.
+
+Each function returns a POSIX ``sh`` script (the operations run it as ``sh -c SCRIPT``; the runbook's blocks
+run under ``bash -e``), so every script is correct under both.
 
 Example::
 
     >>> download_argv("docker", "/var/lib/k3deploy/cache", "vllm/vllm-openai:kimi-k3", "moonshotai/Kimi-K3")[-3:]
     ['vllm/vllm-openai:kimi-k3', 'download', 'moonshotai/Kimi-K3']
+    >>> stop_units(["k3-engine.service"])
+    'systemctl stop k3-engine.service'
 """
 
 from __future__ import annotations
 
+import json
 import shlex
+from collections.abc import Sequence
+
+#: what one poll of a unit (:func:`probe`) exits with
+PROBE_READY, PROBE_FAILED, PROBE_STARTING = 0, 1, 2
+
+
+def _units(units: Sequence[str]) -> str:
+    return " ".join(shlex.quote(u) for u in units)
+
+
+# ---------------------------------------------------------------------------------------------- stage
 
 
 def snapshot_dir(cache: str, model: str) -> str:
     """Where the Hugging Face cache under ``cache`` keeps ``model``'s snapshots."""
     return f"{cache.rstrip('/')}/huggingface/hub/models--{model.replace('/', '--')}/snapshots"
+
+
+def weights_present(cache: str, model: str) -> str:
+    """A test that succeeds when the cache holds a snapshot of ``model``."""
+    return f"[ -n \"$(ls -A {shlex.quote(snapshot_dir(cache, model))} 2>/dev/null)\" ]"
 
 
 def download_argv(docker: str, cache: str, image: str, model: str, token_file: str | None = None) -> list[str]:
@@ -27,19 +50,151 @@ def download_argv(docker: str, cache: str, image: str, model: str, token_file: s
     return args + ["--entrypoint", "hf", image, "download", model]
 
 
+def stage_weights(docker: str, cache: str, image: str, model: str, token_file: str | None = None) -> str:
+    """Download the weights unless the cache already holds them."""
+    return (f"mkdir -p {shlex.quote(cache)} && if {weights_present(cache, model)}; then echo 'weights present'; "
+            f"else {shlex.join(download_argv(docker, cache, image, model, token_file))}; fi")
+
+
+def require_weights(cache: str, model: str) -> str:
+    """Fail with the reason when the weights are absent (``k3_download_weights: false``)."""
+    return (f"{weights_present(cache, model)} || {{ echo 'weights of {model} are not in {cache}/huggingface and "
+            "k3_download_weights is false: stage them first' >&2; exit 1; }")
+
+
 def digest_check(docker: str, image: str) -> str:
     """Shell that fails unless the local ``image`` carries the digest it pins (empty when it pins none)."""
     if "@sha256:" not in image:
         return ""
     want = image.split("@", 1)[1]
-    return (f"got=$({shlex.quote(docker)} image inspect --format '{{{{index .RepoDigests 0}}}}' {shlex.quote(image)}) "
-            f"&& case \"$got\" in *{want}) echo \"digest ok: $got\";; *) echo \"image digest $got, required {want}\" >&2;"
-            f" exit 1;; esac")
+    return (f"got=$({shlex.quote(docker)} image inspect --format '{{{{index .RepoDigests 0}}}}' "
+            f"{shlex.quote(image)}) && case \"$got\" in *{want}) echo \"digest ok: $got\";; "
+            f"*) echo \"image digest $got, required {want}\" >&2; exit 1;; esac")
 
 
-def pull_script(docker: str, image: str) -> str:
+def pull(docker: str, image: str) -> str:
     """Pull ``image`` when it is not present locally, then verify a pinned digest."""
     d, i = shlex.quote(docker), shlex.quote(image)
     script = f"{d} image inspect {i} >/dev/null 2>&1 || {d} pull -q {i}"
     check = digest_check(docker, image)
-    return f"{script}\n{check}\n" if check else script + "\n"
+    return f"{script} && {check}" if check else script
+
+
+# ------------------------------------------------------------------------------------------ configure
+
+
+def install_file(dest: str, content: str, mode: str, backup_dir: str | None) -> str:
+    """Write ``content`` to ``dest`` with ``mode`` (the runbook's form of the operations' upload); a file that
+    changes is first copied to ``backup_dir``."""
+    tag = "K3_EOF"
+    while tag in content.splitlines():
+        tag += "_"
+    d, new = shlex.quote(dest), shlex.quote(f"{dest}.new")
+    keep = ""
+    if backup_dir:
+        b = shlex.quote(backup_dir)
+        keep = (f"if [ -f {d} ] && ! cmp -s {new} {d}; then install -d -m 0700 {b} && cp -p {d} {b}/; fi\n")
+    return (f"install -d -m 0755 {shlex.quote(dest.rsplit('/', 1)[0] or '/')}\n"
+            f"install -m {mode} /dev/stdin {new} <<'{tag}'\n{content}{tag}\n{keep}mv -f {new} {d}\n")
+
+
+def daemon_reload() -> str:
+    return "systemctl daemon-reload"
+
+
+# ---------------------------------------------------------------------------------------------- start
+
+
+def stop_units(units: Sequence[str]) -> str:
+    return f"systemctl stop {_units(units)}"
+
+
+def start_units(units: Sequence[str]) -> str:
+    """Reload unit files, clear old failures, enable and (re)start the units."""
+    q = _units(units)
+    return (f"systemctl daemon-reload && {{ systemctl reset-failed {q} 2>/dev/null || true; }} && "
+            f"systemctl enable {q} && systemctl restart {q}")
+
+
+def wait_tcp(address: str, port: int, timeout: int, interval: float = 1.0) -> str:
+    """Wait, from this node, until ``address:port`` accepts a TCP connection (no payload is sent)."""
+    where = f"{address}:{int(port)}"
+    return (f"end=$(( $(date +%s) + {int(timeout)} )); "
+            f"until timeout 2 bash -c '</dev/tcp/{address}/{int(port)}' 2>/dev/null; do "
+            f"if [ $(date +%s) -ge $end ]; then echo 'rendezvous {where} not open after {int(timeout)}s "
+            f"(is the head engine running?)' >&2; exit 1; fi; sleep {interval:g}; done; echo 'rendezvous {where} open'")
+
+
+def probe(unit: str, url: str | None, model: str | None) -> str:
+    """One poll of a started unit. Exit 0: serving (``url``: ``/health`` 200 and, with ``model``, ``/v1/models``
+    lists it; no ``url``: running); 1: failed, with what was observed on stdout; 2: still starting.
+
+    A unit that failed, restarted, or stopped, or an engine whose ``/health`` answers 503, has failed.
+    """
+    u = shlex.quote(unit)
+    lines = [
+        f"eval \"$(systemctl show -p ActiveState -p SubState -p NRestarts {u} 2>/dev/null)\"",
+        f"case \"$ActiveState/$SubState\" in failed/*|*/auto-restart|inactive/*|deactivating/*) "
+        f"echo \"unit {unit} $ActiveState/$SubState, restarts ${{NRestarts:-0}}\"; exit {PROBE_FAILED};; esac",
+        f"if [ \"${{NRestarts:-0}}\" -gt 0 ]; then echo \"unit {unit} $ActiveState/$SubState, restarts "
+        f"$NRestarts\"; exit {PROBE_FAILED}; fi",
+    ]
+    if not url:
+        lines.append(f"[ \"$ActiveState\" = active ] || exit {PROBE_STARTING}")
+        return "; ".join(lines)
+    health = shlex.quote(url + "/health")
+    lines += [
+        f"code=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health} || true)",
+        f"if [ \"$code\" = 503 ]; then echo 'GET {url}/health -> 503 (engine dead)'; exit {PROBE_FAILED}; fi",
+        f"[ \"$code\" = 200 ] || exit {PROBE_STARTING}",
+    ]
+    if model:
+        listed = " ".join(f"-e {shlex.quote(p)}" for p in (f'"id":{json.dumps(model)}', f'"id": {json.dumps(model)}'))
+        lines.append(f"curl -s -m 5 {shlex.quote(url + '/v1/models')} | grep -qF {listed} || exit {PROBE_STARTING}")
+    return "; ".join(lines)
+
+
+def logs(unit: str, container: str | None, docker: str, lines: int = 25) -> str:
+    """The tail of a unit's journal and of its container's log."""
+    script = (f"echo '--- journalctl -u {unit} (last {lines} lines)'; "
+              f"journalctl -u {shlex.quote(unit)} -n {lines} --no-pager 2>&1 | tail -n {lines}")
+    if container:
+        script += (f"; echo '--- {docker} logs --tail {lines} {container}'; "
+                   f"{shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1 | tail -n {lines}")
+    return script
+
+
+def wait_ready(unit: str, url: str | None, model: str | None, timeout: int, container: str | None, docker: str,
+               interval: float = 2.0) -> str:
+    """The runbook's wait: :func:`probe` until it says serving; on a failure or past ``timeout`` the reason and
+    the logs, exit 1."""
+    return (f"end=$(( $(date +%s) + {int(timeout)} ))\n"
+            f"k3_probe() {{ {probe(unit, url, model)}; }}\n"
+            f"until out=$(k3_probe); do\n"
+            f"  rc=$?\n"
+            f"  if [ $rc = {PROBE_FAILED} ] || [ $(date +%s) -ge $end ]; then\n"
+            f"    echo \"{unit} is not serving: ${{out:-no answer within {int(timeout)}s}}\" >&2\n"
+            f"    ( {logs(unit, container, docker)} ) >&2\n"
+            f"    exit 1\n"
+            f"  fi\n"
+            f"  sleep {interval:g}\n"
+            f"done\n"
+            f"echo '{unit} serves" + (f" at {url}'" if url else "'") + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- smoke
+
+
+def chat_body(model: str) -> str:
+    return json.dumps({"model": model, "max_tokens": 16,
+                       "messages": [{"role": "user", "content": "Say hello in one word."}]})
+
+
+def smoke_test(endpoint: str, model: str) -> str:
+    """One short chat completion through ``endpoint`` as ``model``; prints the answer, fails without one."""
+    url = endpoint.rstrip("/") + "/v1/chat/completions"
+    parse = ("import json,sys; t=sys.stdin.read(); d=json.loads(t) if t.lstrip().startswith('{') else {}; "
+             "c=d.get('choices') if isinstance(d, dict) else None; "
+             "print(c[0]['message']['content']) if c else sys.exit('no chat completion in the answer: ' + t[:200])")
+    return (f"curl -sS -m 120 -H 'Content-Type: application/json' -d {shlex.quote(chat_body(model))} "
+            f"{shlex.quote(url)} | python3 -c {shlex.quote(parse)}")

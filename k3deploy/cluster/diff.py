@@ -17,10 +17,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes, sha256
-from k3deploy.runtime.operations import SECRET
-
-MASK = "****"
+from k3deploy.cluster.secrets import mask_value
 
 #: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
 DOCKER_VALUE_OPTIONS = frozenset({
@@ -143,12 +142,6 @@ def argv_lines(argv: list[str] | None) -> list[str]:
 # ---------------------------------------------------------------------------------- diffs
 
 
-def mask_value(name: str, value: str | None) -> str | None:
-    if value is None:
-        return None
-    return MASK if SECRET.search(name) else value
-
-
 def parse_env(text: str | None) -> dict[str, str]:
     """A docker env file -> ordered {name: value} (comments and blank lines skipped)."""
     out: dict[str, str] = {}
@@ -191,21 +184,6 @@ def _unit_other_lines(text: str | None) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- the plan
-
-
-@dataclass
-class Installed:
-    """What one unit looks like on its host now."""
-
-    unit_text: str | None = None
-    env_text: str | None = None
-    unit_sha: str | None = None
-    env_sha: str | None = None
-    active: str = "absent"
-
-    @property
-    def running(self) -> bool:
-        return self.active == "active"
 
 
 @dataclass
@@ -274,27 +252,11 @@ def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
     return f"group {u.group} restarts"
 
 
-def start_groups(rollout: Rollout) -> list[str]:
-    """The rollout's groups in start order: engine groups (P/D pools side by side), then the router that fronts
-    them (``Rollout.groups`` lists groups as they appear on the hosts, which can put the router first)."""
-    groups = rollout.groups
-    return [g for g in groups if g != "router"] + [g for g in groups if g == "router"]
-
-
-def restart_order(rollout: Rollout) -> list[str]:
-    """``Rollout.restart_order()`` with the router after the engine groups, as the start phase runs them."""
-    order = rollout.restart_order()
-    rank = {g: i for i, g in enumerate(start_groups(rollout))}
-    group_of = {f"{u.host}:{u.unit}": u.group for u in rollout.units}
-    return sorted(order, key=lambda key: rank[group_of[key]])  # stable: rank order inside a group is kept
-
-
 def build(rollout: Rollout, installed: dict[tuple[str, str], Installed]) -> PlanReport:
     """Compare the rollout with the installed state ``(host, unit) -> Installed``; sets the rollout's
     ``changed_groups`` exactly as the deploy does."""
-    observed = {key: (i.unit_sha, i.env_sha, i.running) for key, i in installed.items()}
-    mark_changes(rollout, observed)
-    order = restart_order(rollout)
+    mark_changes(rollout, installed)
+    order = rollout.restart_order()
     hosts: dict[str, HostPlan] = {}
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())

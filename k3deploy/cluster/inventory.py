@@ -1,45 +1,35 @@
-"""Read a pyinfra inventory file the way ``pyinfra`` does, without connecting, and plan on it.
+"""An inventory as k3deploy reads it: plain host records, their roles, the deployment's variables and its plan.
+
+Pure: the caller loads the pyinfra inventory (:func:`k3deploy.runtime.gather.load_inventory`) and passes its
+hosts; nothing here connects to a host.
+
+Roles come from the inventory's groups: ``head`` and ``workers`` for single- and multi-node strategies,
+``prefill``/``decode``/``router`` for ``pd_cluster``. A bare host list (no such group anywhere, e.g. ``@local``
+or ``host1,host2``) is read as the head followed by its workers, in inventory order.
 
 Example::
 
-    >>> r = rollout_for_inventory("inventories/gb300.py")        # doctest: +SKIP
-    >>> [(u.host, u.unit) for u in r.units]                       # doctest: +SKIP
+    >>> recs = with_roles([HostRecord("a", (), {}), HostRecord("b", (), {})])
+    >>> [(r.name, r.groups) for r in recs]
+    [('a', ('head',)), ('b', ('workers',))]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from k3deploy.cluster.binding import HostRecord
 from k3deploy.cluster.variables import Variables, group_vars_dirs, merge_vars
 from k3deploy.errors import K3Error
+from k3deploy.recipe.plan import Plan
+
+ROLE_GROUPS = ("head", "workers", "prefill", "decode", "router")
+#: the variables every host of one deployment must agree on
+SELECTION_KEYS = ("k3_hardware", "k3_strategy", "k3_variant", "k3_features", "k3_recipe", "k3_image")
 
 
-def load_records(spec: str) -> list[HostRecord]:
-    """Hosts (name, groups, data) of an inventory file, read by pyinfra's own inventory loader."""
-    from pyinfra.api import Config, State
-    from pyinfra.context import ctx_config, ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    if not Path(spec).is_file():
-        raise K3Error(f"inventory file {spec!r} not found: pass a pyinfra inventory file (e.g. inventories/gb300.py)")
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.append(cwd)
-    state = State()
-    config = Config()
-    try:
-        with ctx_state.use(state), ctx_config.use(config):
-            inv = make_inventory(spec, cwd=cwd)
-    except Exception as exc:  # the inventory file is user code
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise K3Error(f"cannot load inventory {spec!r}: {first}: fix the inventory file") from None
-    return records_of(inv)
-
-
-def records_of(inv: Any) -> list[HostRecord]:
+def records_of(inv: Iterable[Any]) -> list[HostRecord]:
     """Plain host records of a pyinfra inventory (connector groups such as ``@local`` left out)."""
     out = []
     for h in inv:
@@ -48,24 +38,43 @@ def records_of(inv: Any) -> list[HostRecord]:
     return out
 
 
-def variables_for(records: list[HostRecord], inventory_file: str | None) -> Variables:
+def with_roles(records: list[HostRecord]) -> list[HostRecord]:
+    """The records with their roles: unchanged when any host is in a role group, else head + workers."""
+    if any(set(ROLE_GROUPS) & set(r.groups) for r in records):
+        return records
+    return [HostRecord(r.name, (*r.groups, "head" if i == 0 else "workers"), r.data) for i, r in enumerate(records)]
+
+
+def variables_for(records: list[HostRecord], inventory_file: str | None,
+                  overrides: Mapping[str, Any] | None = None) -> Variables:
+    """The deployment's variables: group_vars and host data merged per host (``overrides`` on top, e.g. a CLI's
+    ``--hardware``); every host must agree on the selection."""
+    if not records:
+        raise K3Error(f"inventory {inventory_file} has no hosts: add hosts to it")
     dirs = group_vars_dirs(inventory_file)
-    merged = [merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ") for r in records]
-    if not merged:
-        raise K3Error(f"inventory {inventory_file} has no hosts")
+    merged = [merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ", overrides=overrides) for r in records]
     first = merged[0]
-    for r, v in zip(records, merged):
-        for key in ("k3_hardware", "k3_strategy", "k3_variant", "k3_features", "k3_recipe", "k3_image"):
+    for r, v in zip(records, merged, strict=True):
+        for key in SELECTION_KEYS:
             if getattr(v, key) != getattr(first, key):
-                raise K3Error(f"{key} differs between hosts ({records[0].name}: {getattr(first, key)!r}, "
-                              f"{r.name}: {getattr(v, key)!r}): one deployment has one selection")
+                raise K3Error(f"hosts disagree on {key} ({records[0].name}: {getattr(first, key)!r}, "
+                              f"{r.name}: {getattr(v, key)!r}): one deployment has one selection; set {key} once "
+                              "in group_vars")
     if not first.k3_hardware:
         raise K3Error("k3_hardware is not set: set it in group_vars (e.g. group_vars/all.yml: k3_hardware: gb300)")
     return first
 
 
-def plan_for(records: list[HostRecord], v: Variables) -> Any:
-    from k3deploy import load_recipe, resolve
+def engine_count(records: list[HostRecord]) -> int:
+    """How many hosts run an engine (the router needs no GPU)."""
+    return len([r for r in records if {"head", "workers", "prefill", "decode"} & set(r.groups)])
+
+
+def plan_for(records: list[HostRecord], v: Variables) -> Plan:
+    """The deployable plan of these hosts: node count and pool sizes from the groups, the rest from ``v``."""
+    from k3deploy.recipe import load_recipe
+    from k3deploy.recipe.fixes import deployable
+    from k3deploy.recipe.resolve import resolve
 
     recipe = load_recipe(v.k3_recipe)
     engines = [r for r in records if {"head", "workers"} & set(r.groups)]
@@ -78,16 +87,4 @@ def plan_for(records: list[HostRecord], v: Variables) -> Any:
         if not engines:
             raise K3Error("the inventory has no head group (and no prefill/decode groups): add a head group")
         kwargs["nodes"] = len(engines)
-    from k3deploy.recipe.fixes import deployable
-
     return deployable(resolve(recipe, **kwargs))
-
-
-def rollout_for_inventory(spec: str, *, ifaces: dict[str, str] | None = None,
-                          host_env: dict[str, dict[str, str]] | None = None) -> Any:
-    from k3deploy.cluster.rollout import compute
-
-    records = load_records(spec)
-    v = variables_for(records, spec)
-    plan = plan_for(records, v)
-    return compute(plan, records, v, ifaces=ifaces, host_env=host_env)

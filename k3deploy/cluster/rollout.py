@@ -10,10 +10,12 @@ A change to any node of a group restarts the whole group, never half of it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from k3deploy.cluster.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
-from k3deploy.cluster.units import ContainerSpec, UnitSpec, container_argv, env_file_text, render_unit
+from k3deploy.cluster.observed import Installed
+from k3deploy.cluster.units import ContainerSpec, engine_unit, env_file_text, router_unit
 from k3deploy.cluster.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
@@ -70,13 +72,80 @@ class Rollout:
         present = {u.group for u in self.units}
         return [g for g in order if g in present]
 
+    @property
+    def hosts(self) -> list[str]:
+        """Hosts with a unit, in inventory order."""
+        return list(dict.fromkeys(u.host for u in self.units))
+
     def restart_order(self) -> list[str]:
-        """``host:unit`` in the order they would be started."""
+        """``host:unit`` in the order they would be started: engine groups (P/D pools), then the router."""
+        return [f"{u.host}:{u.unit}" for g in self.groups if g in self.changed_groups for u in self.group(g)]
+
+    def start_plan(self, groups: set[str] | None = None) -> StartPlan:
+        """How ``groups`` (default: the changed ones) restart, per host and phase, as the deploy runs it."""
+        return StartPlan.of(self, self.changed_groups if groups is None else groups)
+
+
+@dataclass(frozen=True)
+class HostStart:
+    """What one host does in each phase of a restart."""
+
+    host: str
+    routers: list[str]                    # router units to stop and start
+    workers: list[str]                    # worker units (rank > 0)
+    heads: list[str]                      # group heads (rank 0)
+    joins: list[tuple[str, int]]          # rendezvous (head address, port) to wait for before the workers start
+
+    @property
+    def engines(self) -> list[str]:
+        return self.heads + self.workers
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """A restart of some groups, in the order vLLM's rendezvous needs: stop routers, workers, heads; start the
+    heads; each worker waits for its head's rendezvous port, then the workers start; the engine groups must
+    serve; then the router starts and must serve. P/D pools restart side by side."""
+
+    hosts: list[HostStart]
+    engine_groups: list[str]              # restarting engine groups, in start order
+    router: bool                          # the router restarts
+
+    @classmethod
+    def of(cls, r: Rollout, groups: set[str]) -> StartPlan:
         out = []
-        for g in self.groups:
-            if g in self.changed_groups:
-                out += [f"{u.host}:{u.unit}" for u in self.group(g)]
-        return out
+        for h in r.hosts:
+            mine = [u for u in r.on_host(h) if u.group in groups]
+            engines = [u for u in mine if u.group != "router"]
+            joins = list(dict.fromkeys(u.join for u in engines if not u.is_group_head and u.join))
+            out.append(HostStart(host=h, routers=[u.unit for u in mine if u.group == "router"],
+                                 workers=[u.unit for u in engines if not u.is_group_head],
+                                 heads=[u.unit for u in engines if u.is_group_head], joins=joins))
+        return cls(hosts=out, engine_groups=[g for g in r.groups if g in groups and g != "router"],
+                   router="router" in groups and "router" in r.groups)
+
+    def on(self, host: str) -> HostStart:
+        return next((h for h in self.hosts if h.host == host), HostStart(host, [], [], [], []))
+
+    @property
+    def empty(self) -> bool:
+        return not (self.engine_groups or self.router)
+
+    def phases(self) -> list[tuple[str, list[str]]]:
+        """Each phase with the hosts that act in it (``host: units``), for people."""
+        def hosts(pick: str) -> list[str]:
+            return [f"{h.host}: {', '.join(getattr(h, pick))}" for h in self.hosts if getattr(h, pick)]
+
+        return [(name, items) for name, items in (
+            ("stop routers", hosts("routers")), ("stop workers", hosts("workers")), ("stop heads", hosts("heads")),
+            ("start heads", hosts("heads")),
+            ("workers wait for the head's rendezvous port",
+             [f"{h.host} -> {', '.join(f'{a}:{p}' for a, p in h.joins)}" for h in self.hosts if h.joins]),
+            ("start workers", hosts("workers")),
+            ("engine groups serve", list(self.engine_groups)),
+            ("start router", hosts("routers")),
+            ("router serves", ["router"] if self.router else []),
+        ) if items]
 
 
 def _ready_timeout(plan: Plan, v: Variables) -> int:
@@ -112,24 +181,17 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
                              cache_dir=v.k3_model_cache, gpus_per_node=hw.gpu_count, shm_size=v.k3_shm_size,
                              rdma=multi and plan.vendor != "npu", imex=hw.nvl, docker=v.k3_docker)
         if node.role == "router":
-            argv = list(node.argv)
+            box = None
             if v.k3_router_image:
-                argv = container_argv(ContainerSpec(name=unit_base, image=v.k3_router_image, vendor="none",
-                                                    env_file=env_path, cache_dir=v.k3_model_cache, gpus_per_node=0,
-                                                    docker=v.k3_docker), node.argv)
-            cleanup = ["/bin/true"]
-            stop = ["/bin/true"]  # then systemd stops the process itself (SIGTERM to the unit's cgroup)
-            serves = f"http://{host.host.address}:{v.k3_router_port}"
+                box = ContainerSpec(name=unit_base, image=v.k3_router_image, vendor="none", env_file=env_path,
+                                    cache_dir=v.k3_model_cache, gpus_per_node=0, docker=v.k3_docker)
+            text = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+                               image=plan.image, ready_timeout=ready, container=box)
+            serves: str | None = f"http://{host.host.address}:{v.k3_router_port}"
         else:
-            argv = container_argv(spec, node.argv)
-            cleanup = [v.k3_docker, "rm", "-f", unit_base]
-            stop = [v.k3_docker, "stop", "-t", "60", unit_base]
+            text = engine_unit(node, spec, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+                               ready_timeout=ready)
             serves = f"http://{node.address}:{node.node.port or 8000}" if node.node.serves_http else None
-        text = render_unit(UnitSpec(
-            description=f"k3deploy {node.role} rank {node.rank}: {plan.model} ({plan.strategy})",
-            summary=f"{node.role} rank {node.rank} of {plan.strategy} on {plan.hardware}, image {plan.image}",
-            argv=argv, cleanup=cleanup, stop=stop, start_timeout=ready + 900,
-        ))
         join = None
         if node.rank > 0 and head_addr is not None:
             port = rendezvous_port(node.argv)
@@ -145,7 +207,7 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
 
     base = v.k3_unit_name
     if pd:
-        heads = {}
+        heads: dict[str, str] = {}
         for b in bound.values():
             for node in [b.engine, *b.extras]:
                 if node is not None and node.rank == 0:
@@ -159,31 +221,33 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
         endpoint = f"http://{router_host.host.address}:{v.k3_router_port}"
     else:
         head = next(b for b in bound.values() if b.engine is not None and b.engine.rank == 0)
+        assert head.engine is not None
+        head_addr = head.engine.address
         for b in bound.values():
             if b.engine is not None:
-                add(b, b.engine, "engine", base, head.engine.address if b.engine.rank else None)
-        serving = [u for u in units if u.serves]
+                add(b, b.engine, "engine", base, head_addr if b.engine.rank else None)
+        serving = [(u.rank, u.serves) for u in units if u.serves]
         if len(serving) > 1 and v.k3_front_hybrid_lb:
-            argv = front_router_argv([u.serves for u in sorted(serving, key=lambda u: u.rank)], v)
+            argv = front_router_argv([url for _, url in sorted(serving)], v)
             node = BoundNode(NodePlan(role="router", rank=0, argv=argv, env={}), argv, {}, head.host.address)
             add(head, node, "router", f"{base}-router", None)
             endpoint = f"http://{head.host.address}:{v.k3_router_port}"
         else:
-            endpoint = serving[0].serves if serving else f"http://{head.engine.address}:8000"
+            endpoint = serving[0][1] if serving else f"http://{head_addr}:8000"
     deadline = v.k3_rollout_deadline or ready + 900
     return Rollout(plan=plan, vars=v, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline)
 
 
-def mark_changes(r: Rollout, observed: dict[tuple[str, str], tuple[str | None, str | None, bool]]) -> set[str]:
-    """Set ``r.changed_groups`` from observed state: ``(host, unit) -> (unit sha, env sha, running)``.
+def mark_changes(r: Rollout, installed: Mapping[tuple[str, str], Installed]) -> set[str]:
+    """Set ``r.changed_groups`` from what the hosts have, ``(host, unit) -> Installed``.
 
     A group changes when any of its units' files differ from what is planned or any of its units is not
     running; the router group also restarts when an engine group it fronts restarts.
     """
     changed: set[str] = set()
     for u in r.units:
-        unit_sha, env_sha, running = observed.get((u.host, u.unit), (None, None, False))
-        if unit_sha != sha256(u.unit_text) or env_sha != sha256(u.env_text) or not running:
+        have = installed.get((u.host, u.unit), Installed())
+        if have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text) or not have.running:
             changed.add(u.group)
     if changed - {"router"} and "router" in r.groups:
         changed.add("router")

@@ -127,13 +127,33 @@ def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
         restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout)
 
 
-def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: str, ready_timeout: int) -> str:
-    argv = container_argv(spec, node.argv)
+def _summary(node: BoundNode, strategy: str, hardware: str, image: str) -> str:
+    return f"{node.role} rank {node.rank} of {strategy} on {hardware}, image {image}"
+
+
+def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: str, hardware: str,
+                ready_timeout: int) -> str:
+    """The systemd unit of an engine: its container run in the foreground, removed before and stopped after."""
     return render_unit(UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
-        summary=f"{node.role} rank {node.rank} of {strategy}, image {spec.image}",
-        argv=argv,
+        summary=_summary(node, strategy, hardware, spec.image),
+        argv=container_argv(spec, node.argv),
         cleanup=[spec.docker, "rm", "-f", spec.name],
         stop=[spec.docker, "stop", "-t", "60", spec.name],
+        start_timeout=ready_timeout + 900,
+    ))
+
+
+def router_unit(node: BoundNode, *, model: str, strategy: str, hardware: str, image: str, ready_timeout: int,
+                container: ContainerSpec | None = None) -> str:
+    """The systemd unit of a vllm-router: the command on the host, or in ``container`` when given (the plan's
+    ``image`` is named in the summary)."""
+    argv = container_argv(container, node.argv) if container is not None else list(node.argv)
+    return render_unit(UnitSpec(
+        description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
+        summary=_summary(node, strategy, hardware, image),
+        argv=argv,
+        cleanup=["/bin/true"],
+        stop=["/bin/true"],  # then systemd stops the process itself (SIGTERM to the unit's cgroup)
         start_timeout=ready_timeout + 900,
     ))

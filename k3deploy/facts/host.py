@@ -71,7 +71,8 @@ def parse_docker(lines: list[str]) -> ContainerRuntime:
 
     >>> parse_docker(["K3_SECTION=version", "28.3.2", "K3_SECTION=runtimes",
     ...               "io.containerd.runc.v2 nvidia runc "])
-    ContainerRuntime(engine='docker', server_version='28.3.2', runtimes=['io.containerd.runc.v2', 'nvidia', 'runc'], error='')
+    ContainerRuntime(engine='docker', server_version='28.3.2', runtimes=['io.containerd.runc.v2', 'nvidia', 'runc'], \
+error='')
     """
     parts = sections(lines)
     if "version" not in parts:

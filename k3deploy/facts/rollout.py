@@ -8,11 +8,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
+
+from k3deploy.cluster.commands import smoke_test, weights_present
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,10 @@ class ImageDigest(FactBase[str | None]):
 
 
 class WeightsPresent(FactBase[bool]):
-    """True when the Hugging Face cache under ``cache`` holds a complete snapshot of ``model``."""
+    """True when the Hugging Face cache under ``cache`` holds a snapshot of ``model``."""
 
     def command(self, cache: str, model: str) -> str:
-        from k3deploy.cluster.commands import snapshot_dir
-
-        snap = shlex.quote(snapshot_dir(cache, model))
-        return f"if [ -n \"$(ls -A {snap} 2>/dev/null)\" ]; then echo yes; else echo no; fi"
+        return f"if {weights_present(cache, model)}; then echo yes; else echo no; fi"
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[-1].strip() == "yes"
@@ -86,22 +84,16 @@ class Answer:
     text: str
 
 
-class ChatAnswer(FactBase[Answer]):
-    """POST one short chat completion to ``endpoint`` from this host; the answer's text, or what came back."""
+SMOKE_MARK = "K3_SMOKE_RC="
 
-    def requires_command(self, endpoint: str, model: str) -> str:
-        return "curl"
+
+class SmokeAnswer(FactBase[Answer]):
+    """One short chat completion through ``endpoint`` as ``model``, sent from this host by the smoke-test script
+    (:func:`k3deploy.cluster.commands.smoke_test`): the answer, or what came back instead."""
 
     def command(self, endpoint: str, model: str) -> str:
-        body = json.dumps({"model": model, "max_tokens": 16,
-                           "messages": [{"role": "user", "content": "Say hello in one word."}]})
-        url = endpoint.rstrip("/") + "/v1/chat/completions"
-        return (f"curl -s -m 120 -H 'Content-Type: application/json' -d {shlex.quote(body)} {shlex.quote(url)}"
-                f" || true")
+        return f"( {smoke_test(endpoint, model)} ) 2>&1; echo {SMOKE_MARK}$?"
 
     def process(self, output: list[str]) -> Answer:
-        text = "\n".join(output)
-        try:
-            return Answer(True, json.loads(text)["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            return Answer(False, text)
+        rc = output[-1][len(SMOKE_MARK):] if output and output[-1].startswith(SMOKE_MARK) else "?"
+        return Answer(rc == "0", "\n".join(output[:-1]).strip())

@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
 from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo
 from k3deploy.facts.base import FactError, version_at_least
@@ -64,36 +65,6 @@ class CheckResult:
     observed: str
     required: str
     fix: str = ""
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What the plan asks of the cluster.
-
-    ``hardware`` is a taxonomy profile (anything with ``id``, ``brand``, ``gpu_count``, ``vram_gb``,
-    ``gpu_names`` and ``nvl``); ``nodes`` is the number of planned nodes.
-    """
-
-    hardware: Any
-    variant: str
-    vram_minimum_gb: float | None
-    nodes: int
-    strategy: str | None = None
-    multi_node: bool = False
-    pd: bool = False
-
-    @property
-    def brand(self) -> str:
-        return str(self.hardware.brand)
-
-    @property
-    def mnnvl(self) -> bool:
-        """Multi-node NVLink: NVL trays (GB200/GB300) used across more than one tray."""
-        return bool(getattr(self.hardware, "nvl", False)) and self.nodes > 1
-
-    @property
-    def needs_rdma(self) -> bool:
-        return self.nodes > 1 or self.pd
 
 
 @dataclass
@@ -190,7 +161,7 @@ class _Out:
 # --------------------------------------------------------------------------- per-host rules
 
 
-def _check_accelerators(out: _Out, sel: Selection, f: HostFacts) -> list[_Device] | None:
+def _check_accelerators(out: _Out, sel: Requirements, f: HostFacts) -> list[_Device] | None:
     hw = sel.hardware
     brand = sel.brand
     tool = {"NVIDIA": "nvidia-smi", "AMD": "rocm-smi", "Huawei": "npu-smi"}.get(brand, "")
@@ -267,7 +238,7 @@ def _check_nvidia_driver(out: _Out, f: HostFacts) -> None:
         )
 
 
-def _check_fabric_manager(out: _Out, sel: Selection, f: HostFacts) -> None:
+def _check_fabric_manager(out: _Out, sel: Requirements, f: HostFacts) -> None:
     if sel.brand != "NVIDIA" or sel.hardware.id not in NVSWITCH_HARDWARE or f.fabric_manager is None:
         return
     fm = f.fabric_manager
@@ -309,7 +280,7 @@ def _fabric_identity(f: HostFacts) -> tuple[str, str] | None:
     return uuid, clique
 
 
-def _check_fabric_host(out: _Out, sel: Selection, f: HostFacts) -> bool:
+def _check_fabric_host(out: _Out, sel: Requirements, f: HostFacts) -> bool:
     """Per-tray NVLink fabric state; True when the tray is usable for MNNVL."""
     required = "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId"
     fab = f.fabric
@@ -343,7 +314,7 @@ def _check_fabric_host(out: _Out, sel: Selection, f: HostFacts) -> bool:
     return True
 
 
-def _check_imex(out: _Out, sel: Selection, f: HostFacts) -> None:
+def _check_imex(out: _Out, sel: Requirements, f: HostFacts) -> None:
     if not sel.mnnvl or f.imex is None:
         return
     required = "nvidia-imex active and /dev/nvidia-caps-imex-channels/channel0 present"
@@ -367,7 +338,7 @@ def _check_imex(out: _Out, sel: Selection, f: HostFacts) -> None:
         out.add(f.host, "nvidia.imex", "pass", f"active, {', '.join(imex.channels)}", required)
 
 
-def _check_toolkit(out: _Out, sel: Selection, f: HostFacts) -> None:
+def _check_toolkit(out: _Out, sel: Requirements, f: HostFacts) -> None:
     if sel.brand != "NVIDIA" or f.toolkit is None:
         return
     required = "nvidia-container-toolkit" + (f" >= {CTK_IMEX_CHANNELS_MIN}" if sel.mnnvl else "")
@@ -384,7 +355,7 @@ def _check_toolkit(out: _Out, sel: Selection, f: HostFacts) -> None:
     out.add(f.host, "container.toolkit", "pass", version, required)
 
 
-def _check_runtime(out: _Out, sel: Selection, f: HostFacts) -> None:
+def _check_runtime(out: _Out, sel: Requirements, f: HostFacts) -> None:
     if f.runtime is None:
         return
     required = "docker daemon answering" + (" with the nvidia runtime" if sel.brand == "NVIDIA" else "")
@@ -409,7 +380,7 @@ def _active_ports(devices: list[RdmaDevice]) -> list[tuple[str, int, str | None]
     return [(d.name, p.port, p.link_layer) for d in devices for p in d.ports if p.active]
 
 
-def _check_rdma(out: _Out, sel: Selection, f: HostFacts) -> bool:
+def _check_rdma(out: _Out, sel: Requirements, f: HostFacts) -> bool:
     """RDMA for multi-node / P/D; True when at least one port is active."""
     if not sel.needs_rdma or f.rdma is None or sel.brand == "Huawei":
         return False
@@ -438,7 +409,7 @@ def _check_rdma(out: _Out, sel: Selection, f: HostFacts) -> bool:
     return True
 
 
-def _check_gpudirect(out: _Out, sel: Selection, f: HostFacts) -> None:
+def _check_gpudirect(out: _Out, sel: Requirements, f: HostFacts) -> None:
     if sel.brand != "NVIDIA":
         return
     required = "DMA-BUF usable, or nvidia_peermem loaded"
@@ -546,11 +517,14 @@ def _check_ascend(out: _Out, f: HostFacts) -> None:
                 "install the Ascend driver (HDK)")
     elif not version_at_least(info.driver, ASCEND_DRIVER_RECOMMENDED):
         out.add(f.host, "ascend.versions", "warn",
-                f"driver {info.driver}, firmware {info.firmware or '?'}, host CANN {info.cann or 'none (image ships CANN)'}",
-                required, f"upgrade the Ascend HDK to {ASCEND_DRIVER_RECOMMENDED}+ as the vllm-ascend release notes ask")
+                f"driver {info.driver}, firmware {info.firmware or '?'}, "
+                f"host CANN {info.cann or 'none (image ships CANN)'}",
+                required,
+                f"upgrade the Ascend HDK to {ASCEND_DRIVER_RECOMMENDED}+ as the vllm-ascend release notes ask")
     else:
         out.add(f.host, "ascend.versions", "pass",
-                f"driver {info.driver}, firmware {info.firmware or '?'}, host CANN {info.cann or 'none (image ships CANN)'}",
+                f"driver {info.driver}, firmware {info.firmware or '?'}, "
+                f"host CANN {info.cann or 'none (image ships CANN)'}",
                 required)
     if isinstance(f.npu, NpuInfo):
         sick = [f"NPU {c.npu} chip {c.chip}: {c.health}" for c in f.npu.chips if c.health != "OK"]
@@ -564,7 +538,7 @@ def _check_ascend(out: _Out, f: HostFacts) -> None:
 # ------------------------------------------------------------------------------------- entry
 
 
-def run_checks(sel: Selection, hosts: list[HostFacts]) -> list[CheckResult]:
+def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
     """All checks for all hosts: per-host results in host order, then the cluster-wide ones."""
     out = _Out()
     hw = sel.hardware
@@ -578,8 +552,8 @@ def run_checks(sel: Selection, hosts: list[HostFacts]) -> list[CheckResult]:
             continue
         devices = _check_accelerators(out, sel, f)
         if devices is not None:
-            known = [d.memory_gib for d in devices if d.memory_gib is not None]
-            memory[f.host] = sum(known) if len(known) == len(devices) else None
+            sizes = [d.memory_gib for d in devices if d.memory_gib is not None]
+            memory[f.host] = sum(sizes) if len(sizes) == len(devices) else None
         else:
             memory[f.host] = None
         if sel.brand == "NVIDIA" and devices is not None:

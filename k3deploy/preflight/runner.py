@@ -1,8 +1,5 @@
-"""Run the preflight facts on every host of a pyinfra inventory, through pyinfra's Python API.
-
-All hosts are connected and read in parallel (gevent greenlets, like pyinfra's own fact
-gathering); an unreachable host becomes a failed host with its connection error, the others are
-still reported. Nothing on the hosts is changed.
+"""Read the preflight facts of one host, through pyinfra's Python API (:func:`host_facts`); which facts apply
+to a deployment is :func:`fact_plan`. :mod:`k3deploy.runtime.gather` runs them on every host in parallel.
 
 One-shot capture of every fact on this machine (raw output + parsed value), e.g. to keep a real
 GPU node's outputs as test fixtures::
@@ -23,144 +20,32 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-import gevent  # noqa: E402
 from pyinfra.api import Config, Inventory, State, StringCommand  # noqa: E402
 from pyinfra.api.exceptions import ConnectError  # noqa: E402
 from pyinfra.api.facts import get_fact  # noqa: E402
-from pyinfra.context import ctx_config, ctx_host, ctx_state  # noqa: E402
+from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
-from k3deploy.errors import K3Error  # noqa: E402
+from k3deploy.cluster.requirements import Requirements  # noqa: E402
 from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
-from k3deploy.facts import host as hostfacts
+from k3deploy.facts import host as hostfacts  # noqa: E402
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
-from k3deploy.preflight.checks import (  # noqa: E402
-    NVSWITCH_HARDWARE,
-    CheckResult,
-    HostFacts,
-    Selection,
-    failed_hosts,
-    run_checks,
-    summarize,
-)
-from k3deploy.preflight.settings import HostSettings, derive_settings  # noqa: E402
+from k3deploy.preflight.checks import NVSWITCH_HARDWARE, HostFacts  # noqa: E402
 
-#: where weights are cached on a node (``k3_model_cache`` / ``--cache-dir`` override it); images are
-#: measured in Docker's own DockerRootDir unless ``k3_image_dir`` / ``--image-dir`` name a directory
+#: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
+#: DockerRootDir unless ``k3_image_dir`` names a directory
 DEFAULT_CACHE_DIR = "/var/lib/k3deploy/cache"
 
 
-# ---------------------------------------------------------------------------- inventory input
-
-
-def load_inventory(spec: str) -> State:
-    """A pyinfra state holding the inventory from a file, a host list or a connector (``@local``), read as
-    the ``pyinfra`` command line reads it (group_data next to the file included)."""
-    from pyinfra_cli.inventory import make_inventory
-
-    if not ("@" in spec or "," in spec or Path(spec).exists()):
-        raise K3Error(f"inventory {spec!r} not found: pass an inventory file (inventories/x.py), a host list "
-                      "or @local")
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:  # inventory files may import modules next to them, as with the pyinfra CLI
-        sys.path.append(cwd)
-    state = State()
-    state.cwd = cwd
-    config = Config()
-    try:
-        with ctx_state.use(state), ctx_config.use(config):
-            inventory = make_inventory(spec, cwd=cwd)
-            state.init(inventory, config)
-    except K3Error:
-        raise
-    except Exception as exc:  # the inventory file is user code
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise K3Error(f"cannot load inventory {spec!r}: {first}: fix the inventory file") from None
-    if len(inventory) == 0:
-        raise K3Error(f"inventory {spec!r} has no hosts: add hosts to it")
-    return state
-
-
 def _host_value(host: Any, key: str) -> Any:
-    return getattr(host.data, key, None)
+    return host.data.get(key)
 
 
-def selection_from_inventory(
-    inventory: Inventory,
-    hardware: str | None = None,
-    strategy: str | None = None,
-    variant: str | None = None,
-    nodes: int | None = None,
-) -> Selection:
-    """The planned selection: CLI values first, else the inventory's host/group data (``k3_hardware``,
-    ``k3_strategy``, ``k3_variant``); every host must agree. Bad values raise :class:`K3Error`."""
-    from k3deploy.recipe.schema import load_recipe
-    from k3deploy.recipe.taxonomy import hardware as hardware_profiles
-    from k3deploy.recipe.taxonomy import strategies as strategy_defs
-
-    hosts = list(inventory)
-
-    def pick(cli_value: str | None, key: str) -> str | None:
-        if cli_value:
-            return cli_value
-        values = {h.name: _host_value(h, key) for h in hosts}
-        distinct = {v for v in values.values() if v}
-        if len(distinct) > 1:
-            shown = ", ".join(f"{h}={v}" for h, v in values.items())
-            raise K3Error(f"hosts disagree on {key} ({shown}): set one {key} for the whole inventory")
-        return distinct.pop() if distinct else None
-
-    profiles = hardware_profiles()
-    hw_id = pick(hardware, "k3_hardware")
-    if not hw_id:
-        raise K3Error("no hardware given: set k3_hardware in the inventory's data or pass --hardware "
-                      f"(one of {', '.join(sorted(profiles))})")
-    hw_id = str(hw_id).lower()
-    if hw_id not in profiles:
-        raise K3Error(f"unknown hardware {hw_id!r}: choose one of {', '.join(sorted(profiles))}")
-    profile = profiles[hw_id]
-    if profile.brand not in ("NVIDIA", "AMD", "Huawei"):
-        raise K3Error(f"hardware {hw_id!r} ({profile.brand}) has no preflight checks: use an NVIDIA, AMD or "
-                      "Ascend profile")
-
-    recipe = load_recipe()
-    variant_key = pick(variant, "k3_variant") or "default"
-    if variant_key not in recipe.variants:
-        raise K3Error(f"unknown variant {variant_key!r}: choose one of {', '.join(recipe.variants)}")
-
-    strategy_key = pick(strategy, "k3_strategy")
-    known = strategy_defs()
-    if strategy_key and strategy_key not in known:
-        raise K3Error(f"unknown strategy {strategy_key!r}: choose one of {', '.join(sorted(known))}")
-    strat = known.get(strategy_key) if strategy_key else None
-
-    count = nodes if nodes is not None else len(hosts)
-    if count < 1:
-        raise K3Error(f"--nodes {count}: plan at least one node")
-    return Selection(
-        hardware=profile,
-        variant=variant_key,
-        vram_minimum_gb=recipe.variant(variant_key).vram_minimum_gb,
-        nodes=count,
-        strategy=strategy_key,
-        multi_node=count > 1 or bool(strat and strat.multi_node),
-        pd=bool(strat and strat.pd),
-    )
-
-
-def selection_for_plan(plan: Any, recipe_path: str | None = None) -> Selection:
-    """What a resolved plan asks of the cluster (engine nodes only; the router needs no GPU)."""
-    from k3deploy.recipe.schema import load_recipe
-    from k3deploy.recipe.taxonomy import hardware as hardware_profiles
-
-    engines = [n for n in plan.nodes if n.role != "router"]
-    variant = load_recipe(recipe_path).variant(plan.variant)
-    return Selection(hardware=hardware_profiles()[plan.hardware], variant=plan.variant,
-                     vram_minimum_gb=variant.vram_minimum_gb, nodes=len(engines), strategy=plan.strategy,
-                     multi_node=len(engines) > 1, pd=plan.strategy == "pd_cluster")
+def quiet_pyinfra() -> None:
+    """pyinfra logs connection and fact errors itself; k3deploy reports them as results instead."""
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
 
 
 def host_address(host: Any) -> str:
@@ -186,7 +71,7 @@ def host_address(host: Any) -> str:
 FactSpec = tuple[str, type[K3Fact], dict[str, Any]]
 
 
-def fact_plan(sel: Selection, address: str, cache_dir: str, image_dir: str) -> list[FactSpec]:
+def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -> list[FactSpec]:
     """Which facts to read on a host of this selection (attribute of HostFacts, fact, arguments)."""
     brand = sel.brand
     plan: list[FactSpec] = []
@@ -232,22 +117,7 @@ def fact_plan(sel: Selection, address: str, cache_dir: str, image_dir: str) -> l
 # ------------------------------------------------------------------------------- collection
 
 
-def _quiet_pyinfra() -> None:
-    # pyinfra logs connection and fact errors itself; here they become results instead
-    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
-
-
-def _connect(host: Any) -> str | None:
-    try:
-        host.connect(raise_exceptions=True, show_errors=False)
-    except ConnectError as exc:
-        return str(exc.args[0]) if exc.args else "could not connect"
-    except Exception as exc:  # paramiko/socket errors not wrapped by the connector
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def host_facts(state: State, host: Any, sel: Selection, cache_dir: str | None = None,
+def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None = None,
                image_dir: str | None = None) -> HostFacts:
     """Read the facts of one connected host (usable from a deploy file too: ``host_facts(state, host, sel)``).
 
@@ -270,128 +140,6 @@ def host_facts(state: State, host: Any, sel: Selection, cache_dir: str | None = 
                               first_line=f"{type(exc).__name__}: {exc}"[:200])
         setattr(facts, attr, value)
     return facts
-
-
-def _collect_host(state: State, host: Any, sel: Selection, cache_dir: str | None,
-                  image_dir: str | None) -> HostFacts:
-    reason = _connect(host)
-    if reason is not None:
-        return HostFacts(host=host.name, address=host_address(host), unreachable=reason)
-    return host_facts(state, host, sel, cache_dir, image_dir)
-
-
-def collect(state: State, sel: Selection, cache_dir: str | None = None,
-            image_dir: str | None = None) -> list[HostFacts]:
-    """Connect to every host of the state's inventory in parallel and read its facts, in inventory order."""
-    _quiet_pyinfra()
-    hosts = list(state.inventory)
-    with ctx_state.use(state), ctx_config.use(state.config):
-        jobs = [state.pool.spawn(_collect_host, state, host, sel, cache_dir, image_dir) for host in hosts]
-        gevent.joinall(jobs)
-    results: list[HostFacts] = []
-    for host, job in zip(hosts, jobs):
-        if job.successful():
-            results.append(job.value)
-        else:
-            results.append(HostFacts(host=host.name, unreachable=f"preflight crashed: {job.exception}"))
-    for host in hosts:
-        if host.connected:
-            try:
-                host.disconnect()
-            except Exception:
-                pass
-    return results
-
-
-# ---------------------------------------------------------------------------------- report
-
-
-@dataclass
-class PreflightReport:
-    selection: Selection
-    hosts: list[HostFacts]
-    results: list[CheckResult]
-    settings: dict[str, HostSettings] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not any(r.status == "fail" for r in self.results)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.ok else 1
-
-    def to_dict(self) -> dict[str, Any]:
-        sel = self.selection
-        hosts: dict[str, Any] = {}
-        for f in self.hosts:
-            data = dataclasses.asdict(f)
-            name = data.pop("host")
-            unreachable = data.pop("unreachable")
-            address = data.pop("address")
-            data.pop("extra")
-            s = self.settings.get(name)
-            hosts[name] = {
-                "address": address,
-                "reachable": unreachable is None,
-                "error": unreachable,
-                "ok": not any(r.status == "fail" and r.host == name for r in self.results),
-                "results": [dataclasses.asdict(r) for r in self.results if r.host == name],
-                "settings": dict(s.env) if s else {},
-                "settings_reasons": dict(s.reasons) if s else {},
-                "peermem_required": bool(s and s.peermem_required),
-                "facts": {k: v for k, v in data.items() if v is not None},
-            }
-        return {
-            "selection": {
-                "hardware": sel.hardware.id,
-                "strategy": sel.strategy,
-                "variant": sel.variant,
-                "nodes": sel.nodes,
-                "vram_minimum_gb": sel.vram_minimum_gb,
-            },
-            "ok": self.ok,
-            "summary": summarize(self.results),
-            "failed_hosts": failed_hosts(self.results),
-            "hosts": hosts,
-            "cluster": [dataclasses.asdict(r) for r in self.results if r.host == "cluster"],
-        }
-
-
-def run_preflight(
-    inventory_spec: str,
-    hardware: str | None = None,
-    strategy: str | None = None,
-    variant: str | None = None,
-    nodes: int | None = None,
-    cache_dir: str | None = None,
-    image_dir: str | None = None,
-) -> PreflightReport:
-    state = load_inventory(inventory_spec)
-    if Path(inventory_spec).is_file() and not (hardware and strategy):
-        # the deployment's own selection: group_vars/*.yml and the inventory's groups, as deploy/k3.py reads them
-        from k3deploy.cluster.inventory import load_records, plan_for, variables_for
-
-        records = load_records(inventory_spec)
-        deployment = any({"head", "prefill"} & set(r.groups) for r in records)
-        v = variables_for(records, inventory_spec) if deployment and not hardware else None
-        if v is not None:
-            if strategy or variant:
-                v = v.model_copy(update={k: val for k, val in (("k3_strategy", strategy), ("k3_variant", variant)) if val})
-            plan = plan_for(records, v)
-            sel = selection_for_plan(plan, v.k3_recipe)
-            if nodes is not None:
-                sel = dataclasses.replace(sel, nodes=nodes, multi_node=nodes > 1 or sel.multi_node)
-            cache_dir = cache_dir or v.k3_model_cache
-            facts = collect(state, sel, cache_dir, image_dir)
-            results = run_checks(sel, facts)
-            settings = {f.host: derive_settings(sel, f) for f in facts}
-            return PreflightReport(selection=sel, hosts=facts, results=results, settings=settings)
-    sel = selection_from_inventory(state.inventory, hardware, strategy, variant, nodes)
-    facts = collect(state, sel, cache_dir, image_dir)
-    results = run_checks(sel, facts)
-    settings = {f.host: derive_settings(sel, f) for f in facts}
-    return PreflightReport(selection=sel, hosts=facts, results=results, settings=settings)
 
 
 # ------------------------------------------------------------------------- local raw capture
@@ -436,7 +184,7 @@ def _jsonable(value: Any) -> Any:
 def capture_local(save: Path | None = None) -> dict[str, Any]:
     """Run every fact's command on this machine through pyinfra's ``@local`` connector; keep the raw
     output next to the parsed value."""
-    _quiet_pyinfra()
+    quiet_pyinfra()
     inventory = Inventory((["@local"], {}))
     state = State(inventory=inventory, config=Config())
     host = inventory.get_host("@local")

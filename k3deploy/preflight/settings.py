@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.host import AddressInterface
 from k3deploy.facts.rdma import DmabufSupport, RdmaDevice
-from k3deploy.preflight.checks import HostFacts, Selection
+from k3deploy.preflight.checks import HostFacts
 
 
 @dataclass
@@ -67,7 +68,7 @@ def ib_hca(devices: list[RdmaDevice]) -> str | None:
     return "=" + ",".join(active) if active else None
 
 
-def derive_settings(sel: Selection, facts: HostFacts) -> HostSettings:
+def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
     out = HostSettings(host=facts.host)
     if facts.unreachable is not None:
         return out

@@ -12,6 +12,7 @@ README. The rollout, ``k3deploy plan``, the runbook and ``resolve --inventory`` 
 
 from __future__ import annotations
 
+from k3deploy.recipe.argv import flag_value, has_flag
 from k3deploy.recipe.plan import Plan
 
 LB_FLAGS = ("--data-parallel-hybrid-lb", "--data-parallel-external-lb")
@@ -26,10 +27,11 @@ def deployable(plan: Plan) -> Plan:
             groups.setdefault("engine", []).append(node)
     for nodes in groups.values():
         head = nodes[0]
-        internal_lb = not any(f in head.argv for f in LB_FLAGS)
+        internal_lb = not any(has_flag(head.argv, f) for f in LB_FLAGS)
         fixed = []
         for w in nodes[1:]:
-            if internal_lb and "--data-parallel-start-rank" in w.argv and "--headless" not in w.argv:
+            starts_dp = flag_value(w.argv, "--data-parallel-start-rank", "-dpr") is not None
+            if internal_lb and starts_dp and not has_flag(w.argv, "--headless"):
                 w.argv.append("--headless")
                 fixed.append(w.rank)
         if fixed:

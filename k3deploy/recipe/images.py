@@ -72,6 +72,7 @@ def resolve_image(recipe: Recipe, variant_key: str, hw: HardwareProfile, overrid
     """
     v = recipe.variants[variant_key]
     pin = v.hardware_overrides.get(hw.id)
+    image: str | None
     if pin is not None and isinstance(pin.docker_image, str):
         image = pin.docker_image
     else:

@@ -4,7 +4,8 @@ offered matrix, as the recipes site computes them. Pure: no I/O.
 Example::
 
     >>> from k3deploy import load_recipe
-    >>> recommended(load_recipe(), "default", __import__("k3deploy.recipe.taxonomy").recipe.taxonomy.hardware()["gb300"])
+    >>> from k3deploy.recipe.taxonomy import hardware
+    >>> recommended(load_recipe(), "default", hardware()["gb300"])
     ('multi_node_tp', 2)
 """
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from k3deploy.recipe.argv import has_flag
 from k3deploy.recipe.printing import docker_run_argv, format_command, format_docker_run, format_router
 
 
@@ -28,7 +29,7 @@ class NodePlan(BaseModel):
     @property
     def serves_http(self) -> bool:
         """False for ``--headless`` ranks: they join the head and serve no API."""
-        return "--headless" not in self.argv
+        return not has_flag(self.argv, "--headless")
 
     @property
     def command(self) -> str:

@@ -55,7 +55,8 @@ def format_exports(env: dict[str, str]) -> str:
 
 GPU_FLAGS: dict[str, list[list[str]]] = {
     "nvidia": [["--gpus", "all"]],
-    "amd": [["--device=/dev/kfd", "--device=/dev/dri"], ["--security-opt", "seccomp=unconfined", "--group-add", "video"]],
+    "amd": [["--device=/dev/kfd", "--device=/dev/dri"],
+            ["--security-opt", "seccomp=unconfined", "--group-add", "video"]],
 }
 
 

@@ -133,7 +133,8 @@ def resolve(
         raise SelectionError(
             f"{strategy} runs on exactly 1 node, got --nodes {nodes}: use a multi_node_* strategy for {nodes} nodes")
     if strat.multi_node and nodes < 2:
-        raise SelectionError(f"{strategy} needs at least 2 nodes, got --nodes {nodes}: use --nodes 2 or a single_node_* strategy")
+        raise SelectionError(f"{strategy} needs at least 2 nodes, got --nodes {nodes}: use --nodes 2 or a "
+                             "single_node_* strategy")
     msg = _floor_message(recipe, strategy, strategy, hw, nodes)
     if msg:
         raise SelectionError(msg)

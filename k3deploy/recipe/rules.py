@@ -215,7 +215,7 @@ def pd_pool_modes(recipe: Recipe, so: StrategyOverride | None) -> list[str]:
             found.add("tep")
         elif s.endswith("_tp") or s.endswith("_tp_pp") or s.endswith("_tp_dp"):
             found.add("tp")
-    modes = [m for m in ("tp", "tep", "dep") if m in found] or ["tp"]
+    modes: list[str] = [m for m in ("tp", "tep", "dep") if m in found] or ["tp"]
     if so is not None and so.pool_modes:
         narrowed = [m for m in modes if m in so.pool_modes]
         if narrowed:
@@ -404,7 +404,8 @@ class _Synth:
             out += _block_args(role_ov.hardware_overrides.get(self.hw.id))
         return out
 
-    def build_args(self, role: str | None, node_role: str | None, rank: int, pool_flags: list[str] | None = None) -> list[str]:
+    def build_args(self, role: str | None, node_role: str | None, rank: int,
+                   pool_flags: list[str] | None = None) -> list[str]:
         V, S, so = self.V, self.S, self.so
         args: list[str] = list(self.recipe.model.base_args)
         args += V.extra_args
@@ -429,7 +430,8 @@ class _Synth:
 
     # -- env --------------------------------------------------------------------------------------
 
-    def build_env(self, role: str | None, pool_nodes: int = 0, pd_rank: int = 0, parallelism: str = "tp") -> dict[str, str]:
+    def build_env(self, role: str | None, pool_nodes: int = 0, pd_rank: int = 0,
+                  parallelism: str = "tp") -> dict[str, str]:
         V, S, so, hw, G = self.V, self.S, self.so, self.hw, self.G
         env: dict[str, str] = dict(self.recipe.model.base_env)
         env.update(V.extra_env)

@@ -280,7 +280,8 @@ def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     except yaml.YAMLError as exc:
         raise RecipeError(f"{source}: YAML error: {exc}") from None
     if not isinstance(data, dict):
-        raise RecipeError(f"{source}: a recipe is a YAML mapping (meta, model, variants, ...); got {type(data).__name__}")
+        raise RecipeError(f"{source}: a recipe is a YAML mapping (meta, model, variants, ...); "
+                          f"got {type(data).__name__}")
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:

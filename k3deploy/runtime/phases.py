@@ -1,31 +1,31 @@
 """The phases of ``deploy/k3.py`` as pyinfra ``@deploy`` functions, and the cluster context they share.
 
-The context is computed once per run (first host to ask; the others wait for it): inventory -> variables ->
-plan -> preflight facts and checks -> derived host settings -> rendered units and env files -> observed state
--> which groups restart. Every phase then calls its operations from one call site on every host, with an
-``active`` flag, so pyinfra's cross-host ordering follows the rendezvous rules (pyinfra orders ops by call
-site, not by host).
+The context is built once per run (first host to ask; the others wait for it) by the one pipeline,
+:func:`k3deploy.runtime.gather.gather_in_run`: inventory -> variables -> plan -> preflight facts and checks ->
+derived host settings -> rendered units and env files -> installed state -> which groups restart. Every phase then
+calls its operations from one call site on every host, with an ``active`` flag, so pyinfra's cross-host ordering
+follows the rendezvous rules (pyinfra orders ops by call site, not by host).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gevent.lock
-from pyinfra import host, inventory, logger
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
-from pyinfra.facts.files import FileContents, Sha256File
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import python
 
-from k3deploy.cluster.binding import HostRecord
-from k3deploy.cluster.inventory import plan_for, records_of, variables_for
-from k3deploy.cluster.rollout import Rollout, compute, mark_changes
-from k3deploy.cluster.variables import Variables, inventory_path_from_argv
+from k3deploy.cluster.rollout import Rollout, mark_changes
+from k3deploy.cluster.variables import inventory_path_from_argv
 from k3deploy.errors import K3Error
-from k3deploy.facts.rollout import UnitState
-from k3deploy.runtime.operations import image, managed_file, smoke_test, start_units, stop_units, wait_tcp, weights
+from k3deploy.recipe.argv import served_model_name
+from k3deploy.runtime.gather import Cluster, gather_in_run
+from k3deploy.runtime.operations import image, managed_file, smoke, start_units, stop_units, wait_tcp, weights
 from k3deploy.runtime.readiness import wait_group
 
 _lock = gevent.lock.RLock()
@@ -34,86 +34,53 @@ _contexts: dict[int, Context] = {}
 
 @dataclass
 class Context:
-    rollout: Rollout | None
-    vars: Variables | None
-    failures: dict[str, list[str]] = field(default_factory=dict)   # host -> preflight failures
-    error: str | None = None                                          # an inventory/selection error
-    preflight_rows: list[Any] = field(default_factory=list)
+    cluster: Cluster | None
+    error: str | None = None          # an inventory/selection error: nothing can be planned
     rollback: bool = False
+
+    @property
+    def rollout(self) -> Rollout:
+        assert self.cluster is not None and self.cluster.rollout is not None
+        return self.cluster.rollout
+
+    @property
+    def failures(self) -> dict[str, list[str]]:
+        """Host -> its failed preflight checks, one line each."""
+        report = self.cluster.preflight if self.cluster else None
+        if report is None:
+            return {}
+        return {h: [f.line() for f in fs] for h, fs in report.failures_by_host().items()}
 
     @property
     def ok(self) -> bool:
         return self.error is None and not self.failures
 
 
-def _preflight(r: Rollout, records: list[HostRecord]) -> tuple[dict[str, list[str]], dict[str, dict[str, str]], dict[str, str], list[Any]]:
-    """Run the preflight checks over every host; returns failures, derived env and interfaces per host."""
-    import gevent
-
-    from k3deploy.preflight import runner
-    from k3deploy.preflight.checks import run_checks
-    from k3deploy.preflight.settings import derive_settings
-
-    sel = runner.selection_for_plan(r.plan, r.vars.k3_recipe)
-    hosts = list(inventory)
-    real_state = ctx_state.get()  # the State object itself, not pyinfra's context proxy
-    jobs = [gevent.spawn(runner.host_facts, real_state, h, sel, r.vars.k3_model_cache)
-            for h in hosts]
-    gevent.joinall(jobs)
-    facts = [j.value for j in jobs]
-    results = run_checks(sel, facts)
-    failures: dict[str, list[str]] = {}
-    for res in results:
-        if res.status == "fail":
-            failures.setdefault(res.host, []).append(f"{res.check}: observed {res.observed}; required {res.required}; fix: {res.fix}")
-    host_env: dict[str, dict[str, str]] = {}
-    ifaces: dict[str, str] = {}
-    for f in facts:
-        s = derive_settings(sel, f)
-        host_env[f.host] = dict(s.env)
-        iface = r.vars.k3_iface or s.env.get("NCCL_SOCKET_IFNAME")
-        if iface:
-            ifaces[f.host] = iface
-    return failures, host_env, ifaces, results
-
-
 def context() -> Context:
     """The run's shared context (computed by the first host that asks)."""
-    key = id(ctx_state.get())
+    state = ctx_state.get()
+    key = id(state)
     with _lock:
-        if key in _contexts:
-            return _contexts[key]
-        ctx = _build()
-        _contexts[key] = ctx
-        return ctx
+        if key not in _contexts:
+            _contexts[key] = _build(state)
+        return _contexts[key]
 
 
-def _build() -> Context:
-    records = records_of(inventory)
+def _build(state: Any) -> Context:
     try:
-        v = variables_for(records, inventory_path_from_argv())
-        plan = plan_for(records, v)
-        for w in plan.warnings:
-            logger.warning(f"k3deploy: {w}")
-        rollout = compute(plan, records, v)  # validates the inventory against the plan before any fact is read
+        cluster = gather_in_run(state, inventory_path_from_argv())
     except K3Error as exc:
-        return Context(None, None, error=str(exc))
-
-    rollback = v.k3_rollback
-    failures, host_env, ifaces, rows = _preflight(rollout, records)
-    rollout = compute(plan, records, v, ifaces=ifaces, host_env=host_env)
-    hosts = {h.name: h for h in inventory}
+        return Context(None, error=str(exc))
+    r = cluster.require_rollout()
+    for w in r.plan.warnings:
+        logger.warning(f"k3deploy: {w}")
+    rollback = r.vars.k3_rollback
     if rollback:
-        err = _load_previous(rollout, hosts)
+        err = _load_previous(r, {h.name: h for h in state.inventory})
         if err:
-            return Context(None, v, error=err)
-    observed = {}
-    for u in rollout.units:
-        h = hosts[u.host]
-        observed[(u.host, u.unit)] = (h.get_fact(Sha256File, path=u.unit_path), h.get_fact(Sha256File, path=u.env_path),
-                                      h.get_fact(UnitState, unit=u.unit).running)
-    mark_changes(rollout, observed)
-    return Context(rollout, v, failures=failures, preflight_rows=rows, rollback=rollback)
+            return Context(None, error=err)
+    mark_changes(r, cluster.installed)
+    return Context(cluster, rollback=rollback)
 
 
 def _load_previous(r: Rollout, hosts: dict[str, Any]) -> str | None:
@@ -166,7 +133,6 @@ def preflight_phase(ctx: Context) -> None:
 @deploy("Stage")
 def stage_phase(ctx: Context) -> None:
     r = ctx.rollout
-    assert r is not None
     v = r.vars
     mine = r.on_host(host.name)
     engines = [u for u in mine if u.group != "router"]
@@ -175,8 +141,6 @@ def stage_phase(ctx: Context) -> None:
     token = None
     if v.k3_hf_token_file and engines:
         token = v.k3_config_dir.rstrip("/") + "/hf-token"
-        from pathlib import Path
-
         managed_file(name="Hugging Face token (0600)", dest=token, content=Path(v.k3_hf_token_file).read_text(),
                      mode="600", secret=True)
     first_host = r.units[0].host
@@ -188,7 +152,6 @@ def stage_phase(ctx: Context) -> None:
 @deploy("Configure")
 def configure_phase(ctx: Context) -> None:
     r = ctx.rollout
-    assert r is not None
     prev = r.vars.k3_config_dir.rstrip("/") + "/previous"
     for u in host.loop(r.on_host(host.name)):
         managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", backup_dir=prev)
@@ -198,31 +161,24 @@ def configure_phase(ctx: Context) -> None:
 @deploy("Start")
 def start_phase(ctx: Context) -> None:
     r = ctx.rollout
-    assert r is not None
-    changed = r.changed_groups
-    mine = [u for u in r.on_host(host.name) if u.group in changed]
-    engines = [u for u in mine if u.group != "router"]
-    heads = [u.unit for u in engines if u.is_group_head]
-    workers = [u for u in engines if not u.is_group_head]
-    routers = [u.unit for u in mine if u.group == "router"]
-    if not changed:
+    plan = r.start_plan()
+    me = plan.on(host.name)
+    if plan.empty:
         host.noop("every group runs the planned version: nothing restarts")
     # a change anywhere in a group restarts the whole group: router, workers, then heads
-    stop_units(name="Stop routers of restarting groups", units=routers, active=bool(routers))
-    stop_units(name="Stop workers of restarting groups", units=[u.unit for u in workers], active=bool(workers))
-    stop_units(name="Stop heads of restarting groups", units=heads, active=bool(heads))
-    start_units(name="Start group heads", units=heads, active=bool(heads))
-    join = workers[0].join if workers and workers[0].join else None
-    wait_tcp(name="Head rendezvous port accepts connections (from each worker)",
-             address=join[0] if join else "", port=join[1] if join else 0,
-             timeout=r.vars.k3_rendezvous_timeout, active=join is not None)
-    start_units(name="Start workers", units=[u.unit for u in workers], active=bool(workers))
-    gated = [u.group for u in engines if u.is_group_head]
+    stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers))
+    stop_units(name="Stop workers of restarting groups", units=me.workers, active=bool(me.workers))
+    stop_units(name="Stop heads of restarting groups", units=me.heads, active=bool(me.heads))
+    start_units(name="Start group heads", units=me.heads, active=bool(me.heads))
+    wait_tcp(name="Head rendezvous port accepts connections (from each worker)", targets=me.joins,
+             timeout=r.vars.k3_rendezvous_timeout)
+    start_units(name="Start workers", units=me.workers, active=bool(me.workers))
+    gated = [u.group for u in r.on_host(host.name) if u.is_group_head and u.group in plan.engine_groups]
     python.call(name="Engine groups serve (health, models)", function=_gate, rollout=r, groups=gated,
                 _if=lambda: bool(gated))
-    start_units(name="Start router", units=routers, active=bool(routers))
-    python.call(name="Router serves", function=_gate, rollout=r, groups=["router"] if routers else [],
-                _if=lambda: bool(routers))
+    start_units(name="Start router", units=me.routers, active=bool(me.routers))
+    python.call(name="Router serves", function=_gate, rollout=r, groups=["router"] if me.routers else [],
+                _if=lambda: bool(me.routers))
 
 
 def _gate(state: Any, host: Any, rollout: Rollout, groups: list[str]) -> bool:
@@ -242,6 +198,7 @@ def _gate(state: Any, host: Any, rollout: Rollout, groups: list[str]) -> bool:
 @deploy("Smoke test")
 def smoke_phase(ctx: Context) -> None:
     r = ctx.rollout
-    assert r is not None
-    smoke_test(name=f"Chat completion through {r.endpoint}", endpoint=r.endpoint, model=r.plan.model,
-               active=r.vars.k3_smoke_test and host.name == r.units[0].host)
+    engines = [u for u in r.units if u.group != "router"]
+    model = served_model_name(engines[0].node.argv, r.plan.model) if engines else r.plan.model
+    active = r.vars.k3_smoke_test and host.name == r.units[0].host
+    smoke(name=f"Chat completion through {r.endpoint}", endpoint=r.endpoint, model=model, active=active)

@@ -8,8 +8,15 @@ vendor tools, ``docker`` and the inference engine inside the nodes are simulatio
 
 Modules:
 
+- :mod:`k3deploy.sim.cluster`: the lifecycle and the public API: brings clusters up and down, status,
+  runtime faults; composes the modules below (and re-exports the names other code uses).
+- :mod:`k3deploy.sim.state`: cluster names, node layout, ``state.json`` files, the host-wide lock.
+- :mod:`k3deploy.sim.processes`: the nodes' ``systemd-nspawn``, PIDs and cgroups (start, stop by PID).
+- :mod:`k3deploy.sim.network`: bridge, subnets, network namespaces and veth pairs.
+- :mod:`k3deploy.sim.rootfs`: node tmpfs, overlay root, per-node files and tools, the "disks", unmounting.
+- :mod:`k3deploy.sim.inventory`: the pyinfra inventory and ``group_vars`` of a cluster.
+- :mod:`k3deploy.sim.host`: :class:`~k3deploy.sim.host.SimError`, running host commands, atomic writes.
 - :mod:`k3deploy.sim.base`: builds and caches the base root (``k3deploy sim base``).
-- :mod:`k3deploy.sim.cluster`: brings clusters up and down, status, runtime faults.
-- :mod:`k3deploy.cli.sim`: the ``k3deploy sim`` commands.
 - :mod:`k3deploy.sim.profiles` / :mod:`k3deploy.sim.faults`: hardware profiles and fault specs.
+- :mod:`k3deploy.cli.sim`: the ``k3deploy sim`` commands.
 """

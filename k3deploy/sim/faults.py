@@ -58,18 +58,17 @@ def parse_fault(text: str) -> Fault:
     if not sep or not rank_s.strip().isdigit():
         raise K3Error(f"bad fault {text!r}: write RANK:KIND[=VALUE] with RANK a node rank (0 = head), "
                       f"e.g. 1:driver=570.86.15; kinds: {_kinds_hint()}")
-    kind, eq, value = rest.partition("=")
+    kind, eq, raw_value = rest.partition("=")
     kind = kind.strip()
     if kind not in FAULT_KINDS:
         raise K3Error(f"unknown fault kind {kind!r} in {text!r}: choose one of {_kinds_hint()}")
+    value: str | None = None
     if kind in VALUE_KINDS:
-        if not eq or not value.strip():
+        if not eq or not raw_value.strip():
             raise K3Error(f"fault {text!r} needs a value: {FAULT_KINDS[kind]}")
-        value = _check_value(kind, value.strip(), text)
+        value = _check_value(kind, raw_value.strip(), text)
     elif eq:
         raise K3Error(f"fault kind {kind!r} takes no value (got {text!r}): write {rank_s.strip()}:{kind}")
-    else:
-        value = None
     return Fault(int(rank_s), kind, value)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.errors import K3Error
-from k3deploy.sim.faults import Fault
+from k3deploy.sim.faults import FAULT_KINDS, Fault
 
 #: node_tools tree, mirrored at the node's root
 NODE_TOOLS = Path(__file__).with_name("node_tools")
@@ -162,6 +162,13 @@ def _gpu_ids(prof: dict[str, Any], count: int, name: str, cluster_uuid: str) -> 
     return bus, uuids
 
 
+def _value(f: Fault) -> str:
+    """The value of a fault whose kind needs one (:func:`k3deploy.sim.faults.parse_fault` ensures it is there)."""
+    if f.value is None:
+        raise K3Error(f"fault {str(f)!r} needs a value: {FAULT_KINDS[f.kind]}")
+    return f.value
+
+
 def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults: list[Fault],
                 time_scale: float, cluster_uuid: str) -> dict[str, Any]:
     """The JSON document for ``/etc/k3sim/node.json`` of one node (faults for other ranks are ignored)."""
@@ -187,11 +194,11 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             raise K3Error(f"fault {str(f)!r} applies to NVIDIA hardware only, not {hardware!r}: "
                           "drop it or pick an NVIDIA profile")
         if f.kind == "driver":
-            driver = f.value
+            driver = _value(f)
         elif f.kind == "gpu-count":
-            count = int(f.value)
+            count = int(_value(f))
         elif f.kind == "gpu-model":
-            product = f.value
+            product = _value(f)
         elif f.kind == "no-nvidia-smi":
             missing.append("nvidia-smi")
         elif f.kind == "no-dmabuf":
@@ -202,14 +209,14 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             if fabric is None:
                 raise K3Error(f"fault {str(f)!r} needs NVLink-fabric hardware (gb200, gb300), not {hardware!r}")
             if f.kind == "fabric":
-                fabric["state"] = f.value
+                fabric["state"] = _value(f)
                 fabric["status"] = "Success" if f.value == "Completed" else "N/A"
             else:
-                fabric["cluster_uuid"] = f.value
+                fabric["cluster_uuid"] = _value(f)
         elif f.kind == "engine-crash":
             crash = True
         elif f.kind == "engine-slow":
-            extra_load += float(f.value)
+            extra_load += float(_value(f))
         # disk-full and sshd-down are applied by the cluster itself (mounts, services)
     bus, uuids = _gpu_ids(prof, count, name, cluster_uuid)
     gpu: dict[str, Any] = {"product": product, "count": count, "memory_mib": prof["memory_mib"],

@@ -192,7 +192,7 @@ def matrix_entries() -> list[dict[str, Any]] | None:
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for sel in iter_matrix(recipe):
         kwargs = sel if isinstance(sel, dict) else dict(
-            zip(("hardware", "strategy", "variant", "features", "nodes"), sel))
+            zip(("hardware", "strategy", "variant", "features", "nodes"), sel, strict=False))
         plan = resolve(recipe, **kwargs).to_dict()
         label = f"{plan['hardware']}/{plan['strategy']}/{plan['variant']}/{','.join(plan['features']) or '-'}"
         for node in plan["nodes"]:

@@ -97,14 +97,14 @@ def test_argv_reaches_the_container_byte_for_byte(sim_factory):
     """Spaces, quotes, $, % and backslashes survive systemd's parsing (and docker's): the engine sees the plan."""
     import json as _json
 
-    from k3deploy.cluster.inventory import rollout_for_inventory
+    from k3deploy.runtime.gather import gather
 
     sim = sim_factory("e5h", "b300", 1)
     value = _json.dumps({"note": NASTY})
     sim.set_vars("k3_extra_args: " + _json.dumps(["--override-generation-config", value]) + "\n")
     run = deploy(sim.inventory)
     assert run.returncode == 0, run.stdout[-3000:]
-    planned = rollout_for_inventory(sim.inventory).units[0].node.argv
+    planned = gather(sim.inventory, facts=False).require_rollout().units[0].node.argv
     inspected = _json.loads(sim.ssh(0, "docker inspect --format '{{json .Args}}' k3-engine").stdout)
     assert inspected == planned[2:]  # the image's entrypoint is `vllm serve`
     assert value in inspected
@@ -161,3 +161,17 @@ def test_pinned_digest_is_verified(sim_factory):
     assert ok.returncode == 0, ok.stdout[-3000:]
     unit = sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
     assert f"vllm/vllm-openai:kimi-k3@{good}" in unit
+
+
+def test_argv_derived_values_follow_k3_extra_args_as_vllm_reads_them(sim_factory):
+    """A served model name and a port set through k3_extra_args (the last occurrence wins, ``--flag=value`` too):
+    readiness, the smoke test and the endpoint all use them."""
+    sim = sim_factory("e10s", "gb300", 2)
+    sim.set_vars('k3_strategy: multi_node_tp\n'
+                 'k3_extra_args: ["--served-model-name", "old-name", "--served-model-name=k3-prod", "--port=8100"]\n')
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-4000:]
+    head = sim.info["nodes"][0]["ip"]
+    assert f"k3-engine.service serves at http://{head}:8100" in run.stdout
+    assert re.search(r"smoke test: http://[0-9.]+:8100 answered '.+' as 'k3-prod'", run.stdout), run.stdout[-2000:]
+    assert "k3-prod" in openai_client(endpoint_of(run.stdout), model="k3-prod")

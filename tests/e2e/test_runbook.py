@@ -4,6 +4,7 @@ cluster, bring the cluster to serving."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from k3deploy.cluster.runbook import blocks
 
-from .conftest import k3, skip_no_sim
+from .conftest import PYINFRA, ROOT, k3, skip_no_sim
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -73,3 +74,75 @@ def test_runbook_brings_a_fresh_cluster_to_serving(sim_factory, tmp_path, name, 
         active = sim.ssh(rank, "systemctl is-active k3-engine.service k3-engine-prefill.service "
                                "k3-engine-decode.service 2>/dev/null | grep -c '^active'")
         assert active.stdout.strip() == "1", (rank, active.stdout)
+
+
+def _executed(log: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """The ``sh -c`` scripts pyinfra ran per host (``-vv``): (before the operations ran, while they ran). Facts
+    are read in both stages, so what only ran while operations ran is what the operations ran."""
+    before, after = log.split("--> Beginning operation run", 1)
+
+    def parse(text: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for m in re.finditer(r"^\s*\[(?P<host>[^\]]+)\] >>> (?P<cmd>.*)$", text, re.M):
+            try:
+                argv = shlex.split(m["cmd"])
+            except ValueError:
+                continue
+            script = None
+            while argv[:2] == ["sh", "-c"] and len(argv) == 3:  # the gate's own sh -c inside pyinfra's
+                script = argv[2]
+                try:
+                    argv = shlex.split(script)
+                except ValueError:
+                    break
+            if script is not None:
+                out.setdefault(m["host"], set()).add(script)
+        return out
+
+    return parse(before), parse(after)
+
+
+def _inner(script: str, mark: str) -> str | None:
+    """The script wrapped as ``( SCRIPT ) ...; echo MARK$?`` by the gate or the smoke-test fact."""
+    m = re.fullmatch(r"\( (?P<s>.*) \)(?: 2>&1)?; echo " + re.escape(mark) + r"\$\?", script, re.S)
+    return m["s"] if m else None
+
+
+def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, tmp_path):
+    sim = sim_factory("e10c", "gb300", 2)
+    sim.set_vars("k3_strategy: multi_node_tp\n")
+    out = tmp_path / "runbook.md"
+    k3("runbook", sim.inventory, "-o", str(out))  # written before anything is installed, as a site would
+    # without -y pyinfra first detects changes (every operation reads its facts) and then asks to go on
+    run = subprocess.run([PYINFRA, sim.inventory, "deploy/k3.py", "-vv"], input="\n", stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    facts, during = _executed(run.stdout)
+    ops = {h: {s for s in scripts if s not in facts.get(h, set()) and not _inner(s, "K3_SMOKE_RC=")
+               and not _inner(s, "K3_PROBE=")} for h, scripts in during.items()}
+    probes = {h: {p for s in scripts if (p := _inner(s, "K3_PROBE="))} for h, scripts in during.items()}
+    smokes = {h: {p for s in scripts if (p := _inner(s, "K3_SMOKE_RC="))} for h, scripts in during.items()}
+    steps = [b for b in blocks(out.read_text()) if b.when is None and b.node != "control"]
+    runbook = {h: "\n".join(b.text for b in steps if b.node == h) for h in {b.node for b in steps}}
+
+    # every command an operation ran (files are uploaded by the deploy and written by heredoc in the runbook:
+    # their bytes are compared by the plan after the runbook test above) is a command of the runbook, on that node
+    uploads = re.compile(r"^(mkdir -p \S+( && mkdir -p .* && cp -p .*)?|chmod \d+ \S+ && mv -f \S+ \S+)$")
+    ran = {h: sorted(s for s in scripts if not uploads.match(s)) for h, scripts in ops.items()}
+    assert all(ran.values()) and set(ran) == set(runbook)
+    for h, scripts in ran.items():
+        for s in scripts:
+            assert s in runbook[h], f"{h} ran a command the runbook does not have:\n{s}"
+    # and every command of the runbook is one the deploy ran on that node: the waits poll with the gate's probe
+    for b in steps:
+        if "<<'K3_EOF'" in b.text:
+            continue  # the env and unit files, checked byte for byte by `plan` after the runbook test above
+        probe = re.search(r"^k3_probe\(\) \{ (?P<p>.*); \}$", b.text, re.M)
+        if probe:
+            assert probe["p"] in probes[b.node], f"{b.node}: the runbook waits with a probe the gate never ran"
+            continue
+        done = ops.get(b.node, set()) | smokes.get(b.node, set())
+        if b.text.strip() in done:
+            continue  # one script spanning lines
+        for line in b.text.strip().splitlines():
+            assert line in done, f"{b.node}: the runbook runs a command the deploy never ran:\n{line}"

@@ -22,6 +22,7 @@ import pytest
 from k3deploy.errors import K3Error
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import cluster as sim
+from k3deploy.sim import processes
 
 CAN_SIM = os.geteuid() == 0 and shutil.which("systemd-nspawn") is not None and shutil.which("ssh") is not None
 needs_sim = pytest.mark.skipif(
@@ -81,9 +82,9 @@ def resources(name: str) -> dict:
         "state": st,
         "nspawn": [(r["pid"], r["pid_start"]) for r in st["nodes"]],
         "init": [p for p in init_pids if p],
-        "cg_pids": [p for cg in st["cgroups"] for p in sim._cgroup_pids(Path(cg))],
-        "starts": {p: sim._proc_stat(p)[1] for cg in st["cgroups"] for p in sim._cgroup_pids(Path(cg))
-                   if sim._proc_stat(p)},
+        "cg_pids": [p for cg in st["cgroups"] for p in processes.cgroup_pids(Path(cg))],
+        "starts": {p: processes.proc_stat(p)[1] for cg in st["cgroups"] for p in processes.cgroup_pids(Path(cg))
+                   if processes.proc_stat(p)},
     }
 
 
@@ -106,9 +107,9 @@ def leftovers(res: dict) -> list[str]:
     left += [f"mount {m}" for m in mounts if m.startswith(str(sim.state_dir(name)))]
     left += [f"cgroup {cg}" for cg in st["cgroups"] if Path(cg).exists()]
     for pid in [p for p, _ in res["nspawn"]] + res["init"] + res["cg_pids"]:
-        stat = sim._proc_stat(pid)
+        stat = processes.proc_stat(pid)
         if stat is not None and stat[0] not in ("Z", "X"):
-            left.append(f"process {pid} ({sim._comm(pid)})")
+            left.append(f"process {pid} ({processes.comm(pid)})")
     if sim.state_dir(name).exists():
         left.append(f"state dir {sim.state_dir(name)}")
     return left
@@ -266,7 +267,8 @@ def test_up_json_and_inventory(gb300):
 def test_pyinfra_reaches_gb300_nodes_and_reads_tools(gb300):
     rc, out, text = pyinfra_exec(
         gb300["inventory"],
-        "hostname; cat /etc/k3sim/node.json | python3 -c 'import json,sys; print(\"rank\", json.load(sys.stdin)[\"rank\"])';"
+        "hostname; cat /etc/k3sim/node.json"
+        " | python3 -c 'import json,sys; print(\"rank\", json.load(sys.stdin)[\"rank\"])';"
         " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; systemctl is-system-running",
     )
     assert rc == 0, text
@@ -373,7 +375,8 @@ def test_base_root_is_cached_and_has_what_nodes_need(gb300):
     assert not list((path / "etc/ssh").glob("ssh_host_*"))  # each node gets its own host key
     r = ssh(gb300, gb300["nodes"][0]["ip"],
             "python3 -c 'import sys, http.server, ssl; print(sys.version_info >= (3, 11))';"
-            " for c in ps ip curl dbus-daemon /usr/sbin/sshd systemctl; do command -v $c >/dev/null || echo missing $c; done")  # fmt: skip
+            " for c in ps ip curl dbus-daemon /usr/sbin/sshd systemctl;"
+            " do command -v $c >/dev/null || echo missing $c; done")  # fmt: skip
     assert r.stdout.strip() == "True", r.stdout + r.stderr
 
 
@@ -479,7 +482,7 @@ def _crash_and_recover(name: str) -> None:
     # crash: node2's nspawn dies abruptly, the cluster is left half-alive
     os.kill(before["nspawn"][1][0], signal.SIGKILL)
     for _ in range(100):
-        if not sim._alive(before["nspawn"][1][0]):
+        if not processes.alive(before["nspawn"][1][0]):
             break
         time.sleep(0.05)
     st = json.loads(k3("sim", "status", "--name", name, "--json").stdout)["clusters"][0]
@@ -490,8 +493,8 @@ def _crash_and_recover(name: str) -> None:
     assert ssh(again, again["nodes"][1]["ip"], "hostname").stdout.strip() == f"{name}-node2"
     # every process of the crashed cluster was stopped (by PID, found in its cgroups)
     for pid, start in before["starts"].items():
-        stat = sim._proc_stat(pid)
-        assert stat is None or stat[0] in ("Z", "X") or stat[1] != start, f"{pid} {sim._comm(pid)} survived"
+        stat = processes.proc_stat(pid)
+        assert stat is None or stat[0] in ("Z", "X") or stat[1] != start, f"{pid} {processes.comm(pid)} survived"
     after = resources(name)
     # the leftover check sees every kind of resource while the cluster runs
     kinds = {item.split()[0] for item in leftovers(after)}
@@ -541,7 +544,7 @@ def test_up_after_a_killed_up_cleans_leftovers_first():
             assert not Path(f"/run/netns/{r['netns']}").exists()
             assert not Path(f"/sys/class/net/{r['veth']}").exists()
         for pid, start in crashed["starts"].items():
-            stat = sim._proc_stat(pid)
+            stat = processes.proc_stat(pid)
             assert stat is None or stat[0] in ("Z", "X") or stat[1] != start
         assert ssh(again, again["nodes"][1]["ip"], "hostname").stdout.strip() == f"{name}-node2"
         final = resources(name)

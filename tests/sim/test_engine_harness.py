@@ -1,4 +1,4 @@
-"""Fixtures and utilities shared by the simulated-engine, docker and router tests (no tests here).
+"""Utilities shared by the simulated-engine, docker and router tests (no tests here; fixtures: conftest.py).
 
 Engines run on the host as real processes, each "node" on its own loopback address (127.x.y.z), with
 its own node.json; every process started here is stopped by PID at the end of the test.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -16,8 +15,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-
-import pytest
 
 from k3deploy.sim.faults import parse_fault
 from k3deploy.sim.profiles import NODE_TOOLS, node_config
@@ -85,19 +82,6 @@ class Procs:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = Procs(tmp_path)
-    yield p
-    p.stop_all()
-
-
-@pytest.fixture
-def net() -> str:
-    """A /24 on loopback of its own, so that tests never share addresses or ports."""
-    return f"127.{random.randint(16, 250)}.{random.randint(1, 250)}"
 
 
 def http(url: str, body: dict | None = None, headers: dict | None = None, timeout: float = 5):

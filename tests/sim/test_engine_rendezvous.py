@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_engine_harness import Node, chat, free_port, healthy, http, net, procs, wait_for  # noqa: F401
+
+from .test_engine_harness import Node, chat, free_port, healthy, http, wait_for
 
 MODEL = "moonshotai/Kimi-K3"
 
@@ -81,7 +82,7 @@ def test_dp_hybrid_lb_two_nodes_each_serve_their_own_port(tmp_path, procs, net):
     procs.engine(worker, dp_args(worker, head, rpc, port, 8, "--data-parallel-hybrid-lb"))
     for n in (head, worker):
         base = f"http://{n.ip}:{port}"
-        assert wait_for(lambda: healthy(base), 5), n.name
+        assert wait_for(lambda b=base: healthy(b), 5), n.name
         code, models = http(base + "/v1/models")
         assert code == 200 and models["data"][0]["id"] == "kimi-k3"
         code, reply = chat(base, "kimi-k3")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from test_engine_harness import ROUTER, Node, chat, free_port, healthy, http, net, procs, wait_for  # noqa: F401
+from .test_engine_harness import ROUTER, Node, chat, free_port, healthy, http, wait_for
 
 MODEL = "moonshotai/Kimi-K3"
 

@@ -11,7 +11,8 @@ import sys
 import time
 
 import pytest
-from test_engine_harness import DOCKER, Node, free_port, healthy, http, net, procs, wait_for  # noqa: F401
+
+from .test_engine_harness import DOCKER, Node, free_port, healthy, http, wait_for
 
 IMAGE = "vllm/vllm-openai:kimi-k3"
 DIGEST = "sha256:3a2eb08c964042fec5afa5e174f485f7147648f1f78227112edacc7bcc2efd4a"

@@ -365,7 +365,7 @@ class Engine:
             sock.bind((host, self.a["port"]))
         except OSError as exc:
             sock.close()
-            raise EngineFailure("OSError", f"[Errno {exc.errno}] {exc.strerror}: ('{host}', {self.a['port']})")
+            raise EngineFailure("OSError", f"[Errno {exc.errno}] {exc.strerror}: ('{host}', {self.a['port']})") from exc
         self.listen_sock = sock
 
     def start_http(self) -> None:
@@ -392,7 +392,7 @@ class Engine:
         httpd.daemon_threads = True
         self.httpd = httpd
         threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-        log("INFO", "server.py:62", "Started server process [%d]" % os.getpid())
+        log("INFO", "server.py:62", f"Started server process [{os.getpid()}]")
         log("INFO", "on.py:48", "Waiting for application startup.")
         log("INFO", "on.py:62", "Application startup complete.")
 
@@ -408,9 +408,9 @@ class Engine:
                 raise EngineFailure("torch.distributed.DistNetworkError",
                                     f"The server socket has failed to listen on any local network address. "
                                     f"port: {self.rdv_port}, useIpv6: false, code: -{exc.errno}, name: "
-                                    f"{exc.strerror}, message: address {self.rdv_addr}")
+                                    f"{exc.strerror}, message: address {self.rdv_addr}") from exc
             raise EngineFailure("zmq.error.ZMQError", f"{exc.strerror} (addr='tcp://{self.rdv_addr}:"
-                                f"{self.rdv_port}')")
+                                f"{self.rdv_port}')") from exc
         srv.listen(64)
         srv.settimeout(0.1)
         self.rdv_srv = srv
@@ -562,9 +562,9 @@ class Engine:
                     if self.torch_mode:
                         raise EngineFailure("torch.distributed.DistNetworkError",
                                             f"The client socket has timed out after {int(nominal * 1000)}ms while "
-                                            f"trying to connect to ({self.rdv_addr}, {self.rdv_port}).")
+                                            f"trying to connect to ({self.rdv_addr}, {self.rdv_port}).") from None
                     raise EngineFailure("RuntimeError", "Did not receive response from front-end process within "
-                                        f"{HANDSHAKE_TIMEOUT_MINS} minutes")
+                                        f"{HANDSHAKE_TIMEOUT_MINS} minutes") from None
                 time.sleep(0.05)
         return None
 

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from typing import NoReturn
 
 CONFIG_PATH = "/etc/k3sim/node.json"
 STATE_DIR = "/var/lib/k3sim"
@@ -133,7 +134,7 @@ def kernel_release() -> str:
 
 # ---------------------------------------------------------------- misc
 
-def die(msg: str, code: int = 1) -> None:
+def die(msg: str, code: int = 1) -> NoReturn:
     sys.stderr.write(msg.rstrip("\n") + "\n")
     sys.exit(code)
 
@@ -142,6 +143,6 @@ def tool_missing(config: dict, tool: str) -> bool:
     return tool in config.get("tools_missing", [])
 
 
-def command_not_found(tool: str) -> None:
+def command_not_found(tool: str) -> NoReturn:
     """Behave like a shell that cannot find the tool (exit 127)."""
     die(f"bash: {tool}: command not found", 127)

@@ -1,0 +1,102 @@
+"""The deployment pipeline's pure steps: inventory records -> variables -> requirements -> plan -> rollout.
+
+Every entry point (``deploy/k3.py``, ``k3deploy plan``, ``preflight``, ``runbook``, ``resolve --inventory``) goes
+through :func:`target` and :func:`desired_rollout`; :mod:`k3deploy.runtime.gather` adds what only the hosts can
+tell (facts, derived settings, installed files) around them. Nothing here reads a host.
+
+Example::
+
+    >>> from k3deploy.cluster.binding import HostRecord
+    >>> hosts = [HostRecord("n1", ("head",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.1"}),
+    ...          HostRecord("n2", ("workers",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.2"})]
+    >>> t = target(hosts, None)
+    >>> t.plan.strategy, [u.host for u in desired_rollout(t).units]
+    ('multi_node_tp', ['n1', 'n2'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from k3deploy.cluster.binding import HostRecord
+from k3deploy.cluster.inventory import engine_count, plan_for, variables_for, with_roles
+from k3deploy.cluster.requirements import Requirements
+from k3deploy.cluster.rollout import Rollout, compute
+from k3deploy.cluster.variables import Variables
+from k3deploy.errors import K3Error, SelectionError
+from k3deploy.recipe import load_recipe
+from k3deploy.recipe.offering import hardware_profile
+from k3deploy.recipe.plan import Plan
+from k3deploy.recipe.taxonomy import strategies
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an inventory asks for, before any host is read.
+
+    ``plan`` is None when the selection is valid but the plan cannot be made for these hosts (a node count the
+    strategy does not take, a missing rank, ...); ``plan_error`` then says why. The preflight still checks the
+    hosts against ``requirements``; everything that changes hosts calls :meth:`require_plan`.
+    """
+
+    inventory: str | None
+    records: list[HostRecord]
+    vars: Variables
+    requirements: Requirements
+    plan: Plan | None
+    plan_error: str | None = None
+
+    def require_plan(self) -> Plan:
+        if self.plan is None:
+            raise K3Error(self.plan_error or "no plan")
+        return self.plan
+
+
+def _requirements(v: Variables, nodes: int) -> Requirements:
+    """Requirements from the variables alone; raises for an unknown hardware, variant or strategy."""
+    hw = hardware_profile(str(v.k3_hardware))
+    recipe = load_recipe(v.k3_recipe)
+    if v.k3_variant not in recipe.variants:
+        raise SelectionError(f"unknown variant {v.k3_variant!r} in recipe {recipe.slug}: choose one of "
+                             f"{', '.join(recipe.variants)}")
+    known = strategies()
+    if v.k3_strategy is not None and v.k3_strategy not in known:
+        raise SelectionError(f"unknown strategy {v.k3_strategy!r}: choose one of {', '.join(sorted(known))}")
+    strat = known.get(v.k3_strategy) if v.k3_strategy else None
+    return Requirements(hardware=hw, variant=v.k3_variant, vram_minimum_gb=recipe.variant(v.k3_variant).vram_minimum_gb,
+                        nodes=nodes, strategy=v.k3_strategy, multi_node=nodes > 1 or bool(strat and strat.multi_node),
+                        pd=bool(strat and strat.pd))
+
+
+def requirements_of(plan: Plan, v: Variables) -> Requirements:
+    """What a resolved plan asks of the cluster (engine nodes only)."""
+    engines = len([n for n in plan.nodes if n.role != "router"])
+    return Requirements(hardware=hardware_profile(plan.hardware), variant=plan.variant,
+                        vram_minimum_gb=load_recipe(v.k3_recipe).variant(plan.variant).vram_minimum_gb,
+                        nodes=engines, strategy=plan.strategy, multi_node=engines > 1,
+                        pd=plan.strategy == "pd_cluster")
+
+
+def target(records: list[HostRecord], inventory_file: str | None,
+           overrides: Mapping[str, Any] | None = None) -> Target:
+    """Variables, requirements and plan of an inventory's hosts. Raises :class:`K3Error` for bad variables or an
+    unknown selection; a plan that does not fit the hosts is kept as ``plan_error``."""
+    recs = with_roles(records)
+    v = variables_for(recs, inventory_file, overrides)
+    base = _requirements(v, engine_count(recs) or len(recs))
+    try:
+        plan = plan_for(recs, v)
+        compute(plan, recs, v)  # binds the plan to the hosts: ranks, groups and counts checked before any fact
+    except K3Error as exc:
+        return Target(inventory_file, recs, v, base, None, str(exc))
+    return Target(inventory_file, recs, v, requirements_of(plan, v), plan)
+
+
+def desired_rollout(t: Target, *, ifaces: Mapping[str, str] | None = None,
+                    host_env: Mapping[str, Mapping[str, str]] | None = None) -> Rollout:
+    """The rollout of a target: every unit and env file rendered, with the settings derived from each host's facts
+    (``host_env``; interfaces in ``ifaces``) when they are known."""
+    return compute(t.require_plan(), t.records, t.vars, ifaces=dict(ifaces or {}),
+                   host_env={h: dict(e) for h, e in (host_env or {}).items()})

@@ -1,0 +1,44 @@
+"""What a deployment asks of its hosts, before any host is read: the hardware profile, the variant's memory,
+how many engine nodes, whether they talk across nodes (RDMA, multi-node NVLink) and whether it is P/D.
+
+Pure. The preflight checks (:mod:`k3deploy.preflight.checks`) compare each host's facts with these.
+
+Example::
+
+    >>> from k3deploy.recipe.taxonomy import hardware
+    >>> r = Requirements(hardware()["gb300"], "default", 1680.0, nodes=2, strategy="multi_node_tp", multi_node=True)
+    >>> r.brand, r.mnnvl, r.needs_rdma
+    ('NVIDIA', True, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """``hardware`` is a taxonomy profile (anything with ``id``, ``brand``, ``gpu_count``, ``vram_gb``,
+    ``gpu_names`` and ``nvl``); ``nodes`` is the number of planned engine nodes (the router needs no GPU)."""
+
+    hardware: Any
+    variant: str
+    vram_minimum_gb: float | None
+    nodes: int
+    strategy: str | None = None
+    multi_node: bool = False
+    pd: bool = False
+
+    @property
+    def brand(self) -> str:
+        return str(self.hardware.brand)
+
+    @property
+    def mnnvl(self) -> bool:
+        """Multi-node NVLink: NVL trays (GB200/GB300) used across more than one tray."""
+        return bool(getattr(self.hardware, "nvl", False)) and self.nodes > 1
+
+    @property
+    def needs_rdma(self) -> bool:
+        return self.nodes > 1 or self.pd

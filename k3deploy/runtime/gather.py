@@ -1,0 +1,251 @@
+"""The one pipeline every entry point uses: inventory -> variables -> plan -> host facts and checks -> derived
+settings -> rendered files -> what the hosts have installed.
+
+``deploy/k3.py`` (:func:`gather_in_run`, inside pyinfra's own run), ``k3deploy plan``, ``preflight``, ``runbook``
+and ``resolve --inventory`` (:func:`gather`) all build their :class:`Cluster` here, so they cannot read one
+inventory two ways. Hosts are read in parallel (gevent greenlets over pyinfra's connections) and never changed.
+
+Example::
+
+    >>> cluster = gather("inventories/gb300.py")            # doctest: +SKIP
+    >>> cluster.preflight.ok, cluster.rollout.endpoint       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys  # noqa: E402
+from collections.abc import Callable, Mapping  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
+
+import gevent  # noqa: E402
+from pyinfra.api import Config, State  # noqa: E402
+from pyinfra.api.exceptions import ConnectError  # noqa: E402
+from pyinfra.api.facts import get_fact  # noqa: E402
+from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state  # noqa: E402
+from pyinfra.facts.files import FileContents, Sha256File  # noqa: E402
+
+from k3deploy.cluster.diff import Installed  # noqa: E402
+from k3deploy.cluster.inventory import records_of  # noqa: E402
+from k3deploy.cluster.pipeline import Target, desired_rollout, target  # noqa: E402
+from k3deploy.cluster.rollout import Rollout, UnitWork  # noqa: E402
+from k3deploy.errors import K3Error  # noqa: E402
+from k3deploy.facts.rollout import UnitState  # noqa: E402
+from k3deploy.preflight import runner  # first: it patches gevent before socket/ssl are imported
+from k3deploy.preflight.checks import HostFacts  # noqa: E402
+from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
+
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------------------- inventory
+
+
+def load_inventory(spec: str) -> State:
+    """A pyinfra state holding the inventory of a file, a host list or a connector (``@local``), read as the
+    ``pyinfra`` command line reads it (its ``group_data`` included)."""
+    from pyinfra_cli.inventory import make_inventory
+
+    if not ("@" in spec or "," in spec or Path(spec).exists()):
+        raise K3Error(f"inventory {spec!r} not found: pass an inventory file (inventories/x.py), a host list "
+                      "or @local")
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:  # inventory files may import modules next to them, as with the pyinfra CLI
+        sys.path.append(cwd)
+    state = State()
+    state.cwd = cwd
+    config = Config()
+    try:
+        with ctx_state.use(state), ctx_config.use(config):
+            inventory = make_inventory(spec, cwd=cwd)
+            state.init(inventory, config)
+    except Exception as exc:  # the inventory file is user code
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise K3Error(f"cannot load inventory {spec!r}: {first}: fix the inventory file") from None
+    if len(inventory) == 0:
+        raise K3Error(f"inventory {spec!r} has no hosts: add hosts to it")
+    return state
+
+
+def inventory_file(spec: str | None) -> str | None:
+    """The inventory's file when it is one (group_vars are looked up next to it), else None."""
+    return spec if spec and spec.endswith(".py") and Path(spec).is_file() else None
+
+
+# ------------------------------------------------------------------------------------ host access
+
+
+def connect(host: Any) -> str | None:
+    """Connect one host; the reason when it cannot be reached, else None."""
+    try:
+        host.connect(raise_exceptions=True, show_errors=False)
+    except ConnectError as exc:
+        return str(exc.args[0]) if exc.args else "could not connect"
+    except Exception as exc:  # paramiko/socket errors not wrapped by the connector
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def each_host(state: State, hosts: list[Any], fn: Callable[[Any], T]) -> list[T]:
+    """``fn(host)`` on every host at once (one greenlet each, in the state's contexts); results in host order.
+    An exception in one host's call is raised after all have finished."""
+    def run(h: Any) -> T:
+        with ctx_state.use(state), ctx_config.use(state.config), ctx_inventory.use(state.inventory), \
+                ctx_host.use(h):
+            return fn(h)
+
+    jobs = [gevent.spawn(run, h) for h in hosts]
+    gevent.joinall(jobs)
+    for h, j in zip(hosts, jobs, strict=True):
+        if not j.successful():
+            raise K3Error(f"reading {h.name} failed: {type(j.exception).__name__}: {j.exception}: check the "
+                          "connection and rerun")
+    return [j.value for j in jobs]
+
+
+def disconnect(hosts: list[Any]) -> None:
+    for h in hosts:
+        if h.connected:
+            try:
+                h.disconnect()
+            except Exception:  # a connection that already broke
+                pass
+
+
+def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool) -> list[HostFacts]:
+    """The preflight facts of every host (an unreachable host becomes a host with its connection error)."""
+    req, v = t.requirements, t.vars
+
+    def one(h: Any) -> HostFacts:
+        if connect_first:
+            reason = connect(h)
+            if reason is not None:
+                return HostFacts(host=h.name, address=runner.host_address(h), unreachable=reason)
+        return runner.host_facts(state, h, req, v.k3_model_cache, v.k3_image_dir)
+
+    return each_host(state, hosts, one)
+
+
+def read_installed(state: State, host: Any, units: list[UnitWork]) -> dict[tuple[str, str], Installed]:
+    """What each of these units looks like on its host now: unit and env file (text and sha256), unit state."""
+    def fact(cls: Any, **kwargs: Any) -> Any:
+        return get_fact(state, host, cls, kwargs=kwargs, apply_failed_hosts=False)
+
+    def text(path: str) -> str | None:
+        lines = fact(FileContents, path=path)
+        return None if lines is None else "".join(f"{ln}\n" for ln in lines)
+
+    out = {}
+    for u in units:
+        status = fact(UnitState, unit=u.unit)
+        out[(u.host, u.unit)] = Installed(
+            unit_text=text(u.unit_path), env_text=text(u.env_path),
+            unit_sha=fact(Sha256File, path=u.unit_path), env_sha=fact(Sha256File, path=u.env_path),
+            active=status.active if status is not None else "absent", restarts=status.restarts if status else 0)
+    return out
+
+
+def ssh_argv(data: Mapping[str, Any], address: str) -> list[str]:
+    """``ssh`` with the inventory's connection settings (user, port, key, known hosts)."""
+    argv = ["ssh"]
+    if data.get("ssh_port"):
+        argv += ["-p", str(data["ssh_port"])]
+    if data.get("ssh_key"):
+        argv += ["-i", str(data["ssh_key"])]
+    if data.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={data['ssh_known_hosts_file']}"]
+    strict = data.get("ssh_strict_host_key_checking")
+    if strict:
+        argv += ["-o", f"StrictHostKeyChecking={strict}"]
+    user = data.get("ssh_user")
+    return argv + [f"{user}@{address}" if user else address]
+
+
+# ---------------------------------------------------------------------------------------- cluster
+
+
+@dataclass
+class Cluster:
+    """One inventory, read: its target (variables, requirements, plan), the preflight of its hosts, the rollout
+    rendered with each host's derived settings, and what the hosts have installed now."""
+
+    target: Target
+    rollout: Rollout | None
+    preflight: PreflightReport | None = None
+    installed: dict[tuple[str, str], Installed] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)   # host -> ssh address
+    ssh: dict[str, list[str]] = field(default_factory=dict)   # host -> ssh argv from the control machine
+
+    @property
+    def ok(self) -> bool:
+        return self.preflight is None or self.preflight.ok
+
+    def require_rollout(self) -> Rollout:
+        if self.rollout is None:
+            self.target.require_plan()
+            raise K3Error("no rollout")  # unreachable: a target with a plan always renders one
+        return self.rollout
+
+
+def _rollout(t: Target, report: PreflightReport | None) -> Rollout | None:
+    if t.plan is None:
+        return None
+    if report is None:
+        return desired_rollout(t)
+    ifaces = {}
+    for host, s in report.settings.items():
+        iface = t.vars.k3_iface or s.env.get("GLOO_SOCKET_IFNAME")
+        if iface:
+            ifaces[host] = iface
+    return desired_rollout(t, ifaces=ifaces, host_env=report.host_env())
+
+
+def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_first: bool,
+              require_plan: bool) -> Cluster:
+    if require_plan:
+        t.require_plan()
+    hosts = list(state.inventory)
+    report = check(t.requirements, read_facts(state, hosts, t, connect_first=connect_first)) if facts else None
+    rollout = _rollout(t, report)
+    have: dict[tuple[str, str], Installed] = {}
+    if installed and rollout is not None:
+        reachable = [h for h in hosts if report is None or h.name not in report.unreachable()]
+        for part in each_host(state, reachable, lambda h: read_installed(state, h, rollout.on_host(h.name))):
+            have.update(part)
+    addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
+    return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,
+                   ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts})
+
+
+def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool = True, installed: bool = True,
+           require_plan: bool = True) -> Cluster:
+    """Load an inventory, connect to every host (read-only) and build its :class:`Cluster`.
+
+    ``facts=False`` reads no host at all (the plan and rollout from the inventory alone). Raises
+    :class:`K3Error` for a bad inventory, variables or selection, and (``require_plan``) for a plan that does
+    not fit the hosts. Unreachable hosts are reported in the preflight, not raised.
+    """
+    state = load_inventory(spec)
+    t = target(records_of(state.inventory), inventory_file(spec), overrides)
+    if not facts:
+        return _assemble(state, t, facts=False, installed=False, connect_first=False, require_plan=require_plan)
+    runner.quiet_pyinfra()
+    try:
+        return _assemble(state, t, facts=True, installed=installed, connect_first=True, require_plan=require_plan)
+    finally:
+        disconnect(list(state.inventory))
+
+
+def gather_in_run(state: State, inventory_spec: str | None) -> Cluster:
+    """The cluster of a running ``pyinfra INVENTORY deploy/k3.py`` (hosts already connected by pyinfra)."""
+    t = target(records_of(state.inventory), inventory_file(inventory_spec))
+    return _assemble(state, t, facts=True, installed=True, connect_first=False, require_plan=True)
+
+
+def require_reachable(cluster: Cluster) -> None:
+    """Raise :class:`K3Error` naming every host that could not be reached."""
+    down = cluster.preflight.unreachable() if cluster.preflight else {}
+    if down:
+        raise K3Error("cannot reach " + "; ".join(f"{h}: {why}" for h, why in down.items())
+                      + ": check the address, SSH key and that the node is up")

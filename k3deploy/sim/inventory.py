@@ -1,0 +1,72 @@
+"""The pyinfra inventory of a simulated cluster (``<state>/NAME/NAME.py``) and its ``group_vars/all.yml``.
+
+Groups: ``head`` (rank 0) and ``workers``, or with a P/D layout (``pd:P,D``) ``prefill``, ``decode`` and
+``router`` (the first prefill node). ``group_vars/all.yml`` holds the selection for ``deploy/k3.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from k3deploy.errors import K3Error
+from k3deploy.sim.host import write_atomic
+
+
+def parse_layout(layout: str | None, nodes: int) -> dict[str, int] | None:
+    """``None`` (head + workers) or ``"pd:P,D"`` -> ``{"prefill": P, "decode": D}`` with P + D == nodes."""
+    if layout is None or layout == "head":
+        return None
+    m = re.fullmatch(r"pd:(\d+),(\d+)", layout)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise K3Error(f"layout {layout!r} is not pd:P,D with P, D >= 1 (e.g. pd:1,2)")
+    p, d = int(m.group(1)), int(m.group(2))
+    if p + d != nodes:
+        raise K3Error(f"layout {layout} needs {p + d} nodes, got --nodes {nodes}: make P + D equal --nodes")
+    return {"prefill": p, "decode": d}
+
+
+def write_inventory(state: dict[str, Any]) -> None:
+    """Write the inventory named by ``state["inventory"]`` and the ``group_vars/all.yml`` next to it."""
+    ssh = {
+        "ssh_user": "root",
+        "ssh_key": state["key"],
+        "ssh_known_hosts_file": state["known_hosts"],
+        "ssh_strict_host_key_checking": "yes",
+    }
+
+    def host(rec: dict[str, Any]) -> str:
+        data = {"ssh_hostname": rec["ip"], "rank": rec["rank"], "k3_ip": rec["ip"], "k3_sim": state["name"]}
+        return f"    ({rec['name']!r}, {{**_ssh, **{data!r}}}),\n"
+
+    recs = state["nodes"]
+    pools = state.get("pools")
+    head = (
+        f'"""pyinfra inventory of the simulated cluster {state["name"]!r} '
+        f'({len(recs)} x {state["hardware"]}), written by k3deploy sim up."""\n\n'
+        f"_ssh = {ssh!r}\n\n"
+    )
+    if pools:
+        p = pools["prefill"]
+
+        def pool(rs: list[dict[str, Any]]) -> str:
+            return "".join(host({**r, "rank": i}) for i, r in enumerate(rs))
+
+        text = head + (f"prefill = [\n{pool(recs[:p])}]\n\n"
+                       f"decode = [\n{pool(recs[p:])}]\n\n"
+                       f"router = [\n{host({**recs[0], 'rank': 0})}]\n")
+    else:
+        text = head + f"head = [\n{host(recs[0])}]\n\nworkers = [\n{''.join(host(r) for r in recs[1:])}]\n"
+    write_atomic(Path(state["inventory"]), text, 0o600)
+    # the selection for `pyinfra <inventory> deploy/k3.py`, Ansible-style next to the inventory
+    gv = Path(state["inventory"]).parent / "group_vars"
+    gv.mkdir(exist_ok=True)
+    lines = ["# written by k3deploy sim up: the selection for this simulated cluster",
+             f"k3_hardware: {state['hardware']}"]
+    if pools:
+        lines.append("k3_strategy: pd_cluster")
+    if state["hardware"] == "ascend_910c":
+        lines.append("k3_variant: ascend_w4a8")
+    lines.append("k3_poll_interval: 0.5")
+    write_atomic(gv / "all.yml", "\n".join(lines) + "\n", 0o644)
