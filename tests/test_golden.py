@@ -6,7 +6,7 @@ import pytest
 from conftest import golden
 
 from k3deploy import resolve
-from k3deploy.recipe.printing import format_command, format_docker_run, format_router
+from k3deploy.recipe.printing import format_command, format_router, format_site_docker_run
 from k3deploy.recipe.rules import PoolSpec, synthesize
 from k3deploy.recipe.taxonomy import hardware, strategies
 
@@ -74,14 +74,14 @@ def test_worked_example_json_api(recipe, case):
 
 
 def test_docker_command_matches_builder_but_with_the_k3_image(recipe):
-    case = next(c for c in WORKED if c.get("docker_command"))
+    case = next(c for c in WORKED if c.get("site_docker_command"))
     plan = _plan_for_worked(recipe, case["selection"])
     head = plan.nodes[0]
     # the builder's layout, byte for byte, with its own image
-    assert format_docker_run(head.argv, head.env, "vllm/vllm-openai:latest", 8000, "nvidia") == case["docker_command"]
+    assert format_site_docker_run(head.argv, head.env, "vllm/vllm-openai:latest", 8000, "nvidia") == case["site_docker_command"]
     # k3deploy's deliberate deviation: the K3 CUDA 13 image instead of :latest
     assert plan.image == "vllm/vllm-openai:kimi-k3"
-    assert plan.docker_command(head) == case["docker_command"].replace("vllm/vllm-openai:latest", "vllm/vllm-openai:kimi-k3")
+    assert plan.site_docker_command(head) == case["site_docker_command"].replace("vllm/vllm-openai:latest", "vllm/vllm-openai:kimi-k3")
 
 
 @pytest.mark.parametrize("case", DIRECT, ids=[str(i) for i in range(len(DIRECT))])

@@ -54,7 +54,7 @@ def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None
     click.echo("\n# docker run forms")
     for node in engines:
         click.echo(f"\n## {node.role} (rank {node.rank})")
-        click.echo(plan.docker_command(node))
+        click.echo(plan.site_docker_command(node))
 
 
 # ------------------------------------------------------------------------------------ --inventory

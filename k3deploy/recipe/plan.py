@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from k3deploy.recipe.argv import has_flag
-from k3deploy.recipe.printing import docker_run_argv, format_command, format_docker_run, format_router
+from k3deploy.recipe.printing import format_command, format_router, format_site_docker_run, site_docker_run_argv
 
 
 class NodePlan(BaseModel):
@@ -87,8 +87,8 @@ class Plan(BaseModel):
     def head(self) -> NodePlan:
         return self.nodes[0]
 
-    def docker_argv(self, node: NodePlan) -> list[str]:
-        return docker_run_argv(node.argv, node.env, self.image, node.port or 8000, self.vendor)
+    def site_docker_argv(self, node: NodePlan) -> list[str]:
+        return site_docker_run_argv(node.argv, node.env, self.image, node.port or 8000, self.vendor)
 
-    def docker_command(self, node: NodePlan) -> str:
-        return format_docker_run(node.argv, node.env, self.image, node.port or 8000, self.vendor)
+    def site_docker_command(self, node: NodePlan) -> str:
+        return format_site_docker_run(node.argv, node.env, self.image, node.port or 8000, self.vendor)

@@ -60,7 +60,7 @@ GPU_FLAGS: dict[str, list[list[str]]] = {
 }
 
 
-def docker_run_argv(argv: list[str], env: dict[str, str], image: str, port: int, vendor: str) -> list[str]:
+def site_docker_run_argv(argv: list[str], env: dict[str, str], image: str, port: int, vendor: str) -> list[str]:
     """The builder's ``docker run`` argv (its image entrypoint is ``vllm serve``, so those words are dropped)."""
     out = ["docker", "run"]
     for line in GPU_FLAGS.get(vendor, GPU_FLAGS["nvidia"]):
@@ -72,7 +72,7 @@ def docker_run_argv(argv: list[str], env: dict[str, str], image: str, port: int,
     return out + [image, *argv[2:]]
 
 
-def format_docker_run(argv: list[str], env: dict[str, str], image: str, port: int, vendor: str) -> str:
+def format_site_docker_run(argv: list[str], env: dict[str, str], image: str, port: int, vendor: str) -> str:
     """``docker run`` as shell text, laid out like the recipes site's docker tab."""
     gpu = [" ".join(line) for line in GPU_FLAGS.get(vendor, GPU_FLAGS["nvidia"])]
     lines = [f"docker run {gpu[0]}", *gpu[1:],

@@ -275,7 +275,7 @@ class Synthesis:
 _NVL4_ENV = ("VLLM_USE_NCCL_SYMM_MEM", "NCCL_CUMEM_ENABLE", "NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE", "UCX_NET_DEVICES")
 
 
-class _Synth:
+class _Builder:
     def __init__(
         self,
         recipe: Recipe,
@@ -289,21 +289,22 @@ class _Synth:
         frontend: str | None,
     ) -> None:
         self.recipe = recipe
-        self.V = recipe.variant(variant_key)
+        self.variant = recipe.variant(variant_key)
         self.variant_key = variant_key
-        self.S = strategy
-        self.so: StrategyOverride | None = recipe.strategy_overrides.get(strategy.id)
+        self.strategy = strategy
+        self.strategy_ov: StrategyOverride | None = recipe.strategy_overrides.get(strategy.id)
         self.hw = hw
-        self.G = hw.gpu_count or 1
-        self.N = nodes
+        self.gpus_per_node = hw.gpu_count or 1
+        self.nodes = nodes
         self.features = features
         self.advanced = advanced_args
         self.pd_nodes = pd_nodes
         self.frontend = frontend
-        self.model_id = js_or(self.V.model_id, recipe.model.model_id, "unknown")
+        self.model_id = js_or(self.variant.model_id, recipe.model.model_id, "unknown")
         # the strategy GEN block replaces the recipe and variant hardware layers (args and env alike)
-        self.sho: HardwareBlock | None = gen_block(self.so.hardware_overrides, hw) if self.so else None
-        self.so_exact = self.so.hardware_overrides.get(hw.id) if self.so else None
+        ov = self.strategy_ov
+        self.strategy_hw: HardwareBlock | None = gen_block(ov.hardware_overrides, hw) if ov else None
+        self.strategy_hw_exact = self.strategy_ov.hardware_overrides.get(hw.id) if self.strategy_ov else None
         self._feature_layers = [self._feature_layer(f) for f in features]
 
     # -- features ---------------------------------------------------------------------------------
@@ -312,7 +313,7 @@ class _Synth:
         feat = self.recipe.features.get(name)
         if feat is None:
             return [], None
-        if feat.strategies and self.S.id not in feat.strategies:
+        if feat.strategies and self.strategy.id not in feat.strategies:
             return [], None
         if feat.modes:
             allowed = []
@@ -325,7 +326,7 @@ class _Synth:
                 allowed.append(key)
             if not allowed:
                 return [], None
-            prefs = [(self.V.default_modes or {}).get(name), feat.default_mode]
+            prefs = [(self.variant.default_modes or {}).get(name), feat.default_mode]
             key = next((p for p in prefs if p in allowed), allowed[0])
             mode = feat.modes[key]
             mho = keyed(mode.hardware_overrides or {}, self.hw)
@@ -340,25 +341,25 @@ class _Synth:
     # -- args -------------------------------------------------------------------------------------
 
     def single_node_tp(self) -> int:
-        if self.S.id != "single_node_tp":
-            return self.G
+        if self.strategy.id != "single_node_tp":
+            return self.gpus_per_node
         clamp = self.hw.gen != "cpu"
-        for raw in (self.V.tp, self.so.tp if self.so else None):
+        for raw in (self.variant.tp, self.strategy_ov.tp if self.strategy_ov else None):
             tp = keyed(raw, self.hw) if raw is not None else None
             if isinstance(tp, (int, float)) and not isinstance(tp, bool) and tp > 0:
-                return int(min(tp, self.G) if clamp else tp)
-        need = self.V.vram_minimum_gb
-        per_gpu = (self.hw.vram_gb / self.G) if self.G else 0
+                return int(min(tp, self.gpus_per_node) if clamp else tp)
+        need = self.variant.vram_minimum_gb
+        per_gpu = (self.hw.vram_gb / self.gpus_per_node) if self.gpus_per_node else 0
         if need and per_gpu > 0:
-            return 1 if 0 < need <= per_gpu else self.G
-        return self.G
+            return 1 if 0 < need <= per_gpu else self.gpus_per_node
+        return self.gpus_per_node
 
     def _dep_local(self) -> int:
-        so = self.so
+        so = self.strategy_ov
         if so is None:
-            return self.G
-        pool = so.vllm_args + so.extra_args + _block_args(self.sho) + _block_args(self.so_exact)
-        local = self.G
+            return self.gpus_per_node
+        pool = so.vllm_args + so.extra_args + _block_args(self.strategy_hw) + _block_args(self.strategy_hw_exact)
+        local = self.gpus_per_node
         for i, a in enumerate(pool):
             if a == "--data-parallel-size-local" and i + 1 < len(pool):
                 try:
@@ -368,7 +369,7 @@ class _Synth:
         return local
 
     def parallel_flags(self, node_role: str | None, rank: int) -> list[str]:
-        S, G, N = self.S, self.G, self.N
+        S, G, N = self.strategy, self.gpus_per_node, self.nodes
         worker = node_role == "worker"
         r = max(1, rank) if worker else 0
         addr = "$HEAD_IP"
@@ -394,19 +395,19 @@ class _Synth:
 
     def _hardware_args(self, role_ov: RoleOverride | None) -> list[str]:
         out: list[str] = []
-        if js_truthy(self.sho):
-            out += _block_args(self.sho)
+        if js_truthy(self.strategy_hw):
+            out += _block_args(self.strategy_hw)
         else:
             out += _block_args(gen_block(self.recipe.hardware_overrides, self.hw))
-            out += _block_args(gen_block(self.V.hardware_overrides, self.hw))
-        out += _block_args(self.so_exact)
+            out += _block_args(gen_block(self.variant.hardware_overrides, self.hw))
+        out += _block_args(self.strategy_hw_exact)
         if role_ov is not None:
             out += _block_args(role_ov.hardware_overrides.get(self.hw.id))
         return out
 
     def build_args(self, role: str | None, node_role: str | None, rank: int,
                    pool_flags: list[str] | None = None) -> list[str]:
-        V, S, so = self.V, self.S, self.so
+        V, S, so = self.variant, self.strategy, self.strategy_ov
         args: list[str] = list(self.recipe.model.base_args)
         args += V.extra_args
         args += _block_args(V.hardware_overrides.get(self.hw.id))
@@ -432,7 +433,7 @@ class _Synth:
 
     def build_env(self, role: str | None, pool_nodes: int = 0, pd_rank: int = 0,
                   parallelism: str = "tp") -> dict[str, str]:
-        V, S, so, hw, G = self.V, self.S, self.so, self.hw, self.G
+        V, S, so, hw, G = self.variant, self.strategy, self.strategy_ov, self.hw, self.gpus_per_node
         env: dict[str, str] = dict(self.recipe.model.base_env)
         env.update(V.extra_env)
         env.update(_block_env(V.hardware_overrides.get(hw.id)))
@@ -459,12 +460,12 @@ class _Synth:
                 role_ov = getattr(so, role)
                 if role_ov is not None:
                     env.update(role_ov.env)
-        if js_truthy(self.sho):
-            env.update(_block_env(self.sho))
+        if js_truthy(self.strategy_hw):
+            env.update(_block_env(self.strategy_hw))
         else:
             env.update(_block_env(gen_block(self.recipe.hardware_overrides, hw)))
             env.update(_block_env(gen_block(V.hardware_overrides, hw)))
-        env.update(_block_env(self.so_exact))
+        env.update(_block_env(self.strategy_hw_exact))
         if role_ov is not None:
             env.update(_block_env(role_ov.hardware_overrides.get(hw.id)))
         for _, fenv in self._feature_layers:
@@ -485,11 +486,11 @@ class _Synth:
     # -- pd_cluster -------------------------------------------------------------------------------
 
     def pd_role(self, role: str) -> tuple[list[str], dict[str, str], RoleMeta]:
-        S, so, G = self.S, self.so, self.G
+        S, so, G = self.strategy, self.strategy_ov, self.gpus_per_node
         pd = (self.pd_nodes or {}).get(role) or PoolSpec()
         role_ov: RoleOverride | None = getattr(so, role) if so is not None else None
         role_s = S.role(role)
-        n = pd.nodes if isinstance(pd.nodes, int) else (1 if self.N > 1 else 0)
+        n = pd.nodes if isinstance(pd.nodes, int) else (1 if self.nodes > 1 else 0)
         pool_gpus = G // 2 if n == 0 else n * G
         raw_par = js_or(pd.parallelism, role_ov.parallelism if role_ov else None, role_s.parallelism, "tp")
         modes = pd_pool_modes(self.recipe, so)
@@ -530,14 +531,14 @@ class _Synth:
         return argv, env, meta
 
     def router_argv(self, prefill: RoleMeta, decode: RoleMeta) -> list[str]:
-        policy = js_or((self.S.router or {}).get("policy"), "round_robin")
+        policy = js_or((self.strategy.router or {}).get("policy"), "round_robin")
         argv = ["vllm-router", "--policy", str(policy), "--vllm-pd-disaggregation"]
         for meta, name, port in ((prefill, "PREFILL", 8001), (decode, "DECODE", 8002)):
             count = max(1, js_or(meta.nodes, 1)) if meta.parallelism == "dep" else 1
             for i in range(1, count + 1):
                 argv += [f"--{name.lower()}", f"http://${name}_NODE_{i}:{port}"]
         argv += ["--host", "$ROUTER_HOST", "--port", "$ROUTER_PORT"]
-        router_ov = self.so.router if self.so is not None else None
+        router_ov = self.strategy_ov.router if self.strategy_ov is not None else None
         k = coalesce(router_ov.intra_node_data_parallel_size if router_ov else None,
                      max(prefill.dp_local or 0, decode.dp_local or 0, 1))
         return argv + ["--intra-node-data-parallel-size", str(k)]
@@ -560,7 +561,7 @@ def synthesize(
     Non-PD results carry one argv per node; PD results carry the prefill and decode command for the ranks in
     ``pd_nodes`` and the router argv.
     """
-    s = _Synth(recipe, variant, strategy, hw, list(features), list(advanced_args or []), nodes, pd_nodes, frontend)
+    s = _Builder(recipe, variant, strategy, hw, list(features), list(advanced_args or []), nodes, pd_nodes, frontend)
     out = Synthesis(model_id=s.model_id)
     head = ["vllm", "serve", s.model_id]
     if strategy.pd:
