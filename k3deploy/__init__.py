@@ -25,8 +25,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     per host), cluster/units.py (container command, env file, systemd unit), cluster/unitcheck.py (systemd-analyze
     verify), cluster/rollout.py (units per host, start order, what restarts), cluster/observed.py (what a host
     has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown), cluster/commands.py (every
-    shell command the rollout runs), cluster/runbook/ (the rollout as a runbook), cluster/pipeline.py (inventory ->
-    variables -> requirements -> plan -> rollout).
+    shell command the rollout runs), cluster/runbook/ (the rollout as a runbook), cluster/revisions.py (numbered revisions
+    per group, for history and rollback), cluster/pipeline.py (inventory -> variables -> requirements -> plan ->
+    rollout).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),
@@ -47,8 +48,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     inside the nodes).
 
 ``cli/`` -- the ``k3deploy`` commands
-    cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/sim.py,
-    cli/common.py (options defined once and composed).
+    cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
+    cli/history.py, cli/sim.py, cli/common.py (options defined once and composed).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def test_fill_leaves_unknown_placeholders():
 def test_example_inventories_plan_cleanly(inventory):
     r = gather(str(inventory), facts=False).require_rollout()
     assert r.units and all(u.unit_text.startswith("# Managed by k3deploy") for u in r.units)
-    v = variables_for(records_of(load_inventory(str(inventory)).inventory), str(inventory))
+    records = records_of(load_inventory(str(inventory)).inventory)
+    v = variables_for(records, str(inventory))[records[0].name].vars
     assert v.k3_hardware == r.plan.hardware
 
 

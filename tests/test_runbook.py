@@ -22,7 +22,7 @@ TOKEN = "hf_runbookFAKEtoken0123456789"
 
 def rollout(inventory: str, **overrides):
     records = records_of(load_inventory(inventory).inventory)
-    v = variables_for(records, inventory).model_copy(update=overrides)
+    v = variables_for(records, inventory)[records[0].name].vars.model_copy(update=overrides)
     return compute(plan_for(records, v), records, v)
 
 
@@ -95,9 +95,13 @@ def test_prerequisites_rollback_and_troubleshooting():
     assert check.when == "check"  # what a prerequisite reads; not a bring-up step
     assert "nvidia-smi --query-gpu=driver_version" in check.text
     rollback = [b for b in blocks(md) if b.when == "rollback"]
-    assert any("cp -p /etc/k3deploy/previous/k3-engine.env /etc/k3deploy/k3-engine.env" in b.text for b in rollback)
+    assert any('cp -p /etc/k3deploy/revisions/engine/"$n"/k3-engine.env /etc/k3deploy/k3-engine.env' in b.text
+               for b in rollback)
+    assert all(b.text.startswith("n=${K3_REVISION:?") for b in rollback if "revisions/" in b.text)
     stops = [b.node for b in rollback if b.text.startswith("systemctl stop")]
     assert stops == ["gb300-node2", "gb300-node1"]  # workers before the head
+    marks = [b for b in rollback if "/current" in b.text]
+    assert [b.node for b in marks] == ["gb300-node1", "gb300-node2"]  # the revision it went back to is current
     trouble = "\n".join(b.text for b in blocks(md) if b.when == "troubleshooting")
     assert "NCCL_DMABUF_ENABLE=0" in trouble and "nvidia_peermem" in trouble
     assert "### Multi-node NVLink (GB200/GB300)" in md and "NCCL_(MNNVL|CUMEM|NVLS)_ENABLE" in trouble
@@ -133,16 +137,15 @@ def test_html_carries_the_same_blocks():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="GNU install")
-def test_heredoc_writes_exact_bytes_and_keeps_the_previous_version(tmp_path):
-    dest, prev = tmp_path / "etc" / "a.env", tmp_path / "prev"
+def test_heredoc_writes_exact_bytes(tmp_path):
+    dest = tmp_path / "etc" / "a.env"
     tricky = 'A=$HOME `x` \\n "q"\nK3_EOF\nB=100%\n'
     for content in ("OLD=1\n", tricky):
-        proc = subprocess.run(["bash", "-e", "-c", install_file(str(dest), content, "0600", str(prev))],
+        proc = subprocess.run(["bash", "-e", "-c", install_file(str(dest), content, "0600")],
                               capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert dest.read_text() == content
         assert oct(os.stat(dest).st_mode & 0o777) == "0o600"
-    assert (prev / "a.env").read_text() == "OLD=1\n"
 
 
 def test_runbook_cli_errors_are_one_line(tmp_path):

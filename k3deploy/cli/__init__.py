@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "sim": "k3deploy.cli.sim:sim_group",
     "lint": "k3deploy.cli.lint:lint",
     "plan": "k3deploy.cli.plan:plan", "runbook": "k3deploy.cli.runbook:runbook",
+    "vars": "k3deploy.cli.vars:vars_cmd", "history": "k3deploy.cli.history:history",
 }
 
 

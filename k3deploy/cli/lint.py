@@ -7,6 +7,7 @@ import sys
 import click
 
 from k3deploy.cli.common import echo_json, json_option, recipe_option
+from k3deploy.errors import K3Error
 from k3deploy.recipe.lint import LintReport
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -16,11 +17,13 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 @click.option("--hardware", "-H", metavar="ID", default=None, help="Only this hardware id.")
 @click.option("--strategy", "-s", metavar="ID", default=None, help="Only this strategy.")
 @click.option("--variant", "-v", metavar="ID", default=None, help="Only this variant.")
+@click.option("--inventory", metavar="FILE", default=None,
+              help="Lint what this inventory deploys: its plan with k3_extra_args, every node's final argv and env.")
 @recipe_option
 @json_option
 @click.pass_context
 def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant: str | None,
-         recipe_path: str | None, as_json: bool) -> None:
+         inventory: str | None, recipe_path: str | None, as_json: bool) -> None:
     """Lint every offered selection (variant x hardware x strategy, default features and each opt-in
     feature on) against vLLM's flags, env vars and backends, the hardware and the memory plan.
 
@@ -29,9 +32,16 @@ def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant
     Examples:
       k3deploy lint
       k3deploy lint --hardware h200 --json
+      k3deploy lint --inventory inventories/gb300.py
     """
     from k3deploy import load_recipe
     from k3deploy.recipe.lint import lint_recipe
+
+    if inventory is not None:
+        if hardware or strategy or variant or recipe_path:
+            raise K3Error("--inventory cannot be combined with --hardware/--strategy/--variant/--recipe: the "
+                          "selection comes from the inventory's variables")
+        ctx.exit(_lint_inventory(inventory, as_json))
 
     report = lint_recipe(load_recipe(recipe_path), hardware_id=hardware, strategy=strategy, variant=variant)
     if as_json:
@@ -68,3 +78,23 @@ def _render(report: LintReport) -> None:
     n = len(report.checked)
     console.print(f"{n} selection{'s' if n != 1 else ''} checked: {c['error']} errors, {c['warning']} warnings, "
                   f"{c['info']} info; {verdict}")
+
+
+def _lint_inventory(inventory: str, as_json: bool) -> int:
+    """Findings of the plan an inventory deploys (k3_extra_args included); 1 when any is an error."""
+    from k3deploy import load_recipe
+    from k3deploy.cli.common import read_cluster
+    from k3deploy.recipe.lint import lint_plan
+
+    t = read_cluster("lint", inventory, facts=False).target
+    plan = t.require_plan()
+    found = lint_plan(load_recipe(t.vars.k3_recipe), plan)
+    errors = sum(f.severity == "error" for f in found)
+    if as_json:
+        echo_json({"inventory": inventory, "findings": [f.to_dict() for f in found], "errors": errors})
+    else:
+        for f in found:
+            click.echo(f"{f.severity}: {f.line()}")
+        click.echo(f"{inventory}: {plan.hardware} x {len(plan.nodes)}, {plan.strategy}: {len(found)} finding(s), "
+                   f"{errors} error(s)")
+    return 1 if errors else 0

@@ -36,7 +36,9 @@ def options(hardware: str | None, variant: str | None, recipe_path: str | None, 
         for row in entry["strategies"]:
             nodes = (f"P{row['prefill_nodes']}+D{row['decode_nodes']}" if row["deploy_type"] == "pd_cluster"
                      else str(row["nodes"]))
-            st.add_row(hw_id, str(entry["gpus_per_node"]), row["strategy"], str(row["min_gpus"]), nodes,
+            pools = row.get("min_gpus_per_pool")
+            floor = f"{pools['prefill']}+{pools['decode']} (per pool)" if pools else str(row["min_gpus"])
+            st.add_row(hw_id, str(entry["gpus_per_node"]), row["strategy"], floor, nodes,
                        "yes" if row["strategy"] in recs else "")
     console.print(st)
     ft = Table("feature", "default", "opt-in", "strategies", title="Features")

@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
+
+from k3deploy.errors import K3Error
 
 EXIT_CHANGES = 3
 
 
 @click.command("plan")
 @click.argument("inventory")
+@click.option("--rollback", "rollback", metavar="previous|N", default=None,
+              help="Preview a rollback: to each group's previous revision, or to revision N (k3deploy history).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(inventory: str, as_json: bool) -> int:
+def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     """Show what `pyinfra INVENTORY deploy/k3.py` would change, without changing anything.
 
     Per host: role and rank, image now -> planned, the container argv diff (one flag per line), the env
@@ -37,7 +42,12 @@ def plan(inventory: str, as_json: bool) -> int:
     from k3deploy.cluster.diff import build, render_text
     from k3deploy.runtime.gather import require_reachable
 
-    cluster = read_cluster("plan", inventory)
+    wanted: bool | int | None = None
+    if rollback is not None:
+        if rollback != "previous" and not rollback.isdigit():
+            raise K3Error(f"--rollback {rollback}: use 'previous' or a revision number (k3deploy history {inventory})")
+        wanted = True if rollback == "previous" else int(rollback)
+    cluster = read_cluster("plan", inventory, overrides={"k3_rollback": wanted})
     require_reachable(cluster)
     rollout = cluster.require_rollout()
     report = build(rollout, cluster.installed)
@@ -45,6 +55,7 @@ def plan(inventory: str, as_json: bool) -> int:
                 if cluster.preflight else {})
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
+    report.notes += revision_notes(cluster)
     if as_json:
         data = report.to_dict()
         data["preflight_failures"] = failures
@@ -57,3 +68,18 @@ def plan(inventory: str, as_json: bool) -> int:
                    f"{inventory}) and rerun", err=True)
         sys.exit(2)
     return report.exit_code
+
+
+def revision_notes(cluster: Any) -> list[str]:
+    """What the plan means for each group's revisions: a rollback previewed, or a group running an older
+    revision than the variables describe."""
+    notes = []
+    for group, h in cluster.history.items():
+        if group in cluster.rollback_to:
+            notes.append(f"group {group}: a rollback from revision {h.current} to revision "
+                         f"{cluster.rollback_to[group]} (pyinfra INVENTORY deploy/k3.py -y --data "
+                         f"k3_rollback={cluster.rollback_to[group]} applies it)")
+        elif h.current is not None and h.numbers and h.current < max(h.numbers):
+            notes.append(f"group {group} runs revision {h.current}, rolled back from {max(h.numbers)}: the "
+                         "variables still ask for the newer settings, so the changes above take it forward again")
+    return notes

@@ -75,11 +75,13 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
     if given:
         raise K3Error(f"{', '.join(given)} cannot be combined with --inventory: the selection comes from the "
                       "inventory's group_vars (k3_hardware, k3_strategy, ...)")
-    r = read_cluster("resolve", spec, facts=False).require_rollout()
+    cluster = read_cluster("resolve", spec, facts=False)
+    r = cluster.require_rollout()
+    first = cluster.target.resolved[cluster.target.records[0].name]
     for w in r.plan.warnings:
         click.echo(f"warning: {w}", err=True)
     if as_json:
-        echo_json({"endpoint": r.endpoint, "units": [
+        echo_json({"endpoint": r.endpoint, "group_vars": first.files, "variables": first.listing(), "units": [
             {"host": u.host, "unit": u.unit, "role": u.node.role, "rank": u.rank, "group": u.group,
              "argv": u.node.argv, "env": u.node.env, "container_argv": exec_start(u.unit_text)}
             for u in r.units]})
@@ -89,6 +91,9 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
                f"{len({u.host for u in r.units})} host(s) of {spec}")
     click.echo(f"# image: {plan.image}")
     click.echo(f"# endpoint: {r.endpoint}")
+    click.echo(f"# group_vars merged (lowest first): {', '.join(first.files) or 'none'}")
+    for line in first.lines():
+        click.echo(f"# {line}")
     if any("$IFACE_NAME" in " ".join([*u.node.argv, *u.node.env.values()]) for u in r.units):
         click.echo("# $IFACE_NAME: set k3_iface, or let the rollout read each node's interface from its facts")
     for u in r.units:

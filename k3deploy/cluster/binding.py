@@ -39,6 +39,7 @@ class HostRecord:
     name: str
     groups: tuple[str, ...]
     data: Mapping[str, Any]
+    origins: Mapping[str, str] = field(default_factory=dict)  # data key -> where the inventory set it
 
     @property
     def address(self) -> str:

@@ -83,19 +83,14 @@ def pull(docker: str, image: str) -> str:
 # ------------------------------------------------------------------------------------------ configure
 
 
-def install_file(dest: str, content: str, mode: str, backup_dir: str | None) -> str:
-    """Write ``content`` to ``dest`` with ``mode`` (the runbook's form of the operations' upload); a file that
-    changes is first copied to ``backup_dir``."""
+def install_file(dest: str, content: str, mode: str) -> str:
+    """Write ``content`` to ``dest`` with ``mode`` (the runbook's form of the operations' upload)."""
     tag = "K3_EOF"
     while tag in content.splitlines():
         tag += "_"
     d, new = shlex.quote(dest), shlex.quote(f"{dest}.new")
-    keep = ""
-    if backup_dir:
-        b = shlex.quote(backup_dir)
-        keep = (f"if [ -f {d} ] && ! cmp -s {new} {d}; then install -d -m 0700 {b} && cp -p {d} {b}/; fi\n")
     return (f"install -d -m 0755 {shlex.quote(dest.rsplit('/', 1)[0] or '/')}\n"
-            f"install -m {mode} /dev/stdin {new} <<'{tag}'\n{content}{tag}\n{keep}mv -f {new} {d}\n")
+            f"install -m {mode} /dev/stdin {new} <<'{tag}'\n{content}{tag}\nmv -f {new} {d}\n")
 
 
 def daemon_reload() -> str:
@@ -198,3 +193,30 @@ def smoke_test(endpoint: str, model: str) -> str:
              "print(c[0]['message']['content']) if c else sys.exit('no chat completion in the answer: ' + t[:200])")
     return (f"curl -sS -m 120 -H 'Content-Type: application/json' -d {shlex.quote(chat_body(model))} "
             f"{shlex.quote(url)} | python3 -c {shlex.quote(parse)}")
+
+
+# ------------------------------------------------------------------------------------------- revisions
+
+
+def list_revisions(directory: str) -> str:
+    """The group's current revision and every revision's ``meta.json`` (parsed by
+    :func:`k3deploy.cluster.revisions.parse_listing`)."""
+    d = shlex.quote(directory)
+    return (f"echo \"K3_CURRENT=$(cat {d}/current 2>/dev/null)\"; for m in {d}/*/meta.json; do "
+            f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; done")
+
+
+def record_revision(directory: str, number: int, files: Sequence[str], meta: str) -> str:
+    """Keep what runs now as revision ``number`` (copies of ``files`` and ``meta``) and make it the current one."""
+    d = shlex.quote(f"{directory}/{number}")
+    tag = "K3_EOF"
+    while tag in meta.splitlines():
+        tag += "_"
+    return (f"install -d -m 0700 {d} && cp -p {' '.join(shlex.quote(f) for f in files)} {d}/ && "
+            f"install -m 0600 /dev/stdin {d}/meta.json <<'{tag}' && "
+            f"echo {int(number)} > {shlex.quote(directory + '/current')}\n{meta}{tag}")
+
+
+def set_current(directory: str, number: int) -> str:
+    """Make revision ``number`` the current one (after a rollback to it)."""
+    return f"echo {int(number)} > {shlex.quote(directory + '/current')}"

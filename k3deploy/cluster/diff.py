@@ -218,29 +218,57 @@ class PlanReport:
                 "endpoint": self.endpoint, "changes_pending": self.has_changes, "notes": self.notes}
 
 
-def unit_changes(u: UnitWork, have: Installed) -> list[dict[str, Any]]:
-    """The changes of one unit: image, argv lines, other unit lines, env variables."""
+def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+    """A unit file's changes as people read them: the image, the container argv one flag per line, the other
+    unit lines."""
     changes: list[dict[str, Any]] = []
-    unit_differs = have.unit_sha != sha256(u.unit_text)
-    env_differs = have.env_sha != sha256(u.env_text)
-    old_argv, new_argv = exec_start(have.unit_text), exec_start(u.unit_text)
+    old_argv, new_argv = exec_start(old_text), exec_start(new_text)
     old_image, new_image = image_of(old_argv), image_of(new_argv)
-    if unit_differs:
+    if old_image != new_image:
+        changes.append({"kind": "image", "from": old_image, "to": new_image})
+    for op, line in line_diff(argv_lines(old_argv), argv_lines(new_argv)):
+        if line.startswith("image ") and old_image != new_image:
+            continue  # shown as the image change
+        changes.append({"kind": "argv", "op": op, "line": line})
+    for op, line in line_diff(_unit_other_lines(old_text), _unit_other_lines(new_text)):
+        changes.append({"kind": "unit", "op": op, "line": line})
+    return changes
+
+
+def env_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+    """An env file's changes per variable, secret values masked."""
+    return [{"kind": "env", **d} for d in env_diff(old_text, new_text)]
+
+
+def change_lines(changes: list[dict[str, Any]], indent: str = "") -> list[str]:
+    """Changes of one file as lines: ``image: a -> b``, ``+ --flag value``, ``~ NAME: a -> b``, ..."""
+    out: list[str] = []
+    for c in changes:
+        if c["kind"] == "image":
+            out.append(f"{indent}image: {_show(c['from'])} -> {_show(c['to'])}")
+        elif c["kind"] in ("argv", "unit"):
+            out.append(f"{indent}{c['op']} {c['line']}")
+        elif c["kind"] == "env":
+            if c["op"] == "~":
+                out.append(f"{indent}~ {c['name']}: {c['from']} -> {c['to']}")
+            elif c["op"] == "+":
+                out.append(f"{indent}+ {c['name']}={c['to']}")
+            else:
+                out.append(f"{indent}- {c['name']}={c['from']}")
+    return out
+
+
+def unit_changes(u: UnitWork, have: Installed) -> list[dict[str, Any]]:
+    """The changes of one unit: new files, image, argv lines, other unit lines, env variables."""
+    changes: list[dict[str, Any]] = []
+    if have.unit_sha != sha256(u.unit_text):
         if have.unit_text is None:
             changes.append({"kind": "file", "unit": u.unit, "path": u.unit_path, "op": "create"})
-        if old_image != new_image:
-            changes.append({"kind": "image", "unit": u.unit, "from": old_image, "to": new_image})
-        for op, line in line_diff(argv_lines(old_argv), argv_lines(new_argv)):
-            if line.startswith("image ") and old_image != new_image:
-                continue  # shown as the image change
-            changes.append({"kind": "argv", "unit": u.unit, "op": op, "line": line})
-        for op, line in line_diff(_unit_other_lines(have.unit_text), _unit_other_lines(u.unit_text)):
-            changes.append({"kind": "unit", "unit": u.unit, "op": op, "line": line})
-    if env_differs:
+        changes += [{**c, "unit": u.unit} for c in unit_file_changes(have.unit_text, u.unit_text)]
+    if have.env_sha != sha256(u.env_text):
         if have.env_text is None:
             changes.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
-        for d in env_diff(have.env_text, u.env_text):
-            changes.append({"kind": "env", "unit": u.unit, **d})
+        changes += [{**c, "unit": u.unit} for c in env_file_changes(have.env_text, u.env_text)]
     return changes
 
 
@@ -290,40 +318,29 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
             image = next((c for c in mine if c["kind"] == "image"), None)
             planned = image_of(exec_start(u.unit_text))
             if image is not None:
-                lines.append(f"    image: {_show(image['from'])} -> {_show(image['to'])}")
+                lines += change_lines([image], "    ")
             elif planned:
                 lines.append(f"    image: {planned} (unchanged)")
             for c in mine:
                 if c["kind"] == "file":
                     lines.append(f"    new file: {c['path']}")
-            argv = [c for c in mine if c["kind"] == "argv"]
-            if argv:
-                lines.append("    argv:")
-                lines += [f"      {c['op']} {c['line']}" for c in argv]
-            unit = [c for c in mine if c["kind"] == "unit"]
-            if unit:
-                lines.append(f"    unit {u.unit_path}:")
-                lines += [f"      {c['op']} {c['line']}" for c in unit]
-            env = [c for c in mine if c["kind"] == "env"]
-            if env:
-                lines.append(f"    env {u.env_path}:")
-                for c in env:
-                    if c["op"] == "~":
-                        lines.append(f"      ~ {c['name']}: {c['from']} -> {c['to']}")
-                    elif c["op"] == "+":
-                        lines.append(f"      + {c['name']}={c['to']}")
-                    else:
-                        lines.append(f"      - {c['name']}={c['from']}")
+            for kind, title in (("argv", "argv:"), ("unit", f"unit {u.unit_path}:"), ("env", f"env {u.env_path}:")):
+                some = [c for c in mine if c["kind"] == kind]
+                if some:
+                    lines.append(f"    {title}")
+                    lines += change_lines(some, "      ")
             restart = next((c for c in mine if c["kind"] == "restart"), None)
             if restart is not None:
                 lines.append(f"    restart: #{restart['position']} ({restart['reason']})")
             elif not mine:
                 lines.append("    no changes")
     lines.append("")
-    if report.restart_order:
-        lines.append("Restart order: " + " -> ".join(report.restart_order))
+    phases = rollout.start_plan().phases()
+    if phases:
+        lines.append("Restart, in this order (each phase on its hosts at once):")
+        lines += [f"  {i}. {name}: {'; '.join(items)}" for i, (name, items) in enumerate(phases, 1)]
     else:
-        lines.append("Restart order: nothing restarts")
+        lines.append("Restart: nothing restarts")
     for note in report.notes:
         lines.append(f"note: {note}")
     n_hosts = len([h for h in report.hosts if h.changes])

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from k3deploy.cluster.binding import HostRecord
-from k3deploy.cluster.variables import Variables, group_vars_dirs, merge_vars
+from k3deploy.cluster.variables import Resolved, Variables, group_vars_dirs, merge_vars
 from k3deploy.errors import K3Error
 from k3deploy.recipe.plan import Plan
 
@@ -30,11 +30,19 @@ SELECTION_KEYS = ("k3_hardware", "k3_strategy", "k3_variant", "k3_features", "k3
 
 
 def records_of(inv: Iterable[Any]) -> list[HostRecord]:
-    """Plain host records of a pyinfra inventory (connector groups such as ``@local`` left out)."""
+    """Plain host records of a pyinfra inventory (connector groups such as ``@local`` left out), with where the
+    inventory set each key: ``--data``, the host's own data, or a group's data (inline or ``group_data/*.py``)."""
     out = []
     for h in inv:
         groups = tuple(g for g in getattr(h, "groups", ()) if not g.startswith("@"))
-        out.append(HostRecord(h.name, groups, dict(h.data.dict())))
+        origins: dict[str, str] = {}
+        source = getattr(h, "inventory", None)
+        if source is not None:
+            for g in getattr(h, "groups", ()):
+                origins.update({k: f"inventory group {g}" for k in source.get_group_data(g)})
+            origins.update({k: f"inventory host {h.name}" for k in source.get_host_data(h.name)})
+            origins.update({k: "--data" for k in source.get_override_data()})
+        out.append(HostRecord(h.name, groups, dict(h.data.dict()), origins))
     return out
 
 
@@ -42,27 +50,31 @@ def with_roles(records: list[HostRecord]) -> list[HostRecord]:
     """The records with their roles: unchanged when any host is in a role group, else head + workers."""
     if any(set(ROLE_GROUPS) & set(r.groups) for r in records):
         return records
-    return [HostRecord(r.name, (*r.groups, "head" if i == 0 else "workers"), r.data) for i, r in enumerate(records)]
+    return [HostRecord(r.name, (*r.groups, "head" if i == 0 else "workers"), r.data, r.origins)
+            for i, r in enumerate(records)]
 
 
 def variables_for(records: list[HostRecord], inventory_file: str | None,
-                  overrides: Mapping[str, Any] | None = None) -> Variables:
-    """The deployment's variables: group_vars and host data merged per host (``overrides`` on top, e.g. a CLI's
-    ``--hardware``); every host must agree on the selection."""
+                  overrides: Mapping[str, Any] | None = None) -> dict[str, Resolved]:
+    """Every host's variables, with where each value came from: group_vars and the inventory's data merged per
+    host (``overrides`` on top, e.g. a CLI's ``--hardware``). Every host must agree on the selection."""
     if not records:
         raise K3Error(f"inventory {inventory_file} has no hosts: add hosts to it")
     dirs = group_vars_dirs(inventory_file)
-    merged = [merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ", overrides=overrides) for r in records]
-    first = merged[0]
-    for r, v in zip(records, merged, strict=True):
+    out = {r.name: merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ", overrides=overrides,
+                              origins=r.origins) for r in records}
+    first = out[records[0].name]
+    for r in records:
+        res = out[r.name]
         for key in SELECTION_KEYS:
-            if getattr(v, key) != getattr(first, key):
-                raise K3Error(f"hosts disagree on {key} ({records[0].name}: {getattr(first, key)!r}, "
-                              f"{r.name}: {getattr(v, key)!r}): one deployment has one selection; set {key} once "
-                              "in group_vars")
-    if not first.k3_hardware:
-        raise K3Error("k3_hardware is not set: set it in group_vars (e.g. group_vars/all.yml: k3_hardware: gb300)")
-    return first
+            if getattr(res.vars, key) != getattr(first.vars, key):
+                raise K3Error(f"hosts disagree on {key} ({records[0].name}: {getattr(first.vars, key)!r} from "
+                              f"{first.source(key)}, {r.name}: {getattr(res.vars, key)!r} from {res.source(key)}): "
+                              f"one deployment has one selection; set {key} once in group_vars")
+    if not first.vars.k3_hardware:
+        where = " or ".join(first.files[-1:]) or "group_vars/all.yml next to the inventory"
+        raise K3Error(f"k3_hardware is not set: set it in {where} (e.g. k3_hardware: gb300)")
+    return out
 
 
 def engine_count(records: list[HostRecord]) -> int:

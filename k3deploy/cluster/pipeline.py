@@ -17,14 +17,14 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3deploy.cluster.binding import HostRecord
 from k3deploy.cluster.inventory import engine_count, plan_for, variables_for, with_roles
 from k3deploy.cluster.requirements import Requirements
 from k3deploy.cluster.rollout import Rollout, compute
-from k3deploy.cluster.variables import Variables
+from k3deploy.cluster.variables import Resolved, Variables
 from k3deploy.errors import K3Error, SelectionError
 from k3deploy.recipe import load_recipe
 from k3deploy.recipe.offering import hardware_profile
@@ -47,6 +47,12 @@ class Target:
     requirements: Requirements
     plan: Plan | None
     plan_error: str | None = None
+    resolved: dict[str, Resolved] = field(default_factory=dict)   # host -> its variables and their sources
+
+    def source(self, key: str) -> str:
+        """Where the deployment's value of ``key`` came from (its first host's)."""
+        first = self.resolved.get(self.records[0].name) if self.records else None
+        return first.source(key) if first else "default"
 
     def require_plan(self) -> Plan:
         if self.plan is None:
@@ -79,19 +85,50 @@ def requirements_of(plan: Plan, v: Variables) -> Requirements:
                         pd=plan.strategy == "pd_cluster")
 
 
+#: lint codes for argv the pinned engine's parser refuses before the engine starts
+ARGV_CODES = frozenset({"flag-unknown", "flag-value", "arg-positional"})
+
+
+def check_extra_args(records: list[HostRecord], v: Variables, plan: Plan, source: str) -> None:
+    """Refuse ``k3_extra_args`` that the pinned engine would not start with: one word holding a flag and its value,
+    or an argv error (unknown flag, bad value, stray word) that the plan without them does not have."""
+    from k3deploy.recipe.lint import lint_plan
+
+    for item in v.k3_extra_args:
+        if item.startswith("-") and any(c.isspace() for c in item.split("=", 1)[0].strip()):
+            words = item.split(None, 1)
+            raise K3Error(f"k3_extra_args ({source}): {item!r} is one argv word holding a space, which vLLM does "
+                          f"not split: write it as two items, {words!r}")
+    recipe = load_recipe(v.k3_recipe)
+
+    def argv_errors(p: Plan) -> list[Any]:
+        return [f for f in lint_plan(recipe, p) if f.severity == "error" and f.code in ARGV_CODES]
+
+    before = {f.key for f in argv_errors(plan_for(records, v.model_copy(update={"k3_extra_args": []})))}
+    new = [f for f in argv_errors(plan) if f.key not in before]
+    if new:
+        more = f" (and {len(new) - 1} more: k3deploy lint --inventory)" if len(new) > 1 else ""
+        raise K3Error(f"k3_extra_args ({source}): {new[0].message}: {new[0].fix}{more}")
+
+
 def target(records: list[HostRecord], inventory_file: str | None,
            overrides: Mapping[str, Any] | None = None) -> Target:
     """Variables, requirements and plan of an inventory's hosts. Raises :class:`K3Error` for bad variables or an
     unknown selection; a plan that does not fit the hosts is kept as ``plan_error``."""
     recs = with_roles(records)
-    v = variables_for(recs, inventory_file, overrides)
-    base = _requirements(v, engine_count(recs) or len(recs))
+    resolved = variables_for(recs, inventory_file, overrides)
+    v = resolved[recs[0].name].vars
+    hw_from = resolved[recs[0].name].source("k3_hardware")
+    base = replace(_requirements(v, engine_count(recs) or len(recs)), hardware_from=hw_from)
     try:
         plan = plan_for(recs, v)
         compute(plan, recs, v)  # binds the plan to the hosts: ranks, groups and counts checked before any fact
     except K3Error as exc:
-        return Target(inventory_file, recs, v, base, None, str(exc))
-    return Target(inventory_file, recs, v, requirements_of(plan, v), plan)
+        return Target(inventory_file, recs, v, base, None, str(exc), resolved)
+    if v.k3_extra_args:
+        check_extra_args(recs, v, plan, resolved[recs[0].name].source("k3_extra_args"))
+    need = replace(requirements_of(plan, v), hardware_from=hw_from, image=plan.image)
+    return Target(inventory_file, recs, v, need, plan, None, resolved)
 
 
 def desired_rollout(t: Target, *, ifaces: Mapping[str, str] | None = None,

@@ -29,6 +29,8 @@ class Requirements:
     strategy: str | None = None
     multi_node: bool = False
     pd: bool = False
+    hardware_from: str = "group_vars"   # where k3_hardware was set (a fix names it)
+    image: str | None = None            # the image the plan runs (a fix names it as planned, digest and all)
 
     @property
     def brand(self) -> str:

@@ -201,6 +201,7 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
             for k, val in (host_env or {}).get(host.host.name, {}).items():
                 env.setdefault(k, val)  # derived host settings add to the plan's env, never override it
             env.setdefault("HF_HUB_OFFLINE", "1")
+            env.update(v.k3_extra_env)  # the site's own settings win over the plan's and the derived ones
         units.append(UnitWork(host=host.host.name, unit=unit, group=group, rank=node.rank, node=node,
                               unit_path=f"/etc/systemd/system/{unit}", unit_text=text, env_path=env_path,
                               env_text=env_file_text(env), serves=serves, join=join, container=unit_base))

@@ -1,21 +1,31 @@
-"""Deployment variables: every knob, its default and its documentation, in one typed model.
+"""Deployment variables: every knob, its default and its documentation, in one typed model, and where each value
+came from.
 
 Values come, lowest precedence first, from the defaults below, ``group_vars/all.yml``, ``group_vars/<group>.yml``
-for each group of the host (in inventory order), then the host's own data in the inventory. The README's
-variable table is generated from this model (``python -m k3deploy.cluster.variables``) and a test keeps them equal.
+for each group of the host (in inventory order), then the inventory's own data for the host, then ``--data``.
+``group_vars/`` is looked up next to the inventory file, then one level above it (the project layout
+``inventories/x.py`` + ``group_vars/``); the directory next to the inventory wins. The working directory plays no
+part. Keys that are not ``k3_*`` must be pyinfra's connection settings (``ssh_user``, ``ssh_port``, ``_sudo``, ...):
+they pass through to the connections k3deploy opens. The README's variable table is generated from this model
+(``python -m k3deploy.cluster.variables``) and a test keeps them equal.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from k3deploy.errors import K3Error
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Variables(BaseModel):
@@ -34,14 +44,17 @@ class Variables(BaseModel):
     k3_recipe: str | None = Field(None, description=(
         "Recipe YAML path on the control machine; default: the vendored Kimi-K3 recipe."))
     k3_extra_args: list[str] = Field(default_factory=list, description=(
-        "Extra `vllm serve` arguments, appended where the recipes site puts its advanced arguments (last-wins"
-        " applies)."))
+        "Extra `vllm serve` arguments, one item per argv word, appended where the recipes site puts its advanced "
+        "arguments (last-wins applies); checked against the pinned engine's flags before anything changes."))
+    k3_extra_env: dict[str, str] = Field(default_factory=dict, description=(
+        "Extra environment of every engine container (`NAME: value`), applied last: it overrides the plan's env "
+        "and the settings derived from the hosts. Not for secrets (env files are shown, masked, in diffs)."))
     # image and files
     k3_image: str | None = Field(None, description=(
         "Image override: REPO:TAG, REPO@sha256:..., :TAG or @sha256:<digest> (the digest is verified after "
         "the pull)."))
     k3_config_dir: str = Field("/etc/k3deploy", description=(
-        "Directory for the env files (0600) and the previous versions kept for rollback."))
+        "Directory for the env files (0600) and the revisions kept for rollback (`revisions/<group>/<N>/`)."))
     k3_unit_name: str = Field("k3-engine", description=(
         "systemd unit (and container) name of the engine; the router unit is `<name>-router`."))
     k3_model_cache: str = Field("/var/lib/k3deploy/cache", description=(
@@ -88,12 +101,23 @@ class Variables(BaseModel):
         "`ssh_hostname`."))
     k3_sim: str | None = Field(None, description=(
         "Per host, set by `k3deploy sim up`: the simulated cluster the host belongs to."))
-    k3_rollback: bool = Field(False, description=(
-        "Per run (`--data k3_rollback=true`): restore the previous unit and env files and restart in order."))
+    k3_rollback: bool | int = Field(False, description=(
+        "Per run: `--data k3_rollback=true` goes back to each group's previous revision, `--data k3_rollback=N` "
+        "to revision N (`k3deploy history`); the group restarts in order."))
 
     @property
     def recipe_path(self) -> str | None:
         return self.k3_recipe
+
+    @field_validator("k3_extra_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
+            if "\n" in str(text):
+                raise ValueError(f"the value of {name} has a newline; an env file cannot carry it")
+        return {k: str(x) for k, x in value.items()}
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -118,44 +142,120 @@ def inventory_path_from_argv(argv: list[str] | None = None) -> str | None:
 
 
 def group_vars_dirs(inventory_file: str | None) -> list[Path]:
-    """Where ``group_vars/`` is looked up, lowest precedence first: the working directory, one level above the
-    inventory file, next to the inventory file (the most specific, e.g. a simulated cluster's own selection)."""
-    dirs: list[Path] = [Path.cwd() / "group_vars"]
-    if inventory_file:
-        dirs.append(Path(inventory_file).resolve().parent.parent / "group_vars")
-        dirs.append(Path(inventory_file).resolve().parent / "group_vars")
+    """Where ``group_vars/`` is looked up, lowest precedence first: one level above the inventory file (the
+    project layout), then next to it (the most specific, e.g. a simulated cluster's own selection)."""
+    if not inventory_file:
+        return []
+    here = Path(inventory_file).resolve().parent
     out: list[Path] = []
-    for d in dirs:
-        d = d.resolve()
-        if d.is_dir():
-            if d in out:
-                out.remove(d)
+    for d in (here.parent / "group_vars", here / "group_vars"):
+        if d.is_dir() and d not in out:
             out.append(d)
     return out
 
 
+#: pyinfra's connection settings and global arguments a group_vars file may carry for the hosts
+CONNECTOR_PREFIXES = ("ssh_", "winrm_", "docker_", "dockerssh_", "chroot_", "local_", "fake_", "podman_")
+PYINFRA_ARGUMENTS = frozenset({
+    "_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env", "_su_user", "_use_su_login",
+    "_preserve_su_env", "_su_shell", "_su_password", "_doas", "_doas_user", "_dzdo", "_dzdo_user",
+    "_shell_executable", "_chdir", "_env", "_success_exit_codes", "_timeout", "_get_pty", "_stdin", "_temp_dir",
+    "_retries", "_retry_delay",
+})
+
+
+def is_connector_setting(key: str) -> bool:
+    return key.startswith(CONNECTOR_PREFIXES) or key in PYINFRA_ARGUMENTS
+
+
+def shown_path(path: Path) -> str:
+    """A file for people: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _closest(key: str) -> str:
+    near = difflib.get_close_matches(key, list(Variables.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One host's variables with where each came from."""
+
+    vars: Variables
+    sources: dict[str, str]                   # k3_* variable -> "group_vars/all.yml", "inventory", "--data", ...
+    connector: dict[str, Any]                 # pyinfra connection settings from group_vars, and their files
+    connector_sources: dict[str, str]
+    files: list[str]                          # the group_vars files merged, lowest precedence first
+
+    def source(self, key: str) -> str:
+        return self.sources.get(key, "default")
+
+    def listing(self, *, everything: bool = False) -> dict[str, dict[str, Any]]:
+        """``{name: {"value", "from"}}`` for every variable set somewhere (all of them with ``everything``) and
+        every connection setting from group_vars."""
+        out = {k: {"value": v, "from": self.source(k)} for k, v in self.vars.model_dump().items()
+               if everything or self.source(k) != "default"}
+        for k, v in self.connector.items():
+            out[k] = {"value": v, "from": self.connector_sources[k]}
+        return out
+
+    def lines(self) -> list[str]:
+        """The variables set somewhere, one ``name = value  (from)`` line each."""
+        return [f"{k} = {item['value']!r}  ({item['from']})" for k, item in sorted(self.listing().items())]
+
+
 def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterable[Path], source: str = "",
-               overrides: Mapping[str, Any] | None = None) -> Variables:
-    """Defaults < group_vars/all.yml < group_vars/<group>.yml (in order) < host data < ``overrides``; a later
-    directory of ``dirs`` wins over an earlier one."""
+               overrides: Mapping[str, Any] | None = None, origins: Mapping[str, str] | None = None,
+               overrides_from: str = "command line") -> Resolved:
+    """Defaults < group_vars/all.yml < group_vars/<group>.yml (in order) < the inventory's data for the host <
+    ``overrides``; a later directory of ``dirs`` wins over an earlier one. ``origins`` names where each key of
+    ``host_data`` came from (default: "inventory")."""
     merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    connector: dict[str, Any] = {}
+    connector_sources: dict[str, str] = {}
+    files: list[str] = []
     for d in dirs:
         for name in ["all", *[g for g in groups if g != "all"]]:
             for ext in (".yml", ".yaml"):
                 p = d / f"{name}{ext}"
-                if p.is_file():
-                    merged.update(_read_yaml(p))
-    merged.update({k: v for k, v in host_data.items() if k.startswith("k3_")})
-    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+                if not p.is_file():
+                    continue
+                where = shown_path(p)
+                files.append(where)
+                for key, value in _read_yaml(p).items():
+                    key = str(key)
+                    if key.startswith("k3_"):
+                        if key not in Variables.model_fields:
+                            raise K3Error(f"{where}: unknown variable {key!r}{_closest(key)}: fix its name (README: "
+                                          "Variables lists them)")
+                        merged[key], sources[key] = value, where
+                    elif is_connector_setting(key):
+                        connector[key], connector_sources[key] = value, where
+                    else:
+                        raise K3Error(f"{where}: {key!r} is neither a k3deploy variable (k3_*) nor a pyinfra "
+                                      "connection setting (ssh_*, _sudo, ...): fix its name or remove it")
+    for key, value in host_data.items():
+        if key.startswith("k3_"):
+            if key not in Variables.model_fields:
+                raise K3Error(f"{source}unknown variable {key!r}{_closest(key)} in the inventory's data: fix its name")
+            merged[key], sources[key] = value, (origins or {}).get(key, "inventory")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            merged[key], sources[key] = value, overrides_from
     try:
-        return Variables.model_validate(merged)
+        v = Variables.model_validate(merged)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            known = ", ".join(sorted(Variables.model_fields))
-            raise K3Error(f"{source}unknown variable {key!r}: check the spelling (known: {known})") from None
-        raise K3Error(f"{source}variable {key}: {err['msg']}, got {err.get('input')!r}") from None
+        where = sources.get(str(err["loc"][0]), "") if err["loc"] else ""
+        raise K3Error(f"{where + ': ' if where else source}variable {key}: {err['msg']}, got "
+                      f"{err.get('input')!r}") from None
+    return Resolved(v, sources, connector, connector_sources, files)
 
 
 def markdown_table() -> str:
@@ -170,3 +270,17 @@ def markdown_table() -> str:
 
 if __name__ == "__main__":
     sys.stdout.write(markdown_table() + "\n")
+
+
+def connector_settings(bridge_file: str, group: str) -> dict[str, Any]:
+    """The pyinfra connection settings (``ssh_*``, ``_sudo``, ...) that ``group_vars/<group>.yml`` holds for the
+    inventories next to ``bridge_file``'s ``group_data/`` folder: pyinfra reads only ``group_data/*.py``, so a
+    one-line bridge there (``inventories/group_data/all.py``) hands them to ``pyinfra`` runs too."""
+    inventories = Path(bridge_file).resolve().parent.parent
+    out: dict[str, Any] = {}
+    for d in group_vars_dirs(str(inventories / "inventory.py")):
+        for ext in (".yml", ".yaml"):
+            p = d / f"{group}{ext}"
+            if p.is_file():
+                out.update({k: v for k, v in _read_yaml(p).items() if is_connector_setting(str(k))})
+    return out

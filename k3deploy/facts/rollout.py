@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import smoke_test, weights_present
+from k3deploy.cluster.commands import list_revisions, smoke_test, weights_present
+from k3deploy.cluster.revisions import GroupHistory, parse_listing
 
 
 @dataclass(frozen=True)
@@ -97,3 +98,17 @@ class SmokeAnswer(FactBase[Answer]):
     def process(self, output: list[str]) -> Answer:
         rc = output[-1][len(SMOKE_MARK):] if output and output[-1].startswith(SMOKE_MARK) else "?"
         return Answer(rc == "0", "\n".join(output[:-1]).strip())
+
+
+class Revisions(FactBase[GroupHistory]):
+    """The recorded revisions of one group on this host: which one runs, and each one's ``meta.json``."""
+
+    def command(self, directory: str) -> str:
+        return list_revisions(directory)
+
+    def process(self, output: list[str]) -> GroupHistory:
+        return parse_listing(output)
+
+    @staticmethod
+    def default() -> GroupHistory:
+        return GroupHistory(group="")

@@ -185,7 +185,7 @@ def _check_accelerators(out: _Out, sel: Requirements, f: HostFacts) -> list[_Dev
         return None
 
     if brand == "NVIDIA":
-        _check_nvidia_driver(out, f)
+        _check_nvidia_driver(out, sel, f)
 
     names = [d.name for d in devices]
     allowed = tuple(getattr(hw, "gpu_names", ()) or ())
@@ -194,8 +194,8 @@ def _check_accelerators(out: _Out, sel: Requirements, f: HostFacts) -> list[_Dev
         if wrong:
             out.add(
                 f.host, "gpu.model", "fail", _describe_mix(names), " or ".join(allowed) + f" ({hw.id})",
-                f"this node is not a {_unit_name(hw)}: fix its hardware (k3_hardware) in the inventory "
-                "or move it to an inventory of its own",
+                f"this node is not a {_unit_name(hw)}: set k3_hardware (now from {sel.hardware_from}) to what "
+                "these nodes are, or move this node to an inventory of its own",
             )
         else:
             out.add(f.host, "gpu.model", "pass", _describe_mix(names), " or ".join(allowed))
@@ -215,7 +215,7 @@ def _check_accelerators(out: _Out, sel: Requirements, f: HostFacts) -> list[_Dev
     return devices
 
 
-def _check_nvidia_driver(out: _Out, f: HostFacts) -> None:
+def _check_nvidia_driver(out: _Out, sel: Requirements, f: HostFacts) -> None:
     assert isinstance(f.gpus, list)
     drivers = sorted({g.driver for g in f.gpus if g.driver})
     required = f">= {NVIDIA_DRIVER_FLOOR} (CUDA 13 image)"
@@ -234,7 +234,7 @@ def _check_nvidia_driver(out: _Out, f: HostFacts) -> None:
         out.add(
             f.host, "nvidia.driver", "fail", driver, required,
             f"upgrade to an r580 driver >= {NVIDIA_DRIVER_FLOOR} (with matching Fabric Manager on NVSwitch "
-            "systems) and reboot; the vllm/vllm-openai:kimi-k3 image is CUDA 13 only",
+            f"systems) and reboot; the image {sel.image or 'of the plan'} is CUDA 13 only",
         )
 
 
@@ -262,8 +262,13 @@ def _check_fabric_manager(out: _Out, sel: Requirements, f: HostFacts) -> None:
                 "compare nv-fabricmanager --version with the driver version by hand")
         return
     if fm.version != driver:
+        if version_at_least(driver, NVIDIA_DRIVER_FLOOR):
+            fix = f"install nvidia-fabricmanager {driver} (the driver's exact version) and restart it"
+        else:  # the driver itself must move first: the Fabric Manager follows the driver being installed
+            fix = (f"after the driver upgrade to r580 (>= {NVIDIA_DRIVER_FLOOR}), install the nvidia-fabricmanager of "
+                   "exactly that new driver version and restart it")
         out.add(f.host, "nvidia.fabricmanager", "fail", f"active, version {fm.version} (driver {driver})", required,
-                f"install nvidia-fabricmanager {driver} (the driver's exact version) and restart it")
+                fix)
         return
     out.add(f.host, "nvidia.fabricmanager", "pass", f"active, version {fm.version}", required)
 

@@ -125,6 +125,13 @@ def strategy_nodes(recipe: Recipe, variant_key: str, strategy: Strategy, hw: Har
     return nodes_for(recipe, strategy, hw) if strategy.multi_node else 1
 
 
+def pool_parallelism(recipe: Recipe, strategy: Strategy, role: str) -> str:
+    """The parallelism of a P/D pool: the recipe's override, else the strategy's, else ``tp``."""
+    so = recipe.strategy_overrides.get(strategy.id)
+    role_ov = getattr(so, role) if so is not None else None
+    return str(js_or(role_ov.parallelism if role_ov else None, strategy.role(role).parallelism, "tp"))
+
+
 def pd_default_pools(recipe: Recipe, variant: Variant, strategy: Strategy, hw: HardwareProfile) -> tuple[int, int]:
     """The recipes site's P/D pool sizes; (0, 0) means prefill and decode co-located on one node."""
     need, have = variant.vram_minimum_gb or 0, hw.vram_gb or 0
@@ -138,12 +145,8 @@ def pd_default_pools(recipe: Recipe, variant: Variant, strategy: Strategy, hw: H
             f"pd_cluster on {hw.id} needs {per} nodes per pool to hold the model: "
             f"pass --prefill-nodes and --decode-nodes explicitly"
         )
-    so = recipe.strategy_overrides.get("pd_cluster")
-    sizes = []
-    for role in ("prefill", "decode"):
-        role_ov = getattr(so, role) if so is not None else None
-        par = js_or(role_ov.parallelism if role_ov else None, strategy.role(role).parallelism, "tp")
-        sizes.append(max(per, nodes_for_strategy(recipe, par, hw)))
+    sizes = [max(per, nodes_for_strategy(recipe, pool_parallelism(recipe, strategy, role), hw))
+             for role in ("prefill", "decode")]
     return sizes[0], sizes[1]
 
 
@@ -218,6 +221,10 @@ def offering(recipe: Recipe, *, hardware_id: str | None = None, variant: str | N
                 row: dict[str, Any] = {"strategy": s, "deploy_type": strat.deploy_type,
                                        "min_gpus": min_gpus_for_strategy(recipe, s, hw)}
                 if strat.pd:
+                    floors = {role: min_gpus_for_strategy(recipe, pool_parallelism(recipe, strat, role), hw)
+                              for role in ("prefill", "decode")}
+                    row["min_gpus"] = sum(floors.values())  # each pool needs its own floor
+                    row["min_gpus_per_pool"] = floors
                     try:
                         p, d = pd_default_pools(recipe, v, strat, hw)
                         row["prefill_nodes"], row["decode_nodes"] = p, d

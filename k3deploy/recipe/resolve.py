@@ -22,12 +22,13 @@ from k3deploy.recipe.offering import (
     hardware_profile,
     listing,
     pd_default_pools,
+    pool_parallelism,
     recommended,
     strategies_on,
     strategy_nodes,
 )
 from k3deploy.recipe.plan import NodePlan, Plan
-from k3deploy.recipe.rules import PoolSpec, default_features, js_or, min_gpus_for_strategy, synthesize
+from k3deploy.recipe.rules import PoolSpec, default_features, min_gpus_for_strategy, synthesize
 from k3deploy.recipe.schema import Recipe
 from k3deploy.recipe.taxonomy import MAX_NODES, HardwareProfile, Strategy, strategies
 from k3deploy.recipe.taxonomy import hardware as hardware_profiles
@@ -170,12 +171,10 @@ def _resolve_pd(recipe: Recipe, variant: str, strat: Strategy, hw: HardwareProfi
                 "otherwise give each pool ≥ 1 node")
         if p == 0 and hw.gpu_count < 2:
             raise SelectionError(f"co-located P/D needs ≥ 2 GPUs per node; {hw.id} has {hw.gpu_count}")
-    so = recipe.strategy_overrides.get("pd_cluster")
     pools = {"prefill": p, "decode": d}
     if p:
         for role, n in pools.items():
-            role_ov = getattr(so, role) if so is not None else None
-            par = js_or(role_ov.parallelism if role_ov else None, strat.role(role).parallelism, "tp")
+            par = pool_parallelism(recipe, strat, role)
             msg = _floor_message(recipe, par, f"the {role} pool ({par})", hw, n)
             if msg:
                 raise SelectionError(msg.replace("use --nodes", f"use --{role}-nodes"))

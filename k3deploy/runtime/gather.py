@@ -13,6 +13,10 @@ Example::
 
 from __future__ import annotations
 
+# isort: off
+from k3deploy.preflight import runner  # first: it patches gevent before socket/ssl are imported
+# isort: on
+
 import sys  # noqa: E402
 from collections.abc import Callable, Mapping  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -29,10 +33,10 @@ from pyinfra.facts.files import FileContents, Sha256File  # noqa: E402
 from k3deploy.cluster.diff import Installed  # noqa: E402
 from k3deploy.cluster.inventory import records_of  # noqa: E402
 from k3deploy.cluster.pipeline import Target, desired_rollout, target  # noqa: E402
+from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs  # noqa: E402
 from k3deploy.cluster.rollout import Rollout, UnitWork  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts.rollout import UnitState  # noqa: E402
-from k3deploy.preflight import runner  # first: it patches gevent before socket/ssl are imported
+from k3deploy.facts.rollout import Revisions, UnitState  # noqa: E402
 from k3deploy.preflight.checks import HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
 
@@ -176,6 +180,8 @@ class Cluster:
     installed: dict[tuple[str, str], Installed] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)   # host -> ssh address
     ssh: dict[str, list[str]] = field(default_factory=dict)   # host -> ssh argv from the control machine
+    history: dict[str, GroupHistory] = field(default_factory=dict)   # group -> its recorded revisions
+    rollback_to: dict[str, int] = field(default_factory=dict)        # group -> the revision the rollout restores
 
     @property
     def ok(self) -> bool:
@@ -209,13 +215,66 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     report = check(t.requirements, read_facts(state, hosts, t, connect_first=connect_first)) if facts else None
     rollout = _rollout(t, report)
     have: dict[tuple[str, str], Installed] = {}
+    history: dict[str, GroupHistory] = {}
+    rollback_to: dict[str, int] = {}
     if installed and rollout is not None:
         reachable = [h for h in hosts if report is None or h.name not in report.unreachable()]
         for part in each_host(state, reachable, lambda h: read_installed(state, h, rollout.on_host(h.name))):
             have.update(part)
+        history = read_history(state, rollout, {h.name for h in reachable})
+        if t.vars.k3_rollback is not False:
+            rollback_to = restore_revisions(state, rollout, history, t.vars.k3_rollback, have)
     addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
     return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,
-                   ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts})
+                   ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts}, history=history,
+                   rollback_to=rollback_to)
+
+
+def read_history(state: State, r: Rollout, reachable: set[str]) -> dict[str, GroupHistory]:
+    """Each group's recorded revisions, as the host of its rank-0 unit keeps them."""
+    hosts = {h.name: h for h in state.inventory}
+    out: dict[str, GroupHistory] = {}
+    for group in r.groups:
+        first = r.group(group)[0]
+        if first.host not in reachable:
+            continue
+        history = get_fact(state, hosts[first.host], Revisions, kwargs={"directory": revisions_dir(
+            r.vars.k3_config_dir, group)}, apply_failed_hosts=False)
+        history.group = group
+        out[group] = history
+    return out
+
+
+def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
+                      installed: Mapping[tuple[str, str], Installed]) -> dict[str, int]:
+    """A rollback: every unit's desired files become those of its group's revision (for ``True`` the previous
+    one, or the current one when the hosts run an unrecorded, failed change; else number ``wanted``), read from
+    the revision directories on the hosts."""
+    hosts = {h.name: h for h in state.inventory}
+    now: dict[str, str | None] = {}
+    for u in r.units:
+        have = installed.get((u.host, u.unit), Installed())
+        now[f"{u.host}:{u.unit_path}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
+    out: dict[str, int] = {}
+    for group in r.groups:
+        h = history.get(group) or GroupHistory(group)
+        current = h.revisions.get(h.current) if h.current is not None else None
+        try:
+            number = rollback_target(h.numbers, h.current, wanted,
+                                     runs_current=current is None or runs(current, now))
+        except K3Error as exc:
+            raise K3Error(f"group {group}: {exc}") from None
+        d = f"{revisions_dir(r.vars.k3_config_dir, group)}/{number}"
+        for u in r.group(group):
+            for attr, path in (("unit_text", u.unit_path), ("env_text", u.env_path)):
+                lines = get_fact(state, hosts[u.host], FileContents, kwargs={"path": f"{d}/{path.rsplit('/', 1)[-1]}"},
+                                 apply_failed_hosts=False)
+                if lines is None:
+                    raise K3Error(f"cannot roll group {group} back to revision {number}: {u.host} has no "
+                                  f"{d}/{path.rsplit('/', 1)[-1]} (k3deploy history shows what each host kept)")
+                setattr(u, attr, "".join(f"{ln}\n" for ln in lines))
+        out[group] = number
+    return out
 
 
 def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool = True, installed: bool = True,
@@ -228,6 +287,7 @@ def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool
     """
     state = load_inventory(spec)
     t = target(records_of(state.inventory), inventory_file(spec), overrides)
+    apply_connector_settings(state, t)
     if not facts:
         return _assemble(state, t, facts=False, installed=False, connect_first=False, require_plan=require_plan)
     runner.quiet_pyinfra()
@@ -235,6 +295,36 @@ def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool
         return _assemble(state, t, facts=True, installed=installed, connect_first=True, require_plan=require_plan)
     finally:
         disconnect(list(state.inventory))
+
+
+def apply_connector_settings(state: State, t: Target) -> None:
+    """The connection settings group_vars give a host (``ssh_user``, ``ssh_port``, ...), where its inventory data
+    does not set them already (the inventory's own data wins, as for every variable)."""
+    for h in state.inventory:
+        resolved = t.resolved.get(h.name)
+        if resolved is None:
+            continue
+        have = h.data.dict()
+        for key, value in resolved.connector.items():
+            if key not in have:
+                setattr(h.data, key, value)
+
+
+def connector_drift(state: State, t: Target) -> list[str]:
+    """Connection settings group_vars give a host that the running pyinfra did not connect with (it reads only
+    the inventory and ``group_data/*.py``), one line each."""
+    out = []
+    for h in state.inventory:
+        resolved = t.resolved.get(h.name)
+        if resolved is None:
+            continue
+        have = h.data.dict()
+        for key, value in resolved.connector.items():
+            if have.get(key) != value:
+                out.append(f"{h.name}: {key}={value!r} in {resolved.connector_sources[key]} is not what pyinfra "
+                           f"connected with ({have.get(key)!r}): pyinfra reads connection settings from the inventory "
+                           "and group_data/*.py (inventories/group_data/all.py bridges group_vars/all.yml)")
+    return out
 
 
 def gather_in_run(state: State, inventory_spec: str | None) -> Cluster:

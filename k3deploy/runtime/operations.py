@@ -5,8 +5,7 @@ the same scripts).
 Example (in a deploy file)::
 
     from k3deploy.runtime.operations import managed_file, wait_tcp
-    managed_file(name="env file", dest="/etc/k3deploy/k3-engine.env", content="A=1\\n", mode="600",
-                 backup_dir="/etc/k3deploy/previous")
+    managed_file(name="env file", dest="/etc/k3deploy/k3-engine.env", content="A=1\\n", mode="600", kind="env")
     wait_tcp(name="head rendezvous port", targets=[("10.0.0.1", 29501)], timeout=300)
 """
 
@@ -23,6 +22,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.facts.files import FileContents, Sha256File
 
 from k3deploy.cluster import commands
+from k3deploy.cluster.diff import change_lines, env_file_changes, unit_file_changes
 from k3deploy.cluster.secrets import mask_line
 from k3deploy.facts.rollout import ImageDigest, SmokeAnswer, UnitState, WeightsPresent
 
@@ -38,10 +38,12 @@ def fail(message: str) -> StringCommand:
 
 
 @operation()
-def managed_file(dest: str, content: str, mode: str = "644", backup_dir: str | None = None, secret: bool = False):
-    """Write ``content`` to ``dest`` with ``mode`` when it differs; keep the previous version in ``backup_dir``.
+def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text"):
+    """Write ``content`` to ``dest`` with ``mode`` when it differs.
 
-    With ``--diff`` the change is shown line by line, secret values masked (``secret=True`` shows nothing).
+    With ``--diff`` the change is shown as people read it: a unit (``kind="unit"``) as its image and container
+    argv one flag per line, an env file (``"env"``) per variable with secret values masked, other text as a diff of
+    its lines; a ``"secret"`` shows nothing of its contents.
     """
     data = content.encode()
     want = hashlib.sha256(data).hexdigest()
@@ -50,24 +52,39 @@ def managed_file(dest: str, content: str, mode: str = "644", backup_dir: str | N
         host.noop(f"{dest} is up to date")
         return
     if state.config.DIFF:
-        if secret:
-            host.log(f"Will {'modify' if have else 'create'} {dest} (secret: contents not shown)", logger.info)
+        verb = "modify" if have else "create"
+        if kind == "secret":
+            host.log(f"Will {verb} {dest} (secret: contents not shown)", logger.info)
         else:
-            old = (host.get_fact(FileContents, path=dest) or []) if have else []
-            host.log(f"Will {'modify' if have else 'create'} {dest}", logger.info)
-            for line in difflib.unified_diff([mask_line(x) for x in old],
-                                             [mask_line(x) for x in content.splitlines()], lineterm="", n=2):
-                if not line.startswith(("---", "+++")):
-                    logger.info("    %s", line)
-    parent = dest.rsplit("/", 1)[0] or "/"
-    prep = f"mkdir -p {shlex.quote(parent)}"
-    if backup_dir and have:
-        prep += (f" && mkdir -p {shlex.quote(backup_dir)} && chmod 700 {shlex.quote(backup_dir)}"
-                 f" && cp -p {shlex.quote(dest)} {shlex.quote(backup_dir)}/")
-    yield sh(prep)
+            lines = host.get_fact(FileContents, path=dest) if have else None
+            old = None if lines is None else "".join(f"{x}\n" for x in lines)
+            host.log(f"Will {verb} {dest}", logger.info)
+            for line in file_diff(kind, old, content):
+                logger.info("    %s", line)
+    yield sh(f"mkdir -p {shlex.quote(dest.rsplit('/', 1)[0] or '/')}")
     tmp = host.get_temp_filename(dest)
     yield FileUploadCommand(BytesIO(data), tmp, remote_temp_filename=tmp)
     yield sh(f"chmod {mode} {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(dest)}")
+
+
+def file_diff(kind: str, old: str | None, new: str) -> list[str]:
+    """What changes in a file, for ``--diff``: per flag for units, per variable for env files."""
+    if kind == "unit":
+        return change_lines(unit_file_changes(old, new))
+    if kind == "env":
+        return change_lines(env_file_changes(old, new))
+    return [line for line in difflib.unified_diff([mask_line(x) for x in (old or "").splitlines()],
+                                                  [mask_line(x) for x in new.splitlines()], lineterm="", n=2)
+            if not line.startswith(("---", "+++"))]
+
+
+@operation(is_idempotent=False)
+def script(text: str, active: bool = True):
+    """Run one script of :mod:`k3deploy.cluster.commands` on this host (nothing when ``active`` is false)."""
+    if not active or not text:
+        host.noop("nothing to do here")
+        return
+    yield sh(text)
 
 
 @operation()
@@ -143,7 +160,7 @@ def smoke(endpoint: str, model: str, active: bool = True):
     engines started: change detection (and so ``--dry``) never sends a request.
     """
     if not active:
-        host.noop("the smoke test runs on the first node")
+        host.noop("the smoke test is off (k3_smoke_test: false)")
         return
     if state.current_stage < StateStage.Execute:
         host.noop(f"at execution: one chat completion through {endpoint} as {model!r}")

@@ -2,41 +2,68 @@
 
 The context is built once per run (first host to ask; the others wait for it) by the one pipeline,
 :func:`k3deploy.runtime.gather.gather_in_run`: inventory -> variables -> plan -> preflight facts and checks ->
-derived host settings -> rendered units and env files -> installed state -> which groups restart. Every phase then
-calls its operations from one call site on every host, with an ``active`` flag, so pyinfra's cross-host ordering
-follows the rendezvous rules (pyinfra orders ops by call site, not by host).
+derived host settings -> rendered units and env files -> installed state and revisions -> which groups restart.
+Every phase then calls its operations from one call site on every host, with an ``active`` flag, so pyinfra's
+cross-host ordering follows the rendezvous rules (pyinfra orders ops by call site, not by host).
+
+Nothing is half-applied: a bad inventory, a failing preflight check or an engine flag the pinned engine refuses
+stops the run while it is being prepared (``--dry`` included), with every reason printed once and a non-zero exit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import gevent.event
 import gevent.lock
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
-from pyinfra.facts.files import FileContents
 from pyinfra.operations import python
 
+from k3deploy.cluster import commands
+from k3deploy.cluster.revisions import revision_for, revisions_dir
 from k3deploy.cluster.rollout import Rollout, mark_changes
 from k3deploy.cluster.variables import inventory_path_from_argv
 from k3deploy.errors import K3Error
 from k3deploy.recipe.argv import served_model_name
-from k3deploy.runtime.gather import Cluster, gather_in_run
-from k3deploy.runtime.operations import image, managed_file, smoke, start_units, stop_units, wait_tcp, weights
-from k3deploy.runtime.readiness import wait_group
+from k3deploy.runtime.gather import Cluster, connector_drift, gather_in_run
+from k3deploy.runtime.operations import (
+    image,
+    managed_file,
+    script,
+    smoke,
+    start_units,
+    stop_units,
+    wait_tcp,
+    weights,
+)
+from k3deploy.runtime.readiness import Failure, wait_group
 
 _lock = gevent.lock.RLock()
+#: variables that belong to one host or one run, not to what a group runs
+PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback"})
 _contexts: dict[int, Context] = {}
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The rollout cannot go ahead; nothing was changed (the reasons are printed once, while the run prepares)."""
+
+    message: str
+    exit_code: int
 
 
 @dataclass
 class Context:
     cluster: Cluster | None
-    error: str | None = None          # an inventory/selection error: nothing can be planned
-    rollback: bool = False
+    refusal: Refused | None = None
+    gates: dict[str, gevent.event.AsyncResult] = field(default_factory=dict)   # group -> its readiness result
 
     @property
     def rollout(self) -> Rollout:
@@ -44,16 +71,15 @@ class Context:
         return self.cluster.rollout
 
     @property
-    def failures(self) -> dict[str, list[str]]:
-        """Host -> its failed preflight checks, one line each."""
-        report = self.cluster.preflight if self.cluster else None
-        if report is None:
-            return {}
-        return {h: [f.line() for f in fs] for h, fs in report.failures_by_host().items()}
-
-    @property
     def ok(self) -> bool:
-        return self.error is None and not self.failures
+        return self.refusal is None
+
+    def serves(self, group: str) -> bool:
+        """The group was not restarted, or it came back serving (False while its gate has not finished)."""
+        if group not in self.rollout.changed_groups:
+            return True
+        result = self.gates.get(group)
+        return result is not None and result.ready() and result.get() is None
 
 
 def context() -> Context:
@@ -66,68 +92,50 @@ def context() -> Context:
         return _contexts[key]
 
 
+def _refuse(lines: list[str], summary: str, exit_code: int) -> Context:
+    """Print the reasons once (every host shares the context) and refuse the run."""
+    for line in lines:
+        logger.error(line)
+    logger.error(f"--> k3deploy: {summary}")
+    return Context(None, Refused(summary, exit_code))
+
+
 def _build(state: Any) -> Context:
     try:
         cluster = gather_in_run(state, inventory_path_from_argv())
     except K3Error as exc:
-        return Context(None, error=str(exc))
+        return _refuse([], f"{exc}; nothing was changed", exc.exit_code)
+    report = cluster.preflight
+    assert report is not None
+    failing = report.failures_by_host()
+    if failing:
+        lines = [f"k3deploy: preflight failed on {', '.join(sorted(failing))}; nothing was changed on any node:"]
+        for h, fs in failing.items():
+            lines += [f"  [{h}] {f.line()}" for f in fs]
+        return _refuse(lines, f"preflight failed on {', '.join(sorted(failing))}: nothing was changed (the reasons "
+                              "are above; k3deploy preflight INVENTORY shows every check)", 1)
     r = cluster.require_rollout()
+    for line in connector_drift(state, cluster.target):
+        logger.warning(f"k3deploy: {line}")
+    logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {len(report.results)} checks; "
+                f"plan {r.plan.hardware} x {len(r.hosts)}, {r.plan.strategy}, image {r.plan.image}")
     for w in r.plan.warnings:
         logger.warning(f"k3deploy: {w}")
-    rollback = r.vars.k3_rollback
-    if rollback:
-        err = _load_previous(r, {h.name: h for h in state.inventory})
-        if err:
-            return Context(None, error=err)
     mark_changes(r, cluster.installed)
-    return Context(cluster, rollback=rollback)
-
-
-def _load_previous(r: Rollout, hosts: dict[str, Any]) -> str | None:
-    """Rollback: the desired files become the previous versions kept in ``<k3_config_dir>/previous``.
-
-    A file without a previous version (it did not change in the last rollout) keeps its current content.
-    """
-    prev = r.vars.k3_config_dir.rstrip("/") + "/previous"
-    found = 0
-    for u in r.units:
-        h = hosts[u.host]
-        for attr, live in (("unit_text", u.unit_path), ("env_text", u.env_path)):
-            old = h.get_fact(FileContents, path=f"{prev}/{live.rsplit('/', 1)[-1]}")
-            if old is None:
-                old = h.get_fact(FileContents, path=live)
-            else:
-                found += 1
-            if old is None:
-                return f"nothing to roll back to on {u.host}: neither {live} nor a previous version exists"
-            setattr(u, attr, "\n".join(old) + "\n")
-    if not found:
-        return f"nothing to roll back to: no previous unit or env file in {prev} on any host"
-    return None
+    for group, number in cluster.rollback_to.items():
+        current = cluster.history[group].current if group in cluster.history else None
+        logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
+    return Context(cluster)
 
 
 # ------------------------------------------------------------------------------------------------ phases
 
 
-def _fail(message: str) -> None:
-    def report(state: Any, host: Any) -> bool:
-        for line in message.splitlines():
-            logger.error(f"[{host.name}] {line}")
-        return False
-
-    python.call(name="k3deploy cannot proceed: nothing is changed", function=report)
-
-
 @deploy("Preflight")
 def preflight_phase(ctx: Context) -> None:
-    if ctx.error:
-        _fail(f"k3deploy: {ctx.error}")
-        return
-    mine = ctx.failures.get(host.name, [])
-    if mine:
-        _fail("preflight failed, nothing was changed:\n" + "\n".join(mine))
-    elif ctx.failures:
-        _fail("preflight failed on " + ", ".join(sorted(ctx.failures)) + ": nothing was changed on any node")
+    if ctx.refusal is not None:
+        raise SystemExit(ctx.refusal.exit_code)  # pyinfra would print any other exception with a traceback
+    host.noop("every check passed on every host")
 
 
 @deploy("Stage")
@@ -142,7 +150,7 @@ def stage_phase(ctx: Context) -> None:
     if v.k3_hf_token_file and engines:
         token = v.k3_config_dir.rstrip("/") + "/hf-token"
         managed_file(name="Hugging Face token (0600)", dest=token, content=Path(v.k3_hf_token_file).read_text(),
-                     mode="600", secret=True)
+                     mode="600", kind="secret")
     first_host = r.units[0].host
     weights(name=f"Weights of {r.plan.model}", model=r.plan.model, cache=v.k3_model_cache, image=r.plan.image,
             docker=v.k3_docker, token_file=token, download=v.k3_download_weights,
@@ -152,10 +160,9 @@ def stage_phase(ctx: Context) -> None:
 @deploy("Configure")
 def configure_phase(ctx: Context) -> None:
     r = ctx.rollout
-    prev = r.vars.k3_config_dir.rstrip("/") + "/previous"
     for u in host.loop(r.on_host(host.name)):
-        managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", backup_dir=prev)
-        managed_file(name="systemd unit", dest=u.unit_path, content=u.unit_text, mode="644", backup_dir=prev)
+        managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", kind="env")
+        managed_file(name="systemd unit", dest=u.unit_path, content=u.unit_text, mode="644", kind="unit")
 
 
 @deploy("Start")
@@ -166,39 +173,104 @@ def start_phase(ctx: Context) -> None:
     if plan.empty:
         host.noop("every group runs the planned version: nothing restarts")
     # a change anywhere in a group restarts the whole group: router, workers, then heads
-    stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers))
+    if "router" in r.groups:
+        stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers))
     stop_units(name="Stop workers of restarting groups", units=me.workers, active=bool(me.workers))
     stop_units(name="Stop heads of restarting groups", units=me.heads, active=bool(me.heads))
     start_units(name="Start group heads", units=me.heads, active=bool(me.heads))
     wait_tcp(name="Head rendezvous port accepts connections (from each worker)", targets=me.joins,
              timeout=r.vars.k3_rendezvous_timeout)
     start_units(name="Start workers", units=me.workers, active=bool(me.workers))
-    gated = [u.group for u in r.on_host(host.name) if u.is_group_head and u.group in plan.engine_groups]
-    python.call(name="Engine groups serve (health, models)", function=_gate, rollout=r, groups=gated,
-                _if=lambda: bool(gated))
-    start_units(name="Start router", units=me.routers, active=bool(me.routers))
-    python.call(name="Router serves", function=_gate, rollout=r, groups=["router"] if me.routers else [],
-                _if=lambda: bool(me.routers))
+    groups = sorted({u.group for u in r.on_host(host.name) if u.group in plan.engine_groups})
+    python.call(name="Engine groups serve (health, models)", function=_gate, ctx=ctx, groups=groups,
+                _if=lambda: bool(groups))
+    if "router" in r.groups:
+        engines_serve = lambda: all(ctx.serves(g) for g in plan.engine_groups)  # noqa: E731
+        start_units(name="Start router", units=me.routers, active=bool(me.routers), _if=engines_serve)
+        python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"] if me.routers else [],
+                    _if=lambda: bool(me.routers) and engines_serve())
+    _record(ctx)
 
 
-def _gate(state: Any, host: Any, rollout: Rollout, groups: list[str]) -> bool:
+def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
+    """Every host of a restarting group waits for the group's readiness (the first to ask polls, for all of
+    them); the host whose unit failed reports what it observed and fails, the others say why they stop."""
     hosts = {h.name: h for h in state.inventory}
     ok = True
     for g in groups:
-        failure = wait_group(rollout, g, hosts)
-        if failure is not None:
+        with _lock:
+            first = g not in ctx.gates
+            if first:
+                ctx.gates[g] = gevent.event.AsyncResult()
+        if first:
+            ctx.gates[g].set(wait_group(ctx.rollout, g, hosts))
+        failure: Failure | None = ctx.gates[g].get()
+        if failure is None:
+            continue
+        if failure.host == host.name:
             for line in failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
-            logger.error(f"[{host.name}] group {g} stopped; previous unit and env files are kept in "
-                         f"{rollout.vars.k3_config_dir}/previous (roll back with --data k3_rollback=true)")
+            logger.error(f"[{host.name}] group {g} is stopped; it runs no half-started version. The revisions it "
+                         f"ran before: k3deploy history INVENTORY (roll back with --data k3_rollback=true)")
             ok = False
+        else:
+            logger.warning(f"[{host.name}] group {g} stopped because {failure.unit.node.role} rank "
+                           f"{failure.unit.rank} on {failure.host} failed (reported there)")
     return ok
+
+
+def _record(ctx: Context) -> None:
+    """Once a restarted group serves: on each of its hosts, keep what runs as the group's next revision (or, after
+    a rollback, mark the revision it went back to as the current one)."""
+    r, cluster = ctx.rollout, ctx.cluster
+    assert cluster is not None
+    for group in host.loop(r.groups):
+        mine = [u for u in r.group(group) if u.host == host.name]
+        history = cluster.history.get(group)
+        active = bool(mine) and group in r.changed_groups and history is not None
+        d = revisions_dir(r.vars.k3_config_dir, group)
+        if not active or history is None:
+            text = ""
+        elif group in cluster.rollback_to:
+            text = commands.set_current(d, cluster.rollback_to[group])
+        else:
+            number = history.next_number()
+            first = cluster.target.resolved[cluster.target.records[0].name]
+            variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
+                         if k.startswith("k3_") and k not in PER_HOST}
+            rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                               variables=variables, version=version("k3deploy"))
+            files = [p for u in mine for p in (u.unit_path, u.env_path)]
+            text = commands.record_revision(d, number, files, rev.to_json())
+        script(name=f"Record the revision of group {group}", text=text, active=bool(text),
+               _if=partial(ctx.serves, group))
+
+
+def _smoke_model(r: Rollout) -> str:
+    engines = [u for u in r.units if u.group != "router"]
+    return served_model_name(engines[0].node.argv, r.plan.model) if engines else r.plan.model
 
 
 @deploy("Smoke test")
 def smoke_phase(ctx: Context) -> None:
     r = ctx.rollout
-    engines = [u for u in r.units if u.group != "router"]
-    model = served_model_name(engines[0].node.argv, r.plan.model) if engines else r.plan.model
-    active = r.vars.k3_smoke_test and host.name == r.units[0].host
-    smoke(name=f"Chat completion through {r.endpoint}", endpoint=r.endpoint, model=model, active=active)
+    if host.name != r.units[0].host:
+        return  # one request through the public endpoint, from the first host only
+    every_group_serves = lambda: all(ctx.serves(g) for g in r.groups)  # noqa: E731
+    smoke(name=f"Chat completion through {r.endpoint}", endpoint=r.endpoint, model=_smoke_model(r),
+          active=r.vars.k3_smoke_test, _if=every_group_serves)
+    if ctx.cluster is not None and ctx.cluster.rollback_to:
+        python.call(name="Say what the rollback leaves behind", function=_after_rollback, ctx=ctx,
+                    _if=every_group_serves)
+
+
+def _after_rollback(ctx: Context) -> None:
+    cluster = ctx.cluster
+    assert cluster is not None
+    for group, number in cluster.rollback_to.items():
+        newest = max(cluster.history[group].numbers)
+        wanted = (f"revision {newest}'s settings" if newest > number else
+                  "the change that did not come up (it was never recorded as a revision)")
+        logger.warning(f"k3deploy: group {group} now runs revision {number} (rolled back). The variables "
+                       f"(group_vars, inventory) still describe {wanted}: the next run without k3_rollback goes "
+                       "forward to them again; change them to stay on this revision")

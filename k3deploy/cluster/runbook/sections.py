@@ -15,6 +15,7 @@ from typing import Protocol
 
 from k3deploy.cluster import commands
 from k3deploy.cluster.diff import exec_start
+from k3deploy.cluster.revisions import revisions_dir
 from k3deploy.cluster.rollout import Rollout, StartPlan
 from k3deploy.cluster.runbook.checks import check_command
 from k3deploy.cluster.runbook.document import Doc
@@ -107,10 +108,9 @@ def prerequisites(doc: Doc, r: Rollout, c: Context) -> None:
 def stage_and_configure(doc: Doc, r: Rollout, c: Context) -> None:
     v, plan = r.vars, r.plan
     cfg = v.k3_config_dir.rstrip("/")
-    prev = f"{cfg}/previous"
     doc.h(2, "2. Stage and configure each node")
-    doc.p("Pull the image, stage the weights once, and write the env file (0600) and the systemd unit. A file "
-          f"that changes is first copied to `{prev}` (used by the rollback). Nothing is started yet.")
+    doc.p("Pull the image, stage the weights once, and write the env file (0600) and the systemd unit. Nothing is "
+          "started yet.")
     first_host = r.units[0].host
     token_dest = f"{cfg}/hf-token" if v.k3_hf_token_file else None
     for h in r.hosts:
@@ -138,8 +138,8 @@ def stage_and_configure(doc: Doc, r: Rollout, c: Context) -> None:
         for u in mine:
             doc.p(f"{u.unit}: the env file `{u.env_path}` and the unit `{u.unit_path}` "
                   f"({u.node.role} rank {u.rank}).")
-            doc.block(h, commands.install_file(u.env_path, u.env_text, "0600", prev)
-                      + commands.install_file(u.unit_path, u.unit_text, "0644", prev) + commands.daemon_reload() + "\n")
+            doc.block(h, commands.install_file(u.env_path, u.env_text, "0600")
+                      + commands.install_file(u.unit_path, u.unit_text, "0644") + commands.daemon_reload() + "\n")
             argv = exec_start(u.unit_text) or []
             if argv:
                 doc.p("The unit runs this container command (shown for reading; the unit file is what counts):")
@@ -209,19 +209,27 @@ def smoke(doc: Doc, r: Rollout, c: Context) -> None:
 
 
 def rollback(doc: Doc, r: Rollout, c: Context) -> None:
-    prev = r.vars.k3_config_dir.rstrip("/") + "/previous"
+    cfg = r.vars.k3_config_dir.rstrip("/")
     doc.h(2, "5. Rollback")
-    doc.p(f"Restore the previous unit and env files from `{prev}` (kept when a file changed), stop the groups "
-          "(routers, workers, heads) and start them again in the order of section 3 "
-          f"(`pyinfra {c.inventory} deploy/k3.py -y --data k3_rollback=true` does the same).")
+    doc.p("Every rollout that restarts a group keeps what then runs as the group's next revision in "
+          f"`{cfg}/revisions/<group>/<N>/` on each of its hosts (`k3deploy history {c.inventory}` lists them). To go "
+          "back to revision N, set `K3_REVISION=N` in the shell of each block below: they restore that revision's "
+          "unit and env files, stop the groups (routers, workers, heads), start them again in the phases of section "
+          f"3 and mark N as current (`pyinfra {c.inventory} deploy/k3.py -y --data k3_rollback=N` does the same).")
+    need = "${K3_REVISION:?set K3_REVISION to the revision to go back to (k3deploy history)}"
     for h in r.hosts:
-        lines = []
+        lines = [f"n={need}"]
         for u in r.on_host(h):
+            d = revisions_dir(cfg, u.group)
             for path in (u.env_path, u.unit_path):
-                kept = shlex.quote(prev + "/" + path.rsplit("/", 1)[-1])
-                lines.append(f"if [ -f {kept} ]; then cp -p {kept} {shlex.quote(path)}; fi")
+                kept = shlex.quote(path.rsplit("/", 1)[-1])
+                lines.append(f"cp -p {shlex.quote(d)}/\"$n\"/{kept} {shlex.quote(path)}")
         doc.block(h, "\n".join(lines) + f"\n{commands.daemon_reload()}\n", "rollback")
     restart_steps(doc, r, r.start_plan(set(r.groups)), "rollback", stop=True)
+    for h in r.hosts:
+        groups = list(dict.fromkeys(u.group for u in r.on_host(h)))
+        doc.block(h, f"n={need}\n" + "\n".join(
+            f"echo \"$n\" > {shlex.quote(revisions_dir(cfg, g) + '/current')}" for g in groups) + "\n", "rollback")
 
 
 def _notes(guide: str | None) -> list[str]:
