@@ -25,9 +25,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     per host), cluster/units.py (container command, env file, systemd unit), cluster/unitcheck.py (systemd-analyze
     verify), cluster/rollout.py (units per host, start order, what restarts), cluster/observed.py (what a host
     has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown), cluster/commands.py (every
-    shell command the rollout runs), cluster/runbook/ (the rollout as a runbook), cluster/revisions.py (numbered revisions
-    per group, for history and rollback), cluster/pipeline.py (inventory -> variables -> requirements -> plan ->
-    rollout).
+    shell command the rollout runs), cluster/runbook/ (the rollout as a runbook), cluster/revisions.py (numbered
+    revisions per group, for history and rollback), cluster/pipeline.py (inventory -> variables -> requirements ->
+    plan -> rollout).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),

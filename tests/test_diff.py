@@ -109,6 +109,16 @@ def test_one_changed_flag_on_the_worker_restarts_the_whole_group(gb300):
         {"kind": "argv", "unit": "k3-engine.service", "op": "+", "line": "--gpu-memory-utilization 0.95"}]
     text = render_text(report, gb300)
     assert "- --gpu-memory-utilization 0.9\n" in text and "+ --gpu-memory-utilization 0.95\n" in text
+    # the restart as it will run: phases, each on its hosts at once (not a node-by-node order)
+    phases = text.split("Restart, in this order (each phase on its hosts at once):\n", 1)[1].splitlines()[:6]
+    assert phases == [
+        "  1. stop workers: gb300-node2: k3-engine.service",
+        "  2. stop heads: gb300-node1: k3-engine.service",
+        "  3. start heads: gb300-node1: k3-engine.service",
+        "  4. workers wait for the head's rendezvous port: gb300-node2 -> 192.0.2.11:29501",
+        "  5. start workers: gb300-node2: k3-engine.service",
+        "  6. engine groups serve: engine",
+    ]
 
 
 def test_an_image_change_is_shown_as_now_to_planned(gb300):

@@ -31,6 +31,7 @@ from k3deploy.cluster.revisions import revision_for, revisions_dir
 from k3deploy.cluster.rollout import Rollout, mark_changes
 from k3deploy.cluster.variables import inventory_path_from_argv
 from k3deploy.errors import K3Error
+from k3deploy.preflight.checks import CLUSTER
 from k3deploy.recipe.argv import served_model_name
 from k3deploy.runtime.gather import Cluster, connector_drift, gather_in_run
 from k3deploy.runtime.operations import (
@@ -109,11 +110,13 @@ def _build(state: Any) -> Context:
     assert report is not None
     failing = report.failures_by_host()
     if failing:
-        lines = [f"k3deploy: preflight failed on {', '.join(sorted(failing))}; nothing was changed on any node:"]
+        nodes = sorted(h for h in failing if h != CLUSTER)
+        where = ", ".join(nodes) + (" and for the cluster as a whole" if CLUSTER in failing else "")
+        lines = [f"k3deploy: preflight failed on {where}; nothing was changed on any node:"]
         for h, fs in failing.items():
             lines += [f"  [{h}] {f.line()}" for f in fs]
-        return _refuse(lines, f"preflight failed on {', '.join(sorted(failing))}: nothing was changed (the reasons "
-                              "are above; k3deploy preflight INVENTORY shows every check)", 1)
+        return _refuse(lines, "preflight failed: nothing was changed (the reasons are above; k3deploy preflight "
+                              "INVENTORY shows every check)", 1)
     r = cluster.require_rollout()
     for line in connector_drift(state, cluster.target):
         logger.warning(f"k3deploy: {line}")

@@ -75,6 +75,10 @@ def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
     bad = deploy(sim.inventory)
     assert bad.returncode != 0
     assert "worker rank 1 on e5b-node2" in bad.stdout and "failed during start" in bad.stdout
+    # reported by the node that failed, with its own logs; the head says why it stops, and only that
+    assert "[e5b-node2] worker rank 1 on e5b-node2 (" in bad.stdout
+    assert "[e5b-node1] group engine stopped because worker rank 1 on e5b-node2 failed" in bad.stdout
+    assert "[e5b-node1] worker rank 1" not in bad.stdout and "[e5b-node1] --- journalctl" not in bad.stdout
     assert "journalctl -u k3-engine.service" in bad.stdout and "EngineCore failed to start" in bad.stdout
     # the whole group is stopped, not half of it
     for rank in (0, 1):
