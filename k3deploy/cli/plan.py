@@ -56,11 +56,17 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
     report.notes += revision_notes(cluster)
+    t = cluster.target
+    first = t.resolved[t.records[0].name]
     if as_json:
         data = report.to_dict()
         data["preflight_failures"] = failures
+        data["group_vars"], data["variables"] = first.files, first.listing()
         click.echo(json.dumps(data, indent=2))
     else:
+        click.echo(f"Variables (group_vars merged, lowest first: {', '.join(first.files) or 'none'}):")
+        for line in first.lines():
+            click.echo(f"  {line}")
         click.echo(render_text(report, rollout), nl=False)
     if failures:
         click.echo("error: preflight fails on " + ", ".join(sorted(failures))

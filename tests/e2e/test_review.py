@@ -94,3 +94,5 @@ def test_review_before_change_on_a_real_run(sim_factory):
     assert history["current"] == 1
     after = k3("plan", sim.inventory, check=False)
     assert after.returncode == 3 and "runs revision 1, rolled back from 2" in after.stdout
+    # where each value came from, in the plan too
+    assert f"k3_extra_args = ['--max-num-seqs', '64']  ({sim.group_vars})" in after.stdout
