@@ -40,7 +40,8 @@ def measure(n: int) -> dict:
     name = f"bro{n}"
     subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
                    capture_output=True, cwd=ROOT)
-    info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json"))
+    info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
+                         "--strategy", "multi_node_tp"))
     try:
         t0 = time.monotonic()
         run = subprocess.run([PYINFRA, info["inventory"], "deploy/k3.py", "-y"], cwd=ROOT, capture_output=True,

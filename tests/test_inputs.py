@@ -37,7 +37,7 @@ def test_vendored_recipe_is_the_upstream_file_byte_for_byte():
      "multi_node_tp on gb200 needs ≥16 GPUs = 4 nodes of 4"),
     (["--hardware", "b300", "--nodes", "0"], "--nodes must be ≥ 1, got 0"),
     (["--hardware", "b300", "--nodes", "-3"], "--nodes must be ≥ 1, got -3"),
-    (["--hardware", "b300", "--strategy", "multi_node_tp", "--nodes", "17"], "--nodes must be ≤ 16"),
+    (["--hardware", "b300", "--strategy", "multi_node_tp", "--nodes", "257"], "--nodes must be ≤ 256, got 257"),
     (["--hardware", "b300", "--nodes", "2"], "single_node_tp runs on exactly 1 node"),
     (["--hardware", "b300", "--strategy", "multi_node_tp", "--nodes", "1"], "needs at least 2 nodes"),
     (["--hardware", "b300", "--strategy", "pd_cluster", "--prefill-nodes", "1"], "give both --prefill-nodes"),

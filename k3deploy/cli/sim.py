@@ -50,10 +50,12 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 @click.option("--subnet", default=None, help="First three octets of a free /24 (default: from the name).")
 @click.option("--layout", default=None, metavar="pd:P,D",
               help="pd:P,D: inventory groups prefill (P nodes), decode (D nodes) and router instead of head/workers.")
+@click.option("--strategy", "-s", default=None, metavar="ID",
+              help="Serving strategy written to the cluster's group_vars (default: the recipe's recommendation).")
 @click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes} as JSON.")
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
-    layout: str | None, as_json: bool,
+    layout: str | None, strategy: str | None, as_json: bool,
 ) -> None:
     """Create and boot a simulated cluster; prints its pyinfra inventory."""
     res = sim.up(
@@ -65,6 +67,7 @@ def up_cmd(
         subnet=subnet,
         progress=_say,
         pd_layout=layout,
+        strategy=strategy,
     )
     if as_json:
         click.echo(json.dumps(res))

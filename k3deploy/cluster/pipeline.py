@@ -79,10 +79,12 @@ def _requirements(v: Variables, nodes: int) -> Requirements:
 def requirements_of(plan: Plan, v: Variables) -> Requirements:
     """What a resolved plan asks of the cluster (engine nodes only)."""
     engines = len([n for n in plan.nodes if n.role != "router"])
+    strat = strategies()[plan.strategy]
     return Requirements(hardware=hardware_profile(plan.hardware), variant=plan.variant,
                         vram_minimum_gb=load_recipe(v.k3_recipe).variant(plan.variant).vram_minimum_gb,
                         nodes=engines, strategy=plan.strategy, multi_node=engines > 1,
-                        pd=plan.strategy == "pd_cluster")
+                        pd=plan.strategy == "pd_cluster",
+                        one_nvlink_domain=strat.tensor_parallel_across_nodes or strat.pd)
 
 
 #: lint codes for argv the pinned engine's parser refuses before the engine starts

@@ -587,7 +587,18 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
             _check_ascend(out, f)
 
     # ---- cluster-wide: NVLink domain identity
-    if getattr(hw, "nvl", False) and len(fabric_ok) > 1:
+    if getattr(hw, "nvl", False) and len(fabric_ok) > 1 and not sel.one_nvlink_domain:
+        # data/expert parallelism over several NVL domains: each tray in a Completed domain; the domains are listed
+        domains = Counter(fabric_ok.values())
+        for h, (uuid, clique) in fabric_ok.items():
+            out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
+                    "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId")
+        per_domain = " + ".join(str(n) for n in domains.values())
+        out.add(CLUSTER, "nvlink.domains", "pass" if len(domains) == 1 else "warn",
+                f"{len(domains)} NVLink domain(s) ({per_domain} trays)", "one domain keeps all traffic on NVLink",
+                "" if len(domains) == 1 else f"{sel.strategy} runs across domains: traffic between them goes over "
+                "RDMA")
+    elif getattr(hw, "nvl", False) and len(fabric_ok) > 1:
         counts = Counter(fabric_ok.values())
         order = [h.host for h in hosts if h.host in fabric_ok]
         top = max(counts.values())

@@ -32,6 +32,7 @@ from k3deploy.cluster.requirements import Requirements  # noqa: E402
 from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
 from k3deploy.facts import host as hostfacts  # noqa: E402
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
+from k3deploy.facts.batch import Batch, specs, value  # noqa: E402
 from k3deploy.preflight.checks import NVSWITCH_HARDWARE, HostFacts  # noqa: E402
 
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
@@ -128,17 +129,22 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
     cdir = str(cache_dir or _host_value(host, "k3_model_cache") or DEFAULT_CACHE_DIR)
     idir = str(image_dir or _host_value(host, "k3_image_dir") or "")
     facts = HostFacts(host=host.name, address=address)
-    for attr, cls, kwargs in fact_plan(sel, address, cdir, idir):
-        try:
-            with ctx_state.use(state), ctx_host.use(host):
-                value = get_fact(state, host, cls, kwargs=kwargs, apply_failed_hosts=False)
-        except ConnectError as exc:
-            facts.unreachable = f"lost the connection while reading {cls.__name__}: {exc}"
-            return facts
-        except Exception as exc:  # a dropped SSH channel, a timeout: this fact fails, the others go on
-            value = FactError(kind="failed", tool=cls.tool, command=cls.shown_command,
-                              first_line=f"{type(exc).__name__}: {exc}"[:200])
-        setattr(facts, attr, value)
+    plan = fact_plan(sel, address, cdir, idir)
+    try:  # every fact in one command: one round trip per host
+        with ctx_state.use(state), ctx_host.use(host):
+            raw = get_fact(state, host, Batch, kwargs={"specs": specs(plan)}, apply_failed_hosts=False)
+    except ConnectError as exc:
+        facts.unreachable = f"lost the connection while reading the facts: {exc}"
+        return facts
+    except Exception as exc:  # a dropped SSH channel, a timeout: every fact of this host failed
+        raw = None
+        reason = f"{type(exc).__name__}: {exc}"[:200]
+    for attr, cls, _ in plan:
+        if raw is None:
+            setattr(facts, attr, FactError(kind="failed", tool=cls.tool, command=cls.shown_command,
+                                           first_line=reason))
+        else:
+            setattr(facts, attr, value(cls, raw.get(attr)))
     return facts
 
 

@@ -30,7 +30,7 @@ from k3deploy.recipe.offering import (
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.rules import PoolSpec, default_features, min_gpus_for_strategy, synthesize
 from k3deploy.recipe.schema import Recipe
-from k3deploy.recipe.taxonomy import MAX_NODES, HardwareProfile, Strategy, strategies
+from k3deploy.recipe.taxonomy import BUILDER_MAX_NODES, MAX_NODES, HardwareProfile, Strategy, strategies
 from k3deploy.recipe.taxonomy import hardware as hardware_profiles
 
 
@@ -40,7 +40,8 @@ def _check_count(name: str, value: Any, *, minimum: int = 1) -> int:
     if value < minimum:
         raise SelectionError(f"{name} must be ≥ {minimum}, got {value}")
     if value > MAX_NODES:
-        raise SelectionError(f"{name} must be ≤ {MAX_NODES} (the largest cluster the recipes cover), got {value}")
+        raise SelectionError(f"{name} must be ≤ {MAX_NODES}, got {value}: plan several deployments (replicas) "
+                             "instead of one larger group")
     return value
 
 
@@ -139,6 +140,7 @@ def resolve(
     msg = _floor_message(recipe, strategy, strategy, hw, nodes)
     if msg:
         raise SelectionError(msg)
+    warnings += scale_warnings(strat, hw, {"": nodes})
 
     syn = synthesize(recipe, variant=variant, strategy=strat, hw=hw, features=chosen, nodes=nodes,
                      advanced_args=extra, frontend=frontend)
@@ -148,6 +150,27 @@ def resolve(
     ]
     return Plan(recipe=recipe.slug, model=syn.model_id, hardware=hw.id, strategy=strategy, variant=variant,
                 features=applied, image=img, vendor=hw.vendor, nodes=plan_nodes, warnings=warnings)
+
+
+def scale_warnings(strat: Strategy, hw: HardwareProfile, groups: dict[str, int]) -> list[str]:
+    """What a plan beyond the recipes builder's range says of itself: computed by the same rules, never rendered by
+    the builder; and where a group outgrows one NVLink domain (GB200/GB300 NVL72: 18 trays)."""
+    out = []
+    for label, n in groups.items():
+        what = f"{label} of {n} nodes" if label else f"{n} nodes"
+        if n > BUILDER_MAX_NODES:
+            out.append(f"{what}: beyond the {BUILDER_MAX_NODES} nodes the recipes builder renders; planned by the "
+                       "same rules (sizes, ranks, ports), not compared with the builder")
+        domain = hw.nvl_domain
+        if domain and n > domain:
+            spans = f"{what} span{'s' if label else ''} {-(-n // domain)} NVLink domains of {domain} {hw.id} trays"
+            if strat.tensor_parallel_across_nodes or (label and strat.pd):
+                out.append(f"{spans}: tensor parallelism needs NVLink, which ends at the domain; keep a group within "
+                           f"{domain} trays (several groups as replicas, or multi_node_dep)")
+            else:
+                out.append(f"{spans}: traffic between domains goes over RDMA; sizes that fill whole domains "
+                           f"(multiples of {domain} trays) keep the groups even")
+    return out
 
 
 def _port(argv: list[str], default: int) -> int:
@@ -194,6 +217,7 @@ def _resolve_pd(recipe: Recipe, variant: str, strat: Strategy, hw: HardwareProfi
                                               pool_nodes=n, parallelism=meta.parallelism))
     plan_nodes = by_role["prefill"] + by_role["decode"]
     plan_nodes.append(NodePlan(role="router", rank=0, argv=router, env={}))
+    warnings += scale_warnings(strat, hw, {f"the {role} pool": n for role, n in pools.items()})
     return Plan(recipe=recipe.slug, model=plan_nodes[0].argv[2], hardware=hw.id, strategy=strat.id, variant=variant,
                 features=applied, image=img, vendor=hw.vendor, nodes=plan_nodes, warnings=warnings)
 

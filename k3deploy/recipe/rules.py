@@ -16,7 +16,7 @@ from math import ceil
 from typing import Any
 
 from k3deploy.recipe.schema import HardwareBlock, Recipe, RoleOverride, StrategyOverride, Variant
-from k3deploy.recipe.taxonomy import MAX_NODES, HardwareProfile, Strategy
+from k3deploy.recipe.taxonomy import BUILDER_MAX_NODES, HardwareProfile, Strategy
 
 # --------------------------------------------------------------------------------------------------
 # JavaScript-compatible helpers
@@ -164,7 +164,7 @@ def nodes_for_strategy(recipe: Recipe, key: str, hw: HardwareProfile) -> int:
 
 
 def reachable(recipe: Recipe, strategy: Strategy, hw: HardwareProfile) -> bool:
-    nodes = MAX_NODES if strategy.deploy_type in ("multi_node", "pd_cluster") else 1
+    nodes = BUILDER_MAX_NODES if strategy.deploy_type in ("multi_node", "pd_cluster") else 1
     return nodes * (hw.gpu_count or 8) >= min_gpus_for_strategy(recipe, strategy.id, hw)
 
 

@@ -43,6 +43,7 @@ class HardwareProfile(BaseModel):
     compute_capability: str | None = None
     gfx: str | None = None
     nvl: bool = False
+    nvl_domain: int | None = None      # trays per NVLink domain (GB200/GB300 NVL72: 18); None = no multi-node NVLink
     restricted: bool = False
     scalable: bool = True
 
@@ -108,6 +109,12 @@ class Strategy(BaseModel):
     def pd(self) -> bool:
         return self.deploy_type == "pd_cluster"
 
+    @property
+    def tensor_parallel_across_nodes(self) -> bool:
+        """Its tensor-parallel group spans every node (TP/TEP): on NVL trays that needs one NVLink domain."""
+        return self.multi_node and self.parallel_flag == "--tensor-parallel-size" and \
+            self.parallelism not in ("tp_pp", "tp_dp")
+
     def role(self, name: str) -> RoleStrategy:
         r = getattr(self, name)
         return r if r is not None else RoleStrategy()
@@ -132,5 +139,8 @@ def pinned_images() -> dict[str, dict[str, str]]:
     return _read(DATA / "images.yaml") or {}
 
 
-#: the builder's MAX_NODES
-MAX_NODES = 16
+#: the largest cluster the recipes builder renders (its MAX_NODES): the offering and default sizes follow it, and
+#: plans inside it are byte-identical to the builder's
+BUILDER_MAX_NODES = 16
+#: the largest node count (or P/D pool) k3deploy plans, by the same rules; beyond the builder's range the plan says so
+MAX_NODES = 256

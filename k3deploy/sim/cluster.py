@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from k3deploy.errors import K3Error
+from k3deploy.recipe.taxonomy import strategies
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import faults as sim_faults
 from k3deploy.sim import network, processes, profiles, rootfs
-from k3deploy.sim.host import COMMAND_PACKAGES, SimError, run
+from k3deploy.sim.host import COMMAND_PACKAGES, SimError, ensure_inotify, run
 from k3deploy.sim.inventory import parse_layout, write_inventory
 from k3deploy.sim.network import bridge_name, default_subnet, validate_subnet
 from k3deploy.sim.processes import (
@@ -204,15 +205,21 @@ def up(
     progress: Progress | None = None,
     boot_timeout: float | None = None,
     pd_layout: str | None = None,
+    strategy: str | None = None,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}]}``.
 
     ``pd_layout`` ``"pd:P,D"`` writes an inventory with groups prefill (P nodes), decode (D nodes) and router
-    (the first prefill node) instead of head and workers.
+    (the first prefill node) instead of head and workers. ``strategy`` goes into the cluster's group_vars
+    (``pd_cluster`` with a P/D layout).
     """
     say = progress or (lambda _m: None)
     validate_name(name)
     pools = parse_layout(pd_layout, nodes)
+    if strategy is not None and strategy not in strategies():
+        raise SimError(f"unknown strategy {strategy!r}: choose one of {', '.join(sorted(strategies()))}")
+    if pools and strategy not in (None, "pd_cluster"):
+        raise SimError(f"--strategy {strategy} with --layout pd:P,D: a P/D layout is pd_cluster; drop one of them")
     hw_ids = hardware_ids()
     if hardware not in hw_ids:
         raise SimError(f"unknown hardware {hardware!r}: choose one of {', '.join(hw_ids)}")
@@ -247,11 +254,15 @@ def up(
         else:
             subnet = network.free_subnet(name, subnet)
         base = sim_base.ensure_base(say)
+        running_nodes = sum(len(st.get("nodes", [])) for other in list_names() if other != name
+                            if (st := load_state(other)) is not None)
+        ensure_inotify(nodes + running_nodes, say)
         started = time.monotonic()
         # node files get the modes a normal root would give them, whatever the caller's umask
         umask = os.umask(0o022)
         try:
-            result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools)
+            result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
+                                 strategy)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -278,6 +289,7 @@ def _up_locked(
     say: Progress,
     boot_timeout: float,
     pools: dict[str, int] | None = None,
+    strategy: str | None = None,
 ) -> dict[str, Any]:
     sdir = state_dir(name)
     sdir.mkdir(parents=True, exist_ok=True)
@@ -298,6 +310,7 @@ def _up_locked(
         "created": time.time(),
         "inventory": str(sdir / f"{name}.py"),
         "pools": pools,
+        "strategy": "pd_cluster" if pools else strategy,
         "key": str(sdir / "id_ed25519"),
         "known_hosts": str(sdir / "known_hosts"),
         "cgroups": [str(cg) for cg in processes.cluster_cgroups(name)],
@@ -420,8 +433,8 @@ def _wait_ready(
                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                     )  # fmt: skip
             elif network.ssh_banner(nd.ip):
-                checks[nm] = subprocess.Popen(
-                    [*_ssh_base(state), f"root@{nd.ip}", "true"],
+                checks[nm] = subprocess.Popen(  # the first login also fills the node's tool cache
+                    [*_ssh_base(state), f"root@{nd.ip}", f"sh {rootfs.WARM_SCRIPT} >/dev/null 2>&1; true"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 )  # fmt: skip
         if not pending:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from k3deploy.errors import K3Error
@@ -45,3 +46,26 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.write_text(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+#: inotify instances one booted node takes (its systemd, journald, logind, sshd, udev, ...), with room to spare
+INOTIFY_PER_NODE = 8
+
+
+def ensure_inotify(nodes: int, say: Callable[[str], None]) -> None:
+    """Raise ``fs.inotify.max_user_instances`` so ``nodes`` nodes can boot (the kernel default, 128, stops nspawn
+    nodes at about the 24th), and say so; never lowers it."""
+    try:
+        have = int(INOTIFY_INSTANCES.read_text())
+    except (OSError, ValueError):
+        return
+    need = INOTIFY_PER_NODE * nodes + 256
+    if have >= need:
+        return
+    try:
+        INOTIFY_INSTANCES.write_text(f"{need}\n")
+    except OSError as exc:
+        raise SimError(f"{nodes} nodes need fs.inotify.max_user_instances >= {need} (now {have}) and raising it "
+                       f"failed ({exc.strerror}): run sysctl -w fs.inotify.max_user_instances={need}") from None
+    say(f"raised fs.inotify.max_user_instances from {have} to {need} for {nodes} simulated nodes")

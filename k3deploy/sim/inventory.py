@@ -66,6 +66,8 @@ def write_inventory(state: dict[str, Any]) -> None:
              f"k3_hardware: {state['hardware']}"]
     if pools:
         lines.append("k3_strategy: pd_cluster")
+    elif state.get("strategy"):
+        lines.append(f"k3_strategy: {state['strategy']}")
     if state["hardware"] == "ascend_910c":
         lines.append("k3_variant: ascend_w4a8")
     lines.append("k3_poll_interval: 0.5")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.errors import K3Error
+from k3deploy.recipe.taxonomy import hardware as hardware_profiles
 from k3deploy.sim.faults import FAULT_KINDS, Fault
 
 #: node_tools tree, mirrored at the node's root
@@ -182,6 +183,10 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     driver = prof["driver"]
     fabric: dict[str, Any] | None = None
     if prof.get("fabric") == "nvl":
+        # one NVLink domain per rack (GB200/GB300 NVL72: 18 trays): trays beyond it are in the next rack's domain
+        domain = (hardware_profiles()[hardware].nvl_domain or nodes) if hardware in hardware_profiles() else nodes
+        if rank >= domain:
+            cluster_uuid = str(_uuid.uuid5(_uuid.NAMESPACE_URL, f"k3sim/{cluster_uuid}/domain{rank // domain}"))
         fabric = {"state": "Completed", "status": "Success", "cluster_uuid": cluster_uuid, "clique_id": 32766}
     missing: list[str] = []
     modules_unloaded: list[str] = []
@@ -230,6 +235,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "name": name, "ip": ip, "rank": rank, "nodes": nodes, "hardware": hardware,
         "cluster_uuid": cluster_uuid, "vendor": vendor,
         "time_scale": time_scale,
+        # timeouts stretched by the number of nodes sharing this machine's CPUs (4 nodes run at the plain scale)
+        "timeout_scale": round(time_scale * max(1.0, nodes / 4), 4),
         "load_seconds": round(NOMINAL_LOAD_SECONDS * time_scale, 3),
         "gpu": gpu,
         "driver": {"version": driver},
@@ -280,6 +287,29 @@ def excluded_paths(config: dict[str, Any]) -> list[str]:
             if any(f == p or (p.endswith("/") and f.startswith(p)) for p in skip_prefixes)]
 
 
+#: tools whose output depends only on node.json (and the module state): answered from a cache in the node
+CACHED_TOOLS = frozenset({"nvidia-smi", "nvidia-ctk", "ibv_devinfo", "nv-fabricmanager", "amd-smi", "rocm-smi",
+                          "modinfo", "lsmod", "docker"})
+
+
+def warm_script(hardware: str, ip: str) -> str:
+    """The read-only tool invocations of k3deploy's preflight (its own batch command) for a node of
+    ``hardware``: run once when the node has booted, they fill the tools' cache (see ``/usr/lib/k3sim/cached``)."""
+    from k3deploy.cluster.requirements import Requirements
+    from k3deploy.facts.batch import Batch, specs
+    from k3deploy.preflight.runner import DEFAULT_CACHE_DIR, fact_plan
+
+    need = Requirements(hardware_profiles()[hardware], "default", None, nodes=2, multi_node=True)
+    return Batch().command(specs(fact_plan(need, ip, DEFAULT_CACHE_DIR, ""))) + "\n"
+
+
+def _install(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.k3sim-tmp")  # replace atomically: a tool may be running
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
+
+
 def install_node_tools(root: str | Path, config: dict[str, Any]) -> list[str]:
     """Copy ``node_tools`` (minus :func:`excluded_paths`) into a node root and write its node.json.
 
@@ -292,11 +322,19 @@ def install_node_tools(root: str | Path, config: dict[str, Any]) -> list[str]:
     for rel in _tool_files():
         if rel in skip:
             continue
-        dest = root / rel.lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.k3sim-tmp")  # replace atomically: a tool may be running
-        shutil.copy2(NODE_TOOLS / rel.lstrip("/"), tmp)
-        os.replace(tmp, dest)
+        name = rel.rsplit("/", 1)[-1]
+        cached = name in CACHED_TOOLS and rel.startswith(("/usr/bin/", "/usr/local/bin/", "/usr/local/Ascend/"))
+        # a cached tool: the program under /usr/lib/k3sim/tools, a front that answers from the cache at its path
+        dest = root / (f"usr/lib/k3sim/tools/{name}" if cached else rel.lstrip("/"))
+        _install(NODE_TOOLS / rel.lstrip("/"), dest)
+        if cached:
+            front = root / rel.lstrip("/")
+            front.parent.mkdir(parents=True, exist_ok=True)
+            tmp = front.with_name(f".{front.name}.k3sim-tmp")
+            tmp.write_text(f"#!/bin/sh\n# simulated {name}, answered from a cache (/usr/lib/k3sim/cached)\n"
+                           f"exec /usr/lib/k3sim/cached {name} \"$@\"\n")
+            tmp.chmod(0o755)
+            os.replace(tmp, front)
         installed.append(rel)
     wants = root / "etc/systemd/system/multi-user.target.wants"
     for unit in _ENABLED_UNITS:

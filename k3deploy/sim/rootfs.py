@@ -58,6 +58,7 @@ def prepare_root(nd: NodeLayout, base: Path, pubkey: str, hosts: str, doc: dict[
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{nd.name}", "-f", str(hk)])
     host_pub = " ".join(Path(str(hk) + ".pub").read_text().split()[:2])
     install_tools(root, doc)
+    write_atomic(root / WARM_SCRIPT.lstrip("/"), profiles.warm_script(doc["hardware"], nd.ip), 0o755)
     full = any(f.kind == "disk-full" for f in faults)
     for rel in DISK_DIRS:
         d = root / rel
@@ -80,6 +81,10 @@ def _root_home(root: Path) -> str:
         if parts[0] == "root" and len(parts) > 5:
             return parts[5] or "/root"
     raise SimError(f"no root user in {root}/etc/passwd: rebuild the base with 'k3deploy sim base --rebuild'")
+
+
+#: run once over SSH when the node has booted (sim up waits for it): fills the simulated tools' cache
+WARM_SCRIPT = "/usr/lib/k3sim/warm.sh"
 
 
 def install_tools(root: Path, doc: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from k3deploy.sim.host import SimError, write_atomic
 
 DEFAULT_NAME = "k3sim"
-MAX_NODES = 16
+MAX_NODES = 128
 STATE_VERSION = 1
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{1,9}$")
 RESERVED_NAMES = {"all", "head", "workers", "node", "lo"}

@@ -205,12 +205,34 @@ def matrix_entries() -> list[dict[str, Any]] | None:
     return [{k: v for k, v in e.items() if k != "also"} for e in seen.values()]
 
 
+def scale_entries() -> list[dict[str, Any]]:
+    """Plans beyond the builder's 16 nodes (a full NVL72 rack of 18 trays, 36, 72) and P/D pools of several
+    nodes, every node's argv as k3deploy deploys it."""
+    from k3deploy import load_recipe, resolve
+    from k3deploy.recipe.fixes import deployable
+
+    recipe = load_recipe()
+    plans = [deployable(resolve(recipe, hardware=hw, strategy=s, nodes=n))
+             for hw in ("gb300", "gb200") for s in ("multi_node_dep", "multi_node_tp", "multi_node_tep",
+                                                     "multi_node_tp_dp") for n in (18, 36, 72)]
+    plans += [deployable(resolve(recipe, hardware="b300", strategy="multi_node_tp_pp", nodes=n)) for n in (18, 36)]
+    plans += [deployable(resolve(recipe, hardware="b300", strategy="pd_cluster", prefill_nodes=p, decode_nodes=d))
+              for p, d in ((4, 8), (18, 18))]
+    out = []
+    for plan in plans:
+        n = len([x for x in plan.nodes if x.role != "router"])
+        for node in plan.nodes:
+            out.append({"id": f"scale:{plan.hardware}/{plan.strategy}/{n}:{node.role}{node.rank}",
+                        "argv": node.argv, "env": node.env})
+    return out
+
+
 @pytest.fixture(scope="module")
 def golden_and_matrix_report():
     entries = golden_entries()
     matrix = matrix_entries()
     if matrix is not None:
-        entries += matrix
+        entries += matrix + scale_entries()
     rc, report = run_check(entries)
     return rc, report, len(golden_entries()), matrix
 
@@ -238,6 +260,15 @@ def test_every_matrix_argv_accepted(golden_and_matrix_report):
     assert len(matrix) > 100
     bad = _summary(report, "matrix:")
     assert not bad, "resolver argvs rejected by the real parsers:\n" + bad
+
+
+def test_every_argv_beyond_the_builder_accepted(golden_and_matrix_report):
+    _, report, _, matrix = golden_and_matrix_report
+    if matrix is None:
+        pytest.skip("k3deploy's resolver is not available")
+    bad = _summary(report, "scale:")
+    assert not bad, "argvs of plans beyond 16 nodes rejected by the real parsers:\n" + bad
+    assert report["checked"] >= len(scale_entries()) > 300  # 18 to 72 trays, P/D pools of 4 + 8 and 18 + 18
 
 
 def test_matrix_env_names_known_to_vllm(golden_and_matrix_report):

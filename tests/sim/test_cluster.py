@@ -151,7 +151,7 @@ def h200():
     [
         (["--hardware", "h900", "--nodes", "2"], "unknown hardware 'h900'"),
         (["--hardware", "h200", "--nodes", "0"], "bad node count 0"),
-        (["--hardware", "h200", "--nodes", "17"], "bad node count 17"),
+        (["--hardware", "h200", "--nodes", "129"], "bad node count 129"),
         (["--hardware", "h200", "--nodes", "2", "--fault", "banana"], "bad fault 'banana'"),
         (["--hardware", "h200", "--nodes", "2", "--fault", "1:melt"], "melt"),
         (["--hardware", "h200", "--nodes", "2", "--fault", "2:disk-full"], "rank 2 is not in 0..1"),

@@ -185,16 +185,52 @@ def test_install_node_tools_gives_executable_python_scripts(tmp_path):
     installed = install_node_tools(tmp_path, cfg)
     assert "/usr/bin/nvidia-smi" not in installed and not (tmp_path / "usr/bin/nvidia-smi").exists()
     assert json.loads((tmp_path / "etc/k3sim/node.json").read_text()) == cfg
-    for rel in ("usr/bin/docker", "usr/bin/nvidia-ctk", "usr/bin/vllm-router", "usr/local/bin/lsmod",
-                "usr/lib/k3sim/engine.py"):
+    for rel in ("usr/lib/k3sim/tools/docker", "usr/lib/k3sim/tools/nvidia-ctk", "usr/bin/vllm-router",
+                "usr/lib/k3sim/tools/lsmod", "usr/lib/k3sim/engine.py"):
         path = tmp_path / rel
         assert path.read_text().startswith("#!/usr/bin/python3\n"), rel
         assert path.stat().st_mode & stat.S_IXUSR, rel
+    # the tools whose answers depend only on node.json answer through the cache front at their own path
+    for rel in ("usr/bin/docker", "usr/bin/nvidia-ctk", "usr/local/bin/lsmod", "usr/bin/ibv_devinfo"):
+        front = (tmp_path / rel).read_text()
+        assert front.startswith("#!/bin/sh\n") and f"exec /usr/lib/k3sim/cached {rel.rsplit('/', 1)[-1]} " in front
     # the installed copy runs from its own root and finds its library there
     env = dict(os.environ, K3SIM_NODE_CONFIG=str(tmp_path / "etc/k3sim/node.json"))
-    res = subprocess.run([sys.executable, str(tmp_path / "usr/bin/ibv_devinfo"), "-l"], capture_output=True,
-                         text=True, env=env, timeout=30)
+    res = subprocess.run([sys.executable, str(tmp_path / "usr/lib/k3sim/tools/ibv_devinfo"), "-l"],
+                         capture_output=True, text=True, env=env, timeout=30)
     assert res.stdout.startswith("8 HCAs found:")
+
+
+def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
+    """The front replays a tool's answer (out, err, exit status) until node.json or the module state changes."""
+    cached = (NODE_TOOLS / "usr/lib/k3sim/cached").read_text()
+    lib = tmp_path / "lib"
+    (lib / "tools").mkdir(parents=True)
+    script = cached.replace("/usr/lib/k3sim/tools", str(lib / "tools")).replace("/etc/k3sim/node.json",
+                                                                                 str(tmp_path / "node.json"))
+    script = script.replace("/var/lib/k3sim", str(tmp_path / "state")).replace("/run/k3sim/cache",
+                                                                               str(tmp_path / "cache"))
+    (lib / "cached").write_text(script)
+    calls = tmp_path / "calls"
+    (lib / "tools" / "fake").write_text(f"#!/bin/sh\necho call >> {calls}\necho \"out $*\"\necho err >&2\nexit 3\n")
+    (lib / "tools" / "fake").chmod(0o755)
+    (tmp_path / "node.json").write_text("{}")
+    import time
+
+    time.sleep(1.1)  # the cache must be newer than node.json (second-resolution mtimes)
+
+    def run(*args):
+        return subprocess.run(["sh", str(lib / "cached"), "fake", *args], capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("K3SIM_")})
+
+    first, second = run("-q"), run("-q")
+    assert (first.stdout, first.stderr, first.returncode) == ("out -q\n", "err\n", 3)
+    assert (second.stdout, second.stderr, second.returncode) == ("out -q\n", "err\n", 3)
+    assert calls.read_text().count("call") == 1  # answered from the cache
+    assert run("-L").stdout == "out -L\n" and calls.read_text().count("call") == 2  # other arguments, other answer
+    time.sleep(1.1)
+    (tmp_path / "node.json").write_text('{"fault": 1}')  # a fault switched on: the tool runs again
+    assert run("-q").returncode == 3 and calls.read_text().count("call") == 3
 
 
 # ------------------------------------------------------------------------------- faults

@@ -259,7 +259,9 @@ class Engine:
 
     # -- small utilities
     def s(self, nominal: float) -> float:
-        return nominal * self.scale
+        """A nominal vLLM/torch timeout in simulated seconds (``timeout_scale``: the time scale, stretched when many
+        nodes share the simulating machine's CPUs, so a join is not timed out by the simulation's own load)."""
+        return nominal * float(self.cfg.get("timeout_scale", self.scale))
 
     def fail(self, exc_type: str, message: str, lines: list[str] | None = None) -> None:
         if self.failed is None:

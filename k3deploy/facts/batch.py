@@ -1,0 +1,71 @@
+"""Several facts of one host in one command, so reading a host costs one SSH round trip, however many facts.
+
+:class:`Batch` runs each fact's own command (with its ``requires_command`` test, as pyinfra would) behind a
+marker line and hands each fact its own output, through that fact's own ``process``: the values are exactly what
+``host.get_fact`` returns one fact at a time.
+
+Example::
+
+    >>> values = read_batch(host, [("kernel", KernelVersion, {}), ("shm", ShmSize, {})])   # doctest: +SKIP
+    >>> Batch().command(specs(((("kernel", KernelVersion, {})),)))[:32]                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from pyinfra.api import FactBase
+
+#: the line before each fact's output, and the line a fact prints when its required command is missing
+MARK = "K3_FACT="
+NOCMD = "K3_NOCMD"
+
+Spec = tuple[str, type[FactBase[Any]], dict[str, Any]]
+
+
+def specs(items: Sequence[Spec]) -> str:
+    """The batch's argument: ``(name, fact class, arguments)`` per fact, as one JSON string."""
+    return json.dumps([[name, f"{cls.__module__}:{cls.__qualname__}", kwargs] for name, cls, kwargs in items])
+
+
+def _fact(path: str) -> type[FactBase[Any]]:
+    module, _, name = path.partition(":")
+    cls: type[FactBase[Any]] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+class Batch(FactBase[dict[str, list[str]]]):
+    """The raw output of several facts, per fact name (see :func:`values`)."""
+
+    def command(self, specs: str) -> str:
+        parts = []
+        for name, path, kwargs in json.loads(specs):
+            fact = _fact(path)()
+            command = fact.command(**kwargs)
+            required = fact.requires_command(**kwargs)
+            body = (f"if command -v {shlex.quote(required)} >/dev/null 2>&1; then ( {command} ); "
+                    f"else echo {NOCMD}; fi" if required else f"( {command} )")
+            parts.append(f"echo {MARK}{name}\n{body}")
+        return "\n".join(parts)
+
+    def process(self, output: list[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        current: list[str] | None = None
+        for line in output:
+            if line.startswith(MARK):
+                current = out.setdefault(line[len(MARK):].strip(), [])
+            elif current is not None:
+                current.append(line)
+        return out
+
+
+def value(cls: type[FactBase[Any]], lines: list[str] | None) -> Any:
+    """One fact's value from its part of a batch, as pyinfra would give it: its ``default()`` when its required
+    command is missing or it printed nothing, else its ``process(lines)``."""
+    if lines is None or lines == [NOCMD] or not any(line.strip() for line in lines):
+        return cls.default()
+    return cls().process(lines)
