@@ -36,7 +36,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
-    facts/rollout.py (unit state, image digest, weights, smoke answer).
+    facts/rollout.py (unit state, image digest, weights, revisions, smoke answer),
+    facts/batch.py (many facts of one host read in one command: one round trip).
 
 ``preflight/`` -- host checks
     preflight/checks.py (facts -> results), preflight/settings.py (NCCL/UCX/HCCL settings derived from facts),

@@ -4,10 +4,17 @@
 marker line and hands each fact its own output, through that fact's own ``process``: the values are exactly what
 ``host.get_fact`` returns one fact at a time.
 
+A host of pyinfra's ``@fake`` connector answers each command from a table of scripted outputs, one output per
+command, so it cannot answer a batch: :func:`read_batch` reads its facts one at a time (same values, one command
+per fact), which keeps ``@fake`` inventories usable as test fixtures.
+
 Example::
 
-    >>> values = read_batch(host, [("kernel", KernelVersion, {}), ("shm", ShmSize, {})])   # doctest: +SKIP
-    >>> Batch().command(specs(((("kernel", KernelVersion, {})),)))[:32]                     # doctest: +SKIP
+    >>> from k3deploy.facts.host import KernelVersion
+    >>> Batch().command(specs([("kernel", KernelVersion, {})])).splitlines()[0]
+    'echo K3_FACT=kernel'
+    >>> Batch().process(["K3_FACT=kernel", "6.8.0-1031-nvidia-64k"])
+    {'kernel': ['6.8.0-1031-nvidia-64k']}
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyinfra.api import FactBase
+from pyinfra.api.facts import get_fact
+from pyinfra.connectors.fake import FakeConnector
 
 #: the line before each fact's output, and the line a fact prints when its required command is missing
 MARK = "K3_FACT="
@@ -69,3 +78,15 @@ def value(cls: type[FactBase[Any]], lines: list[str] | None) -> Any:
     if lines is None or lines == [NOCMD] or not any(line.strip() for line in lines):
         return cls.default()
     return cls().process(lines)
+
+
+def read_batch(state: Any, host: Any, items: Sequence[Spec]) -> dict[str, Any]:
+    """The value of each fact in ``items`` on ``host``, by name: one command for the lot (one round trip), or one
+    command per fact on an ``@fake`` host. Connection errors propagate, as from ``get_fact``."""
+    if not items:
+        return {}
+    if isinstance(host.connector, FakeConnector):
+        return {name: get_fact(state, host, cls, kwargs=kwargs, apply_failed_hosts=False)
+                for name, cls, kwargs in items}
+    raw = get_fact(state, host, Batch, kwargs={"specs": specs(items)}, apply_failed_hosts=False) or {}
+    return {name: value(cls, raw.get(name)) for name, cls, _ in items}

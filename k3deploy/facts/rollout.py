@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 
 from k3deploy.cluster.commands import list_revisions, smoke_test, weights_present
+from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.revisions import GroupHistory, parse_listing
 
 
@@ -112,3 +113,45 @@ class Revisions(FactBase[GroupHistory]):
     @staticmethod
     def default() -> GroupHistory:
         return GroupHistory(group="")
+
+
+FILE_MARK, BODY_MARK, END_MARK = "K3_FILE=", "K3_BODY", "K3_END"
+
+
+class UnitOnHost(FactBase[Installed]):
+    """One unit as its host has it, in one command: its systemd state and its unit and env files (sha256 and
+    text)."""
+
+    def command(self, unit: str, unit_path: str, env_path: str) -> str:
+        parts = [f"systemctl show --property=LoadState,ActiveState,SubState,NRestarts,Result "
+                 f"{shlex.quote(unit)} 2>/dev/null || true"]
+        for path in (unit_path, env_path):
+            q = shlex.quote(path)
+            parts.append(f"echo {FILE_MARK}{q}; if [ -f {q} ]; then (sha256sum {q} 2>/dev/null || shasum -a 256 {q})"
+                         f" | cut -d' ' -f1; echo {BODY_MARK}; cat {q}; echo; echo {END_MARK}; fi")
+        return "; ".join(parts)
+
+    def process(self, output: list[str]) -> Installed:
+        state = parse_unit_show([line for line in output if "=" in line and not line.startswith(FILE_MARK)][:5])
+        files: list[tuple[str | None, str | None]] = []
+        i = 0
+        while i < len(output):
+            if output[i].startswith(FILE_MARK):
+                sha = text = None
+                if i + 2 < len(output) and output[i + 2] == BODY_MARK:
+                    sha = output[i + 1].strip() or None
+                    end = output.index(END_MARK, i + 3)
+                    body = output[i + 3:end]
+                    if body and body[-1] == "":
+                        body = body[:-1]  # the echo after cat: the file ended with a newline
+                    text = "".join(f"{ln}\n" for ln in body)  # for diffs; the sha256 decides what changed
+                    i = end
+                files.append((sha, text))
+            i += 1
+        (unit_sha, unit_text), (env_sha, env_text) = (files + [(None, None)] * 2)[:2]
+        return Installed(unit_text=unit_text, env_text=env_text, unit_sha=unit_sha, env_sha=env_sha,
+                         active=state.active, restarts=state.restarts)
+
+    @staticmethod
+    def default() -> Installed:
+        return Installed()

@@ -25,14 +25,13 @@ from typing import Any  # noqa: E402
 
 from pyinfra.api import Config, Inventory, State, StringCommand  # noqa: E402
 from pyinfra.api.exceptions import ConnectError  # noqa: E402
-from pyinfra.api.facts import get_fact  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
 from k3deploy.cluster.requirements import Requirements  # noqa: E402
 from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
 from k3deploy.facts import host as hostfacts  # noqa: E402
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
-from k3deploy.facts.batch import Batch, specs, value  # noqa: E402
+from k3deploy.facts.batch import read_batch  # noqa: E402
 from k3deploy.preflight.checks import NVSWITCH_HARDWARE, HostFacts  # noqa: E402
 
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
@@ -69,7 +68,7 @@ def host_address(host: Any) -> str:
 
 # ------------------------------------------------------------------------------ fact plan
 
-FactSpec = tuple[str, type[K3Fact], dict[str, Any]]
+FactSpec = tuple[str, type[Any], dict[str, Any]]
 
 
 def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -> list[FactSpec]:
@@ -119,32 +118,35 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
 
 
 def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None = None,
-               image_dir: str | None = None) -> HostFacts:
-    """Read the facts of one connected host (usable from a deploy file too: ``host_facts(state, host, sel)``).
+               image_dir: str | None = None, extra: list[FactSpec] | None = None) -> HostFacts:
+    """Read the facts of one connected host in one command (one round trip), ``extra`` facts included (their
+    values land in ``HostFacts.extra`` by name).
 
-    A lost connection marks the host unreachable; any other error while reading one fact becomes a
-    failed fact, and the remaining facts are still read.
+    A lost connection marks the host unreachable; any other error fails every fact of the host, with the reason.
     """
     address = host_address(host)
     cdir = str(cache_dir or _host_value(host, "k3_model_cache") or DEFAULT_CACHE_DIR)
     idir = str(image_dir or _host_value(host, "k3_image_dir") or "")
     facts = HostFacts(host=host.name, address=address)
     plan = fact_plan(sel, address, cdir, idir)
-    try:  # every fact in one command: one round trip per host
+    extra = list(extra or [])
+    try:
         with ctx_state.use(state), ctx_host.use(host):
-            raw = get_fact(state, host, Batch, kwargs={"specs": specs(plan)}, apply_failed_hosts=False)
+            got = read_batch(state, host, [*plan, *extra])
     except ConnectError as exc:
         facts.unreachable = f"lost the connection while reading the facts: {exc}"
         return facts
     except Exception as exc:  # a dropped SSH channel, a timeout: every fact of this host failed
-        raw = None
         reason = f"{type(exc).__name__}: {exc}"[:200]
-    for attr, cls, _ in plan:
-        if raw is None:
+        for attr, cls, _ in plan:
             setattr(facts, attr, FactError(kind="failed", tool=cls.tool, command=cls.shown_command,
                                            first_line=reason))
-        else:
-            setattr(facts, attr, value(cls, raw.get(attr)))
+        facts.unreachable = None if plan else reason
+        return facts
+    for attr, _, _ in plan:
+        setattr(facts, attr, got[attr])
+    for name, _, _ in extra:
+        facts.extra[name] = got[name]
     return facts
 
 

@@ -23,51 +23,44 @@ from collections.abc import Sequence
 
 def _norm(token: str) -> str:
     """The flag name of a token (``--a_b=1`` -> ``--a-b``); non-flags unchanged."""
-    name = token.split("=", 1)[0]
-    if name.startswith("--"):
-        return "--" + name[2:].replace("_", "-")
-    return name
+    if "=" in token:
+        token = token.split("=", 1)[0]
+    if "_" in token and token.startswith("--"):
+        return "--" + token[2:].replace("_", "-")
+    return token
 
 
 def is_flag(token: str) -> bool:
     """True for ``-x``/``--xy`` tokens; a negative number is a value, not a flag."""
-    if not token.startswith("-") or token == "-":
+    if len(token) < 2 or token[0] != "-":
         return False
-    try:
-        float(token)
-    except ValueError:
-        return True
-    return False
-
-
-def _occurrences(argv: Sequence[str], names: tuple[str, ...]) -> list[list[str]]:
-    """Every occurrence of one of ``names``, each as the list of values that follow it."""
-    wanted = {_norm(n) for n in names}
-    out: list[list[str]] = []
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if is_flag(tok) and _norm(tok) in wanted:
-            if "=" in tok:
-                out.append([tok.split("=", 1)[1]])
-                i += 1
-                continue
-            values: list[str] = []
-            j = i + 1
-            while j < len(argv) and not is_flag(argv[j]):
-                values.append(argv[j])
-                j += 1
-            out.append(values)
-            i = j
-            continue
-        i += 1
-    return out
+    if token[1].isdigit() or token[1] == ".":
+        try:
+            float(token)
+        except ValueError:
+            return True
+        return False
+    return True
 
 
 def flag_values(argv: Sequence[str], *names: str) -> list[str] | None:
-    """The values of the last occurrence of a flag (any of ``names``), or None when it is absent."""
-    found = _occurrences(argv, names)
-    return found[-1] if found else None
+    """The values of the last occurrence of a flag (any of ``names``), or None when it is absent.
+
+    A token that is a flag is never another flag's value, so the last occurrence is the last matching token.
+    """
+    wanted = {_norm(n) for n in names}
+    for i in range(len(argv) - 1, -1, -1):
+        tok = argv[i]
+        if tok[:1] == "-" and _norm(tok) in wanted:  # a wanted name is never a number
+            if "=" in tok:
+                return [tok.split("=", 1)[1]]
+            values: list[str] = []
+            for value in argv[i + 1:]:
+                if is_flag(value):
+                    break
+                values.append(value)
+            return values
+    return None
 
 
 def flag_value(argv: Sequence[str], *names: str) -> str | None:

@@ -94,29 +94,28 @@ def dedupe_args(args: Iterable[str]) -> list[str]:
     """
     items = [a for a in args if a]
     n = len(items)
-    # pass 1: unit boundaries (start index, length, flag key or None for a positional)
+    # units: (start, end, flag key or None for a positional); last: the index of the last unit of each flag
     units: list[tuple[int, int, str | None]] = []
+    last: dict[str, int] = {}
+    flags = 0
     i = 0
     while i < n:
         a = items[i]
         if a[0] == "-":
-            if i + 1 < n and items[i + 1][0] != "-":
-                units.append((i, 2, a))
-                i += 2
-                continue
-            units.append((i, 1, a))
+            end = i + 2 if i + 1 < n and items[i + 1][0] != "-" else i + 1
+            last[a] = len(units)
+            units.append((i, end, a))
+            flags += 1
+            i = end
         else:
-            units.append((i, 1, None))
-        i += 1
-    # pass 2: keep the last sighting of each flag
-    last: dict[str, int] = {}
-    for idx, (_, _, key) in enumerate(units):
-        if key is not None:
-            last[key] = idx
+            units.append((i, i + 1, None))
+            i += 1
+    if flags == len(last):  # no flag twice: nothing to drop
+        return items
     out: list[str] = []
-    for idx, (start, length, key) in enumerate(units):
+    for idx, (start, end, key) in enumerate(units):
         if key is None or last[key] == idx:
-            out.extend(items[start:start + length])
+            out.extend(items[start:end])
     return out
 
 

@@ -28,15 +28,15 @@ from pyinfra.api import Config, State  # noqa: E402
 from pyinfra.api.exceptions import ConnectError  # noqa: E402
 from pyinfra.api.facts import get_fact  # noqa: E402
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state  # noqa: E402
-from pyinfra.facts.files import FileContents, Sha256File  # noqa: E402
+from pyinfra.facts.files import FileContents  # noqa: E402
 
 from k3deploy.cluster.diff import Installed  # noqa: E402
 from k3deploy.cluster.inventory import records_of  # noqa: E402
 from k3deploy.cluster.pipeline import Target, desired_rollout, target  # noqa: E402
 from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs  # noqa: E402
-from k3deploy.cluster.rollout import Rollout, UnitWork  # noqa: E402
+from k3deploy.cluster.rollout import Rollout  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts.rollout import Revisions, UnitState  # noqa: E402
+from k3deploy.facts.rollout import ImageDigest, Revisions, UnitOnHost, WeightsPresent  # noqa: E402
 from k3deploy.preflight.checks import HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
 
@@ -117,8 +117,10 @@ def disconnect(hosts: list[Any]) -> None:
                 pass
 
 
-def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool) -> list[HostFacts]:
-    """The preflight facts of every host (an unreachable host becomes a host with its connection error)."""
+def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool,
+               extra: Callable[[str], list[Any]] | None = None) -> list[HostFacts]:
+    """The preflight facts of every host, and ``extra(host)`` facts in the same command (an unreachable host
+    becomes a host with its connection error)."""
     req, v = t.requirements, t.vars
 
     def one(h: Any) -> HostFacts:
@@ -126,27 +128,22 @@ def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool
             reason = connect(h)
             if reason is not None:
                 return HostFacts(host=h.name, address=runner.host_address(h), unreachable=reason)
-        return runner.host_facts(state, h, req, v.k3_model_cache, v.k3_image_dir)
+        return runner.host_facts(state, h, req, v.k3_model_cache, v.k3_image_dir, extra(h.name) if extra else None)
 
     return each_host(state, hosts, one)
 
 
-def read_installed(state: State, host: Any, units: list[UnitWork]) -> dict[tuple[str, str], Installed]:
-    """What each of these units looks like on its host now: unit and env file (text and sha256), unit state."""
-    def fact(cls: Any, **kwargs: Any) -> Any:
-        return get_fact(state, host, cls, kwargs=kwargs, apply_failed_hosts=False)
-
-    def text(path: str) -> str | None:
-        lines = fact(FileContents, path=path)
-        return None if lines is None else "".join(f"{ln}\n" for ln in lines)
-
-    out = {}
-    for u in units:
-        status = fact(UnitState, unit=u.unit)
-        out[(u.host, u.unit)] = Installed(
-            unit_text=text(u.unit_path), env_text=text(u.env_path),
-            unit_sha=fact(Sha256File, path=u.unit_path), env_sha=fact(Sha256File, path=u.env_path),
-            active=status.active if status is not None else "absent", restarts=status.restarts if status else 0)
+def rollout_facts(r: Rollout, host: str) -> list[Any]:
+    """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
+    and files), the image's digest, the weights, and the revisions of the groups whose rank 0 runs here."""
+    v = r.vars
+    out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path,
+                                                     "env_path": u.env_path}) for u in r.on_host(host)]
+    if any(u.group != "router" for u in r.on_host(host)):
+        out += [("image", ImageDigest, {"image": r.plan.image, "docker": v.k3_docker}),
+                ("weights", WeightsPresent, {"cache": v.k3_model_cache, "model": r.plan.model})]
+    out += [(f"revisions:{g}", Revisions, {"directory": revisions_dir(v.k3_config_dir, g)})
+            for g in r.groups if r.group(g)[0].host == host]
     return out
 
 
@@ -182,6 +179,8 @@ class Cluster:
     ssh: dict[str, list[str]] = field(default_factory=dict)   # host -> ssh argv from the control machine
     history: dict[str, GroupHistory] = field(default_factory=dict)   # group -> its recorded revisions
     rollback_to: dict[str, int] = field(default_factory=dict)        # group -> the revision the rollout restores
+    images: dict[str, str | None] = field(default_factory=dict)      # host -> the planned image's digest there
+    weights: dict[str, bool] = field(default_factory=dict)           # host -> the weights are in its cache
 
     @property
     def ok(self) -> bool:
@@ -212,37 +211,37 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     if require_plan:
         t.require_plan()
     hosts = list(state.inventory)
-    report = check(t.requirements, read_facts(state, hosts, t, connect_first=connect_first)) if facts else None
+    planned = desired_rollout(t) if t.plan is not None and installed else None  # units and paths: no host needed
+    extra = (lambda name: rollout_facts(planned, name)) if planned is not None else None
+    read = read_facts(state, hosts, t, connect_first=connect_first, extra=extra) if facts else []
+    report = check(t.requirements, read) if facts else None
     rollout = _rollout(t, report)
     have: dict[tuple[str, str], Installed] = {}
     history: dict[str, GroupHistory] = {}
     rollback_to: dict[str, int] = {}
-    if installed and rollout is not None:
-        reachable = [h for h in hosts if report is None or h.name not in report.unreachable()]
-        for part in each_host(state, reachable, lambda h: read_installed(state, h, rollout.on_host(h.name))):
-            have.update(part)
-        history = read_history(state, rollout, {h.name for h in reachable})
+    images: dict[str, str | None] = {}
+    weights: dict[str, bool] = {}
+    if planned is not None and rollout is not None:
+        for f in read:
+            if f.unreachable is not None:
+                continue
+            for name, value in f.extra.items():
+                kind, _, key = name.partition(":")
+                if kind == "unit":
+                    have[(f.host, key)] = value
+                elif kind == "revisions":
+                    value.group = key
+                    history[key] = value
+                elif kind == "image":
+                    images[f.host] = value
+                elif kind == "weights":
+                    weights[f.host] = bool(value)
         if t.vars.k3_rollback is not False:
             rollback_to = restore_revisions(state, rollout, history, t.vars.k3_rollback, have)
     addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
     return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,
                    ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts}, history=history,
-                   rollback_to=rollback_to)
-
-
-def read_history(state: State, r: Rollout, reachable: set[str]) -> dict[str, GroupHistory]:
-    """Each group's recorded revisions, as the host of its rank-0 unit keeps them."""
-    hosts = {h.name: h for h in state.inventory}
-    out: dict[str, GroupHistory] = {}
-    for group in r.groups:
-        first = r.group(group)[0]
-        if first.host not in reachable:
-            continue
-        history = get_fact(state, hosts[first.host], Revisions, kwargs={"directory": revisions_dir(
-            r.vars.k3_config_dir, group)}, apply_failed_hosts=False)
-        history.group = group
-        out[group] = history
-    return out
+                   rollback_to=rollback_to, images=images, weights=weights)
 
 
 def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,

@@ -38,8 +38,10 @@ def fail(message: str) -> StringCommand:
 
 
 @operation()
-def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text"):
-    """Write ``content`` to ``dest`` with ``mode`` when it differs.
+def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
+                 seen: tuple[str | None, str | None] | None = None):
+    """Write ``content`` to ``dest`` with ``mode`` when it differs (``seen``: ``(sha256, text)`` of the file as
+    this run already read it, so it is not read again).
 
     With ``--diff`` the change is shown as people read it: a unit (``kind="unit"``) as its image and container
     argv one flag per line, an env file (``"env"``) per variable with secret values masked, other text as a diff of
@@ -47,7 +49,7 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text")
     """
     data = content.encode()
     want = hashlib.sha256(data).hexdigest()
-    have = host.get_fact(Sha256File, path=dest)
+    have = seen[0] if seen is not None else host.get_fact(Sha256File, path=dest)
     if have == want:
         host.noop(f"{dest} is up to date")
         return
@@ -56,8 +58,11 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text")
         if kind == "secret":
             host.log(f"Will {verb} {dest} (secret: contents not shown)", logger.info)
         else:
-            lines = host.get_fact(FileContents, path=dest) if have else None
-            old = None if lines is None else "".join(f"{x}\n" for x in lines)
+            if seen is not None:
+                old = seen[1]
+            else:
+                lines = host.get_fact(FileContents, path=dest) if have else None
+                old = None if lines is None else "".join(f"{x}\n" for x in lines)
             host.log(f"Will {verb} {dest}", logger.info)
             for line in file_diff(kind, old, content):
                 logger.info("    %s", line)
@@ -88,9 +93,10 @@ def script(text: str, active: bool = True):
 
 
 @operation()
-def image(image: str, docker: str = "docker"):
-    """The container image is present locally (pulled when missing); with a pinned digest, it is verified."""
-    have = host.get_fact(ImageDigest, image=image, docker=docker)
+def image(image: str, docker: str = "docker", seen: tuple[str | None] | None = None):
+    """The container image is present locally (pulled when missing); with a pinned digest, it is verified.
+    ``seen``: ``(digest,)`` as this run already read it."""
+    have = seen[0] if seen is not None else host.get_fact(ImageDigest, image=image, docker=docker)
     if have:
         if "@sha256:" in image and not have.endswith(image.split("@", 1)[1]):
             yield fail(f"image {image} on this node has digest {have}; required {image.split('@', 1)[1]}")
@@ -102,7 +108,7 @@ def image(image: str, docker: str = "docker"):
 
 @operation()
 def weights(model: str, cache: str, image: str, docker: str = "docker", token_file: str | None = None,
-            download: bool = True, active: bool = True):
+            download: bool = True, active: bool = True, seen: bool | None = None):
     """The model's weights are in the Hugging Face cache under ``cache`` (downloaded once when missing).
 
     The download runs the image's own Hugging Face tooling; the token, if any, is read by the tool from a 0600
@@ -111,7 +117,8 @@ def weights(model: str, cache: str, image: str, docker: str = "docker", token_fi
     if not active:
         host.noop("weights are staged by another node (shared cache)")
         return
-    if host.get_fact(WeightsPresent, cache=cache, model=model):
+    present = seen if seen is not None else host.get_fact(WeightsPresent, cache=cache, model=model)
+    if present:
         host.noop(f"weights of {model} present in {cache}")
         return
     if not download:
@@ -121,12 +128,17 @@ def weights(model: str, cache: str, image: str, docker: str = "docker", token_fi
 
 
 @operation(is_idempotent=False)
-def stop_units(units: list[str], active: bool = True):
-    """Stop these units (and so their containers); nothing when ``active`` is false or they are not running."""
+def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | None = None):
+    """Stop these units (and so their containers); nothing when ``active`` is false or they are not running.
+    ``seen``: each unit's ActiveState as this run already read it."""
     if not active:
         host.noop("not part of a group that restarts")
         return
-    running = [u for u in units if host.get_fact(UnitState, unit=u).active not in ("inactive", "absent", "failed")]
+
+    def state_of(u: str) -> str:
+        return seen[u] if seen is not None and u in seen else host.get_fact(UnitState, unit=u).active
+
+    running = [u for u in units if state_of(u) not in ("inactive", "absent", "failed")]
     if not running:
         host.noop("already stopped")
         return

@@ -147,8 +147,11 @@ def stage_phase(ctx: Context) -> None:
     v = r.vars
     mine = r.on_host(host.name)
     engines = [u for u in mine if u.group != "router"]
+    cluster = ctx.cluster
+    assert cluster is not None
     if engines:
-        image(name=f"Image {r.plan.image}", image=r.plan.image, docker=v.k3_docker)
+        known = (cluster.images[host.name],) if host.name in cluster.images else None
+        image(name=f"Image {r.plan.image}", image=r.plan.image, docker=v.k3_docker, seen=known)
     token = None
     if v.k3_hf_token_file and engines:
         token = v.k3_config_dir.rstrip("/") + "/hf-token"
@@ -157,15 +160,20 @@ def stage_phase(ctx: Context) -> None:
     first_host = r.units[0].host
     weights(name=f"Weights of {r.plan.model}", model=r.plan.model, cache=v.k3_model_cache, image=r.plan.image,
             docker=v.k3_docker, token_file=token, download=v.k3_download_weights,
-            active=bool(engines) and (not v.k3_weights_shared or host.name == first_host))
+            active=bool(engines) and (not v.k3_weights_shared or host.name == first_host),
+            seen=cluster.weights.get(host.name))
 
 
 @deploy("Configure")
 def configure_phase(ctx: Context) -> None:
-    r = ctx.rollout
+    r, cluster = ctx.rollout, ctx.cluster
+    assert cluster is not None
     for u in host.loop(r.on_host(host.name)):
-        managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", kind="env")
-        managed_file(name="systemd unit", dest=u.unit_path, content=u.unit_text, mode="644", kind="unit")
+        have = cluster.installed.get((u.host, u.unit))
+        managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", kind="env",
+                     seen=(have.env_sha, have.env_text) if have else None)
+        managed_file(name="systemd unit", dest=u.unit_path, content=u.unit_text, mode="644", kind="unit",
+                     seen=(have.unit_sha, have.unit_text) if have else None)
 
 
 @deploy("Start")
@@ -173,13 +181,17 @@ def start_phase(ctx: Context) -> None:
     r = ctx.rollout
     plan = r.start_plan()
     me = plan.on(host.name)
+    cluster = ctx.cluster
+    assert cluster is not None
+    seen = {u.unit: have.active for u in r.on_host(host.name)
+            if (have := cluster.installed.get((u.host, u.unit))) is not None}
     if plan.empty:
         host.noop("every group runs the planned version: nothing restarts")
     # a change anywhere in a group restarts the whole group: router, workers, then heads
     if "router" in r.groups:
-        stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers))
-    stop_units(name="Stop workers of restarting groups", units=me.workers, active=bool(me.workers))
-    stop_units(name="Stop heads of restarting groups", units=me.heads, active=bool(me.heads))
+        stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers), seen=seen)
+    stop_units(name="Stop workers of restarting groups", units=me.workers, active=bool(me.workers), seen=seen)
+    stop_units(name="Stop heads of restarting groups", units=me.heads, active=bool(me.heads), seen=seen)
     start_units(name="Start group heads", units=me.heads, active=bool(me.heads))
     wait_tcp(name="Head rendezvous port accepts connections (from each worker)", targets=me.joins,
              timeout=r.vars.k3_rendezvous_timeout)
