@@ -6,10 +6,11 @@
 #   openssh-client     ssh / ssh-keygen: the cluster key, node host keys, readiness checks
 #   openssh-server     sshd (also inside the base root; on the host only for tooling that wants it)
 #   procps, curl       ps for inspection; HTTP checks against the simulated engines
+#   rsync              k3_image_archive / k3_weights_source copies from the control machine (pyinfra files.rsync)
 #   util-linux, mount  nsenter, mount, umount
 # Usage: .ci/install-sim.sh            (as root)
 set -eu
-PKGS="systemd-container debootstrap iproute2 openssh-client openssh-server procps curl util-linux mount"
+PKGS="systemd-container debootstrap iproute2 openssh-client openssh-server procps curl rsync util-linux mount"
 if [ "$(id -u)" != 0 ]; then
   echo "install-sim.sh: run as root" >&2
   exit 2

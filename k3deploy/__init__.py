@@ -26,8 +26,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     verify), cluster/rollout.py (units per host, start order, what restarts), cluster/observed.py (what a host
     has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown), cluster/commands.py (every
     shell command the rollout runs), cluster/runbook/ (the rollout as a runbook), cluster/revisions.py (numbered
-    revisions per group, for history and rollback), cluster/pipeline.py (inventory -> variables -> requirements ->
-    plan -> rollout).
+    revisions per group, for history and rollback), cluster/staging.py (the image and the weights over the uplink
+    once, then node to node), cluster/status.py (serving, degraded or down, per unit, group and cluster),
+    cluster/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),
@@ -37,7 +38,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer),
-    facts/batch.py (many facts of one host read in one command: one round trip).
+    facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
+    run, the public endpoint).
 
 ``preflight/`` -- host checks
     preflight/checks.py (facts -> results), preflight/settings.py (NCCL/UCX/HCCL settings derived from facts),
@@ -50,7 +52,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``cli/`` -- the ``k3deploy`` commands
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
-    cli/history.py, cli/sim.py, cli/common.py (options defined once and composed).
+    cli/history.py, cli/status.py, cli/bundle.py, cli/sim.py, cli/common.py (options defined once and composed).
 """
 
 from __future__ import annotations

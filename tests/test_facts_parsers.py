@@ -228,6 +228,20 @@ def test_ibv_devinfo_none_and_down():
     assert run(rdma.RdmaDevices, ["\tport:\t1"]).kind == "unparsable"
 
 
+def test_ibv_devinfo_ports_get_their_network_interface_from_sysfs():
+    # the netdev section follows ibv_devinfo's own output in the fact's one command
+    out = [*lines("rdma/ibv_devinfo-multi.txt"), "K3_SECTION=netdev", "mlx5_0 1 -", "mlx5_1 1 -", "mlx5_1 2 -",
+           "rocep1s0f0 1 enp1s0f0np0"]
+    devs = run(rdma.RdmaDevices, out)
+    assert [(d.name, p.port, p.netdev) for d in devs for p in d.ports] == [
+        ("mlx5_0", 1, None), ("mlx5_1", 1, None), ("mlx5_1", 2, None), ("rocep1s0f0", 1, "enp1s0f0np0")]
+    command = rdma.RdmaDevices().command()
+    assert "/sys/class/infiniband/" in command and "gid_attrs/ndevs/0" in command
+    # a missing ibv_devinfo is still "absent", whatever the netdev section says
+    missing = rdma.RdmaDevices().process(["sh: 1: ibv_devinfo: not found", "K3_SECTION=netdev", "K3_EXIT=127"])
+    assert missing.kind == "absent"
+
+
 def test_kernel_modules_lsmod_and_proc_modules():
     assert "nvidia_peermem" in run(rdma.KernelModules, lines("rdma/lsmod-peermem.txt"))
     assert "nvidia_peermem" in run(rdma.KernelModules, lines("rdma/proc-modules.txt"))
@@ -349,6 +363,50 @@ def test_rocm_smi_driver_and_memory():
     assert len(gpus) == 8 and {g.vram_bytes for g in gpus} == {309237645312}
     assert round(gpus[0].vram_bytes / 1024**3) == 288
     assert run(amd.AmdGpus, ["K3_SECTION=vram", "nothing here"]).kind == "unparsable"
+
+
+def smi_names(name: str) -> list[str]:
+    """``AmdGpus`` output on a host whose sysfs shows no AMD card (a container): rocm-smi's sections only."""
+    return ["K3_SECTION=sysfs", "K3_SECTION=vram", "K3_SECTION=name", *lines(name)]
+
+
+def test_rocm_smi_product_names_are_read_in_either_case_as_amd_publishes_them():
+    mi250 = run(amd.AmdGpus, smi_names("amd/rocm-smi-productname-mi250-rocm5.txt"))  # ROCm 5: "Card series"
+    assert [g.name for g in mi250] == ["AMD INSTINCT MI250 (MCM) OAM AC MBA"] * 2
+    (mi300x,) = run(amd.AmdGpus, smi_names("amd/rocm-smi-productname-mi300x.txt"))  # ROCm 6: "Card Series"
+    assert mi300x.name == "AMD Instinct MI300X OAM"
+
+
+def test_rocm_smi_prints_an_unknown_product_as_its_pci_device_id():
+    (gpu,) = run(amd.AmdGpus, smi_names("amd/rocm-smi-productname-unknown-name.txt"))
+    assert (gpu.name, gpu.device_id) == (None, "0x740f")
+
+
+def test_amd_gpus_are_read_from_sysfs_on_a_host_without_rocm_smi():
+    gpus = run(amd.AmdGpus, lines("amd/sysfs-drm-mi300x.txt"))
+    assert [(g.index, g.device_id, g.vram_bytes, g.name) for g in gpus] == [
+        (i, "0x74a1", 206158430208, "AMD Instinct MI300X OAM") for i in range(8)]
+    nameless = run(amd.AmdGpus, lines("amd/sysfs-drm-mi355x-no-product-name.txt"))
+    assert {(g.device_id, g.vram_bytes, g.name) for g in nameless} == {("0x75a3", 309237645312, None)}
+    # rocm-smi fills in the name sysfs does not give
+    both = lines("amd/sysfs-drm-mi355x-no-product-name.txt")[:-1] + [
+        "K3_SECTION=name", "GPU[0]\t\t: Card Series: \t\tAMD Instinct MI355X"]
+    assert {g.name for g in run(amd.AmdGpus, both)} == {"AMD Instinct MI355X"}
+
+
+def test_amd_gpus_are_absent_only_without_amd_cards_in_sysfs_and_without_rocm_smi():
+    value = run(amd.AmdGpus, ["K3_SECTION=sysfs", "K3_SECTION=nosmi"])
+    assert value.kind == "absent" and "amdgpu" in value.message("mi-0")
+    command = amd.AmdGpus().command()
+    assert "/sys/class/drm/card" in command and "0x1002" in command
+    assert amd.AmdGpus().requires_command() is None  # a host with only amdgpu-dkms still answers
+
+
+def test_rocm_driver_is_the_amdgpu_module_version_from_sysfs_without_rocm_smi():
+    assert run(amd.RocmDriverVersion, ["K3_AMDGPU_MODULE=6.10.5"]).driver == "6.10.5"
+    assert run(amd.RocmDriverVersion, ["K3_ABSENT=rocm-smi"], status=127).kind == "absent"
+    assert amd.RocmDriverVersion().requires_command() is None
+    assert "/sys/module/amdgpu/version" in amd.RocmDriverVersion().command()
 
 
 # ----------------------------------------------------------------------------------- Ascend

@@ -335,7 +335,7 @@ def test_settings_for_gb300_trays():
     hosts = gb300_cluster()
     s = derive_settings(sel("gb300", 3), hosts[0])
     assert s.env == {
-        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_SOCKET_IFNAME": "=eth0",
         "GLOO_SOCKET_IFNAME": "eth0",
         "NCCL_MNNVL_ENABLE": "1",
         "NCCL_CUMEM_ENABLE": "1",
@@ -352,7 +352,7 @@ def test_settings_dmabuf_off_requires_peermem_and_pd_uses_ucx_rc():
     host.rdma = [RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")]),
                  RdmaDevice("mlx5_1", ports=[RdmaPort(1, "PORT_DOWN", "InfiniBand")])]
     s = derive_settings(sel("h200", 2, strategy="pd_cluster", pd=True), host)
-    assert s.env["NCCL_SOCKET_IFNAME"] == s.env["GLOO_SOCKET_IFNAME"] == "ens3f0"
+    assert (s.env["NCCL_SOCKET_IFNAME"], s.env["GLOO_SOCKET_IFNAME"]) == ("=ens3f0", "ens3f0")
     assert s.env["NCCL_DMABUF_ENABLE"] == "0" and s.peermem_required
     assert s.env["UCX_TLS"] == "rc,cuda_copy"
     assert s.env["NCCL_IB_HCA"] == "=mlx5_0:1"
@@ -366,10 +366,160 @@ def test_settings_single_h200_node_and_loopback():
     host.interface = AddressInterface("127.0.0.1", "lo", "eth0", [])
     assert derive_settings(sel("h200", 1), host).env == {}
     host.interface = AddressInterface("", None, "eth0", [])
-    assert derive_settings(sel("h200", 1), host).env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert derive_settings(sel("h200", 1), host).env["NCCL_SOCKET_IFNAME"] == "=eth0"
 
 
 def test_settings_for_ascend():
     s = derive_settings(sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711), a3_host("a3-0", "10.2.0.1"))
     assert s.env == {"HCCL_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
                      "HCCL_IF_IP": "10.2.0.1"}
+
+
+def test_a_full_cache_disk_passes_when_the_weights_are_there_already():
+    from k3deploy.facts.rollout import WeightsStatus
+
+    hosts = gb300_cluster(2)
+    for h in hosts:
+        h.disk_cache = space("/var/lib/k3deploy/cache", 200)
+    hosts[0].extra["weights"] = WeightsStatus(revision="abc", files=66)              # complete: a re-run
+    hosts[1].extra["weights"] = WeightsStatus(revision="abc", files=60, missing=("model-00061-of-00066.safetensors",))
+    results = run_checks(sel("gb300", 2), hosts)
+    assert failures(results) == [("gb300-1", "disk.cache")]   # a partial download still needs the room
+    (ok,) = [r for r in results if r.host == "gb300-0" and r.check == "disk.cache"]
+    assert ok.status == "pass" and "in the cache already" in ok.required
+
+
+# ------------------------------------------------------------------------- hardware truth
+
+def _amd_names(fixture: str) -> list[str | None]:
+    from k3deploy.facts.amd import AmdGpus
+    value = AmdGpus().process(["K3_SECTION=sysfs", "K3_SECTION=vram", "K3_SECTION=name",
+                               *(FIX / fixture).read_text().splitlines(), "K3_EXIT=0"])
+    return [g.name for g in value]
+
+
+def _result(results, host: str, check: str):
+    (r,) = [r for r in results if (r.host, r.check) == (host, check)]
+    return r
+
+
+def test_a_real_mi300x_oam_node_passes_the_gpu_model_check():
+    (name,) = _amd_names("amd/rocm-smi-productname-mi300x.txt")  # "AMD Instinct MI300X OAM", as AMD prints it
+    host = mi355x_host("mi-0")
+    host.amd_gpus = [AmdGpu(i, 206158430208, name) for i in range(8)]
+    model = _result(run_checks(sel("mi300x", 1, vram=1000), [host]), "mi-0", "gpu.model")
+    assert model.status == "pass", model.observed
+
+
+def test_an_mi250_node_does_not_pass_for_an_mi300x():
+    names = _amd_names("amd/rocm-smi-productname-mi250-rocm5.txt")
+    host = mi355x_host("mi-0")
+    host.amd_gpus = [AmdGpu(i, 68702699520, names[i % 2]) for i in range(8)]
+    model = _result(run_checks(sel("mi300x", 1, vram=100), [host]), "mi-0", "gpu.model")
+    assert model.status == "fail" and "MI250" in model.observed
+
+
+def test_an_amd_node_is_recognised_by_its_pci_device_id_whatever_its_name():
+    from k3deploy.facts.amd import AmdGpus
+    gpus = AmdGpus().process([*(FIX / "amd/sysfs-drm-mi355x-no-product-name.txt").read_text().splitlines(),
+                              "K3_EXIT=0"])
+    host = mi355x_host("mi-0")
+    host.amd_gpus = gpus
+    assert failures(run_checks(sel("mi355x", 1), [host])) == []
+    wrong = _result(run_checks(sel("mi300x", 1, vram=100), [host]), "mi-0", "gpu.model")
+    assert wrong.status == "fail" and "0x75a3" in wrong.observed and "0x74a1" in wrong.required
+
+
+def test_amd_pd_nodes_get_rocm_ucx_transports_and_no_cuda_setting():
+    s = derive_settings(sel("mi355x", 2, strategy="pd_cluster", pd=True), mi355x_host("mi-0"))
+    assert s.env["UCX_TLS"] == "rc,rocm_copy"
+    assert not [k for k, v in s.env.items() if "cuda" in v.lower()]
+    assert s.env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+
+
+def test_pd_nodes_give_ucx_the_rdma_ports_nccl_uses():
+    host = h200_host("h200-0", "10.0.0.1")
+    host.rdma = [RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")]),
+                 RdmaDevice("mlx5_1", ports=[RdmaPort(1, "PORT_DOWN", "InfiniBand")]),
+                 RdmaDevice("mlx5_2", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")])]
+    s = derive_settings(sel("h200", 2, strategy="pd_cluster", pd=True), host)
+    assert (s.env["NCCL_IB_HCA"], s.env["UCX_NET_DEVICES"]) == ("=mlx5_0:1,mlx5_2:1", "mlx5_0:1,mlx5_2:1")
+    assert s.env["UCX_TLS"] == "rc,cuda_copy"  # the recipe's own value on NVIDIA
+    assert "UCX_NET_DEVICES" not in derive_settings(sel("h200", 2), host).env  # NCCL only without P/D
+
+
+def _roce_host(default_iface: str = "eno1") -> HostFacts:
+    host = h200_host("h200-0", "10.0.0.1")
+    host.interface = AddressInterface("10.0.0.1", "eno1", default_iface, [Ipv4Address("eno1", "10.0.0.1", 24)])
+    host.rdma = [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 4096, f"ens{i}f0np0")])
+                 for i in range(2)] + [RdmaDevice("mlx5_4", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 1500, "eno1")])]
+    return host
+
+
+def test_the_rdma_port_of_the_default_route_is_not_given_to_nccl_or_ucx():
+    host = _roce_host()
+    s = derive_settings(sel("h200", 2, strategy="pd_cluster", pd=True), host)
+    assert s.env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    assert s.env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+    assert "mlx5_4:1 (eno1 carries the default route)" in s.reasons["NCCL_IB_HCA"]
+    rdma = _result(run_checks(sel("h200", 2), [host, h200_host("h200-1", "10.0.0.2")]), "h200-0", "rdma.devices")
+    assert rdma.status == "pass" and "not mlx5_4:1" in rdma.observed
+
+
+def test_a_single_rdma_port_on_the_default_route_is_kept_with_a_warning():
+    host = _roce_host()
+    host.rdma = host.rdma[2:]
+    assert derive_settings(sel("h200", 2), host).env["NCCL_IB_HCA"] == "=mlx5_4:1"
+    rdma = _result(run_checks(sel("h200", 2), [host, h200_host("h200-1", "10.0.0.2")]), "h200-0", "rdma.devices")
+    assert rdma.status == "warn" and "default route" in rdma.observed
+
+
+def test_roce_only_nodes_get_no_gid_index_advice():
+    # NCCL picks the RoCE v2 GID itself (NCCL_IB_GID_INDEX defaults to -1: automatic)
+    host = h200_host("h200-0", "10.0.0.1")
+    host.rdma = [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 4096)]) for i in range(2)]
+    results = run_checks(sel("h200", 2), [host, h200_host("h200-1", "10.0.0.2")])
+    rdma = _result(results, "h200-0", "rdma.devices")
+    assert rdma.status == "pass" and "GID" not in rdma.fix + rdma.observed
+    assert not [r for r in results if "GID_INDEX" in r.fix]
+    assert "NCCL_IB_GID_INDEX" not in derive_settings(sel("h200", 2), host).env
+
+
+def test_k3_ib_hca_names_the_ports_and_preflight_fails_a_host_without_them():
+    host = _roce_host()
+    host.ib_hca = "mlx5_4:1"
+    s = derive_settings(sel("h200", 2, strategy="pd_cluster", pd=True), host)
+    assert (s.env["NCCL_IB_HCA"], s.env["UCX_NET_DEVICES"], s.reasons["NCCL_IB_HCA"]) == (
+        "=mlx5_4:1", "mlx5_4:1", "k3_ib_hca")
+    host.ib_hca = "=mlx5_0,mlx5_1:1"  # a device alone = its active ports; NCCL's "=" is accepted
+    assert derive_settings(sel("h200", 2), host).env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    host.ib_hca = "mlx5_9:1"
+    rdma = _result(run_checks(sel("h200", 2), [host, h200_host("h200-1", "10.0.0.2")]), "h200-0", "rdma.devices")
+    assert rdma.status == "fail" and "mlx5_9:1" in rdma.observed and "k3_ib_hca" in rdma.fix
+
+
+def test_nccl_socket_ifname_is_the_exact_interface_and_gloo_the_bare_name():
+    s = derive_settings(sel("h200", 2), h200_host("h200-0", "10.0.0.1"))
+    assert (s.env["NCCL_SOCKET_IFNAME"], s.env["GLOO_SOCKET_IFNAME"]) == ("=eth0", "eth0")
+
+
+def test_gb200_is_named_the_nvl72_compute_tray_not_the_nvl4_board():
+    for hw in ("gb200", "gb300"):
+        label = hardware()[hw].label
+        assert "NVL72 compute tray" in label and "NVL4" not in label
+
+
+def test_a_gb200_tray_without_multi_node_nvlink_fails_as_not_an_nvl72_compute_tray():
+    trays = []
+    for i in range(4):
+        tray = gb300_host(f"gb200-{i}", f"10.77.0.{11 + i}")
+        tray.gpus = [NvidiaGpu("NVIDIA GB200", 189471, "580.95.05") for _ in range(4)]
+        if i == 3:  # NVLink on the board only: every GPU's Fabric block is N/A
+            tray.fabric = [GpuFabric(f"0000000{g}:01:00.0", None, None, None, None) for g in range(4)]
+        trays.append(tray)
+    results = run_checks(sel("gb200", 4), trays)
+    fabric = _result(results, "gb200-3", "nvlink.fabric")
+    assert fabric.status == "fail" and "no multi-node NVLink" in fabric.observed
+    assert "GB200 NVL4" in fabric.fix and "NVL72" in fabric.fix
+    assert "NCCL_MNNVL_ENABLE" not in derive_settings(sel("gb200", 4), trays[3]).env
+    assert derive_settings(sel("gb200", 4), trays[0]).env["NCCL_MNNVL_ENABLE"] == "1"

@@ -48,13 +48,13 @@ def responses(address: str, fabric: str = "nvidia/smi-q-gb300-completed.txt") ->
     }
 
 
-def write_fake_inventory(tmp_path: Path, bad_fabric_on: int | None = None) -> Path:
+def write_fake_inventory(tmp_path: Path, bad_fabric_on: int | None = None, **data: object) -> Path:
     hosts = []
     for i in range(3):
         address = f"10.77.0.{11 + i}"
         fabric = "nvidia/smi-q-gb300-in-progress.txt" if i == bad_fabric_on else "nvidia/smi-q-gb300-completed.txt"
         hosts.append([f"@fake/gb300-{i}", {"k3_ip": address, "fake_delay": 0, "fake_delay_jitter": 0,
-                                           "fake_responses": responses(address, fabric)}])
+                                           "fake_responses": responses(address, fabric), **data}])
     (tmp_path / "hosts.json").write_text(json.dumps(hosts))
     inventory = tmp_path / "fake_gb300.py"
     inventory.write_text(
@@ -88,9 +88,24 @@ def test_fake_gb300_trays_all_pass_in_process(tmp_path):
     assert report is not None
     bad = [(r.host, r.check, r.observed) for r in report.results if r.status != "pass"]
     assert bad == [] and report.exit_code == 0
-    assert report.settings["@fake/gb300-1"].env["NCCL_SOCKET_IFNAME"] == "enP6p3s0f0np0"
+    assert report.settings["@fake/gb300-1"].env["NCCL_SOCKET_IFNAME"] == "=enP6p3s0f0np0"
     assert report.settings["@fake/gb300-1"].env["NCCL_IB_HCA"] == "=mlx5_0:1"
     assert report.settings["@fake/gb300-1"].env["NCCL_MNNVL_ENABLE"] == "1"
+
+
+def test_k3_ib_hca_in_the_inventory_names_the_rdma_ports_and_a_wrong_name_fails_preflight(tmp_path):
+    from k3deploy.runtime.gather import gather
+
+    report = gather(str(write_fake_inventory(tmp_path, k3_ib_hca="mlx5_0")), installed=False,
+                    require_plan=False).preflight
+    assert report is not None and report.exit_code == 0
+    settings = report.settings["@fake/gb300-1"]
+    assert (settings.env["NCCL_IB_HCA"], settings.reasons["NCCL_IB_HCA"]) == ("=mlx5_0:1", "k3_ib_hca")
+    wrong = gather(str(write_fake_inventory(tmp_path, k3_ib_hca="mlx5_7:1")), installed=False,
+                   require_plan=False).preflight
+    assert wrong is not None and wrong.exit_code == 1
+    assert {(r.host, r.check) for r in wrong.results if r.status == "fail"} == {
+        (f"@fake/gb300-{i}", "rdma.devices") for i in range(3)}
 
 
 def test_fake_tray_with_fabric_in_progress_fails_alone_via_cli_json(tmp_path):
@@ -200,3 +215,15 @@ def test_facts_work_with_the_pyinfra_fact_command():
     assert data["k3deploy.facts.host.KernelVersion"]["@local"]["release"]
     gpus = data["k3deploy.facts.nvidia.NvidiaGpus"]["@local"]
     assert isinstance(gpus, list) if shutil.which("nvidia-smi") else gpus["kind"] == "absent"
+
+
+def test_k3_ib_hca_in_group_vars_reaches_every_host(tmp_path):
+    from k3deploy.runtime.gather import gather
+
+    inventory = write_fake_inventory(tmp_path)
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text("k3_ib_hca: mlx5_0\n")
+    report = gather(str(inventory), installed=False, require_plan=False).preflight
+    assert report is not None and report.exit_code == 0
+    assert {h: (s.env["NCCL_IB_HCA"], s.reasons["NCCL_IB_HCA"]) for h, s in report.settings.items()} == {
+        f"@fake/gb300-{i}": ("=mlx5_0:1", "k3_ib_hca") for i in range(3)}

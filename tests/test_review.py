@@ -232,3 +232,25 @@ def test_options_give_pd_pools_their_gpu_floor():
     pd = next(r for r in data["hardware"]["b300"]["strategies"] if r["strategy"] == "pd_cluster")
     assert pd["min_gpus"] > 0 and pd["min_gpus"] == sum(pd["min_gpus_per_pool"].values())
     assert "(per pool)" in k3("options", "--hardware", "b300").stdout
+
+
+def test_files_on_the_control_machine_are_checked_before_anything_else(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("hf_x\n")
+    token.chmod(0o644)
+    cases = [
+        (f"k3_hf_token_file: {token}\n", f"k3_hf_token_file: {token} (0/group_vars/all.yml) has mode 0644",
+         f"chmod 600 {token}"),
+        (f"k3_image_archive: {tmp_path / 'nope.tar'}\n", "k3_image_archive:", "docker save"),
+        (f"k3_weights_source: {tmp_path}\n", "is not a model's Hugging Face cache directory", "hf download"),
+    ]
+    for i, (extra, what, fix) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        inv = layout(tmp_path / str(i), SELECTION + "k3_strategy: multi_node_tp\n" + extra)
+        bad = k3("resolve", "--inventory", str(inv), cwd=tmp_path)
+        assert bad.returncode == 2 and what in bad.stderr and fix in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    token.chmod(0o600)
+    (tmp_path / "ok").mkdir()
+    inv = layout(tmp_path / "ok", SELECTION + "k3_strategy: multi_node_tp\n" + f"k3_hf_token_file: {token}\n")
+    assert k3("resolve", "--inventory", str(inv), cwd=tmp_path).returncode == 0

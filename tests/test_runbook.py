@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,8 @@ from k3deploy.cluster.rollout import compute
 from k3deploy.cluster.runbook import Context, blocks, build, to_html, to_markdown
 from k3deploy.preflight.checks import CheckResult
 from k3deploy.runtime.gather import load_inventory
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TOKEN = "hf_runbookFAKEtoken0123456789"
 
@@ -77,7 +81,11 @@ def test_every_unit_and_env_file_is_written_verbatim_and_steps_are_ordered():
     pull = first(lambda t: "pull -q vllm/vllm-openai:kimi-k3" in t)
     files = first(lambda t: "k3-engine.env.new" in t)
     head_start = first(lambda t: "systemctl restart k3-engine.service" in t)
-    worker = first(lambda t: "</dev/tcp/192.0.2.11/" in t)
+    worker = first(lambda t: "</dev/tcp/192.0.2.11/" in t and "rendezvous" in t)
+    # the stage before the files: the first node pulls and serves, the second copies from it
+    serve = first(lambda t: "systemd-run --quiet --unit k3-stage-peers" in t)
+    copy = first(lambda t: "rsync://192.0.2.11:8873/k3-hub/models--moonshotai--Kimi-K3/" in t)
+    assert pull < serve < copy < files
     health = first(lambda t: "http://192.0.2.11:8000/health" in t)
     smoke = first(lambda t: "/v1/chat/completions" in t)
     assert pull < files < head_start < worker < health < smoke
@@ -157,3 +165,24 @@ def test_runbook_cli_errors_are_one_line(tmp_path):
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nope.py" in missing.stderr
     bad_dir = k3("runbook", "inventories/gb300.py", "-o", str(tmp_path / "no" / "r.md"))
     assert bad_dir.returncode == 2 and "does not exist" in bad_dir.stderr and "Traceback" not in bad_dir.stderr
+
+
+@pytest.mark.parametrize("inventory", sorted(p.name for p in (ROOT / "inventories").glob("*.py")))
+def test_an_offline_runbook_is_written_for_every_example_inventory_without_any_node(inventory, tmp_path):
+    out = tmp_path / "runbook.md"
+    proc = subprocess.run([sys.executable, "-c", "from k3deploy.cli import main; main()", "runbook",
+                           f"inventories/{inventory}", "-o", str(out), "--offline"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    from k3deploy.runtime.gather import gather
+
+    r = gather(f"inventories/{inventory}", facts=False).require_rollout()
+    for h in r.hosts:
+        token = "@IFACE_" + re.sub(r"[^A-Za-z0-9]", "_", h) + "@"
+        assert f"| `{token}` | {h} |" in text                        # named, with the command that finds it
+        engines = [u for u in r.on_host(h) if u.group != "router"]
+        if engines:
+            mine = "\n".join(b.text for b in blocks(text) if b.node == h and b.when is None)
+            assert f"SOCKET_IFNAME={token}" in mine                 # where the value goes in the env file
+    assert "Values to read from the nodes first" in text

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "lint": "k3deploy.cli.lint:lint",
     "plan": "k3deploy.cli.plan:plan", "runbook": "k3deploy.cli.runbook:runbook",
     "vars": "k3deploy.cli.vars:vars_cmd", "history": "k3deploy.cli.history:history",
+    "status": "k3deploy.cli.status:status", "bundle": "k3deploy.cli.bundle:bundle",
 }
 
 

@@ -56,6 +56,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
     report.notes += revision_notes(cluster)
+    report.staging = staging_lines(cluster)
     t = cluster.target
     first = t.resolved[t.records[0].name]
     if as_json:
@@ -74,6 +75,20 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
                    f"{inventory}) and rerun", err=True)
         sys.exit(2)
     return report.exit_code
+
+
+def staging_lines(cluster: Any) -> list[str]:
+    """What the stage still has to bring, and why, per host (empty when every engine node holds both)."""
+    from k3deploy.cluster.staging import summary
+
+    sp = cluster.stage
+    if sp is None or not (sp.takes_part or sp.image.require or sp.weights.require):
+        return []
+    lines = summary(sp)
+    for host, status in cluster.weights.items():
+        if not status.verified:
+            lines.append(f"{host}: weights {status.describe()}")
+    return lines
 
 
 def revision_notes(cluster: Any) -> list[str]:

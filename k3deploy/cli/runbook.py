@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -14,19 +15,24 @@ from k3deploy.errors import K3Error
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="Where to write the runbook.")
 @click.option("--format", "fmt", type=click.Choice(["md", "html"]), default=None,
               help="md or html (default: from the file name, else md).")
-def runbook(inventory: str, output: str, fmt: str | None) -> None:
+@click.option("--offline", is_flag=True,
+              help="Write it from the inventory alone: no node is contacted; what the rollout would read from the "
+                   "nodes appears as named blanks, each with the command that finds it.")
+def runbook(inventory: str, output: str, fmt: str | None, offline: bool) -> None:
     """Write a bring-up runbook for INVENTORY: prerequisites with their check commands and expected values,
     per node the files and commands, the start order with what to wait for, smoke test, rollback and
     troubleshooting.
 
     The nodes are read (never changed) to fill in what the rollout derives from them (interfaces, NCCL
-    settings) and to show each prerequisite's current value. Every command block names its node
+    settings) and to show each prerequisite's current value; with --offline nothing is read, so a site can
+    review the bring-up before its machines answer. Every command block names its node
     (```sh node=NAME```), so the runbook can be executed block by block.
 
     \b
     Examples:
       k3deploy runbook inventories/gb300.py -o gb300-runbook.md
       k3deploy runbook inventories/gb300.py -o gb300-runbook.html
+      k3deploy runbook inventories/gb300.py -o gb300-runbook.md --offline
     """
     from importlib.metadata import version
 
@@ -41,13 +47,31 @@ def runbook(inventory: str, output: str, fmt: str | None) -> None:
     target = Path(output)
     if not target.parent.is_dir():
         raise K3Error(f"-o {output}: directory {target.parent} does not exist: create it or choose another path")
-    cluster = read_cluster("runbook", inventory, installed=False)
-    require_reachable(cluster)
-    r = cluster.require_rollout()
-    rows = cluster.preflight.results if cluster.preflight else []
+    blanks: list[Any] = []
+    if offline:
+        from k3deploy.cluster.pipeline import desired_rollout
+        from k3deploy.cluster.runbook.blanks import offline_env
+
+        cluster = read_cluster("runbook", inventory, facts=False)
+        t = cluster.target
+        t.require_plan()
+        host_env: dict[str, dict[str, str]] = {}
+        ifaces: dict[str, str] = {}
+        for rec in t.records:
+            env, mine = offline_env(t.requirements, rec.name, rec.address)
+            host_env[rec.name] = env
+            ifaces[rec.name] = t.vars.k3_iface or next(b.token for b in mine if b.name == "IFACE")
+            blanks += mine
+        r = desired_rollout(t, ifaces=ifaces, host_env=host_env)
+        rows: list[Any] = []
+    else:
+        cluster = read_cluster("runbook", inventory, installed=False)
+        require_reachable(cluster)
+        r = cluster.require_rollout()
+        rows = cluster.preflight.results if cluster.preflight else []
     doc = build(r, Context(inventory=inventory, preflight=rows, addresses=cluster.addresses, ssh=cluster.ssh,
                            brand=str(hardware()[r.plan.hardware].brand), guide=load_recipe(r.vars.k3_recipe).guide,
-                           version=version("k3deploy")))
+                           version=version("k3deploy"), blanks=blanks))
     text = to_html(doc) if fmt == "html" else to_markdown(doc)
     try:
         target.write_text(text, encoding="utf-8")

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Sequence
 
@@ -29,37 +30,26 @@ def _units(units: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------------------------- stage
 
 
-def snapshot_dir(cache: str, model: str) -> str:
-    """Where the Hugging Face cache under ``cache`` keeps ``model``'s snapshots."""
-    return f"{cache.rstrip('/')}/huggingface/hub/models--{model.replace('/', '--')}/snapshots"
-
-
-def weights_present(cache: str, model: str) -> str:
-    """A test that succeeds when the cache holds a snapshot of ``model``."""
-    return f"[ -n \"$(ls -A {shlex.quote(snapshot_dir(cache, model))} 2>/dev/null)\" ]"
-
-
-def download_argv(docker: str, cache: str, image: str, model: str, token_file: str | None = None) -> list[str]:
-    """Download the weights with the image's own Hugging Face CLI into ``cache`` (mounted as ``~/.cache``).
+def download_argv(docker: str, cache: str, image: str, model: str, token_file: str | None = None,
+                  endpoint: str | None = None) -> list[str]:
+    """Download the weights with the image's own Hugging Face CLI into ``cache`` (mounted as ``~/.cache``), from
+    ``endpoint`` (a site mirror of the hub) when set.
 
     The token, if any, is read by the CLI from a 0600 file (``HF_TOKEN_PATH``): it never appears in argv.
     """
     args = [docker, "run", "--rm", "--network", "host", "-v", f"{cache}:/root/.cache"]
     if token_file:
         args += ["-v", f"{token_file}:/run/secrets/hf-token:ro", "-e", "HF_TOKEN_PATH=/run/secrets/hf-token"]
+    if endpoint:
+        args += ["-e", f"HF_ENDPOINT={endpoint}"]
     return args + ["--entrypoint", "hf", image, "download", model]
 
 
-def stage_weights(docker: str, cache: str, image: str, model: str, token_file: str | None = None) -> str:
-    """Download the weights unless the cache already holds them."""
-    return (f"mkdir -p {shlex.quote(cache)} && if {weights_present(cache, model)}; then echo 'weights present'; "
-            f"else {shlex.join(download_argv(docker, cache, image, model, token_file))}; fi")
-
-
 def require_weights(cache: str, model: str) -> str:
-    """Fail with the reason when the weights are absent (``k3_download_weights: false``)."""
-    return (f"{weights_present(cache, model)} || {{ echo 'weights of {model} are not in {cache}/huggingface and "
-            "k3_download_weights is false: stage them first' >&2; exit 1; }")
+    """Verify the weights already in the cache and fail with the reason when they are not all there
+    (``k3_download_weights: false``)."""
+    return (f"{verify_weights(cache, model)} || {{ echo 'weights of {model} in {cache}/huggingface are missing or "
+            "incomplete and k3_download_weights is false: stage them first' >&2; exit 1; }")
 
 
 def digest_check(docker: str, image: str) -> str:
@@ -78,6 +68,116 @@ def pull(docker: str, image: str) -> str:
     script = f"{d} image inspect {i} >/dev/null 2>&1 || {d} pull -q {i}"
     check = digest_check(docker, image)
     return f"{script} && {check}" if check else script
+
+
+# ------------------------------------------------------------------------------------- stage at scale
+
+#: the file that says a snapshot was verified (in the model's cache directory; files newer than it are checked again)
+VERIFIED = ".k3-verified"
+#: the files that failed the last verification, one path per line
+BAD = ".k3-bad"
+#: the transient unit of the read-only rsync daemon that serves staged files to peers
+PEERS_UNIT = "k3-stage-peers"
+#: rsync modules of that daemon
+HUB_MODULE, STAGE_MODULE = "k3-hub", "k3-stage"
+
+
+def model_dir(cache: str, model: str) -> str:
+    """The model's directory in the Hugging Face cache under ``cache`` (``blobs/``, ``snapshots/``, ``refs/``)."""
+    return f"{hub_dir(cache)}/models--{model.replace('/', '--')}"
+
+
+def hub_dir(cache: str) -> str:
+    return f"{cache.rstrip('/')}/huggingface/hub"
+
+
+def archive_path(stage_dir: str, image: str) -> str:
+    """Where a node keeps ``image`` as a ``docker save`` archive while it hands it to peers."""
+    return f"{stage_dir.rstrip('/')}/{re.sub(r'[^A-Za-z0-9_.-]', '_', image)}.tar"
+
+
+def verify_weights(cache: str, model: str) -> str:
+    """Verify the model's snapshot and mark it verified: every shard the index names is there, and every file
+    whose blob is named by a sha256 (the hub's LFS files: the shards) hashes to that name. The files hash in
+    parallel, one per CPU. Bad files are listed in ``BAD`` and on stderr; the script then fails."""
+    d = shlex.quote(model_dir(cache, model))
+    check = ('b=$(readlink -f "$1"); e=${b##*/}; case $e in *[!0-9a-f]*) exit 0;; esac; [ ${#e} -eq 64 ] || exit 0; '
+             '[ "$(sha256sum < "$b" | cut -c1-64)" = "$e" ] || { echo "$b"; exit 1; }')
+    return (f'( d={d}; rm -f "$d/{VERIFIED}"; rev=$(cat "$d/refs/main" 2>/dev/null) && cd "$d/snapshots/$rev" '
+            f'2>/dev/null || {{ echo "no snapshot of {model} in {cache}" >&2; exit 1; }}; missing=0; '
+            'if [ -f model.safetensors.index.json ]; then '
+            "for f in $(grep -o '\"[^\"]*[.]safetensors\"' model.safetensors.index.json | tr -d '\"' | sort -u); do "
+            '[ -e "$f" ] || { echo "missing shard $f" >&2; missing=1; }; done; '
+            'elif ! ls ./*.safetensors >/dev/null 2>&1; then echo "no shard and no index in $PWD" >&2; missing=1; fi; '
+            f'find . ! -type d -print0 | xargs -0 -r -P "$(nproc)" -n 1 sh -c {shlex.quote(check)} _ > "$d/{BAD}" '
+            '|| true; '
+            f'if [ -s "$d/{BAD}" ]; then sed "s/^/sha256 mismatch: /" "$d/{BAD}" >&2; exit 1; fi; '
+            f'[ "$missing" = 0 ] || exit 1; touch "$d/{VERIFIED}"; echo "verified $(find . ! -type d | wc -l) files" )')
+
+
+def fetch_weights(docker: str, cache: str, image: str, model: str, token_file: str | None = None,
+                  endpoint: str | None = None) -> str:
+    """Download the weights from the hub (the image's own CLI resumes a partial download) and verify them."""
+    argv = download_argv(docker, cache, image, model, token_file, endpoint)
+    return f"mkdir -p {shlex.quote(cache)} && {shlex.join(argv)} && {verify_weights(cache, model)}"
+
+
+def _rsync_from(address: str, port: int, module: str, path: str) -> str:
+    return f"rsync://{address}:{port}/{module}/{path}"
+
+
+def receive_weights(address: str, port: int, cache: str, model: str) -> str:
+    """Copy the model's cache directory from the peer at ``address`` (resumable; files that already match are not
+    sent again), then verify; files that fail are removed and copied once more."""
+    d = model_dir(cache, model)
+    src = _rsync_from(address, port, HUB_MODULE, d.rsplit("/", 1)[1] + "/")
+    get = (f"rsync -a --partial --exclude '*.incomplete' --exclude '.k3-*' {shlex.quote(src)} "
+           f"{shlex.quote(d + '/')}")
+    qd = shlex.quote(d)
+    return (f"mkdir -p {qd} && rm -f {qd}/{VERIFIED} && {get} && {{ {verify_weights(cache, model)} || "
+            f"{{ xargs -r rm -f < {qd}/{BAD} && {get} && {verify_weights(cache, model)}; }}; }}")
+
+
+def export_image(docker: str, image: str, stage_dir: str) -> str:
+    """Write ``image`` as an archive for peers (kept while the stage runs)."""
+    a = shlex.quote(archive_path(stage_dir, image))
+    return (f"mkdir -p {shlex.quote(stage_dir)} && {{ [ -s {a} ] || {{ {shlex.quote(docker)} save -o {a}.part "
+            f"{shlex.quote(image)} && mv -f {a}.part {a}; }}; }}")
+
+
+def load_image(docker: str, image: str, archive: str) -> str:
+    """Load ``image`` from an archive; a pinned digest is verified."""
+    load = f"{shlex.quote(docker)} load -i {shlex.quote(archive)}"
+    check = digest_check(docker, image)
+    return f"{load} && {check}" if check else load
+
+
+def receive_image(address: str, port: int, docker: str, image: str, stage_dir: str) -> str:
+    """Copy the image archive from the peer at ``address`` (resumable), then load it."""
+    a = archive_path(stage_dir, image)
+    src = _rsync_from(address, port, STAGE_MODULE, a.rsplit("/", 1)[1])
+    return (f"mkdir -p {shlex.quote(stage_dir)} && rsync -a --partial {shlex.quote(src)} {shlex.quote(a)} && "
+            f"{load_image(docker, image, a)}")
+
+
+def serve_peers(config: str, address: str, port: int, dirs: Sequence[str]) -> str:
+    """Start the read-only rsync daemon (a transient unit) that gives this node's staged files to its peers, and
+    wait until it listens on ``address:port``."""
+    unit = PEERS_UNIT
+    made = " ".join(shlex.quote(d) for d in dirs)
+    return (f"mkdir -p {made} && {{ systemctl stop {unit} 2>/dev/null || true; }} && "
+            f"{{ systemctl reset-failed {unit} 2>/dev/null || true; }} && "
+            f"systemd-run --quiet --unit {unit} --collect rsync --daemon --no-detach "
+            f"--config={shlex.quote(config)} && i=0; until timeout 1 bash -c '</dev/tcp/{address}/{int(port)}' "
+            f"2>/dev/null; do i=$((i+1)); if [ $i -ge 60 ]; then echo 'rsync daemon not listening on "
+            f"{address}:{int(port)} after 30s' >&2; journalctl -u {unit} -n 5 --no-pager >&2; exit 1; fi; "
+            "sleep 0.5; done")
+
+
+def stop_serving(stage_dir: str, image: str) -> str:
+    """Stop serving peers and remove the image archive (the image itself stays loaded)."""
+    a = shlex.quote(archive_path(stage_dir, image))
+    return f"{{ systemctl stop {PEERS_UNIT} 2>/dev/null || true; }} && rm -f {a} {a}.part"
 
 
 # ------------------------------------------------------------------------------------------ configure
@@ -183,6 +283,34 @@ def wait_ready(unit: str, url: str | None, model: str | None, timeout: int, cont
 def chat_body(model: str) -> str:
     return json.dumps({"model": model, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
+
+
+def unit_status(unit: str, container: str, docker: str, url: str | None) -> str:
+    """What ``k3deploy status`` reads of one unit, as ``K3_*=`` lines: systemd state, restarts and since when; the
+    container's image and image id; with ``url``, the HTTP code of ``/health`` and the body of ``/v1/models``
+    (3 s each)."""
+    u, c = shlex.quote(unit), shlex.quote(container)
+    fmt = shlex.quote("{{.Config.Image}} {{.Image}}")
+    lines = [f"systemctl show --timestamp=unix -p LoadState -p ActiveState -p SubState -p NRestarts "
+             f"-p ActiveEnterTimestamp {u} 2>/dev/null | sed 's/^/K3_/'",
+             f"echo \"K3_IMAGE=$({shlex.quote(docker)} inspect --format {fmt} {c} 2>/dev/null)\""]
+    if url:
+        lines += [f"echo \"K3_HEALTH=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' {shlex.quote(url + '/health')})\"",
+                  f"echo \"K3_MODELS=$(curl -s -m 3 {shlex.quote(url + '/v1/models')} | tr -d '\\n')\""]
+    return "; ".join(lines)
+
+
+def endpoint_models(endpoint: str) -> str:
+    """The model ids the public endpoint lists (``/v1/models``), as JSON on one line; empty when it does not answer."""
+    return f"curl -s -m 3 {shlex.quote(endpoint.rstrip('/') + '/v1/models')} | tr -d '\\n'; echo"
+
+
+def unit_logs(unit: str, container: str, docker: str, lines: int) -> str:
+    """The last ``lines`` of a unit's journal and of its container's log, each after a marker line (for support
+    bundles)."""
+    return (f"echo K3_LOG=journal; journalctl -u {shlex.quote(unit)} -n {int(lines)} --no-pager -o short-iso "
+            f"2>&1; echo K3_LOG=container; {shlex.quote(docker)} logs --tail {int(lines)} {shlex.quote(container)} "
+            "2>&1; true")
 
 
 def smoke_test(endpoint: str, model: str) -> str:

@@ -203,10 +203,11 @@ class PlanReport:
     restart_order: list[str]
     endpoint: str
     notes: list[str] = field(default_factory=list)
+    staging: list[str] = field(default_factory=list)   # what the stage still has to bring (empty: nothing)
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.restart_order) or any(h.changes for h in self.hosts)
+        return bool(self.restart_order) or any(h.changes for h in self.hosts) or bool(self.staging)
 
     @property
     def exit_code(self) -> int:
@@ -215,7 +216,8 @@ class PlanReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": [h.to_dict() for h in self.hosts], "restart_order": self.restart_order,
-                "endpoint": self.endpoint, "changes_pending": self.has_changes, "notes": self.notes}
+                "endpoint": self.endpoint, "changes_pending": self.has_changes, "notes": self.notes,
+                "staging": self.staging}
 
 
 def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
@@ -335,6 +337,10 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
             elif not mine:
                 lines.append("    no changes")
     lines.append("")
+    if report.staging:
+        lines.append("Stage (before anything restarts):")
+        lines += [f"  {line}" for line in report.staging]
+        lines.append("")
     phases = rollout.start_plan().phases()
     if phases:
         lines.append("Restart, in this order (each phase on its hosts at once):")

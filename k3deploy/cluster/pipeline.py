@@ -16,8 +16,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from k3deploy.cluster.binding import HostRecord
@@ -113,6 +114,28 @@ def check_extra_args(records: list[HostRecord], v: Variables, plan: Plan, source
         raise K3Error(f"k3_extra_args ({source}): {new[0].message}: {new[0].fix}{more}")
 
 
+def check_control_files(v: Variables, source: Callable[[str], str]) -> None:
+    """The files the variables name on the control machine exist and are what they must be (the token 0600, an
+    image archive a file, a weights source a Hugging Face cache directory of one model)."""
+    def bad(name: str, why: str, fix: str) -> K3Error:
+        return K3Error(f"{name}: {getattr(v, name)} ({source(name)}) {why}: {fix}")
+
+    if v.k3_hf_token_file:
+        token = Path(v.k3_hf_token_file)
+        if not token.is_file():
+            raise bad("k3_hf_token_file", "is not a file", "write the token there (mode 0600) or unset it")
+        if token.stat().st_mode & 0o077:
+            raise bad("k3_hf_token_file", f"has mode {token.stat().st_mode & 0o777:04o}; a token must be readable "
+                      "by its owner only", f"chmod 600 {token}")
+    if v.k3_image_archive and not Path(v.k3_image_archive).is_file():
+        raise bad("k3_image_archive", "is not a file", "give the path of a `docker save` archive of the image")
+    if v.k3_weights_source:
+        src = Path(v.k3_weights_source)
+        if not (src / "refs" / "main").is_file() or not (src / "snapshots").is_dir():
+            raise bad("k3_weights_source", "is not a model's Hugging Face cache directory (refs/main, snapshots/)",
+                      "give the models--ORG--NAME directory that `hf download` filled")
+
+
 def target(records: list[HostRecord], inventory_file: str | None,
            overrides: Mapping[str, Any] | None = None) -> Target:
     """Variables, requirements and plan of an inventory's hosts. Raises :class:`K3Error` for bad variables or an
@@ -120,6 +143,7 @@ def target(records: list[HostRecord], inventory_file: str | None,
     recs = with_roles(records)
     resolved = variables_for(recs, inventory_file, overrides)
     v = resolved[recs[0].name].vars
+    check_control_files(v, resolved[recs[0].name].source)
     hw_from = resolved[recs[0].name].source("k3_hardware")
     base = replace(_requirements(v, engine_count(recs) or len(recs)), hardware_from=hw_from)
     try:

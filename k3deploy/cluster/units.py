@@ -120,6 +120,11 @@ def _env() -> jinja2.Environment:
                               keep_trailing_newline=True, autoescape=False)
 
 
+def render_template(template: str, **values: object) -> str:
+    """A file of ``templates/`` filled with ``values`` (every placeholder must be given)."""
+    return _env().get_template(template).render(**values)
+
+
 def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
     return _env().get_template(template).render(
         description=spec.description, summary=spec.summary, after=spec.after, wants=spec.wants,

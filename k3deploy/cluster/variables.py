@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -67,6 +67,25 @@ class Variables(BaseModel):
     k3_download_weights: bool = Field(True, description=(
         "Download missing weights with the Hugging Face tooling in the image; false = weights must already be"
         " in the cache."))
+    k3_stage: Literal["fanout", "per_node"] = Field("fanout", description=(
+        "How the image and the weights reach the nodes: `fanout` = over the uplink once (to the first engine node), "
+        "then node to node over the cluster network (rsync, a tree of log2(N) rounds); `per_node` = every node "
+        "fetches from outside itself."))
+    k3_stage_sources: int = Field(1, ge=1, description=(
+        "With `fanout`: how many nodes fetch from outside in parallel when no node holds an artifact yet."))
+    k3_stage_dir: str = Field("/var/lib/k3deploy/stage", description=(
+        "Directory on the nodes for image archives while they are handed to peers (removed after the stage)."))
+    k3_stage_port: int = Field(8873, ge=1, le=65535, description=(
+        "TCP port of the read-only rsync daemon that serves staged files to peers during the stage (cluster "
+        "addresses only)."))
+    k3_image_archive: str | None = Field(None, description=(
+        "Air-gapped sites: a `docker save` archive of the image on the control machine; copied (rsync over SSH, "
+        "resumable) to the first engine node, loaded, then fanned out. No registry is contacted."))
+    k3_weights_source: str | None = Field(None, description=(
+        "Air-gapped sites: the model's Hugging Face cache directory on the control machine (`models--ORG--NAME`, "
+        "as `hf download` leaves it); copied (rsync over SSH) to the first engine node, verified, then fanned out."))
+    k3_hf_endpoint: str | None = Field(None, description=(
+        "Model hub endpoint (`HF_ENDPOINT`) for the download, e.g. a site mirror; default: the hub."))
     k3_image_dir: str | None = Field(None, description=(
         "Where the container runtime stores images (preflight's free-space check); default: Docker's "
         "DockerRootDir."))
@@ -85,6 +104,11 @@ class Variables(BaseModel):
         "Run the router from this image; default: the `vllm-router` command on the router host."))
     k3_front_hybrid_lb: bool = Field(True, description=(
         "Put a vllm-router in front of hybrid-LB nodes (multi_node_dep) so clients get one endpoint."))
+    k3_ib_hca: str | None = Field(None, description=(
+        "RDMA ports for NCCL and the P/D KV transfer, `device[:port],...` (e.g. `mlx5_0:1,mlx5_3:1`; a device alone = "
+        "its active ports): become `NCCL_IB_HCA` (exact match, `=mlx5_0:1,...`) and `UCX_NET_DEVICES`, and preflight "
+        "fails a host that lacks one. Default: the active ports (InfiniBand only beside an InfiniBand fabric), never "
+        "the port of the default route."))
     # timing
     k3_engine_ready_timeout: int | None = Field(None, description=(
         "Seconds an engine may take to serve; default: the plan's VLLM_ENGINE_READY_TIMEOUT_S (600 if unset)."))
@@ -108,6 +132,12 @@ class Variables(BaseModel):
     @property
     def recipe_path(self) -> str | None:
         return self.k3_recipe
+
+    @field_validator("k3_hf_token_file", "k3_image_archive", "k3_weights_source", "k3_recipe")
+    @classmethod
+    def _home(cls, value: str | None) -> str | None:
+        """Paths on the control machine may start with ``~`` (as in the example group_vars)."""
+        return None if value is None else str(Path(value).expanduser())
 
     @field_validator("k3_extra_env")
     @classmethod

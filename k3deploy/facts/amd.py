@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from k3deploy.facts.base import EXIT_MARK, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
+from k3deploy.facts.base import (
+    ABSENT_MARK,
+    EXIT_MARK,
+    SECTION_MARK,
+    FactError,
+    Jsonable,
+    K3Fact,
+    Unparsable,
+    sections,
+)
 
 ROCM_HINT = "is the amdgpu driver with ROCm SMI (amd-smi / rocm-smi) installed?"
 
@@ -65,13 +74,23 @@ class RocmDriver(Jsonable):
     driver: str
 
 
+#: the line the driver command prints for the loaded amdgpu module's own version (DKMS builds have one)
+SYSFS_DRIVER_MARK = "K3_AMDGPU_MODULE="
+
+
 def parse_rocm_driver(lines: list[str]) -> RocmDriver:
-    """``rocm-smi --showdriverversion``: ``Driver version: 6.7.0`` → ``RocmDriver(driver='6.7.0')``.
+    """``/sys/module/amdgpu/version`` (what ``rocm-smi`` itself reads), else ``rocm-smi --showdriverversion``:
+    ``Driver version: 6.7.0`` → ``RocmDriver(driver='6.7.0')``.
 
     >>> parse_rocm_driver(["===== ROCm System Management Interface =====", "Driver version: 6.7.0"])
     RocmDriver(driver='6.7.0')
+    >>> parse_rocm_driver(["K3_AMDGPU_MODULE=6.10.5"])
+    RocmDriver(driver='6.10.5')
     """
     for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(SYSFS_DRIVER_MARK) and stripped[len(SYSFS_DRIVER_MARK):]:
+            return RocmDriver(driver=stripped[len(SYSFS_DRIVER_MARK):])
         match = re.search(r"Driver version:\s*(\S+)", line)
         if match:
             return RocmDriver(driver=match.group(1))
@@ -79,12 +98,21 @@ def parse_rocm_driver(lines: list[str]) -> RocmDriver:
 
 
 class RocmDriverVersion(K3Fact[RocmDriver]):
-    """amdgpu kernel driver version (``rocm-smi --showdriverversion``): ``Driver version: 6.7.0``."""
+    """amdgpu kernel driver version: the loaded module's ``/sys/module/amdgpu/version`` (amdgpu-dkms; a container
+    host needs no ROCm of its own), else ``rocm-smi --showdriverversion``: ``Driver version: 6.7.0``."""
 
-    tool = required_binary = "rocm-smi"
+    tool = "rocm-smi"
     hint = ROCM_HINT
-    shown_command = "rocm-smi --showdriverversion"
+    shown_command = "cat /sys/module/amdgpu/version || rocm-smi --showdriverversion"
 
+    def command(self) -> str:
+        return (
+            "if [ -s /sys/module/amdgpu/version ]; then "
+            f"echo \"{SYSFS_DRIVER_MARK}$(cat /sys/module/amdgpu/version)\"; echo {EXIT_MARK}0; "
+            "elif command -v rocm-smi >/dev/null 2>&1; then "
+            f"timeout 60 rocm-smi --showdriverversion 2>&1; echo {EXIT_MARK}$?; "
+            f"else echo {ABSENT_MARK}rocm-smi; echo {EXIT_MARK}127; fi"
+        )
 
     def parse(self, lines: list[str]) -> RocmDriver:
         return parse_rocm_driver(lines)
@@ -95,18 +123,40 @@ class AmdGpu(Jsonable):
     index: int
     vram_bytes: int | None
     name: str | None
+    device_id: str | None = None  # PCI device id, e.g. 0x74a1 (MI300X)
 
 
 _VRAM_RE = re.compile(r"GPU\[(\d+)\]\s*:\s*VRAM Total Memory \(B\):\s*(\d+)")
-_SERIES_RE = re.compile(r"GPU\[(\d+)\]\s*:\s*Card Series:\s*(.+?)\s*$")
+# "Card Series" (ROCm 6+) or "Card series" (ROCm 5); a name rocm-smi does not know is printed as the device id
+_SERIES_RE = re.compile(r"GPU\[(\d+)\]\s*:\s*Card series:\s*(.+?)\s*$", re.IGNORECASE)
+_DEVICE_ID_RE = re.compile(r"^0x[0-9a-fA-F]{4}$")
+
+
+def _sysfs_gpus(lines: list[str]) -> list[AmdGpu]:
+    """``card<N> <device id> <VRAM bytes or -> [product_name]`` per AMD (vendor 0x1002) DRM card."""
+    gpus: list[AmdGpu] = []
+    for line in lines:
+        parts = line.split(None, 3)
+        if len(parts) < 3 or not parts[0].startswith("card"):
+            continue
+        device = parts[1].lower() if _DEVICE_ID_RE.match(parts[1]) else None
+        vram = int(parts[2]) if parts[2].isdigit() else None
+        product = parts[3].strip() if len(parts) > 3 and parts[3].strip() else None
+        gpus.append(AmdGpu(index=len(gpus), vram_bytes=vram, name=product, device_id=device))
+    return gpus
 
 
 def parse_amd_gpus(lines: list[str]) -> list[AmdGpu]:
-    """Sections ``vram`` (``rocm-smi --showmeminfo vram``) and ``name`` (``--showproductname``).
+    """Sections ``sysfs`` (``/sys/class/drm/card*/device``: PCI device id, ``mem_info_vram_total``,
+    ``product_name``), ``vram`` (``rocm-smi --showmeminfo vram``) and ``name`` (``--showproductname``).
+    The kernel's view wins: rocm-smi only fills in what sysfs does not say (or stands in where sysfs shows no AMD
+    GPU, as in a container).
 
     >>> parse_amd_gpus(["K3_SECTION=vram", "GPU[0]\\t\\t: VRAM Total Memory (B): 309237645312",
     ...                 "K3_SECTION=name", "GPU[0]\\t\\t: Card Series: \\t\\tAMD Instinct MI355X"])
-    [AmdGpu(index=0, vram_bytes=309237645312, name='AMD Instinct MI355X')]
+    [AmdGpu(index=0, vram_bytes=309237645312, name='AMD Instinct MI355X', device_id=None)]
+    >>> parse_amd_gpus(["K3_SECTION=sysfs", "card1 0x74a1 206158430208 AMD Instinct MI300X OAM"])[0].device_id
+    '0x74a1'
     """
     parts = sections(lines)
     vram: dict[int, int] = {}
@@ -115,32 +165,66 @@ def parse_amd_gpus(lines: list[str]) -> list[AmdGpu]:
         if match:
             vram[int(match.group(1))] = int(match.group(2))
     names: dict[int, str] = {}
+    ids: dict[int, str] = {}
     for line in parts.get("name", []):
         match = _SERIES_RE.search(line)
         if match:
-            names[int(match.group(1))] = match.group(2)
-    indices = sorted(set(vram) | set(names))
+            value = match.group(2)
+            if _DEVICE_ID_RE.match(value):
+                ids[int(match.group(1))] = value.lower()
+            else:
+                names[int(match.group(1))] = value
+    sysfs = _sysfs_gpus(parts.get("sysfs", []))
+    if sysfs:
+        same_name = set(names.values()) if len(set(names.values())) == 1 else set()
+        same_vram = set(vram.values()) if len(set(vram.values())) == 1 else set()
+        return [AmdGpu(index=g.index,
+                       vram_bytes=g.vram_bytes if g.vram_bytes is not None else next(iter(same_vram), None),
+                       name=g.name or next(iter(same_name), None), device_id=g.device_id) for g in sysfs]
+    indices = sorted(set(vram) | set(names) | set(ids))
     if not indices:
-        raise Unparsable("no 'GPU[N] : VRAM Total Memory (B)' lines")
-    return [AmdGpu(index=i, vram_bytes=vram.get(i), name=names.get(i)) for i in indices]
+        raise Unparsable("no AMD GPU in /sys/class/drm and no 'GPU[N] : VRAM Total Memory (B)' lines")
+    return [AmdGpu(index=i, vram_bytes=vram.get(i), name=names.get(i), device_id=ids.get(i)) for i in indices]
+
+
+#: AMD DRM cards (vendor 0x1002; connectors such as card0-DP-1 skipped): ``card<N> <device> <VRAM bytes> <product>``
+_SYSFS_COMMAND = (
+    "for d in /sys/class/drm/card[0-9]*; do case ${d##*/} in *-*) continue;; esac; "
+    "[ \"$(cat \"$d/device/vendor\" 2>/dev/null)\" = 0x1002 ] || continue; "
+    "echo \"${d##*/} $(cat \"$d/device/device\" 2>/dev/null || echo -) "
+    "$(cat \"$d/device/mem_info_vram_total\" 2>/dev/null || echo -) "
+    "$(cat \"$d/device/product_name\" 2>/dev/null)\"; done"
+)
 
 
 class AmdGpus(K3Fact[list[AmdGpu]]):
-    """AMD GPUs with total VRAM (bytes) and product series, from ``rocm-smi``.
+    """AMD GPUs with PCI device id, total VRAM (bytes) and product name: from the kernel
+    (``/sys/class/drm/card*/device``), which a host with only amdgpu-dkms has, and ``rocm-smi`` where present.
 
-    ``GPU[0] : VRAM Total Memory (B): 309237645312`` + ``GPU[0] : Card Series: AMD Instinct MI355X``
-    → ``AmdGpu(index=0, vram_bytes=309237645312, name='AMD Instinct MI355X')``.
+    ``card1 0x74a1 206158430208 AMD Instinct MI300X OAM`` → ``AmdGpu(index=0, vram_bytes=206158430208,
+    name='AMD Instinct MI300X OAM', device_id='0x74a1')``; without sysfs, ``GPU[0] : VRAM Total Memory (B):
+    309237645312`` + ``GPU[0] : Card Series: AMD Instinct MI355X`` → ``AmdGpu(index=0, vram_bytes=309237645312,
+    name='AMD Instinct MI355X')``.
     """
 
-    tool = required_binary = "rocm-smi"
-    hint = ROCM_HINT
-    shown_command = "rocm-smi --showmeminfo vram; rocm-smi --showproductname"
+    tool = "rocm-smi"
+    hint = "no AMD GPU under /sys/class/drm and no rocm-smi: is the amdgpu driver (amdgpu-dkms) loaded?"
+    shown_command = "/sys/class/drm/card*/device; rocm-smi --showmeminfo vram; rocm-smi --showproductname"
 
     def command(self) -> str:
         return (
-            f"echo {SECTION_MARK}vram; rocm-smi --showmeminfo vram 2>&1; "
-            f"echo {SECTION_MARK}name; rocm-smi --showproductname 2>&1; echo {EXIT_MARK}0"
+            f"echo {SECTION_MARK}sysfs; {_SYSFS_COMMAND}; "
+            "if command -v rocm-smi >/dev/null 2>&1; then "
+            f"echo {SECTION_MARK}vram; timeout 60 rocm-smi --showmeminfo vram 2>&1; "
+            f"echo {SECTION_MARK}name; timeout 60 rocm-smi --showproductname 2>&1; "
+            f"else echo {SECTION_MARK}nosmi; fi; echo {EXIT_MARK}0"
         )
+
+    def parse_result(self, lines: list[str], status: int | None) -> list[AmdGpu] | FactError:
+        parts = sections(lines)
+        if "nosmi" in parts and not _sysfs_gpus(parts.get("sysfs", [])):
+            return FactError(kind="absent", tool=self.tool, command=self.shown_command, hint=self.hint)
+        return super().parse_result(lines, status)
 
     def parse(self, lines: list[str]) -> list[AmdGpu]:
         return parse_amd_gpus(lines)

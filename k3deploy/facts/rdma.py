@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from k3deploy.facts.base import (
     ABSENT_MARK,
     EXIT_MARK,
     SECTION_MARK,
+    FactError,
     Jsonable,
     K3Fact,
     Unparsable,
@@ -26,6 +27,7 @@ class RdmaPort(Jsonable):
     state: str  # PORT_ACTIVE, PORT_DOWN, PORT_INIT, ...
     link_layer: str | None  # InfiniBand | Ethernet
     active_mtu: int | None = None
+    netdev: str | None = None  # the port's network interface (RoCE netdev or IPoIB), from sysfs
 
     @property
     def active(self) -> bool:
@@ -122,8 +124,39 @@ def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
     return devices
 
 
+def parse_port_netdevs(lines: list[str]) -> dict[tuple[str, int], str]:
+    """``<device> <port> <netdev or ->`` lines (from ``/sys/class/infiniband``) → ``{(device, port): netdev}``.
+
+    >>> parse_port_netdevs(["mlx5_0 1 -", "rocep1s0f0 1 enp1s0f0np0"])
+    {('rocep1s0f0', 1): 'enp1s0f0np0'}
+    """
+    out: dict[tuple[str, int], str] = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3 and parts[1].isdigit() and parts[2] != "-":
+            out[(parts[0], int(parts[1]))] = parts[2]
+    return out
+
+
+def with_netdevs(devices: list[RdmaDevice], netdevs: dict[tuple[str, int], str]) -> list[RdmaDevice]:
+    if not netdevs:
+        return devices
+    return [replace(d, ports=[replace(p, netdev=netdevs.get((d.name, p.port), p.netdev)) for p in d.ports])
+            for d in devices]
+
+
+#: each RDMA port's network interface: the netdev of its GID 0 (RoCE), else the device's one netdev (IPoIB)
+_NETDEV_COMMAND = (
+    "for p in /sys/class/infiniband/*/ports/*; do [ -d \"$p\" ] || continue; d=${p%/ports/*}; "
+    "n=$(cat \"$p/gid_attrs/ndevs/0\" 2>/dev/null); "
+    "[ -n \"$n\" ] || { n=$(ls \"$d/device/net\" 2>/dev/null); case $n in *[[:space:]]*) n=;; esac; }; "
+    "echo \"${d##*/} ${p##*/} ${n:--}\"; done"
+)
+
+
 class RdmaDevices(K3Fact[list[RdmaDevice]]):
-    """RDMA devices with their ports' state and link layer, from ``ibv_devinfo``.
+    """RDMA devices with their ports' state, link layer and network interface, from ``ibv_devinfo`` and
+    ``/sys/class/infiniband/<dev>/ports/<port>/gid_attrs/ndevs/0`` (the kernel's netdev of a RoCE port).
 
     ``hca_id: mlx5_0`` / ``port: 1`` / ``state: PORT_ACTIVE (4)`` / ``link_layer: InfiniBand`` →
     ``RdmaDevice(name='mlx5_0', ports=[RdmaPort(port=1, state='PORT_ACTIVE', link_layer='InfiniBand')])``.
@@ -136,9 +169,96 @@ class RdmaDevices(K3Fact[list[RdmaDevice]]):
 
     nothing_found = "No IB devices found"
 
+    def command(self) -> str:
+        return (f"timeout 60 ibv_devinfo 2>&1; k3rc=$?; echo {SECTION_MARK}netdev; {_NETDEV_COMMAND}; "
+                f"echo {EXIT_MARK}$k3rc")
+
+    def process(self, output: list[str]) -> list[RdmaDevice] | FactError:  # type: ignore[override]
+        """``ibv_devinfo``'s own output as before; the netdev section (after it) names each port's interface."""
+        mark = f"{SECTION_MARK}netdev"
+        at = next((i for i, line in enumerate(output) if line.strip() == mark), None)
+        if at is None:
+            return super().process(output)
+        tail = output[at + 1:]
+        netdevs = parse_port_netdevs([line for line in tail if not line.strip().startswith(EXIT_MARK)])
+        value = super().process(output[:at] + [line for line in tail if line.strip().startswith(EXIT_MARK)])
+        return with_netdevs(value, netdevs) if isinstance(value, list) else value
 
     def parse(self, lines: list[str]) -> list[RdmaDevice]:
         return parse_ibv_devinfo(lines)
+
+
+# ------------------------------------------------------------------------------ port choice
+
+
+@dataclass(frozen=True)
+class PortChoice:
+    """The RDMA ports NCCL (``NCCL_IB_HCA``) and UCX (``UCX_NET_DEVICES``) should use on a host, and why the other
+    active ports are left out."""
+
+    ports: list[tuple[str, int]]
+    excluded: list[tuple[str, int, str]] = field(default_factory=list)   # (device, port, why)
+    missing: list[str] = field(default_factory=list)   # k3_ib_hca items that are no active port here
+    from_setting: bool = False   # chosen by k3_ib_hca
+    front_end: bool = False      # the only port left carries the default route (shared with the front end)
+
+    @property
+    def nccl_ib_hca(self) -> str | None:
+        """Exact-match list: ``=mlx5_0:1,mlx5_1:1`` (without ``=`` NCCL matches prefixes: mlx5_1 would pick
+        mlx5_10 too)."""
+        return "=" + ",".join(f"{d}:{p}" for d, p in self.ports) if self.ports else None
+
+    @property
+    def ucx_net_devices(self) -> str | None:
+        """UCX's form of the same ports: ``mlx5_0:1,mlx5_1:1``."""
+        return ",".join(f"{d}:{p}" for d, p in self.ports) if self.ports else None
+
+
+def _setting_items(setting: str) -> list[str]:
+    return [i.strip() for i in setting.strip().removeprefix("=").split(",") if i.strip()]
+
+
+def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None,
+                 setting: str | None = None) -> PortChoice:
+    """The ports for NCCL and UCX: ``setting`` (``k3_ib_hca``: ``mlx5_0:1,mlx5_3`` = those ports, a device alone =
+    its active ports) when given; else every active port, InfiniBand only when there is an InfiniBand fabric (an
+    Ethernet port beside it is a BlueField or front-end NIC), and never the port that carries the default route
+    (the front-end/storage network: reachable-looking ports that cannot reach the peers hang NCCL's init) unless
+    it is the only one.
+
+    >>> ib = RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", netdev="ens1f0np0")])
+    >>> fe = RdmaDevice("mlx5_4", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", netdev="eno1")])
+    >>> choose_ports([ib, fe], "eno1").nccl_ib_hca
+    '=mlx5_0:1'
+    >>> choose_ports([ib, fe], "eno1", setting="mlx5_4:1").ucx_net_devices
+    'mlx5_4:1'
+    """
+    active = [(d.name, p) for d in devices for p in d.ports if p.active]
+    if setting:
+        chosen: list[tuple[str, int]] = []
+        missing: list[str] = []
+        for item in _setting_items(setting):
+            name, _, port = item.partition(":")
+            found = [(n, p.port) for n, p in active if n == name and (not port or str(p.port) == port)]
+            if found:
+                chosen += [c for c in found if c not in chosen]
+            else:
+                missing.append(item)
+        return PortChoice(ports=chosen, missing=missing, from_setting=True)
+    excluded: list[tuple[str, int, str]] = []
+    if any(p.link_layer == "InfiniBand" for _, p in active):
+        excluded += [(n, p.port, "Ethernet beside the InfiniBand fabric") for n, p in active
+                     if p.link_layer != "InfiniBand"]
+        active = [(n, p) for n, p in active if p.link_layer == "InfiniBand"]
+    front_end = False
+    if default_interface:
+        routed = [(n, p) for n, p in active if p.netdev == default_interface]
+        if routed and len(routed) < len(active):
+            excluded += [(n, p.port, f"{default_interface} carries the default route") for n, p in routed]
+            active = [(n, p) for n, p in active if p.netdev != default_interface]
+        elif routed:
+            front_end = True
+    return PortChoice(ports=[(n, p.port) for n, p in active], excluded=excluded, front_end=front_end)
 
 
 # ------------------------------------------------------------------------------------ lsmod

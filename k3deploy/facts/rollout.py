@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import list_revisions, smoke_test, weights_present
+from k3deploy.cluster.commands import VERIFIED, list_revisions, model_dir, smoke_test
 from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.revisions import GroupHistory, parse_listing
 
@@ -70,14 +70,86 @@ class ImageDigest(FactBase[str | None]):
         return line or None
 
 
-class WeightsPresent(FactBase[bool]):
-    """True when the Hugging Face cache under ``cache`` holds a snapshot of ``model``."""
+@dataclass(frozen=True)
+class WeightsStatus:
+    """What a node's Hugging Face cache holds of a model.
+
+    ``complete``: a snapshot whose index names no missing shard; ``verified``: its files passed
+    :func:`~k3deploy.cluster.commands.verify_weights` and none changed since (``changed`` lists those that did).
+    """
+
+    revision: str | None = None
+    files: int = 0
+    missing: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    partial: int = 0            # interrupted downloads (``*.incomplete`` blobs)
+    stamped: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.revision is not None and self.files > 0 and not self.missing
+
+    @property
+    def verified(self) -> bool:
+        return self.complete and self.stamped and not self.changed
+
+    def describe(self) -> str:
+        if self.revision is None:
+            return "no snapshot" + (f" ({self.partial} partial download{'s' if self.partial != 1 else ''})"
+                                    if self.partial else "")
+        if self.missing:
+            return f"{len(self.missing)} shard{'s' if len(self.missing) != 1 else ''} missing ({self.missing[0]}, ...)"
+        if not self.stamped:
+            return "complete, not verified"
+        if self.changed:
+            return f"{len(self.changed)} file{'s' if len(self.changed) != 1 else ''} changed since verified"
+        return f"verified ({self.files} files)"
+
+
+class WeightsState(FactBase[WeightsStatus]):
+    """The model's snapshot in the cache under ``cache``: revision, files, shards of the index that are missing,
+    files changed since the last verification, interrupted downloads.
+
+    >>> WeightsState().process(["K3_REV=abc", "K3_FILES=5", "K3_MISSING=model-00002-of-00002.safetensors",
+    ...                          "K3_STAMP=1", "K3_PARTIAL=1"]).describe()
+    '1 shard missing (model-00002-of-00002.safetensors, ...)'
+    >>> WeightsState().process(["K3_REV=abc", "K3_FILES=5", "K3_STAMP=1"]).verified
+    True
+    """
+
+    @staticmethod
+    def default() -> WeightsStatus:
+        return WeightsStatus()
 
     def command(self, cache: str, model: str) -> str:
-        return f"if {weights_present(cache, model)}; then echo yes; else echo no; fi"
+        d = shlex.quote(model_dir(cache, model))
+        return (f'd={d}; echo "K3_PARTIAL=$(ls "$d"/blobs/*.incomplete 2>/dev/null | wc -l)"; '
+                f'rev=$(cat "$d/refs/main" 2>/dev/null) && cd "$d/snapshots/$rev" 2>/dev/null && {{ '
+                'echo "K3_REV=$rev"; echo "K3_FILES=$(find . ! -type d | wc -l)"; '
+                "[ -f model.safetensors.index.json ] && for f in $(grep -o '\"[^\"]*[.]safetensors\"' "
+                "model.safetensors.index.json | tr -d '\"' | sort -u); do [ -e \"$f\" ] || echo \"K3_MISSING=$f\"; "
+                f'done; [ -f "$d/{VERIFIED}" ] && echo K3_STAMP=1 && find -L . -type f -newer "$d/{VERIFIED}" | '
+                "sed 's/^/K3_CHANGED=/'; }; true")
 
-    def process(self, output: list[str]) -> bool:
-        return bool(output) and output[-1].strip() == "yes"
+    def process(self, output: list[str]) -> WeightsStatus:
+        rev, files, partial, stamped = None, 0, 0, False
+        missing: list[str] = []
+        changed: list[str] = []
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == "K3_REV" and value:
+                rev = value
+            elif key == "K3_FILES":
+                files = int(value or 0)
+            elif key == "K3_PARTIAL":
+                partial = int(value or 0)
+            elif key == "K3_MISSING":
+                missing.append(value)
+            elif key == "K3_CHANGED":
+                changed.append(value.removeprefix("./"))
+            elif key == "K3_STAMP":
+                stamped = True
+        return WeightsStatus(rev, files, tuple(missing), tuple(changed), partial, stamped)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from k3deploy.facts.nvidia import (
     NvidiaGpu,
     ToolkitVersion,
 )
-from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, choose_ports
 
 NVIDIA_DRIVER_FLOOR = "580.65.06"
 CTK_IMEX_CHANNELS_MIN = "1.17.0"
@@ -94,6 +94,7 @@ class HostFacts:
     disk_cache: DiskSpace | FactError | None = None
     shm: DiskSpace | FactError | None = None
     interface: AddressInterface | FactError | None = None
+    ib_hca: str | None = None  # k3_ib_hca: the RDMA ports the site names for NCCL and UCX (not read from the host)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -113,10 +114,34 @@ def _names_match(name: str, allowed: tuple[str, ...] | list[str]) -> bool:
     return any(norm == " ".join(a.split()).casefold() for a in allowed)
 
 
+def _words(text: str) -> list[str]:
+    return text.casefold().split()
+
+
+def _amd_name_match(name: str, allowed: tuple[str, ...] | list[str]) -> bool:
+    """An AMD product name matches when an allowed name appears in it as whole words, in any case: rocm-smi prints
+    the form factor and more after the model ("AMD Instinct MI300X OAM", "AMD INSTINCT MI250 (MCM) OAM AC MBA").
+
+    >>> _amd_name_match("AMD Instinct MI300X OAM", ["AMD Instinct MI300X"]), _amd_name_match("MI300A", ["MI300X"])
+    (True, False)
+    """
+    have = _words(name)
+    for a in allowed:
+        want = _words(a)
+        if want and any(have[i:i + len(want)] == want for i in range(len(have) - len(want) + 1)):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class _Device:
     name: str
     memory_gib: float | None
+    device_id: str | None = None  # PCI device id (AMD)
+
+    @property
+    def shown(self) -> str:
+        return f"{self.name} ({self.device_id})" if self.device_id else self.name
 
 
 def _devices(facts: HostFacts, brand: str) -> list[_Device] | FactError | None:
@@ -129,7 +154,8 @@ def _devices(facts: HostFacts, brand: str) -> list[_Device] | FactError | None:
         if facts.amd_gpus is None or isinstance(facts.amd_gpus, FactError):
             return facts.amd_gpus
         return [
-            _Device(g.name or "unknown AMD GPU", g.vram_bytes / GIB if g.vram_bytes is not None else None)
+            _Device(g.name or "AMD GPU", g.vram_bytes / GIB if g.vram_bytes is not None else None,
+                    getattr(g, "device_id", None))
             for g in facts.amd_gpus
         ]
     if brand == "Huawei":
@@ -187,18 +213,26 @@ def _check_accelerators(out: _Out, sel: Requirements, f: HostFacts) -> list[_Dev
     if brand == "NVIDIA":
         _check_nvidia_driver(out, sel, f)
 
-    names = [d.name for d in devices]
+    names = [d.shown for d in devices]
     allowed = tuple(getattr(hw, "gpu_names", ()) or ())
-    wrong = sorted({n for n in names if not _names_match(n, allowed)})
+    ids = tuple(i.lower() for i in getattr(hw, "pci_device_ids", ()) or ())
+    if brand == "AMD":
+        # by PCI device id where the kernel says it, else by the product name as words
+        wrong = sorted({d.shown for d in devices
+                        if not (d.device_id is not None and d.device_id.lower() in ids)
+                        and not _amd_name_match(d.name, allowed)})
+    else:
+        wrong = sorted({d.shown for d in devices if not _names_match(d.name, allowed)})
+    required = " or ".join(allowed) + (f" (PCI device {' or '.join(ids)})" if ids else "")
     if allowed:
         if wrong:
             out.add(
-                f.host, "gpu.model", "fail", _describe_mix(names), " or ".join(allowed) + f" ({hw.id})",
+                f.host, "gpu.model", "fail", _describe_mix(names), required + f" ({hw.id})",
                 f"this node is not a {_unit_name(hw)}: set k3_hardware (now from {sel.hardware_from}) to what "
                 "these nodes are, or move this node to an inventory of its own",
             )
         else:
-            out.add(f.host, "gpu.model", "pass", _describe_mix(names), " or ".join(allowed))
+            out.add(f.host, "gpu.model", "pass", _describe_mix(names), required)
     else:
         out.add(f.host, "gpu.model", "warn", _describe_mix(names), f"no product names known for {hw.id}",
                 "add gpu_names for this hardware to the taxonomy")
@@ -273,6 +307,14 @@ def _check_fabric_manager(out: _Out, sel: Requirements, f: HostFacts) -> None:
     out.add(f.host, "nvidia.fabricmanager", "pass", f"active, version {fm.version}", required)
 
 
+def no_nvlink_fabric(f: HostFacts) -> bool:
+    """Every GPU of the host reports its NVLink fabric as N/A: no GPU of it reaches another tray over NVLink (an HGX
+    or PCIe GPU, or a GB200 NVL4 board, whose NVLink stays on the board), as opposed to a fabric that is still
+    forming (``In Progress``) or has no cluster yet."""
+    return isinstance(f.fabric, list) and bool(f.fabric) and all(
+        g.state is None and g.status is None and g.cluster_uuid is None for g in f.fabric)
+
+
 def _fabric_identity(f: HostFacts) -> tuple[str, str] | None:
     if not isinstance(f.fabric, list) or not f.fabric:
         return None
@@ -297,6 +339,18 @@ def _check_fabric_host(out: _Out, sel: Requirements, f: HostFacts) -> bool:
     if not fab:
         out.add(f.host, "nvlink.fabric", "fail", "nvidia-smi -q shows no Fabric block", required,
                 f"the driver is too old to report the NVLink fabric: install r580 >= {NVIDIA_DRIVER_FLOOR}")
+        return False
+    if no_nvlink_fabric(f):
+        names = sorted({g.name for g in f.gpus}) if isinstance(f.gpus, list) else []
+        out.add(
+            f.host, "nvlink.fabric", "fail",
+            f"no multi-node NVLink: Fabric State N/A on every GPU{' (' + ', '.join(names) + ')' if names else ''}",
+            required + f" ({_unit_name(sel.hardware)}: its GPUs reach the other trays of the rack over NVLink)",
+            f"{sel.hardware.id} is the compute tray of an NVL72 rack; a board whose NVLink stays on the board (the "
+            f"GB200 NVL4: 4 GPUs, scale-out over InfiniBand/Ethernet only) cannot run this plan's multi-node NVLink "
+            "(tensor parallelism across trays, MegaMoE): use NVL72 compute trays, or check that the NVLink switch "
+            "trays and the tray's NVLink cables are up (nvidia-smi -q shows a Fabric State other than N/A)",
+        )
         return False
     bad = [g for g in fab if not g.completed or not g.has_cluster]
     if bad:
@@ -404,11 +458,23 @@ def _check_rdma(out: _Out, sel: Requirements, f: HostFacts) -> bool:
         out.add(f.host, "rdma.devices", "fail", ports or "devices without ports", required,
                 "bring the ports up (cable, subnet manager for InfiniBand, switch config for RoCE)")
         return False
-    shown = ", ".join(f"{name}:{port} {layer or '?'}" for name, port, layer in active)
-    roce_only = all(layer == "Ethernet" for _, _, layer in active)
-    if roce_only:
-        out.add(f.host, "rdma.devices", "warn", shown, required,
-                "RoCE: set NCCL_IB_GID_INDEX to the RoCE v2 GID (show_gids), or NCCL times out with error 12")
+    itf = f.interface if isinstance(f.interface, AddressInterface) else None
+    choice = choose_ports(f.rdma, itf.default_interface if itf else None, f.ib_hca)
+    layers = {(d.name, p.port): p.link_layer for d in f.rdma for p in d.ports}
+    shown = ", ".join(f"{d}:{p} {layers.get((d, p)) or '?'}" for d, p in choice.ports)
+    if choice.excluded:
+        shown += "; not " + ", ".join(f"{d}:{p} ({why})" for d, p, why in choice.excluded)
+    if choice.missing:
+        have = ", ".join(f"{name}:{port}" for name, port, _ in active)
+        out.add(f.host, "rdma.devices", "fail",
+                f"k3_ib_hca names {', '.join(choice.missing)}: no active port of that name (active: {have})",
+                required + ", as k3_ib_hca names them",
+                "fix k3_ib_hca (`ibv_devinfo` lists each device and port), or bring those ports up")
+        return bool(choice.ports)
+    if choice.front_end:
+        out.add(f.host, "rdma.devices", "warn", shown + " (carries the default route)", required,
+                "the only active RDMA port is the front-end NIC: NCCL and the KV transfer share it with every other "
+                "traffic; bring up the back-end ports, or name the intended ones in k3_ib_hca")
     else:
         out.add(f.host, "rdma.devices", "pass", shown, required)
     return True
@@ -576,7 +642,12 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
         _check_space(out, f, "disk.images", f.disk_images, IMAGE_DISK_MIN_GIB, "for container images",
                      "free space or point Docker's data-root at a larger disk")
         cache_need = sel.vram_minimum_gb * CACHE_DISK_FACTOR if sel.vram_minimum_gb else None
-        _check_space(out, f, "disk.cache", f.disk_cache, cache_need, "for the model weights",
+        held = f.extra.get("weights")   # the rollout's reading of the cache, when it asked (WeightsStatus)
+        weights_what = "for the model weights"
+        if cache_need is not None and getattr(held, "complete", False):
+            cache_need = 0.0   # a re-run, a rollback or pre-staged weights: only what is missing needs room
+            weights_what = "more: the weights are in the cache already"
+        _check_space(out, f, "disk.cache", f.disk_cache, cache_need, weights_what,
                      "free space in the cache directory or set k3_model_cache to a larger disk")
         _check_space(out, f, "disk.shm", f.shm, SHM_MIN_GIB, "of /dev/shm",
                      "enlarge /dev/shm (mount -o remount,size=64G /dev/shm) and remove stale nccl-* segments",

@@ -73,6 +73,7 @@ class PreflightReport:
             unreachable = data.pop("unreachable")
             address = data.pop("address")
             data.pop("extra")
+            data.pop("ib_hca")  # a setting, not a fact: it shows in the settings' reasons
             s = self.settings.get(name)
             hosts[name] = {
                 "address": address,

@@ -4,12 +4,19 @@
 that host and a short reason for each:
 
 * ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME``: the interface carrying the node's inventory
-  address (falls back to the default-route interface when no address is known); never ``lo``.
-* ``NCCL_MNNVL_ENABLE`` / ``NCCL_CUMEM_ENABLE`` / ``NCCL_NVLS_ENABLE`` = 1 on GB200/GB300 NVL trays.
+  address (falls back to the default-route interface when no address is known); never ``lo``. NCCL's is the
+  exact-match form ``=eth1`` (a bare name is a prefix to NCCL: ``eth1`` also selects ``eth10``); Gloo takes
+  interface names as they are.
+* ``NCCL_MNNVL_ENABLE`` / ``NCCL_CUMEM_ENABLE`` / ``NCCL_NVLS_ENABLE`` = 1 on GB200/GB300 NVL72 compute trays
+  (not where the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4 board does).
 * ``NCCL_DMABUF_ENABLE=0`` when DMA-BUF GPUDirect RDMA is not usable; then ``nvidia_peermem`` must be
   loaded (``peermem_required`` is set so the rollout can load it or refuse).
-* ``UCX_TLS=rc,cuda_copy`` where RDMA carries the P/D KV transfer (NIXL over UCX).
-* ``NCCL_IB_HCA`` from the RDMA devices with an active port (exact match: ``=mlx5_0:1,mlx5_1:1``).
+* ``NCCL_IB_HCA`` from the chosen RDMA ports (exact match: ``=mlx5_0:1,mlx5_1:1``): ``k3_ib_hca`` when set, else
+  the active ports, InfiniBand only beside an InfiniBand fabric, never the port of the default route
+  (:func:`k3deploy.facts.rdma.choose_ports`). RoCE needs no ``NCCL_IB_GID_INDEX``: NCCL picks the RoCE v2 GID.
+* P/D (NIXL over UCX, which reads no ``NCCL_*``): ``UCX_NET_DEVICES`` = the same ports (``mlx5_0:1,mlx5_1:1``) and
+  ``UCX_TLS`` = RC verbs plus the vendor's GPU-memory copy transport: ``rc,cuda_copy`` on NVIDIA (the recipe's
+  value), ``rc,rocm_copy`` on AMD (``cuda_copy`` does not exist there).
 * Ascend: ``HCCL_IF_IP``, ``HCCL_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``.
 """
 
@@ -19,8 +26,12 @@ from dataclasses import dataclass, field
 
 from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.host import AddressInterface
-from k3deploy.facts.rdma import DmabufSupport, RdmaDevice
-from k3deploy.preflight.checks import HostFacts
+from k3deploy.facts.rdma import DmabufSupport, choose_ports
+from k3deploy.preflight.checks import HostFacts, no_nvlink_fabric
+
+#: UCX transports for the P/D KV transfer per vendor: RC verbs (RDMA, with UD for its bootstrap) plus the copy
+#: transport for the vendor's GPU memory (UCX's ``cuda_copy`` / ``rocm_copy``)
+UCX_TLS = {"NVIDIA": "rc,cuda_copy", "AMD": "rc,rocm_copy"}
 
 
 @dataclass
@@ -49,25 +60,6 @@ def socket_interface(itf: AddressInterface) -> tuple[str | None, str]:
     return None, ""
 
 
-def ib_hca(devices: list[RdmaDevice]) -> str | None:
-    """``NCCL_IB_HCA`` value: active ports, exact names.
-
-    >>> from k3deploy.facts.rdma import RdmaPort
-    >>> ib_hca([RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")]),
-    ...         RdmaDevice("mlx5_1", ports=[RdmaPort(1, "PORT_DOWN", "InfiniBand")])])
-    '=mlx5_0:1'
-    >>> ib_hca([RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand")]),
-    ...         RdmaDevice("mlx5_4", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet")])])
-    '=mlx5_0:1'
-    """
-    ports = [(d.name, p) for d in devices for p in d.ports if p.active]
-    # an InfiniBand fabric carries NCCL; an Ethernet port next to it (a BlueField NIC) is not part of it
-    if any(p.link_layer == "InfiniBand" for _, p in ports):
-        ports = [(n, p) for n, p in ports if p.link_layer == "InfiniBand"]
-    active = [f"{n}:{p.port}" for n, p in ports]
-    return "=" + ",".join(active) if active else None
-
-
 def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
     out = HostSettings(host=facts.host)
     if facts.unreachable is not None:
@@ -83,23 +75,35 @@ def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
             if itf and itf.address and itf.interface == ifname:
                 out.set("HCCL_IF_IP", itf.address, f"address of {ifname}")
         else:
-            out.set("NCCL_SOCKET_IFNAME", ifname, why)
+            out.set("NCCL_SOCKET_IFNAME", "=" + ifname, why + " (=: this name exactly, not a prefix)")
             out.set("GLOO_SOCKET_IFNAME", ifname, why)
 
-    if brand == "NVIDIA" and getattr(sel.hardware, "nvl", False):
-        reason = f"{sel.hardware.id} NVL tray: multi-node NVLink through IMEX"
+    if brand == "NVIDIA" and getattr(sel.hardware, "nvl", False) and not no_nvlink_fabric(facts):
+        reason = f"{sel.hardware.id} NVL72 compute tray: multi-node NVLink through IMEX"
         for key in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"):
             out.set(key, "1", reason)
 
     devices = facts.rdma if isinstance(facts.rdma, list) else []
-    hca = ib_hca(devices)
-    if sel.needs_rdma and hca and brand != "Huawei":
-        out.set("NCCL_IB_HCA", hca, "RDMA devices with an active port")
+    if sel.needs_rdma and devices and brand != "Huawei":
+        choice = choose_ports(devices, itf.default_interface if itf else None, facts.ib_hca)
+        if not choice.ports:
+            return out
+        if choice.from_setting:
+            why = "k3_ib_hca"
+        else:
+            why = "RDMA ports with an active link"
+            if choice.excluded:
+                why += "; not " + ", ".join(f"{d}:{p} ({reason})" for d, p, reason in choice.excluded)
+        out.set("NCCL_IB_HCA", str(choice.nccl_ib_hca), why)
         if brand == "NVIDIA":
             dmabuf = facts.dmabuf
             if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met is False:
                 out.set("NCCL_DMABUF_ENABLE", "0", "DMA-BUF not usable: " + "; ".join(dmabuf.reasons))
                 out.peermem_required = True
         if sel.pd:
-            out.set("UCX_TLS", "rc,cuda_copy", "RDMA carries the P/D KV transfer (NIXL over UCX)")
+            tls = UCX_TLS.get(brand)
+            if tls:
+                out.set("UCX_TLS", tls, "RDMA carries the P/D KV transfer (NIXL over UCX)")
+            out.set("UCX_NET_DEVICES", str(choice.ucx_net_devices),
+                    f"the ports of NCCL_IB_HCA ({why}) for NIXL's UCX, which reads no NCCL_* variable")
     return out

@@ -40,10 +40,13 @@ class HardwareProfile(BaseModel):
     vram_gb: float
     label: str | None = None
     gpu_names: tuple[str, ...] = ()
+    pci_device_ids: tuple[str, ...] = ()   # AMD: PCI device ids of the product (/sys/class/drm/card*/device/device)
     compute_capability: str | None = None
     gfx: str | None = None
     nvl: bool = False
     nvl_domain: int | None = None      # trays per NVLink domain (GB200/GB300 NVL72: 18); None = no multi-node NVLink
+    # nvl: the compute tray of an NVL72 rack, whose GPUs reach the other trays over NVLink (multi-node NVLink through
+    # IMEX). The GB200 NVL4 board (2 Grace + 4 Blackwell) is not one: its NVLink stays on the board.
     restricted: bool = False
     scalable: bool = True
 

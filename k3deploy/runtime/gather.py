@@ -35,8 +35,10 @@ from k3deploy.cluster.inventory import records_of  # noqa: E402
 from k3deploy.cluster.pipeline import Target, desired_rollout, target  # noqa: E402
 from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs  # noqa: E402
 from k3deploy.cluster.rollout import Rollout  # noqa: E402
+from k3deploy.cluster.staging import StagePlan, stage_for  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts.rollout import ImageDigest, Revisions, UnitOnHost, WeightsPresent  # noqa: E402
+from k3deploy.facts.rollout import ImageDigest, Revisions, UnitOnHost, WeightsState, WeightsStatus  # noqa: E402
+from k3deploy.facts.status import EndpointModels, UnitLogs, UnitRun, UnitRuntime  # noqa: E402
 from k3deploy.preflight.checks import HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
 
@@ -128,22 +130,33 @@ def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool
             reason = connect(h)
             if reason is not None:
                 return HostFacts(host=h.name, address=runner.host_address(h), unreachable=reason)
-        return runner.host_facts(state, h, req, v.k3_model_cache, v.k3_image_dir, extra(h.name) if extra else None)
+        mine = t.resolved[h.name].vars if h.name in t.resolved else v
+        return runner.host_facts(state, h, req, v.k3_model_cache, v.k3_image_dir, extra(h.name) if extra else None,
+                                 ib_hca=mine.k3_ib_hca)
 
     return each_host(state, hosts, one)
 
 
-def rollout_facts(r: Rollout, host: str) -> list[Any]:
+def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0) -> list[Any]:
     """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
-    and files), the image's digest, the weights, and the revisions of the groups whose rank 0 runs here."""
+    and files), the image's digest, the weights, and the revisions of the groups whose rank 0 runs here; with
+    ``runtime`` also each unit as it runs and, on the host of the public endpoint, what the endpoint lists."""
     v = r.vars
     out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path,
                                                      "env_path": u.env_path}) for u in r.on_host(host)]
     if any(u.group != "router" for u in r.on_host(host)):
         out += [("image", ImageDigest, {"image": r.plan.image, "docker": v.k3_docker}),
-                ("weights", WeightsPresent, {"cache": v.k3_model_cache, "model": r.plan.model})]
+                ("weights", WeightsState, {"cache": v.k3_model_cache, "model": r.plan.model})]
     out += [(f"revisions:{g}", Revisions, {"directory": revisions_dir(v.k3_config_dir, g)})
             for g in r.groups if r.group(g)[0].host == host]
+    if runtime:
+        out += [(f"run:{u.unit}", UnitRuntime, {"unit": u.unit, "container": u.container, "docker": v.k3_docker,
+                                              "url": u.serves}) for u in r.on_host(host)]
+        if r.units and host == r.hosts[0]:
+            out.append(("endpoint", EndpointModels, {"endpoint": r.endpoint}))
+    if logs:
+        out += [(f"logs:{u.unit}", UnitLogs, {"unit": u.unit, "container": u.container, "docker": v.k3_docker,
+                                             "lines": logs}) for u in r.on_host(host)]
     return out
 
 
@@ -180,7 +193,12 @@ class Cluster:
     history: dict[str, GroupHistory] = field(default_factory=dict)   # group -> its recorded revisions
     rollback_to: dict[str, int] = field(default_factory=dict)        # group -> the revision the rollout restores
     images: dict[str, str | None] = field(default_factory=dict)      # host -> the planned image's digest there
-    weights: dict[str, bool] = field(default_factory=dict)           # host -> the weights are in its cache
+    weights: dict[str, WeightsStatus] = field(default_factory=dict)  # host -> what its cache holds of the model
+    stage: StagePlan | None = None     # how the image and the weights reach the nodes that lack them
+    runs: dict[tuple[str, str], UnitRun] = field(default_factory=dict)   # (host, unit) -> as it runs (runtime=True)
+    endpoint_models: tuple[str, ...] | None = None   # what the public endpoint lists (runtime=True)
+    logs: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)   # (host, unit) -> journal, container
+    facts: list[HostFacts] = field(default_factory=list)   # what each host's facts said
 
     @property
     def ok(self) -> bool:
@@ -207,12 +225,12 @@ def _rollout(t: Target, report: PreflightReport | None) -> Rollout | None:
 
 
 def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_first: bool,
-              require_plan: bool) -> Cluster:
+              require_plan: bool, runtime: bool = False, logs: int = 0) -> Cluster:
     if require_plan:
         t.require_plan()
     hosts = list(state.inventory)
     planned = desired_rollout(t) if t.plan is not None and installed else None  # units and paths: no host needed
-    extra = (lambda name: rollout_facts(planned, name)) if planned is not None else None
+    extra = (lambda name: rollout_facts(planned, name, runtime, logs)) if planned is not None else None
     read = read_facts(state, hosts, t, connect_first=connect_first, extra=extra) if facts else []
     report = check(t.requirements, read) if facts else None
     rollout = _rollout(t, report)
@@ -220,7 +238,10 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     history: dict[str, GroupHistory] = {}
     rollback_to: dict[str, int] = {}
     images: dict[str, str | None] = {}
-    weights: dict[str, bool] = {}
+    weights: dict[str, WeightsStatus] = {}
+    runs: dict[tuple[str, str], UnitRun] = {}
+    unit_logs: dict[tuple[str, str], dict[str, str]] = {}
+    endpoint_models: tuple[str, ...] | None = None
     if planned is not None and rollout is not None:
         for f in read:
             if f.unreachable is not None:
@@ -235,13 +256,23 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                 elif kind == "image":
                     images[f.host] = value
                 elif kind == "weights":
-                    weights[f.host] = bool(value)
+                    weights[f.host] = value
+                elif kind == "run":
+                    runs[(f.host, key)] = value
+                elif kind == "endpoint":
+                    endpoint_models = value
+                elif kind == "logs":
+                    unit_logs[(f.host, key)] = value
         if t.vars.k3_rollback is not False:
             rollback_to = restore_revisions(state, rollout, history, t.vars.k3_rollback, have)
+    stage = None
+    if planned is not None and rollout is not None:
+        stage = stage_for(rollout, images, {h: w.verified for h, w in weights.items()})
     addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
     return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,
                    ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts}, history=history,
-                   rollback_to=rollback_to, images=images, weights=weights)
+                   rollback_to=rollback_to, images=images, weights=weights, stage=stage, runs=runs,
+                   endpoint_models=endpoint_models, logs=unit_logs, facts=read)
 
 
 def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
@@ -277,7 +308,7 @@ def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHisto
 
 
 def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool = True, installed: bool = True,
-           require_plan: bool = True) -> Cluster:
+           require_plan: bool = True, runtime: bool = False, logs: int = 0) -> Cluster:
     """Load an inventory, connect to every host (read-only) and build its :class:`Cluster`.
 
     ``facts=False`` reads no host at all (the plan and rollout from the inventory alone). Raises
@@ -291,7 +322,8 @@ def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool
         return _assemble(state, t, facts=False, installed=False, connect_first=False, require_plan=require_plan)
     runner.quiet_pyinfra()
     try:
-        return _assemble(state, t, facts=True, installed=installed, connect_first=True, require_plan=require_plan)
+        return _assemble(state, t, facts=True, installed=installed, connect_first=True, require_plan=require_plan,
+                         runtime=runtime, logs=logs)
     finally:
         disconnect(list(state.inventory))
 

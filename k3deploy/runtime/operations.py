@@ -17,14 +17,14 @@ import shlex
 from io import BytesIO
 
 from pyinfra import host, logger, state
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, RsyncCommand, StringCommand, operation
 from pyinfra.api.state import StateStage
 from pyinfra.facts.files import FileContents, Sha256File
 
 from k3deploy.cluster import commands
 from k3deploy.cluster.diff import change_lines, env_file_changes, unit_file_changes
 from k3deploy.cluster.secrets import mask_line
-from k3deploy.facts.rollout import ImageDigest, SmokeAnswer, UnitState, WeightsPresent
+from k3deploy.facts.rollout import SmokeAnswer, UnitState
 
 
 def sh(script: str) -> StringCommand:
@@ -39,7 +39,7 @@ def fail(message: str) -> StringCommand:
 
 @operation()
 def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
-                 seen: tuple[str | None, str | None] | None = None):
+                 seen: tuple[str | None, str | None] | None = None, active: bool = True):
     """Write ``content`` to ``dest`` with ``mode`` when it differs (``seen``: ``(sha256, text)`` of the file as
     this run already read it, so it is not read again).
 
@@ -47,6 +47,9 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
     argv one flag per line, an env file (``"env"``) per variable with secret values masked, other text as a diff of
     its lines; a ``"secret"`` shows nothing of its contents.
     """
+    if not active:
+        host.noop("not needed on this host")
+        return
     data = content.encode()
     want = hashlib.sha256(data).hexdigest()
     have = seen[0] if seen is not None else host.get_fact(Sha256File, path=dest)
@@ -92,39 +95,20 @@ def script(text: str, active: bool = True):
     yield sh(text)
 
 
-@operation()
-def image(image: str, docker: str = "docker", seen: tuple[str | None] | None = None):
-    """The container image is present locally (pulled when missing); with a pinned digest, it is verified.
-    ``seen``: ``(digest,)`` as this run already read it."""
-    have = seen[0] if seen is not None else host.get_fact(ImageDigest, image=image, docker=docker)
-    if have:
-        if "@sha256:" in image and not have.endswith(image.split("@", 1)[1]):
-            yield fail(f"image {image} on this node has digest {have}; required {image.split('@', 1)[1]}")
-            return
-        host.noop(f"image {image} present ({have.split('@')[-1][:19]}...)")
-        return
-    yield sh(commands.pull(docker, image))
-
-
-@operation()
-def weights(model: str, cache: str, image: str, docker: str = "docker", token_file: str | None = None,
-            download: bool = True, active: bool = True, seen: bool | None = None):
-    """The model's weights are in the Hugging Face cache under ``cache`` (downloaded once when missing).
-
-    The download runs the image's own Hugging Face tooling; the token, if any, is read by the tool from a 0600
-    file (``HF_TOKEN_PATH``), so it never appears in argv or logs.
-    """
+@operation(is_idempotent=False)
+def from_control(src: str, dest: str, active: bool = True):
+    """Copy ``src`` from the control machine to ``dest`` on this host with ``rsync`` over the host's SSH connection
+    (a partial copy resumes; unchanged files are not sent again). A directory ``src`` ends with ``/``."""
     if not active:
-        host.noop("weights are staged by another node (shared cache)")
+        host.noop("not needed on this host")
         return
-    present = seen if seen is not None else host.get_fact(WeightsPresent, cache=cache, model=model)
-    if present:
-        host.noop(f"weights of {model} present in {cache}")
+    try:
+        host.check_can_rsync()
+    except NotImplementedError as exc:
+        yield fail(f"cannot copy {src} to this host: {exc}")
         return
-    if not download:
-        yield sh(commands.require_weights(cache, model))
-        return
-    yield sh(commands.stage_weights(docker, cache, image, model, token_file))
+    yield sh(f"mkdir -p {shlex.quote(dest.rstrip('/').rsplit('/', 1)[0] or '/')}")
+    yield RsyncCommand(src, dest, ["-a", "--partial", "--exclude=*.incomplete", "--exclude=.k3-*"])
 
 
 @operation(is_idempotent=False)

@@ -29,20 +29,29 @@ from pyinfra.operations import python
 from k3deploy.cluster import commands
 from k3deploy.cluster.revisions import revision_for, revisions_dir
 from k3deploy.cluster.rollout import Rollout, mark_changes
+from k3deploy.cluster.staging import (
+    ARCHIVE,
+    OUTSIDE,
+    addresses,
+    peers_config,
+    peers_config_path,
+    stage_for,
+    summary,
+)
+from k3deploy.cluster.staging import engines as stage_engines
 from k3deploy.cluster.variables import inventory_path_from_argv
 from k3deploy.errors import K3Error
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.recipe.argv import served_model_name
 from k3deploy.runtime.gather import Cluster, connector_drift, gather_in_run
 from k3deploy.runtime.operations import (
-    image,
+    from_control,
     managed_file,
     script,
     smoke,
     start_units,
     stop_units,
     wait_tcp,
-    weights,
 )
 from k3deploy.runtime.readiness import Failure, wait_group
 
@@ -124,6 +133,8 @@ def _build(state: Any) -> Context:
                 f"plan {r.plan.hardware} x {len(r.hosts)}, {r.plan.strategy}, image {r.plan.image}")
     for w in r.plan.warnings:
         logger.warning(f"k3deploy: {w}")
+    for line in summary(cluster.stage) if cluster.stage is not None else []:
+        logger.info(f"--> k3deploy: stage {line}")
     mark_changes(r, cluster.installed)
     for group, number in cluster.rollback_to.items():
         current = cluster.history[group].current if group in cluster.history else None
@@ -145,23 +156,52 @@ def preflight_phase(ctx: Context) -> None:
 def stage_phase(ctx: Context) -> None:
     r = ctx.rollout
     v = r.vars
-    mine = r.on_host(host.name)
-    engines = [u for u in mine if u.group != "router"]
     cluster = ctx.cluster
     assert cluster is not None
-    if engines:
-        known = (cluster.images[host.name],) if host.name in cluster.images else None
-        image(name=f"Image {r.plan.image}", image=r.plan.image, docker=v.k3_docker, seen=known)
-    token = None
-    if v.k3_hf_token_file and engines:
-        token = v.k3_config_dir.rstrip("/") + "/hf-token"
-        managed_file(name="Hugging Face token (0600)", dest=token, content=Path(v.k3_hf_token_file).read_text(),
-                     mode="600", kind="secret")
-    first_host = r.units[0].host
-    weights(name=f"Weights of {r.plan.model}", model=r.plan.model, cache=v.k3_model_cache, image=r.plan.image,
-            docker=v.k3_docker, token_file=token, download=v.k3_download_weights,
-            active=bool(engines) and (not v.k3_weights_shared or host.name == first_host),
-            seen=cluster.weights.get(host.name))
+    me = host.name
+    sp = cluster.stage or stage_for(r, {}, {})
+    img, wts = sp.image, sp.weights
+    docker, cache, model, image_ref = v.k3_docker, v.k3_model_cache, r.plan.model, r.plan.image
+    archive = commands.archive_path(v.k3_stage_dir, image_ref)
+    where = addresses(r)
+    token = v.k3_config_dir.rstrip("/") + "/hf-token" if v.k3_hf_token_file else None
+    managed_file(name="Hugging Face token (0600)", dest=token or "", content=Path(v.k3_hf_token_file).read_text()
+                 if v.k3_hf_token_file else "", mode="600", kind="secret",
+                 active=bool(token) and me in stage_engines(r))
+    # fetched from outside (or from the control machine on an air-gapped site) by the first node(s) only
+    script(name=f"Image {image_ref}: from the registry", text=commands.pull(docker, image_ref) + (
+        " && " + commands.export_image(docker, image_ref, v.k3_stage_dir) if me in img.senders else ""),
+        active=img.fetch.get(me) == OUTSIDE)
+    from_control(name="Image: the archive from the control machine", src=v.k3_image_archive or "", dest=archive,
+                 active=img.fetch.get(me) == ARCHIVE)
+    script(name="Image: load the archive", text=commands.load_image(docker, image_ref, archive),
+           active=img.fetch.get(me) == ARCHIVE)
+    script(name=f"Weights of {model}: from the hub", text=commands.fetch_weights(
+        docker, cache, image_ref, model, token, v.k3_hf_endpoint), active=wts.fetch.get(me) == OUTSIDE)
+    from_control(name="Weights: from the control machine", src=(v.k3_weights_source or "").rstrip("/") + "/",
+                 dest=commands.model_dir(cache, model) + "/", active=wts.fetch.get(me) == ARCHIVE)
+    script(name="Weights: verify", text=commands.verify_weights(cache, model), active=wts.fetch.get(me) == ARCHIVE)
+    script(name="Weights: verify those already here", text=commands.require_weights(cache, model),
+           active=me in wts.require)
+    # then node to node: every holder hands each artifact to one node per round
+    script(name="Image: archive for peers", text=commands.export_image(docker, image_ref, v.k3_stage_dir),
+           active=me in img.export)
+    managed_file(name="Peers: rsync daemon configuration", dest=peers_config_path(r),
+                 content=peers_config(r, me) if me in where else "", mode="644", active=me in sp.senders)
+    script(name="Peers: serve staged files (read only)", text=commands.serve_peers(
+        peers_config_path(r), where.get(me, ""), v.k3_stage_port,
+        [commands.hub_dir(cache), v.k3_stage_dir]), active=me in sp.senders)
+    for i in range(sp.rounds):
+        from_image, from_weights = sp.round_of(i, me)
+        steps = []
+        if from_image:
+            steps.append(commands.receive_image(where[from_image], v.k3_stage_port, docker, image_ref,
+                                                v.k3_stage_dir))
+        if from_weights:
+            steps.append(commands.receive_weights(where[from_weights], v.k3_stage_port, cache, model))
+        script(name=f"Stage round {i + 1} of {sp.rounds}: from a peer", text=" && ".join(steps), active=bool(steps))
+    script(name="Peers: stop serving, remove image archives",
+           text=commands.stop_serving(v.k3_stage_dir, image_ref), active=me in sp.takes_part)
 
 
 @deploy("Configure")

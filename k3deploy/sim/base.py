@@ -41,6 +41,7 @@ PACKAGES = (
     "procps",
     "iproute2",
     "curl",
+    "rsync",
     "ca-certificates",
     "less",
 )

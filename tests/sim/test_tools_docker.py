@@ -190,3 +190,49 @@ def test_pull_fails_on_a_full_disk(tmp_path, net):
         assert docker(n, "images", "-q").stdout == ""
     finally:
         subprocess.run(["umount", str(data)], check=True)
+
+
+def test_save_then_load_on_another_node_gives_the_same_image(tmp_path, net):
+    a = Node(tmp_path / "a", "h200", 0, 2, net)
+    b = Node(tmp_path / "b", "h200", 1, 2, net)
+    assert docker(a, "pull", "-q", IMAGE).returncode == 0
+    archive = tmp_path / "image.tar"
+    saved = docker(a, "save", "-o", str(archive), IMAGE)
+    assert saved.returncode == 0, saved.stderr
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        assert {"oci-layout", "index.json", "manifest.json"} <= set(tar.getnames())
+    loaded = docker(b, "load", "-i", str(archive))
+    assert loaded.returncode == 0 and loaded.stdout == f"Loaded image: {IMAGE}\n", loaded.stderr
+    for fmt in ("{{.Id}}", "{{index .RepoDigests 0}}"):
+        assert docker(b, "image", "inspect", "--format", fmt, IMAGE).stdout == \
+            docker(a, "image", "inspect", "--format", fmt, IMAGE).stdout
+    # a damaged archive is refused, as docker refuses a layer whose checksum does not match
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF   # inside the layer, the bulk of the archive
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(bytes(data))
+    c = Node(tmp_path / "c", "h200", 0, 1, net)
+    res = docker(c, "load", "-i", str(bad))
+    assert res.returncode == 1 and ("checksum mismatch" in res.stderr or "bad archive" in res.stderr)
+    assert docker(c, "image", "inspect", IMAGE).returncode == 1
+
+
+def test_the_engine_refuses_a_snapshot_with_a_shard_missing(tmp_path, net):
+    """An interrupted download leaves a snapshot whose index names a shard that is not there: the engine fails on
+    it, as vLLM does, instead of serving from part of the weights."""
+    n = Node(tmp_path, "h200", 0, 1, net)
+    cache = tmp_path / "cache"
+    hub = cache / "huggingface/hub/models--moonshotai--Kimi-K3"
+    snap = hub / "snapshots/abc"
+    snap.mkdir(parents=True)
+    (hub / "refs").mkdir()
+    (hub / "refs/main").write_text("abc")
+    (snap / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (snap / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    res = docker(n, "run", "--rm", "--gpus", "all", "-v", f"{cache}:/root/.cache", "-e", "K3SIM_LOAD_SECONDS=0.1",
+                 IMAGE, "moonshotai/Kimi-K3", "-tp", "8", "--host", n.ip, "--port", str(free_port(n.ip)))
+    assert res.returncode == 1
+    assert f"No such file or directory: '{snap / 'model-00002-of-00002.safetensors'}'" in res.stderr

@@ -17,8 +17,10 @@ from k3deploy.cluster import commands
 from k3deploy.cluster.diff import exec_start
 from k3deploy.cluster.revisions import revisions_dir
 from k3deploy.cluster.rollout import Rollout, StartPlan
-from k3deploy.cluster.runbook.checks import check_command
+from k3deploy.cluster.runbook.blanks import Blank
+from k3deploy.cluster.runbook.checks import CHECK_COMMANDS, DEVICE_COMMANDS, check_command
 from k3deploy.cluster.runbook.document import Doc
+from k3deploy.cluster.staging import OUTSIDE, addresses, engines, peers_config, peers_config_path, stage_for, summary
 from k3deploy.recipe.argv import served_model_name
 from k3deploy.recipe.taxonomy import hardware
 
@@ -53,6 +55,7 @@ class Context:
     brand: str
     guide: str | None
     version: str
+    blanks: Sequence[Blank] = ()          # offline: the values still to be read from the nodes
 
 
 def served_model(r: Rollout) -> str:
@@ -79,8 +82,37 @@ def title(doc: Doc, r: Rollout, c: Context) -> None:
           "`when=rollback` or `when=troubleshooting` are only for those situations.")
 
 
+def blanks(doc: Doc, r: Rollout, c: Context) -> None:
+    if not c.blanks:
+        return
+    doc.h(2, "Values to read from the nodes first")
+    doc.p("This runbook was written from the inventory alone (`--offline`): the values the rollout reads from each "
+          "node are blanks below, each with the command (run on that node) that prints it. Replace every blank in "
+          "the blocks of this runbook before running them (e.g. `sed -i 's/@IFACE_node1@/eth0/g' runbook.md`), or "
+          "regenerate it once the nodes answer SSH (`k3deploy runbook` without `--offline` fills them in).")
+    doc.table(["blank", "node", "what", "command"], [[f"`{b.token}`", b.host, b.what, f"`{b.command}`"]
+                                                     for b in c.blanks])
+    for h in dict.fromkeys(b.host for b in c.blanks):
+        doc.block(h, "\n".join(f"echo {b.token}=$({b.command})" for b in c.blanks if b.host == h) + "\n", "check")
+
+
 def prerequisites(doc: Doc, r: Rollout, c: Context) -> None:
     doc.h(2, "1. Prerequisites")
+    if c.blanks and not c.preflight:
+        doc.p("Each node must pass the checks `k3deploy preflight` runs; this runbook was written offline, so "
+              "nothing was read yet: run these on each node (or `k3deploy preflight INVENTORY` once the nodes "
+              "answer) and compare with the requirements in the README.")
+        for h in r.hosts:
+            address = next((u.node.address for u in r.on_host(h)), "")
+            owner = {"nvidia": "NVIDIA", "nvlink": "NVIDIA", "rocm": "AMD", "ascend": "Huawei"}
+            wanted = [n for n in [*DEVICE_COMMANDS.get(c.brand, {}), *CHECK_COMMANDS]
+                      if owner.get(n.split(".")[0], c.brand) == c.brand
+                      and (n != "container.toolkit" or c.brand == "NVIDIA")]
+            cmds = list(dict.fromkeys(cmd for cmd in (check_command(n, c.brand, address, r.vars.k3_model_cache)
+                                                      for n in ["network.interface", "disk.cache", *wanted]) if cmd))
+            doc.h(3, f"{h} ({c.addresses.get(h, h)})")
+            doc.block(h, "\n".join(cmds) + "\n", "check")
+        return
     doc.p("Each node must pass these checks (the same checks `k3deploy preflight` runs). The table shows the "
           "expected value and what the node reported when this runbook was generated.")
     by_host: dict[str, list[CheckRow]] = {}
@@ -105,36 +137,89 @@ def prerequisites(doc: Doc, r: Rollout, c: Context) -> None:
                   [[x.check, x.required, x.observed, x.status, x.fix or "-"] for x in cluster])
 
 
-def stage_and_configure(doc: Doc, r: Rollout, c: Context) -> None:
+def stage(doc: Doc, r: Rollout, c: Context) -> None:
+    """The image and the weights: over the uplink once, then node to node (:mod:`k3deploy.cluster.staging`)."""
     v, plan = r.vars, r.plan
     cfg = v.k3_config_dir.rstrip("/")
-    doc.h(2, "2. Stage and configure each node")
-    doc.p("Pull the image, stage the weights once, and write the env file (0600) and the systemd unit. Nothing is "
-          "started yet.")
-    first_host = r.units[0].host
-    token_dest = f"{cfg}/hf-token" if v.k3_hf_token_file else None
+    sp = stage_for(r, {}, {})   # a fresh cluster: no node holds anything yet
+    img, wts = sp.image, sp.weights
+    where = addresses(r)
+    docker, cache, model = v.k3_docker, v.k3_model_cache, plan.model
+    archive = commands.archive_path(v.k3_stage_dir, plan.image)
+    token = f"{cfg}/hf-token" if v.k3_hf_token_file else None
+    doc.h(2, "2. Stage the image and the weights")
+    doc.p("Each crosses the uplink once: " + "; ".join(summary(sp)) + ". Peers copy from each other with rsync "
+          f"(a read-only daemon on port {v.k3_stage_port}, cluster addresses only), which resumes partial files; every "
+          "weight shard is verified against its sha256 before an engine may start.")
+    if token:
+        for h in engines(r):
+            doc.p(f"Copy the Hugging Face token from `{v.k3_hf_token_file}` on the control machine to {token} on "
+                  f"{h} (0600); the value is never typed or shown.")
+            remote = f"install -d -m 0755 {shlex.quote(cfg)} && install -m 0600 /dev/stdin {shlex.quote(token)}"
+            doc.block(CONTROL, f"{shlex.join(c.ssh.get(h, ['ssh', h]))} {shlex.quote(remote)} < "
+                               f"{shlex.quote(v.k3_hf_token_file or '')}\n")
+    for h, how in img.fetch.items():
+        if how == OUTSIDE:
+            doc.p(f"On {h}, pull `{plan.image}` from the registry" + (" and write it as an archive for its peers."
+                                                                      if h in img.senders else "."))
+            doc.block(h, commands.pull(docker, plan.image) + (
+                " && " + commands.export_image(docker, plan.image, v.k3_stage_dir) if h in img.senders else "")
+                + "\n")
+        else:
+            doc.p(f"Copy the image archive `{v.k3_image_archive}` from the control machine to {h}, then load it.")
+            doc.block(CONTROL, f"rsync -a --partial -e {shlex.quote(shlex.join(c.ssh.get(h, ['ssh', h])[:-1]))} "
+                               f"{shlex.quote(v.k3_image_archive or '')} "
+                               f"{shlex.quote(c.ssh.get(h, [h])[-1] + ':' + archive)}\n")
+            doc.block(h, commands.load_image(docker, plan.image, archive) + "\n")
+    for h, how in wts.fetch.items():
+        if how == OUTSIDE:
+            doc.p(f"On {h}, download the weights of {model} (the image's own CLI resumes a partial download), then "
+                  "verify every shard.")
+            doc.block(h, commands.fetch_weights(docker, cache, plan.image, model, token, v.k3_hf_endpoint) + "\n")
+        else:
+            dest = commands.model_dir(cache, model) + "/"
+            doc.p(f"Copy the weights `{v.k3_weights_source}` from the control machine to {h}, then verify them.")
+            doc.block(CONTROL, f"rsync -a --partial --exclude='*.incomplete' --exclude='.k3-*' -e "
+                               f"{shlex.quote(shlex.join(c.ssh.get(h, ['ssh', h])[:-1]))} "
+                               f"{shlex.quote((v.k3_weights_source or '').rstrip('/') + '/')} "
+                               f"{shlex.quote(c.ssh.get(h, [h])[-1] + ':' + dest)}\n")
+            doc.block(h, commands.verify_weights(cache, model) + "\n")
+    for h in wts.require:
+        doc.p(f"On {h}, check the weights already staged (k3_download_weights is false).")
+        doc.block(h, commands.require_weights(cache, model) + "\n")
+    for h in sp.senders:
+        doc.p(f"On {h}, serve the staged files to peers while the stage runs: `{peers_config_path(r)}`, then the "
+              "daemon.")
+        doc.block(h, commands.install_file(peers_config_path(r), peers_config(r, h), "0644") + "\n")
+        doc.block(h, commands.serve_peers(peers_config_path(r), where[h], v.k3_stage_port,
+                                          [commands.hub_dir(cache), v.k3_stage_dir]) + "\n")
+    for i in range(sp.rounds):
+        doc.p(f"Round {i + 1} of {sp.rounds}: each of these nodes copies from the peer named (all at once).")
+        for h in engines(r):
+            from_image, from_weights = sp.round_of(i, h)
+            steps = []
+            if from_image:
+                steps.append(commands.receive_image(where[from_image], v.k3_stage_port, docker, plan.image,
+                                                    v.k3_stage_dir))
+            if from_weights:
+                steps.append(commands.receive_weights(where[from_weights], v.k3_stage_port, cache, model))
+            if steps:
+                doc.p(f"{h}: " + ", ".join(f"{what} from {src}" for what, src in
+                                          (("the image", from_image), ("the weights", from_weights)) if src) + ".")
+                doc.block(h, " && ".join(steps) + "\n")
+    if sp.takes_part:
+        doc.p("Then, on every node that took part: stop serving and remove the image archive (the image stays "
+              "loaded).")
+        for h in sp.takes_part:
+            doc.block(h, commands.stop_serving(v.k3_stage_dir, plan.image) + "\n")
+
+
+def configure(doc: Doc, r: Rollout, c: Context) -> None:
+    doc.h(2, "3. Configure each node")
+    doc.p("Write the env file (0600) and the systemd unit. Nothing is started yet.")
     for h in r.hosts:
         mine = r.on_host(h)
-        engines = [u for u in mine if u.group != "router"]
         doc.h(3, h)
-        if token_dest and v.k3_hf_token_file and engines:
-            doc.p(f"Copy the Hugging Face token from `{v.k3_hf_token_file}` on the control machine to {token_dest} "
-                  "(0600); the value is never typed or shown.")
-            remote = f"install -d -m 0755 {shlex.quote(cfg)} && install -m 0600 /dev/stdin {shlex.quote(token_dest)}"
-            doc.block(CONTROL, f"{shlex.join(c.ssh.get(h, ['ssh', h]))} {shlex.quote(remote)} < "
-                               f"{shlex.quote(v.k3_hf_token_file)}\n")
-        if engines:
-            doc.p(f"Pull the image `{plan.image}`" + (" and verify its digest." if "@sha256:" in plan.image else "."))
-            doc.block(h, commands.pull(v.k3_docker, plan.image) + "\n")
-            if not v.k3_weights_shared or h == first_host:
-                shared = "; the cache is shared, so only this node downloads." if v.k3_weights_shared else "."
-                doc.p(f"Stage the weights of {plan.model} in {v.k3_model_cache} (skipped when a snapshot is already "
-                      f"there){shared}")
-                script = (commands.stage_weights(v.k3_docker, v.k3_model_cache, plan.image, plan.model, token_dest)
-                          if v.k3_download_weights else commands.require_weights(v.k3_model_cache, plan.model))
-                doc.block(h, script + "\n")
-            else:
-                doc.p(f"Weights: the shared cache {v.k3_model_cache} is filled from {first_host}.")
         for u in mine:
             doc.p(f"{u.unit}: the env file `{u.env_path}` and the unit `{u.unit_path}` "
                   f"({u.node.role} rank {u.rank}).")
@@ -193,7 +278,7 @@ def restart_steps(doc: Doc, r: Rollout, sp: StartPlan, when: str | None, *, stop
 
 def start(doc: Doc, r: Rollout, c: Context) -> None:
     sp = r.start_plan(set(r.groups))
-    doc.h(2, "3. Start, in this order")
+    doc.h(2, "4. Start, in this order")
     doc.p("A multi-node head cannot become healthy before its workers joined, so each group starts as: head, "
           "the workers wait for the head's rendezvous port, all workers, then readiness. "
           + ("P/D pools start side by side; the router starts once both pools serve. " if "router" in r.groups
@@ -203,14 +288,14 @@ def start(doc: Doc, r: Rollout, c: Context) -> None:
 
 
 def smoke(doc: Doc, r: Rollout, c: Context) -> None:
-    doc.h(2, "4. Smoke test")
+    doc.h(2, "5. Smoke test")
     doc.p(f"One short chat completion through the public endpoint {r.endpoint}, as `{served_model(r)}`.")
     doc.block(r.units[0].host, commands.smoke_test(r.endpoint, served_model(r)) + "\n")
 
 
 def rollback(doc: Doc, r: Rollout, c: Context) -> None:
     cfg = r.vars.k3_config_dir.rstrip("/")
-    doc.h(2, "5. Rollback")
+    doc.h(2, "6. Rollback")
     doc.p("Every rollout that restarts a group keeps what then runs as the group's next revision in "
           f"`{cfg}/revisions/<group>/<N>/` on each of its hosts (`k3deploy history {c.inventory}` lists them). To go "
           "back to revision N, set `K3_REVISION=N` in the shell of each block below: they restore that revision's "
@@ -251,7 +336,7 @@ def _note(notes: list[str], *words: str) -> str:
 
 def troubleshooting(doc: Doc, r: Rollout, c: Context) -> None:
     v, plan = r.vars, r.plan
-    doc.h(2, "6. Troubleshooting")
+    doc.h(2, "7. Troubleshooting")
     notes = _notes(c.guide)
     heads = [u for u in r.units if u.is_group_head]
     head = heads[0] if heads else r.units[0]
@@ -297,7 +382,7 @@ def troubleshooting(doc: Doc, r: Rollout, c: Context) -> None:
             doc.p(text)
 
 
-SECTIONS = (title, prerequisites, stage_and_configure, start, smoke, rollback, troubleshooting)
+SECTIONS = (title, blanks, prerequisites, stage, configure, start, smoke, rollback, troubleshooting)
 
 
 def build(r: Rollout, c: Context) -> Doc:

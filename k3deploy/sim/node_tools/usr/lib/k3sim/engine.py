@@ -105,6 +105,30 @@ class UsageError(Exception):
     pass
 
 
+def missing_shard(model):
+    """The first shard the index of ``model``'s cached snapshot names that is not there (None when all are, or
+    when the cache holds no snapshot: then nothing is checked). The cache is the container's ``~/.cache`` mount."""
+    cache = None
+    for spec in json.loads(os.environ.get("K3SIM_VOLUMES", "[]")):
+        src, _, rest = spec.partition(":")
+        if rest.split(":")[0].rstrip("/") == "/root/.cache":
+            cache = os.path.join(src, "huggingface")
+    if cache is None:
+        return None
+    base = os.path.join(cache, "hub", "models--" + model.replace("/", "--"))
+    try:
+        with open(os.path.join(base, "refs", "main")) as fh:
+            snap = os.path.join(base, "snapshots", fh.read().strip())
+        with open(os.path.join(snap, "model.safetensors.index.json")) as fh:
+            shards = sorted(set(json.load(fh).get("weight_map", {}).values()))
+    except (OSError, ValueError):
+        return None
+    for name in shards:
+        if not os.path.exists(os.path.join(snap, name)):
+            return os.path.join(snap, name)
+    return None
+
+
 class EngineFailure(Exception):
     """Exit 1 after printing this exception as the last traceback line."""
 
@@ -743,6 +767,9 @@ class Engine:
         if remote:
             self.nccl_init()
         # weight load / compile / graph capture
+        missing = missing_shard(a["model"])
+        if missing:
+            raise EngineFailure("FileNotFoundError", f"[Errno 2] No such file or directory: '{missing}'")
         load = self.load_time()
         log("INFO", "gpu_model_runner.py:3120", f"Starting to load model {a['model']}...")
         ready_timeout = self.s(float(self.env.get("VLLM_ENGINE_READY_TIMEOUT_S") or DEFAULT_READY_TIMEOUT_S))

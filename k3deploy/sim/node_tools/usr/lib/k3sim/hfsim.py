@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Simulated ``hf download MODEL`` of the Hugging Face CLI, as run inside a vLLM image.
 
-It writes the snapshot layout ``huggingface_hub`` uses (``hub/models--ORG--NAME/{refs/main,snapshots/REV/}``)
-into the cache directory bind-mounted on the container's ``/root/.cache`` (or ``/root/.cache/huggingface``),
-with a few small files instead of the real weights. ``HF_TOKEN_PATH`` names the token file; its value is never
-printed. ``HF_HUB_OFFLINE=1`` refuses to download, as the real client does.
+It writes the cache layout ``huggingface_hub`` uses (``hub/models--ORG--NAME/{blobs/ETAG, refs/main,
+snapshots/REV/NAME -> ../../blobs/ETAG}``; the ETag of an LFS file, a shard, is its sha256) into the cache
+directory bind-mounted on the container's ``/root/.cache`` (or ``/root/.cache/huggingface``), with a small
+checkpoint (two shards of ``K3SIM_SHARD_BYTES``) instead of the real weights. A blob is written as
+``ETAG.incomplete`` and renamed once complete; complete blobs are not written again. ``HF_TOKEN_PATH`` names
+the token file; its value is never printed. ``HF_HUB_OFFLINE=1`` refuses to download, as the real client does.
 """
 
 import hashlib
@@ -37,6 +39,32 @@ def cache_root():
     return None
 
 
+#: shards of the simulated checkpoint, and the size of each (small: the simulation moves real bytes)
+SHARDS = 2
+SHARD_BYTES = int(os.environ.get("K3SIM_SHARD_BYTES", str(256 * 1024)))
+
+
+def checkpoint(repo):
+    """The files of the simulated checkpoint of ``repo``, by name: deterministic bytes per repository."""
+    names = [f"model-{i:05d}-of-{SHARDS:05d}.safetensors" for i in range(1, SHARDS + 1)]
+    shards = {}
+    for name in names:
+        seed = hashlib.sha256(f"{repo}/{name}".encode()).digest()
+        shards[name] = (seed * (SHARD_BYTES // len(seed) + 1))[:SHARD_BYTES]
+    index = {"metadata": {"total_size": SHARD_BYTES * SHARDS},
+             "weight_map": {f"model.layers.{i}.weight": name for i, name in enumerate(names)}}
+    return {"config.json": json.dumps({"architectures": ["KimiK3ForCausalLM"], "_name_or_path": repo}).encode(),
+            "tokenizer_config.json": b"{}",
+            "model.safetensors.index.json": json.dumps(index).encode(), **shards}
+
+
+def etag_of(name, data):
+    """The hub's ETag, which names the blob in the cache: sha256 for LFS files (the shards), else the git blob id."""
+    if name.endswith(".safetensors"):
+        return hashlib.sha256(data).hexdigest()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 def main(argv):
     if not argv or argv[0] != "download" or len(argv) < 2:
         print("usage: hf download REPO_ID [--revision REV]", file=sys.stderr)
@@ -57,15 +85,25 @@ def main(argv):
     rev = hashlib.sha1(repo.encode()).hexdigest()
     base = os.path.join(root, "hub", "models--" + repo.replace("/", "--"))
     snap = os.path.join(base, "snapshots", rev)
-    os.makedirs(snap, exist_ok=True)
-    os.makedirs(os.path.join(base, "refs"), exist_ok=True)
-    files = {"config.json": json.dumps({"architectures": ["KimiK3ForCausalLM"], "_name_or_path": repo}),
-             "model.safetensors.index.json": json.dumps({"metadata": {"total_size": 1560000000000}, "weight_map": {}}),
-             "tokenizer_config.json": "{}"}
-    for i, (name, text) in enumerate(files.items(), 1):
-        time.sleep(0.05)
-        with open(os.path.join(snap, name), "w") as f:
-            f.write(text)
+    blobs = os.path.join(base, "blobs")
+    for d in (snap, blobs, os.path.join(base, "refs")):
+        os.makedirs(d, exist_ok=True)
+    files = checkpoint(repo)
+    for i, (name, data) in enumerate(files.items(), 1):
+        etag = etag_of(name, data)
+        blob = os.path.join(blobs, etag)
+        if not (os.path.isfile(blob) and os.path.getsize(blob) == len(data)):
+            time.sleep(0.02)
+            with open(blob + ".incomplete", "wb") as f:
+                f.write(data)
+            if name.endswith(".safetensors") and hashlib.sha256(open(blob + ".incomplete", "rb").read()).hexdigest() \
+                    != etag:
+                print(f"Consistency check failed: file {name} has the wrong sha256", file=sys.stderr)
+                return 1
+            os.replace(blob + ".incomplete", blob)
+        link = os.path.join(snap, name)
+        if not os.path.islink(link):
+            os.symlink(os.path.join("..", "..", "blobs", etag), link)
         print(f"Fetching {len(files)} files: {i}/{len(files)} {name}", flush=True)
     with open(os.path.join(base, "refs", "main"), "w") as f:
         f.write(rev)

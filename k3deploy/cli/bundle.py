@@ -1,0 +1,134 @@
+"""``k3deploy bundle INVENTORY -o FILE.tar.gz``: everything support needs in one file, and no secret."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from k3deploy.cli.common import echo_json, json_option, read_cluster
+from k3deploy.cluster.secrets import MASK, mask_line
+from k3deploy.errors import K3Error
+
+
+def _json(data: Any) -> str:
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        return str(value)
+
+    return json.dumps(data, indent=2, default=plain) + "\n"
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """Every line with a secret's value masked (env lines by name, and any known secret value anywhere)."""
+    out = "\n".join(mask_line(line) for line in text.split("\n"))
+    for secret in secrets:
+        out = out.replace(secret, MASK)
+    return out
+
+
+def secret_values(cluster: Any) -> list[str]:
+    """The values of every secret-named env setting: of the variables, the planned env files and those installed
+    (so they are masked wherever they appear, not only in ``NAME=value`` lines)."""
+    from k3deploy.cluster.secrets import is_secret
+
+    values = [str(v) for k, v in cluster.target.vars.k3_extra_env.items() if is_secret(k)]
+    texts = [u.env_text for u in cluster.require_rollout().units]
+    texts += [i.env_text for i in cluster.installed.values() if i.env_text]
+    for text in texts:
+        for line in text.splitlines():
+            name, sep, value = line.partition("=")
+            if sep and is_secret(name) and value:
+                values.append(value)
+    return sorted(set(values), key=len, reverse=True)
+
+
+def bundle_files(cluster: Any, inventory: str, version: str, secrets: list[str]) -> dict[str, str]:
+    """The bundle's files by path: the tool's version, variables, plan, status, preflight, and per host its facts,
+    and per unit its unit and env files (as installed), journal and container log."""
+    from k3deploy.cli.plan import staging_lines
+    from k3deploy.cli.status import status_of
+    from k3deploy.cluster.diff import build
+
+    r = cluster.require_rollout()
+    t = cluster.target
+    first = t.resolved[t.records[0].name]
+    secrets = list(secrets) + secret_values(cluster)
+    plan = build(r, cluster.installed)
+    plan.staging = staging_lines(cluster)
+    files = {
+        "VERSION": f"k3deploy {version}\ncollected {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+                   f"inventory {inventory}\n",
+        "variables.json": _json({"group_vars": first.files, "variables": first.listing()}),
+        "plan.json": _json(plan.to_dict()),
+        "status.json": _json(status_of(cluster).to_dict()),
+        "preflight.json": _json(cluster.preflight.to_dict() if cluster.preflight else None),
+    }
+    for f in cluster.facts:
+        files[f"hosts/{f.host}/facts.json"] = _json(f)
+    for u in r.units:
+        have = cluster.installed.get((u.host, u.unit))
+        base = f"hosts/{u.host}/{u.unit}"
+        if have is not None and have.unit_text is not None:
+            files[f"{base}.unit"] = have.unit_text
+        if have is not None and have.env_text is not None:
+            files[f"{base}.env"] = have.env_text
+        for kind, text in cluster.logs.get((u.host, u.unit), {}).items():
+            files[f"{base}.{kind}.log"] = text
+    return {path: scrub(text, secrets) for path, text in files.items()}
+
+
+@click.command("bundle")
+@click.argument("inventory")
+@click.option("-o", "--output", required=True, metavar="FILE.tar.gz", help="Where to write the bundle.")
+@click.option("--lines", type=click.IntRange(1, 100000), default=300, show_default=True,
+              help="Lines of each unit journal and container log.")
+@json_option
+def bundle(inventory: str, output: str, lines: int, as_json: bool) -> None:
+    """Write one file to attach to a bug report: per node its facts and preflight results, the unit and env
+    files as installed (secrets masked), the tail of each unit journal and container log, the status, the plan,
+    the variables and the tool's version. No secret goes in: env values of secret names are masked and the
+    Hugging Face token's value is removed wherever it appears. Read-only on the nodes.
+
+    \b
+    Example:
+      k3deploy bundle inventories/gb300.py -o k3-support.tar.gz
+    """
+    from importlib.metadata import version
+
+    target = Path(output)
+    if not target.parent.is_dir():
+        raise K3Error(f"-o {output}: directory {target.parent} does not exist: create it or choose another path")
+    cluster = read_cluster("bundle", inventory, installed=True, runtime=True, logs=lines)
+    secrets = []
+    token_file = cluster.target.vars.k3_hf_token_file
+    if token_file and Path(token_file).is_file():
+        token = Path(token_file).read_text().strip()
+        if token:
+            secrets.append(token)
+    files = bundle_files(cluster, inventory, version("k3deploy"), secrets)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"k3deploy-bundle/{path}")
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tmp = target.with_name(target.name + ".part")
+    try:
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise K3Error(f"-o {output}: cannot write: {exc.strerror}: choose a writable path") from None
+    if as_json:
+        echo_json({"output": output, "files": sorted(files)})
+    else:
+        click.echo(f"wrote {output}: {len(files)} files from {len(cluster.target.records)} host(s)")

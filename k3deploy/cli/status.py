@@ -1,0 +1,87 @@
+"""``k3deploy status INVENTORY``: what runs where and whether it is healthy; per unit, per group and for the
+cluster. Read-only: one command per host."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from k3deploy.cli.common import echo_json, json_option, read_cluster
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 86400}d{s % 86400 // 3600}h" if s >= 86400 else f"{s // 3600}h{s % 3600 // 60:02d}m" \
+        if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def read_status(inventory: str):  # -> ClusterStatus
+    return status_of(read_cluster("status", inventory, installed=True, runtime=True))
+
+
+def status_of(cluster):  # noqa: ANN001, ANN201  (Cluster -> ClusterStatus)
+    from k3deploy.cluster.runbook.sections import served_model
+    from k3deploy.cluster.status import assess
+
+    r = cluster.require_rollout()
+    down = set(cluster.preflight.unreachable()) if cluster.preflight else set()
+    return assess(r, served_model(r), cluster.runs, cluster.installed, cluster.endpoint_models, down, time.time())
+
+
+def show(st, console) -> None:  # noqa: ANN001  (ClusterStatus, rich Console)
+    from rich.table import Table
+
+    colour = {"serving": "green", "running": "green", "degraded": "yellow", "starting": "yellow"}
+    for g in st.groups:
+        table = Table("host", "unit", "role", "state", "restarts", "up", "image", "as planned", "/health",
+                      "/v1/models", "verdict", title=f"group {g.name}: [{colour.get(g.verdict, 'red')}]{g.verdict}"
+                      f"[/]", title_justify="left")
+        for u in g.units:
+            table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active, str(u.restarts), _uptime(u.uptime_s),
+                          f"{u.image or '-'}" + (f"\n{u.image_id[:19]}" if u.image_id else ""),
+                          {True: "yes", False: "[red]no[/]", None: "-"}[u.matches_plan],
+                          "-" if u.health is None else str(u.health),
+                          "-" if u.models is None else ", ".join(u.models) or "(none)",
+                          f"[{colour.get(u.verdict, 'red')}]{u.verdict}[/]")
+        console.print(table)
+    listed = "does not answer" if st.endpoint_models is None else "lists " + (", ".join(st.endpoint_models) or
+                                                                               "no model")
+    console.print(f"cluster: [{colour.get(st.verdict, 'red')}]{st.verdict}[/]; endpoint {st.endpoint} {listed}"
+                  + (f"; unreachable: {', '.join(st.unreachable)}" if st.unreachable else ""))
+
+
+@click.command("status")
+@click.argument("inventory")
+@json_option
+@click.option("--watch", type=float, default=None, metavar="SECONDS",
+              help="Show the status again every SECONDS until interrupted (Ctrl-C).")
+def status(inventory: str, as_json: bool, watch: float | None) -> None:
+    """Per host and unit: state, restarts, uptime, image, whether it runs the planned files, /health and
+    /v1/models; per group and for the cluster: serving, degraded or down, and the public endpoint.
+
+    Exit code: 0 serving, 1 degraded or down, 2 bad input.
+
+    \b
+    Example:
+      k3deploy status inventories/gb300.py
+      k3deploy status inventories/gb300.py --json | jq .verdict
+    """
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    while True:
+        st = read_status(inventory)
+        if as_json:
+            echo_json(st.to_dict())
+        else:
+            show(st, console)
+        if watch is None:
+            sys.exit(st.exit_code)
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            sys.exit(st.exit_code)

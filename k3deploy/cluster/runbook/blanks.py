@@ -1,0 +1,62 @@
+"""A runbook before the nodes answer: what the rollout would read from each node appears as a named blank, with
+the command (run on that node) that finds its value.
+
+Example::
+
+    >>> b = Blank("gb300-node1", "IFACE", "the interface carrying 10.0.0.11", "ip -o -4 addr show")
+    >>> b.token
+    '@IFACE_gb300_node1@'
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from k3deploy.cluster.requirements import Requirements
+
+
+@dataclass(frozen=True)
+class Blank:
+    host: str
+    name: str
+    what: str
+    command: str
+
+    @property
+    def token(self) -> str:
+        """The placeholder written where the value goes (greppable, never a valid value)."""
+        return f"@{self.name}_{re.sub(r'[^A-Za-z0-9]', '_', self.host)}@"
+
+
+def interface_command(address: str) -> str:
+    """Prints the interface that carries ``address`` on the node."""
+    return f"ip -o -4 addr show | awk -v a={shlex.quote(address)} '{{split($4, x, \"/\")}} x[1] == a {{print $2}}'"
+
+
+HCA_COMMAND = ("ibv_devinfo | awk '/hca_id:/ {d=$2} /port:/ {p=$2} "
+               "/PORT_ACTIVE/ {printf \"%s%s:%s\", s, d, p; s=\",\"}' | sed 's/^/=/'")
+
+
+def offline_env(req: Requirements, host: str, address: str) -> tuple[dict[str, str], list[Blank]]:
+    """The env settings the rollout derives from a node's facts, as blanks (and the blanks themselves)."""
+    blanks: list[Blank] = []
+    env: dict[str, str] = {}
+    iface = Blank(host, "IFACE", f"the interface carrying {address}", interface_command(address))
+    blanks.append(iface)
+    names = (("HCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if req.brand == "Huawei" else
+             ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"))
+    for key in names:
+        env[key] = iface.token
+    if req.brand == "Huawei":
+        env["HCCL_IF_IP"] = address
+    if req.brand == "NVIDIA" and req.mnnvl:
+        for key in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"):
+            env[key] = "1"
+    if req.needs_rdma and req.brand != "Huawei":
+        hca = Blank(host, "IB_HCA", "the RDMA ports with an active link, as NCCL_IB_HCA's exact-match list",
+                    HCA_COMMAND)
+        blanks.append(hca)
+        env["NCCL_IB_HCA"] = hca.token
+    return env, blanks

@@ -1,0 +1,212 @@
+"""Staging at scale: each artifact (the image, the weights) crosses the uplink once, then spreads node to node.
+
+The engine nodes that already hold an artifact are its holders (for the weights: every shard of the index there and
+verified). When there are none, the first engine node (or the first ``k3_stage_sources`` of them) fetches it from
+outside: the registry and the model hub, a site mirror, or the control machine's copy on an air-gapped site. Then,
+round after round, every node that holds the artifact hands it to one node that does not: a binomial tree of
+``ceil(log2(N))`` rounds for N nodes, so the time is about one download plus one cluster-network copy per round,
+not N downloads over the uplink. The transfers are ``rsync`` from a read-only rsync daemon on the sending node
+(partial files are kept and resumed; rsync checks every transfer), and the receiver verifies each weight shard
+against its sha256 (the name of its blob in the Hugging Face cache) before an engine may start.
+
+``k3_stage: per_node`` keeps the simple way (every node fetches from outside itself); a shared cache
+(``k3_weights_shared``) is filled by the first engine node only.
+
+Pure: the schedule is computed from what the facts saw; :mod:`k3deploy.runtime.phases` runs it, and the runbook
+prints it.
+
+Example::
+
+    >>> tree(["n1"], ["n2", "n3", "n4", "n5"])
+    [{'n2': 'n1'}, {'n3': 'n1', 'n4': 'n2'}, {'n5': 'n1'}]
+    >>> tree([], ["n1"])
+    []
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from k3deploy.cluster import commands
+from k3deploy.cluster.units import render_template
+
+if TYPE_CHECKING:
+    from k3deploy.cluster.rollout import Rollout
+
+#: how an artifact reaches a node that fetches it itself
+OUTSIDE, ARCHIVE = "outside", "archive"
+
+
+def tree(holders: Sequence[str], needers: Sequence[str]) -> list[dict[str, str]]:
+    """Transfers round by round, ``{receiver: sender}``: in each round every holder sends to at most one node that
+    still needs the artifact; receivers send from the next round on."""
+    have = list(holders)
+    todo = [n for n in needers if n not in have]
+    out: list[dict[str, str]] = []
+    while have and todo:
+        step = dict(zip(todo, have, strict=False))
+        todo = todo[len(step):]
+        have += list(step)
+        out.append(step)
+    return out
+
+
+@dataclass
+class Artifact:
+    """How one artifact reaches the nodes that lack it."""
+
+    what: str                                   # "image" or "weights"
+    fetch: dict[str, str] = field(default_factory=dict)    # host -> OUTSIDE or ARCHIVE: fetches it itself
+    rounds: list[dict[str, str]] = field(default_factory=list)   # the tree, after the fetches
+    export: list[str] = field(default_factory=list)        # holders that must write the image archive first
+    require: list[str] = field(default_factory=list)       # must hold it already (nobody may fetch it): checked
+
+    @property
+    def senders(self) -> list[str]:
+        return list(dict.fromkeys(s for step in self.rounds for s in step.values()))
+
+    @property
+    def receivers(self) -> list[str]:
+        return [r for step in self.rounds for r in step]
+
+
+@dataclass
+class StagePlan:
+    image: Artifact
+    weights: Artifact
+
+    @property
+    def rounds(self) -> int:
+        return max(len(self.image.rounds), len(self.weights.rounds))
+
+    @property
+    def senders(self) -> list[str]:
+        return list(dict.fromkeys([*self.image.senders, *self.weights.senders]))
+
+    @property
+    def takes_part(self) -> list[str]:
+        """Every host that writes a staging file: fetchers, senders, receivers."""
+        hosts = [*self.image.fetch, *self.weights.fetch, *self.senders, *self.image.receivers,
+                 *self.weights.receivers]
+        return list(dict.fromkeys(hosts))
+
+    def round_of(self, index: int, host: str) -> tuple[str | None, str | None]:
+        """(image sender, weights sender) of ``host`` in round ``index`` (None: nothing to receive)."""
+        def pick(a: Artifact) -> str | None:
+            return a.rounds[index].get(host) if index < len(a.rounds) else None
+        return pick(self.image), pick(self.weights)
+
+
+def plan_artifact(what: str, engines: Sequence[str], holders: Sequence[str], *, mode: str, sources: int,
+                  archive: bool, can_fetch: bool = True) -> Artifact:
+    """How ``what`` reaches the ``engines`` (in inventory order) that are not among its ``holders``.
+
+    ``mode``: ``fanout`` or ``per_node``; ``sources``: how many nodes fetch from outside when no node holds it;
+    ``archive``: it comes from the control machine (air-gapped) instead of outside; ``can_fetch``: false when the
+    nodes must not fetch it (``k3_download_weights: false``): then only holders can give it.
+    """
+    held = [h for h in engines if h in holders]
+    need = [h for h in engines if h not in holders]
+    art = Artifact(what)
+    if not need:
+        return art
+    how = ARCHIVE if archive else OUTSIDE
+    if mode == "per_node":
+        if can_fetch:
+            art.fetch = {h: how for h in need}
+    else:
+        seeds: list[str] = []
+        if not held and can_fetch:
+            seeds = need[:max(1, sources)]
+            art.fetch = {h: how for h in seeds}
+        art.rounds = tree([*held, *seeds], need)
+        if what == "image":
+            art.export = [h for h in held if h in art.senders]
+    art.require = [h for h in need if h not in art.fetch and h not in art.receivers]
+    return art
+
+
+def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_holders: Sequence[str], *,
+               mode: str, sources: int, image_archive: bool, weights_source: bool, download: bool,
+               shared: bool) -> StagePlan:
+    """The whole stage: the image and the weights (see :func:`plan_artifact`). A shared cache is filled once, by
+    the first engine node (if nobody holds the weights)."""
+    image = plan_artifact("image", engines, image_holders, mode=mode, sources=sources, archive=image_archive)
+    if shared:
+        weights = Artifact("weights")
+        if engines and not [h for h in engines if h in weight_holders]:
+            if download or weights_source:
+                weights.fetch = {engines[0]: ARCHIVE if weights_source else OUTSIDE}
+            else:
+                weights.require = [engines[0]]
+    else:
+        weights = plan_artifact("weights", engines, weight_holders, mode=mode, sources=sources,
+                                archive=weights_source, can_fetch=download or weights_source)
+    return StagePlan(image=image, weights=weights)
+
+
+def engines(r: Rollout) -> list[str]:
+    """The hosts that run an engine (they need the image and the weights), in inventory order."""
+    return [h for h in r.hosts if any(u.group != "router" for u in r.on_host(h))]
+
+
+def addresses(r: Rollout) -> dict[str, str]:
+    """Each engine host's address on the cluster network (where its peers reach its rsync daemon)."""
+    out: dict[str, str] = {}
+    for u in r.units:
+        out.setdefault(u.host, u.node.address)
+    return out
+
+
+def image_holds(image: str, digest: str | None) -> bool:
+    """A node holds ``image`` when it is present (and, when pinned, with the pinned digest)."""
+    if not digest:
+        return False
+    return "@sha256:" not in image or digest.endswith(image.split("@", 1)[1])
+
+
+def stage_for(r: Rollout, images: Mapping[str, str | None], weights_verified: Mapping[str, bool]) -> StagePlan:
+    """The stage of a rollout, from what the facts saw on each host (image digests, verified weights)."""
+    v = r.vars
+    hosts = engines(r)
+    return plan_stage(hosts, [h for h in hosts if image_holds(r.plan.image, images.get(h))],
+                      [h for h in hosts if weights_verified.get(h)], mode=v.k3_stage, sources=v.k3_stage_sources,
+                      image_archive=bool(v.k3_image_archive), weights_source=bool(v.k3_weights_source),
+                      download=v.k3_download_weights, shared=v.k3_weights_shared)
+
+
+def peers_config(r: Rollout, host: str) -> str:
+    """The rsync daemon configuration of ``host`` while it serves its peers: read only, bound to its cluster
+    address, open to the cluster's engine hosts only."""
+    v = r.vars
+    where = addresses(r)
+    allow = " ".join(dict.fromkeys(where[h] for h in engines(r)))
+    return render_template("k3-stage-peers.conf.j2", unit=commands.PEERS_UNIT, address=where[host],
+                           port=v.k3_stage_port, hosts_allow=allow, hub_module=commands.HUB_MODULE,
+                           hub=commands.hub_dir(v.k3_model_cache), stage_module=commands.STAGE_MODULE,
+                           stage=v.k3_stage_dir.rstrip("/"))
+
+
+def peers_config_path(r: Rollout) -> str:
+    return f"{r.vars.k3_stage_dir.rstrip('/')}/peers.conf"
+
+
+def summary(plan: StagePlan) -> list[str]:
+    """One line per artifact, for plan and the deploy's output."""
+    out = []
+    for a in (plan.image, plan.weights):
+        if not a.fetch and not a.rounds:
+            out.append(f"{a.what}: on every engine node already")
+            continue
+        parts = []
+        if a.fetch:
+            src = "the control machine" if ARCHIVE in a.fetch.values() else "outside"
+            parts.append(f"{', '.join(a.fetch)} fetch{'es' if len(a.fetch) == 1 else ''} it from {src}")
+        if a.rounds:
+            n = len(a.receivers)
+            parts.append(f"{n} node{'s' if n != 1 else ''} get{'s' if n == 1 else ''} it from peers in "
+                         f"{len(a.rounds)} round{'s' if len(a.rounds) != 1 else ''}")
+        out.append(f"{a.what}: " + "; ".join(parts))
+    return out

@@ -1,0 +1,140 @@
+"""What runs where, and is it healthy: ``k3deploy status`` as a pure assessment of what the hosts report.
+
+Per unit: its state, restarts, uptime, image, whether it runs what the plan says (its unit and env files are the
+planned ones), and for a unit that serves HTTP its ``/health`` and ``/v1/models``. Per group and for the cluster a
+verdict: **serving** (every member up, the endpoint lists the model), **degraded** (the endpoint still answers, but
+a member is not up), **down** (it does not answer). Exit code: 0 serving, 1 degraded or down.
+
+Example::
+
+    >>> unit_verdict(active="active", serves=True, health=200, listed=True)
+    'serving'
+    >>> unit_verdict(active="active", serves=True, health=503, listed=False)
+    'down'
+    >>> unit_verdict(active="active", serves=False, health=None, listed=None)
+    'running'
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from k3deploy.cluster.observed import Installed
+from k3deploy.cluster.rollout import Rollout
+
+UP = ("serving", "running")
+
+
+class Run(Protocol):
+    active: str
+    sub: str
+    restarts: int
+    since: float | None
+    image: str | None
+    image_id: str | None
+    health: int | None
+    models: tuple[str, ...] | None
+
+
+def unit_verdict(*, active: str, serves: bool, health: int | None, listed: bool | None) -> str:
+    """serving | running (up, serves no HTTP) | starting | down."""
+    if active in ("activating", "reloading"):
+        return "starting"
+    if active != "active":
+        return "down"
+    if not serves:
+        return "running"
+    if health == 503:
+        return "down"
+    return "serving" if health == 200 and listed else "starting"
+
+
+@dataclass(frozen=True)
+class UnitReport:
+    host: str
+    unit: str
+    group: str
+    rank: int
+    role: str
+    verdict: str
+    active: str
+    restarts: int
+    uptime_s: float | None
+    image: str | None
+    image_id: str | None
+    matches_plan: bool | None     # None: the host did not answer
+    url: str | None
+    health: int | None
+    models: list[str] | None
+
+
+@dataclass
+class GroupReport:
+    name: str
+    verdict: str
+    units: list[UnitReport] = field(default_factory=list)
+
+
+@dataclass
+class ClusterStatus:
+    endpoint: str
+    model: str
+    endpoint_models: list[str] | None
+    groups: list[GroupReport]
+    unreachable: list[str]
+
+    @property
+    def verdict(self) -> str:
+        if not self.endpoint_models or self.model not in self.endpoint_models:
+            return "down"
+        return "serving" if all(g.verdict == "serving" for g in self.groups) and not self.unreachable else "degraded"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict == "serving" else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "endpoint": self.endpoint, "model": self.model,
+                "endpoint_models": self.endpoint_models, "unreachable": self.unreachable,
+                "groups": [{"name": g.name, "verdict": g.verdict, "units": [asdict(u) for u in g.units]}
+                           for g in self.groups]}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installed: Mapping[tuple[str, str], Installed],
+           endpoint_models: tuple[str, ...] | None, unreachable: set[str], now: float) -> ClusterStatus:
+    """The status of every unit, group and the cluster from what the hosts reported (``runs``: per (host, unit))."""
+    groups = []
+    for name in r.groups:
+        reports = []
+        for u in r.group(name):
+            run = runs.get((u.host, u.unit))
+            if u.host in unreachable or run is None:
+                reports.append(UnitReport(u.host, u.unit, u.group, u.rank, u.node.role, "unreachable", "unknown", 0,
+                                          None, None, None, None, u.serves, None, None))
+                continue
+            have = installed.get((u.host, u.unit), Installed())
+            matches = have.unit_sha == _sha(u.unit_text) and have.env_sha == _sha(u.env_text)
+            listed = None if run.models is None else model in run.models
+            reports.append(UnitReport(
+                u.host, u.unit, u.group, u.rank, u.node.role,
+                unit_verdict(active=run.active, serves=u.serves is not None, health=run.health, listed=listed),
+                run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
+                round(now - run.since, 1) if run.since else None, run.image, run.image_id, matches, u.serves,
+                run.health, list(run.models) if run.models is not None else None))
+        serving = [x for x in reports if x.url and x.verdict == "serving"]
+        if all(x.verdict in UP for x in reports):
+            verdict = "serving"
+        elif serving:
+            verdict = "degraded"
+        else:
+            verdict = "down"
+        groups.append(GroupReport(name, verdict, reports))
+    return ClusterStatus(r.endpoint, model, list(endpoint_models) if endpoint_models is not None else None, groups,
+                         sorted(unreachable))

@@ -1,0 +1,105 @@
+"""Facts ``k3deploy status`` reads: each unit as it runs (systemd state, restarts, since when, the container's
+image, ``/health`` and ``/v1/models``) and the model ids the public endpoint lists.
+
+Example::
+
+    >>> run = UnitRuntime().process(["K3_LoadState=loaded", "K3_ActiveState=active", "K3_SubState=running",
+    ...     "K3_NRestarts=0", "K3_ActiveEnterTimestamp=@1764750000", "K3_IMAGE=vllm/vllm-openai:kimi-k3 sha256:2e42",
+    ...     "K3_HEALTH=200", 'K3_MODELS={"data":[{"id":"moonshotai/Kimi-K3"}]}'])
+    >>> run.active, run.health, run.models, run.image_id
+    ('active', 200, ('moonshotai/Kimi-K3',), 'sha256:2e42')
+    >>> EndpointModels().process(['{"data":[{"id":"m"}]}'])
+    ('m',)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyinfra.api import FactBase
+
+from k3deploy.cluster.commands import endpoint_models, unit_logs, unit_status
+
+
+def model_ids(text: str) -> tuple[str, ...] | None:
+    """The ids of an OpenAI ``/v1/models`` answer; None when it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        return None
+    return tuple(str(m.get("id")) for m in data["data"] if isinstance(m, dict))
+
+
+@dataclass(frozen=True)
+class UnitRun:
+    """One unit as it runs now."""
+
+    active: str = "absent"              # ActiveState, or "absent" when the unit is not installed
+    sub: str = ""
+    restarts: int = 0
+    since: float | None = None          # when it last became active (epoch seconds)
+    image: str | None = None            # the container's image reference
+    image_id: str | None = None
+    health: int | None = None           # HTTP code of /health (0: no answer); None: the unit serves no HTTP
+    models: tuple[str, ...] | None = None
+
+
+class UnitRuntime(FactBase[UnitRun]):
+    """One unit as it runs (see :func:`k3deploy.cluster.commands.unit_status`)."""
+
+    def command(self, unit: str, container: str, docker: str = "docker", url: str | None = None) -> str:
+        return unit_status(unit, container, docker, url)
+
+    def process(self, output: list[str]) -> UnitRun:
+        values: dict[str, str] = {}
+        for line in output:
+            key, sep, value = line.partition("=")
+            if sep and key.startswith("K3_"):
+                values[key[3:]] = value.strip()
+        active = "absent" if values.get("LoadState") == "not-found" else values.get("ActiveState", "absent")
+        stamp = values.get("ActiveEnterTimestamp", "").lstrip("@")
+        image, _, image_id = values.get("IMAGE", "").partition(" ")
+        health = values.get("HEALTH")
+        return UnitRun(active=active, sub=values.get("SubState", ""), restarts=int(values.get("NRestarts") or 0),
+                       since=float(stamp) if stamp.replace(".", "", 1).isdigit() and float(stamp) > 0 else None,
+                       image=image or None, image_id=image_id or None,
+                       health=(int(health) if health.isdigit() else 0) if health is not None else None,
+                       models=model_ids(values["MODELS"]) if "MODELS" in values else None)
+
+    @staticmethod
+    def default() -> UnitRun:
+        return UnitRun()
+
+
+class EndpointModels(FactBase["tuple[str, ...] | None"]):
+    """The model ids the public endpoint lists, asked from this host; None when it does not answer."""
+
+    def command(self, endpoint: str) -> str:
+        return endpoint_models(endpoint)
+
+    def process(self, output: list[str]) -> tuple[str, ...] | None:
+        return model_ids("".join(output).strip())
+
+
+class UnitLogs(FactBase[dict[str, str]]):
+    """The tail of a unit's journal and of its container's log: ``{"journal": ..., "container": ...}``."""
+
+    def command(self, unit: str, container: str, docker: str = "docker", lines: int = 300) -> str:
+        return unit_logs(unit, container, docker, lines)
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        out: dict[str, list[str]] = {}
+        current: list[str] | None = None
+        for line in output:
+            if line.startswith("K3_LOG="):
+                current = out.setdefault(line[len("K3_LOG="):].strip(), [])
+            elif current is not None:
+                current.append(line)
+        return {k: "".join(f"{x}\n" for x in v) for k, v in out.items()}
+
+    @staticmethod
+    def default() -> dict[str, str]:
+        return {}

@@ -1,0 +1,65 @@
+"""Day 2 on the simulated cluster: `status` says serving / degraded / down with the exit code automation reads,
+and `bundle` writes one file with what support needs and no secret."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+from .conftest import deploy, k3, skip_no_sim
+
+pytestmark = [pytest.mark.sim, skip_no_sim]
+
+TOKEN = "hf_bundleE2EsecretTOKEN987654321"
+
+
+def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path):
+    sim = sim_factory("d2s", "gb300", 2)
+    token = tmp_path / "hf-token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    sim.set_vars(f"k3_strategy: multi_node_tp\nk3_stage: per_node\nk3_hf_token_file: {token}\n"
+                 "k3_extra_env: {MY_API_KEY: keep-out}\n")
+    before = k3("status", sim.inventory, "--json", check=False)
+    assert before.returncode == 1 and json.loads(before.stdout)["verdict"] == "down"   # nothing installed yet
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+    ok = k3("status", sim.inventory, "--json", check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    st = json.loads(ok.stdout)
+    assert st["verdict"] == "serving" and st["endpoint_models"] == ["moonshotai/Kimi-K3"]
+    units = {u["host"]: u for g in st["groups"] for u in g["units"]}
+    head, worker = (units[n["name"]] for n in sim.info["nodes"])
+    assert head["verdict"] == "serving" and head["health"] == 200 and head["matches_plan"] is True
+    assert worker["verdict"] == "running" and worker["image"] == "vllm/vllm-openai:kimi-k3"
+    text = k3("status", sim.inventory, check=False).stdout
+    assert "cluster: serving" in text and "group engine: serving" in text
+
+    out = tmp_path / "support.tar.gz"
+    k3("bundle", sim.inventory, "-o", str(out))
+    with tarfile.open(out) as tar:
+        names = tar.getnames()
+        blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
+    assert TOKEN.encode() not in blob and b"keep-out" not in blob   # no secret, by value or by name
+    for host in units:
+        assert f"k3deploy-bundle/hosts/{host}/facts.json" in names
+        assert f"k3deploy-bundle/hosts/{host}/k3-engine.service.unit" in names
+        assert f"k3deploy-bundle/hosts/{host}/k3-engine.service.env" in names
+        assert f"k3deploy-bundle/hosts/{host}/k3-engine.service.journal.log" in names
+    assert {"k3deploy-bundle/VERSION", "k3deploy-bundle/plan.json", "k3deploy-bundle/status.json",
+            "k3deploy-bundle/preflight.json", "k3deploy-bundle/variables.json"} <= set(names)
+    with tarfile.open(out) as tar:
+        journal = tar.extractfile(f"k3deploy-bundle/hosts/{head['host']}/k3-engine.service.journal.log").read()
+        env = tar.extractfile(f"k3deploy-bundle/hosts/{head['host']}/k3-engine.service.env").read().decode()
+    assert b"Started" in journal or b"k3-engine" in journal
+    assert "MY_API_KEY=****" in env
+
+    sim.ssh(1, "systemctl stop k3-engine.service")
+    down = k3("status", sim.inventory, "--json", check=False)
+    assert down.returncode == 1
+    st = json.loads(down.stdout)
+    assert st["verdict"] in ("degraded", "down")
+    assert {u["host"]: u["verdict"] for g in st["groups"] for u in g["units"]}[worker["host"]] == "down"

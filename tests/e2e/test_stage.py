@@ -1,0 +1,129 @@
+"""Staging at scale on the simulated cluster: each artifact is fetched by one node and spreads node to node in
+rounds (rsync from a read-only daemon on the sender, the image as a docker save archive); every shard is verified
+against its sha256; a corrupted shard is caught and copied again from a peer, not fetched again; an air-gapped site
+rolls out from the control machine's copies."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from k3deploy.cluster import commands
+
+from .conftest import deploy, k3, skip_no_sim
+
+pytestmark = [pytest.mark.sim, skip_no_sim]
+
+CACHE = "/var/lib/k3deploy/cache"
+MODEL = "moonshotai/Kimi-K3"
+MODEL_DIR = commands.model_dir(CACHE, MODEL)
+IMAGE = "vllm/vllm-openai:kimi-k3"
+
+
+def serves(sim) -> bool:
+    plan = json.loads(k3("plan", sim.inventory, "--json", check=False).stdout)
+    chat = sim.ssh(0, f"curl -sf -H 'Content-Type: application/json' -d "
+                      f"'{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}' "
+                      f"{plan['endpoint']}/v1/chat/completions")
+    return '"choices"' in chat.stdout
+
+
+def verified(sim, rank: int) -> bool:
+    return sim.ssh(rank, commands.verify_weights(CACHE, MODEL)).returncode == 0
+
+
+def ran_on(output: str, operation: str) -> int:
+    """On how many hosts an operation did something (pyinfra's summary table at the end of a run)."""
+    m = re.search(r"^\s*Stage \| " + re.escape(operation) + r"\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", output, re.M)
+    assert m, f"no summary line for {operation!r}"
+    return 0 if m[2] == "-" else int(m[2])
+
+
+def staging(sim) -> list[str]:
+    plan = k3("plan", sim.inventory, "--json", check=False)
+    assert plan.returncode in (0, 3), plan.stdout[-2000:] + plan.stderr
+    return json.loads(plan.stdout)["staging"]
+
+
+def test_four_trays_fetch_each_artifact_once_and_spread_it_in_two_rounds(sim_factory):
+    sim = sim_factory("stg4", "gb300", 4)
+    sim.set_vars("k3_strategy: multi_node_tp\n")
+    first = sim.info["nodes"][0]["name"]
+    assert staging(sim)[:2] == [f"image: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds",
+                                f"weights: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds"]
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "Stage round 2 of 2: from a peer" in run.stdout and "Stage round 3" not in run.stdout
+    assert ran_on(run.stdout, f"Image {IMAGE}: from the registry") == 1       # once over the uplink
+    assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 1
+    assert ran_on(run.stdout, "Stage round 1 of 2: from a peer") == 1          # then 1, then 2 nodes
+    assert ran_on(run.stdout, "Stage round 2 of 2: from a peer") == 2
+    assert all(verified(sim, rank) for rank in range(4))
+    for rank in range(4):   # the archives are gone, the daemons stopped; the image stays loaded
+        assert sim.ssh(rank, f"ls {commands.archive_path('/var/lib/k3deploy/stage', IMAGE)}").returncode != 0
+        assert sim.ssh(rank, f"systemctl is-active {commands.PEERS_UNIT}").stdout.strip() != "active"
+        assert sim.ssh(rank, f"docker image inspect {IMAGE}").returncode == 0
+    assert serves(sim)
+    assert staging(sim) == []
+    again = deploy(sim.inventory)
+    assert again.returncode == 0 and "Stage round" not in again.stdout
+
+
+def test_a_corrupted_shard_is_found_and_copied_again_from_a_peer(sim_factory):
+    sim = sim_factory("stgc", "gb300", 2)
+    sim.set_vars("k3_strategy: multi_node_tp\n")
+    assert deploy(sim.inventory).returncode == 0
+    shard = sim.ssh(1, f"readlink -f {MODEL_DIR}/snapshots/*/model-00001-of-*.safetensors").stdout.strip()
+    assert shard
+    sim.ssh(1, f"printf garbage | dd of={shlex.quote(shard)} bs=1 seek=4096 conv=notrunc status=none")
+    lines = staging(sim)
+    node2 = sim.info["nodes"][1]["name"]
+    assert f"{node2}: weights 1 file changed since verified" in lines, lines
+    assert "weights: 1 node gets it from peers in 1 round" in lines   # from the peer, not from outside
+    assert not verified(sim, 1)
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 0
+    assert ran_on(run.stdout, "Stage round 1 of 1: from a peer") == 1
+    assert verified(sim, 1) and serves(sim)
+    assert staging(sim) == []
+
+
+def test_an_air_gapped_site_rolls_out_from_the_control_machine(sim_factory, tmp_path):
+    sim = sim_factory("stga", "gb300", 2)
+    sim.set_vars("k3_strategy: multi_node_tp\n")
+    # what a site brings in on a disk: a docker save archive and the hub's cache directory of the model
+    fetch = (f"docker pull -q {IMAGE} && docker save -o /root/image.tar {IMAGE} && "
+             f"{shlex.join(commands.download_argv('docker', CACHE, IMAGE, MODEL))}")
+    got = sim.ssh(0, fetch)
+    assert got.returncode == 0, got.stdout + got.stderr
+    d = Path(sim.inventory).parent
+    ssh = ["ssh", "-i", str(d / "id_ed25519"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}", "-o", "BatchMode=yes",
+           f"root@{sim.info['nodes'][0]['ip']}"]
+    (tmp_path / "image.tar").write_bytes(subprocess.run([*ssh, "cat /root/image.tar"], capture_output=True,
+                                                        check=True).stdout)
+    tar = subprocess.run([*ssh, f"tar -C {MODEL_DIR.rsplit('/', 1)[0]} -cf - {MODEL_DIR.rsplit('/', 1)[1]}"],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-C", str(tmp_path), "-xf", "-"], input=tar, check=True)
+    wipe = sim.ssh(0, f"docker rmi {IMAGE} && rm -rf {CACHE} /root/image.tar")
+    assert wipe.returncode == 0, wipe.stderr
+    source = tmp_path / MODEL_DIR.rsplit("/", 1)[1]
+    sim.set_vars(f"k3_image_archive: {tmp_path / 'image.tar'}\nk3_weights_source: {source}\n"
+                 "k3_download_weights: false\n")
+    first = sim.info["nodes"][0]["name"]
+    assert staging(sim)[:2] == [
+        f"image: {first} fetches it from the control machine; 1 node gets it from peers in 1 round",
+        f"weights: {first} fetches it from the control machine; 1 node gets it from peers in 1 round"]
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert ran_on(run.stdout, f"Image {IMAGE}: from the registry") == 0      # no registry, no hub
+    assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 0
+    assert ran_on(run.stdout, "Image: the archive from the control machine") == 1
+    assert ran_on(run.stdout, "Weights: from the control machine") == 1
+    assert verified(sim, 0) and verified(sim, 1) and serves(sim)
+    assert staging(sim) == []
