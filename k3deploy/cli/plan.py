@@ -47,7 +47,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         if rollback != "previous" and not rollback.isdigit():
             raise K3Error(f"--rollback {rollback}: use 'previous' or a revision number (k3deploy history {inventory})")
         wanted = True if rollback == "previous" else int(rollback)
-    cluster = read_cluster("plan", inventory, overrides={"k3_rollback": wanted})
+    cluster = read_cluster("plan", inventory, overrides={"k3_rollback": wanted}, health=True)
     require_reachable(cluster)
     rollout = cluster.require_rollout()
     report = build(rollout, cluster.installed)

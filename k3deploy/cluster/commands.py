@@ -300,6 +300,11 @@ def unit_status(unit: str, container: str, docker: str, url: str | None) -> str:
     return "; ".join(lines)
 
 
+def health_code(url: str) -> str:
+    """The HTTP code of ``url``'s ``/health`` (``000``: no answer within 3 s)."""
+    return f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' {shlex.quote(url + '/health')}; echo"
+
+
 def endpoint_models(endpoint: str) -> str:
     """The model ids the public endpoint lists (``/v1/models``), as JSON on one line; empty when it does not answer."""
     return f"curl -s -m 3 {shlex.quote(endpoint.rstrip('/') + '/v1/models')} | tr -d '\\n'; echo"

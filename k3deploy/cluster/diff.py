@@ -279,6 +279,10 @@ def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
         return "its files change"
     if not have.running:
         return f"not running ({have.active})"
+    if have.restarts > 0:
+        return f"restarted {have.restarts} time(s) by systemd since it was started: its group may be wedged"
+    if have.answers is False:
+        return "running, but /health does not answer 200"
     return f"group {u.group} restarts"
 
 

@@ -19,6 +19,7 @@ class Installed:
     env_sha: str | None = None
     active: str = "absent"
     restarts: int = 0
+    answers: bool | None = None     # a unit that serves HTTP: /health answered 200 (None: not asked)
 
     @property
     def running(self) -> bool:

@@ -242,13 +242,16 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
 def mark_changes(r: Rollout, installed: Mapping[tuple[str, str], Installed]) -> set[str]:
     """Set ``r.changed_groups`` from what the hosts have, ``(host, unit) -> Installed``.
 
-    A group changes when any of its units' files differ from what is planned or any of its units is not
-    running; the router group also restarts when an engine group it fronts restarts.
+    A group changes when any of its units' files differ from what is planned, any of its units is not running,
+    was restarted by systemd since it was started (a group whose member restarted may be wedged: headless engines
+    do not recover when their head restarts, vllm#32136), or serves HTTP and its ``/health`` does not answer; the
+    router group also restarts when an engine group it fronts restarts.
     """
     changed: set[str] = set()
     for u in r.units:
         have = installed.get((u.host, u.unit), Installed())
-        if have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text) or not have.running:
+        if have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text) or not have.running \
+                or have.restarts > 0 or have.answers is False:
             changed.add(u.group)
     if changed - {"router"} and "router" in r.groups:
         changed.add("router")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import endpoint_models, unit_logs, unit_status
+from k3deploy.cluster.commands import endpoint_models, health_code, unit_logs, unit_status
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -103,3 +103,18 @@ class UnitLogs(FactBase[dict[str, str]]):
     @staticmethod
     def default() -> dict[str, str]:
         return {}
+
+
+class HealthCode(FactBase[int]):
+    """The HTTP code of ``url``'s ``/health`` asked from this host (0: no answer within 3 s)."""
+
+    def command(self, url: str) -> str:
+        return health_code(url)
+
+    def process(self, output: list[str]) -> int:
+        text = output[-1].strip() if output else ""
+        return int(text) if text.isdigit() else 0
+
+    @staticmethod
+    def default() -> int:
+        return 0

@@ -19,7 +19,7 @@ from k3deploy.preflight import runner  # first: it patches gevent before socket/
 
 import sys  # noqa: E402
 from collections.abc import Callable, Mapping  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, TypeVar  # noqa: E402
 
@@ -38,7 +38,7 @@ from k3deploy.cluster.rollout import Rollout  # noqa: E402
 from k3deploy.cluster.staging import StagePlan, stage_for  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
 from k3deploy.facts.rollout import ImageDigest, Revisions, UnitOnHost, WeightsState, WeightsStatus  # noqa: E402
-from k3deploy.facts.status import EndpointModels, UnitLogs, UnitRun, UnitRuntime  # noqa: E402
+from k3deploy.facts.status import EndpointModels, HealthCode, UnitLogs, UnitRun, UnitRuntime  # noqa: E402
 from k3deploy.preflight.checks import HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
 
@@ -137,10 +137,11 @@ def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool
     return each_host(state, hosts, one)
 
 
-def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0) -> list[Any]:
+def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, health: bool = False) -> list[Any]:
     """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
     and files), the image's digest, the weights, and the revisions of the groups whose rank 0 runs here; with
-    ``runtime`` also each unit as it runs and, on the host of the public endpoint, what the endpoint lists."""
+    ``runtime`` also each unit as it runs and, on the host of the public endpoint, what the endpoint lists; with
+    ``health`` (the deploy and plan) only whether each serving unit's ``/health`` answers."""
     v = r.vars
     out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path,
                                                      "env_path": u.env_path}) for u in r.on_host(host)]
@@ -154,6 +155,8 @@ def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0) -
                                               "url": u.serves}) for u in r.on_host(host)]
         if r.units and host == r.hosts[0]:
             out.append(("endpoint", EndpointModels, {"endpoint": r.endpoint}))
+    elif health:
+        out += [(f"health:{u.unit}", HealthCode, {"url": u.serves}) for u in r.on_host(host) if u.serves]
     if logs:
         out += [(f"logs:{u.unit}", UnitLogs, {"unit": u.unit, "container": u.container, "docker": v.k3_docker,
                                              "lines": logs}) for u in r.on_host(host)]
@@ -225,12 +228,12 @@ def _rollout(t: Target, report: PreflightReport | None) -> Rollout | None:
 
 
 def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_first: bool,
-              require_plan: bool, runtime: bool = False, logs: int = 0) -> Cluster:
+              require_plan: bool, runtime: bool = False, logs: int = 0, health: bool = False) -> Cluster:
     if require_plan:
         t.require_plan()
     hosts = list(state.inventory)
     planned = desired_rollout(t) if t.plan is not None and installed else None  # units and paths: no host needed
-    extra = (lambda name: rollout_facts(planned, name, runtime, logs)) if planned is not None else None
+    extra = (lambda name: rollout_facts(planned, name, runtime, logs, health)) if planned is not None else None
     read = read_facts(state, hosts, t, connect_first=connect_first, extra=extra) if facts else []
     report = check(t.requirements, read) if facts else None
     rollout = _rollout(t, report)
@@ -241,6 +244,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     weights: dict[str, WeightsStatus] = {}
     runs: dict[tuple[str, str], UnitRun] = {}
     unit_logs: dict[tuple[str, str], dict[str, str]] = {}
+    answers: dict[tuple[str, str], bool] = {}
     endpoint_models: tuple[str, ...] | None = None
     if planned is not None and rollout is not None:
         for f in read:
@@ -263,6 +267,14 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                     endpoint_models = value
                 elif kind == "logs":
                     unit_logs[(f.host, key)] = value
+                elif kind == "health":
+                    answers[(f.host, key)] = value == 200
+        for (host, unit), run in runs.items():
+            if run.health is not None:
+                answers[(host, unit)] = run.health == 200
+        for where, ok in answers.items():   # a serving unit that does not answer is a change to repair
+            if where in have:
+                have[where] = replace(have[where], answers=ok)
         if t.vars.k3_rollback is not False:
             rollback_to = restore_revisions(state, rollout, history, t.vars.k3_rollback, have)
     stage = None
@@ -308,7 +320,7 @@ def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHisto
 
 
 def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool = True, installed: bool = True,
-           require_plan: bool = True, runtime: bool = False, logs: int = 0) -> Cluster:
+           require_plan: bool = True, runtime: bool = False, logs: int = 0, health: bool = False) -> Cluster:
     """Load an inventory, connect to every host (read-only) and build its :class:`Cluster`.
 
     ``facts=False`` reads no host at all (the plan and rollout from the inventory alone). Raises
@@ -323,7 +335,7 @@ def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool
     runner.quiet_pyinfra()
     try:
         return _assemble(state, t, facts=True, installed=installed, connect_first=True, require_plan=require_plan,
-                         runtime=runtime, logs=logs)
+                         runtime=runtime, logs=logs, health=health)
     finally:
         disconnect(list(state.inventory))
 
@@ -361,7 +373,7 @@ def connector_drift(state: State, t: Target) -> list[str]:
 def gather_in_run(state: State, inventory_spec: str | None) -> Cluster:
     """The cluster of a running ``pyinfra INVENTORY deploy/k3.py`` (hosts already connected by pyinfra)."""
     t = target(records_of(state.inventory), inventory_file(inventory_spec))
-    return _assemble(state, t, facts=True, installed=True, connect_first=False, require_plan=True)
+    return _assemble(state, t, facts=True, installed=True, connect_first=False, require_plan=True, health=True)
 
 
 def require_reachable(cluster: Cluster) -> None:

@@ -1,7 +1,7 @@
 """The shared, read-only base root of the simulated nodes.
 
 The base is a Debian 12 (bookworm) ``debootstrap --variant=minbase`` root with systemd, dbus,
-OpenSSH server, Python 3 (with its standard library), procps, iproute2 and curl. It is built once and
+OpenSSH server, Python 3 (with its standard library), procps, iproute2, curl and rsync. It is built once and
 cached under ``/var/cache/k3deploy/base-<id>``, where ``<id>`` hashes everything that decides its
 content (suite, variant, package list, build steps). Nodes mount it as the lower layer of an
 overlayfs and never modify it. Building takes about a minute and needs a Debian mirror; every later

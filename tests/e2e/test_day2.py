@@ -63,3 +63,35 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
     st = json.loads(down.stdout)
     assert st["verdict"] in ("degraded", "down")
     assert {u["host"]: u["verdict"] for g in st["groups"] for u in g["units"]}[worker["host"]] == "down"
+
+
+def test_a_group_whose_member_restarted_is_repaired_by_the_next_run(sim_factory):
+    """A worker's engine dies and systemd restarts it on its own: the group may be wedged (headless engines do not
+    recover when a peer restarts, vllm#32136), so the next run restarts the group in order; then nothing."""
+    sim = sim_factory("d2w", "gb300", 2)
+    sim.set_vars("k3_strategy: multi_node_tp\nk3_stage: per_node\n")
+    assert deploy(sim.inventory).returncode == 0
+    assert json.loads(k3("plan", sim.inventory, "--json", check=False).stdout)["changes_pending"] is False
+    sim.ssh(1, "systemctl kill --signal=SIGKILL k3-engine.service")
+    worker = sim.info["nodes"][1]["name"]
+
+    def restarts() -> int:
+        return int(sim.ssh(1, "systemctl show -p NRestarts --value k3-engine.service").stdout.strip() or 0)
+
+    import time
+
+    deadline = time.monotonic() + 60
+    while restarts() == 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert restarts() > 0
+    plan = k3("plan", sim.inventory, "--json", check=False)
+    assert plan.returncode == 3, plan.stdout[-2000:]
+    reasons = {h["host"]: [c["reason"] for c in h["changes"] if c["kind"] == "restart"]
+               for h in json.loads(plan.stdout)["hosts"]}
+    assert any("restarted" in r and "wedged" in r for r in reasons[worker]), reasons
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert restarts() == 0    # an explicit start resets systemd's counter
+    after = k3("plan", sim.inventory, "--json", check=False)
+    assert after.returncode == 0 and json.loads(after.stdout)["changes_pending"] is False
+    assert k3("status", sim.inventory, check=False).returncode == 0
