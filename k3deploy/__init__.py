@@ -47,8 +47,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``sim/`` -- the simulated cluster (see its own module map)
     sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,
-    sim/host.py, sim/base.py (the cached base root), sim/profiles.py, sim/faults.py; sim/node_tools (the tools
-    inside the nodes).
+    sim/host.py, sim/base.py (the cached base root), sim/profiles.py, sim/faults.py, sim/outside.py (the simulated
+    registries and hub); sim/node_tools (the tools inside the nodes).
 
 ``cli/`` -- the ``k3deploy`` commands
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,

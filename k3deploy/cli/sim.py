@@ -10,6 +10,7 @@ import click
 from k3deploy.errors import K3Error
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import cluster as sim
+from k3deploy.sim import faults as sim_faults
 
 
 def _say(msg: str) -> None:
@@ -44,7 +45,8 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
     "faults",
     multiple=True,
     metavar="RANK:KIND[=VALUE]",
-    help="Inject a fault (repeatable); KIND: " + ", ".join(sim.fault_kinds()) + ".",
+    help="Inject a fault (repeatable); KIND: " + ", ".join(sim_faults.FAULT_KINDS) + ". Cluster faults, without "
+         "RANK: " + "; ".join(sim_faults.CLUSTER_FAULT_KINDS.values()) + ".",
 )
 @click.option("--time-scale", type=float, default=0.01, show_default=True, help="Factor on vLLM's timeouts/delays.")
 @click.option("--subnet", default=None, help="First three octets of a free /24 (default: from the name).")
@@ -52,12 +54,22 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
               help="pd:P,D: inventory groups prefill (P nodes), decode (D nodes) and router instead of head/workers.")
 @click.option("--strategy", "-s", default=None, metavar="ID",
               help="Serving strategy written to the cluster's group_vars (default: the recipe's recommendation).")
-@click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes} as JSON.")
+@click.option("--uplink-mbps", type=float, default=400.0, show_default=True,
+              help="Rate of the uplink to the simulated outside (registries, hub), Mbit/s, shared by all nodes.")
+@click.option("--cluster-mbps", type=float, default=4000.0, show_default=True,
+              help="Rate each node sends at to the other nodes, Mbit/s.")
+@click.option("--weights-mb", type=float, default=8.0, show_default=True,
+              help="Size of every checkpoint the simulated hub serves (its shards), MiB.")
+@click.option("--image-mb", type=float, default=8.0, show_default=True,
+              help="Size of the layers of every image the simulated registries serve, MiB.")
+@click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes, outside} as JSON.")
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
-    layout: str | None, strategy: str | None, as_json: bool,
+    layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
+    image_mb: float, as_json: bool,
 ) -> None:
-    """Create and boot a simulated cluster; prints its pyinfra inventory."""
+    """Create and boot a simulated cluster and its simulated outside (registries and model hub at <subnet>.254,
+    behind a shaped uplink); prints its pyinfra inventory."""
     res = sim.up(
         hardware=hardware,
         nodes=nodes,
@@ -68,12 +80,19 @@ def up_cmd(
         progress=_say,
         pd_layout=layout,
         strategy=strategy,
+        uplink_mbps=uplink_mbps,
+        cluster_mbps=cluster_mbps,
+        weights_mb=weights_mb,
+        image_mb=image_mb,
     )
     if as_json:
         click.echo(json.dumps(res))
         return
     for n in res["nodes"]:
         click.echo(f"{n['name']}\t{n['ip']}\trank {n['rank']}")
+    if res.get("outside"):
+        click.echo(f"outside: {res['outside']['ip']} ({', '.join(res['outside']['names'])}), uplink "
+                   f"{uplink_mbps:g} Mbit/s, node to node {cluster_mbps:g} Mbit/s")
     click.echo(f"inventory: {res['inventory']}")
     click.echo(f"try: pyinfra {res['inventory']} exec -y -- hostname")
 
@@ -100,7 +119,8 @@ def down_cmd(name: str, all_: bool, as_json: bool) -> None:
 @click.option("--name", default=None, help="Only this cluster.")
 @click.option("--json", "as_json", is_flag=True)
 def status_cmd(name: str | None, as_json: bool) -> None:
-    """List simulated clusters and whether each node runs and answers on SSH."""
+    """List simulated clusters and whether each node runs and answers on SSH; the outside's address, rates and
+    bytes served (--json: outside_bytes, artifact_bytes, uplink_mbps, cluster_mbps, outside)."""
     if name is not None:
         sim.validate_name(name)
     if os.geteuid() != 0:
@@ -122,23 +142,35 @@ def status_cmd(name: str | None, as_json: bool) -> None:
             faults = ",".join(n["faults"]) or "-"
             click.echo(f"  {n['name']:<16} {n['ip']:<14} rank {n['rank']:<3} {state:<8} {ssh:<7} {mem:>8}  "
                        f"faults: {faults}")
+        out = c.get("outside")
+        if out:
+            cut = out.get("cut") or {}
+            faults = ",".join(f + (" (fired)" if cut.get("fired") else "") for f in out["faults"]) or "-"
+            click.echo(f"  outside          {out['ip']:<14} {'running' if out['running'] else 'stopped'}, uplink "
+                       f"{c['uplink_mbps']:g} Mbit/s, node to node {c['cluster_mbps']:g} Mbit/s, served "
+                       f"{c['outside_bytes'] / 2**20:.1f} MiB (one node's artifacts: {c['artifact_bytes'] / 2**20:.1f}"
+                       f" MiB)  faults: {faults}")
 
 
 @sim_group.command("fault")
-@click.argument("specs", nargs=-1, metavar="[NAME] RANK:KIND[=VALUE]...")
+@click.argument("specs", nargs=-1, metavar="[NAME] RANK:KIND[=VALUE]|outside-cut=MB...")
 @click.option("--name", default=None, help=f"Cluster name (default {sim.DEFAULT_NAME}).")
 @click.option("--clear", is_flag=True,
-              help="Clear the given faults (RANK or RANK:KIND), or all faults when none given.")
+              help="Clear the given faults (RANK, RANK:KIND or outside-cut), or all faults when none given.")
 def fault_cmd(specs: tuple[str, ...], name: str | None, clear: bool) -> None:
-    """Switch faults of a running simulated cluster (node.json is rewritten; tools re-read it)."""
+    """Switch faults of a running simulated cluster (node.json is rewritten; tools re-read it).
+
+    Node faults are RANK:KIND[=VALUE]. The cluster fault outside-cut=MB makes the simulated outside serve MB more
+    MiB, then cut every transfer in progress once (the connections close mid-body), then serve normally again."""
     items = list(specs)
-    if items and ":" not in items[0] and not items[0].isdigit():
+    if items and ":" not in items[0] and not items[0].isdigit() and not sim_faults.is_cluster_fault(items[0]):
         if name is not None and name != items[0]:
             raise K3Error(f"cluster given twice ({items[0]!r} and --name {name!r}): give it once")
         name = items.pop(0)
     name = name or sim.DEFAULT_NAME
     if not items and not clear:
-        raise K3Error(f"no fault given: use e.g. 'k3deploy sim fault {name} 1:driver=570.86.15', or --clear")
+        raise K3Error(f"no fault given: use e.g. 'k3deploy sim fault {name} 1:driver=570.86.15' or "
+                      f"'k3deploy sim fault {name} outside-cut=8', or --clear")
     if clear:
         res = sim.set_faults(name, clear=items, clear_all=not items)
     else:

@@ -4,7 +4,8 @@ Each node is a network namespace on a private bridge, a copy-on-write root (over
 cached Debian base root, the upper layer on a per-node tmpfs), a real systemd booted by
 ``systemd-nspawn --boot`` and a real OpenSSH sshd that accepts the cluster's key for root. The GPU
 vendor tools, ``docker`` and the inference engine inside the nodes are simulations
-(``k3deploy/sim/node_tools``) driven by ``/etc/k3sim/node.json``.
+(``k3deploy/sim/node_tools``) driven by ``/etc/k3sim/node.json``. Beyond the nodes, one simulated outside (the
+container registries and the model hub, behind a shaped uplink) serves real bytes and counts them.
 
 Modules:
 
@@ -12,11 +13,14 @@ Modules:
   runtime faults; composes the modules below (and re-exports the names other code uses).
 - :mod:`k3deploy.sim.state`: cluster names, node layout, ``state.json`` files, the host-wide lock.
 - :mod:`k3deploy.sim.processes`: the nodes' ``systemd-nspawn``, PIDs and cgroups (start, stop by PID).
-- :mod:`k3deploy.sim.network`: bridge, subnets, network namespaces and veth pairs.
+- :mod:`k3deploy.sim.network`: bridge, subnets, network namespaces and veth pairs, tc shaping (uplink, node links).
+- :mod:`k3deploy.sim.outside`: the simulated outside's HTTP server (OCI registry and Hugging Face hub API, byte
+  counters, the ``outside-cut`` fault), run as a script in the namespace ``NAME-out``; its pure size helpers.
 - :mod:`k3deploy.sim.rootfs`: node tmpfs, overlay root, per-node files and tools, the "disks", unmounting.
 - :mod:`k3deploy.sim.inventory`: the pyinfra inventory and ``group_vars`` of a cluster.
 - :mod:`k3deploy.sim.host`: :class:`~k3deploy.sim.host.SimError`, running host commands, atomic writes.
 - :mod:`k3deploy.sim.base`: builds and caches the base root (``k3deploy sim base``).
-- :mod:`k3deploy.sim.profiles` / :mod:`k3deploy.sim.faults`: hardware profiles and fault specs.
+- :mod:`k3deploy.sim.profiles` / :mod:`k3deploy.sim.faults`: hardware profiles and fault specs (node faults
+  ``RANK:KIND[=VALUE]``, cluster faults ``KIND=VALUE``).
 - :mod:`k3deploy.cli.sim`: the ``k3deploy sim`` commands.
 """

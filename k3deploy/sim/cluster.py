@@ -13,7 +13,13 @@ A cluster named ``NAME`` with N nodes consists of, for node i (1 <= i <= N, rank
 - its own cgroups ``k3deploy-sim/NAME/NAME-node<i>`` in every cgroup hierarchy nspawn uses (plus the
   v1 ``memory`` controller for accounting, where present);
 - ``systemd-nspawn --boot`` (real systemd as the node's PID 1) and the node's own OpenSSH sshd with its
-  own ed25519 host key, accepting the cluster key for root (:mod:`k3deploy.sim.processes`).
+  own ed25519 host key, accepting the cluster key for root (:mod:`k3deploy.sim.processes`);
+- ``eth0`` egress shaped to the cluster rate (``--cluster-mbps``, tc tbf).
+
+and one simulated outside (:mod:`k3deploy.sim.outside`): an HTTP server standing in for the registries and the
+model hub, in the network namespace ``NAME-out`` at ``<subnet>.254`` (host-side veth ``NAME-vo``), its egress shaped
+to the uplink rate (``--uplink-mbps``), its state (counters, cut fault, generated files) in ``<state>/outside``. The
+nodes' ``/etc/hosts`` map ``registry-1.docker.io``, ``quay.io``, ``huggingface.co`` and ``k3sim-outside`` to it.
 
 The state lives in ``/run/k3deploy/sim/NAME/`` (``K3SIM_STATE`` overrides the parent): ``state.json``,
 the cluster key ``id_ed25519``, ``known_hosts``, the pyinfra inventory ``NAME.py``
@@ -31,7 +37,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -42,7 +51,7 @@ from k3deploy.errors import K3Error
 from k3deploy.recipe.taxonomy import strategies
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import faults as sim_faults
-from k3deploy.sim import network, processes, profiles, rootfs
+from k3deploy.sim import network, outside, processes, profiles, rootfs
 from k3deploy.sim.host import COMMAND_PACKAGES, SimError, ensure_inotify, run
 from k3deploy.sim.inventory import parse_layout, write_inventory
 from k3deploy.sim.network import bridge_name, default_subnet, validate_subnet
@@ -135,7 +144,8 @@ class _Clear(NamedTuple):
 
 
 def fault_kinds() -> dict[str, str]:
-    return dict(sim_faults.FAULT_KINDS)
+    """Node fault kinds (``RANK:KIND[=VALUE]``) and cluster fault kinds (``KIND=VALUE``, no rank)."""
+    return {**sim_faults.FAULT_KINDS, **sim_faults.CLUSTER_FAULT_KINDS}
 
 
 def parse_fault(text: str) -> sim_faults.Fault:
@@ -182,7 +192,7 @@ def check_host() -> None:
     """Root, the needed commands and a cgroup layout nspawn can use; one line naming the fix."""
     if os.geteuid() != 0:
         raise SimError("the simulated cluster needs root: run k3deploy sim as root (sudo)")
-    for cmd in ("systemd-nspawn", "ip", "ssh", "ssh-keygen", "nsenter", "mount", "umount"):
+    for cmd in ("systemd-nspawn", "ip", "tc", "ssh", "ssh-keygen", "nsenter", "mount", "umount"):
         if shutil.which(cmd) is None:
             raise SimError(f"{cmd} not found: {COMMAND_PACKAGES[cmd]}")
     if not cgroup_hierarchies():
@@ -206,12 +216,18 @@ def up(
     boot_timeout: float | None = None,
     pd_layout: str | None = None,
     strategy: str | None = None,
+    uplink_mbps: float = 400.0,
+    cluster_mbps: float = 4000.0,
+    weights_mb: float = 8.0,
+    image_mb: float = 8.0,
 ) -> dict[str, Any]:
-    """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}]}``.
+    """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
     ``pd_layout`` ``"pd:P,D"`` writes an inventory with groups prefill (P nodes), decode (D nodes) and router
     (the first prefill node) instead of head and workers. ``strategy`` goes into the cluster's group_vars
-    (``pd_cluster`` with a P/D layout).
+    (``pd_cluster`` with a P/D layout). The outside serves images of ``image_mb`` MiB and checkpoints of
+    ``weights_mb`` MiB over an uplink of ``uplink_mbps`` Mbit/s; nodes send to each other at ``cluster_mbps``.
+    ``faults`` may hold cluster faults (``outside-cut=MB``) next to node faults.
     """
     say = progress or (lambda _m: None)
     validate_name(name)
@@ -227,7 +243,14 @@ def up(
         raise SimError(f"bad node count {nodes}: the simulation runs 1 to {MAX_NODES} nodes")
     if not time_scale > 0:
         raise SimError(f"bad time scale {time_scale}: give a factor > 0, e.g. 0.01")
-    parsed = [parse_fault(f) for f in faults or []]
+    for label, value in (("--uplink-mbps", uplink_mbps), ("--cluster-mbps", cluster_mbps)):
+        if not 0 < value <= 400_000:
+            raise SimError(f"bad {label} {value:g}: give megabits per second > 0, e.g. 400")
+    for label, value in (("--weights-mb", weights_mb), ("--image-mb", image_mb)):
+        if not 0.01 <= value <= 1 << 20:
+            raise SimError(f"bad {label} {value:g}: give MiB (at least 0.01), e.g. 8")
+    cluster_faults = [sim_faults.parse_cluster_fault(f) for f in faults or [] if sim_faults.is_cluster_fault(f)]
+    parsed = [parse_fault(f) for f in faults or [] if not sim_faults.is_cluster_fault(f)]
     for f in parsed:
         if not 0 <= f.rank < nodes:
             raise SimError(f"bad fault {fault_text(f)!r}: rank {f.rank} is not in 0..{nodes - 1}")
@@ -261,8 +284,10 @@ def up(
         # node files get the modes a normal root would give them, whatever the caller's umask
         umask = os.umask(0o022)
         try:
+            shaping = {"uplink_mbps": float(uplink_mbps), "cluster_mbps": float(cluster_mbps),
+                       "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
-                                 strategy)
+                                strategy, shaping, cluster_faults)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -290,7 +315,10 @@ def _up_locked(
     boot_timeout: float,
     pools: dict[str, int] | None = None,
     strategy: str | None = None,
+    shaping: dict[str, float] | None = None,
+    cluster_faults: list[sim_faults.ClusterFault] | None = None,
 ) -> dict[str, Any]:
+    shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
     sdir.mkdir(parents=True, exist_ok=True)
     os.chmod(sdir, 0o700)
@@ -328,6 +356,17 @@ def _up_locked(
             }
             for nd in nodes
         ],
+        "outside": {
+            "netns": network.outside_names(name)[0],
+            "veth": network.outside_names(name)[1],
+            "ip": f"{subnet}.{outside.OCTET}",
+            "port": outside.PORT,
+            "dir": str(sdir / "outside"),
+            **shaping,
+            "faults": [str(f) for f in cluster_faults or []],
+            "pid": None,
+            "pid_start": None,
+        },
     }
     save_state(state)
 
@@ -339,17 +378,19 @@ def _up_locked(
     state["bridge_created"] = True
     save_state(state)
     network.create_bridge(br, subnet)
+    _start_outside(state)
 
+    out = state["outside"]
     hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + "".join(
         f"{nd.ip}\t{nd.name}\n" for nd in nodes
-    )
+    ) + f"{out['ip']}\t{' '.join(outside.HOSTS)}\n"
     host_keys: dict[str, str] = {}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for nd, rec in zip(nodes, state["nodes"], strict=True):
         node_faults = [f for f in faults if f.rank == nd.rank]
         doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, node_faults, time_scale, cluster_uuid)
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
-        network.prepare_net(nd, br, subnet)
+        network.prepare_net(nd, br, subnet, shaping["cluster_mbps"])
         proc = processes.spawn(name, nd)
         procs[nd.name] = proc
         st = processes.proc_stat(proc.pid)
@@ -360,6 +401,7 @@ def _up_locked(
     write_inventory(state)
     say(f"booting {n} node(s) of {hardware} ({name}, {subnet}.0/24)")
     _wait_ready(state, nodes, faults, boot_timeout)
+    _wait_outside(state)
     state["phase"] = "up"
     state["up_at"] = time.time()
     save_state(state)
@@ -382,11 +424,88 @@ def running(
 
 
 def summary(state: dict[str, Any]) -> dict[str, Any]:
-    return {
+    res = {
         "name": state["name"],
         "inventory": state["inventory"],
         "nodes": [{"name": r["name"], "ip": r["ip"], "rank": r["rank"]} for r in state["nodes"]],
     }
+    out = state.get("outside")
+    if out:
+        res["outside"] = {"ip": out["ip"], "port": out["port"], "names": list(outside.HOSTS)}
+    return res
+
+
+# --------------------------------------------------------------------------- the outside
+
+
+def _start_outside(state: dict[str, Any]) -> None:
+    """The outside's namespace (on the bridge, shaped to the uplink rate) and its server, a process of its own."""
+    out = state["outside"]
+    network.prepare_outside_net(out["netns"], out["veth"], state["bridge"], out["ip"], out["uplink_mbps"])
+    d = Path(out["dir"])
+    d.mkdir(parents=True, exist_ok=True)
+    for f in out.get("faults", []):
+        outside.set_cut(d, float(sim_faults.parse_cluster_fault(f).value))
+    cmd = ["ip", "netns", "exec", out["netns"], sys.executable, "-I", "-S", outside.__file__, "--dir", str(d),
+           "--bind", out["ip"], "--port", str(out["port"]), "--image-mb", repr(out["image_mb"]),
+           "--weights-mb", repr(out["weights_mb"])]
+    with open(d / "server.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    st = processes.proc_stat(proc.pid)
+    out["pid"], out["pid_start"] = proc.pid, st[1] if st else None
+    save_state(state)
+    proc.returncode = 0  # it outlives this process: stop tracking it as a child
+
+
+def _wait_outside(state: dict[str, Any], timeout: float = 20) -> None:
+    out = state["outside"]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((out["ip"], out["port"]), timeout=0.5):
+                return
+        except OSError:
+            pass
+        alive = processes.alive(out["pid"])
+        if not alive or time.monotonic() > deadline:
+            processes.reap(out["pid"])
+            log = Path(out["dir"]) / "server.log"
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+            why = lines[-1] if lines else "no output"
+            raise SimError(f"the simulated outside did not {'listen' if alive else 'start'} on "
+                           f"{out['ip']}:{out['port']}: {why} (see {log})")
+        time.sleep(0.05)
+
+
+def _stop_outside(name: str, out: dict[str, Any] | None) -> None:
+    """Stop the outside's server (by PID, after checking it is ours) and anything else in its namespace (only what
+    the simulation started runs there), then remove its namespace and veth."""
+    netns, veth = (out["netns"], out["veth"]) if out else network.outside_names(name)
+    pid, start = int((out or {}).get("pid") or 0), (out or {}).get("pid_start")
+    if processes.ours(pid, start, outside.PROCESS_NAME):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        while processes.ours(pid, start, outside.PROCESS_NAME) and time.monotonic() < deadline:
+            processes.reap(pid)
+            time.sleep(0.05)
+        if processes.ours(pid, start, outside.PROCESS_NAME):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if pid:
+        processes.reap(pid)
+    if Path(f"/run/netns/{netns}").exists():
+        for _ in range(40):
+            left = [int(p) for p in run(["ip", "netns", "pids", netns], check=False).stdout.split() if p.isdigit()]
+            if not left:
+                break
+            for p in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+                processes.reap(p)
+            time.sleep(0.05)
+    network.remove_outside_net(netns, veth)
 
 
 def _ssh_base(state: dict[str, Any]) -> list[str]:
@@ -499,6 +618,7 @@ def _down_locked(name: str, state: dict[str, Any] | None) -> None:
     for r in recs:
         network.remove_node_net(r)
         processes.remove_nspawn_leftovers(r["name"])
+    _stop_outside(name, state.get("outside"))
     network.remove_bridge(state)
     # 5. cgroups, then the state directory
     processes.remove_cgroups(cg_roots)
@@ -535,7 +655,8 @@ def status(name: str | None = None) -> list[dict[str, Any]]:
                 }
             )
         phase = st.get("phase", "unknown")
-        if phase == "up" and not all(n["running"] for n in nodes):
+        ext = _outside_status(st)
+        if phase == "up" and not (all(n["running"] for n in nodes) and (ext is None or ext["outside"]["running"])):
             phase = "degraded"
         out.append(
             {
@@ -545,9 +666,40 @@ def status(name: str | None = None) -> list[dict[str, Any]]:
                 "subnet": f"{st.get('subnet')}.0/24",
                 "inventory": st.get("inventory"),
                 "nodes": nodes,
+                **(ext or {}),
             }
         )
     return out
+
+
+def _outside_status(st: dict[str, Any]) -> dict[str, Any] | None:
+    """``outside_bytes`` (payload served since up), ``artifact_bytes`` (what one node needs: one image's layers and
+    one checkpoint), the shaping rates and the outside's details; None for a cluster without an outside."""
+    out = st.get("outside")
+    if not out:
+        return None
+    counters = outside.read_counters(Path(out["dir"]))
+    return {
+        "outside_bytes": counters["payload_bytes"],
+        "artifact_bytes": outside.artifact_bytes(out["image_mb"], out["weights_mb"]),
+        "uplink_mbps": out["uplink_mbps"],
+        "cluster_mbps": out["cluster_mbps"],
+        "outside": {
+            "ip": out["ip"],
+            "port": out["port"],
+            "names": list(outside.HOSTS),
+            "running": processes.ours(out.get("pid"), out.get("pid_start"), outside.PROCESS_NAME),
+            "image_bytes": outside.mib_bytes(out["image_mb"]),
+            "checkpoint_bytes": outside.checkpoint_bytes(out["weights_mb"]),
+            "other_bytes": counters["other_bytes"],
+            "requests": counters["requests"],
+            "by_host": counters["by_host"],
+            "aborted": counters["aborted"],
+            "faults": out.get("faults", []),
+            "cut": counters["cut"],
+            "counters": str(Path(out["dir"]) / outside.COUNTERS),
+        },
+    }
 
 
 # --------------------------------------------------------------------------- runtime faults
@@ -556,17 +708,27 @@ def status(name: str | None = None) -> list[dict[str, Any]]:
 def set_faults(
     name: str, add: list[str] | None = None, clear: list[str] | None = None, clear_all: bool = False
 ) -> dict[str, list[str]]:
-    """Add or clear faults on a running cluster; returns each node's faults afterwards.
+    """Add or clear faults on a running cluster; returns each node's faults afterwards (and the outside's, under
+    its namespace name ``NAME-out``).
 
     The node's ``/etc/k3sim/node.json`` is rewritten (the simulated tools re-read it on every call);
-    ``disk-full`` shrinks and fills the node's disks, ``sshd-down`` stops and masks ``ssh.service``.
+    ``disk-full`` shrinks and fills the node's disks, ``sshd-down`` stops and masks ``ssh.service``. Cluster faults
+    (``outside-cut=MB``; cleared by ``outside-cut``) go to the outside's ``fault.json``; ``clear_all`` clears them too.
     """
     validate_name(name)
     check_host()
+    add_cluster = [sim_faults.parse_cluster_fault(t) for t in add or [] if sim_faults.is_cluster_fault(t)]
+    clear_cluster = {t.strip().partition("=")[0].strip() for t in clear or [] if sim_faults.is_cluster_fault(t)}
+    add = [t for t in add or [] if not sim_faults.is_cluster_fault(t)]
+    clear = [t for t in clear or [] if not sim_faults.is_cluster_fault(t)]
     with locked(name):
         state = load_state(name)
         if state is None or state.get("phase") != "up":
             raise SimError(f"no simulated cluster {name!r} is up: start one with 'k3deploy sim up --name {name} ...'")
+        out = state.get("outside")
+        if (add_cluster or clear_cluster) and not out:
+            raise SimError(f"cluster {name!r} has no simulated outside (made by an older k3deploy): run "
+                           f"'k3deploy sim down --name {name}' and up again")
         n = len(state["nodes"])
         adds = [parse_fault(t) for t in add or []]
         clears = [_parse_clear(t) for t in clear or []]
@@ -595,9 +757,30 @@ def set_faults(
                 _apply_faults(state, rec, before, after)
                 rec["faults"] = [fault_text(f) for f in after]
                 save_state(state)
+            if out and (add_cluster or clear_cluster or clear_all):
+                _apply_cluster_faults(state, add_cluster, clear_cluster, clear_all)
         finally:
             os.umask(umask)
-        return {rec["name"]: rec.get("faults", []) for rec in state["nodes"]}
+        res = {rec["name"]: rec.get("faults", []) for rec in state["nodes"]}
+        if out:
+            res[out["netns"]] = list(out.get("faults", []))
+        return res
+
+
+def _apply_cluster_faults(state: dict[str, Any], add: list[sim_faults.ClusterFault], clear: set[str],
+                          clear_all: bool) -> None:
+    """Arm or clear the outside's faults (its server reads ``fault.json`` at the next transfer)."""
+    out = state["outside"]
+    d = Path(out["dir"])
+    faults = [] if clear_all else [f for f in out.get("faults", []) if f.partition("=")[0] not in clear]
+    for f in add:
+        faults = [g for g in faults if g.partition("=")[0] != f.kind] + [str(f)]
+        if f.kind == "outside-cut":
+            outside.set_cut(d, float(f.value))
+    if not any(f.startswith("outside-cut=") for f in faults):
+        outside.clear_cut(d)
+    out["faults"] = faults
+    save_state(state)
 
 
 def _parse_clear(text: str) -> _Clear:
@@ -607,6 +790,7 @@ def _parse_clear(text: str) -> _Clear:
     if not rank.isdigit() or (kind != "*" and kind not in sim_faults.FAULT_KINDS):
         raise SimError(
             f"bad fault to clear {text!r}: use RANK or RANK:KIND with KIND one of {', '.join(sim_faults.FAULT_KINDS)}"
+            f", or a cluster fault kind ({', '.join(sim_faults.CLUSTER_FAULT_KINDS)})"
         )
     return _Clear(int(rank), kind)
 

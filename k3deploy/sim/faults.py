@@ -1,7 +1,8 @@
-"""Faults that can be injected into a simulated node: ``RANK:KIND[=VALUE]``.
+"""Faults that can be injected into a simulated node: ``RANK:KIND[=VALUE]``; and cluster faults: ``KIND=VALUE``.
 
 ``RANK`` is the node rank (0 = the head, ``node1``). A fault changes what that node's simulated
-hardware, tools or engine report; :func:`k3deploy.sim.profiles.node_config` applies it.
+hardware, tools or engine report; :func:`k3deploy.sim.profiles.node_config` applies it. A cluster fault
+(:data:`CLUSTER_FAULT_KINDS`, no rank) changes the simulated outside (:mod:`k3deploy.sim.outside`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ FAULT_KINDS: dict[str, str] = {
     "engine-slow": "engine-slow=SECONDS: weight loading takes SECONDS longer (wall-clock, not scaled)",
 }
 
+#: cluster-level kind -> one-line description: faults of the simulated outside, written without a rank
+CLUSTER_FAULT_KINDS: dict[str, str] = {
+    "outside-cut": "outside-cut=MB: the outside serves MB more MiB, then cuts every transfer in progress once "
+                   "(closes the connections mid-body), then serves normally again (resume tests)",
+}
+
 #: kinds that need ``=VALUE``
 VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "cluster-uuid", "engine-slow"})
 
@@ -45,6 +52,37 @@ class Fault:
 
     def __str__(self) -> str:
         return f"{self.rank}:{self.kind}" + (f"={self.value}" if self.value is not None else "")
+
+
+@dataclass(frozen=True)
+class ClusterFault:
+    kind: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}={self.value}"
+
+
+def is_cluster_fault(text: str) -> bool:
+    """``text`` names a cluster fault kind (``KIND`` or ``KIND=VALUE``, no rank)."""
+    return text.strip().partition("=")[0].strip() in CLUSTER_FAULT_KINDS
+
+
+def parse_cluster_fault(text: str) -> ClusterFault:
+    """Parse ``KIND=VALUE`` of a cluster fault (e.g. ``outside-cut=8``); raise :class:`K3Error` on bad input."""
+    kind, eq, raw = text.strip().partition("=")
+    kind = kind.strip()
+    if kind not in CLUSTER_FAULT_KINDS:
+        raise K3Error(f"unknown cluster fault {text!r}: choose one of {', '.join(sorted(CLUSTER_FAULT_KINDS))}")
+    if not eq or not raw.strip():
+        raise K3Error(f"fault {text!r} needs a value: {CLUSTER_FAULT_KINDS[kind]}")
+    try:
+        mib = float(raw)
+    except ValueError:
+        mib = -1.0
+    if not 0 <= mib <= 1 << 20:
+        raise K3Error(f"bad {kind} value {raw.strip()!r} in {text!r}: give MiB to serve before the cut, e.g. 8")
+    return ClusterFault(kind, f"{mib:g}")
 
 
 def _kinds_hint() -> str:

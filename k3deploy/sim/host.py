@@ -18,6 +18,7 @@ class SimError(K3Error):
 COMMAND_PACKAGES = {
     "systemd-nspawn": "install the systemd-container package (apt-get install systemd-container)",
     "ip": "install the iproute2 package (apt-get install iproute2)",
+    "tc": "install the iproute2 package (apt-get install iproute2)",
     "ssh": "install the openssh-client package (apt-get install openssh-client)",
     "ssh-keygen": "install the openssh-client package (apt-get install openssh-client)",
     "nsenter": "install the util-linux package (apt-get install util-linux)",

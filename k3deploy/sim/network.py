@@ -1,8 +1,13 @@
-"""The cluster's network: a bridge ``NAME0`` on ``<subnet>.1/24``, a network namespace and a veth pair per node.
+"""The cluster's network: a bridge ``NAME0`` on ``<subnet>.1/24``, a network namespace and a veth pair per node,
+and one for the simulated outside.
 
 Node i of cluster ``NAME`` has ``<subnet>.<10+i>/24`` on ``eth0`` inside its namespace ``NAME-node<i>``; the
 host side of its veth pair is ``NAME-v<i>``, on the bridge. ``k3sim`` uses ``10.77.0``; other names get a
-subnet derived from the name unless one is given.
+subnet derived from the name unless one is given. The outside (:mod:`k3deploy.sim.outside`) has ``<subnet>.254``
+on ``eth0`` in ``NAME-out`` (host side ``NAME-vo``).
+
+Shaping (``tc`` ``tbf``; ``netem`` is not available in every kernel): the outside's ``eth0`` egress runs at the
+uplink rate, so all nodes share the uplink, and each node's ``eth0`` egress at the cluster rate (node to node).
 """
 
 from __future__ import annotations
@@ -70,16 +75,47 @@ def create_bridge(br: str, subnet: str) -> None:
     run(["ip", "link", "set", br, "up"])
 
 
-def prepare_net(nd: NodeLayout, br: str, subnet: str) -> None:
-    """The node's network namespace, with ``eth0`` on the bridge and a default route via the host."""
-    run(["ip", "netns", "add", nd.netns])
-    run(["ip", "link", "add", nd.veth, "type", "veth", "peer", "name", "eth0", "netns", nd.netns])
-    run(["ip", "link", "set", nd.veth, "master", br, "up"])
-    ns = ["ip", "-n", nd.netns]
-    run([*ns, "addr", "add", f"{nd.ip}/24", "dev", "eth0"])
+def prepare_net(nd: NodeLayout, br: str, subnet: str, rate_mbps: float | None = None) -> None:
+    """The node's network namespace, with ``eth0`` on the bridge and a default route via the host; its egress
+    shaped to ``rate_mbps`` when given."""
+    _veth_netns(nd.netns, nd.veth, br, nd.ip)
+    run(["ip", "-n", nd.netns, "route", "add", "default", "via", f"{subnet}.1"])
+    if rate_mbps:
+        shape(nd.netns, "eth0", rate_mbps)
+
+
+def _veth_netns(netns: str, veth: str, br: str, ip: str) -> None:
+    run(["ip", "netns", "add", netns])
+    run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
+    run(["ip", "link", "set", veth, "master", br, "up"])
+    ns = ["ip", "-n", netns]
+    run([*ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
     run([*ns, "link", "set", "eth0", "up"])
     run([*ns, "link", "set", "lo", "up"])
-    run([*ns, "route", "add", "default", "via", f"{subnet}.1"])
+
+
+def outside_names(name: str) -> tuple[str, str]:
+    """(network namespace, host-side veth) of cluster ``name``'s outside."""
+    return f"{name}-out", f"{name}-vo"
+
+
+def prepare_outside_net(netns: str, veth: str, br: str, ip: str, uplink_mbps: float) -> None:
+    """The outside's namespace on the bridge at ``ip``, its egress (everything it sends the nodes) shaped."""
+    _veth_netns(netns, veth, br, ip)
+    shape(netns, "eth0", uplink_mbps)
+
+
+def shape(netns: str, dev: str, mbps: float) -> None:
+    """A token-bucket filter on ``dev``'s egress in ``netns`` at ``mbps`` megabits per second."""
+    rate_bytes = mbps * 1e6 / 8
+    burst = max(256 * 1024, int(rate_bytes / 200))  # 5 ms at the rate; enough for GSO segments
+    run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{max(1, int(mbps * 1000))}kbit",
+         "burst", str(burst), "latency", "50ms"])
+
+
+def remove_outside_net(netns: str, veth: str) -> None:
+    """Delete the outside's namespace and veth (those that exist)."""
+    remove_node_net({"netns": netns, "veth": veth})
 
 
 def remove_node_net(rec: dict[str, Any]) -> None:

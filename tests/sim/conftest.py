@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_engine_harness import Procs
+from . import test_engine_harness as harness
+from .test_engine_harness import Outside, Procs
 
 
 @pytest.fixture
@@ -23,3 +24,13 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 def net() -> str:
     """A /24 on loopback of its own, so that tests never share addresses or ports."""
     return f"127.{random.randint(16, 250)}.{random.randint(1, 250)}"
+
+
+@pytest.fixture(scope="session")
+def outside_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outside]:
+    """The simulated outside (4 MiB images, 4 MiB checkpoints) for the host's "nodes" (K3SIM_OUTSIDE)."""
+    srv = Outside(tmp_path_factory.mktemp("outside"), f"127.{random.randint(16, 250)}.{random.randint(1, 250)}.254")
+    harness.OUTSIDE_ADDR = srv.addr
+    yield srv
+    harness.OUTSIDE_ADDR = None
+    srv.stop()

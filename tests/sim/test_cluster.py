@@ -102,11 +102,16 @@ def leftovers(res: dict) -> list[str]:
             left.append(f"nspawn propagate dir of {r['name']}")
     if Path(f"/sys/class/net/{st['bridge']}").exists():
         left.append(f"bridge {st['bridge']}")
+    out = st.get("outside") or {}
+    if out.get("netns") and Path(f"/run/netns/{out['netns']}").exists():
+        left.append(f"netns {out['netns']}")
+    if out.get("veth") and Path(f"/sys/class/net/{out['veth']}").exists():
+        left.append(f"veth {out['veth']}")
     with open("/proc/self/mountinfo") as fh:
         mounts = [ln.split()[4] for ln in fh]
     left += [f"mount {m}" for m in mounts if m.startswith(str(sim.state_dir(name)))]
     left += [f"cgroup {cg}" for cg in st["cgroups"] if Path(cg).exists()]
-    for pid in [p for p, _ in res["nspawn"]] + res["init"] + res["cg_pids"]:
+    for pid in [p for p, _ in res["nspawn"]] + res["init"] + res["cg_pids"] + ([out["pid"]] if out.get("pid") else []):
         stat = processes.proc_stat(pid)
         if stat is not None and stat[0] not in ("Z", "X"):
             left.append(f"process {pid} ({processes.comm(pid)})")
@@ -242,8 +247,9 @@ def test_base_mirror_follows_the_hosts_apt_sources(tmp_path, monkeypatch):
 @pytest.mark.sim
 @needs_sim
 def test_up_json_and_inventory(gb300):
-    assert set(gb300) == {"name", "inventory", "nodes"}
+    assert set(gb300) == {"name", "inventory", "nodes", "outside"}
     assert gb300["name"] == "tgb300"
+    assert gb300["outside"]["ip"] == gb300["nodes"][0]["ip"].rsplit(".", 1)[0] + ".254"
     assert [n["rank"] for n in gb300["nodes"]] == [0, 1]
     assert [n["name"] for n in gb300["nodes"]] == ["tgb300-node1", "tgb300-node2"]
     ips = [n["ip"] for n in gb300["nodes"]]

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from k3deploy.sim import outside
 from k3deploy.sim.faults import parse_fault
 from k3deploy.sim.profiles import NODE_TOOLS, node_config
 
@@ -23,6 +24,8 @@ ENGINE = NODE_TOOLS / "usr/lib/k3sim/engine.py"
 DOCKER = NODE_TOOLS / "usr/bin/docker"
 ROUTER = NODE_TOOLS / "usr/bin/vllm-router"
 UUID = "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
+#: ADDRESS:PORT of the simulated outside the host's "nodes" use (K3SIM_OUTSIDE), set by the ``outside`` fixture
+OUTSIDE_ADDR: str | None = None
 
 
 def free_port(host: str) -> int:
@@ -46,6 +49,8 @@ class Node:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("K3SIM_", "VLLM_", "NCCL_"))}
         env.update(K3SIM_NODE_CONFIG=str(self.dir / "node.json"), K3SIM_STATE_DIR=str(self.dir / "state"))
+        if OUTSIDE_ADDR:
+            env["K3SIM_OUTSIDE"] = OUTSIDE_ADDR
         env.update(extra)
         return env
 
@@ -82,6 +87,42 @@ class Procs:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+class Outside:
+    """The simulated outside (registries and hub) on a loopback address of its own, as a real process."""
+
+    def __init__(self, d: Path, ip: str, image_mb: float = 4, weights_mb: float = 4) -> None:
+        self.dir = d
+        self.ip = ip
+        self.port = free_port(ip)
+        self.addr = f"{ip}:{self.port}"
+        self.log = open(d / "outside.log", "w")
+        self.proc = subprocess.Popen([sys.executable, outside.__file__, "--dir", str(d), "--bind", ip, "--port",
+                                      str(self.port), "--image-mb", str(image_mb), "--weights-mb", str(weights_mb)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                with socket.create_connection((ip, self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the outside server did not listen: {(d / 'outside.log').read_text()}")
+
+    def payload(self) -> int:
+        return int(outside.read_counters(self.dir)["payload_bytes"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
 
 
 def http(url: str, body: dict | None = None, headers: dict | None = None, timeout: float = 5):

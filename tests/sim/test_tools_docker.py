@@ -14,6 +14,8 @@ import pytest
 
 from .test_engine_harness import DOCKER, Node, free_port, healthy, http, wait_for
 
+pytestmark = pytest.mark.usefixtures("outside_server")  # pulls fetch from the simulated outside
+
 IMAGE = "vllm/vllm-openai:kimi-k3"
 DIGEST = "sha256:3a2eb08c964042fec5afa5e174f485f7147648f1f78227112edacc7bcc2efd4a"
 

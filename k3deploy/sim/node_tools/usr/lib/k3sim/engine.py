@@ -105,23 +105,47 @@ class UsageError(Exception):
     pass
 
 
-def missing_shard(model):
-    """The first shard the index of ``model``'s cached snapshot names that is not there (None when all are, or
-    when the cache holds no snapshot: then nothing is checked). The cache is the container's ``~/.cache`` mount."""
-    cache = None
+def _host_path(container_path: str) -> str:
+    """Where a container path lives on the node, through the container's bind mounts (longest first)."""
+    mounts = []
     for spec in json.loads(os.environ.get("K3SIM_VOLUMES", "[]")):
         src, _, rest = spec.partition(":")
-        if rest.split(":")[0].rstrip("/") == "/root/.cache":
-            cache = os.path.join(src, "huggingface")
-    if cache is None:
-        return None
-    base = os.path.join(cache, "hub", "models--" + model.replace("/", "--"))
+        mounts.append((rest.split(":")[0].rstrip("/"), src))
+    for dst, src in sorted(mounts, key=lambda m: -len(m[0])):
+        if dst and (container_path == dst or container_path.startswith(dst + "/")):
+            return src + container_path[len(dst):]
+    return container_path
+
+
+def missing_shard(model: str) -> str | None:
+    """The first shard that the index of the served model's snapshot names and that is not there (a dangling link
+    counts as missing), as vLLM's loader would open it; None when all are there, or when there is no snapshot to
+    check (weights not staged in a mounted cache: nothing is checked then).
+
+    The snapshot: ``MODEL`` itself when it is a directory (a local path), else ``refs/main`` of the model in the
+    Hugging Face cache: ``HF_HUB_CACHE``, ``HF_HOME/hub`` or ``~/.cache/huggingface/hub`` of the container, seen
+    through its bind mounts (so only a mounted cache is found)."""
+    mounted = [spec.partition(":")[2].split(":")[0].rstrip("/")
+               for spec in json.loads(os.environ.get("K3SIM_VOLUMES", "[]"))]
+    if model.startswith("/"):
+        if not any(model == m or model.startswith(m + "/") for m in mounted if m):
+            return None
+        snap = _host_path(model)
+    else:
+        hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME") or "/root/.cache/huggingface",
+                                                               "hub")
+        if not any(hub == m or hub.startswith(m + "/") for m in mounted if m):
+            return None
+        base = os.path.join(_host_path(hub), "models--" + model.replace("/", "--"))
+        try:
+            with open(os.path.join(base, "refs", "main")) as fh:
+                snap = os.path.join(base, "snapshots", fh.read().strip())
+        except OSError:
+            return None
     try:
-        with open(os.path.join(base, "refs", "main")) as fh:
-            snap = os.path.join(base, "snapshots", fh.read().strip())
         with open(os.path.join(snap, "model.safetensors.index.json")) as fh:
             shards = sorted(set(json.load(fh).get("weight_map", {}).values()))
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return None
     for name in shards:
         if not os.path.exists(os.path.join(snap, name)):

@@ -5,15 +5,20 @@ takes effect at the next call. Paths:
 
 - ``K3SIM_NODE_CONFIG`` (default ``/etc/k3sim/node.json``): the node configuration;
 - ``K3SIM_STATE_DIR`` (default ``/var/lib/k3sim``): runtime state (loaded modules, docker).
+- ``K3SIM_OUTSIDE`` (``ADDRESS:PORT``, unset on nodes): where the outside's names (registry-1.docker.io, quay.io,
+  huggingface.co, k3sim-outside) connect to instead of what ``/etc/hosts`` says; the tests use it on the host.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import sys
 import time
-from typing import NoReturn
+import urllib.parse
+from typing import BinaryIO, NoReturn
 
 CONFIG_PATH = "/etc/k3sim/node.json"
 STATE_DIR = "/var/lib/k3sim"
@@ -146,3 +151,60 @@ def tool_missing(config: dict, tool: str) -> bool:
 def command_not_found(tool: str) -> NoReturn:
     """Behave like a shell that cannot find the tool (exit 127)."""
     die(f"bash: {tool}: command not found", 127)
+
+
+# ---------------------------------------------------------------- HTTP to the simulated outside
+
+#: names the nodes' /etc/hosts map to the simulated outside
+OUTSIDE_HOSTS = ("k3sim-outside", "registry-1.docker.io", "quay.io", "huggingface.co")
+
+
+def http_open(url: str, method: str = "GET", headers: dict | None = None,
+              timeout: float = 30.0) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+    """Send one request; returns the response (headers read, body not) and its connection (close it when done).
+
+    The simulation speaks plain HTTP whatever the scheme (no TLS): to the URL's port, else 80. Raises OSError when
+    nothing answers (``socket.gaierror`` for an unknown name)."""
+    u = urllib.parse.urlsplit(url)
+    host = u.hostname or ""
+    addr, port = host, u.port or 80
+    override = os.environ.get("K3SIM_OUTSIDE")
+    if override and host in OUTSIDE_HOSTS:
+        addr, _, p = override.rpartition(":")
+        port = int(p)
+    conn = http.client.HTTPConnection(addr, port, timeout=timeout)
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    try:
+        conn.request(method, path, headers={"Host": u.netloc, "User-Agent": "k3sim", **(headers or {})})
+        return conn.getresponse(), conn
+    except BaseException:
+        conn.close()
+        raise
+
+
+def copy_body(resp: http.client.HTTPResponse, out: BinaryIO, want: int, hasher=None, chunk: int = 1 << 20) -> int:
+    """Copy up to ``want`` body bytes to ``out`` (and ``hasher``); returns how many came (fewer: the stream broke)."""
+    got = 0
+    while got < want:
+        try:
+            block = resp.read(min(chunk, want - got))
+        except (OSError, http.client.HTTPException):
+            break
+        if not block:
+            break
+        out.write(block)
+        if hasher is not None:
+            hasher.update(block)
+        got += len(block)
+    return got
+
+
+def net_error(exc: BaseException, host: str, port: int = 80) -> str:
+    """A connection failure as Go's net package words it (docker's daemon prints those)."""
+    if isinstance(exc, socket.gaierror):
+        return f"dial tcp: lookup {host}: no such host"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"dial tcp {host}:{port}: connect: connection refused"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return f"dial tcp {host}:{port}: i/o timeout"
+    return f"dial tcp {host}:{port}: {getattr(exc, 'strerror', None) or exc}"
