@@ -3,12 +3,14 @@ node, fanned out (`k3_stage: fanout`, the default: fetched from outside once, th
 the naive way (`k3_stage: per_node`: every node fetches from outside), in the same run.
 
 For GB300 trays (multi_node_tp) on 2, 8 and 18 trays, measures one `pyinfra <inventory> deploy/k3.py -y` on a
-fresh cluster: its wall time, the stage phase's wall time (from the first to the last stage operation in pyinfra's
-log), how many nodes fetched each artifact from outside (the registry pull and the hub download: what would cross
-the site's uplink) and the rounds of node-to-node copies. The simulated registry and hub sit on the nodes
-themselves (no bytes cross a shaped uplink), so the times show the tool's cost of the schedule, not transfer times.
+fresh cluster whose simulated outside (registry and hub) serves real bytes behind a tc-shaped uplink
+(`sim up --uplink-mbps`, `--weights-mb`, `--image-mb`; node to node `--cluster-mbps`): the rollout's wall time, the
+stage phase's wall time (from the first stage operation to the first operation after the stage in pyinfra's log),
+the bytes the outside served over the uplink against one node's artifacts (image layers and checkpoint), how many
+nodes fetched each artifact from outside and the rounds of node-to-node copies.
 
-Run as root: python benchmarks/stage.py [--trays 2,8,18] [--modes fanout,per_node] [--json]
+Run as root: python benchmarks/stage.py [--trays 2,8,18] [--modes fanout,per_node] [--weights-mb 256]
+             [--image-mb 64] [--uplink-mbps 400] [--cluster-mbps 4000] [--json]
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def measure(n: int, mode: str, args: argparse.Namespace) -> dict:
     subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
                    capture_output=True, cwd=ROOT)
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
-                         "--strategy", "multi_node_tp"))
+                         "--strategy", "multi_node_tp", "--weights-mb", str(args.weights_mb), "--image-mb",
+                         str(args.image_mb), "--uplink-mbps", str(args.uplink_mbps), "--cluster-mbps",
+                         str(args.cluster_mbps)))
     try:
         gv = Path(info["inventory"]).parent / "group_vars" / "all.yml"
         gv.write_text(gv.read_text() + f"k3_stage: {mode}\n")
@@ -64,11 +68,14 @@ def measure(n: int, mode: str, args: argparse.Namespace) -> dict:
         if run.wait() != 0:
             raise SystemExit(f"deploy of {n} trays ({mode}) failed:\n{''.join(lines)[-3000:]}")
         out = "".join(lines)
+        status = json.loads(k3("sim", "status", "--name", name, "--json"))["clusters"][0]
         rounds = len(re.findall(r"^--> Starting operation: Stage \| Stage round \d+ of", out, re.M))
         return {"trays": n, "mode": mode, "rollout_s": round(total, 2),
                 "stage_s": round((stage_end or total) - (stage_start or 0), 2),
                 "image_fetches": ran_on(out, "Image vllm/vllm-openai:kimi-k3: from the registry"),
-                "weights_fetches": ran_on(out, "Weights of moonshotai/Kimi-K3: from the hub"), "rounds": rounds}
+                "weights_fetches": ran_on(out, "Weights of moonshotai/Kimi-K3: from the hub"), "rounds": rounds,
+                "outside_bytes": status["outside_bytes"], "artifact_bytes": status["artifact_bytes"],
+                "uplink_x": round(status["outside_bytes"] / status["artifact_bytes"], 2)}
     finally:
         subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
                        capture_output=True, cwd=ROOT)
@@ -78,17 +85,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trays", default="2,8,18")
     ap.add_argument("--modes", default="fanout,per_node")
+    ap.add_argument("--weights-mb", type=float, default=256.0, help="checkpoint size, MiB")
+    ap.add_argument("--image-mb", type=float, default=64.0, help="image layers, MiB")
+    ap.add_argument("--uplink-mbps", type=float, default=400.0, help="the site's uplink, Mbit/s")
+    ap.add_argument("--cluster-mbps", type=float, default=4000.0, help="each node's rate to the others, Mbit/s")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = [measure(int(n), mode, args) for n in args.trays.split(",") for mode in args.modes.split(",")]
     for r in rows:
         print(f"{r['trays']:>3} trays {r['mode']:<8} rollout {r['rollout_s']:7.2f} s  stage {r['stage_s']:6.2f} s  "
-              f"fetched from outside: image x{r['image_fetches']}, weights x{r['weights_fetches']}; "
-              f"{r['rounds']} rounds", file=sys.stderr)
+              f"uplink {r['outside_bytes'] / 2**20:8.1f} MiB = {r['uplink_x']:5.2f}x the artifacts; fetched from "
+              f"outside: image x{r['image_fetches']}, weights x{r['weights_fetches']}; {r['rounds']} rounds",
+              file=sys.stderr)
     fan = {r["trays"]: r for r in rows if r["mode"] == "fanout"}
     if 2 in fan and 8 in fan:
         print(f"fanout: 8 trays / 2 trays rollout time = {fan[8]['rollout_s'] / fan[2]['rollout_s']:.2f}x "
               "(target <= 1.5x)", file=sys.stderr)
+    for r in rows:
+        if r["mode"] == "fanout" and r["trays"] == 8:
+            print(f"fanout: 8 trays' uplink = {r['uplink_x']:.2f}x the artifacts (target <= 1.2x)", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
 

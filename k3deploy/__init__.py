@@ -21,14 +21,15 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``cluster/`` -- the deployment model (pure)
     cluster/variables.py (every knob, group_vars merged), cluster/inventory.py (host records, roles, the plan of an
-    inventory), cluster/requirements.py (what a plan asks of its hosts), cluster/binding.py (placeholders filled
-    per host), cluster/units.py (container command, env file, systemd unit), cluster/unitcheck.py (systemd-analyze
-    verify), cluster/rollout.py (units per host, start order, what restarts), cluster/observed.py (what a host
-    has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown), cluster/commands.py (every
-    shell command the rollout runs), cluster/runbook/ (the rollout as a runbook), cluster/revisions.py (numbered
-    revisions per group, for history and rollback), cluster/staging.py (the image and the weights over the uplink
-    once, then node to node), cluster/status.py (serving, degraded or down, per unit, group and cluster),
-    cluster/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
+    inventory), cluster/requirements.py (what a plan asks of its hosts), cluster/binding.py (placeholders filled per
+    host), cluster/units.py (container command, env file, systemd unit, the node-side helper
+    data/node/k3-group-member that watches a member's head and backs crash loops off), cluster/unitcheck.py
+    (systemd-analyze verify), cluster/rollout.py (units per host, start order, what restarts), cluster/observed.py
+    (what a host has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown),
+    cluster/commands.py (every shell command the rollout runs), cluster/runbook/ (the rollout as a runbook),
+    cluster/revisions.py (numbered revisions per group, for history and rollback), cluster/staging.py (the image and
+    the weights over the uplink once, then node to node), cluster/status.py (serving, degraded or down, per unit,
+    group and cluster), cluster/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),
@@ -37,7 +38,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
-    facts/rollout.py (unit state, image digest, weights, revisions, smoke answer),
+    facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
     run, the public endpoint).
 

@@ -11,7 +11,15 @@ from k3deploy import resolve
 from k3deploy.cluster.binding import HostRecord, bind
 from k3deploy.cluster.rollout import compute
 from k3deploy.cluster.unitcheck import verify_unit
-from k3deploy.cluster.units import ContainerSpec, container_argv, engine_unit, env_file_text, exec_line, systemd_quote
+from k3deploy.cluster.units import (
+    GROUP_MEMBER,
+    ContainerSpec,
+    container_argv,
+    engine_unit,
+    env_file_text,
+    exec_line,
+    systemd_quote,
+)
 from k3deploy.cluster.variables import Variables
 from k3deploy.recipe.fixes import deployable
 
@@ -82,7 +90,8 @@ def test_every_unit_the_rollout_installs_passes_systemd_analyze_verify(recipe, h
     r = compute(plan, hosts, Variables(k3_hardware=hardware), ifaces={h.name: "eth0" for h in hosts})
     assert {u.group for u in r.units} >= ({"router"} if strategy in ("multi_node_dep", "pd_cluster") else set())
     for u in r.units:
-        rc, out = verify_unit(u.unit_text, u.unit, stubs=["/usr/bin/docker", "/usr/bin/vllm-router", "/bin/true"])
+        rc, out = verify_unit(u.unit_text, u.unit, stubs=["/usr/bin/docker", "/usr/bin/vllm-router", "/bin/true",
+                                                          GROUP_MEMBER, "/usr/bin/systemd-run"])
         assert rc == 0, f"{u.host} {u.unit}: {out}"
 
 

@@ -62,7 +62,7 @@ def bundle_files(cluster: Any, inventory: str, version: str, secrets: list[str])
     t = cluster.target
     first = t.resolved[t.records[0].name]
     secrets = list(secrets) + secret_values(cluster)
-    plan = build(r, cluster.installed)
+    plan = build(r, cluster.installed, cluster.helpers)
     plan.staging = staging_lines(cluster)
     files = {
         "VERSION": f"k3deploy {version}\ncollected {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"

@@ -50,7 +50,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     cluster = read_cluster("plan", inventory, overrides={"k3_rollback": wanted}, health=True)
     require_reachable(cluster)
     rollout = cluster.require_rollout()
-    report = build(rollout, cluster.installed)
+    report = build(rollout, cluster.installed, cluster.helpers)
     failures = ({h: [f.line() for f in fs] for h, fs in cluster.preflight.failures_by_host().items()}
                 if cluster.preflight else {})
     for host, rows in failures.items():

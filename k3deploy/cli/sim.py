@@ -1,4 +1,4 @@
-"""``k3deploy sim``: the simulated cluster (up, down, status, fault, base)."""
+"""``k3deploy sim``: the simulated cluster (up, down, status, fault, reboot, base)."""
 
 from __future__ import annotations
 
@@ -177,3 +177,33 @@ def fault_cmd(specs: tuple[str, ...], name: str | None, clear: bool) -> None:
         res = sim.set_faults(name, add=items)
     for node, faults in res.items():
         click.echo(f"{node}\t{','.join(faults) or '-'}")
+
+
+@sim_group.command("reboot", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, metavar="[NAME] RANK")
+@click.option("--name", default=None, help=f"Cluster name (default {sim.DEFAULT_NAME}).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {cluster, name, rank, ip, pid, previous_pid, was_running, clean, seconds} as JSON.")
+def reboot_cmd(args: tuple[str, ...], name: str | None, as_json: bool) -> None:
+    """Reboot node RANK (0 = head) of a running simulated cluster, as 'systemctl reboot' on the node would: its
+    units stop, the node boots again with the same root, address and faults, and its enabled units start again.
+    Returns once the node answers on SSH again (K3SIM_BOOT_TIMEOUT seconds at most, default 90)."""
+    items = list(args)
+    if items and not items[0].lstrip("-").isdigit():
+        if name is not None and name != items[0]:
+            raise K3Error(f"cluster given twice ({items[0]!r} and --name {name!r}): give it once")
+        name = items.pop(0)
+    name = name or sim.DEFAULT_NAME
+    sim.validate_name(name)
+    if not items:
+        raise K3Error(f"no node rank given: use e.g. 'k3deploy sim reboot {name} 1' (0 = the head)")
+    if len(items) > 1:
+        raise K3Error(f"give one node rank, not {' '.join(items)!r}: e.g. 'k3deploy sim reboot {name} 1'")
+    if not items[0].isdigit():
+        raise K3Error(f"bad rank {items[0]!r}: give a node rank (0 = the head), e.g. 'k3deploy sim reboot {name} 1'")
+    res = sim.reboot(name, int(items[0]), progress=_say)
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"{res['name']}\t{res['ip']}\trank {res['rank']}\tup again in {res['seconds']:.1f} s"
+               + ("" if res["clean"] else " (reset: it did not stop in time)"))

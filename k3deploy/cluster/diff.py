@@ -14,12 +14,14 @@ Example::
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.cluster.secrets import mask_value
+from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
 
 #: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
 DOCKER_VALUE_OPTIONS = frozenset({
@@ -286,17 +288,24 @@ def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
     return f"group {u.group} restarts"
 
 
-def build(rollout: Rollout, installed: dict[tuple[str, str], Installed]) -> PlanReport:
-    """Compare the rollout with the installed state ``(host, unit) -> Installed``; sets the rollout's
-    ``changed_groups`` exactly as the deploy does."""
+def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
+          helpers: Mapping[str, str | None] | None = None) -> PlanReport:
+    """Compare the rollout with the installed state ``(host, unit) -> Installed`` (and ``helpers``: host -> sha256
+    of its :data:`~k3deploy.cluster.units.GROUP_MEMBER`, when read); sets the rollout's ``changed_groups`` exactly
+    as the deploy does."""
     mark_changes(rollout, installed)
     order = rollout.restart_order()
     hosts: dict[str, HostPlan] = {}
+    helper = sha256(group_member_text())
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
         hp = hosts.get(u.host)
         if hp is None:
             hp = hosts[u.host] = HostPlan(host=u.host, role=u.node.role, rank=u.rank)
+        if helpers is not None and u.group != "router" and u.host in helpers and helpers[u.host] != helper \
+                and not any(c["kind"] == "file" and c["path"] == GROUP_MEMBER for c in hp.changes):
+            hp.changes.append({"kind": "file", "unit": u.unit, "path": GROUP_MEMBER,
+                               "op": "create" if helpers[u.host] is None else "modify"})
         changes = unit_changes(u, have)
         hp.changes += changes
         key = f"{u.host}:{u.unit}"
@@ -329,7 +338,7 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
                 lines.append(f"    image: {planned} (unchanged)")
             for c in mine:
                 if c["kind"] == "file":
-                    lines.append(f"    new file: {c['path']}")
+                    lines.append(f"    {'new' if c['op'] == 'create' else 'changed'} file: {c['path']}")
             for kind, title in (("argv", "argv:"), ("unit", f"unit {u.unit_path}:"), ("env", f"env {u.env_path}:")):
                 some = [c for c in mine if c["kind"] == kind]
                 if some:

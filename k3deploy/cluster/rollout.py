@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from k3deploy.cluster.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
 from k3deploy.cluster.observed import Installed
-from k3deploy.cluster.units import ContainerSpec, engine_unit, env_file_text, router_unit
+from k3deploy.cluster.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit
 from k3deploy.cluster.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
@@ -156,6 +156,13 @@ def _ready_timeout(plan: Plan, v: Variables) -> int:
     return max(values) if values else 600
 
 
+def _http(head: BoundNode | None) -> str | None:
+    """``address:port`` of a group head's HTTP server (what its members watch), None when it serves none."""
+    if head is None or not head.node.serves_http:
+        return None
+    return f"{head.address}:{head.node.port or 8000}"
+
+
 def front_router_argv(urls: list[str], v: Variables) -> list[str]:
     argv = ["vllm-router", "--policy", "round_robin", "--worker-urls", *urls,
             "--host", v.k3_router_host, "--port", str(v.k3_router_port)]
@@ -174,7 +181,8 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
     cfg = v.k3_config_dir.rstrip("/")
     pd = plan.strategy == "pd_cluster"
 
-    def add(host: BoundHost, node: BoundNode, group: str, unit_base: str, head_addr: str | None) -> None:
+    def add(host: BoundHost, node: BoundNode, group: str, unit_base: str, head_addr: str | None,
+            head_http: str | None = None) -> None:
         unit = f"{unit_base}.service"
         env_path = f"{cfg}/{unit_base}.env"
         spec = ContainerSpec(name=unit_base, image=plan.image, vendor=plan.vendor, env_file=env_path,
@@ -189,8 +197,11 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
                                image=plan.image, ready_timeout=ready, container=box)
             serves: str | None = f"http://{host.host.address}:{v.k3_router_port}"
         else:
+            watch = head_http if (v.k3_heal and node.rank > 0) else None
+            healing = Healing(unit=unit, restart_sec=v.k3_restart_sec, max_delay=v.k3_restart_max_delay,
+                              watch=watch, grace=v.k3_heal_grace, interval=v.k3_heal_interval)
             text = engine_unit(node, spec, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
-                               ready_timeout=ready)
+                               ready_timeout=ready, healing=healing)
             serves = f"http://{node.address}:{node.node.port or 8000}" if node.node.serves_http else None
         join = None
         if node.rank > 0 and head_addr is not None:
@@ -208,14 +219,15 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
 
     base = v.k3_unit_name
     if pd:
-        heads: dict[str, str] = {}
+        heads: dict[str, BoundNode] = {}
         for b in bound.values():
             for node in [b.engine, *b.extras]:
                 if node is not None and node.rank == 0:
-                    heads[node.role] = node.address
+                    heads[node.role] = node
         for b in bound.values():
             for node in [n for n in [b.engine, *b.extras] if n is not None]:
-                add(b, node, node.role, f"{base}-{node.role}", heads.get(node.role))
+                hd = heads.get(node.role)
+                add(b, node, node.role, f"{base}-{node.role}", hd.address if hd else None, _http(hd))
             if b.router is not None:
                 add(b, b.router, "router", f"{base}-router", None)
         router_host = next(b for b in bound.values() if b.router is not None)
@@ -226,7 +238,7 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
         head_addr = head.engine.address
         for b in bound.values():
             if b.engine is not None:
-                add(b, b.engine, "engine", base, head_addr if b.engine.rank else None)
+                add(b, b.engine, "engine", base, head_addr if b.engine.rank else None, _http(head.engine))
         serving = [(u.rank, u.serves) for u in units if u.serves]
         if len(serving) > 1 and v.k3_front_hybrid_lb:
             argv = front_router_argv([url for _, url in sorted(serving)], v)
@@ -243,15 +255,17 @@ def mark_changes(r: Rollout, installed: Mapping[tuple[str, str], Installed]) -> 
     """Set ``r.changed_groups`` from what the hosts have, ``(host, unit) -> Installed``.
 
     A group changes when any of its units' files differ from what is planned, any of its units is not running,
-    was restarted by systemd since it was started (a group whose member restarted may be wedged: headless engines
-    do not recover when their head restarts, vllm#32136), or serves HTTP and its ``/health`` does not answer; the
-    router group also restarts when an engine group it fronts restarts.
+    serves HTTP and its ``/health`` does not answer, or (with ``k3_heal`` off) was restarted by systemd since it
+    was started (a group whose member restarted may be wedged: headless engines do not recover when their head
+    restarts, vllm#32136; with ``k3_heal`` its members restart on their own and a group that serves again is left
+    alone); the router group also restarts when an engine group it fronts restarts.
     """
     changed: set[str] = set()
     for u in r.units:
         have = installed.get((u.host, u.unit), Installed())
+        restarted = have.restarts > 0 and not r.vars.k3_heal   # with k3_heal the group recovers on its own
         if have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text) or not have.running \
-                or have.restarts > 0 or have.answers is False:
+                or restarted or have.answers is False:
             changed.add(u.group)
     if changed - {"router"} and "router" in r.groups:
         changed.add("router")

@@ -13,6 +13,10 @@ Example::
     'down'
     >>> unit_verdict(active="active", serves=False, health=None, listed=None)
     'running'
+    >>> unit_verdict(active="activating", serves=True, health=None, listed=None, restarts=4)
+    'crash-loop'
+    >>> unit_verdict(active="failed", serves=False, health=None, listed=None, restarts=4)
+    'down'
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.rollout import Rollout
 
 UP = ("serving", "running")
+#: restarts by systemd after which a unit that is not up is said to be in a crash loop (its starts back off)
+CRASH_LOOP = 3
+#: a unit that serves no HTTP, restarted that often, is still in its crash loop while it runs less than this long
+CRASH_LOOP_UPTIME_S = 120
 
 
 class Run(Protocol):
@@ -39,8 +47,20 @@ class Run(Protocol):
     models: tuple[str, ...] | None
 
 
-def unit_verdict(*, active: str, serves: bool, health: int | None, listed: bool | None) -> str:
-    """serving | running (up, serves no HTTP) | starting | down."""
+def unit_verdict(*, active: str, serves: bool, health: int | None, listed: bool | None, restarts: int = 0,
+                 uptime_s: float | None = None) -> str:
+    """serving | running (up, serves no HTTP) | starting | down | crash-loop (restarted :data:`CRASH_LOOP` times
+    by systemd, being started again and not serving: starting, or running for less than
+    :data:`CRASH_LOOP_UPTIME_S`; each start waits longer, see ``k3_restart_max_delay``)."""
+    verdict = _verdict(active=active, serves=serves, health=health, listed=listed)
+    if restarts < CRASH_LOOP or verdict == "serving" or active not in ("active", "activating"):
+        return verdict   # failed or inactive: systemd is not starting it again
+    if verdict == "running" and (uptime_s is None or uptime_s >= CRASH_LOOP_UPTIME_S):
+        return verdict
+    return "crash-loop"
+
+
+def _verdict(*, active: str, serves: bool, health: int | None, listed: bool | None) -> str:
     if active in ("activating", "reloading"):
         return "starting"
     if active != "active":
@@ -124,7 +144,8 @@ def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installe
             listed = None if run.models is None else model in run.models
             reports.append(UnitReport(
                 u.host, u.unit, u.group, u.rank, u.node.role,
-                unit_verdict(active=run.active, serves=u.serves is not None, health=run.health, listed=listed),
+                unit_verdict(active=run.active, serves=u.serves is not None, health=run.health, listed=listed,
+                             restarts=run.restarts, uptime_s=now - run.since if run.since else None),
                 run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
                 round(now - run.since, 1) if run.since else None, run.image, run.image_id, matches, u.serves,
                 run.health, list(run.models) if run.models is not None else None))

@@ -113,6 +113,9 @@ class UnitSpec:
     restart_sec: int = 10
     after: str = "network-online.target docker.service"
     wants: str = "network-online.target"
+    start_pre: tuple[tuple[str, ...], ...] = ()     # before the cleanup (the crash-loop backoff)
+    start_post: tuple[tuple[str, ...], ...] = ()    # after the start (the group watcher of a member)
+    stop_post: tuple[tuple[str, ...], ...] = ()     # after every stop (notes a failed run for the backoff)
 
 
 def _env() -> jinja2.Environment:
@@ -129,7 +132,52 @@ def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
     return _env().get_template(template).render(
         description=spec.description, summary=spec.summary, after=spec.after, wants=spec.wants,
         exec_cleanup=exec_line(spec.cleanup), exec_start=exec_line(spec.argv), exec_stop=exec_line(spec.stop),
-        restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout)
+        restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout,
+        exec_start_pre=[exec_line(list(a)) for a in spec.start_pre],
+        exec_start_post=["-" + exec_line(list(a)) for a in spec.start_post],
+        exec_stop_post=["-" + exec_line(list(a)) for a in spec.stop_post])
+
+
+#: the node-side helper of engine units (``k3deploy/data/node/k3-group-member``, written by the configure phase)
+GROUP_MEMBER = "/usr/local/lib/k3deploy/k3-group-member"
+GROUP_MEMBER_SOURCE = Path(__file__).resolve().parents[1] / "data" / "node" / "k3-group-member"
+
+
+def group_member_text() -> str:
+    """The helper's text, as the configure phase writes it to :data:`GROUP_MEMBER`."""
+    return GROUP_MEMBER_SOURCE.read_text()
+
+
+@dataclass(frozen=True)
+class Healing:
+    """How an engine unit looks after itself without the control machine (``k3deploy/data/node/k3-group-member``).
+
+    ``watch`` is the group head's ``host:port`` for a member that is not the head (None: the head, a single node,
+    or healing off)."""
+
+    unit: str
+    restart_sec: int = 10
+    max_delay: int = 300
+    watch: str | None = None
+    grace: int = 30
+    interval: int = 5
+
+    def start_pre(self) -> tuple[tuple[str, ...], ...]:
+        if self.max_delay <= 0:
+            return ()
+        return ((GROUP_MEMBER, "backoff", self.unit, str(self.restart_sec), str(self.max_delay)),)
+
+    def start_post(self) -> tuple[tuple[str, ...], ...]:
+        if self.watch is None:
+            return ()
+        name = self.unit.removesuffix(".service") + "-watch"
+        return (("/usr/bin/systemd-run", "--no-block", "--quiet", "--collect", f"--unit={name}",
+                 f"--property=BindsTo={self.unit}", f"--description=k3deploy: restarts {self.unit} when its group's "
+                 f"head at {self.watch} stops serving", GROUP_MEMBER, "watch", self.unit, self.watch,
+                 str(self.grace), str(self.interval)),)
+
+    def stop_post(self) -> tuple[tuple[str, ...], ...]:
+        return ((GROUP_MEMBER, "stopped", self.unit),) if self.max_delay > 0 else ()
 
 
 def _summary(node: BoundNode, strategy: str, hardware: str, image: str) -> str:
@@ -137,15 +185,19 @@ def _summary(node: BoundNode, strategy: str, hardware: str, image: str) -> str:
 
 
 def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: str, hardware: str,
-                ready_timeout: int) -> str:
-    """The systemd unit of an engine: its container run in the foreground, removed before and stopped after."""
+                ready_timeout: int, healing: Healing | None = None) -> str:
+    """The systemd unit of an engine: its container run in the foreground, removed before and stopped after;
+    with ``healing`` its crash-loop backoff and, for a member of a group, the watcher of its head."""
+    h = healing or Healing(unit=spec.name + ".service", max_delay=0)
     return render_unit(UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, spec.image),
         argv=container_argv(spec, node.argv),
         cleanup=[spec.docker, "rm", "-f", spec.name],
         stop=[spec.docker, "stop", "-t", "60", spec.name],
-        start_timeout=ready_timeout + 900,
+        start_timeout=ready_timeout + 900 + h.max_delay,
+        restart_sec=h.restart_sec,
+        start_pre=h.start_pre(), start_post=h.start_post(), stop_post=h.stop_post(),
     ))
 
 

@@ -117,6 +117,19 @@ class Variables(BaseModel):
     k3_rollout_deadline: int | None = Field(None, description=(
         "Overall deadline of the start phase in seconds; default: engine-ready timeout + 900."))
     k3_poll_interval: float = Field(5.0, description="Seconds between readiness polls.")
+    # day 2: what the nodes do on their own
+    k3_heal: bool = Field(True, description=(
+        "Self-healing groups: every member of a multi-node engine group that is not its head gets a watcher "
+        "(`k3-group-member watch`, a transient unit bound to the engine unit): once the head served, a head that "
+        "stops serving for `k3_heal_grace` seconds makes the member restart and join the head's next rendezvous."))
+    k3_heal_grace: int = Field(30, ge=1, description=(
+        "Seconds a group's head may not serve before its members restart (covers a short /health blip)."))
+    k3_heal_interval: int = Field(5, ge=1, description="Seconds between a watcher's /health probes of its head.")
+    k3_restart_sec: int = Field(10, ge=1, description=(
+        "`RestartSec=` of the engine units: the wait before systemd starts a failed engine again."))
+    k3_restart_max_delay: int = Field(300, ge=0, description=(
+        "Crash-loop backoff of the engine units: from the 2nd failure in a row each start waits `k3_restart_sec`, "
+        "then twice as long each time, at most this many seconds (0: no backoff, `RestartSec=` only)."))
     k3_smoke_test: bool = Field(True, description=(
         "Send one short chat completion through the public endpoint after the rollout."))
     # per host / per run

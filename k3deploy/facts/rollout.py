@@ -70,6 +70,28 @@ class ImageDigest(FactBase[str | None]):
         return line or None
 
 
+class FileHash(FactBase["str | None"]):
+    """The sha256 of one file, None when it is not there (a plain ``sha256sum``, so it goes in a batch).
+
+        >>> FileHash().process(["9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08  /x"])
+        '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08'
+    """
+
+    def requires_command(self, path: str) -> str:
+        return "sha256sum"
+
+    def command(self, path: str) -> str:
+        return f"sha256sum {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        word = output[0].split()[0] if output and output[0].split() else ""
+        return word if len(word) == 64 else None
+
+    @staticmethod
+    def default() -> str | None:
+        return None
+
+
 @dataclass(frozen=True)
 class WeightsStatus:
     """What a node's Hugging Face cache holds of a model.

@@ -36,8 +36,16 @@ from k3deploy.cluster.pipeline import Target, desired_rollout, target  # noqa: E
 from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs  # noqa: E402
 from k3deploy.cluster.rollout import Rollout  # noqa: E402
 from k3deploy.cluster.staging import StagePlan, stage_for  # noqa: E402
+from k3deploy.cluster.units import GROUP_MEMBER  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts.rollout import ImageDigest, Revisions, UnitOnHost, WeightsState, WeightsStatus  # noqa: E402
+from k3deploy.facts.rollout import (  # noqa: E402
+    FileHash,
+    ImageDigest,
+    Revisions,
+    UnitOnHost,
+    WeightsState,
+    WeightsStatus,
+)
 from k3deploy.facts.status import EndpointModels, HealthCode, UnitLogs, UnitRun, UnitRuntime  # noqa: E402
 from k3deploy.preflight.checks import HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
@@ -146,7 +154,8 @@ def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, h
     out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path,
                                                      "env_path": u.env_path}) for u in r.on_host(host)]
     if any(u.group != "router" for u in r.on_host(host)):
-        out += [("image", ImageDigest, {"image": r.plan.image, "docker": v.k3_docker}),
+        out += [("helper", FileHash, {"path": GROUP_MEMBER}),
+                ("image", ImageDigest, {"image": r.plan.image, "docker": v.k3_docker}),
                 ("weights", WeightsState, {"cache": v.k3_model_cache, "model": r.plan.model})]
     out += [(f"revisions:{g}", Revisions, {"directory": revisions_dir(v.k3_config_dir, g)})
             for g in r.groups if r.group(g)[0].host == host]
@@ -202,6 +211,7 @@ class Cluster:
     endpoint_models: tuple[str, ...] | None = None   # what the public endpoint lists (runtime=True)
     logs: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)   # (host, unit) -> journal, container
     facts: list[HostFacts] = field(default_factory=list)   # what each host's facts said
+    helpers: dict[str, str | None] = field(default_factory=dict)   # host -> sha256 of its k3-group-member (None: none)
 
     @property
     def ok(self) -> bool:
@@ -241,6 +251,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     history: dict[str, GroupHistory] = {}
     rollback_to: dict[str, int] = {}
     images: dict[str, str | None] = {}
+    helpers: dict[str, str | None] = {}
     weights: dict[str, WeightsStatus] = {}
     runs: dict[tuple[str, str], UnitRun] = {}
     unit_logs: dict[tuple[str, str], dict[str, str]] = {}
@@ -259,6 +270,8 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                     history[key] = value
                 elif kind == "image":
                     images[f.host] = value
+                elif kind == "helper":
+                    helpers[f.host] = value
                 elif kind == "weights":
                     weights[f.host] = value
                 elif kind == "run":
@@ -284,7 +297,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,
                    ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts}, history=history,
                    rollback_to=rollback_to, images=images, weights=weights, stage=stage, runs=runs,
-                   endpoint_models=endpoint_models, logs=unit_logs, facts=read)
+                   endpoint_models=endpoint_models, logs=unit_logs, facts=read, helpers=helpers)
 
 
 def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,

@@ -39,6 +39,7 @@ from k3deploy.cluster.staging import (
     summary,
 )
 from k3deploy.cluster.staging import engines as stage_engines
+from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
 from k3deploy.cluster.variables import inventory_path_from_argv
 from k3deploy.errors import K3Error
 from k3deploy.preflight.checks import CLUSTER
@@ -208,6 +209,10 @@ def stage_phase(ctx: Context) -> None:
 def configure_phase(ctx: Context) -> None:
     r, cluster = ctx.rollout, ctx.cluster
     assert cluster is not None
+    engines = any(u.group != "router" for u in r.on_host(host.name))
+    managed_file(name=f"Group member helper {GROUP_MEMBER}", dest=GROUP_MEMBER, content=group_member_text(),
+                 mode="755", seen=(cluster.helpers.get(host.name), None) if host.name in cluster.helpers else None,
+                 active=engines)
     for u in host.loop(r.on_host(host.name)):
         have = cluster.installed.get((u.host, u.unit))
         managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", kind="env",

@@ -1,4 +1,4 @@
-"""Bring simulated clusters up and down: the lifecycle (up, down, status, runtime faults).
+"""Bring simulated clusters up and down: the lifecycle (up, down, status, runtime faults, node reboots).
 
 A cluster named ``NAME`` with N nodes consists of, for node i (1 <= i <= N, rank i-1):
 
@@ -120,6 +120,7 @@ __all__ = [
     "node_memory",
     "parse_fault",
     "parse_layout",
+    "reboot",
     "running",
     "set_faults",
     "state_dir",
@@ -700,6 +701,95 @@ def _outside_status(st: dict[str, Any]) -> dict[str, Any] | None:
             "counters": str(Path(out["dir"]) / outside.COUNTERS),
         },
     }
+
+
+# --------------------------------------------------------------------------- reboot
+
+
+def reboot(
+    name: str,
+    rank: int,
+    progress: Progress | None = None,
+    boot_timeout: float | None = None,
+    stop_timeout: float | None = None,
+) -> dict[str, Any]:
+    """Reboot node ``rank`` of a running cluster; returns once its sshd answers again (its systemd, under
+    ``sshd-down``).
+
+    The node's systemd reboots as with ``systemctl reboot`` (:func:`k3deploy.sim.processes.reboot_node`: units
+    stopped, ``ExecStop=`` run, processes sent SIGTERM), its nspawn exits, and the node boots again through the
+    launch path of ``up`` (:func:`k3deploy.sim.processes.spawn`) with the same root file system, disks, network
+    namespace, address and faults; its enabled units start again. A node whose nspawn is no longer running (a
+    ``reboot`` inside the node ends its nspawn, and nothing relaunches it) is booted again. A node that does not stop
+    within ``stop_timeout`` seconds (``K3SIM_STOP_TIMEOUT``, default 120) is reset (SIGKILL); one that does not
+    answer within ``boot_timeout`` (``K3SIM_BOOT_TIMEOUT``, default 90) is an error.
+
+    Returns ``{"cluster", "name", "rank", "ip", "pid", "previous_pid", "was_running", "clean", "seconds"}``
+    (``clean``: stopped by its own systemd, not reset).
+    """
+    say = progress or (lambda _m: None)
+    validate_name(name)
+    if boot_timeout is None:
+        boot_timeout = float(os.environ.get("K3SIM_BOOT_TIMEOUT", "90"))
+    if stop_timeout is None:
+        stop_timeout = float(os.environ.get("K3SIM_STOP_TIMEOUT", "120"))
+    check_host()
+    with locked(name):
+        state = load_state(name)
+        if state is None or state.get("phase") != "up":
+            raise SimError(f"no simulated cluster {name!r} is up: start one with 'k3deploy sim up --name {name} ...'")
+        n = len(state["nodes"])
+        if not 0 <= rank < n:
+            raise SimError(f"bad rank {rank!r}: cluster {name!r} has node ranks 0..{n - 1}")
+        rec = next(r for r in state["nodes"] if r["rank"] == rank)
+        nd = NodeLayout(rec["name"], rec["rank"], rec["ip"], rec["veth"], Path(rec["dir"]))
+        started = time.monotonic()
+        previous = rec.get("pid")
+        was_running = processes.ours(rec.get("pid"), rec.get("pid_start"))
+        clean = True
+        if was_running:
+            say(f"rebooting {nd.name}")
+            clean = processes.reboot_node(rec, stop_timeout)
+            if not clean:
+                say(f"{nd.name} did not stop within {stop_timeout:g} s: reset")
+        else:
+            say(f"{nd.name} is not running: booting it")
+        # what a reset leaves behind; a clean reboot leaves nspawn's empty cgroups and propagation directory. The
+        # node's own cgroups stay (its v1 memory cgroup keeps the charge of the node's tmpfs pages)
+        cgs = node_cgroups(name, nd.name)
+        processes.kill_cgroups(cgs)
+        for cg in cgs:
+            for sub in [d for d in cg.iterdir() if d.is_dir()] if cg.is_dir() else []:
+                processes.remove_cgroup_tree(sub)
+        processes.remove_nspawn_leftovers(nd.name)
+        if not Path(f"/run/netns/{nd.netns}").exists() or not nd.merged.is_dir():
+            raise SimError(f"node {nd.name} has lost its network namespace or root: run "
+                           f"'k3deploy sim down --name {name}' and up again")
+        umask = os.umask(0o022)
+        try:
+            proc = processes.spawn(name, nd, append_log=True)
+        finally:
+            os.umask(umask)
+        st = processes.proc_stat(proc.pid)
+        rec["pid"], rec["pid_start"] = proc.pid, st[1] if st else None
+        save_state(state)
+        try:
+            _wait_ready(state, [nd], [parse_fault(t) for t in rec.get("faults", [])], boot_timeout)
+        finally:
+            proc.returncode = 0  # the node outlives this process: stop tracking it as a child
+        seconds = time.monotonic() - started
+        say(f"{nd.name} up again in {seconds:.1f} s")
+        return {
+            "cluster": name,
+            "name": nd.name,
+            "rank": nd.rank,
+            "ip": nd.ip,
+            "pid": rec["pid"],
+            "previous_pid": previous,
+            "was_running": was_running,
+            "clean": clean,
+            "seconds": round(seconds, 3),
+        }
 
 
 # --------------------------------------------------------------------------- runtime faults

@@ -152,8 +152,11 @@ def node_memory(state: dict[str, Any], rec: dict[str, Any]) -> int | None:
 # --------------------------------------------------------------------------- start
 
 
-def spawn(cluster: str, nd: NodeLayout) -> subprocess.Popen[bytes]:
-    """Start ``systemd-nspawn --boot`` for the node inside the node's own cgroups."""
+def spawn(cluster: str, nd: NodeLayout, append_log: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``systemd-nspawn --boot`` for the node inside the node's own cgroups.
+
+    ``append_log``: add to the node's ``console.log`` instead of starting it afresh (a reboot).
+    """
     cgs = node_cgroups(cluster, nd.name)
     for cg in cgs:
         cg.mkdir(parents=True, exist_ok=True)
@@ -183,7 +186,7 @@ def spawn(cluster: str, nd: NodeLayout) -> subprocess.Popen[bytes]:
     if cfg_path.is_file():
         for dev in profiles.device_nodes(json.loads(cfg_path.read_text())):
             cmd.append(f"--bind-ro=/dev/null:{dev}")
-    with open(nd.dir / "console.log", "wb") as log:
+    with open(nd.dir / "console.log", "ab" if append_log else "wb") as log:
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -226,6 +229,43 @@ def stop_nodes(recs: list[dict[str, Any]], timeout: float = 15) -> None:
                 os.kill(r["pid"], signal.SIGKILL)
         if r.get("pid"):
             reap(r["pid"])
+
+
+def reboot_node(rec: dict[str, Any], timeout: float) -> bool:
+    """Reboot the node's systemd as ``systemctl reboot`` does and wait until its nspawn has exited.
+
+    The node's systemd gets SIGRTMIN+5 (``reboot.target``, job mode replace-irreversibly, as ``systemctl reboot``):
+    it stops every unit (``ExecStop=``, SIGTERM to their processes, SIGKILL after their stop timeouts), then reboots,
+    and nspawn exits (status 133). True when it went that way; False when the nspawn's systemd never appeared or the
+    nspawn still ran after ``timeout`` seconds, and was SIGKILLed (a reset).
+    """
+    pid, start = int(rec.get("pid") or 0), rec.get("pid_start")
+    deadline = time.monotonic() + timeout
+    appear = time.monotonic() + min(timeout, 5.0)
+    pid1 = node_init_pid(rec)
+    while pid1 is None and ours(pid, start) and time.monotonic() < appear:
+        time.sleep(0.05)  # nspawn has not started the node's systemd yet
+        pid1 = node_init_pid(rec)
+    clean = pid1 is not None
+    if pid1 is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid1, signal.SIGRTMIN + 5)
+    else:
+        deadline = time.monotonic()
+    while ours(pid, start) and time.monotonic() < deadline:
+        reap(pid)  # only ours to reap when this process started it (up and reboot in one Python process)
+        time.sleep(0.05)
+    if ours(pid, start):
+        clean = False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        gone = time.monotonic() + 10
+        while ours(pid, start) and time.monotonic() < gone:
+            reap(pid)
+            time.sleep(0.05)
+    if pid:
+        reap(pid)
+    return clean
 
 
 def kill_cgroups(cg_roots: list[Path]) -> None:

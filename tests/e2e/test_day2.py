@@ -66,10 +66,11 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
 
 
 def test_a_group_whose_member_restarted_is_repaired_by_the_next_run(sim_factory):
-    """A worker's engine dies and systemd restarts it on its own: the group may be wedged (headless engines do not
-    recover when a peer restarts, vllm#32136), so the next run restarts the group in order; then nothing."""
+    """Without self-healing (k3_heal: false), a worker's engine dies and systemd restarts it on its own: the group
+    may be wedged (headless engines do not recover when a peer restarts, vllm#32136), so the next run restarts the
+    group in order; then nothing."""
     sim = sim_factory("d2w", "gb300", 2)
-    sim.set_vars("k3_strategy: multi_node_tp\nk3_stage: per_node\n")
+    sim.set_vars("k3_strategy: multi_node_tp\nk3_stage: per_node\nk3_heal: false\n")
     assert deploy(sim.inventory).returncode == 0
     assert json.loads(k3("plan", sim.inventory, "--json", check=False).stdout)["changes_pending"] is False
     sim.ssh(1, "systemctl kill --signal=SIGKILL k3-engine.service")

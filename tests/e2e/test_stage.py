@@ -44,6 +44,13 @@ def ran_on(output: str, operation: str) -> int:
     return 0 if m[2] == "-" else int(m[2])
 
 
+def uplink(sim) -> tuple[int, int]:
+    """(bytes the simulated outside served over the uplink since up, one node's artifacts: image and checkpoint)."""
+    doc = json.loads(k3("sim", "status", "--name", sim.name, "--json").stdout)
+    c = next(c for c in doc["clusters"] if c["name"] == sim.name)
+    return c["outside_bytes"], c["artifact_bytes"]
+
+
 def staging(sim) -> list[str]:
     plan = k3("plan", sim.inventory, "--json", check=False)
     assert plan.returncode in (0, 3), plan.stdout[-2000:] + plan.stderr
@@ -64,6 +71,8 @@ def test_four_trays_fetch_each_artifact_once_and_spread_it_in_two_rounds(sim_fac
     assert ran_on(run.stdout, "Stage round 1 of 2: from a peer") == 1          # then 1, then 2 nodes
     assert ran_on(run.stdout, "Stage round 2 of 2: from a peer") == 2
     assert all(verified(sim, rank) for rank in range(4))
+    served, artifacts = uplink(sim)        # the uplink carried the artifacts once, not once per node
+    assert artifacts <= served <= 1.2 * artifacts, (served, artifacts)
     for rank in range(4):   # the archives are gone, the daemons stopped; the image stays loaded
         assert sim.ssh(rank, f"ls {commands.archive_path('/var/lib/k3deploy/stage', IMAGE)}").returncode != 0
         assert sim.ssh(rank, f"systemctl is-active {commands.PEERS_UNIT}").stdout.strip() != "active"
@@ -72,6 +81,26 @@ def test_four_trays_fetch_each_artifact_once_and_spread_it_in_two_rounds(sim_fac
     assert staging(sim) == []
     again = deploy(sim.inventory)
     assert again.returncode == 0 and "Stage round" not in again.stdout
+
+
+def test_an_interrupted_stage_resumes_where_it_stopped(sim_factory):
+    sim = sim_factory("stgr", "gb300", 2, "--weights-mb", "24", "--image-mb", "8")
+    sim.set_vars("k3_strategy: multi_node_tp\n")
+    # the uplink breaks once, in the middle of the checkpoint (after the 8 MiB image and 12 MiB of shards)
+    k3("sim", "fault", sim.name, "outside-cut=20")
+    run = deploy(sim.inventory)
+    assert run.returncode != 0
+    assert "--> Starting operation: Start | Start group heads" not in run.stdout     # nothing started
+    partial = sim.ssh(0, f"find {MODEL_DIR}/blobs -name '*.incomplete' -size +0").stdout.split()
+    assert partial, "the broken download left no partial file to resume"
+    assert not verified(sim, 0)
+    served_first, artifacts = uplink(sim)
+    assert served_first < artifacts
+    again = deploy(sim.inventory)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert verified(sim, 0) and verified(sim, 1) and serves(sim)
+    served, _ = uplink(sim)                 # what was already there is not fetched again
+    assert artifacts <= served <= 1.2 * artifacts, (served_first, served, artifacts)
 
 
 def test_a_corrupted_shard_is_found_and_copied_again_from_a_peer(sim_factory):

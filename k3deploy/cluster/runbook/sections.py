@@ -21,6 +21,7 @@ from k3deploy.cluster.runbook.blanks import Blank
 from k3deploy.cluster.runbook.checks import CHECK_COMMANDS, DEVICE_COMMANDS, check_command
 from k3deploy.cluster.runbook.document import Doc
 from k3deploy.cluster.staging import OUTSIDE, addresses, engines, peers_config, peers_config_path, stage_for, summary
+from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
 from k3deploy.recipe.argv import served_model_name
 from k3deploy.recipe.taxonomy import hardware
 
@@ -220,6 +221,10 @@ def configure(doc: Doc, r: Rollout, c: Context) -> None:
     for h in r.hosts:
         mine = r.on_host(h)
         doc.h(3, h)
+        if any(u.group != "router" for u in mine):
+            doc.p(f"The engine units' node-side helper `{GROUP_MEMBER}` (watches a member's group head, backs crash "
+                  "loops off; see the README, *Self-healing groups*).")
+            doc.block(h, commands.install_file(GROUP_MEMBER, group_member_text(), "0755") + "\n")
         for u in mine:
             doc.p(f"{u.unit}: the env file `{u.env_path}` and the unit `{u.unit_path}` "
                   f"({u.node.role} rank {u.rank}).")
