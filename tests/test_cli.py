@@ -32,6 +32,20 @@ def test_resolve_text_round_trips_through_a_shell(recipe):
     assert "docker run --gpus all" in text and "vllm/vllm-openai:kimi-k3 moonshotai/Kimi-K3" in text
 
 
+def test_resolve_prints_a_docker_run_form_only_where_it_would_run():
+    """The recipes site's docker run form is labelled as its form, and left out where it would not run: Ascend
+    (--gpus all) and the nodes of a multi-node group (-p without host networking or RDMA devices)."""
+    single = run("resolve", "--hardware", "b300")
+    assert single.returncode == 0 and "# the recipes site's docker run form (single node;" in single.stdout
+    assert "docker run --gpus all" in single.stdout
+    for args, why in ((["--hardware", "gb300", "--strategy", "multi_node_tp", "--nodes", "2"], "host networking"),
+                      (["--hardware", "ascend_910c", "--variant", "ascend_w4a8"], "Ascend NPUs")):
+        proc = run("resolve", *args)
+        assert proc.returncode == 0, proc.stderr
+        assert "docker run -" not in proc.stdout and "# no docker run form" in proc.stdout and why in proc.stdout
+        assert "k3deploy resolve --inventory INVENTORY" in proc.stdout
+
+
 def test_resolve_pd_prints_router_and_pools():
     proc = run("resolve", "--hardware", "b300", "--strategy", "pd_cluster", "--json")
     data = json.loads(proc.stdout)

@@ -90,7 +90,7 @@ def test_every_unit_the_rollout_installs_passes_systemd_analyze_verify(recipe, h
     r = compute(plan, hosts, Variables(k3_hardware=hardware), ifaces={h.name: "eth0" for h in hosts})
     assert {u.group for u in r.units} >= ({"router"} if strategy in ("multi_node_dep", "pd_cluster") else set())
     for u in r.units:
-        rc, out = verify_unit(u.unit_text, u.unit, stubs=["/usr/bin/docker", "/usr/bin/vllm-router", "/bin/true",
+        rc, out = verify_unit(u.unit_text, u.unit, stubs=["/usr/bin/docker", "/usr/local/bin/vllm-router", "/bin/true",
                                                           GROUP_MEMBER, "/usr/bin/systemd-run"])
         assert rc == 0, f"{u.host} {u.unit}: {out}"
 
@@ -143,3 +143,43 @@ def test_env_file_is_literal_and_filled(recipe):
     assert env_file_text(bound["n1"].engine.env).splitlines()[:2] == ["GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME=ib0"]
     with pytest.raises(ValueError):
         env_file_text({"A": "x\ny"})
+
+
+def test_engine_units_need_docker_the_cache_mount_and_start_after_the_fabric(recipe):
+    """Issue findings on unit details: a container needs docker.service (Requires, not only After); the model
+    cache's filesystem must be mounted first; NVIDIA engines order after the fabric manager (and IMEX on NVL
+    trays); no --shm-size beside --ipc host (moot: the host's /dev/shm is shared)."""
+    gb = compute(deployable(resolve(recipe, hardware="gb300", strategy="multi_node_tp", nodes=2)), _hosts(2),
+                 Variables(k3_hardware="gb300", k3_model_cache="/mnt/shared/k3"), ifaces={"n0": "eth0", "n1": "eth0"})
+    lines = gb.units[0].unit_text.splitlines()
+    assert "Requires=docker.service" in lines and "RequiresMountsFor=/mnt/shared/k3" in lines
+    after = next(ln for ln in lines if ln.startswith("After=")).split("=", 1)[1].split()
+    assert after == ["network-online.target", "docker.service", "nvidia-fabricmanager.service", "nvidia-imex.service"]
+    assert "--shm-size" not in gb.units[0].unit_text and '"--ipc" "host"' in gb.units[0].unit_text
+    amd = compute(deployable(resolve(recipe, hardware="mi355x", strategy="single_node_tp")), _hosts(1),
+                  Variables(k3_hardware="mi355x"), ifaces={"n0": "eth0"})
+    after = next(ln for ln in amd.units[0].unit_text.splitlines() if ln.startswith("After="))
+    assert after == "After=network-online.target docker.service" and "--shm-size" not in amd.units[0].unit_text
+
+
+def test_the_router_runs_the_absolute_path_of_vllm_router(recipe):
+    plan = deployable(resolve(recipe, hardware="b300", strategy="pd_cluster"))
+    hosts = [HostRecord(f"n{i}", (n.role,), {"k3_ip": f"10.77.0.{11 + i}"})
+             for i, n in enumerate(x for x in plan.nodes if x.role != "router")]
+    hosts[0] = HostRecord("n0", ("prefill", "router"), hosts[0].data)
+    ifaces = {h.name: "eth0" for h in hosts}
+    for v, want in ((Variables(k3_hardware="b300"), "/usr/local/bin/vllm-router"),
+                    (Variables(k3_hardware="b300", k3_router_bin="/opt/venv/bin/vllm-router"), "/opt/venv/bin/vllm-router")):
+        router = next(u for u in compute(plan, hosts, v, ifaces=ifaces).units if u.group == "router")
+        start = next(ln for ln in router.unit_text.splitlines() if ln.startswith("ExecStart="))
+        assert start.startswith(f'ExecStart="{want}" "--pd-disaggregation"') or start.startswith(f'ExecStart="{want}" ')
+        assert "Requires=docker.service" not in router.unit_text   # the router on the host needs no docker
+
+
+def test_a_retired_variable_says_why_and_what_to_do(tmp_path):
+    from k3deploy.cluster.variables import merge_vars
+    from k3deploy.errors import K3Error
+
+    (tmp_path / "all.yml").write_text("k3_shm_size: 32g\n")
+    with pytest.raises(K3Error, match=r"unknown variable 'k3_shm_size' \(no longer used: .*--ipc host.*remove it"):
+        merge_vars([], {}, [tmp_path])

@@ -28,7 +28,7 @@ def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None
         return
     from k3deploy import load_recipe
     from k3deploy import resolve as do_resolve
-    from k3deploy.recipe.printing import format_exports
+    from k3deploy.recipe.printing import GPU_FLAGS, format_exports
 
     recipe = load_recipe(recipe_path)
     plan = do_resolve(recipe, **selection_kwargs(params))
@@ -51,10 +51,15 @@ def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None
         if node.env:
             click.echo(format_exports(node.env))
         click.echo(node.command)
-    click.echo("\n# docker run forms")
-    for node in engines:
-        click.echo(f"\n## {node.role} (rank {node.rank})")
-        click.echo(plan.site_docker_command(node))
+    if len(engines) == 1 and plan.vendor in GPU_FLAGS:
+        click.echo("\n# the recipes site's docker run form (single node; the unit k3deploy installs runs the "
+                   "container command `k3deploy resolve --inventory INVENTORY` prints)")
+        click.echo(plan.site_docker_command(engines[0]))
+    else:
+        why = ("Ascend NPUs need their devices and driver mounts, not --gpus" if plan.vendor not in GPU_FLAGS else
+               "nodes of a multi-node group need host networking and the RDMA devices, not -p")
+        click.echo(f"\n# no docker run form: the recipes site's would not run here ({why}); "
+                   "`k3deploy resolve --inventory INVENTORY` prints the container command each node's unit runs")
 
 
 # ------------------------------------------------------------------------------------ --inventory

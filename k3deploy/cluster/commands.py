@@ -102,7 +102,8 @@ def verify_weights(cache: str, model: str) -> str:
     """Verify the model's snapshot and mark it verified: every shard the index names is there, and every file
     whose blob is named by a sha256 (the hub's LFS files: the shards) hashes to that name. The files hash in
     parallel, one per CPU, with ``openssl dgst`` where the node has it (it uses the CPU's SHA instructions: several
-    times faster than coreutils' ``sha256sum``, the fallback). Bad files are listed in ``BAD`` and on stderr; the script then fails."""
+    times faster than coreutils' ``sha256sum``, the fallback). Bad files are listed in ``BAD`` and on stderr; the
+    script then fails."""
     d = shlex.quote(model_dir(cache, model))
     check = ('b=$(readlink -f "$1"); e=${b##*/}; case $e in *[!0-9a-f]*) exit 0;; esac; [ ${#e} -eq 64 ] || exit 0; '
              'h=$(openssl dgst -sha256 -r < "$b" 2>/dev/null) || h=$(sha256sum < "$b"); '

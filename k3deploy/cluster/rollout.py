@@ -186,7 +186,7 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
         unit = f"{unit_base}.service"
         env_path = f"{cfg}/{unit_base}.env"
         spec = ContainerSpec(name=unit_base, image=plan.image, vendor=plan.vendor, env_file=env_path,
-                             cache_dir=v.k3_model_cache, gpus_per_node=hw.gpu_count, shm_size=v.k3_shm_size,
+                             cache_dir=v.k3_model_cache, gpus_per_node=hw.gpu_count,
                              rdma=multi and plan.vendor != "npu", imex=hw.nvl, docker=v.k3_docker)
         if node.role == "router":
             box = None
@@ -194,7 +194,7 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
                 box = ContainerSpec(name=unit_base, image=v.k3_router_image, vendor="none", env_file=env_path,
                                     cache_dir=v.k3_model_cache, gpus_per_node=0, docker=v.k3_docker)
             text = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
-                               image=plan.image, ready_timeout=ready, container=box)
+                               image=plan.image, ready_timeout=ready, container=box, router_bin=v.k3_router_bin)
             serves: str | None = f"http://{host.host.address}:{v.k3_router_port}"
         else:
             watch = head_http if (v.k3_heal and node.rank > 0) else None

@@ -55,7 +55,6 @@ class ContainerSpec:
     env_file: str
     cache_dir: str
     gpus_per_node: int
-    shm_size: str = "64g"
     rdma: bool = False          # expose /dev/infiniband, memlock
     imex: bool = False          # GB200/GB300 IMEX channel
     docker: str = "/usr/bin/docker"
@@ -66,15 +65,15 @@ def container_argv(spec: ContainerSpec, argv: list[str]) -> list[str]:
     d = [spec.docker, "run", "--rm", "--name", spec.name, "--network", "host", "--ipc", "host",
          "--env-file", spec.env_file]
     if spec.vendor == "nvidia":
-        d += ["--gpus", "all", "--shm-size", spec.shm_size, "-v", f"{spec.cache_dir}:/root/.cache"]
+        d += ["--gpus", "all", "-v", f"{spec.cache_dir}:/root/.cache"]
         if spec.imex:
             d += ["--device", "/dev/nvidia-caps-imex-channels/channel0"]
     elif spec.vendor == "amd":
         d += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--cap-add", "SYS_PTRACE",
-              "--security-opt", "seccomp=unconfined", "--shm-size", spec.shm_size,
+              "--security-opt", "seccomp=unconfined",
               "-v", f"{spec.cache_dir}:/root/.cache"]
     elif spec.vendor == "npu":
-        d += ["--privileged", "--shm-size", "1g"]
+        d += ["--privileged"]
         for i in range(spec.gpus_per_node):
             d += ["--device", f"/dev/davinci{i}"]
         for dev in ASCEND_DEVICES:
@@ -111,8 +110,10 @@ class UnitSpec:
     start_timeout: int
     stop_timeout: int = 120
     restart_sec: int = 10
-    after: str = "network-online.target docker.service"
+    after: str = "network-online.target"
     wants: str = "network-online.target"
+    requires: str = ""          # units this one cannot run without (docker.service for a container)
+    mounts_for: str = ""        # paths whose filesystems must be mounted first (the model cache)
     start_pre: tuple[tuple[str, ...], ...] = ()     # before the cleanup (the crash-loop backoff)
     start_post: tuple[tuple[str, ...], ...] = ()    # after the start (the group watcher of a member)
     stop_post: tuple[tuple[str, ...], ...] = ()     # after every stop (notes a failed run for the backoff)
@@ -131,6 +132,8 @@ def render_template(template: str, **values: object) -> str:
 def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
     return _env().get_template(template).render(
         description=spec.description, summary=spec.summary, after=spec.after, wants=spec.wants,
+        unit_lines=[line for line in (f"Requires={spec.requires}" if spec.requires else "",
+                                      f"RequiresMountsFor={spec.mounts_for}" if spec.mounts_for else "") if line],
         exec_cleanup=exec_line(spec.cleanup), exec_start=exec_line(spec.argv), exec_stop=exec_line(spec.stop),
         restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout,
         exec_start_pre=[exec_line(list(a)) for a in spec.start_pre],
@@ -195,22 +198,43 @@ def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: s
         argv=container_argv(spec, node.argv),
         cleanup=[spec.docker, "rm", "-f", spec.name],
         stop=[spec.docker, "stop", "-t", "60", spec.name],
+        after=" ".join(["network-online.target", "docker.service", *_after_fabric(spec)]),
+        requires="docker.service",
+        mounts_for=systemd_path(spec.cache_dir),
         start_timeout=ready_timeout + 900 + h.max_delay,
         restart_sec=h.restart_sec,
         start_pre=h.start_pre(), start_post=h.start_post(), stop_post=h.stop_post(),
     ))
 
 
+def _after_fabric(spec: ContainerSpec) -> list[str]:
+    """NVIDIA engines start after the fabric manager and, on NVL trays, the IMEX daemon (ordering only: where a
+    node has no such unit nothing waits; preflight checks that the ones the hardware needs are active)."""
+    if spec.vendor != "nvidia":
+        return []
+    return ["nvidia-fabricmanager.service", *(["nvidia-imex.service"] if spec.imex else [])]
+
+
+def systemd_path(path: str) -> str:
+    """A path in a unit setting that takes paths (specifiers escaped; spaces in it are not supported by systemd)."""
+    return path.replace("%", "%%")
+
+
 def router_unit(node: BoundNode, *, model: str, strategy: str, hardware: str, image: str, ready_timeout: int,
-                container: ContainerSpec | None = None) -> str:
-    """The systemd unit of a vllm-router: the command on the host, or in ``container`` when given (the plan's
-    ``image`` is named in the summary)."""
-    argv = container_argv(container, node.argv) if container is not None else list(node.argv)
+                container: ContainerSpec | None = None, router_bin: str = "/usr/local/bin/vllm-router") -> str:
+    """The systemd unit of a vllm-router: ``router_bin`` on the host (the plan's ``vllm-router`` argv with the
+    command's absolute path), or in ``container`` when given (the plan's ``image`` is named in the summary)."""
+    if container is not None:
+        argv = container_argv(container, node.argv)
+    else:
+        argv = [router_bin if node.argv[0] == "vllm-router" else node.argv[0], *node.argv[1:]]
     return render_unit(UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, image),
         argv=argv,
         cleanup=["/bin/true"],
         stop=["/bin/true"],  # then systemd stops the process itself (SIGTERM to the unit's cgroup)
+        after="network-online.target" + (" docker.service" if container is not None else ""),
+        requires="docker.service" if container is not None else "",
         start_timeout=ready_timeout + 900,
     ))

@@ -90,7 +90,6 @@ class Variables(BaseModel):
         "Where the container runtime stores images (preflight's free-space check); default: Docker's "
         "DockerRootDir."))
     k3_docker: str = Field("/usr/bin/docker", description="Container CLI on the nodes.")
-    k3_shm_size: str = Field("64g", description="`--shm-size` of the engine container (NVIDIA and AMD).")
     # network
     k3_iface: str | None = Field(None, description=(
         "Cluster interface for NCCL/GLOO; default: the interface carrying the node's inventory address (from "
@@ -101,7 +100,10 @@ class Variables(BaseModel):
         "Port of the public endpoint when a router fronts the engines (pd_cluster, hybrid-LB multi_node_dep)."))
     k3_router_host: str = Field("0.0.0.0", description="Bind address of the router.")
     k3_router_image: str | None = Field(None, description=(
-        "Run the router from this image; default: the `vllm-router` command on the router host."))
+        "Run the router from this image; default: `k3_router_bin` on the router host."))
+    k3_router_bin: str = Field("/usr/local/bin/vllm-router", description=(
+        "Absolute path of the `vllm-router` command on the router host (`pip install vllm-router` puts it in "
+        "`/usr/local/bin`), the router unit's `ExecStart`; not used with `k3_router_image`."))
     k3_front_hybrid_lb: bool = Field(True, description=(
         "Put a vllm-router in front of hybrid-LB nodes (multi_node_dep) so clients get one endpoint."))
     k3_ib_hca: str | None = Field(None, description=(
@@ -219,7 +221,16 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
+#: variables that were removed, and why: naming one says so instead of "unknown"
+RETIRED = {
+    "k3_shm_size": "the engines run with `--ipc host`, which shares the host's /dev/shm (preflight checks its size), "
+                   "so `--shm-size` had no effect: remove it",
+}
+
+
 def _closest(key: str) -> str:
+    if key in RETIRED:
+        return f" (no longer used: {RETIRED[key]})"
     near = difflib.get_close_matches(key, list(Variables.model_fields), n=1, cutoff=0.6)
     return f" (did you mean {near[0]}?)" if near else ""
 

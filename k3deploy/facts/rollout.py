@@ -70,6 +70,24 @@ class ImageDigest(FactBase[str | None]):
         return line or None
 
 
+class Executable(FactBase[bool]):
+    """Whether ``path`` is an executable file on the host.
+
+        >>> Executable().process(["yes"]), Executable().process(["no"])
+        (True, False)
+    """
+
+    def command(self, path: str) -> str:
+        return f"if [ -f {shlex.quote(path)} ] && [ -x {shlex.quote(path)} ]; then echo yes; else echo no; fi"
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"
+
+    @staticmethod
+    def default() -> bool:
+        return False
+
+
 class FileHash(FactBase["str | None"]):
     """The sha256 of one file, None when it is not there (a plain ``sha256sum``, so it goes in a batch).
 

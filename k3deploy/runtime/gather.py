@@ -39,6 +39,7 @@ from k3deploy.cluster.staging import StagePlan, stage_for  # noqa: E402
 from k3deploy.cluster.units import GROUP_MEMBER  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
 from k3deploy.facts.rollout import (  # noqa: E402
+    Executable,
     FileHash,
     ImageDigest,
     Revisions,
@@ -47,7 +48,7 @@ from k3deploy.facts.rollout import (  # noqa: E402
     WeightsStatus,
 )
 from k3deploy.facts.status import EndpointModels, HealthCode, UnitLogs, UnitRun, UnitRuntime  # noqa: E402
-from k3deploy.preflight.checks import HostFacts  # noqa: E402
+from k3deploy.preflight.checks import CheckResult, HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
 
 T = TypeVar("T")
@@ -145,6 +146,23 @@ def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool
     return each_host(state, hosts, one)
 
 
+def router_checks(read: list[HostFacts], path: str) -> list[CheckResult]:
+    """The router host has the ``vllm-router`` command its unit runs (``k3_router_bin``), read with its facts."""
+    out = []
+    for f in read:
+        if "router_bin" not in f.extra:
+            continue
+        if f.extra["router_bin"]:
+            out.append(CheckResult(f.host, "router.command", "pass", f"{path} is executable",
+                                   "the vllm-router command"))
+        else:
+            out.append(CheckResult(f.host, "router.command", "fail", f"{path} is missing or not executable on {f.host}",
+                                   "the vllm-router command at k3_router_bin (the router unit's ExecStart)",
+                                   "pip install vllm-router==0.1.17 on the router host, or set k3_router_bin to "
+                                   "where it is (or k3_router_image to run it from an image)"))
+    return out
+
+
 def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, health: bool = False) -> list[Any]:
     """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
     and files), the image's digest, the weights, and the revisions of the groups whose rank 0 runs here; with
@@ -157,6 +175,8 @@ def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, h
         out += [("helper", FileHash, {"path": GROUP_MEMBER}),
                 ("image", ImageDigest, {"image": r.plan.image, "docker": v.k3_docker}),
                 ("weights", WeightsState, {"cache": v.k3_model_cache, "model": r.plan.model})]
+    if any(u.group == "router" for u in r.on_host(host)) and not v.k3_router_image:
+        out.append(("router_bin", Executable, {"path": v.k3_router_bin}))
     out += [(f"revisions:{g}", Revisions, {"directory": revisions_dir(v.k3_config_dir, g)})
             for g in r.groups if r.group(g)[0].host == host]
     if runtime:
@@ -246,6 +266,8 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     extra = (lambda name: rollout_facts(planned, name, runtime, logs, health)) if planned is not None else None
     read = read_facts(state, hosts, t, connect_first=connect_first, extra=extra) if facts else []
     report = check(t.requirements, read) if facts else None
+    if report is not None:
+        report.results += router_checks(read, t.vars.k3_router_bin)
     rollout = _rollout(t, report)
     have: dict[tuple[str, str], Installed] = {}
     history: dict[str, GroupHistory] = {}

@@ -113,7 +113,7 @@ _VENDOR_FILES: dict[str, tuple[str, ...]] = {
 _FABRICMANAGER_FILES = ("/usr/bin/nv-fabricmanager", "/etc/systemd/system/nvidia-fabricmanager.service")
 _IMEX_FILES = ("/usr/bin/nvidia-imex", "/etc/systemd/system/nvidia-imex.service")
 #: simulated services enabled at boot when installed (as ``systemctl enable`` would link them)
-_ENABLED_UNITS = ("nvidia-fabricmanager.service", "nvidia-imex.service")
+_ENABLED_UNITS = ("nvidia-fabricmanager.service", "nvidia-imex.service", "docker.service")
 _RDMA_FILES = ("/usr/lib/x86_64-linux-gnu/libibverbs.so.1",)
 
 

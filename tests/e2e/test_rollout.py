@@ -36,6 +36,12 @@ def openai_client(endpoint: str, model: str = "moonshotai/Kimi-K3") -> str:
 def test_strategies_serve(sim_factory, name, hardware, nodes, strategy, layout, served_units):
     sim = sim_factory(name, hardware, nodes, *(["--layout", layout] if layout else []))
     sim.set_vars(f"k3_strategy: {strategy}\n")
+    if "k3-engine-router.service" in served_units:   # the router's command is checked before anything changes
+        sim.set_vars("k3_router_bin: /opt/nowhere/vllm-router\n")
+        bad = deploy(sim.inventory)
+        assert bad.returncode == 1 and "router.command: observed /opt/nowhere/vllm-router is missing" in bad.stdout
+        assert "Stage |" not in bad.stdout
+        sim.group_vars.write_text(sim.group_vars.read_text().replace("k3_router_bin: /opt/nowhere/vllm-router\n", ""))
     run = deploy(sim.inventory)
     assert run.returncode == 0, run.stdout[-4000:]
     success, errors, _ = totals(run.stdout)

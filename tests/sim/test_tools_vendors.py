@@ -185,7 +185,7 @@ def test_install_node_tools_gives_executable_python_scripts(tmp_path):
     installed = install_node_tools(tmp_path, cfg)
     assert "/usr/bin/nvidia-smi" not in installed and not (tmp_path / "usr/bin/nvidia-smi").exists()
     assert json.loads((tmp_path / "etc/k3sim/node.json").read_text()) == cfg
-    for rel in ("usr/lib/k3sim/tools/docker", "usr/lib/k3sim/tools/nvidia-ctk", "usr/bin/vllm-router",
+    for rel in ("usr/lib/k3sim/tools/docker", "usr/lib/k3sim/tools/nvidia-ctk", "usr/local/bin/vllm-router",
                 "usr/lib/k3sim/tools/lsmod", "usr/lib/k3sim/engine.py"):
         path = tmp_path / rel
         assert path.read_text().startswith("#!/usr/bin/python3\n"), rel
