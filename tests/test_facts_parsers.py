@@ -167,6 +167,57 @@ def test_fabric_manager_and_imex():
     assert nosystemd.service == "unknown" and nosystemd.channels == [] and "PID 1" in nosystemd.detail
 
 
+# ------------------------------------------------------------------------------- IMEX domain
+
+
+def test_imex_domain_18_trays_570_172():
+    d = run(nvidia.ImexDomain, lines("nvidia/imex-ctl-N-18-nodes-570.172.txt"))
+    assert (d.domain_state, len(d.nodes), d.timestamp) == ("UP", 18, "5/4/2026 06:08:10.580")
+    assert (d.nodes[10].index, d.nodes[10].address, d.nodes[10].status, d.nodes[10].version) == (
+        10, "172.31.54.95", "READY", "570.172")
+    assert all(n.links == ["C"] * 18 for n in d.nodes) and d.formed and d.not_connected() == []
+
+
+def test_imex_domain_2_trays_570_00_without_version_column():
+    d = run(nvidia.ImexDomain, lines("nvidia/imex-ctl-N-2-nodes-570.00.txt"))
+    assert [(n.address, n.status, n.version, n.links) for n in d.nodes] == [
+        ("10.136.206.47", "READY", None, ["C", "C"]), ("10.136.206.48", "READY", None, ["C", "C"])]
+    assert d.formed
+
+
+def _degraded(text: str) -> str:
+    """The real 18-tray output with node 17 gone: what its peers show (UNAVAILABLE, its row I, its column N)."""
+    out = text.replace("172.31.56.47    - READY               ", "172.31.56.47    - UNAVAILABLE         ")
+    out = out.replace("Domain State: UP", "Domain State: DEGRADED")
+    rows = out.splitlines()
+    for i, row in enumerate(rows):
+        if row.startswith("      17        "):
+            rows[i] = "      17        " + "I   " * 17 + "I"
+        elif row.rstrip().endswith("C") and row[:8].strip().isdigit():
+            rows[i] = row.rstrip()[:-1] + "N"
+    return "\n".join(rows)
+
+
+def test_imex_domain_degraded_names_the_peer_and_the_links():
+    d = run(nvidia.ImexDomain, _degraded((FIX / "nvidia/imex-ctl-N-18-nodes-570.172.txt").read_text()).splitlines())
+    assert d.domain_state == "DEGRADED" and not d.formed
+    assert d.nodes[17].status == "UNAVAILABLE"
+    bad = {(a.index, b.index if b else None, code) for a, b, code in d.not_connected()}
+    assert (0, 17, "N") in bad and (17, 0, "I") in bad and len(bad) == 17 + 18
+
+
+def test_imex_domain_errors():
+    assert run(nvidia.ImexDomain, ["Nodes:"]).kind == "unparsable"
+    assert run(nvidia.ImexDomain, lines("nvidia/garbage.txt")).kind == "unparsable"
+    failed = run(nvidia.ImexDomain, ["Connection refused"], status=255)
+    assert (failed.kind, failed.exit_code, failed.first_line) == ("failed", 255, "Connection refused")
+    assert nvidia.ImexDomain().requires_command() == "nvidia-imex-ctl"
+    assert nvidia.ImexDomain().default().kind == "absent"
+    torn = lines("nvidia/imex-ctl-N-2-nodes-570.00.txt")
+    torn[-2] = "       1        C"
+    assert run(nvidia.ImexDomain, torn).kind == "unparsable"
+
+
 # ------------------------------------------------------------------------------- NVLink fabric
 
 

@@ -14,7 +14,15 @@ from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
 from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
-from k3deploy.facts.nvidia import FabricManagerState, GpuFabric, ImexState, NvidiaGpu, ToolkitVersion
+from k3deploy.facts.nvidia import (
+    FabricManagerState,
+    GpuFabric,
+    ImexDomainState,
+    ImexNode,
+    ImexState,
+    NvidiaGpu,
+    ToolkitVersion,
+)
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
 from k3deploy.preflight import checks
 from k3deploy.preflight.checks import HostFacts, run_checks
@@ -50,6 +58,19 @@ def common(name: str, address: str) -> dict:
     )
 
 
+def imex_domain(addresses: list[str], state: str = "UP", status: dict[int, str] | None = None,
+                links: dict[tuple[int, int], str] | None = None) -> ImexDomainState:
+    """What nvidia-imex-ctl -N reports for a domain of these addresses: all READY and Connected unless changed."""
+    status, links = status or {}, links or {}
+    n = len(addresses)
+    return ImexDomainState(state, [ImexNode(i, a, status.get(i, "READY"), "580.95",
+                                            [links.get((i, j), "C") for j in range(n)])
+                                   for i, a in enumerate(addresses)])
+
+
+TRAYS = [f"10.77.0.{11 + i}" for i in range(3)]
+
+
 def gb300_host(name: str, address: str) -> HostFacts:
     return HostFacts(
         **common(name, address),
@@ -57,6 +78,7 @@ def gb300_host(name: str, address: str) -> HostFacts:
         toolkit=ToolkitVersion("1.17.8"),
         fabric=[GpuFabric(f"0000000{i}:06:00.0", "Completed", "Success", "32766", UUID, "Healthy") for i in range(4)],
         imex=ImexState("active", ["channel0"], 234),
+        imex_domain=imex_domain(TRAYS),
     )
 
 
@@ -90,7 +112,7 @@ def test_healthy_gb300_trays_pass_every_check():
     assert failures(results) == []
     assert not [r for r in results if r.status == "warn"]
     checked = {r.check for r in results if r.host == "gb300-1"}
-    assert checked == {"nvidia.driver", "gpu.model", "gpu.count", "nvlink.fabric", "nvidia.imex",
+    assert checked == {"nvidia.driver", "gpu.model", "gpu.count", "nvlink.fabric", "nvidia.imex", "nvidia.imex.domain",
                        "container.toolkit", "container.runtime", "rdma.devices", "rdma.gpudirect",
                        "network.interface", "disk.images", "disk.cache", "disk.shm"}
     (mem,) = [r for r in results if r.check == "gpu.memory"]
@@ -129,6 +151,14 @@ FAULTS = {
     "fabric not reported": (lambda h: setattr(h, "fabric", []), "nvlink.fabric"),
     "imex inactive": (lambda h: setattr(h, "imex", ImexState("inactive", ["channel0"], 234)), "nvidia.imex"),
     "no imex channel": (lambda h: setattr(h, "imex", ImexState("active", [], None)), "nvidia.imex"),
+    "imex peer not connected": (lambda h: setattr(h, "imex_domain", imex_domain(
+        TRAYS, "DEGRADED", {2: "UNAVAILABLE"}, {(1, 2): "N", (2, 0): "I", (2, 1): "I", (2, 2): "I"})),
+        "nvidia.imex.domain"),
+    "imex link disconnected, domain UP": (lambda h: setattr(h, "imex_domain", imex_domain(TRAYS, links={(0, 1): "D"})),
+                                          "nvidia.imex.domain"),
+    "imex domain of the tray alone": (lambda h: setattr(h, "imex_domain", imex_domain([h.address])),
+                                      "nvidia.imex.domain"),
+    "no nvidia-imex-ctl": (lambda h: setattr(h, "imex_domain", nvidia.ImexDomain().default()), "nvidia.imex.domain"),
     "rdma port down": (lambda h: setattr(h, "rdma", [RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_DOWN", "InfiniBand")])]),
                        "rdma.devices"),
     "no rdma devices": (lambda h: setattr(h, "rdma", []), "rdma.devices"),
@@ -170,6 +200,46 @@ def test_fabric_from_real_in_progress_output_fails_that_tray():
     assert failures(results) == [("gb300-1", "nvlink.fabric")]
     (bad,) = [r for r in results if r.status == "fail"]
     assert "00000018:06:00.0" in bad.observed and "In Progress" in bad.observed
+
+
+def test_imex_domain_from_real_output_passes_when_it_lists_every_tray():
+    real = nvidia.ImexDomain().process((FIX / "nvidia/imex-ctl-N-18-nodes-570.172.txt").read_text().splitlines()
+                                       + ["K3_EXIT=0"])
+    addresses = [n.address for n in real.nodes]
+    hosts = [gb300_host(f"gb300-{i}", a) for i, a in enumerate(addresses[:3])]
+    for h in hosts:
+        h.imex_domain = real
+    results = run_checks(sel("gb300", 3), hosts)
+    assert failures(results) == []
+    assert {r.observed for r in results if r.check == "nvidia.imex.domain"} == {"UP, 18 node(s) READY, all connected"}
+
+
+def test_imex_domain_not_formed_names_observed_required_and_fix():
+    hosts = gb300_cluster()
+    hosts[1].imex_domain = imex_domain(TRAYS[:2], "DEGRADED", {1: "UNAVAILABLE"}, {(0, 1): "N", (1, 0): "I",
+                                                                                 (1, 1): "I"})
+    (bad,) = [r for r in run_checks(sel("gb300", 3), hosts) if r.status == "fail"]
+    assert (bad.host, bad.check) == ("gb300-1", "nvidia.imex.domain")
+    assert "Domain State DEGRADED" in bad.observed and "node #1 10.77.0.12 UNAVAILABLE" in bad.observed
+    assert "#0->#1 N" in bad.observed and "not in the domain: gb300-2 (10.77.0.13)" in bad.observed
+    assert "Domain State UP" in bad.required and "every pair C" in bad.required
+    assert "nodes_config.cfg" in bad.fix and "restart nvidia-imex" in bad.fix and "journalctl -u nvidia-imex" in bad.fix
+
+
+def test_imex_domain_is_not_read_when_the_daemon_is_down():
+    hosts = gb300_cluster()
+    hosts[1].imex = ImexState("inactive", ["channel0"], 234)
+    hosts[1].imex_domain = nvidia.ImexDomain().error("failed", ["could not connect"], exit_code=255)
+    assert failures(run_checks(sel("gb300", 3), hosts)) == [("gb300-1", "nvidia.imex")]
+
+
+def test_several_nvlink_domains_ask_only_for_the_tray_itself():
+    hosts = gb300_cluster()
+    for h in hosts:
+        h.imex_domain = imex_domain([h.address])
+    assert failures(run_checks(sel("gb300", 3), hosts)) == [
+        (h.host, "nvidia.imex.domain") for h in hosts]
+    assert failures(run_checks(sel("gb300", 3, one_nvlink_domain=False), hosts)) == []
 
 
 def test_missing_nvidia_smi_names_the_host_and_the_driver():

@@ -21,6 +21,20 @@ def fixture(name: str) -> list[str]:
     return (FIX / name).read_text().splitlines()
 
 
+def imex_domain(addresses: list[str]) -> list[str]:
+    """``nvidia-imex-ctl -N`` of a formed domain of these trays: the real 2-node output
+    (``nvidia/imex-ctl-N-2-nodes-570.00.txt``) with its node lines and table rewritten for the trays."""
+    real = fixture("nvidia/imex-ctl-N-2-nodes-570.00.txt")
+    head = real[:real.index("Nodes:") + 1]
+    nodes = [f"Node #{i:<3} - {a:<15} - READY" for i, a in enumerate(addresses)]
+    table = [" Nodes From\\To  " + "  ".join(str(i) for i in range(len(addresses)))]
+    table += [f"{i:>8}        " + "  ".join("C" for _ in addresses) for i in range(len(addresses))]
+    return [*head, *nodes, "", *table, "Domain State: UP"]
+
+
+TRAYS = [f"10.77.0.{11 + i}" for i in range(3)]
+
+
 def responses(address: str, fabric: str = "nvidia/smi-q-gb300-completed.txt") -> dict[str, list[str]]:
     """@fake answers for every fact command of a GB300 tray (first matching substring wins)."""
     ok = ["K3_EXIT=0"]
@@ -32,6 +46,7 @@ def responses(address: str, fabric: str = "nvidia/smi-q-gb300-completed.txt") ->
         "nvidia-smi -q": fixture(fabric) + ok,
         "nvidia-ctk --version": fixture("nvidia/nvidia-ctk-version.txt") + ok,
         "systemctl is-active nvidia-imex": fixture("nvidia/imex-active.txt") + ok,
+        "nvidia-imex-ctl -N": imex_domain(TRAYS) + ok,
         "ibv_devinfo": fixture("rdma/ibv_devinfo-mlx5_0.txt") + ok,
         "lsmod": fixture("rdma/lsmod-peermem.txt") + ok,
         "/proc/driver/nvidia/version": fixture("nvidia/proc-version-open-aarch64.txt") + ok,

@@ -13,6 +13,8 @@ import pytest
 
 sim_profiles = pytest.importorskip("k3deploy.sim.profiles")
 from k3deploy.cluster.requirements import Requirements  # noqa: E402
+from k3deploy.errors import K3Error  # noqa: E402
+from k3deploy.facts import nvidia  # noqa: E402
 from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
 from k3deploy.facts.host import AddressInterface, DiskSpace, Ipv4Address  # noqa: E402
 from k3deploy.facts.nvidia import ImexState  # noqa: E402
@@ -79,7 +81,10 @@ def test_healthy_gb300_pair_passes(tmp_path):
     sel, hosts = cluster("gb300", 2, [], tmp_path)
     results = run_checks(sel, hosts)
     assert failures(results) == []
-    assert {"nvlink.fabric", "nvidia.imex", "rdma.devices"} <= {r.check for r in results if r.host == "node1"}
+    assert {"nvlink.fabric", "nvidia.imex", "nvidia.imex.domain", "rdma.devices"} <= {
+        r.check for r in results if r.host == "node1"}
+    (domain,) = [r for r in results if r.check == "nvidia.imex.domain" and r.host == "node1"]
+    assert domain.observed == "UP, 2 node(s) READY, all connected"
 
 
 @pytest.mark.parametrize(
@@ -88,6 +93,7 @@ def test_healthy_gb300_pair_passes(tmp_path):
         ("gb300", "1:fabric=In Progress", [("node1", "nvlink.fabric")]),
         ("gb300", "1:cluster-uuid=1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f", [("node1", "nvlink.fabric")]),
         ("gb300", "0:gpu-model=NVIDIA GB200", [("node0", "gpu.model")]),
+        ("gb300", "1:imex-peer-down", [("node1", "nvidia.imex.domain")]),
         ("h200", "1:gpu-count=7", [("node1", "gpu.count")]),
         # Fabric Manager stays at the old driver's version: both checks fail, on that node only
         ("h200", "1:driver=570.86.15", [("node1", "nvidia.driver"), ("node1", "nvidia.fabricmanager")]),
@@ -98,6 +104,45 @@ def test_healthy_gb300_pair_passes(tmp_path):
 def test_injected_fault_fails_the_right_node(hw, fault, expected, tmp_path):
     sel, hosts = cluster(hw, 2, [fault], tmp_path)
     assert failures(run_checks(sel, hosts)) == expected
+
+
+def test_simulated_imex_ctl_text_and_json(tmp_path):
+    """The simulated nvidia-imex-ctl lists the trays of the NVLink domain; imex-peer-down takes one peer out."""
+    for rank, faults in ((0, []), (0, ["0:imex-peer-down"])):
+        config = sim_profiles.node_config("gb200", rank, 2, "node0", "10.77.0.11", [parse_fault(f) for f in faults],
+                                          1.0, UUID)
+        path = tmp_path / "node.json"
+        path.write_text(json.dumps(config))
+        env = dict(os.environ, K3SIM_NODE_CONFIG=str(path))
+        tool = str(TOOLS / "usr/bin/nvidia-imex-ctl")
+        text = subprocess.run([tool, "-N"], env=env, capture_output=True, text=True, check=True).stdout
+        domain = nvidia.parse_imex_domain(text.splitlines())
+        doc = json.loads(subprocess.run([tool, "-N", "-j"], env=env, capture_output=True, text=True,
+                                        check=True).stdout)
+        assert [n.address for n in domain.nodes] == ["10.77.0.11", "10.77.0.12"]
+        assert [v["host"] for v in doc["nodes"].values()] == ["10.77.0.11", "10.77.0.12"]
+        if faults:
+            assert (domain.domain_state, doc["status"], domain.formed) == ("DEGRADED", "DEGRADED", False)
+            assert domain.nodes[1].status == doc["nodes"]["1"]["status"] == "UNAVAILABLE"
+            assert domain.nodes[0].links == ["C", "N"] and domain.nodes[1].links == ["I", "I"]
+        else:
+            assert (domain.domain_state, doc["status"], domain.formed) == ("UP", "UP", True)
+            assert {c["status"] for v in doc["nodes"].values() for c in v["connections"].values()} == {"CONNECTED"}
+    assert subprocess.run([tool], env=env, capture_output=True).returncode == 1
+
+
+def test_imex_peer_down_needs_imex_hardware_and_a_peer():
+    with pytest.raises(K3Error, match="gb200, gb300"):
+        sim_profiles.node_config("h200", 0, 2, "n", "10.77.0.11", [parse_fault("0:imex-peer-down")], 1.0, UUID)
+    with pytest.raises(K3Error, match="at least 2 nodes"):
+        sim_profiles.node_config("gb300", 0, 1, "n", "10.77.0.11", [parse_fault("0:imex-peer-down")], 1.0, UUID)
+    # a rack holds 18 trays: tray 18 is in the next domain, alone
+    config = sim_profiles.node_config("gb300", 18, 19, "n", "10.77.0.29", [], 1.0, UUID)
+    assert config["imex"] == {"nodes": ["10.77.0.29"], "down": []}
+    assert len(sim_profiles.node_config("gb300", 3, 19, "n", "10.77.0.14", [], 1.0, UUID)["imex"]["nodes"]) == 18
+    excluded = set(sim_profiles.excluded_paths(sim_profiles.node_config("h200", 0, 1, "n", "10.77.0.11", [], 1.0,
+                                                                        UUID)))
+    assert "/usr/bin/nvidia-imex-ctl" in excluded
 
 
 def test_missing_nvidia_smi_message(tmp_path):

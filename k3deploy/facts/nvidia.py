@@ -329,6 +329,139 @@ class Imex(K3Fact[ImexState]):
         return parse_imex(lines)
 
 
+# ------------------------------------------------------------------------- IMEX domain status
+
+#: connectivity codes of ``nvidia-imex-ctl -N`` (its legend); only ``C`` is a working connection
+IMEX_CONNECTED = "C"
+IMEX_CODES = {
+    "I": "Invalid (node not reachable)",
+    "N": "Never Connected",
+    "R": "Recovering",
+    "D": "Disconnected",
+    "A": "Authenticating",
+    "!V!": "version mismatch",
+    "!M!": "node map mismatch",
+    "C": "Connected",
+}
+_IMEX_NODE_RE = re.compile(r"^Node\s+#(\d+)\s+-\s+(\S+)\s+-\s+(\S+)(?:\s+-\s+Version:\s*(\S+))?\s*$")
+_IMEX_ROW_RE = re.compile(r"^\s*(\d+)\s+(\S.*)$")
+
+
+@dataclass(frozen=True)
+class ImexNode(Jsonable):
+    index: int  # "Node #<index>": the line of the node in nodes_config.cfg
+    address: str  # as nodes_config.cfg lists it (an IP address, or a host name)
+    status: str  # READY, UNAVAILABLE, ...
+    version: str | None = None  # "Version: 570.172" (newer nvidia-imex-ctl only)
+    links: list[str] = field(default_factory=list)  # its row of the table: connection to node 0, 1, ...
+
+
+@dataclass(frozen=True)
+class ImexDomainState(Jsonable):
+    domain_state: str  # "Domain State: UP" (UP, DEGRADED, DOWN)
+    nodes: list[ImexNode] = field(default_factory=list)
+    timestamp: str = ""
+
+    def not_connected(self) -> list[tuple[ImexNode, ImexNode | None, str]]:
+        """Every (from, to, code) of the table whose code is not ``C``; ``to`` is None for a column no node has."""
+        by_index = {n.index: n for n in self.nodes}
+        order = [n.index for n in self.nodes]
+        out: list[tuple[ImexNode, ImexNode | None, str]] = []
+        for node in self.nodes:
+            for col, code in enumerate(node.links):
+                if code != IMEX_CONNECTED:
+                    out.append((node, by_index.get(order[col]) if col < len(order) else None, code))
+        return out
+
+    @property
+    def formed(self) -> bool:
+        """Domain UP, every node READY, every pair of nodes Connected."""
+        return (self.domain_state == "UP" and bool(self.nodes)
+                and all(n.status == "READY" and len(n.links) == len(self.nodes) for n in self.nodes)
+                and not self.not_connected())
+
+
+def parse_imex_domain(lines: list[str]) -> ImexDomainState:
+    r"""Parse ``nvidia-imex-ctl -N``: the legend, a timestamp, ``Nodes:`` (one line per node of
+    ``/etc/nvidia-imex/nodes_config.cfg``), the ``Nodes From\To`` connectivity table and ``Domain State``.
+
+    Format: the output NVIDIA's IMEX 570 prints (``tests/fixtures/nvidia/imex-ctl-N-*.txt``; the ``Version`` column
+    is absent before 570.172).
+
+    >>> d = parse_imex_domain(["3/25/2025 10:42:08.082", "Nodes:", "Node #0   - 10.136.206.47   - READY",
+    ...     "Node #1   - 10.136.206.48   - READY", "", r" Nodes From\To  0  1", "       0        C  C",
+    ...     "       1        C  C", "Domain State: UP"])
+    >>> d.formed, [(n.address, n.status, n.links) for n in d.nodes]
+    (True, [('10.136.206.47', 'READY', ['C', 'C']), ('10.136.206.48', 'READY', ['C', 'C'])])
+    >>> parse_imex_domain(["Node #0   - 10.0.0.1   - READY", r" Nodes From\To  0  1", "       0        C  N",
+    ...     "Domain State: DEGRADED"]).formed
+    False
+    """
+    nodes: dict[int, dict[str, object]] = {}
+    columns: list[int] = []
+    rows: dict[int, list[str]] = {}
+    domain_state: str | None = None
+    timestamp = ""
+    in_table = False
+    for raw in lines:
+        line = raw.rstrip()
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("Domain State:"):
+            domain_state = stripped.split(":", 1)[1].strip()
+            in_table = False
+            continue
+        node = _IMEX_NODE_RE.match(stripped)
+        if node:
+            nodes[int(node.group(1))] = {"address": node.group(2), "status": node.group(3),
+                                         "version": node.group(4)}
+            continue
+        if stripped.startswith("Nodes From\\To"):
+            columns = [int(c) for c in stripped[len("Nodes From\\To"):].split()]
+            in_table = True
+            continue
+        if in_table:
+            row = _IMEX_ROW_RE.match(line)
+            if row:
+                rows[int(row.group(1))] = row.group(2).split()
+                continue
+            in_table = False
+        if re.match(r"^\d+/\d+/\d+\s+\d+:\d+:\d+", stripped):
+            timestamp = stripped
+    if domain_state is None:
+        raise Unparsable("no 'Domain State:' line")
+    if not nodes:
+        raise Unparsable("no 'Node #' lines")
+    out = []
+    for index in sorted(nodes):
+        links = rows.get(index, [])
+        if columns and len(links) != len(columns):
+            raise Unparsable(f"row {index} of the connectivity table has {len(links)} entries for {len(columns)} nodes")
+        values = nodes[index]
+        out.append(ImexNode(index=index, address=str(values["address"]), status=str(values["status"]),
+                            version=values["version"] if isinstance(values["version"], str) else None,
+                            links=links))
+    return ImexDomainState(domain_state=domain_state, nodes=out, timestamp=timestamp)
+
+
+class ImexDomain(K3Fact[ImexDomainState]):
+    """The IMEX domain as this tray's ``nvidia-imex`` sees it: ``nvidia-imex-ctl -N`` (the command service reads
+    ``/etc/nvidia-imex/config.cfg``). A formed domain is ``Domain State: UP`` with every node ``READY`` and every
+    pair ``C`` in the connectivity table; ``nvidia-imex`` active and ``channel0`` present do not imply it.
+
+    ``Node #0 - 10.136.206.47 - READY`` ... ``Domain State: UP`` →
+    ``ImexDomainState(domain_state='UP', nodes=[ImexNode(index=0, address='10.136.206.47', status='READY', ...)])``.
+    """
+
+    tool = required_binary = "nvidia-imex-ctl"
+    hint = "is the nvidia-imex package (which ships nvidia-imex-ctl) installed?"
+    shown_command = "nvidia-imex-ctl -N"
+
+    def parse(self, lines: list[str]) -> ImexDomainState:
+        return parse_imex_domain(lines)
+
+
 # ------------------------------------------------------------------------- NVLink fabric state
 
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"

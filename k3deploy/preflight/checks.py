@@ -34,6 +34,7 @@ from k3deploy.facts.nvidia import (
     DriverFlavour,
     FabricManagerState,
     GpuFabric,
+    ImexDomainState,
     ImexState,
     NvidiaGpu,
     ToolkitVersion,
@@ -79,6 +80,7 @@ class HostFacts:
     toolkit: ToolkitVersion | FactError | None = None
     fabric_manager: FabricManagerState | FactError | None = None
     imex: ImexState | FactError | None = None
+    imex_domain: ImexDomainState | FactError | None = None  # nvidia-imex-ctl -N
     fabric: list[GpuFabric] | FactError | None = None
     rdma: list[RdmaDevice] | FactError | None = None
     modules: LoadedModules | FactError | None = None
@@ -373,7 +375,7 @@ def _check_fabric_host(out: _Out, sel: Requirements, f: HostFacts) -> bool:
     return True
 
 
-def _check_imex(out: _Out, sel: Requirements, f: HostFacts) -> None:
+def _check_imex(out: _Out, sel: Requirements, f: HostFacts, trays: list[HostFacts] | None = None) -> None:
     if not sel.mnnvl or f.imex is None:
         return
     required = "nvidia-imex active and /dev/nvidia-caps-imex-channels/channel0 present"
@@ -395,6 +397,58 @@ def _check_imex(out: _Out, sel: Requirements, f: HostFacts) -> None:
         )
     else:
         out.add(f.host, "nvidia.imex", "pass", f"active, {', '.join(imex.channels)}", required)
+    if imex.service == "active":  # an inactive daemon is reported above: its domain cannot be read
+        _check_imex_domain(out, sel, f, trays or [f])
+
+
+#: the fix of a domain that has not formed
+IMEX_DOMAIN_FIX = ("check that /etc/nvidia-imex/nodes_config.cfg lists every tray of the NVLink domain, the same "
+                   "file on every tray, then restart nvidia-imex on every tray (systemctl restart nvidia-imex); "
+                   "journalctl -u nvidia-imex and nvidia-imex-ctl -N show which peer does not connect")
+
+
+def _tray_names(f: HostFacts) -> set[str]:
+    return {name for name in (f.address, f.host) if name}
+
+
+def _check_imex_domain(out: _Out, sel: Requirements, f: HostFacts, trays: list[HostFacts]) -> None:
+    """The IMEX domain has formed: UP, every node READY and connected to every other, this plan's trays in it."""
+    domain = f.imex_domain
+    if domain is None:
+        return
+    # the trays that must share this tray's IMEX domain: all planned trays when the plan is one NVLink domain
+    members = [t for t in trays if t.unreachable is None] if sel.one_nvlink_domain else [f]
+    if f not in members:
+        members.append(f)
+    required = ("nvidia-imex-ctl -N: Domain State UP, every node READY, every pair C (Connected), "
+                f"{'these trays' if len(members) > 1 else 'this tray'} listed")
+    if isinstance(domain, FactError):
+        out.error(f.host, "nvidia.imex.domain", domain, required,
+                  "install nvidia-imex-ctl (the nvidia-imex package) and enable the IMEX command service in "
+                  "/etc/nvidia-imex/config.cfg (NVIDIA IMEX guide, 'IMEX Service Command Service'), then restart "
+                  "nvidia-imex")
+        return
+    problems: list[str] = []
+    if domain.domain_state != "UP":
+        problems.append(f"Domain State {domain.domain_state}")
+    for node in domain.nodes:
+        if node.status != "READY":
+            problems.append(f"node #{node.index} {node.address} {node.status}")
+    bad = domain.not_connected()
+    if bad:
+        shown = ", ".join(f"#{a.index}->#{b.index if b is not None else '?'} {code}" for a, b, code in bad[:6])
+        more = f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""
+        problems.append(f"{len(bad)} of {len(domain.nodes) ** 2} links not Connected: {shown}{more}")
+    listed = {n.address for n in domain.nodes}
+    missing = [t for t in members if not _tray_names(t) & listed]
+    if missing:
+        problems.append("not in the domain: " + ", ".join(f"{t.host} ({t.address})" if t.address and t.address != t.host
+                                                          else t.host for t in missing))
+    count = f"{len(domain.nodes)} node(s)"
+    if problems:
+        out.add(f.host, "nvidia.imex.domain", "fail", f"{count}; " + "; ".join(problems), required, IMEX_DOMAIN_FIX)
+    else:
+        out.add(f.host, "nvidia.imex.domain", "pass", f"UP, {count} READY, all connected", required)
 
 
 def _check_toolkit(out: _Out, sel: Requirements, f: HostFacts) -> None:
@@ -633,7 +687,7 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
                 identity = _fabric_identity(f)
                 assert identity is not None
                 fabric_ok[f.host] = identity
-            _check_imex(out, sel, f)
+            _check_imex(out, sel, f, hosts)
         _check_toolkit(out, sel, f)
         _check_runtime(out, sel, f)
         if _check_rdma(out, sel, f):

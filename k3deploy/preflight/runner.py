@@ -85,7 +85,7 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
         if getattr(sel.hardware, "nvl", False):
             plan.append(("fabric", nvidia.NvlinkFabric, {}))
             if sel.mnnvl:
-                plan.append(("imex", nvidia.Imex, {}))
+                plan += [("imex", nvidia.Imex, {}), ("imex_domain", nvidia.ImexDomain, {})]
         if sel.needs_rdma:
             plan += [
                 ("flavour", nvidia.NvidiaDriverFlavour, {}),
@@ -162,6 +162,7 @@ CAPTURE_FACTS: list[tuple[type[K3Fact], dict[str, Any]]] = [
     (nvidia.NvidiaContainerToolkit, {}),
     (nvidia.FabricManager, {}),
     (nvidia.Imex, {}),
+    (nvidia.ImexDomain, {}),
     (nvidia.NvlinkFabric, {}),
     (rdma.RdmaDevices, {}),
     (rdma.KernelModules, {}),

@@ -23,6 +23,8 @@ FAULT_KINDS: dict[str, str] = {
     "no-peermem": "the nvidia_peermem kernel module is not loaded",
     "fabric": "fabric=STATE: the NVLink fabric State is STATE (N/A, Not Started, In Progress, Completed)",
     "cluster-uuid": "cluster-uuid=UUID: the NVLink fabric reports ClusterUUID UUID",
+    "imex-peer-down": "nvidia-imex-ctl -N on the node shows one peer of its IMEX domain UNAVAILABLE and not "
+                      "connected, the domain DEGRADED (GB200/GB300, 2+ nodes)",
     "disk-full": "the image/weights directory and docker's data directory are nearly full",
     "sshd-down": "sshd is not running: the node is unreachable over ssh",
     "engine-crash": "the vLLM engine exits 1 shortly after start",

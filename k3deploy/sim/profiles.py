@@ -103,7 +103,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 # files under node_tools that belong to one vendor only (absolute node paths)
 _VENDOR_FILES: dict[str, tuple[str, ...]] = {
     "nvidia": ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-ctk", "/usr/bin/nvidia-container-runtime",
-               "/usr/bin/nv-fabricmanager", "/usr/bin/nvidia-imex"),
+               "/usr/bin/nv-fabricmanager", "/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex-ctl"),
     "amd": ("/usr/bin/amd-smi", "/usr/bin/rocm-smi", "/opt/rocm/.info/version"),
     "ascend": ("/usr/local/bin/npu-smi", "/usr/local/Ascend/", "/etc/ascend_install.info",
                "/usr/local/dcmi/"),
@@ -111,7 +111,7 @@ _VENDOR_FILES: dict[str, tuple[str, ...]] = {
 
 
 _FABRICMANAGER_FILES = ("/usr/bin/nv-fabricmanager", "/etc/systemd/system/nvidia-fabricmanager.service")
-_IMEX_FILES = ("/usr/bin/nvidia-imex", "/etc/systemd/system/nvidia-imex.service")
+_IMEX_FILES = ("/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex-ctl", "/etc/systemd/system/nvidia-imex.service")
 #: simulated services enabled at boot when installed (as ``systemctl enable`` would link them)
 _ENABLED_UNITS = ("nvidia-fabricmanager.service", "nvidia-imex.service", "docker.service")
 _RDMA_FILES = ("/usr/lib/x86_64-linux-gnu/libibverbs.so.1",)
@@ -192,9 +192,11 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     modules_unloaded: list[str] = []
     dmabuf = vendor == "nvidia" and prof.get("kernel_module") == "open"
     crash = False
+    imex_down = False
     extra_load = 0.0
     for f in mine:
-        nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid")
+        nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid",
+                                 "imex-peer-down")
         if nvidia_only and vendor != "nvidia":
             raise K3Error(f"fault {str(f)!r} applies to NVIDIA hardware only, not {hardware!r}: "
                           "drop it or pick an NVIDIA profile")
@@ -218,6 +220,12 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                 fabric["status"] = "Success" if f.value == "Completed" else "N/A"
             else:
                 fabric["cluster_uuid"] = _value(f)
+        elif f.kind == "imex-peer-down":
+            if not prof.get("imex"):
+                raise K3Error(f"fault {str(f)!r} needs IMEX hardware (gb200, gb300), not {hardware!r}")
+            if nodes < 2:
+                raise K3Error(f"fault {str(f)!r} needs a peer: start at least 2 nodes")
+            imex_down = True
         elif f.kind == "engine-crash":
             crash = True
         elif f.kind == "engine-slow":
@@ -255,12 +263,35 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                                 fabricmanager_version=prof["driver"])
         config["nvidia_ctk"] = {"version": prof["ctk_version"],
                                 "runtime_version": prof["container_runtime_version"]}
+        if prof.get("imex"):
+            config["imex"] = _imex_domain(hardware, rank, nodes, ip, imex_down)
     elif vendor == "amd":
         config["rocm"] = {"version": prof["rocm"], "amdsmi": prof["amdsmi"]}
     else:
         config["ascend"] = {"firmware": prof["firmware"], "cann": prof["cann"],
                             "innerversion": prof["innerversion"]}
     return config
+
+
+def _imex_domain(hardware: str, rank: int, nodes: int, ip: str, peer_down: bool) -> dict[str, Any]:
+    """What ``nvidia-imex-ctl -N`` of this tray reports: the trays of its NVLink domain (its rack: the ranks
+    ``domain * k`` to ``domain * (k + 1) - 1``, addressed as the cluster lays nodes out, ``<subnet>.<11 + rank>``),
+    in ``nodes_config.cfg`` order, all connected; under ``imex-peer-down`` one peer (the next tray, or the one
+    before for the last) is down."""
+    domain = (hardware_profiles()[hardware].nvl_domain or nodes) if hardware in hardware_profiles() else nodes
+    first = rank // domain * domain
+    ranks = list(range(first, min(nodes, first + domain)))
+    prefix, _, last = ip.rpartition(".")
+    if not last.isdigit():  # not a cluster address (a unit test's placeholder): the tray alone
+        return {"nodes": [ip], "down": []}
+    base = int(last) - rank
+    down: list[str] = []
+    if peer_down:
+        if len(ranks) < 2:
+            raise K3Error(f"fault {rank}:imex-peer-down needs a peer in the tray's NVLink domain")
+        peer = rank + 1 if rank + 1 in ranks else rank - 1
+        down.append(f"{prefix}.{base + peer}")
+    return {"nodes": [f"{prefix}.{base + r}" for r in ranks], "down": down}
 
 
 def _tool_files() -> list[str]:
