@@ -304,6 +304,8 @@ class Engine:
         self.served = (args["served_model_name"] or [args["model"]])
         self.started = int(time.time())
         self.requests = 0
+        self.running = 0          # requests being generated (vllm:num_requests_running)
+        self.lock = threading.Lock()
 
     # -- small utilities
     def s(self, nominal: float) -> float:
@@ -871,6 +873,8 @@ def _send(sock: socket.socket, obj: dict) -> None:
 
 # ----------------------------------------------------------------------------- HTTP
 
+#: seconds each generated token takes (a completion of the answer below is in flight for ~0.3 s)
+TOKEN_SECONDS = 0.02
 ANSWER = "Hello from {node}: this is {model} (simulated vLLM {version}) answering your request."
 
 
@@ -935,6 +939,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             body = (f'# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
                     f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="'
+                    f'{eng.served[0]}"}} {float(eng.running)}\n'
+                    f'# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n'
+                    f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="'
                     f'{eng.served[0]}"}} 0.0\nvllm:request_success_total{{model_name="{eng.served[0]}"}} '
                     f"{float(eng.requests)}\n").encode()
             self.send_response(200)
@@ -995,6 +1002,19 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(400, "BadRequestError", "max_tokens must be at least 1", "max_tokens")
             words, finish = words[:limit], "length"
         eng.requests += 1
+        with eng.lock:
+            eng.running += 1
+        try:
+            # generation takes time (TOKEN_SECONDS a token): a request is in flight meanwhile, and an engine stopped
+            # then drops it, as vLLM does
+            time.sleep(TOKEN_SECONDS * len(words))
+            return self._answer(req, chat, model, words, finish, prompt_words)
+        finally:
+            with eng.lock:
+                eng.running -= 1
+
+    def _answer(self, req, chat, model, words, finish, prompt_words) -> None:
+        eng = self.eng
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         name = model or eng.served[0]
