@@ -638,9 +638,12 @@ def _check_ascend(out: _Out, f: HostFacts) -> None:
         return
     mounts_required = "every host path the engine container bind-mounts (docker run -v) exists"
     if info.missing_paths or info.empty_paths:
-        shown = "; ".join(part for part in ("missing " + ", ".join(info.missing_paths) if info.missing_paths else "",
-                                            "empty directory " + ", ".join(info.empty_paths) if info.empty_paths
-                                            else "") if part)
+        parts = []
+        if info.missing_paths:
+            parts.append("missing " + ", ".join(info.missing_paths))
+        if info.empty_paths:
+            parts.append("empty directory " + ", ".join(info.empty_paths))
+        shown = "; ".join(parts)
         fix = ("install the Ascend driver (HDK) package, which puts these files there, or repair its installation"
                f" ({', '.join([*info.missing_paths, *info.empty_paths])}); docker run -v does not fail on a missing "
                "host path but mounts an empty directory in its place, and the engine then finds no driver tools")

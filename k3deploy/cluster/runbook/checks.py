@@ -25,7 +25,8 @@ CHECK_COMMANDS: dict[str, str] = {
     "ascend.health": "npu-smi info",
     "ascend.versions": "cat /usr/local/Ascend/driver/version.info",
     "ascend.mounts": "ls -d " + " ".join(host for host, _ in ASCEND_MOUNTS),
-    "ascend.network": "for i in $(seq 0 15); do hccn_tool -i $i -link -g; hccn_tool -i $i -net_health -g; done",
+    "ascend.network": "t=/usr/local/Ascend/driver/tools/hccn_tool; for i in $(seq 0 15); do $t -i $i -link -g; "
+                      "$t -i $i -net_health -g; done",
 }
 DEVICE_COMMANDS = {
     "NVIDIA": {"gpu.model": "nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c",
