@@ -494,3 +494,64 @@ def test_ascend_version_files():
     value = run(ascend.AscendVersions, out)
     assert (value.driver, value.firmware, value.cann) == ("25.3.rc1", "7.7.0.1.231", "8.5.0")
     assert value.missing_paths == ["/usr/local/dcmi"]
+
+
+def test_ascend_mounted_paths_come_from_the_container_spec():
+    """The paths the fact probes are the engine unit's own -v sources (hccn_tool included), not a second list;
+    an empty directory (what docker -v leaves where a path was missing) is reported apart."""
+    from k3deploy.cluster.units import ASCEND_MOUNTS, ContainerSpec, container_argv
+
+    spec = ContainerSpec("k3-engine", "img", "npu", "/etc/k3.env", "/var/lib/k3deploy/cache", 16)
+    argv = container_argv(spec, ["vllm", "serve", "m"])
+    mounted = [argv[i + 1].split(":", 1)[0] for i, a in enumerate(argv) if a == "-v"]
+    probed = ascend.ascend_mount_sources()
+    assert probed == [m for m in mounted if m != spec.cache_dir] == [h for h, _ in ASCEND_MOUNTS]
+    assert "/usr/local/Ascend/driver/tools/hccn_tool" in probed
+    command = ascend.AscendVersions().command()
+    assert all(p in command for p in probed)
+    value = run(ascend.AscendVersions, ["K3_SECTION=paths", "present /usr/local/dcmi",
+                                        "empty /usr/local/bin/npu-smi", "missing /etc/ascend_install.info"])
+    assert (value.missing_paths, value.empty_paths) == (["/etc/ascend_install.info"], ["/usr/local/bin/npu-smi"])
+
+
+def hccn_output(per_device: list[dict]) -> list[str]:
+    out: list[str] = []
+    for i, answers in enumerate(per_device):
+        out.append(f"K3_NPU={i}")
+        rc: dict = answers.get("rc", {})  # type: ignore[assignment]
+        for query in ascend.HCCN_QUERIES:
+            out += [f"K3_HCCN={query}", *answers.get(query, []), f"K3_RC={rc.get(query, 0)}"]
+    return out
+
+
+def test_hccn_ports_from_a_real_a2_capture():
+    """Eight NPUs of an A2 node as captured (link, net health, netdetect and gateway of each)."""
+    link, health, detect = lines("ascend/hccn-link-a2.txt"), lines("ascend/hccn-net-health-a2.txt"), \
+        lines("ascend/hccn-netdetect-a2.txt")
+    gateways = lines("ascend/hccn-gateway-a2.txt")
+    devices = [{"link": [link[0]], "net_health": [health[0]], "netdetect": [detect[0]], "gateway": [gw]}
+               for gw in gateways]
+    ports = run(ascend.HccnNetwork, hccn_output(devices))
+    assert [p.device for p in ports] == list(range(8))
+    assert all(p.healthy and p.netdetect == p.gateway == "11.12.165.1" and not p.errors for p in ports)
+
+
+def test_hccn_port_down_errors_and_both_netdetect_spellings():
+    devices = [
+        {"link": ["link status: DOWN"], "net_health": ["net health status: Fault"],
+         "netdetect": ["netdetect addr: 192.168.1.1"], "gateway": ["default gateway:192.168.1.1, Iface:eth0"]},
+        {"link": ["link status: UP"], "net_health": ["net health status: Init"],
+         "netdetect": ["Command execute failed!"], "gateway": ["Get gateway failed, because no gateway was preset there!"],
+         "rc": {"netdetect": 247, "gateway": 247}},
+        {"link": ["Get invalid device id."], "net_health": [], "rc": {"link": 1, "net_health": 1}},
+    ]
+    ports = run(ascend.HccnNetwork, hccn_output(devices))
+    assert (ports[0].link, ports[0].net_health, ports[0].netdetect, ports[0].healthy) == ("DOWN", "Fault",
+                                                                                        "192.168.1.1", False)
+    assert (ports[1].net_health, ports[1].netdetect, ports[1].gateway) == ("Init", None, None)
+    assert ports[1].errors == ["-netdetect: Command execute failed!",
+                               "-gateway: Get gateway failed, because no gateway was preset there!"]
+    assert ports[2].link is None and ports[2].errors[:2] == ["-link: Get invalid device id.",
+                                                              "-net_health: no output (exit 1)"]
+    assert run(ascend.HccnNetwork, ["K3_ABSENT=hccn_tool"], status=127).kind == "absent"
+    assert run(ascend.HccnNetwork, ["K3_NPU=0", "K3_HCCN=link"], status=124).kind == "failed"  # the loop hung

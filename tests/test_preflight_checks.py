@@ -11,7 +11,7 @@ import pytest
 from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts import nvidia
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
-from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo
+from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
 from k3deploy.facts.nvidia import (
@@ -370,10 +370,12 @@ def test_rocm_host_floor_is_optional(monkeypatch):
 
 def a3_host(name: str, address: str) -> HostFacts:
     chips = [NpuChip(i // 2, i % 2, "Ascend910", "OK", f"0000:{i:02X}:00.0", 3000, 65536) for i in range(16)]
+    gw = address.rsplit(".", 1)[0] + ".254"
     return HostFacts(
         **common(name, address),
         npu=NpuInfo("25.5.0", chips),
         ascend=AscendVersionInfo("25.5.0", "7.7.0.1.231", None, []),
+        hccn=[NpuPort(i, "UP", "Success", gw, gw) for i in range(16)],
     )
 
 
@@ -387,6 +389,55 @@ def test_ascend_pair_passes_and_faults_fail_only_their_node():
                                                                                       health="Warning")])
     hosts[0].ascend = AscendVersionInfo("25.5.0", None, None, ["/usr/local/dcmi"])
     assert failures(run_checks(s, hosts)) == [("a3-0", "ascend.mounts"), ("a3-1", "ascend.health")]
+
+
+def test_ascend_network_names_each_npu_whose_port_is_down_or_unhealthy():
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    ok = next(r for r in run_checks(s, hosts) if (r.host, r.check) == ("a3-1", "ascend.network"))
+    assert (ok.status, ok.observed) == ("pass", "16 NPUs: link UP, net health Success")
+    ports = hosts[1].hccn
+    assert isinstance(ports, list)
+    ports[3] = dataclasses.replace(ports[3], link="DOWN", net_health="Fault")
+    ports[11] = dataclasses.replace(ports[11], net_health="Init", netdetect=None)
+    results = run_checks(s, hosts)
+    assert failures(results) == [("a3-1", "ascend.network")]
+    bad = next(r for r in results if (r.host, r.check) == ("a3-1", "ascend.network"))
+    assert bad.observed == ("NPU 3: link DOWN, net health Fault (probing 10.2.0.254); "
+                            "NPU 11: net health Init (no netdetect address)")
+    assert bad.required == "every NPU (0..15): link status UP, net health status Success"
+    assert "NPU 3, 11" in bad.fix and "hccn_tool -i 3 -link -g" in bad.fix and "-netdetect -s address" in bad.fix
+
+
+def test_ascend_network_is_read_across_nodes_only_and_its_status_is_a_setting(monkeypatch):
+    from k3deploy.facts.ascend import HccnNetwork
+    from k3deploy.preflight.runner import fact_plan
+
+    plan = {name: (cls, kw) for name, cls, kw in fact_plan(sel("ascend_910c", 2, variant="ascend_w4a8"), "", "/c", "")}
+    assert plan["hccn"] == (HccnNetwork, {"devices": 16})
+    assert "hccn" not in {n for n, _, _ in fact_plan(sel("ascend_910c", 1, variant="ascend_w4a8"), "", "/c", "")}
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    hosts[0].hccn = FactError(kind="absent", tool="hccn_tool", command="hccn_tool", hint="is the driver there?")
+    assert failures(run_checks(s, hosts)) == [("a3-0", "ascend.network")]
+    hosts[0].hccn = [NpuPort(i, "DOWN", "Init") for i in range(16)]
+    monkeypatch.setattr(checks, "ASCEND_NETWORK_STATUS", "warn")
+    results = run_checks(s, hosts)
+    assert failures(results) == [] and ("a3-0", "ascend.network") in {(r.host, r.check) for r in results
+                                                                      if r.status == "warn"}
+
+
+def test_ascend_mounts_names_missing_and_empty_paths():
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    hosts[1].ascend = AscendVersionInfo("25.5.0", "7.7.0.1.231", None, ["/usr/local/Ascend/driver/tools/hccn_tool"],
+                                        ["/usr/local/bin/npu-smi"])
+    results = run_checks(s, hosts)
+    assert failures(results) == [("a3-1", "ascend.mounts")]
+    bad = next(r for r in results if r.check == "ascend.mounts" and r.status == "fail")
+    assert bad.observed == ("missing /usr/local/Ascend/driver/tools/hccn_tool; "
+                            "empty directory /usr/local/bin/npu-smi")
+    assert "docker run -v" in bad.fix and "rmdir" in bad.fix and "/usr/local/bin/npu-smi" in bad.fix
 
 
 def test_ascend_old_driver_is_a_warning():

@@ -17,6 +17,9 @@ Thresholds are module variables so a site can change them before calling :func:`
 * ``GPUDIRECT_MISSING_STATUS``: status when neither DMA-BUF nor nvidia_peermem can serve
   GPUDirect RDMA (NCCL then stages through host memory: it works, much slower, so a multi-node K3
   deployment treats it as a failure; set "warn" to accept it).
+* ``ASCEND_NETWORK_STATUS``: status of ``ascend.network`` when an NPU's port is not ``link status: UP`` with ``net
+  health status: Success`` (vllm-ascend's multi-node guides require both on every NPU; set "warn" where the site
+  has checked the NPUs' reachability by ``hccn_tool -hccs_ping`` itself).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Literal
 
 from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
-from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo
+from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
 from k3deploy.facts.nvidia import (
@@ -49,6 +52,7 @@ CACHE_DISK_FACTOR = 1.0
 ASCEND_DRIVER_RECOMMENDED = "25.5"
 ROCM_HOST_MIN: str | None = None
 GPUDIRECT_MISSING_STATUS: Status = "fail"
+ASCEND_NETWORK_STATUS: Status = "fail"
 
 #: hardware ids of HGX baseboards with NVSwitch, where Fabric Manager must run
 NVSWITCH_HARDWARE = frozenset({"h100", "h200", "b200", "b300"})
@@ -91,6 +95,7 @@ class HostFacts:
     amd_gpus: list[AmdGpu] | FactError | None = None
     npu: NpuInfo | FactError | None = None
     ascend: AscendVersionInfo | FactError | None = None
+    hccn: list[NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
     runtime: ContainerRuntime | FactError | None = None
     disk_images: DiskSpace | FactError | None = None
     disk_cache: DiskSpace | FactError | None = None
@@ -631,12 +636,23 @@ def _check_ascend(out: _Out, f: HostFacts) -> None:
     if isinstance(info, FactError):
         out.error(f.host, "ascend.versions", info, required, "install the Ascend driver and firmware (HDK)")
         return
-    if info.missing_paths:
-        out.add(f.host, "ascend.mounts", "fail", "missing " + ", ".join(info.missing_paths),
-                "paths bind-mounted into the vllm-ascend container exist",
-                "install the Ascend driver/toolkit so that these paths exist (the container mounts them)")
+    mounts_required = "every host path the engine container bind-mounts (docker run -v) exists"
+    if info.missing_paths or info.empty_paths:
+        parts = []
+        if info.missing_paths:
+            parts.append("missing " + ", ".join(info.missing_paths))
+        if info.empty_paths:
+            parts.append("empty directory " + ", ".join(info.empty_paths))
+        shown = "; ".join(parts)
+        fix = ("install the Ascend driver (HDK) package, which puts these files there, or repair its installation"
+               f" ({', '.join([*info.missing_paths, *info.empty_paths])}); docker run -v does not fail on a missing "
+               "host path but mounts an empty directory in its place, and the engine then finds no driver tools")
+        if info.empty_paths:
+            fix += ("; an empty directory where a file belongs is what such a run left behind: remove it (rmdir) "
+                    "before reinstalling")
+        out.add(f.host, "ascend.mounts", "fail", shown, mounts_required, fix)
     else:
-        out.add(f.host, "ascend.mounts", "pass", "all present", "paths bind-mounted into the container exist")
+        out.add(f.host, "ascend.mounts", "pass", "all present", mounts_required)
     if info.driver is None:
         out.add(f.host, "ascend.versions", "fail", "no driver version.info", required,
                 "install the Ascend driver (HDK)")
@@ -658,6 +674,48 @@ def _check_ascend(out: _Out, f: HostFacts) -> None:
                     "check npu-smi info -t health -i <id> and the device log; replace or reset the NPU")
         else:
             out.add(f.host, "ascend.health", "pass", f"{len(f.npu.chips)} chips OK", "every NPU chip Health OK")
+
+
+def _check_ascend_network(out: _Out, sel: Requirements, f: HostFacts) -> None:
+    """Every NPU's network port up and healthy, as vllm-ascend's multi-node guides check before a start."""
+    ports = f.hccn
+    if ports is None:
+        return
+    count = sel.hardware.gpu_count
+    required = f"every NPU (0..{count - 1}): link status UP, net health status Success"
+    if isinstance(ports, FactError):
+        out.error(f.host, "ascend.network", ports, required,
+                  f"install the Ascend driver (HDK), which brings {ports.tool}, and rerun preflight")
+        return
+    bad: list[str] = []
+    ids: list[int] = []
+    for p in ports:
+        if p.healthy:
+            continue
+        ids.append(p.device)
+        parts = []
+        if p.link != "UP":
+            parts.append(f"link {p.link or 'not read'}")
+        if p.net_health != "Success":
+            health = f"net health {p.net_health or 'not read'}"
+            if p.net_health is not None and p.netdetect:
+                health += f" (probing {p.netdetect})"
+            elif p.net_health is not None:
+                health += " (no netdetect address)"
+            parts.append(health)
+        parts += [e for e in p.errors if e.startswith(("-link", "-net_health"))]
+        bad.append(f"NPU {p.device}: " + ", ".join(parts))
+    if not bad:
+        out.add(f.host, "ascend.network", "pass", f"{len(ports)} NPUs: link UP, net health Success", required)
+        return
+    first = ids[0]
+    fix = (f"check the optical module, cable and switch port of NPU {', '.join(map(str, ids))} "
+           f"(hccn_tool -i {first} -link -g, -optical -g, -lldp -g) and its address, detection address and gateway "
+           f"(hccn_tool -i {first} -ip -g / -netdetect -g / -gateway -g, /etc/hccn.conf); a port left down by hand: "
+           f"hccn_tool -i {first} -cfg recovery")
+    if any(p.net_health is not None and not p.netdetect for p in ports if p.device in ids):
+        fix += f"; set a detection address: hccn_tool -i {first} -netdetect -s address <gateway of its subnet>"
+    out.add(f.host, "ascend.network", ASCEND_NETWORK_STATUS, "; ".join(bad), required, fix)
 
 
 # ------------------------------------------------------------------------------------- entry
@@ -710,6 +768,7 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
             _check_rocm(out, f)
         if sel.brand == "Huawei":
             _check_ascend(out, f)
+            _check_ascend_network(out, sel, f)
 
     # ---- cluster-wide: NVLink domain identity
     if getattr(hw, "nvl", False) and len(fabric_ok) > 1 and not sel.one_nvlink_domain:

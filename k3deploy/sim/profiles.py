@@ -193,6 +193,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     dmabuf = vendor == "nvidia" and prof.get("kernel_module") == "open"
     crash = False
     imex_down = False
+    links_down: list[int] = []
+    paths_missing: list[str] = []
     extra_load = 0.0
     for f in mine:
         nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid",
@@ -226,6 +228,13 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             if nodes < 2:
                 raise K3Error(f"fault {str(f)!r} needs a peer: start at least 2 nodes")
             imex_down = True
+        elif f.kind in ("npu-link-down", "mount-missing"):
+            if vendor != "ascend":
+                raise K3Error(f"fault {str(f)!r} applies to Ascend hardware only, not {hardware!r}")
+            if f.kind == "npu-link-down":
+                links_down = sorted({int(i) for i in _value(f).split(",")})
+            else:
+                paths_missing.append(_value(f))
         elif f.kind == "engine-crash":
             crash = True
         elif f.kind == "engine-slow":
@@ -253,6 +262,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "dmabuf": dmabuf,
         "modules_unloaded": modules_unloaded,
         "tools_missing": missing,
+        "paths_missing": paths_missing,
         "engine": {"crash": crash, "extra_load_seconds": extra_load},
         "docker_data_dir": DOCKER_DATA_DIR,
         "faults": [str(f) for f in mine],
@@ -269,7 +279,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         config["rocm"] = {"version": prof["rocm"], "amdsmi": prof["amdsmi"]}
     else:
         config["ascend"] = {"firmware": prof["firmware"], "cann": prof["cann"],
-                            "innerversion": prof["innerversion"]}
+                            "innerversion": prof["innerversion"], "links_down": links_down}
     return config
 
 
@@ -307,6 +317,8 @@ def excluded_paths(config: dict[str, Any]) -> list[str]:
     """
     skip_prefixes = [p for vendor, files in _VENDOR_FILES.items() if vendor != config["vendor"] for p in files]
     skip_prefixes += [f"/usr/bin/{tool}" for tool in config.get("tools_missing", [])]
+    for path in config.get("paths_missing", []):  # a file, or a directory and all in it
+        skip_prefixes += [path, path.rstrip("/") + "/"]
     driver = config.get("driver", {})
     if not driver.get("fabricmanager"):
         skip_prefixes += _FABRICMANAGER_FILES
@@ -320,7 +332,7 @@ def excluded_paths(config: dict[str, Any]) -> list[str]:
 
 #: tools whose output depends only on node.json (and the module state): answered from a cache in the node
 CACHED_TOOLS = frozenset({"nvidia-smi", "nvidia-ctk", "ibv_devinfo", "nv-fabricmanager", "amd-smi", "rocm-smi",
-                          "modinfo", "lsmod", "docker"})
+                          "modinfo", "lsmod", "docker", "hccn_tool"})
 
 
 def warm_script(hardware: str, ip: str) -> str:
