@@ -120,8 +120,13 @@ class Variables(BaseModel):
     k3_ib_hca: str | None = Field(None, description=(
         "RDMA ports for NCCL and the P/D KV transfer, `device[:port],...` (e.g. `mlx5_0:1,mlx5_3:1`; a device alone = "
         "its active ports): become `NCCL_IB_HCA` (exact match, `=mlx5_0:1,...`) and `UCX_NET_DEVICES`, and preflight "
-        "fails a host that lacks one. Default: the active ports (InfiniBand only beside an InfiniBand fabric), never "
-        "the port of the default route."))
+        "fails a host that lacks one. Default: the active ports (InfiniBand only beside an InfiniBand fabric), only "
+        "HCAs `PIX`/`PXB` to a GPU in `nvidia-smi topo -m` where it tells them apart, never the port of the default "
+        "route."))
+    k3_nccl_probe: bool = Field(False, description=(
+        "Preflight runs, before anything changes, a two-node NCCL all-reduce in the plan's image on the planned nodes "
+        "(in pairs, `NCCL_DEBUG=INFO`, the derived NCCL settings) and fails a node whose NCCL transport is not "
+        "GPUDirect RDMA (`via NET/IB/<n>/GDRDMA`). The image must be on the nodes already (it pulls nothing)."))
     # timing
     k3_engine_ready_timeout: int | None = Field(None, description=(
         "Seconds an engine may take to serve; default: the plan's VLLM_ENGINE_READY_TIMEOUT_S (600 if unset)."))

@@ -88,6 +88,7 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
                 plan += [("imex", nvidia.Imex, {}), ("imex_domain", nvidia.ImexDomain, {})]
         if sel.needs_rdma:
             plan += [
+                ("topology", nvidia.GpuNicTopology, {}),
                 ("flavour", nvidia.NvidiaDriverFlavour, {}),
                 ("modules", rdma.KernelModules, {}),
                 ("dmabuf", rdma.DmabufPrerequisites, {}),
@@ -166,6 +167,7 @@ CAPTURE_FACTS: list[tuple[type[K3Fact], dict[str, Any]]] = [
     (nvidia.Imex, {}),
     (nvidia.ImexDomain, {}),
     (nvidia.NvlinkFabric, {}),
+    (nvidia.GpuNicTopology, {}),
     (rdma.RdmaDevices, {}),
     (rdma.KernelModules, {}),
     (rdma.DmabufPrerequisites, {}),

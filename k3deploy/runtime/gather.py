@@ -55,7 +55,7 @@ from k3deploy.facts.status import (  # noqa: E402
     UnitRun,
     UnitRuntime,
 )
-from k3deploy.preflight.checks import CheckResult, HostFacts  # noqa: E402
+from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
 
 T = TypeVar("T")
@@ -170,6 +170,25 @@ def router_checks(read: list[HostFacts], path: str) -> list[CheckResult]:
     return out
 
 
+def nccl_probe(state: State, t: Target, r: Rollout, report: PreflightReport) -> list[CheckResult]:
+    """``k3_nccl_probe``: the two-node NCCL all-reduce in the image on the planned engine nodes
+    (:mod:`k3deploy.preflight.probe`), once every other check has passed (a node that fails them would fail it too,
+    for a reason already shown); NVIDIA multi-node plans only."""
+    from k3deploy.preflight.probe import CHECK, run_probe
+
+    req = t.requirements
+    engines = list(dict.fromkeys(u.host for u in r.units if u.group != "router"))
+    if req.brand != "NVIDIA" or not req.needs_rdma or len(engines) < 2:
+        return [CheckResult(CLUSTER, CHECK, "pass", "not run: no multi-node NCCL over RDMA in this plan",
+                            "k3_nccl_probe: a two-node NCCL all-reduce where NCCL crosses nodes")]
+    if not report.ok:
+        return [CheckResult(CLUSTER, CHECK, "warn", "not run: other checks failed", "every other check passed first",
+                            "fix the failures above, then rerun preflight")]
+    hosts = {h.name: h for h in state.inventory}
+    facts = [f for f in report.hosts if f.host in engines]
+    return run_probe(state, hosts, facts, report.host_env(), t.vars.k3_docker, r.plan.image)
+
+
 def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, health: bool = False) -> list[Any]:
     """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
     and files), the image's digest, the weights, and the revisions of the groups whose rank 0 runs here; with
@@ -279,6 +298,8 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     if report is not None:
         report.results += router_checks(read, t.vars.k3_router_bin)
     rollout = _rollout(t, report)
+    if report is not None and rollout is not None and t.vars.k3_nccl_probe:
+        report.results += nccl_probe(state, t, rollout, report)
     have: dict[tuple[str, str], Installed] = {}
     history: dict[str, GroupHistory] = {}
     rollback_to: dict[str, int] = {}

@@ -19,7 +19,8 @@ FAULT_KINDS: dict[str, str] = {
     "no-nvidia-smi": "nvidia-smi is not installed on the node",
     "gpu-count": "gpu-count=N: the node shows N GPUs instead of the profile's count",
     "gpu-model": "gpu-model=NAME: the GPUs report product name NAME",
-    "no-dmabuf": "DMA-BUF memory registration fails (errno 524); NCCL needs NCCL_DMABUF_ENABLE=0 + nvidia_peermem",
+    "no-dmabuf": "DMA-BUF memory registration fails (errno 524), as with an mlx5 kernel driver without DMA-BUF memory "
+                 "regions (nothing on the host shows it); NCCL needs NCCL_DMABUF_ENABLE=0 + nvidia_peermem",
     "no-peermem": "the nvidia_peermem kernel module is not loaded",
     "fabric": "fabric=STATE: the NVLink fabric State is STATE (N/A, Not Started, In Progress, Completed)",
     "cluster-uuid": "cluster-uuid=UUID: the NVLink fabric reports ClusterUUID UUID",

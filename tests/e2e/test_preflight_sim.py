@@ -72,16 +72,18 @@ def test_each_fault_fails_the_right_node_with_the_right_check(pair, fault, check
         assert shown["observed"] and shown["required"] and shown["fix"]
 
 
-def test_dmabuf_unusable_derives_the_fallback_and_needs_peermem(pair):
+def test_dmabuf_failure_is_not_visible_to_host_facts(pair):
+    """no-dmabuf is an mlx5 kernel driver that cannot register DMA-BUF memory: kernel, open modules and mlx5_ib all
+    look right, so host facts derive no fallback (the opt-in NCCL probe catches it: tests/e2e/test_nccl_probe.py).
+    A GB300 tray has no nvidia_peermem to fall back on, so a missing one is no failure either."""
     k3("sim", "fault", "--name", "e4a", "1:no-dmabuf")
     try:
         rc, report = preflight(pair.inventory)
         assert rc == 0, failing(report)
-        assert report["hosts"]["e4a-node2"]["settings"].get("NCCL_DMABUF_ENABLE") == "0"
-        assert "NCCL_DMABUF_ENABLE" not in report["hosts"]["e4a-node1"]["settings"]
+        assert "NCCL_DMABUF_ENABLE" not in report["hosts"]["e4a-node2"]["settings"]
         k3("sim", "fault", "--name", "e4a", "1:no-peermem")
         rc, report = preflight(pair.inventory)
-        assert rc == 1 and failing(report) == {"e4a-node2": {"rdma.gpudirect"}}
+        assert rc == 0 and failing(report) == {}
     finally:
         k3("sim", "fault", "--name", "e4a", "--clear")
 
