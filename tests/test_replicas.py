@@ -168,3 +168,31 @@ def test_the_runbook_rolls_replica_by_replica():
     assert any("/metrics" in t for t in between) and any(t.startswith("systemctl stop") for t in between)
     # the bring-up itself is unchanged: both replicas, then the router
     assert not any("remove_worker" in b.text for b in blocks(md) if b.when is None)
+
+
+def test_sim_writes_an_inventory_of_replicas(tmp_path):
+    from k3deploy.cluster.inventory import records_of
+    from k3deploy.runtime.gather import load_inventory
+    from k3deploy.sim.inventory import write_inventory
+
+    nodes = [{"name": f"rp-node{i + 1}", "ip": f"10.9.0.{10 + i}", "rank": i} for i in range(6)]
+    state = {"name": "rp", "hardware": "gb300", "nodes": nodes, "replicas": 3, "inventory": str(tmp_path / "rp.py"),
+             "key": str(tmp_path / "id"), "known_hosts": str(tmp_path / "kh")}
+    write_inventory(state)
+    recs = records_of(load_inventory(state["inventory"]).inventory)
+    t = target(recs, state["inventory"])
+    r = desired_rollout(t)
+    assert r.replicas == ["engine-r0", "engine-r1", "engine-r2"]
+    assert [(u.host, u.group, u.rank) for u in r.units if u.group != "router"] == [
+        ("rp-node1", "engine-r0", 0), ("rp-node3", "engine-r1", 0), ("rp-node5", "engine-r2", 0),
+        ("rp-node2", "engine-r0", 1), ("rp-node4", "engine-r1", 1), ("rp-node6", "engine-r2", 1)]
+
+
+def test_sim_up_refuses_replicas_that_do_not_divide_the_nodes():
+    from k3deploy.sim.cluster import up
+    from k3deploy.sim.host import SimError
+
+    with pytest.raises(SimError, match="bad --replicas 3: give a number >= 1 that divides --nodes 4"):
+        up("gb300", 4, name="rq", replicas=3)
+    with pytest.raises(SimError, match="a P/D cluster has no replicas"):
+        up("b300", 4, name="rq", replicas=2, pd_layout="pd:2,2")
