@@ -291,21 +291,21 @@ def router_remove(router: str, urls: Sequence[str]) -> str:
     """Take workers out of a running vllm-router (``POST /remove_worker?url=``; 200, also for one not listed), so
     it sends them no new request; requests in flight go on."""
     lines = [f"out=$(curl -sS -m 10 -X POST -w ' (HTTP %{{http_code}})' "
-             f"{shlex.quote(router.rstrip('/') + '/remove_worker?url=' + url)}) && "
-             f"case \"$out\" in *'(HTTP 200)') echo \"$out\";; *) echo \"remove {url}: $out\" >&2; exit 1;; esac"
+             f"{shlex.quote(router.rstrip('/') + '/remove_worker?url=' + url)} 2>&1); "
+             f"case \"$out\" in *'(HTTP 200)') echo \"$out\";; *) echo \"remove {url}: $out\"; exit 1;; esac"
              for url in urls]
-    return " && ".join(lines)
+    return "; ".join(lines)
 
 
 def router_add(router: str, urls: Sequence[str], timeout: int) -> str:
     """Put workers back into a running vllm-router (``POST /add_worker?url=``: it answers once the worker's
     ``/health`` does; 400 "already exists" counts as done)."""
     lines = [f"out=$(curl -sS -m {int(timeout)} -X POST -w ' (HTTP %{{http_code}})' "
-             f"{shlex.quote(router.rstrip('/') + '/add_worker?url=' + url)}) && "
+             f"{shlex.quote(router.rstrip('/') + '/add_worker?url=' + url)} 2>&1); "
              f"case \"$out\" in *'(HTTP 200)'|*'already exists (HTTP 400)') echo \"$out\";; "
-             f"*) echo \"add {url}: $out\" >&2; exit 1;; esac"
+             f"*) echo \"add {url}: $out\"; exit 1;; esac"
              for url in urls]
-    return " && ".join(lines)
+    return "; ".join(lines)
 
 
 def router_workers(router: str) -> str:

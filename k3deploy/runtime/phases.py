@@ -76,6 +76,7 @@ class Context:
     cluster: Cluster | None
     refusal: Refused | None = None
     gates: dict[str, gevent.event.AsyncResult] = field(default_factory=dict)   # group -> its readiness result
+    router_calls: dict[str, bool] = field(default_factory=dict)   # "remove N" / "add N" of a roll -> it succeeded
 
     @property
     def rollout(self) -> Rollout:
@@ -85,6 +86,10 @@ class Context:
     @property
     def ok(self) -> bool:
         return self.refusal is None
+
+    def step_ok(self, groups: list[str], calls: list[str]) -> bool:
+        """Every one of ``groups`` serves and every one of the router ``calls`` succeeded."""
+        return self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
 
     def all_serve(self, groups: list[str]) -> bool:
         """Every one of ``groups`` serves (see :meth:`serves`)."""
@@ -256,43 +261,65 @@ def start_phase(ctx: Context) -> None:
     for i, wave in enumerate(host.loop(waves)):
         plan = r.start_plan(set(wave))
         me = plan.on(host.name)
-        # a step starts only once every earlier step's groups serve: a replica that fails stops the roll
-        go = partial(ctx.all_serve, [g for earlier in waves[:i] for g in earlier])
+        earlier = [g for w in waves[:i] for g in w]
+        rolling = r.rolling and router is not None
+        # a step starts only once every earlier step's replicas serve and are back in the router: a replica that
+        # fails (or a router call that fails) stops the roll
+        go = partial(ctx.step_ok, earlier, [f"add {j}" for j in range(i)] if rolling else [])
+        # the replica is restarted only once the router no longer sends it requests
+        ready = partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]) if rolling else go
         step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
         urls = [u.serves for g in wave for u in r.group(g) if u.serves]
-        if r.rolling and router is not None:
-            script(name=f"Take the replica out of the router{step}", text=commands.router_remove(router.serves or "",
-                   urls), active=host.name == router.host, _if=go)
+        if rolling and router is not None:
+            python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
+                        key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
+                        _if=partial(_both, host.name == router.host, go))
             draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == host.name]
             script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
                 commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
-                active=bool(draining), _if=go)
-        if r.rolling:
-            _write_files(ctx, [u for u in r.on_host(host.name) if u.group in wave], step, _if=go)
+                active=bool(draining), _if=ready)
+            _write_files(ctx, [u for u in r.on_host(host.name) if u.group in wave], step, _if=ready)
         # a change anywhere in a group restarts the whole group: router, workers, then heads
         if "router" in r.groups:
             stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers),
-                       seen=seen, _if=go)
+                       seen=seen, _if=ready)
         stop_units(name=f"Stop workers of restarting groups{step}", units=me.workers, active=bool(me.workers),
-                   seen=seen, _if=go)
+                   seen=seen, _if=ready)
         stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, active=bool(me.heads), seen=seen,
-                   _if=go)
-        start_units(name=f"Start group heads{step}", units=me.heads, active=bool(me.heads), _if=go)
+                   _if=ready)
+        start_units(name=f"Start group heads{step}", units=me.heads, active=bool(me.heads), _if=ready)
         wait_tcp(name=f"Head rendezvous port accepts connections (from each worker){step}", targets=me.joins,
-                 timeout=r.vars.k3_rendezvous_timeout, _if=go)
-        start_units(name=f"Start workers{step}", units=me.workers, active=bool(me.workers), _if=go)
+                 timeout=r.vars.k3_rendezvous_timeout, _if=ready)
+        start_units(name=f"Start workers{step}", units=me.workers, active=bool(me.workers), _if=ready)
         groups = sorted({u.group for u in r.on_host(host.name) if u.group in plan.engine_groups})
         python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
-                    _if=partial(_both, bool(groups), go))
-        engines_serve = partial(ctx.all_serve, [*plan.engine_groups, *(g for w in waves[:i] for g in w)])
-        if r.rolling and router is not None:
-            script(name=f"Put the replica back into the router{step}", text=commands.router_add(
-                router.serves or "", urls, r.ready_timeout), active=host.name == router.host, _if=engines_serve)
+                    _if=partial(_both, bool(groups), ready))
+        engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
+                                [*(f"add {j}" for j in range(i)), f"remove {i}"] if rolling else [])
+        if rolling and router is not None:
+            python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
+                        key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout),
+                        _if=partial(_both, host.name == router.host, engines_serve))
         elif "router" in r.groups:
             start_units(name="Start router", units=me.routers, active=bool(me.routers), _if=engines_serve)
             python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"] if me.routers else [],
                         _if=partial(_both, bool(me.routers), engines_serve))
     _record(ctx)
+
+
+def _router_call(state: Any, host: Any, ctx: Context, key: str, text: str) -> bool:
+    """Run a router call (take replicas out, put them back) on the router's host; the roll goes on only if it
+    succeeded (``ctx.router_calls[key]``)."""
+    from k3deploy.runtime.readiness import run
+
+    ok, out = run({host.name: host}, host.name, text)
+    for line in out.splitlines():
+        (logger.info if ok else logger.error)(f"[{host.name}] {line}")
+    if not ok:
+        logger.error(f"[{host.name}] the router call failed: the roll stops here; the replicas not yet rolled keep "
+                     "serving")
+    ctx.router_calls[key] = ok
+    return ok
 
 
 def _both(here: bool, condition: Callable[[], bool]) -> bool:
