@@ -53,21 +53,32 @@ def require_weights(cache: str, model: str) -> str:
 
 
 def digest_check(docker: str, image: str) -> str:
-    """Shell that fails unless the local ``image`` carries the digest it pins (empty when it pins none)."""
+    """Shell that fails unless the local ``image`` carries the digest it pins (empty when it pins none). Every
+    repo digest of the image counts (an image pulled by an index and by a platform manifest has two)."""
     if "@sha256:" not in image:
         return ""
     want = image.split("@", 1)[1]
-    return (f"got=$({shlex.quote(docker)} image inspect --format '{{{{index .RepoDigests 0}}}}' "
-            f"{shlex.quote(image)}) && case \"$got\" in *{want}) echo \"digest ok: $got\";; "
+    return (f"got=$({shlex.quote(docker)} image inspect --format '{{{{join .RepoDigests \" \"}}}}' "
+            f"{shlex.quote(image)}) && case \" $got \" in *@{want}\\ *) echo \"digest ok: {want}\";; "
             f"*) echo \"image digest $got, required {want}\" >&2; exit 1;; esac")
 
 
-def pull(docker: str, image: str) -> str:
-    """Pull ``image`` when it is not present locally, then verify a pinned digest."""
+def tag_as(docker: str, image: str, tag: str | None) -> str:
+    """Shell that makes the local ``tag`` (``REPO:TAG``) name ``image`` (the build pinned by digest), so that the
+    tag on a node names the build it runs; empty without a tag."""
+    return f"{shlex.quote(docker)} tag {shlex.quote(image)} {shlex.quote(tag)}" if tag else ""
+
+
+def _then(*parts: str) -> str:
+    return " && ".join(p for p in parts if p)
+
+
+def pull(docker: str, image: str, tag: str | None = None) -> str:
+    """Pull ``image`` when it is not present locally, then verify a pinned digest (and tag it as ``tag``: the tag
+    it was resolved from)."""
     d, i = shlex.quote(docker), shlex.quote(image)
-    script = f"{d} image inspect {i} >/dev/null 2>&1 || {d} pull -q {i}"
-    check = digest_check(docker, image)
-    return f"{script} && {check}" if check else script
+    return _then(f"{{ {d} image inspect {i} >/dev/null 2>&1 || {d} pull -q {i}; }}", digest_check(docker, image),
+                 tag_as(docker, image, tag))
 
 
 # ------------------------------------------------------------------------------------- stage at scale
@@ -150,19 +161,18 @@ def export_image(docker: str, image: str, stage_dir: str) -> str:
             f"{shlex.quote(image)} && mv -f {a}.part {a}; }}; }}")
 
 
-def load_image(docker: str, image: str, archive: str) -> str:
-    """Load ``image`` from an archive; a pinned digest is verified."""
-    load = f"{shlex.quote(docker)} load -i {shlex.quote(archive)}"
-    check = digest_check(docker, image)
-    return f"{load} && {check}" if check else load
+def load_image(docker: str, image: str, archive: str, tag: str | None = None) -> str:
+    """Load ``image`` from an archive; a pinned digest is verified (and the image tagged as ``tag``)."""
+    return _then(f"{shlex.quote(docker)} load -i {shlex.quote(archive)}", digest_check(docker, image),
+                 tag_as(docker, image, tag))
 
 
-def receive_image(address: str, port: int, docker: str, image: str, stage_dir: str) -> str:
+def receive_image(address: str, port: int, docker: str, image: str, stage_dir: str, tag: str | None = None) -> str:
     """Copy the image archive from the peer at ``address`` (resumable), then load it."""
     a = archive_path(stage_dir, image)
     src = _rsync_from(address, port, STAGE_MODULE, a.rsplit("/", 1)[1])
     return (f"mkdir -p {shlex.quote(stage_dir)} && rsync -a --partial {shlex.quote(src)} {shlex.quote(a)} && "
-            f"{load_image(docker, image, a)}")
+            f"{load_image(docker, image, a, tag)}")
 
 
 def serve_peers(config: str, address: str, port: int, dirs: Sequence[str]) -> str:

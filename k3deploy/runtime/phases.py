@@ -132,6 +132,10 @@ def _build(state: Any) -> Context:
         logger.warning(f"k3deploy: {line}")
     logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {len(report.results)} checks; "
                 f"plan {r.plan.hardware} x {len(r.hosts)}, {r.plan.strategy}, image {r.plan.image}")
+    res = cluster.resolution
+    if res is not None and res.pinned == r.plan.image:
+        logger.info(f"--> k3deploy: image {res.image} is {res.digest} in the registry (asked from {res.host}): "
+                    "every node runs that build")
     for w in r.plan.warnings:
         logger.warning(f"k3deploy: {w}")
     for line in summary(cluster.stage) if cluster.stage is not None else []:
@@ -163,6 +167,9 @@ def stage_phase(ctx: Context) -> None:
     sp = cluster.stage or stage_for(r, {}, {})
     img, wts = sp.image, sp.weights
     docker, cache, model, image_ref = v.k3_docker, v.k3_model_cache, r.plan.model, r.plan.image
+    res = cluster.resolution
+    tag = res.image if res is not None and res.pinned == image_ref else None   # the tag that names the pinned build
+    shown = tag or image_ref
     archive = commands.archive_path(v.k3_stage_dir, image_ref)
     where = addresses(r)
     token = v.k3_config_dir.rstrip("/") + "/hf-token" if v.k3_hf_token_file else None
@@ -170,7 +177,7 @@ def stage_phase(ctx: Context) -> None:
                  if v.k3_hf_token_file else "", mode="600", kind="secret",
                  active=bool(token) and me in stage_engines(r))
     # fetched from outside (or from the control machine on an air-gapped site) by the first node(s) only
-    script(name=f"Image {image_ref}: from the registry", text=commands.pull(docker, image_ref) + (
+    script(name=f"Image {shown}: from the registry", text=commands.pull(docker, image_ref, tag) + (
         " && " + commands.export_image(docker, image_ref, v.k3_stage_dir) if me in img.senders else ""),
         active=img.fetch.get(me) == OUTSIDE)
     from_control(name="Image: the archive from the control machine", src=v.k3_image_archive or "", dest=archive,
@@ -197,7 +204,7 @@ def stage_phase(ctx: Context) -> None:
         steps = []
         if from_image:
             steps.append(commands.receive_image(where[from_image], v.k3_stage_port, docker, image_ref,
-                                                v.k3_stage_dir))
+                                                v.k3_stage_dir, tag))
         if from_weights:
             steps.append(commands.receive_weights(where[from_weights], v.k3_stage_port, cache, model))
         script(name=f"Stage round {i + 1} of {sp.rounds}: from a peer", text=" && ".join(steps), active=bool(steps))
@@ -298,8 +305,10 @@ def _record(ctx: Context) -> None:
             first = cluster.target.resolved[cluster.target.records[0].name]
             variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
                          if k.startswith("k3_") and k not in PER_HOST}
+            res = cluster.resolution
             rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                               variables=variables, version=version("k3deploy"))
+                               variables=variables, version=version("k3deploy"),
+                               tag=res.image if res is not None and res.pinned == r.plan.image else "")
             files = [p for u in mine for p in (u.unit_path, u.env_path)]
             text = commands.record_revision(d, number, files, rev.to_json())
         script(name=f"Record the revision of group {group}", text=text, active=bool(text),
