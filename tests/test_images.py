@@ -4,6 +4,7 @@ build, the stage and the revision of a pinned image, and the simulated registry'
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 
 import pytest
@@ -14,10 +15,13 @@ from k3deploy.cluster.images import (
     Resolution,
     holds,
     is_pinned,
+    named,
     parse_imagetools,
     parse_local,
     pin,
     resolution,
+    run_ref,
+    shown,
     split,
     to_resolve,
 )
@@ -73,19 +77,30 @@ def test_the_registry_answer_or_why_there_is_none():
 
 
 def test_a_node_holds_a_pinned_image_only_with_that_build():
-    old_tag = parse_local([f"K3_REF=vllm/vllm-openai@{OLD}", f"K3_HAVE={OLD}", "K3_HAVE=<none>"])
-    assert old_tag == LocalImage(f"vllm/vllm-openai@{OLD}", (OLD,))
+    old_tag = parse_local([f"K3_REF=vllm/vllm-openai@{OLD}", f"K3_HAVE=kimi-k3 {OLD}", "K3_HAVE=<none> <none>"])
+    assert old_tag == LocalImage(f"vllm/vllm-openai@{OLD}", (OLD,), ("kimi-k3",))
     assert holds(TAG, old_tag)                                       # the tag is there (some build of it)
     assert not holds(pin(TAG, NEW), old_tag)                         # but not the build the rollout pins
-    assert holds(pin(TAG, OLD), old_tag)
-    both = parse_local(["K3_REF=", f"K3_HAVE={OLD}", f"K3_HAVE={NEW}"])   # the tag moved away from NEW locally
+    assert holds(pin(TAG, OLD), old_tag) and not named(pin(TAG, OLD), old_tag)   # held, not yet named for the units
+    both = parse_local(["K3_REF=", f"K3_HAVE=<none> {OLD}", f"K3_HAVE=<none> {NEW}"])   # untagged, by digest
     assert not holds(TAG, both) and holds(pin(TAG, NEW), both)
-    assert not holds(pin(TAG, NEW), None) and not holds(pin(TAG, NEW), LocalImage())
+    # loaded with the classic image store: no repo digest, only the local tag named after the digest
+    loaded = parse_local(["K3_REF=", f"K3_HAVE={run_ref(pin(TAG, NEW)).rpartition(':')[2]} <none>"])
+    assert loaded.digests == () and holds(pin(TAG, NEW), loaded) and named(pin(TAG, NEW), loaded)
+    assert not holds(pin(TAG, OLD), loaded)
+    assert not holds(pin(TAG, NEW), None) and not holds(pin(TAG, NEW), LocalImage()) and named(TAG, None)
+
+
+def test_units_run_a_pinned_build_by_a_local_tag_named_after_its_digest():
+    run = run_ref(pin(TAG, NEW))
+    assert run == f"vllm/vllm-openai:k3-sha256-{'b' * 64}" and len(run.rpartition(":")[2]) <= 128
+    assert run_ref(f"{TAG}@{NEW}") == run and run_ref(TAG) == TAG
+    assert shown(run) == pin(TAG, NEW) and shown(TAG) == TAG and shown(None) is None
 
 
 def test_a_node_with_another_build_of_the_tag_gets_the_pinned_one_from_a_peer():
-    nodes = {"n1": parse_local([f"K3_REF=r@{OLD}", f"K3_HAVE={OLD}"]),       # the build of the day before
-             "n2": parse_local([f"K3_REF=r@{NEW}", f"K3_HAVE={NEW}"]),       # a replaced node: the re-pushed one
+    nodes = {"n1": parse_local([f"K3_REF=r@{OLD}", f"K3_HAVE=kimi-k3 {OLD}"]),   # the build of the day before
+             "n2": parse_local([f"K3_REF=r@{NEW}", f"K3_HAVE=kimi-k3 {NEW}"]),   # a replaced node: the re-pushed one
              "n3": LocalImage()}
     image = pin(TAG, NEW)
     sp = plan_stage(list(nodes), [h for h, li in nodes.items() if holds(image, li)], list(nodes), mode="fanout",
@@ -96,12 +111,17 @@ def test_a_node_with_another_build_of_the_tag_gets_the_pinned_one_from_a_peer():
     assert nobody.image.fetch == {"n1": OUTSIDE}                      # nobody holds it: one node pulls that build
 
 
-def test_the_stage_pulls_and_loads_the_build_by_digest_and_tags_it(tmp_path):
-    image = pin(TAG, NEW)
+def test_the_stage_pulls_the_build_by_digest_hands_it_on_by_its_local_tag_and_checks_its_id(tmp_path):
+    image, run = pin(TAG, NEW), run_ref(pin(TAG, NEW))
     pull = commands.pull("docker", image, TAG)
-    assert f"docker pull -q {image}" in pull and pull.endswith(f"docker tag {image} {TAG}")
-    assert commands.load_image("docker", image, "/s/a.tar", TAG).endswith(f"docker tag {image} {TAG}")
+    assert f"docker pull -q {image}" in pull and f"docker tag {image} {run}" in pull
+    assert pull.endswith(f"docker tag {run} {TAG}")                   # the tag on the node names the build it runs
     assert "docker tag" not in commands.pull("docker", TAG)
+    assert f"docker save -o {commands.archive_path('/s', image)}.part {run}" in commands.export_image("docker", image,
+                                                                                                     "/s")
+    got = commands.receive_image("10.0.0.1", 8873, "docker", image, "/s", TAG)
+    assert ".tar.id" in got and "image inspect --format '{{.Id}}'" in got and got.endswith(f"docker tag {run} {TAG}")
+    assert commands.stop_serving("/s", image).endswith(".tar.id")
     # the digest check accepts the build under any of its repo digests, and refuses another build
     fake = tmp_path / "docker"
     for digests, rc in ((f"vllm/vllm-openai@{OLD} vllm/vllm-openai@{NEW}", 0), (f"vllm/vllm-openai@{OLD}", 1)):
@@ -109,6 +129,14 @@ def test_the_stage_pulls_and_loads_the_build_by_digest_and_tags_it(tmp_path):
         fake.chmod(0o755)
         res = subprocess.run(["sh", "-c", commands.digest_check(str(fake), image)], capture_output=True, text=True)
         assert res.returncode == rc, res.stderr
+    # a receiver refuses a loaded build whose image id is not the sender's
+    (tmp_path / "a.tar.id").write_text("sha256:peer\n")
+    for loaded, rc in (("sha256:peer", 0), ("sha256:other", 1)):
+        fake.write_text(f"#!/bin/sh\n[ \"$1\" = image ] && echo {loaded}; exit 0\n")
+        check = commands.receive_image("10.0.0.1", 8873, str(fake), image, str(tmp_path)).split(" && ", 2)[2]
+        check = check.replace(shlex.quote(commands.archive_path(str(tmp_path), image)), str(tmp_path / "a.tar"))
+        res = subprocess.run(["sh", "-c", check], capture_output=True, text=True)
+        assert res.returncode == rc, (check, res.stderr)
 
 
 def test_a_revision_records_the_build_and_the_tag_it_came_from():

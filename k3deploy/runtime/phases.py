@@ -27,6 +27,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import python
 
 from k3deploy.cluster import commands
+from k3deploy.cluster.images import holds, named, run_ref
 from k3deploy.cluster.revisions import revision_for, revisions_dir
 from k3deploy.cluster.rollout import Rollout, mark_changes
 from k3deploy.cluster.staging import (
@@ -182,10 +183,19 @@ def stage_phase(ctx: Context) -> None:
         active=img.fetch.get(me) == OUTSIDE)
     from_control(name="Image: the archive from the control machine", src=v.k3_image_archive or "", dest=archive,
                  active=img.fetch.get(me) == ARCHIVE)
-    script(name="Image: load the archive", text=commands.load_image(docker, image_ref, archive),
+    script(name="Image: load the archive", text=commands.load_image(docker, image_ref, archive, tag),
            active=img.fetch.get(me) == ARCHIVE)
+    # a node that holds the pinned build by its digest only gets the local tag the units run
+    script(name="Image: name the pinned build", text=commands.name_build(docker, image_ref, tag),
+           active=me in stage_engines(r) and me not in img.fetch and me not in img.receivers
+           and not named(image_ref, cluster.images.get(me)))
+    # the hub CLI of the pinned build where the node has it by now, else of the build its tag names there (any build
+    # of the image downloads the same files: no image crosses the uplink for it), else the pinned build
+    held = cluster.images.get(me)
+    hf_image = (run_ref(image_ref) if me in img.fetch or holds(image_ref, held) else
+                tag if tag and held is not None and held.ref_digest else image_ref)
     script(name=f"Weights of {model}: from the hub", text=commands.fetch_weights(
-        docker, cache, image_ref, model, token, v.k3_hf_endpoint), active=wts.fetch.get(me) == OUTSIDE)
+        docker, cache, hf_image, model, token, v.k3_hf_endpoint), active=wts.fetch.get(me) == OUTSIDE)
     from_control(name="Weights: from the control machine", src=(v.k3_weights_source or "").rstrip("/") + "/",
                  dest=commands.model_dir(cache, model) + "/", active=wts.fetch.get(me) == ARCHIVE)
     script(name="Weights: verify", text=commands.verify_weights(cache, model), active=wts.fetch.get(me) == ARCHIVE)

@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from k3deploy.cluster.images import run_ref
+
 from .conftest import ROOT, deploy, k3, skip_no_sim
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
@@ -47,11 +49,11 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     rc, plan = plan_json(sim)                 # the plan names the build: the digest the tag names now
     assert rc == 3 and plan["image"]["digest"] == second and plan["image"]["image"] == f"{REPO}@{second}"
     assert any(second in note for note in plan["notes"]), plan["notes"]
-    for h in plan["hosts"]:
+    for h in plan["hosts"]:                   # the units run it by a local tag named after the digest
         change = next(c for c in h["changes"] if c["kind"] == "image")
-        assert change["to"] == f"{REPO}@{second}"
+        assert change["to"] == run_ref(f"{REPO}@{second}") == f"{REPO}:k3-sha256-{second[7:]}"
     text = k3("plan", sim.inventory, check=False).stdout
-    assert f"image {IMAGE} is {second} in the registry" in text and f"-> {REPO}@{second}" in text
+    assert f"image {IMAGE} is {second} in the registry" in text and f"-> {REPO}:k3-sha256-{second[7:]}" in text
 
     run = deploy(sim.inventory)
     assert run.returncode == 0, run.stdout[-4000:]

@@ -49,7 +49,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
         kinds = {c["kind"] for c in h["changes"]}
         assert {"file", "image", "argv", "env", "restart"} <= kinds
         image = next(c for c in h["changes"] if c["kind"] == "image")
-        assert image["from"] is None and image["to"] == f"vllm/vllm-openai@{KIMI_K3_DIGEST}"   # the tag's build
+        assert image["from"] is None and image["to"] == f"vllm/vllm-openai:k3-sha256-{KIMI_K3_DIGEST[7:]}"  # its build
 
     # --dry --diff on the never-deployed cluster, with a token file: diffs shown, token never
     sim.group_vars.write_text(base + f"k3_hf_token_file: {token}\n")
