@@ -19,10 +19,16 @@ IMAGE = "vllm/vllm-openai:kimi-k3"
 REPO = "vllm/vllm-openai"
 
 
-def running(sim, rank: int) -> str:
-    """The repo digest of the image the node's engine container runs."""
-    out = sim.ssh(rank, "id=$(docker inspect --format '{{.Image}}' k3-engine) && "
-                        "docker image inspect --format '{{index .RepoDigests 0}}' \"$id\"")
+def running(sim, rank: int) -> tuple[str, str]:
+    """(the reference, the image id) the node's engine container runs."""
+    out = sim.ssh(rank, "docker inspect --format '{{.Config.Image}} {{.Image}}' k3-engine")
+    assert out.returncode == 0, out.stderr
+    ref, iid = out.stdout.split()
+    return ref, iid
+
+
+def image_id(sim, rank: int, ref: str) -> str:
+    out = sim.ssh(rank, f"docker image inspect --format '{{{{.Id}}}}' {ref}")
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -45,6 +51,10 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     second = k3("sim", "push", sim.name, IMAGE).stdout.strip()
     assert second.startswith("sha256:") and second != first
     assert sim.ssh(1, f"docker pull -q {IMAGE}").returncode == 0
+    # node 1 keeps images with the classic store (Docker Engine up to 28): a loaded image has no repo digest there
+    assert sim.ssh(0, "mkdir -p /etc/docker && echo '{\"features\": {\"containerd-snapshotter\": false}}' "
+                      "> /etc/docker/daemon.json").returncode == 0
+    build = image_id(sim, 1, f"{REPO}@{second}")
 
     rc, plan = plan_json(sim)                 # the plan names the build: the digest the tag names now
     assert rc == 3 and plan["image"]["digest"] == second and plan["image"]["image"] == f"{REPO}@{second}"
@@ -58,10 +68,10 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     run = deploy(sim.inventory)
     assert run.returncode == 0, run.stdout[-4000:]
     assert f"image {IMAGE} is {second} in the registry" in run.stdout
-    assert [running(sim, r) for r in (0, 1)] == [f"{REPO}@{second}"] * 2      # one build, not one per node
-    for r in (0, 1):                          # the tag on every node names the build it runs
-        tagged = sim.ssh(r, f"docker image inspect --format '{{{{index .RepoDigests 0}}}}' {IMAGE}").stdout.strip()
-        assert tagged == f"{REPO}@{second}"
+    # one build, not one per node: node 1 got it from node 2 (checked by its image id, as it has no repo digest)
+    assert [running(sim, r) for r in (0, 1)] == [(run_ref(f"{REPO}@{second}"), build)] * 2
+    assert sim.ssh(0, f"docker image inspect {REPO}@{second}").returncode != 0    # the classic store on node 1
+    assert [image_id(sim, r, IMAGE) for r in (0, 1)] == [build] * 2    # the tag on every node names that build
 
     rc, plan = plan_json(sim)                 # the tag did not move: nothing to do
     assert rc == 0 and plan["changes_pending"] is False, plan
@@ -78,11 +88,13 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     assert plan["restart_order"] == [f"{n}:k3-engine.service" for n in nodes]
     run = deploy(sim.inventory)
     assert run.returncode == 0, run.stdout[-4000:]
-    assert [running(sim, r) for r in (0, 1)] == [f"{REPO}@{third}"] * 2
+    newer = image_id(sim, 0, f"{REPO}@{third}")          # node 1 pulled it this time (nobody held it)
+    assert newer != build and [running(sim, r) for r in (0, 1)] == [(run_ref(f"{REPO}@{third}"), newer)] * 2
     history = json.loads(k3("history", sim.inventory, "--json").stdout)["groups"]["engine"]["revisions"]
     assert [(rev["image"], rev["tag"]) for rev in history] == [(f"{REPO}@{second}", IMAGE), (f"{REPO}@{third}", IMAGE)]
 
     # a rollback goes back to the exact build of the revision, not to whatever the tag names now
     back = deploy(sim.inventory, "--data", "k3_rollback=true")
     assert back.returncode == 0, back.stdout[-4000:]
-    assert [running(sim, r) for r in (0, 1)] == [f"{REPO}@{second}"] * 2
+    assert [running(sim, r) for r in (0, 1)] == [(run_ref(f"{REPO}@{second}"), build)] * 2
+    assert "Stage round" not in back.stdout          # both nodes still held it (node 1 by its digest-named tag)
