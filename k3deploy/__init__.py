@@ -45,7 +45,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``preflight/`` -- host checks
     preflight/checks.py (facts -> results), preflight/settings.py (NCCL/UCX/HCCL settings derived from facts),
-    preflight/report.py (one typed report), preflight/runner.py (which facts, read on one host; local capture).
+    preflight/report.py (one typed report), preflight/runner.py (which facts, read on one host; local capture),
+    preflight/probe.py (the opt-in in-image NCCL probe, k3_nccl_probe).
 
 ``sim/`` -- the simulated cluster (see its own module map)
     sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,

@@ -305,25 +305,37 @@ PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Se
 
 
 @pytest.mark.parametrize(
-    "kernel, nvrm, verbs, met",
+    "kernel, nvrm, kconfig, mlx5, met",
     [
-        ("6.8.0-45-generic", OPEN, "yes", True),
-        ("5.4.0-150-generic", OPEN, "yes", False),  # kernel < 5.12
-        ("6.8.0-45-generic", PROPRIETARY, "yes", False),  # proprietary modules
-        ("6.8.0-45-generic", OPEN, "no", False),  # rdma-core without DMA-BUF registration
-        ("6.8.0-45-generic", "", "yes", None),  # no NVIDIA module loaded: unknown
-        ("6.8.0-45-generic", OPEN, None, None),  # no libibverbs: unknown
-        ("6.8.0-45-generic", "Dual MIT/GPL", "yes", True),  # modinfo license when /proc is not readable
-        ("6.8.0-45-generic", "NVIDIA", "yes", False),
+        ("6.8.0-45-generic", OPEN, "CONFIG_DMA_SHARED_BUFFER=y", ["loaded", "24.10-1.1.4"], True),
+        ("6.8.0-45-generic", OPEN, None, ["loaded"], True),  # inbox mlx5_ib (no version), no /boot/config
+        ("5.4.0-150-generic", OPEN, None, ["loaded"], False),  # kernel < 5.12
+        ("6.8.0-45-generic", OPEN, "# CONFIG_DMA_SHARED_BUFFER is not set", ["loaded"], False),  # no dma-buf
+        ("6.8.0-45-generic", PROPRIETARY, None, ["loaded"], False),  # proprietary modules
+        ("6.8.0-45-generic", "", None, ["loaded"], None),  # no NVIDIA module loaded: unknown
+        ("6.8.0-45-generic", OPEN, None, ["absent"], None),  # mlx5_ib not loaded
+        ("6.8.0-45-generic", OPEN, None, [], None),  # neither lsmod nor /proc/modules answered
+        ("6.8.0-45-generic", "Dual MIT/GPL", None, ["loaded"], True),  # modinfo license when /proc is not readable
+        ("6.8.0-45-generic", "NVIDIA", None, ["loaded"], False),
     ],
 )
-def test_dmabuf_prerequisites(kernel, nvrm, verbs, met):
+def test_dmabuf_prerequisites(kernel, nvrm, kconfig, mlx5, met):
     out = ["K3_SECTION=kernel", kernel, "K3_SECTION=nvidia"]
     out += [nvrm] if nvrm else []
-    out += ["K3_SECTION=verbs"] + ([f"/usr/lib/x86_64-linux-gnu/libibverbs.so.1 {verbs}"] if verbs else [])
+    out += ["K3_SECTION=kconfig"] + ([kconfig] if kconfig else []) + ["K3_SECTION=mlx5", *mlx5]
     value = run(rdma.DmabufPrerequisites, out)
     assert value.prerequisites_met is met
     assert bool(value.reasons) is (met is not True)
+    assert value.mlx5_version == ("24.10-1.1.4" if len(mlx5) > 1 else None)
+
+
+def test_dmabuf_prerequisites_ignore_the_hosts_libibverbs():
+    """NCCL registers memory through the image's rdma-core, so a host library without ibv_reg_dmabuf_mr (the old
+    check's verbs section) says nothing any more."""
+    out = ["K3_SECTION=kernel", "6.8.0-45-generic", "K3_SECTION=nvidia", OPEN, "K3_SECTION=verbs",
+           "/usr/lib/x86_64-linux-gnu/libibverbs.so.1 no", "K3_SECTION=mlx5", "loaded"]
+    assert run(rdma.DmabufPrerequisites, out).prerequisites_met is True
+    assert "libibverbs" not in rdma.DmabufPrerequisites().command()
 
 
 # ------------------------------------------------------------------------------------- host
@@ -494,3 +506,97 @@ def test_ascend_version_files():
     value = run(ascend.AscendVersions, out)
     assert (value.driver, value.firmware, value.cann) == ("25.3.rc1", "7.7.0.1.231", "8.5.0")
     assert value.missing_paths == ["/usr/local/dcmi"]
+
+
+def test_ascend_mounted_paths_come_from_the_container_spec():
+    """The paths the fact probes are the engine unit's own -v sources (hccn_tool included), not a second list;
+    an empty directory (what docker -v leaves where a path was missing) is reported apart."""
+    from k3deploy.cluster.units import ASCEND_MOUNTS, ContainerSpec, container_argv
+
+    spec = ContainerSpec("k3-engine", "img", "npu", "/etc/k3.env", "/var/lib/k3deploy/cache", 16)
+    argv = container_argv(spec, ["vllm", "serve", "m"])
+    mounted = [argv[i + 1].split(":", 1)[0] for i, a in enumerate(argv) if a == "-v"]
+    probed = ascend.ascend_mount_sources()
+    assert probed == [m for m in mounted if m != spec.cache_dir] == [h for h, _ in ASCEND_MOUNTS]
+    assert "/usr/local/Ascend/driver/tools/hccn_tool" in probed
+    command = ascend.AscendVersions().command()
+    assert all(p in command for p in probed)
+    value = run(ascend.AscendVersions, ["K3_SECTION=paths", "present /usr/local/dcmi",
+                                        "empty /usr/local/bin/npu-smi", "missing /etc/ascend_install.info"])
+    assert (value.missing_paths, value.empty_paths) == (["/etc/ascend_install.info"], ["/usr/local/bin/npu-smi"])
+
+
+def hccn_output(per_device: list[dict]) -> list[str]:
+    out: list[str] = []
+    for i, answers in enumerate(per_device):
+        out.append(f"K3_NPU={i}")
+        rc: dict = answers.get("rc", {})  # type: ignore[assignment]
+        for query in ascend.HCCN_QUERIES:
+            out += [f"K3_HCCN={query}", *answers.get(query, []), f"K3_RC={rc.get(query, 0)}"]
+    return out
+
+
+def test_hccn_ports_from_a_real_a2_capture():
+    """Eight NPUs of an A2 node as captured (link, net health, netdetect and gateway of each)."""
+    link, health, detect = lines("ascend/hccn-link-a2.txt"), lines("ascend/hccn-net-health-a2.txt"), \
+        lines("ascend/hccn-netdetect-a2.txt")
+    gateways = lines("ascend/hccn-gateway-a2.txt")
+    devices = [{"link": [link[0]], "net_health": [health[0]], "netdetect": [detect[0]], "gateway": [gw]}
+               for gw in gateways]
+    ports = run(ascend.HccnNetwork, hccn_output(devices))
+    assert [p.device for p in ports] == list(range(8))
+    assert all(p.healthy and p.netdetect == p.gateway == "11.12.165.1" and not p.errors for p in ports)
+
+
+def test_hccn_port_down_errors_and_both_netdetect_spellings():
+    devices = [
+        {"link": ["link status: DOWN"], "net_health": ["net health status: Fault"],
+         "netdetect": ["netdetect addr: 192.168.1.1"], "gateway": ["default gateway:192.168.1.1, Iface:eth0"]},
+        {"link": ["link status: UP"], "net_health": ["net health status: Init"],
+         "netdetect": ["Command execute failed!"], "gateway": ["Get gateway failed, because no gateway was preset there!"],
+         "rc": {"netdetect": 247, "gateway": 247}},
+        {"link": ["Get invalid device id."], "net_health": [], "rc": {"link": 1, "net_health": 1}},
+    ]
+    ports = run(ascend.HccnNetwork, hccn_output(devices))
+    assert (ports[0].link, ports[0].net_health, ports[0].netdetect, ports[0].healthy) == ("DOWN", "Fault",
+                                                                                        "192.168.1.1", False)
+    assert (ports[1].net_health, ports[1].netdetect, ports[1].gateway) == ("Init", None, None)
+    assert ports[1].errors == ["-netdetect: Command execute failed!",
+                               "-gateway: Get gateway failed, because no gateway was preset there!"]
+    assert ports[2].link is None and ports[2].errors[:2] == ["-link: Get invalid device id.",
+                                                              "-net_health: no output (exit 1)"]
+    assert run(ascend.HccnNetwork, ["K3_ABSENT=hccn_tool"], status=127).kind == "absent"
+    assert run(ascend.HccnNetwork, ["K3_NPU=0", "K3_HCCN=link"], status=124).kind == "failed"  # the loop hung
+
+
+# ------------------------------------------------------------------------------ nvidia-smi topo -m
+
+
+@pytest.mark.parametrize("name, gpus, near, far", [
+    # H100 x8, 8 NICs each PIX to one GPU (spaces)
+    ("topo-m-h100.txt", 8, [f"mlx5_{i}" for i in range(8)], []),
+    # H200 with a bonded front-end/storage NIC: NODE to the first socket's GPUs, SYS to the others
+    ("topo-m-h200-bond.txt", 8, ["mlx5_0", "mlx5_3", "mlx5_9"], ["mlx5_bond_0"]),
+    # A100 x8 (tabs), 8 NICs two per PCIe switch (PXB), and a dual-port NIC no GPU reaches but through SYS
+    ("topo-m-a100-tabs.txt", 8, [f"mlx5_{i}" for i in range(8)], ["mlx5_8", "mlx5_9"]),
+])
+def test_topo_matrix_from_real_output(name, gpus, near, far):
+    topo = run(nvidia.GpuNicTopology, lines(f"nvidia/{name}"))
+    assert len(topo.gpus) == gpus and topo.separates
+    assert {n: topo.nearest(n) for n in near} == {n: topo.nearest(n) for n in near if topo.nearest(n) in ("PIX", "PXB")}
+    assert all(topo.nearest(n) not in ("PIX", "PXB") for n in far)
+    assert set(near + far) <= set(topo.nics)
+
+
+def test_topo_matrix_of_a_grace_tray_tells_no_nic_apart():
+    topo = run(nvidia.GpuNicTopology, lines("nvidia/topo-m-gb200.txt"))  # GB200: every NIC SYS from every GPU
+    assert topo.gpus == ["GPU0", "GPU1", "GPU2", "GPU3"] and len(topo.nics) == 8
+    assert {topo.nearest(n) for n in topo.nics} == {"SYS"} and not topo.separates
+
+
+def test_topo_matrix_errors():
+    assert run(nvidia.GpuNicTopology, ["garbage"]).kind == "unparsable"
+    assert run(nvidia.GpuNicTopology, lines("nvidia/no-driver.txt"), status=9).kind == "failed"
+    # an older nvidia-smi names the NIC columns by device and prints no NIC legend
+    old = nvidia.parse_topo(["\tGPU0\tGPU1\tmlx5_0\tCPU Affinity", "GPU0\t X \tNV2\tPIX\t0-19", "GPU1\tNV2\t X \tSYS\t0-19"])
+    assert old.nics == {"mlx5_0": ["PIX", "SYS"]}

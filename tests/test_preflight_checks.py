@@ -11,7 +11,7 @@ import pytest
 from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts import nvidia
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
-from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo
+from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
 from k3deploy.facts.nvidia import (
@@ -72,8 +72,11 @@ TRAYS = [f"10.77.0.{11 + i}" for i in range(3)]
 
 
 def gb300_host(name: str, address: str) -> HostFacts:
+    facts = common(name, address)
+    # GB300 + ConnectX-8: Data Direct needs the 6.14-nvidia kernel (NVIDIA's Grace Blackwell CX8 GPUDirect RDMA guide)
+    facts["dmabuf"] = DmabufSupport("6.14.0-1007-nvidia-64k", True, True, True, True, [], "25.04-0.6.1")
     return HostFacts(
-        **common(name, address),
+        **facts,
         gpus=[NvidiaGpu("NVIDIA GB300", 284208, "580.95.05") for _ in range(4)],
         toolkit=ToolkitVersion("1.17.8"),
         fabric=[GpuFabric(f"0000000{i}:06:00.0", "Completed", "Success", "32766", UUID, "Healthy") for i in range(4)],
@@ -263,18 +266,56 @@ def test_unreachable_host_is_a_failed_host_with_the_reason():
 
 
 def test_gpudirect_missing_fails_that_host_only():
-    hosts = gb300_cluster()
+    hosts = [h200_host(f"h200-{i}", f"10.0.0.{i + 1}") for i in range(3)]
     hosts[1].dmabuf = DmabufSupport("5.4.0-150-generic", False, True, True, False, ["kernel 5.4.0-150-generic < 5.12"])
+    results = run_checks(sel("h200", 3), hosts)
+    assert failures(results) == [("h200-1", "rdma.gpudirect")]
+    # x86: nvidia_peermem stands in, with a warning (CUDA 13 deprecates the NV-P2P API it uses)
+    hosts[1].modules = LoadedModules(["nvidia", "nvidia_peermem"])
+    results = run_checks(sel("h200", 3), hosts)
+    assert [(r.host, r.check, r.status) for r in results if r.status != "pass"] == [
+        ("h200-1", "rdma.gpudirect", "warn")]
+    assert "CUDA 13 deprecates" in next(r.fix for r in results if r.check == "rdma.gpudirect" and r.status == "warn")
+
+
+def test_gpudirect_on_grace_never_asks_for_peermem():
+    hosts = gb300_cluster()
+    hosts[1].dmabuf = DmabufSupport("6.14.0-1007-nvidia-64k", True, False, True, False,
+                                    ["proprietary NVIDIA kernel modules"])
+    hosts[1].modules = LoadedModules(["nvidia", "nvidia_peermem"])
     results = run_checks(sel("gb300", 3), hosts)
     assert failures(results) == [("gb300-1", "rdma.gpudirect")]
-    hosts[1].modules = LoadedModules(["nvidia", "nvidia_peermem"])
-    assert not [r for r in run_checks(sel("gb300", 3), hosts) if r.status != "pass"]
+    bad = next(r for r in results if r.host == "gb300-1" and r.check == "rdma.gpudirect")
+    assert "peermem" not in bad.fix and "peermem" not in bad.required
+
+
+def test_gb300_data_direct_needs_the_6_14_nvidia_kernel():
+    hosts = gb300_cluster()
+    hosts[2].dmabuf = DmabufSupport("6.8.0-1031-nvidia-64k", True, True, True, True, [])
+    results = run_checks(sel("gb300", 3), hosts)
+    assert failures(results) == [("gb300-2", "rdma.gpudirect")]
+    bad = next(r for r in results if r.host == "gb300-2" and r.check == "rdma.gpudirect")
+    assert "6.8.0-1031-nvidia-64k" in bad.observed and "6.14" in bad.required and "linux-nvidia-64k-6.14" in bad.fix
+    # GB200 (ConnectX-7) has no such floor
+    gb200 = gb300_cluster()
+    for h in gb200:
+        h.gpus = [NvidiaGpu("NVIDIA GB200", 189471, "580.95.05") for _ in range(4)]
+        h.dmabuf = DmabufSupport("6.8.0-1031-nvidia-64k", True, True, True, True, [])
+    assert "rdma.gpudirect" not in {c for _, c in failures(run_checks(sel("gb200", 3), gb200))}
+
+
+def test_gpudirect_unknown_is_a_warning_not_a_peermem_requirement():
+    hosts = [h200_host(f"h200-{i}", f"10.0.0.{i + 1}") for i in range(2)]
+    hosts[0].dmabuf = DmabufSupport("6.8.0", True, True, False, None, ["the mlx5 kernel driver (mlx5_ib) is not loaded"])
+    results = run_checks(sel("h200", 2), hosts)
+    shown = next(r for r in results if r.host == "h200-0" and r.check == "rdma.gpudirect")
+    assert shown.status == "warn" and "k3_nccl_probe" in shown.fix
 
 
 def test_gpudirect_status_is_configurable(monkeypatch):
     monkeypatch.setattr(checks, "GPUDIRECT_MISSING_STATUS", "warn")
     hosts = gb300_cluster()
-    hosts[2].dmabuf = DmabufSupport("6.8.0", True, False, True, False, ["proprietary NVIDIA kernel modules"])
+    hosts[2].dmabuf = DmabufSupport("6.14.0", True, False, True, False, ["proprietary NVIDIA kernel modules"])
     results = run_checks(sel("gb300", 3), hosts)
     assert failures(results) == []
     assert [(r.host, r.check) for r in results if r.status == "warn"] == [("gb300-2", "rdma.gpudirect")]
@@ -370,10 +411,12 @@ def test_rocm_host_floor_is_optional(monkeypatch):
 
 def a3_host(name: str, address: str) -> HostFacts:
     chips = [NpuChip(i // 2, i % 2, "Ascend910", "OK", f"0000:{i:02X}:00.0", 3000, 65536) for i in range(16)]
+    gw = address.rsplit(".", 1)[0] + ".254"
     return HostFacts(
         **common(name, address),
         npu=NpuInfo("25.5.0", chips),
         ascend=AscendVersionInfo("25.5.0", "7.7.0.1.231", None, []),
+        hccn=[NpuPort(i, "UP", "Success", gw, gw) for i in range(16)],
     )
 
 
@@ -387,6 +430,55 @@ def test_ascend_pair_passes_and_faults_fail_only_their_node():
                                                                                       health="Warning")])
     hosts[0].ascend = AscendVersionInfo("25.5.0", None, None, ["/usr/local/dcmi"])
     assert failures(run_checks(s, hosts)) == [("a3-0", "ascend.mounts"), ("a3-1", "ascend.health")]
+
+
+def test_ascend_network_names_each_npu_whose_port_is_down_or_unhealthy():
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    ok = next(r for r in run_checks(s, hosts) if (r.host, r.check) == ("a3-1", "ascend.network"))
+    assert (ok.status, ok.observed) == ("pass", "16 NPUs: link UP, net health Success")
+    ports = hosts[1].hccn
+    assert isinstance(ports, list)
+    ports[3] = dataclasses.replace(ports[3], link="DOWN", net_health="Fault")
+    ports[11] = dataclasses.replace(ports[11], net_health="Init", netdetect=None)
+    results = run_checks(s, hosts)
+    assert failures(results) == [("a3-1", "ascend.network")]
+    bad = next(r for r in results if (r.host, r.check) == ("a3-1", "ascend.network"))
+    assert bad.observed == ("NPU 3: link DOWN, net health Fault (probing 10.2.0.254); "
+                            "NPU 11: net health Init (no netdetect address)")
+    assert bad.required == "every NPU (0..15): link status UP, net health status Success"
+    assert "NPU 3, 11" in bad.fix and "hccn_tool -i 3 -link -g" in bad.fix and "-netdetect -s address" in bad.fix
+
+
+def test_ascend_network_is_read_across_nodes_only_and_its_status_is_a_setting(monkeypatch):
+    from k3deploy.facts.ascend import HccnNetwork
+    from k3deploy.preflight.runner import fact_plan
+
+    plan = {name: (cls, kw) for name, cls, kw in fact_plan(sel("ascend_910c", 2, variant="ascend_w4a8"), "", "/c", "")}
+    assert plan["hccn"] == (HccnNetwork, {"devices": 16})
+    assert "hccn" not in {n for n, _, _ in fact_plan(sel("ascend_910c", 1, variant="ascend_w4a8"), "", "/c", "")}
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    hosts[0].hccn = FactError(kind="absent", tool="hccn_tool", command="hccn_tool", hint="is the driver there?")
+    assert failures(run_checks(s, hosts)) == [("a3-0", "ascend.network")]
+    hosts[0].hccn = [NpuPort(i, "DOWN", "Init") for i in range(16)]
+    monkeypatch.setattr(checks, "ASCEND_NETWORK_STATUS", "warn")
+    results = run_checks(s, hosts)
+    assert failures(results) == [] and ("a3-0", "ascend.network") in {(r.host, r.check) for r in results
+                                                                      if r.status == "warn"}
+
+
+def test_ascend_mounts_names_missing_and_empty_paths():
+    s = sel("ascend_910c", 2, variant="ascend_w4a8", vram=1711)
+    hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
+    hosts[1].ascend = AscendVersionInfo("25.5.0", "7.7.0.1.231", None, ["/usr/local/Ascend/driver/tools/hccn_tool"],
+                                        ["/usr/local/bin/npu-smi"])
+    results = run_checks(s, hosts)
+    assert failures(results) == [("a3-1", "ascend.mounts")]
+    bad = next(r for r in results if r.check == "ascend.mounts" and r.status == "fail")
+    assert bad.observed == ("missing /usr/local/Ascend/driver/tools/hccn_tool; "
+                            "empty directory /usr/local/bin/npu-smi")
+    assert "docker run -v" in bad.fix and "rmdir" in bad.fix and "/usr/local/bin/npu-smi" in bad.fix
 
 
 def test_ascend_old_driver_is_a_warning():
@@ -593,3 +685,42 @@ def test_a_gb200_tray_without_multi_node_nvlink_fails_as_not_an_nvl72_compute_tr
     assert "GB200 NVL4" in fabric.fix and "NVL72" in fabric.fix
     assert "NCCL_MNNVL_ENABLE" not in derive_settings(sel("gb200", 4), trays[3]).env
     assert derive_settings(sel("gb200", 4), trays[0]).env["NCCL_MNNVL_ENABLE"] == "1"
+
+
+def _roce_node_with_storage_nic() -> HostFacts:
+    """A RoCE-only HGX node (8 GPU NICs, each PIX to its GPU) with a bonded front-end/storage NIC, port up, on the
+    first socket (NODE to its GPUs): the real H200's `nvidia-smi topo -m` of tests/fixtures/nvidia/topo-m-h200-bond.txt."""
+    from k3deploy.facts.nvidia import parse_topo
+
+    host = h200_host("h200-0", "10.0.0.1")
+    topo = parse_topo((FIX / "nvidia/topo-m-h200-bond.txt").read_text().splitlines())
+    host.topology = topo
+    host.rdma = [RdmaDevice(n, ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 4096)]) for n in topo.nics]
+    return host
+
+
+def test_a_nic_near_no_gpu_is_not_given_to_nccl():
+    host = _roce_node_with_storage_nic()
+    s = derive_settings(sel("h200", 2), host)
+    assert "mlx5_bond_0" not in s.env["NCCL_IB_HCA"]
+    assert s.env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}:1" for i in (0, 3, 4, 5, 6, 7, 8, 9))
+    assert "mlx5_bond_0:1 (no PIX/PXB path to a GPU (nearest NODE))" in s.reasons["NCCL_IB_HCA"]
+    shown = next(r for r in run_checks(sel("h200", 2), [host, h200_host("h200-1", "10.0.0.2")])
+                 if r.host == "h200-0" and r.check == "rdma.devices")
+    assert shown.status == "pass" and "not mlx5_bond_0:1" in shown.observed
+    # without the matrix (not readable) every active port goes in, as before
+    host.topology = None
+    assert "mlx5_bond_0:1" in derive_settings(sel("h200", 2), host).env["NCCL_IB_HCA"]
+    # k3_ib_hca still wins
+    host.topology, host.ib_hca = _roce_node_with_storage_nic().topology, "mlx5_bond_0"
+    assert derive_settings(sel("h200", 2), host).env["NCCL_IB_HCA"] == "=mlx5_bond_0:1"
+
+
+def test_affinity_leaves_grace_trays_alone():
+    from k3deploy.facts.nvidia import parse_topo
+
+    hosts = gb300_cluster()
+    hosts[0].topology = parse_topo((FIX / "nvidia/topo-m-gb200.txt").read_text().splitlines())  # every NIC SYS
+    hosts[0].rdma = [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)]) for i in range(4)]
+    s = derive_settings(sel("gb300", 3), hosts[0])
+    assert s.env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"

@@ -39,9 +39,9 @@ def responses(address: str, fabric: str = "nvidia/smi-q-gb300-completed.txt") ->
     """@fake answers for every fact command of a GB300 tray (first matching substring wins)."""
     ok = ["K3_EXIT=0"]
     return {
-        "K3_SECTION=kernel": ["K3_SECTION=kernel", "6.8.0-1031-nvidia-64k", "K3_SECTION=nvidia",
-                              fixture("nvidia/proc-version-open-aarch64.txt")[0], "K3_SECTION=verbs",
-                              "/usr/lib/aarch64-linux-gnu/libibverbs.so.1 yes", *ok],
+        "K3_SECTION=kernel": ["K3_SECTION=kernel", "6.14.0-1007-nvidia-64k", "K3_SECTION=nvidia",
+                              fixture("nvidia/proc-version-open-aarch64.txt")[0], "K3_SECTION=kconfig",
+                              "CONFIG_DMA_SHARED_BUFFER=y", "K3_SECTION=mlx5", "loaded", "25.04-0.6.1", *ok],
         "nvidia-smi --query-gpu": fixture("nvidia/query-gpu-gb300.txt") + ok,
         "nvidia-smi -q": fixture(fabric) + ok,
         "nvidia-ctk --version": fixture("nvidia/nvidia-ctk-version.txt") + ok,
@@ -50,7 +50,7 @@ def responses(address: str, fabric: str = "nvidia/smi-q-gb300-completed.txt") ->
         "ibv_devinfo": fixture("rdma/ibv_devinfo-mlx5_0.txt") + ok,
         "lsmod": fixture("rdma/lsmod-peermem.txt") + ok,
         "/proc/driver/nvidia/version": fixture("nvidia/proc-version-open-aarch64.txt") + ok,
-        "uname -r": ["6.8.0-1031-nvidia-64k", *ok],
+        "uname -r": ["6.14.0-1007-nvidia-64k", *ok],
         "docker version": ["K3_SECTION=version", "28.3.2", "K3_SECTION=runtimes", "io.containerd.runc.v2 nvidia runc",
                            *ok],
         "p=/dev/shm": ["K3_PATH=/dev/shm", "Filesystem 1-blocks Used Available Capacity Mounted on",

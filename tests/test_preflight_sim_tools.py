@@ -56,7 +56,8 @@ def cluster(hw: str, nodes: int, faults: list[str], tmp_path, variant="default",
         path = tmp_path / f"node{rank}.json"
         path.write_text(json.dumps(config))
         env = dict(os.environ, K3SIM_NODE_CONFIG=str(path),
-                   PATH=f"{stub}:{TOOLS}/usr/bin:{TOOLS}/usr/local/bin:{os.environ['PATH']}")
+                   PATH=f"{stub}:{TOOLS}/usr/bin:{TOOLS}/usr/local/bin:{TOOLS}/usr/local/Ascend/driver/tools:"
+                        f"{os.environ['PATH']}")
         facts = HostFacts(host=f"node{rank}", address=ip)
         for attr, cls, kwargs in fact_plan(sel, ip, "/var/lib/k3deploy/cache", "/var/lib/docker"):
             if attr not in NODE_LEVEL:
@@ -149,6 +150,15 @@ def test_missing_nvidia_smi_message(tmp_path):
     sel, hosts = cluster("h200", 2, ["1:no-nvidia-smi"], tmp_path)
     (driver,) = [r for r in run_checks(sel, hosts) if r.check == "nvidia.driver" and r.status == "fail"]
     assert driver.observed == "nvidia-smi not found on node1: is the NVIDIA driver installed?"
+
+
+def test_ascend_npu_link_down_fails_that_node_naming_the_npus(tmp_path):
+    sel, hosts = cluster("ascend_910c", 2, ["1:npu-link-down=3,11"], tmp_path, variant="ascend_w4a8", vram=1711.0)
+    results = run_checks(sel, hosts)
+    assert failures(results) == [("node1", "ascend.network")]
+    (bad,) = [r for r in results if r.check == "ascend.network" and r.status == "fail"]
+    assert bad.observed == ("NPU 3: link DOWN, net health Fault (probing 192.168.101.254); "
+                            "NPU 11: link DOWN, net health Fault (probing 192.168.101.254)")
 
 
 def test_healthy_mi355x_and_ascend(tmp_path):

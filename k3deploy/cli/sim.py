@@ -52,6 +52,8 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 @click.option("--subnet", default=None, help="First three octets of a free /24 (default: from the name).")
 @click.option("--layout", default=None, metavar="pd:P,D",
               help="pd:P,D: inventory groups prefill (P nodes), decode (D nodes) and router instead of head/workers.")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Split the nodes into this many replicas (engine groups behind one router): k3_replica per host.")
 @click.option("--strategy", "-s", default=None, metavar="ID",
               help="Serving strategy written to the cluster's group_vars (default: the recipe's recommendation).")
 @click.option("--uplink-mbps", type=float, default=400.0, show_default=True,
@@ -66,7 +68,7 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
     layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
-    image_mb: float, as_json: bool,
+    image_mb: float, as_json: bool, replicas: int,
 ) -> None:
     """Create and boot a simulated cluster and its simulated outside (registries and model hub at <subnet>.254,
     behind a shaped uplink); prints its pyinfra inventory."""
@@ -84,6 +86,7 @@ def up_cmd(
         cluster_mbps=cluster_mbps,
         weights_mb=weights_mb,
         image_mb=image_mb,
+        replicas=replicas,
     )
     if as_json:
         click.echo(json.dumps(res))

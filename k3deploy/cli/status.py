@@ -49,7 +49,8 @@ def show(st, console) -> None:  # noqa: ANN001  (ClusterStatus, rich Console)
     for g in st.groups:
         table = Table("host", "unit", "role", "state", "restarts", "up", "image", "as planned", "/health",
                       "/v1/models", "verdict", title=f"group {g.name}: [{colour.get(g.verdict, 'red')}]{g.verdict}"
-                      f"[/]", title_justify="left")
+                      f"[/]" + {True: " (in the router)", False: " [red](not in the router)[/]", None: ""}[g.in_router],
+                      title_justify="left")
         for u in g.units:
             table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active, str(u.restarts), _uptime(u.uptime_s),
                           _image_cell(u.image, u.image_id),

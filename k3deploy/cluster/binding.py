@@ -8,7 +8,9 @@ Inventory contract:
 - ``pd_cluster``: groups ``prefill`` and ``decode`` (one host per pool rank) and ``router`` (one host,
   which may also be a prefill or decode host);
 - per host, ``k3_ip`` is its address on the cluster network (default: ``ssh_hostname``, else the host name)
-  and ``rank`` its rank within its group (default: the order of the group).
+  and ``rank`` its rank within its group (default: the order of the group);
+- replicas (non-P/D): per host ``k3_replica`` (0..R-1, default 0); each replica has one host in ``head`` and its
+  own workers, ranked within the replica, and runs the whole plan.
 
 Example::
 
@@ -21,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,7 @@ class BoundNode:
     argv: list[str]         # filled
     env: dict[str, str]     # filled
     address: str
+    replica: int = 0        # the replica (engine group) this node belongs to
 
     @property
     def role(self) -> str:
@@ -70,6 +73,28 @@ class BoundHost:
     engine: BoundNode | None = None
     router: BoundNode | None = None
     extras: list[BoundNode] = field(default_factory=list)  # a co-located second engine (P/D on one node)
+
+
+def replica_of(h: HostRecord) -> int:
+    """The replica a host belongs to (``k3_replica``, default 0)."""
+    value = h.data.get("k3_replica")
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        raise K3Error(f"host {h.name}: k3_replica is {value!r}, not a replica number: give 0, 1, ...") from None
+
+
+def replicas_of(hosts: Iterable[HostRecord]) -> list[int]:
+    """The replica numbers of the engine hosts (``head``/``workers``), checked to be 0..R-1.
+
+    >>> replicas_of([HostRecord("a", ("head",), {}), HostRecord("b", ("head",), {"k3_replica": 1})])
+    [0, 1]
+    """
+    found = sorted({replica_of(h) for h in hosts if {"head", "workers"} & set(h.groups)})
+    if found and found != list(range(len(found))):
+        raise K3Error(f"k3_replica values {found} do not number the replicas 0..{len(found) - 1}: give every "
+                      "replica's hosts one number, counting from 0 with no gaps")
+    return found or [0]
 
 
 def _ranked(hosts: list[HostRecord], group: str) -> list[HostRecord]:
@@ -105,12 +130,15 @@ def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] |
     common = {"PREFILL_DP_RPC_PORT": str(dp_rpc_port), "DECODE_DP_RPC_PORT": str(dp_rpc_port),
               "ROUTER_HOST": router_host, "ROUTER_PORT": str(router_port)}
 
-    def make(node: NodePlan, host: HostRecord, mapping: dict[str, str]) -> BoundNode:
+    def make(node: NodePlan, host: HostRecord, mapping: Mapping[str, str], replica: int = 0) -> BoundNode:
         m = {**mapping, "IFACE_NAME": ifaces.get(host.name, mapping.get("IFACE_NAME", "$IFACE_NAME"))}
         return BoundNode(node, [fill(a, m) for a in node.argv], {k: fill(v, m) for k, v in node.env.items()},
-                         host.address)
+                         host.address, replica)
 
     if plan.strategy == "pd_cluster":
+        if any(replica_of(h) for h in hosts):
+            raise K3Error("k3_replica is set but pd_cluster has no replicas: its pools scale with k3_prefill_nodes "
+                          "and k3_decode_nodes; remove k3_replica")
         pools: dict[str, list[HostRecord]] = {}
         mapping = dict(common)
         for role in ("prefill", "decode"):
@@ -135,27 +163,41 @@ def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] |
         out[routers[0].name].router = make(plan.role("router")[0], routers[0], mapping)
         return out
 
+    replicas = replicas_of(hosts)
+    for replica in replicas:
+        members = [h for h in hosts if replica_of(h) == replica]
+        for name, bound_node in _bind_group(plan, members, replica, len(replicas), common, make).items():
+            out[name].engine = bound_node
+    return out
+
+
+def _bind_group(plan: Plan, hosts: list[HostRecord], replica: int, count: int, common: Mapping[str, str],
+                make: Callable[[NodePlan, HostRecord, Mapping[str, str], int], BoundNode]) -> dict[str, BoundNode]:
+    """One engine group (a replica): its head and workers, checked against the plan, placeholders filled."""
+    where = f" of replica {replica}" if count > 1 else ""
     heads = [h for h in hosts if "head" in h.groups]
     if len(heads) != 1:
-        raise K3Error(f"{plan.strategy} needs exactly one host in group head, found {len(heads)}"
-                      + (f" ({', '.join(h.name for h in heads)})" if heads else ": add a head group to the inventory"))
+        raise K3Error(f"{plan.strategy} needs exactly one host in group head{where}, found {len(heads)}"
+                      + (f" ({', '.join(h.name for h in heads)})" if heads else
+                         (": give one head host this k3_replica" if count > 1 else
+                          ": add a head group to the inventory")))
     workers = _ranked(hosts, "workers")
     if heads[0] in workers:
         raise K3Error(f"host {heads[0].name} is in both head and workers")
     ordered = [heads[0], *workers]
     if len(ordered) != len(plan.nodes):
         raise K3Error(f"the plan for {plan.strategy} on {plan.hardware} has {len(plan.nodes)} node(s) but the "
-                      f"inventory has {len(ordered)} (1 head + {len(workers)} workers): set k3_nodes or fix the "
-                      "inventory")
+                      f"inventory{where} has {len(ordered)} (1 head + {len(workers)} workers): "
+                      + ("give every replica the same number of hosts" if count > 1 else
+                         "set k3_nodes or fix the inventory"))
     if heads[0].data.get("rank") not in (None, 0):
         raise K3Error(f"head host {heads[0].name} has rank {heads[0].data.get('rank')}; the head is rank 0")
     for i, w in enumerate(workers, start=1):
         if w.data.get("rank") is not None and int(w.data["rank"]) != i:
-            raise K3Error(f"workers must have ranks 1..{len(workers)}; host {w.name} has rank {w.data['rank']}")
+            raise K3Error(f"workers{where} must have ranks 1..{len(workers)}; host {w.name} has rank "
+                          f"{w.data['rank']}")
     mapping = {**common, "HEAD_IP": heads[0].address}
-    for node, h in zip(plan.nodes, ordered, strict=True):
-        out[h.name].engine = make(node, h, mapping)
-    return out
+    return {h.name: make(node, h, mapping, replica) for node, h in zip(plan.nodes, ordered, strict=True)}
 
 
 def rendezvous_port(argv: list[str]) -> int | None:

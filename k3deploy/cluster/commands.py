@@ -322,6 +322,50 @@ def wait_ready(unit: str, url: str | None, model: str | None, timeout: int, cont
             f"echo '{unit} serves" + (f" at {url}'" if url else "'") + "\n")
 
 
+# ---------------------------------------------------------------------------------------------- rolling
+
+
+def router_remove(router: str, urls: Sequence[str]) -> str:
+    """Take workers out of a running vllm-router (``POST /remove_worker?url=``; 200, also for one not listed), so
+    it sends them no new request; requests in flight go on."""
+    lines = [f"out=$(curl -sS -m 10 -X POST -w ' (HTTP %{{http_code}})' "
+             f"{shlex.quote(router.rstrip('/') + '/remove_worker?url=' + url)} 2>&1); "
+             f"case \"$out\" in *'(HTTP 200)') echo \"$out\";; *) echo \"remove {url}: $out\"; exit 1;; esac"
+             for url in urls]
+    return "; ".join(lines)
+
+
+def router_add(router: str, urls: Sequence[str], timeout: int) -> str:
+    """Put workers back into a running vllm-router (``POST /add_worker?url=``: it answers once the worker's
+    ``/health`` does; 400 "already exists" counts as done)."""
+    lines = [f"out=$(curl -sS -m {int(timeout)} -X POST -w ' (HTTP %{{http_code}})' "
+             f"{shlex.quote(router.rstrip('/') + '/add_worker?url=' + url)} 2>&1); "
+             f"case \"$out\" in *'(HTTP 200)'|*'already exists (HTTP 400)') echo \"$out\";; "
+             f"*) echo \"add {url}: $out\"; exit 1;; esac"
+             for url in urls]
+    return "; ".join(lines)
+
+
+def router_workers(router: str) -> str:
+    """The workers a running vllm-router sends requests to (``GET /list_workers``: ``{"urls": [...]}``)."""
+    return f"curl -s -m 3 {shlex.quote(router.rstrip('/') + '/list_workers')} | tr -d '\\n'; echo"
+
+
+def drain(url: str, timeout: int, interval: float = 0.5) -> str:
+    """Wait until the engine at ``url`` has no request running or waiting (``/metrics``: ``vllm:num_requests_running``
+    + ``vllm:num_requests_waiting``), seen twice in a row ``interval`` apart, or ``timeout`` seconds passed (then it
+    says how many were still in flight and goes on: the restart drops them)."""
+    metrics = shlex.quote(url.rstrip("/") + "/metrics")
+    count = ("curl -s -m 3 " + metrics + " | awk '/^vllm:num_requests_(running|waiting)[{ ]/ {n += $NF} "
+             "END {printf \"%d\", n}'")
+    return (f"end=$(( $(date +%s) + {int(timeout)} )); quiet=0; "
+            f"while :; do n=$({count}); n=${{n:-0}}; "
+            f"if [ \"$n\" = 0 ]; then quiet=$((quiet + 1)); [ $quiet -ge 2 ] && break; else quiet=0; fi; "
+            f"if [ $(date +%s) -ge $end ]; then echo \"{url}: $n request(s) still in flight after {int(timeout)}s "
+            f"(k3_drain_timeout); restarting anyway\"; exit 0; fi; sleep {interval:g}; done; "
+            f"echo '{url}: no request in flight'")
+
+
 # ---------------------------------------------------------------------------------------------- smoke
 
 

@@ -206,10 +206,13 @@ class PlanReport:
     endpoint: str
     notes: list[str] = field(default_factory=list)
     staging: list[str] = field(default_factory=list)   # what the stage still has to bring (empty: nothing)
+    steps: list[list[str]] = field(default_factory=list)  # a rolling change: the replicas restarted in each step
+    router_missing: list[str] = field(default_factory=list)  # replicas that serve but the router leaves out
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.restart_order) or any(h.changes for h in self.hosts) or bool(self.staging)
+        return bool(self.restart_order) or any(h.changes for h in self.hosts) or bool(self.staging) \
+            or bool(self.router_missing)
 
     @property
     def exit_code(self) -> int:
@@ -219,7 +222,7 @@ class PlanReport:
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": [h.to_dict() for h in self.hosts], "restart_order": self.restart_order,
                 "endpoint": self.endpoint, "changes_pending": self.has_changes, "notes": self.notes,
-                "staging": self.staging}
+                "staging": self.staging, "rolling_steps": self.steps, "router_missing": self.router_missing}
 
 
 def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
@@ -312,7 +315,11 @@ def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
         if key in order:
             hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
                                "group": u.group, "reason": _reason(u, have, bool(changes))})
-    return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint)
+    notes = [rollout.how_changes_roll()]
+    missing = rollout.missing_from_router()
+    notes += [f"{g} serves but the router leaves it out: the run puts it back into the router" for g in missing]
+    return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint, notes=notes,
+                      steps=rollout.waves() if rollout.rolling else [], router_missing=missing)
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -355,7 +362,15 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
         lines += [f"  {line}" for line in report.staging]
         lines.append("")
     phases = rollout.start_plan().phases()
-    if phases:
+    if report.steps:
+        lines.append("Restart, replica by replica behind the router (the endpoint keeps serving):")
+        for i, wave in enumerate(report.steps, 1):
+            lines.append(f"  step {i} of {len(report.steps)}: {', '.join(wave)}: out of the router, in-flight "
+                         "requests finish, then")
+            lines += [f"    {j}. {name}: {'; '.join(items)}"
+                      for j, (name, items) in enumerate(rollout.start_plan(set(wave)).phases(), 1)]
+            lines.append("    then back into the router; the next step starts once it serves")
+    elif phases:
         lines.append("Restart, in this order (each phase on its hosts at once):")
         lines += [f"  {i}. {name}: {'; '.join(items)}" for i, (name, items) in enumerate(phases, 1)]
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from k3deploy.cluster.binding import HostRecord
+from k3deploy.cluster.binding import HostRecord, replica_of
 from k3deploy.cluster.variables import Resolved, Variables, group_vars_dirs, merge_vars
 from k3deploy.errors import K3Error
 from k3deploy.recipe.plan import Plan
@@ -78,8 +78,9 @@ def variables_for(records: list[HostRecord], inventory_file: str | None,
 
 
 def engine_count(records: list[HostRecord]) -> int:
-    """How many hosts run an engine (the router needs no GPU)."""
-    return len([r for r in records if {"head", "workers", "prefill", "decode"} & set(r.groups)])
+    """How many hosts of one engine group (one replica) run an engine (the router needs no GPU)."""
+    return len([r for r in records if {"head", "workers", "prefill", "decode"} & set(r.groups)
+                and replica_of(r) == 0])
 
 
 def plan_for(records: list[HostRecord], v: Variables) -> Plan:
@@ -89,7 +90,7 @@ def plan_for(records: list[HostRecord], v: Variables) -> Plan:
     from k3deploy.recipe.resolve import resolve
 
     recipe = load_recipe(v.k3_recipe)
-    engines = [r for r in records if {"head", "workers"} & set(r.groups)]
+    engines = [r for r in records if {"head", "workers"} & set(r.groups) and replica_of(r) == 0]
     pools = {g: len([r for r in records if g in r.groups]) for g in ("prefill", "decode")}
     kwargs: dict[str, Any] = dict(hardware=v.k3_hardware, strategy=v.k3_strategy, variant=v.k3_variant,
                                   features=v.k3_features, image=v.k3_image, extra_args=v.k3_extra_args)
@@ -98,5 +99,5 @@ def plan_for(records: list[HostRecord], v: Variables) -> Plan:
     else:
         if not engines:
             raise K3Error("the inventory has no head group (and no prefill/decode groups): add a head group")
-        kwargs["nodes"] = len(engines)
+        kwargs["nodes"] = len(engines)   # one replica's hosts: every replica runs the same plan
     return deployable(resolve(recipe, **kwargs))

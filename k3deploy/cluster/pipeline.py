@@ -142,6 +142,8 @@ def target(records: list[HostRecord], inventory_file: str | None,
     unknown selection; a plan that does not fit the hosts is kept as ``plan_error``."""
     recs = with_roles(records)
     resolved = variables_for(recs, inventory_file, overrides)
+    # a host's replica may come from group_vars too: the binding reads it from the record
+    recs = [replace(r, data={**r.data, "k3_replica": resolved[r.name].vars.k3_replica}) for r in recs]
     v = resolved[recs[0].name].vars
     check_control_files(v, resolved[recs[0].name].source)
     hw_from = resolved[recs[0].name].source("k3_hardware")

@@ -22,6 +22,25 @@ from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
 
 HEALTH_PATH = "/health"
+ENGINE_GROUP = "engine"
+REPLICA_PREFIX = "engine-r"
+_ORDER = ("engine", "prefill", "decode")
+
+
+def replica_group(replica: int, count: int) -> str:
+    """The engine group's name: ``engine`` for a single group, ``engine-r<N>`` for replica N of several.
+
+    >>> replica_group(0, 1), replica_group(1, 2)
+    ('engine', 'engine-r1')
+    """
+    return ENGINE_GROUP if count <= 1 else f"{REPLICA_PREFIX}{replica}"
+
+
+def group_order(group: str) -> tuple[int, int]:
+    """Start order of a group: engine groups (replicas by number), P/D pools, then the router."""
+    if group.startswith(REPLICA_PREFIX):
+        return (0, int(group[len(REPLICA_PREFIX):]))
+    return (_ORDER.index(group), 0) if group in _ORDER else (len(_ORDER), 0)
 
 
 def sha256(text: str) -> str:
@@ -59,6 +78,7 @@ class Rollout:
     ready_timeout: int
     deadline: int
     changed_groups: set[str] = field(default_factory=set)
+    router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas; read)
 
     def on_host(self, name: str) -> list[UnitWork]:
         return [u for u in self.units if u.host == name]
@@ -68,10 +88,55 @@ class Rollout:
 
     @property
     def groups(self) -> list[str]:
-        """Groups in start order: engine groups (P/D: prefill, decode), then the router."""
-        order = ("engine", "prefill", "decode", "router")
+        """Groups in start order: engine groups (replicas in replica order; P/D: prefill, decode), then the
+        router."""
         present = {u.group for u in self.units}
-        return [g for g in order if g in present]
+        return sorted(present, key=group_order)
+
+    @property
+    def replicas(self) -> list[str]:
+        """The engine groups that are replicas behind the router (empty with a single engine group)."""
+        return [g for g in self.groups if g.startswith(REPLICA_PREFIX)]
+
+    @property
+    def rolling(self) -> bool:
+        """Changed replicas restart replica by replica behind a router that keeps serving (the router itself does
+        not restart)."""
+        return len(self.replicas) > 1 and "router" not in self.changed_groups
+
+    def waves(self) -> list[list[str]]:
+        """The restart in steps: with ``rolling``, the changed replicas, ``k3_max_unavailable`` at a time; else one
+        step with every changed group."""
+        if not self.rolling:
+            return [[g for g in self.groups if g in self.changed_groups]] if self.changed_groups else []
+        changed = [g for g in self.replicas if g in self.changed_groups]
+        n = self.vars.k3_max_unavailable
+        return [changed[i:i + n] for i in range(0, len(changed), n)]
+
+    def in_router(self, group: str) -> bool | None:
+        """Whether the running router sends requests to this replica (None: no replicas, or the router's list
+        was not read)."""
+        if len(self.replicas) < 2 or self.router_workers is None or group not in self.replicas:
+            return None
+        return all(u.serves in self.router_workers for u in self.group(group) if u.serves)
+
+    def missing_from_router(self) -> list[str]:
+        """Replicas that do not restart but that the running router leaves out (e.g. a roll that stopped, or a
+        worker removed by hand): the deploy puts them back."""
+        if "router" in self.changed_groups:
+            return []
+        return [g for g in self.replicas if g not in self.changed_groups and self.in_router(g) is False]
+
+    def how_changes_roll(self) -> str:
+        """One line for people: how an engine change reaches this deployment."""
+        if len(self.replicas) > 1:
+            return (f"{len(self.replicas)} replicas behind the router at {self.endpoint}: an engine change rolls "
+                    f"{self.vars.k3_max_unavailable} replica(s) at a time (out of the router, drained, restarted, "
+                    "serving, back in); a router change restarts everything at once")
+        if self.plan.strategy == "pd_cluster":
+            return "P/D pools: an engine change restarts each changed pool as a whole (and the router)"
+        return ("one engine group (no replicas): an engine change restarts the whole group, the endpoint is down "
+                "meanwhile (with k3_replica, several replicas roll one at a time behind a router)")
 
     @property
     def hosts(self) -> list[str]:
@@ -234,20 +299,24 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
         router_host = next(b for b in bound.values() if b.router is not None)
         endpoint = f"http://{router_host.host.address}:{v.k3_router_port}"
     else:
-        head = next(b for b in bound.values() if b.engine is not None and b.engine.rank == 0)
-        assert head.engine is not None
-        head_addr = head.engine.address
-        for b in bound.values():
-            if b.engine is not None:
-                add(b, b.engine, "engine", base, head_addr if b.engine.rank else None, _http(head.engine))
-        serving = [(u.rank, u.serves) for u in units if u.serves]
-        if len(serving) > 1 and v.k3_front_hybrid_lb:
+        engines = [b for b in bound.values() if b.engine is not None]
+        count = len({b.engine.replica for b in engines if b.engine is not None})
+        group_heads = {b.engine.replica: b for b in engines if b.engine is not None and b.engine.rank == 0}
+        for b in engines:
+            assert b.engine is not None
+            hd = group_heads[b.engine.replica].engine
+            assert hd is not None
+            add(b, b.engine, replica_group(b.engine.replica, count), base, hd.address if b.engine.rank else None,
+                _http(hd))
+        head = group_heads[0]
+        serving = [((u.node.replica, u.rank), u.serves) for u in units if u.serves]
+        if count > 1 or (len(serving) > 1 and v.k3_front_hybrid_lb):
             argv = front_router_argv([url for _, url in sorted(serving)], v)
             node = BoundNode(NodePlan(role="router", rank=0, argv=argv, env={}), argv, {}, head.host.address)
             add(head, node, "router", f"{base}-router", None)
             endpoint = f"http://{head.host.address}:{v.k3_router_port}"
         else:
-            endpoint = serving[0][1] if serving else f"http://{head_addr}:8000"
+            endpoint = serving[0][1] if serving else f"http://{head.host.address}:8000"
     deadline = v.k3_rollout_deadline or ready + 900
     return Rollout(plan=plan, vars=v, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline)
 
@@ -268,7 +337,7 @@ def mark_changes(r: Rollout, installed: Mapping[tuple[str, str], Installed]) -> 
         if have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text) or not have.running \
                 or restarted or have.answers is False:
             changed.add(u.group)
-    if changed - {"router"} and "router" in r.groups:
-        changed.add("router")
+    if changed - {"router"} and "router" in r.groups and len(r.replicas) <= 1:
+        changed.add("router")   # replicas roll behind a router that keeps serving
     r.changed_groups = changed
     return changed

@@ -97,6 +97,7 @@ class GroupReport:
     name: str
     verdict: str
     units: list[UnitReport] = field(default_factory=list)
+    in_router: bool | None = None   # a replica: whether the router sends it requests (None: no replicas/unknown)
 
 
 @dataclass
@@ -111,7 +112,8 @@ class ClusterStatus:
     def verdict(self) -> str:
         if not self.endpoint_models or self.model not in self.endpoint_models:
             return "down"
-        return "serving" if all(g.verdict == "serving" for g in self.groups) and not self.unreachable else "degraded"
+        whole = all(g.verdict == "serving" and g.in_router is not False for g in self.groups)
+        return "serving" if whole and not self.unreachable else "degraded"
 
     @property
     def exit_code(self) -> int:
@@ -120,8 +122,8 @@ class ClusterStatus:
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "endpoint": self.endpoint, "model": self.model,
                 "endpoint_models": self.endpoint_models, "unreachable": self.unreachable,
-                "groups": [{"name": g.name, "verdict": g.verdict, "units": [asdict(u) for u in g.units]}
-                           for g in self.groups]}
+                "groups": [{"name": g.name, "verdict": g.verdict, "in_router": g.in_router,
+                            "units": [asdict(u) for u in g.units]} for g in self.groups]}
 
 
 def _sha(text: str) -> str:
@@ -157,6 +159,6 @@ def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installe
             verdict = "degraded"
         else:
             verdict = "down"
-        groups.append(GroupReport(name, verdict, reports))
+        groups.append(GroupReport(name, verdict, reports, r.in_router(name)))
     return ClusterStatus(r.endpoint, model, list(endpoint_models) if endpoint_models is not None else None, groups,
                          sorted(unreachable))

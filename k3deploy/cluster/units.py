@@ -22,14 +22,17 @@ from k3deploy.cluster.binding import BoundNode
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 
 ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+#: (host path, container path) of the driver files vllm-ascend's guides bind-mount, in their order
 ASCEND_MOUNTS = [
-    "/usr/local/dcmi:/usr/local/dcmi",
-    "/usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool",
-    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
-    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/",
-    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
-    "/etc/ascend_install.info:/etc/ascend_install.info",
+    ("/usr/local/dcmi", "/usr/local/dcmi"),
+    ("/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/Ascend/driver/tools/hccn_tool"),
+    ("/usr/local/bin/npu-smi", "/usr/local/bin/npu-smi"),
+    ("/usr/local/Ascend/driver/lib64/", "/usr/local/Ascend/driver/lib64/"),
+    ("/usr/local/Ascend/driver/version.info", "/usr/local/Ascend/driver/version.info"),
+    ("/etc/ascend_install.info", "/etc/ascend_install.info"),
 ]
+#: where the model cache is mounted in every engine container
+CONTAINER_CACHE = "/root/.cache"
 ASCEND_PROFILE = ("source /usr/local/Ascend/ascend-toolkit/set_env.sh; "
                   "source /usr/local/Ascend/nnal/atb/set_env.sh; ")
 
@@ -60,27 +63,51 @@ class ContainerSpec:
     docker: str = "/usr/bin/docker"
 
 
+def bind_mounts(spec: ContainerSpec) -> list[tuple[str, str]]:
+    """``(host path, container path)`` of every ``-v`` the container gets, in ``docker run`` order: the one list
+    :func:`container_argv` writes and preflight checks (:func:`prepared_mount_sources`)."""
+    if spec.vendor == "npu":
+        return [*ASCEND_MOUNTS, (spec.cache_dir, CONTAINER_CACHE)]
+    if spec.vendor in ("nvidia", "amd"):
+        return [(spec.cache_dir, CONTAINER_CACHE)]
+    return []
+
+
+def prepared_mount_sources(spec: ContainerSpec) -> list[str]:
+    """Host paths of the bind mounts that must exist before the container starts: all but the model cache, which
+    the deploy fills itself. ``docker run -v`` does not fail on a missing host path: it creates an empty directory
+    there (where a file was meant, too), and the engine finds nothing inside.
+
+    >>> prepared_mount_sources(ContainerSpec("k3", "img", "nvidia", "/e.env", "/cache", 8))
+    []
+    >>> prepared_mount_sources(ContainerSpec("k3", "img", "npu", "/e.env", "/cache", 16))[:2]
+    ['/usr/local/dcmi', '/usr/local/Ascend/driver/tools/hccn_tool']
+    """
+    return [host for host, _ in bind_mounts(spec) if host != spec.cache_dir]
+
+
+def _volumes(spec: ContainerSpec) -> list[str]:
+    return [arg for host, inside in bind_mounts(spec) for arg in ("-v", f"{host}:{inside}")]
+
+
 def container_argv(spec: ContainerSpec, argv: list[str]) -> list[str]:
     """``docker run`` for a plan argv (``vllm serve <model> ...`` or ``vllm-router ...``)."""
     d = [spec.docker, "run", "--rm", "--name", spec.name, "--network", "host", "--ipc", "host",
          "--env-file", spec.env_file]
     if spec.vendor == "nvidia":
-        d += ["--gpus", "all", "-v", f"{spec.cache_dir}:/root/.cache"]
+        d += ["--gpus", "all", *_volumes(spec)]
         if spec.imex:
             d += ["--device", "/dev/nvidia-caps-imex-channels/channel0"]
     elif spec.vendor == "amd":
         d += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--cap-add", "SYS_PTRACE",
-              "--security-opt", "seccomp=unconfined",
-              "-v", f"{spec.cache_dir}:/root/.cache"]
+              "--security-opt", "seccomp=unconfined", *_volumes(spec)]
     elif spec.vendor == "npu":
         d += ["--privileged"]
         for i in range(spec.gpus_per_node):
             d += ["--device", f"/dev/davinci{i}"]
         for dev in ASCEND_DEVICES:
             d += ["--device", dev]
-        for m in ASCEND_MOUNTS:
-            d += ["-v", m]
-        d += ["-v", f"{spec.cache_dir}:/root/.cache"]
+        d += _volumes(spec)
     if spec.rdma:
         d += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1",
               "--ulimit", "stack=67108864"]

@@ -104,20 +104,36 @@ class Variables(BaseModel):
     k3_dp_rpc_port: int = Field(29550, description=(
         "DP handshake port (`--data-parallel-rpc-port`); fills `$PREFILL_DP_RPC_PORT`/`$DECODE_DP_RPC_PORT`."))
     k3_router_port: int = Field(30000, description=(
-        "Port of the public endpoint when a router fronts the engines (pd_cluster, hybrid-LB multi_node_dep)."))
+        "Port of the public endpoint when a router fronts the engines (pd_cluster, hybrid-LB multi_node_dep, "
+        "replicas)."))
     k3_router_host: str = Field("0.0.0.0", description="Bind address of the router.")
     k3_router_image: str | None = Field(None, description=(
         "Run the router from this image; default: `k3_router_bin` on the router host."))
     k3_router_bin: str = Field("/usr/local/bin/vllm-router", description=(
         "Absolute path of the `vllm-router` command on the router host (`pip install vllm-router` puts it in "
         "`/usr/local/bin`), the router unit's `ExecStart`; not used with `k3_router_image`."))
+    k3_replica: int = Field(0, ge=0, description=(
+        "Per host: the replica (engine group) the host belongs to, 0..R-1; each replica has its own head (group "
+        "`head`) and workers (ranks within the replica). With R > 1 one vllm-router in front of every replica is the "
+        "endpoint (`k3_router_port`), and engine changes roll replica by replica. Not for pd_cluster."))
+    k3_max_unavailable: int = Field(1, ge=1, description=(
+        "Replicas restarted at once by a rolling change (each is taken out of the router first, drained, "
+        "restarted, gated on serving, and put back before the next)."))
+    k3_drain_timeout: int = Field(60, ge=0, description=(
+        "Seconds a replica taken out of the router may take to finish its in-flight requests "
+        "(`vllm:num_requests_running` + `vllm:num_requests_waiting` = 0) before it is restarted anyway."))
     k3_front_hybrid_lb: bool = Field(True, description=(
         "Put a vllm-router in front of hybrid-LB nodes (multi_node_dep) so clients get one endpoint."))
     k3_ib_hca: str | None = Field(None, description=(
         "RDMA ports for NCCL and the P/D KV transfer, `device[:port],...` (e.g. `mlx5_0:1,mlx5_3:1`; a device alone = "
         "its active ports): become `NCCL_IB_HCA` (exact match, `=mlx5_0:1,...`) and `UCX_NET_DEVICES`, and preflight "
-        "fails a host that lacks one. Default: the active ports (InfiniBand only beside an InfiniBand fabric), never "
-        "the port of the default route."))
+        "fails a host that lacks one. Default: the active ports (InfiniBand only beside an InfiniBand fabric), only "
+        "HCAs `PIX`/`PXB` to a GPU in `nvidia-smi topo -m` where it tells them apart, never the port of the default "
+        "route."))
+    k3_nccl_probe: bool = Field(False, description=(
+        "Preflight runs, before anything changes, a two-node NCCL all-reduce in the plan's image on the planned nodes "
+        "(in pairs, `NCCL_DEBUG=INFO`, the derived NCCL settings) and fails a node whose NCCL transport is not "
+        "GPUDirect RDMA (`via NET/IB/<n>/GDRDMA`). The image must be on the nodes already (it pulls nothing)."))
     # timing
     k3_engine_ready_timeout: int | None = Field(None, description=(
         "Seconds an engine may take to serve; default: the plan's VLLM_ENGINE_READY_TIMEOUT_S (600 if unset)."))

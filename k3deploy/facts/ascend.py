@@ -1,11 +1,14 @@
-"""Huawei Ascend facts: NPUs (``npu-smi info``), driver/firmware/CANN versions, bind-mounted paths."""
+"""Huawei Ascend facts: NPUs (``npu-smi info``), driver/firmware/CANN versions, bind-mounted paths, the NPUs' network
+ports (``hccn_tool``)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass, field, replace
 
-from k3deploy.facts.base import EXIT_MARK, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
+from k3deploy.cluster.units import ContainerSpec, prepared_mount_sources
+from k3deploy.facts.base import EXIT_MARK, FACT_TIMEOUT_S, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
 
 NPU_HINT = "is the Ascend driver (HDK) with npu-smi installed?"
 _BUS_ID_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
@@ -99,13 +102,11 @@ class NpuSmiInfo(K3Fact[NpuInfo]):
         return parse_npu_smi(lines)
 
 
-ASCEND_MOUNTED_PATHS = (
-    "/usr/local/Ascend/driver/version.info",
-    "/etc/ascend_install.info",
-    "/usr/local/dcmi",
-    "/usr/local/bin/npu-smi",
-    "/usr/local/Ascend/driver/lib64",
-)
+def ascend_mount_sources() -> list[str]:
+    """The host paths an Ascend engine container bind-mounts and the deploy does not create (the one list of
+    :func:`k3deploy.cluster.units.bind_mounts`)."""
+    spec = ContainerSpec(name="", image="", vendor="npu", env_file="", cache_dir="", gpus_per_node=0)
+    return prepared_mount_sources(spec)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class AscendVersionInfo(Jsonable):
     firmware: str | None
     cann: str | None  # host CANN toolkit (optional: the image ships CANN)
     missing_paths: list[str] = field(default_factory=list)
+    #: bind-mount sources that are empty directories: what ``docker run -v`` leaves where a path was missing
+    empty_paths: list[str] = field(default_factory=list)
 
 
 def parse_key_values(lines: list[str]) -> dict[str, str]:
@@ -127,12 +130,15 @@ def parse_key_values(lines: list[str]) -> dict[str, str]:
 
 
 def parse_ascend_versions(lines: list[str]) -> AscendVersionInfo:
-    """Sections ``driver``, ``firmware``, ``cann`` (``key=value`` files) and ``paths``.
+    """Sections ``driver``, ``firmware``, ``cann`` (``key=value`` files) and ``paths`` (``present``, ``missing``
+    or ``empty`` and the path, one a line).
 
     >>> parse_ascend_versions(["K3_SECTION=driver", "Version=25.3.rc1", "package_version=25.3.rc1",
     ...     "K3_SECTION=firmware", "Version=7.7.0.1.231", "K3_SECTION=cann", "version=8.5.0",
-    ...     "K3_SECTION=paths", "missing /usr/local/dcmi"])
-    AscendVersionInfo(driver='25.3.rc1', firmware='7.7.0.1.231', cann='8.5.0', missing_paths=['/usr/local/dcmi'])
+    ...     "K3_SECTION=paths", "missing /usr/local/dcmi", "empty /usr/local/bin/npu-smi"])
+    AscendVersionInfo(driver='25.3.rc1', firmware='7.7.0.1.231', cann='8.5.0', missing_paths=['/usr/local/dcmi'], ...)
+    >>> _.empty_paths
+    ['/usr/local/bin/npu-smi']
     """
     parts = sections(lines)
     if "paths" not in parts:
@@ -141,17 +147,20 @@ def parse_ascend_versions(lines: list[str]) -> AscendVersionInfo:
     firmware = parse_key_values(parts.get("firmware", []))
     cann = parse_key_values(parts.get("cann", []))
     missing = [line.split(None, 1)[1].strip() for line in parts["paths"] if line.startswith("missing ")]
+    empty = [line.split(None, 1)[1].strip() for line in parts["paths"] if line.startswith("empty ")]
     return AscendVersionInfo(
         driver=driver.get("package_version") or driver.get("Version"),
         firmware=firmware.get("Version"),
         cann=cann.get("version"),
         missing_paths=missing,
+        empty_paths=empty,
     )
 
 
 class AscendVersions(K3Fact[AscendVersionInfo]):
     """Ascend driver, firmware and host CANN versions from their ``version.info`` files, and which of
-    the paths the vllm-ascend container bind-mounts are missing.
+    the host paths the engine container bind-mounts (``paths``; default: :func:`ascend_mount_sources`) are missing
+    or empty directories.
 
     ``package_version=25.3.rc1`` → ``driver='25.3.rc1'``; ``Version=7.7.0.1.231`` (firmware);
     ``version=8.5.0`` (``ascend_toolkit_install.info``) → ``cann='8.5.0'``.
@@ -161,20 +170,138 @@ class AscendVersions(K3Fact[AscendVersionInfo]):
     hint = NPU_HINT
     shown_command = "cat /usr/local/Ascend/driver/version.info"
 
-    def command(self) -> str:
+    def command(self, paths: list[str] | None = None) -> str:
         arch = "$(uname -m)"
         cann = (
             f"/usr/local/Ascend/ascend-toolkit/latest/{arch}-linux/ascend_toolkit_install.info "
             f"/usr/local/Ascend/cann/{arch}-linux/ascend_toolkit_install.info"
         )
-        paths = " ".join(ASCEND_MOUNTED_PATHS)
+        listed = " ".join(shlex.quote(p) for p in (ascend_mount_sources() if paths is None else paths))
         return (
             f"echo {SECTION_MARK}driver; cat /usr/local/Ascend/driver/version.info 2>/dev/null; "
             f"echo {SECTION_MARK}firmware; cat /usr/local/Ascend/firmware/version.info 2>/dev/null; "
             f"echo {SECTION_MARK}cann; for f in {cann}; do if [ -r \"$f\" ]; then cat \"$f\"; break; fi; done; "
-            f"echo {SECTION_MARK}paths; for p in {paths}; do if [ -e \"$p\" ]; then echo \"present $p\"; "
-            f"else echo \"missing $p\"; fi; done; echo {EXIT_MARK}0"
+            f"echo {SECTION_MARK}paths; for p in {listed}; do if [ ! -e \"$p\" ]; then echo \"missing $p\"; "
+            f"elif [ -d \"$p\" ] && [ -z \"$(ls -A \"$p\" 2>/dev/null)\" ]; then echo \"empty $p\"; "
+            f"else echo \"present $p\"; fi; done; echo {EXIT_MARK}0"
         )
 
     def parse(self, lines: list[str]) -> AscendVersionInfo:
         return parse_ascend_versions(lines)
+
+
+
+# ------------------------------------------------------------------------------ NPU network ports (hccn_tool)
+
+#: where the Ascend driver installs hccn_tool (not on PATH by default)
+HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
+#: what vllm-ascend's multi-node guides read on each NPU before a multi-node start, in this order
+HCCN_QUERIES = ("link", "net_health", "netdetect", "gateway")
+NPU_MARK = "K3_NPU="
+QUERY_MARK = "K3_HCCN="
+RC_MARK = "K3_RC="
+
+_NETDETECT_RE = re.compile(r"^netdetect addr(?:ess)?:\s*(\S+)")
+_GATEWAY_RE = re.compile(r"^(?:default )?gateway:\s*([^\s,]+)")
+
+
+@dataclass(frozen=True)
+class NpuPort(Jsonable):
+    """The network port of one NPU as ``hccn_tool -i N -link/-net_health/-netdetect/-gateway -g`` reports it;
+    None where the tool answered no such line (``errors`` then says what it printed)."""
+
+    device: int
+    link: str | None = None           # UP | DOWN
+    net_health: str | None = None     # Success | Socket fail | Receive timeout | Unreachable | Time exceeded |
+    #                                   Fault | Init | Thread error | Detect ip set | Unknown
+    netdetect: str | None = None      # the address the port probes for its net health
+    gateway: str | None = None
+    errors: list[str] = field(default_factory=list)  # "-gateway: Get gateway failed, because no gateway ..."
+
+    @property
+    def healthy(self) -> bool:
+        return self.link == "UP" and self.net_health == "Success"
+
+
+def parse_hccn_answer(port: NpuPort, query: str, lines: list[str], rc: int | None) -> NpuPort:
+    """Fold one query's output into ``port``.
+
+    >>> p = parse_hccn_answer(NpuPort(0), "link", ["link status: DOWN"], 0)
+    >>> parse_hccn_answer(p, "net_health", ["net health status: Receive timeout"], 0)
+    NpuPort(device=0, link='DOWN', net_health='Receive timeout', netdetect=None, gateway=None, errors=[])
+    >>> parse_hccn_answer(NpuPort(1), "gateway", ["Get gateway failed, because no gateway was preset there!"], 247)
+    NpuPort(device=1, link=None, net_health=None, netdetect=None, gateway=None, errors=['-gateway: Get gateway ...'])
+    """
+    text = [line.strip() for line in lines if line.strip()]
+    found: str | None = None
+    for line in text:
+        if query == "link" and line.startswith("link status:"):
+            found = line.split(":", 1)[1].strip()
+        elif query == "net_health" and line.startswith("net health status:"):
+            found = line.split(":", 1)[1].strip()
+        elif query == "netdetect" and (m := _NETDETECT_RE.match(line)):
+            found = m.group(1)
+        elif query == "gateway" and (m := _GATEWAY_RE.match(line)):
+            found = m.group(1)
+        if found is not None:
+            break
+    if found is None:
+        shown = text[0][:160] if text else f"no output (exit {rc})"
+        return replace(port, errors=[*port.errors, f"-{query}: {shown}"])
+    if query == "link":
+        return replace(port, link=found)
+    if query == "net_health":
+        return replace(port, net_health=found)
+    if query == "netdetect":
+        return replace(port, netdetect=found)
+    return replace(port, gateway=found)
+
+
+def parse_hccn(lines: list[str]) -> list[NpuPort]:
+    """``K3_NPU=<id>`` opens a device, ``K3_HCCN=<query>`` one of its answers, ``K3_RC=<status>`` closes it."""
+    ports: list[NpuPort] = []
+    query: str | None = None
+    answer: list[str] = []
+    for line in lines:
+        s = line.strip()
+        if s.startswith(NPU_MARK):
+            ports.append(NpuPort(int(s[len(NPU_MARK):])))
+        elif s.startswith(QUERY_MARK):
+            query, answer = s[len(QUERY_MARK):], []
+        elif s.startswith(RC_MARK):
+            if not ports or query is None:
+                raise Unparsable("an hccn_tool answer outside a device")
+            rc = s[len(RC_MARK):]
+            ports[-1] = parse_hccn_answer(ports[-1], query, answer, int(rc) if rc.isdigit() else None)
+            query = None
+        elif query is not None:
+            answer.append(line)
+    if not ports:
+        raise Unparsable("no NPU in the output")
+    return ports
+
+
+class HccnNetwork(K3Fact[list[NpuPort]]):
+    """The network port of every NPU (device ids ``0..devices-1``), as vllm-ascend's multi-node guides check them
+    before a start: ``for i in {0..15}; do hccn_tool -i $i -link -g; ... -net_health -g; ... -netdetect -g;
+    ... -gateway -g; done`` (A3: 16 NPU dies per node), in one command.
+
+    ``link status: UP`` + ``net health status: Success`` + ``netdetect address: 11.12.165.1`` +
+    ``default gateway:11.12.165.1, Iface:eth0`` → ``NpuPort(device=0, link='UP', net_health='Success',
+    netdetect='11.12.165.1', gateway='11.12.165.1')``; hccn_tool missing → ``FactError(kind='absent')``.
+    """
+
+    tool = "hccn_tool"
+    hint = f"is the Ascend driver (HDK) installed? it puts hccn_tool at {HCCN_TOOL}"
+    shown_command = "hccn_tool -i N -link -g; hccn_tool -i N -net_health -g (N = 0..15)"
+
+    def command(self, devices: int = 16) -> str:
+        # hccn_tool from PATH where a site put it there, else where the driver installs it; "$0" in the loop
+        queries = "; ".join(f'echo {QUERY_MARK}{q}; "$0" -i $i -{q} -g 2>&1; echo {RC_MARK}$?' for q in HCCN_QUERIES)
+        loop = f"for i in $(seq 0 {max(0, int(devices) - 1)}); do echo {NPU_MARK}$i; {queries}; done"
+        return (f"t=$(command -v hccn_tool || echo {HCCN_TOOL}); if [ -x \"$t\" ]; then "
+                f"timeout {FACT_TIMEOUT_S} sh -c {shlex.quote(loop)} \"$t\" 2>&1; echo {EXIT_MARK}$?; "
+                f"else echo K3_ABSENT=hccn_tool; echo {EXIT_MARK}127; fi")
+
+    def parse(self, lines: list[str]) -> list[NpuPort]:
+        return parse_hccn(lines)

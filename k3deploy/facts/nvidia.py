@@ -572,3 +572,108 @@ class NvlinkFabric(K3Fact[list[GpuFabric]]):
 
     def parse(self, lines: list[str]) -> list[GpuFabric]:
         return parse_fabric(lines)
+
+
+# ------------------------------------------------------------------------- GPU/NIC topology
+
+#: ``nvidia-smi topo -m`` relations, closest first (its legend): same PCIe switch, several bridges, through the CPU's
+#: host bridge, across host bridges of one NUMA node, across NUMA nodes
+TOPO_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+#: the farthest relation at which NCCL uses GPUDirect RDMA between a GPU and a NIC by default (its
+#: ``NCCL_NET_GDR_LEVEL`` default; a NIC beyond it logs "GPU Direct RDMA Disabled for GPU ... (distance 6 > 4)")
+GDR_NEAREST = ("PIX", "PXB")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+_NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class GpuTopology(Jsonable):
+    """The GPU/NIC part of ``nvidia-smi topo -m``: for each NIC (by its RDMA device name from the NIC legend), its
+    relation to each GPU (``PIX`` ... ``SYS``)."""
+
+    gpus: list[str] = field(default_factory=list)
+    nics: dict[str, list[str]] = field(default_factory=dict)   # mlx5_0 -> [relation to GPU0, GPU1, ...]
+
+    def nearest(self, device: str) -> str | None:
+        """The closest relation of ``device`` to any GPU (None: the matrix does not list it)."""
+        rels = [r for r in self.nics.get(device, []) if r in TOPO_RELATIONS]
+        return min(rels, key=TOPO_RELATIONS.index) if rels else None
+
+    @property
+    def separates(self) -> bool:
+        """Some NIC is PIX/PXB to a GPU: the matrix tells GPU NICs from the others. On Grace (GB200/GB300) every NIC
+        is ``SYS`` from every GPU (the GPUs hang off the CPU through NVLink-C2C), so it tells nothing there."""
+        return any(self.nearest(n) in GDR_NEAREST for n in self.nics)
+
+
+def parse_topo(lines: list[str]) -> GpuTopology:
+    """Parse ``nvidia-smi topo -m``: the header (``GPU0 ... NIC0 ... CPU Affinity ...``), one row per GPU and NIC,
+    the legend and the ``NIC Legend`` (``NIC0: mlx5_0``). Cells may be separated by tabs or spaces; older drivers
+    name the NIC columns by device (``mlx5_0``) and print no NIC legend.
+
+    >>> t = parse_topo(["        GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity",
+    ...     "GPU0     X      NV18    PIX     0-47    0", "GPU1    NV18     X      SYS     48-95   1",
+    ...     "NIC0    PIX     SYS      X", "", "NIC Legend:", "", "  NIC0: mlx5_0"])
+    >>> t.nics, t.nearest("mlx5_0"), t.separates
+    ({'mlx5_0': ['PIX', 'SYS']}, 'PIX', True)
+    """
+    text = [_ANSI_RE.sub("", line).rstrip() for line in lines]
+    header: list[str] | None = None
+    rows: dict[str, list[str]] = {}
+    legend: dict[str, str] = {}
+    for line in text:
+        fields = line.split()
+        if not fields:
+            continue
+        match = _NIC_LEGEND_RE.match(line)
+        if match:
+            legend[match.group(1)] = match.group(2)
+            continue
+        if header is None and fields[0] == "GPU0" and line[:1].isspace():
+            header = []
+            for f in fields:
+                if f in ("CPU", "NUMA"):
+                    break
+                header.append(f)
+            continue
+        if header is not None and fields[0] in header and len(fields) > 1:
+            rows[fields[0]] = fields[1:1 + len(header)]
+    if header is None:
+        raise Unparsable("no header row starting with GPU0")
+    gpus = [h for h in header if re.fullmatch(r"GPU\d+", h)]
+    if not gpus:
+        raise Unparsable("no GPU columns")
+    missing = [g for g in gpus if g not in rows]
+    if missing:
+        raise Unparsable(f"no row for {', '.join(missing)}")
+    columns = {h: i for i, h in enumerate(header)}
+    nics: dict[str, list[str]] = {}
+    for h in header:
+        if h in gpus:
+            continue
+        name = legend.get(h, h)
+        rels = []
+        for g in gpus:
+            cells = rows[g]
+            i = columns[h]
+            if i >= len(cells):
+                raise Unparsable(f"row {g} has no cell for {h}")
+            rels.append(cells[i])
+        nics[name] = rels
+    return GpuTopology(gpus=gpus, nics=nics)
+
+
+class GpuNicTopology(K3Fact[GpuTopology]):
+    """How close each RDMA NIC sits to the GPUs: ``nvidia-smi topo -m`` (its NIC legend maps ``NIC0`` to ``mlx5_0``).
+
+    ``GPU0 ... PIX`` in the ``NIC0`` column + ``NIC0: mlx5_0`` → ``GpuTopology(nics={'mlx5_0': ['PIX', ...]})``.
+    A NIC with no ``PIX``/``PXB`` path to any GPU is no GPU fabric port (NCCL would not use GPUDirect RDMA through
+    it); see :func:`k3deploy.facts.rdma.choose_ports`.
+    """
+
+    tool = required_binary = "nvidia-smi"
+    hint = DRIVER_HINT
+    shown_command = "nvidia-smi topo -m"
+
+    def parse(self, lines: list[str]) -> GpuTopology:
+        return parse_topo(lines)

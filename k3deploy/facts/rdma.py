@@ -1,4 +1,5 @@
-"""RDMA facts: InfiniBand/RoCE devices, loaded kernel modules (nvidia_peermem), DMA-BUF prerequisites."""
+"""RDMA facts: InfiniBand/RoCE devices, the ports NCCL should use, loaded kernel modules (nvidia_peermem), DMA-BUF
+prerequisites of the host."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from k3deploy.facts.base import (
     sections,
     version_key,
 )
+from k3deploy.facts.nvidia import GDR_NEAREST, GpuTopology
 
 # ------------------------------------------------------------------------------- ibv_devinfo
 
@@ -219,12 +221,18 @@ def _setting_items(setting: str) -> list[str]:
 
 
 def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None,
-                 setting: str | None = None) -> PortChoice:
+                 setting: str | None = None, topology: GpuTopology | None = None) -> PortChoice:
     """The ports for NCCL and UCX: ``setting`` (``k3_ib_hca``: ``mlx5_0:1,mlx5_3`` = those ports, a device alone =
     its active ports) when given; else every active port, InfiniBand only when there is an InfiniBand fabric (an
-    Ethernet port beside it is a BlueField or front-end NIC), and never the port that carries the default route
-    (the front-end/storage network: reachable-looking ports that cannot reach the peers hang NCCL's init) unless
-    it is the only one.
+    Ethernet port beside it is a BlueField or front-end NIC), only those whose HCA sits near a GPU when
+    ``topology`` (``nvidia-smi topo -m``) tells GPU NICs from the others, and never the port that carries the
+    default route (the front-end/storage network: reachable-looking ports that cannot reach the peers hang NCCL's
+    init) unless it is the only one.
+
+    Near a GPU means ``PIX`` or ``PXB`` to at least one GPU: the farthest distance at which NCCL uses GPUDirect RDMA
+    by default (``NCCL_NET_GDR_LEVEL``). ``NODE`` is not enough: a front-end or storage NIC on the GPUs' socket is
+    ``NODE`` to them (a real H200's ``mlx5_bond_0``). Where no HCA is PIX/PXB to any GPU (Grace: GB200/GB300 show
+    every NIC as ``SYS``) the matrix tells nothing and no port is left out for it.
 
     >>> ib = RdmaDevice("mlx5_0", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", netdev="ens1f0np0")])
     >>> fe = RdmaDevice("mlx5_4", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", netdev="eno1")])
@@ -250,6 +258,11 @@ def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None
         excluded += [(n, p.port, "Ethernet beside the InfiniBand fabric") for n, p in active
                      if p.link_layer != "InfiniBand"]
         active = [(n, p) for n, p in active if p.link_layer == "InfiniBand"]
+    if topology is not None and topology.separates:
+        far = [(n, p) for n, p in active if topology.nearest(n) not in (*GDR_NEAREST, None)]
+        if far and len(far) < len(active):
+            excluded += [(n, p.port, f"no PIX/PXB path to a GPU (nearest {topology.nearest(n)})") for n, p in far]
+            active = [(n, p) for n, p in active if (n, p) not in far]
     front_end = False
     if default_interface:
         routed = [(n, p) for n, p in active if p.netdev == default_interface]
@@ -312,28 +325,38 @@ class KernelModules(K3Fact[LoadedModules]):
 
 # ------------------------------------------------------------------------- DMA-BUF support
 
+#: DMA-BUF and the RDMA stack's DMA-BUF memory regions (ib_umem_dmabuf, mlx5's user MR from a dma-buf fd) are in the
+#: kernel since 5.12
 DMABUF_MIN_KERNEL = (5, 12)
 
 
 @dataclass(frozen=True)
 class DmabufSupport(Jsonable):
-    """Prerequisites for DMA-BUF GPUDirect RDMA; only a registration attempt is definitive."""
+    """What the host offers for DMA-BUF GPUDirect RDMA. The user-space side (rdma-core's ``ibv_reg_dmabuf_mr``,
+    ``mlx5dv_reg_dmabuf_mr``) is the image's, not the host's: NCCL runs in the container. On the host what counts is
+    the kernel (dma-buf, and its RDMA core registering dma-buf memory), the NVIDIA open kernel modules (they export
+    GPU memory as dma-buf) and the loaded mlx5 kernel driver. Only a registration attempt is definitive: an mlx5
+    driver without DMA-BUF MR support fails it with ``errno 524`` (``k3_nccl_probe``)."""
 
     kernel: str
     kernel_ok: bool
     open_modules: bool | None  # None: no NVIDIA kernel module loaded
-    verbs_dmabuf: bool | None  # libibverbs exports ibv_reg_dmabuf_mr; None: no libibverbs found
+    mlx5_loaded: bool | None  # mlx5_ib loaded (lsmod); None: not known
     prerequisites_met: bool | None  # None: unknown
     reasons: list[str] = field(default_factory=list)
+    mlx5_version: str | None = None  # modinfo -F version mlx5_ib: MLNX/DOCA-OFED's version; None: the kernel's own
+    kconfig: str | None = None  # CONFIG_DMA_SHARED_BUFFER from /boot/config-<release>; None: no config file
 
 
 def parse_dmabuf(lines: list[str]) -> DmabufSupport:
     """Sections ``kernel`` (``uname -r``), ``nvidia`` (first line of ``/proc/driver/nvidia/version``, else
-    ``modinfo -F license nvidia``) and ``verbs`` (``<libibverbs path> yes|no``).
+    ``modinfo -F license nvidia``), ``kconfig`` (``CONFIG_DMA_SHARED_BUFFER=`` of ``/boot/config-<release>``) and
+    ``mlx5`` (``loaded`` / ``absent`` for ``mlx5_ib`` in ``lsmod``, then ``modinfo -F version mlx5_ib``).
 
     >>> parse_dmabuf(["K3_SECTION=kernel", "6.8.0-45-generic", "K3_SECTION=nvidia",
     ...     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.105.08  Release Build",
-    ...     "K3_SECTION=verbs", "/usr/lib/x86_64-linux-gnu/libibverbs.so.1 yes"]).prerequisites_met
+    ...     "K3_SECTION=kconfig", "CONFIG_DMA_SHARED_BUFFER=y", "K3_SECTION=mlx5", "loaded", "24.10-1.1.4"]
+    ...     ).prerequisites_met
     True
     """
     parts = sections(lines)
@@ -349,67 +372,64 @@ def parse_dmabuf(lines: list[str]) -> DmabufSupport:
         open_modules = True
     elif nvidia == "NVIDIA":
         open_modules = False
-    verbs: bool | None = None
-    for line in parts.get("verbs", []):
-        fields = line.split()
-        if len(fields) == 2 and fields[1] in ("yes", "no"):
-            verbs = (verbs or False) or fields[1] == "yes"
+    kconfig = None
+    for line in parts.get("kconfig", []):
+        if line.strip().startswith("CONFIG_DMA_SHARED_BUFFER="):
+            kconfig = line.strip().split("=", 1)[1]
+        elif line.strip() == "# CONFIG_DMA_SHARED_BUFFER is not set":
+            kconfig = "n"
+    mlx5 = [line.strip() for line in parts.get("mlx5", []) if line.strip()]
+    mlx5_loaded = True if mlx5[:1] == ["loaded"] else False if mlx5[:1] == ["absent"] else None
+    mlx5_version = next((v for v in mlx5[1:] if re.match(r"^\d+\.\d+", v)), None) if mlx5_loaded else None
     reasons: list[str] = []
     if not kernel_ok:
         reasons.append(f"kernel {kernel} < 5.12")
+    if kconfig not in (None, "y"):
+        reasons.append(f"kernel built without dma-buf (CONFIG_DMA_SHARED_BUFFER={kconfig})")
     if open_modules is False:
         reasons.append("proprietary NVIDIA kernel modules (DMA-BUF needs the open modules)")
     elif open_modules is None:
         reasons.append("no NVIDIA kernel module loaded")
-    if verbs is False:
-        reasons.append("libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34)")
-    elif verbs is None:
-        reasons.append("no libibverbs found")
-    if not kernel_ok or open_modules is False or verbs is False:
+    if mlx5_loaded is False:
+        reasons.append("the mlx5 kernel driver (mlx5_ib) is not loaded")
+    elif mlx5_loaded is None:
+        reasons.append("whether mlx5_ib is loaded is not known")
+    if not kernel_ok or kconfig not in (None, "y") or open_modules is False:
         met: bool | None = False
-    elif open_modules is None or verbs is None:
+    elif open_modules is None or not mlx5_loaded:
         met = None
     else:
         met = True
-    return DmabufSupport(
-        kernel=kernel,
-        kernel_ok=kernel_ok,
-        open_modules=open_modules,
-        verbs_dmabuf=verbs,
-        prerequisites_met=met,
-        reasons=reasons,
-    )
-
-
-_VERBS_PATHS = (
-    "/usr/lib/x86_64-linux-gnu/libibverbs.so.1",
-    "/usr/lib/aarch64-linux-gnu/libibverbs.so.1",
-    "/usr/lib64/libibverbs.so.1",
-    "/usr/lib/libibverbs.so.1",
-)
+    return DmabufSupport(kernel=kernel, kernel_ok=kernel_ok, open_modules=open_modules, mlx5_loaded=mlx5_loaded,
+                         prerequisites_met=met, reasons=reasons, mlx5_version=mlx5_version, kconfig=kconfig)
 
 
 class DmabufPrerequisites(K3Fact[DmabufSupport]):
-    """What the host offers for DMA-BUF GPUDirect RDMA: kernel ≥ 5.12, NVIDIA open kernel modules,
-    and an RDMA stack that can register DMA-BUF memory (libibverbs exporting ``ibv_reg_dmabuf_mr``).
+    """What the host offers for DMA-BUF GPUDirect RDMA: kernel >= 5.12 built with dma-buf, the NVIDIA open kernel
+    modules, and the mlx5 kernel driver loaded (its version when it is MLNX/DOCA-OFED's). The host's libibverbs does
+    not matter: NCCL uses the image's.
 
-    Kernel ``6.8.0-45-generic`` + ``Open Kernel Module`` + libibverbs with the symbol →
-    ``DmabufSupport(prerequisites_met=True)``. A failed registration (``errno 524``) can still
-    happen with an old mlx5 kernel driver, so NCCL's log stays the final word.
+    Kernel ``6.8.0-45-generic`` + ``Open Kernel Module`` + ``mlx5_ib`` loaded →
+    ``DmabufSupport(prerequisites_met=True)``.
+    A failed registration (``errno 524``, an mlx5 driver without DMA-BUF MR support) can still happen, so NCCL's log
+    stays the final word (``k3_nccl_probe``).
     """
 
     tool = required_binary = "uname"
     hint = "uname is missing"
-    shown_command = "uname -r; head -n1 /proc/driver/nvidia/version; grep ibv_reg_dmabuf_mr libibverbs.so.1"
+    shown_command = ("uname -r; head -n1 /proc/driver/nvidia/version; grep CONFIG_DMA_SHARED_BUFFER /boot/config-*; "
+                     "lsmod | grep mlx5_ib; modinfo -F version mlx5_ib")
 
     def command(self) -> str:
-        paths = " ".join(_VERBS_PATHS)
         return (
             f"echo {SECTION_MARK}kernel; uname -r; "
             f"echo {SECTION_MARK}nvidia; if [ -r /proc/driver/nvidia/version ]; then "
             "head -n1 /proc/driver/nvidia/version; else modinfo -F license nvidia 2>/dev/null; fi; "
-            f"echo {SECTION_MARK}verbs; for f in {paths}; do if [ -e \"$f\" ]; then "
-            f"if grep -q ibv_reg_dmabuf_mr \"$f\"; then echo \"$f yes\"; else echo \"$f no\"; fi; fi; done; "
+            f"echo {SECTION_MARK}kconfig; grep -h 'CONFIG_DMA_SHARED_BUFFER' \"/boot/config-$(uname -r)\" 2>/dev/null; "
+            f"echo {SECTION_MARK}mlx5; if command -v lsmod >/dev/null 2>&1; then m=$(lsmod 2>/dev/null); "
+            "else m=$(cat /proc/modules 2>/dev/null); fi; "
+            "if printf '%s\\n' \"$m\" | grep -q '^mlx5_ib '; then echo loaded; modinfo -F version mlx5_ib 2>/dev/null; "
+            "elif [ -n \"$m\" ]; then echo absent; fi; "
             f"echo {EXIT_MARK}0"
         )
 

@@ -10,6 +10,8 @@ Example::
     ('active', 200, ('moonshotai/Kimi-K3',), 'sha256:2e42')
     >>> EndpointModels().process(['{"data":[{"id":"m"}]}'])
     ('m',)
+    >>> RouterWorkers().process(['{"urls":["http://10.0.0.2:8000","http://10.0.0.1:8000"]}'])
+    ('http://10.0.0.2:8000', 'http://10.0.0.1:8000')
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import endpoint_models, health_code, unit_logs, unit_status
+from k3deploy.cluster.commands import endpoint_models, health_code, router_workers, unit_logs, unit_status
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -82,6 +84,22 @@ class EndpointModels(FactBase["tuple[str, ...] | None"]):
 
     def process(self, output: list[str]) -> tuple[str, ...] | None:
         return model_ids("".join(output).strip())
+
+
+class RouterWorkers(FactBase["tuple[str, ...] | None"]):
+    """The workers a running vllm-router sends requests to (``GET /list_workers``), asked on the router's host;
+    None when it does not answer."""
+
+    def command(self, router: str) -> str:
+        return router_workers(router)
+
+    def process(self, output: list[str]) -> tuple[str, ...] | None:
+        try:
+            data = json.loads("".join(output).strip())
+        except ValueError:
+            return None
+        urls = data.get("urls") if isinstance(data, dict) else None
+        return tuple(str(u) for u in urls) if isinstance(urls, list) else None
 
 
 class UnitLogs(FactBase[dict[str, str]]):

@@ -14,9 +14,12 @@ Thresholds are module variables so a site can change them before calling :func:`
 * ``CACHE_DISK_FACTOR``: free space for weights = factor x the variant's ``vram_minimum_gb``.
 * ``ASCEND_DRIVER_RECOMMENDED``: Ascend HDK the vllm-ascend K3 images are validated with.
 * ``ROCM_HOST_MIN``: host ROCm userspace floor (None: the ROCm image brings its own ROCm).
-* ``GPUDIRECT_MISSING_STATUS``: status when neither DMA-BUF nor nvidia_peermem can serve
-  GPUDirect RDMA (NCCL then stages through host memory: it works, much slower, so a multi-node K3
+* ``GPUDIRECT_MISSING_STATUS``: status when DMA-BUF cannot serve GPUDirect RDMA and no nvidia_peermem stands in
+  (none on Grace) (NCCL then stages through host memory: it works, much slower, so a multi-node K3
   deployment treats it as a failure; set "warn" to accept it).
+* ``ASCEND_NETWORK_STATUS``: status of ``ascend.network`` when an NPU's port is not ``link status: UP`` with ``net
+  health status: Success`` (vllm-ascend's multi-node guides require both on every NPU; set "warn" where the site
+  has checked the NPUs' reachability by ``hccn_tool -hccs_ping`` itself).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from typing import Any, Literal
 
 from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
-from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo
+from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
 from k3deploy.facts.nvidia import (
     DriverFlavour,
     FabricManagerState,
     GpuFabric,
+    GpuTopology,
     ImexDomainState,
     ImexState,
     NvidiaGpu,
@@ -49,6 +53,7 @@ CACHE_DISK_FACTOR = 1.0
 ASCEND_DRIVER_RECOMMENDED = "25.5"
 ROCM_HOST_MIN: str | None = None
 GPUDIRECT_MISSING_STATUS: Status = "fail"
+ASCEND_NETWORK_STATUS: Status = "fail"
 
 #: hardware ids of HGX baseboards with NVSwitch, where Fabric Manager must run
 NVSWITCH_HARDWARE = frozenset({"h100", "h200", "b200", "b300"})
@@ -83,6 +88,7 @@ class HostFacts:
     imex_domain: ImexDomainState | FactError | None = None  # nvidia-imex-ctl -N
     fabric: list[GpuFabric] | FactError | None = None
     rdma: list[RdmaDevice] | FactError | None = None
+    topology: GpuTopology | FactError | None = None  # nvidia-smi topo -m: how near each HCA sits to the GPUs
     modules: LoadedModules | FactError | None = None
     dmabuf: DmabufSupport | FactError | None = None
     kernel: KernelRelease | FactError | None = None
@@ -91,6 +97,7 @@ class HostFacts:
     amd_gpus: list[AmdGpu] | FactError | None = None
     npu: NpuInfo | FactError | None = None
     ascend: AscendVersionInfo | FactError | None = None
+    hccn: list[NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
     runtime: ContainerRuntime | FactError | None = None
     disk_images: DiskSpace | FactError | None = None
     disk_cache: DiskSpace | FactError | None = None
@@ -493,6 +500,11 @@ def _active_ports(devices: list[RdmaDevice]) -> list[tuple[str, int, str | None]
     return [(d.name, p.port, p.link_layer) for d in devices for p in d.ports if p.active]
 
 
+def gpu_topology(f: HostFacts) -> GpuTopology | None:
+    """The host's GPU/NIC matrix when it was read (an unreadable one leaves the port choice to the other rules)."""
+    return f.topology if isinstance(f.topology, GpuTopology) else None
+
+
 def _check_rdma(out: _Out, sel: Requirements, f: HostFacts) -> bool:
     """RDMA for multi-node / P/D; True when at least one port is active."""
     if not sel.needs_rdma or f.rdma is None or sel.brand == "Huawei":
@@ -513,7 +525,7 @@ def _check_rdma(out: _Out, sel: Requirements, f: HostFacts) -> bool:
                 "bring the ports up (cable, subnet manager for InfiniBand, switch config for RoCE)")
         return False
     itf = f.interface if isinstance(f.interface, AddressInterface) else None
-    choice = choose_ports(f.rdma, itf.default_interface if itf else None, f.ib_hca)
+    choice = choose_ports(f.rdma, itf.default_interface if itf else None, f.ib_hca, gpu_topology(f))
     layers = {(d.name, p.port): p.link_layer for d in f.rdma for p in d.ports}
     shown = ", ".join(f"{d}:{p} {layers.get((d, p)) or '?'}" for d, p in choice.ports)
     if choice.excluded:
@@ -534,27 +546,56 @@ def _check_rdma(out: _Out, sel: Requirements, f: HostFacts) -> bool:
     return True
 
 
+#: hardware whose GPUs reach their ConnectX-8 through Data Direct (Grace has no PCIe ATS): NVIDIA's Grace Blackwell
+#: CX8 GPUDirect RDMA guide, "Platform Software and Configuration": the 6.14-nvidia and newer kernels carry the
+#: patches (``apt install linux-nvidia-64k-6.14``)
+DATA_DIRECT_HARDWARE = frozenset({"gb300"})
+DATA_DIRECT_MIN_KERNEL = "6.14"
+
+
 def _check_gpudirect(out: _Out, sel: Requirements, f: HostFacts) -> None:
+    """GPUDirect RDMA on the host: DMA-BUF (NVIDIA's recommended path) or, on x86, the legacy nvidia_peermem. Grace
+    trays (GB200/GB300) have no nvidia_peermem; CUDA 13 deprecates the NV-P2P API nvidia_peermem is built on, so it
+    is only a fallback where DMA-BUF cannot work, never a requirement."""
     if sel.brand != "NVIDIA":
         return
-    required = "DMA-BUF usable, or nvidia_peermem loaded"
+    grace = bool(getattr(sel.hardware, "nvl", False))
+    required = "DMA-BUF usable" + ("" if grace else " (nvidia_peermem only as a deprecated fallback)")
     dmabuf, modules = f.dmabuf, f.modules
     peermem = isinstance(modules, LoadedModules) and "nvidia_peermem" in modules
+    if isinstance(dmabuf, DmabufSupport) and sel.hardware.id in DATA_DIRECT_HARDWARE and \
+            not version_at_least(dmabuf.kernel.split("-")[0], DATA_DIRECT_MIN_KERNEL):
+        out.add(f.host, "rdma.gpudirect", "fail",
+                f"kernel {dmabuf.kernel}: no Data Direct DMA-BUF for ConnectX-8",
+                f"kernel >= {DATA_DIRECT_MIN_KERNEL}-nvidia ({_unit_name(sel.hardware)} with ConnectX-8: GPUDirect "
+                "RDMA goes through the NIC's Data Direct function)",
+                "install the 6.14-nvidia kernel (apt install linux-nvidia-64k-6.14) and reboot, as NVIDIA's Grace "
+                "Blackwell CX8 GPUDirect RDMA guide says; rdma_topo topo shows each GPU's NIC and Data Direct function")
+        return
     if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met:
+        driver = f"mlx5_ib {dmabuf.mlx5_version}" if dmabuf.mlx5_version else "inbox mlx5_ib"
         out.add(f.host, "rdma.gpudirect", "pass",
-                f"DMA-BUF prerequisites met (kernel {dmabuf.kernel}, open modules, libibverbs dmabuf)", required)
+                f"DMA-BUF prerequisites met (kernel {dmabuf.kernel}, open modules, {driver})", required)
         return
     why = "; ".join(dmabuf.reasons) if isinstance(dmabuf, DmabufSupport) else (
         dmabuf.message(f.host) if isinstance(dmabuf, FactError) else "not checked")
-    if peermem:
-        out.add(f.host, "rdma.gpudirect", "pass", f"nvidia_peermem loaded (DMA-BUF: {why})", required)
+    unknown = not isinstance(dmabuf, DmabufSupport) or dmabuf.prerequisites_met is None
+    if peermem and not grace:
+        out.add(f.host, "rdma.gpudirect", "warn", f"nvidia_peermem loaded (DMA-BUF: {why})", required,
+                "works, but CUDA 13 deprecates the NV-P2P API nvidia_peermem uses: move to DMA-BUF (open kernel "
+                "modules, kernel >= 5.12, mlx5 driver with DMA-BUF memory regions)")
         return
-    mods = modules.message(f.host) if isinstance(modules, FactError) else "nvidia_peermem not loaded"
-    out.add(
-        f.host, "rdma.gpudirect", GPUDIRECT_MISSING_STATUS, f"DMA-BUF: {why}; {mods}", required,
-        "modprobe nvidia-peermem (and add it to /etc/modules-load.d), or move to the open kernel modules on "
-        "kernel >= 5.12 with a DMA-BUF capable rdma-core; otherwise NCCL stages through host memory",
-    )
+    if unknown:
+        out.add(f.host, "rdma.gpudirect", "warn", f"DMA-BUF prerequisites unknown: {why}", required,
+                "check that the NVIDIA open modules and mlx5_ib are loaded; set k3_nccl_probe: true to have preflight "
+                "run an NCCL all-reduce and see whether it uses GPUDirect RDMA (GDRDMA)")
+        return
+    fix = ("use the NVIDIA open kernel modules on kernel >= 5.12; otherwise NCCL stages through host memory"
+           if grace else "use the NVIDIA open kernel modules on kernel >= 5.12 (or, deprecated with CUDA 13, "
+           "modprobe nvidia-peermem and add it to /etc/modules-load.d); otherwise NCCL stages through host memory")
+    mods = "" if grace else "; " + (modules.message(f.host) if isinstance(modules, FactError)
+                                    else "nvidia_peermem not loaded")
+    out.add(f.host, "rdma.gpudirect", GPUDIRECT_MISSING_STATUS, f"DMA-BUF: {why}{mods}", required, fix)
 
 
 def _check_interface(out: _Out, f: HostFacts) -> None:
@@ -631,12 +672,23 @@ def _check_ascend(out: _Out, f: HostFacts) -> None:
     if isinstance(info, FactError):
         out.error(f.host, "ascend.versions", info, required, "install the Ascend driver and firmware (HDK)")
         return
-    if info.missing_paths:
-        out.add(f.host, "ascend.mounts", "fail", "missing " + ", ".join(info.missing_paths),
-                "paths bind-mounted into the vllm-ascend container exist",
-                "install the Ascend driver/toolkit so that these paths exist (the container mounts them)")
+    mounts_required = "every host path the engine container bind-mounts (docker run -v) exists"
+    if info.missing_paths or info.empty_paths:
+        parts = []
+        if info.missing_paths:
+            parts.append("missing " + ", ".join(info.missing_paths))
+        if info.empty_paths:
+            parts.append("empty directory " + ", ".join(info.empty_paths))
+        shown = "; ".join(parts)
+        fix = ("install the Ascend driver (HDK) package, which puts these files there, or repair its installation"
+               f" ({', '.join([*info.missing_paths, *info.empty_paths])}); docker run -v does not fail on a missing "
+               "host path but mounts an empty directory in its place, and the engine then finds no driver tools")
+        if info.empty_paths:
+            fix += ("; an empty directory where a file belongs is what such a run left behind: remove it (rmdir) "
+                    "before reinstalling")
+        out.add(f.host, "ascend.mounts", "fail", shown, mounts_required, fix)
     else:
-        out.add(f.host, "ascend.mounts", "pass", "all present", "paths bind-mounted into the container exist")
+        out.add(f.host, "ascend.mounts", "pass", "all present", mounts_required)
     if info.driver is None:
         out.add(f.host, "ascend.versions", "fail", "no driver version.info", required,
                 "install the Ascend driver (HDK)")
@@ -658,6 +710,48 @@ def _check_ascend(out: _Out, f: HostFacts) -> None:
                     "check npu-smi info -t health -i <id> and the device log; replace or reset the NPU")
         else:
             out.add(f.host, "ascend.health", "pass", f"{len(f.npu.chips)} chips OK", "every NPU chip Health OK")
+
+
+def _check_ascend_network(out: _Out, sel: Requirements, f: HostFacts) -> None:
+    """Every NPU's network port up and healthy, as vllm-ascend's multi-node guides check before a start."""
+    ports = f.hccn
+    if ports is None:
+        return
+    count = sel.hardware.gpu_count
+    required = f"every NPU (0..{count - 1}): link status UP, net health status Success"
+    if isinstance(ports, FactError):
+        out.error(f.host, "ascend.network", ports, required,
+                  f"install the Ascend driver (HDK), which brings {ports.tool}, and rerun preflight")
+        return
+    bad: list[str] = []
+    ids: list[int] = []
+    for p in ports:
+        if p.healthy:
+            continue
+        ids.append(p.device)
+        parts = []
+        if p.link != "UP":
+            parts.append(f"link {p.link or 'not read'}")
+        if p.net_health != "Success":
+            health = f"net health {p.net_health or 'not read'}"
+            if p.net_health is not None and p.netdetect:
+                health += f" (probing {p.netdetect})"
+            elif p.net_health is not None:
+                health += " (no netdetect address)"
+            parts.append(health)
+        parts += [e for e in p.errors if e.startswith(("-link", "-net_health"))]
+        bad.append(f"NPU {p.device}: " + ", ".join(parts))
+    if not bad:
+        out.add(f.host, "ascend.network", "pass", f"{len(ports)} NPUs: link UP, net health Success", required)
+        return
+    first = ids[0]
+    fix = (f"check the optical module, cable and switch port of NPU {', '.join(map(str, ids))} "
+           f"(hccn_tool -i {first} -link -g, -optical -g, -lldp -g) and its address, detection address and gateway "
+           f"(hccn_tool -i {first} -ip -g / -netdetect -g / -gateway -g, /etc/hccn.conf); a port left down by hand: "
+           f"hccn_tool -i {first} -cfg recovery")
+    if any(p.net_health is not None and not p.netdetect for p in ports if p.device in ids):
+        fix += f"; set a detection address: hccn_tool -i {first} -netdetect -s address <gateway of its subnet>"
+    out.add(f.host, "ascend.network", ASCEND_NETWORK_STATUS, "; ".join(bad), required, fix)
 
 
 # ------------------------------------------------------------------------------------- entry
@@ -710,6 +804,7 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
             _check_rocm(out, f)
         if sel.brand == "Huawei":
             _check_ascend(out, f)
+            _check_ascend_network(out, sel, f)
 
     # ---- cluster-wide: NVLink domain identity
     if getattr(hw, "nvl", False) and len(fabric_ok) > 1 and not sel.one_nvlink_domain:

@@ -88,6 +88,7 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
                 plan += [("imex", nvidia.Imex, {}), ("imex_domain", nvidia.ImexDomain, {})]
         if sel.needs_rdma:
             plan += [
+                ("topology", nvidia.GpuNicTopology, {}),
                 ("flavour", nvidia.NvidiaDriverFlavour, {}),
                 ("modules", rdma.KernelModules, {}),
                 ("dmabuf", rdma.DmabufPrerequisites, {}),
@@ -100,6 +101,8 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
         ]
     elif brand == "Huawei":
         plan += [("npu", ascend.NpuSmiInfo, {}), ("ascend", ascend.AscendVersions, {})]
+        if sel.needs_rdma:  # across nodes (or P/D) the NPUs talk over their own ports: read them as the guides do
+            plan.append(("hccn", ascend.HccnNetwork, {"devices": int(sel.hardware.gpu_count)}))
     if sel.needs_rdma and brand != "Huawei":
         plan.append(("rdma", rdma.RdmaDevices, {}))
     plan += [
@@ -164,6 +167,7 @@ CAPTURE_FACTS: list[tuple[type[K3Fact], dict[str, Any]]] = [
     (nvidia.Imex, {}),
     (nvidia.ImexDomain, {}),
     (nvidia.NvlinkFabric, {}),
+    (nvidia.GpuNicTopology, {}),
     (rdma.RdmaDevices, {}),
     (rdma.KernelModules, {}),
     (rdma.DmabufPrerequisites, {}),
@@ -172,6 +176,7 @@ CAPTURE_FACTS: list[tuple[type[K3Fact], dict[str, Any]]] = [
     (amd.AmdGpus, {}),
     (ascend.NpuSmiInfo, {}),
     (ascend.AscendVersions, {}),
+    (ascend.HccnNetwork, {"devices": 16}),
     (hostfacts.KernelVersion, {}),
     (hostfacts.DockerRuntime, {}),
     (hostfacts.ImageStoreFree, {}),

@@ -9,11 +9,12 @@ that host and a short reason for each:
   interface names as they are.
 * ``NCCL_MNNVL_ENABLE`` / ``NCCL_CUMEM_ENABLE`` / ``NCCL_NVLS_ENABLE`` = 1 on GB200/GB300 NVL72 compute trays
   (not where the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4 board does).
-* ``NCCL_DMABUF_ENABLE=0`` when DMA-BUF GPUDirect RDMA is not usable; then ``nvidia_peermem`` must be
-  loaded (``peermem_required`` is set so the rollout can load it or refuse).
+* ``NCCL_DMABUF_ENABLE=0`` when DMA-BUF GPUDirect RDMA is not usable; then, on x86, ``nvidia_peermem`` must be
+  loaded (``peermem_required`` is set so the rollout can load it or refuse; CUDA 13 deprecates it, Grace has none).
 * ``NCCL_IB_HCA`` from the chosen RDMA ports (exact match: ``=mlx5_0:1,mlx5_1:1``): ``k3_ib_hca`` when set, else
-  the active ports, InfiniBand only beside an InfiniBand fabric, never the port of the default route
-  (:func:`k3deploy.facts.rdma.choose_ports`). RoCE needs no ``NCCL_IB_GID_INDEX``: NCCL picks the RoCE v2 GID.
+  the active ports, InfiniBand only beside an InfiniBand fabric, only HCAs PIX/PXB to a GPU where ``nvidia-smi
+  topo -m`` tells them apart, never the port of the default route (:func:`k3deploy.facts.rdma.choose_ports`).
+  RoCE needs no ``NCCL_IB_GID_INDEX``: NCCL picks the RoCE v2 GID.
 * P/D (NIXL over UCX, which reads no ``NCCL_*``): ``UCX_NET_DEVICES`` = the same ports (``mlx5_0:1,mlx5_1:1``) and
   ``UCX_TLS`` = RC verbs plus the vendor's GPU-memory copy transport: ``rc,cuda_copy`` on NVIDIA (the recipe's
   value), ``rc,rocm_copy`` on AMD (``cuda_copy`` does not exist there).
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.host import AddressInterface
 from k3deploy.facts.rdma import DmabufSupport, choose_ports
-from k3deploy.preflight.checks import HostFacts, no_nvlink_fabric
+from k3deploy.preflight.checks import HostFacts, gpu_topology, no_nvlink_fabric
 
 #: UCX transports for the P/D KV transfer per vendor: RC verbs (RDMA, with UD for its bootstrap) plus the copy
 #: transport for the vendor's GPU memory (UCX's ``cuda_copy`` / ``rocm_copy``)
@@ -85,7 +86,8 @@ def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
 
     devices = facts.rdma if isinstance(facts.rdma, list) else []
     if sel.needs_rdma and devices and brand != "Huawei":
-        choice = choose_ports(devices, itf.default_interface if itf else None, facts.ib_hca)
+        choice = choose_ports(devices, itf.default_interface if itf else None, facts.ib_hca,
+                              gpu_topology(facts))
         if not choice.ports:
             return out
         if choice.from_setting:
@@ -99,7 +101,8 @@ def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
             dmabuf = facts.dmabuf
             if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met is False:
                 out.set("NCCL_DMABUF_ENABLE", "0", "DMA-BUF not usable: " + "; ".join(dmabuf.reasons))
-                out.peermem_required = True
+                # x86 falls back to nvidia_peermem (deprecated with CUDA 13); Grace trays have none
+                out.peermem_required = not getattr(sel.hardware, "nvl", False)
         if sel.pd:
             tls = UCX_TLS.get(brand)
             if tls:

@@ -50,8 +50,15 @@ from k3deploy.facts.rollout import (  # noqa: E402
     WeightsState,
     WeightsStatus,
 )
-from k3deploy.facts.status import EndpointModels, HealthCode, UnitLogs, UnitRun, UnitRuntime  # noqa: E402
-from k3deploy.preflight.checks import CheckResult, HostFacts  # noqa: E402
+from k3deploy.facts.status import (  # noqa: E402
+    EndpointModels,
+    HealthCode,
+    RouterWorkers,
+    UnitLogs,
+    UnitRun,
+    UnitRuntime,
+)
+from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts  # noqa: E402
 from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
 
 T = TypeVar("T")
@@ -166,6 +173,25 @@ def router_checks(read: list[HostFacts], path: str) -> list[CheckResult]:
     return out
 
 
+def nccl_probe(state: State, t: Target, r: Rollout, report: PreflightReport) -> list[CheckResult]:
+    """``k3_nccl_probe``: the two-node NCCL all-reduce in the image on the planned engine nodes
+    (:mod:`k3deploy.preflight.probe`), once every other check has passed (a node that fails them would fail it too,
+    for a reason already shown); NVIDIA multi-node plans only."""
+    from k3deploy.preflight.probe import CHECK, run_probe
+
+    req = t.requirements
+    engines = list(dict.fromkeys(u.host for u in r.units if u.group != "router"))
+    if req.brand != "NVIDIA" or not req.needs_rdma or len(engines) < 2:
+        return [CheckResult(CLUSTER, CHECK, "pass", "not run: no multi-node NCCL over RDMA in this plan",
+                            "k3_nccl_probe: a two-node NCCL all-reduce where NCCL crosses nodes")]
+    if not report.ok:
+        return [CheckResult(CLUSTER, CHECK, "warn", "not run: other checks failed", "every other check passed first",
+                            "fix the failures above, then rerun preflight")]
+    hosts = {h.name: h for h in state.inventory}
+    facts = [f for f in report.hosts if f.host in engines]
+    return run_probe(state, hosts, facts, report.host_env(), t.vars.k3_docker, r.plan.image)
+
+
 def image_resolver(r: Rollout) -> str | None:
     """The one host that asks the registry which build the image's tag names (the first engine host, which also
     fetches the image when no node holds it), or None when the image is not resolved (pinned already, an
@@ -208,6 +234,9 @@ def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, h
                 ("weights", WeightsState, {"cache": v.k3_model_cache, "model": r.plan.model})]
     if any(u.group == "router" for u in r.on_host(host)) and not v.k3_router_image:
         out.append(("router_bin", Executable, {"path": v.k3_router_bin}))
+    if len(r.replicas) > 1:   # which replicas the router sends requests to
+        out += [("router_workers", RouterWorkers, {"router": u.serves}) for u in r.on_host(host)
+                if u.group == "router" and u.serves]
     out += [(f"revisions:{g}", Revisions, {"directory": revisions_dir(v.k3_config_dir, g)})
             for g in r.groups if r.group(g)[0].host == host]
     if runtime:
@@ -311,6 +340,8 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
         if resolution.pinned:
             t = replace(t, plan=t.plan.model_copy(update={"image": resolution.pinned}))
     rollout = _rollout(t, report)
+    if report is not None and rollout is not None and t.vars.k3_nccl_probe:
+        report.results += nccl_probe(state, t, rollout, report)
     have: dict[tuple[str, str], Installed] = {}
     history: dict[str, GroupHistory] = {}
     rollback_to: dict[str, int] = {}
@@ -342,6 +373,8 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                     runs[(f.host, key)] = value
                 elif kind == "endpoint":
                     endpoint_models = value
+                elif kind == "router_workers":
+                    rollout.router_workers = value
                 elif kind == "logs":
                     unit_logs[(f.host, key)] = value
                 elif kind == "health":
@@ -372,20 +405,28 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
 def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
                       installed: Mapping[tuple[str, str], Installed]) -> dict[str, int]:
     """A rollback: every unit's desired files become those of its group's revision (for ``True`` the previous
-    one, or the current one when the hosts run an unrecorded, failed change; else number ``wanted``), read from
-    the revision directories on the hosts."""
+    one, or the current one when the hosts run an unrecorded, failed change, or, with replicas, when a roll stopped
+    on any replica; else number ``wanted``), read from the revision directories on the hosts."""
     hosts = {h.name: h for h in state.inventory}
     now: dict[str, str | None] = {}
     for u in r.units:
         have = installed.get((u.host, u.unit), Installed())
         now[f"{u.host}:{u.unit_path}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
     out: dict[str, int] = {}
+    runs_current: dict[str, bool] = {}
     for group in r.groups:
         h = history.get(group) or GroupHistory(group)
         current = h.revisions.get(h.current) if h.current is not None else None
+        runs_current[group] = current is None or runs(current, now)
+    # a roll of replicas that stopped: going back means every replica on its current revision (those the roll
+    # never reached already are), not the replicas that stayed behind one revision further back
+    stopped_roll = len(r.replicas) > 1 and not all(runs_current[g] for g in r.replicas)
+    for group in r.groups:
+        h = history.get(group) or GroupHistory(group)
         try:
-            number = rollback_target(h.numbers, h.current, wanted,
-                                     runs_current=current is None or runs(current, now))
+            # the router in front of replicas is not what engine changes change: it stays on its revision
+            stay = (stopped_roll and group in r.replicas) or (len(r.replicas) > 1 and group == "router")
+            number = rollback_target(h.numbers, h.current, wanted, runs_current=runs_current[group] and not stay)
         except K3Error as exc:
             raise K3Error(f"group {group}: {exc}") from None
         d = f"{revisions_dir(r.vars.k3_config_dir, group)}/{number}"

@@ -12,6 +12,7 @@ stops the run while it is being prepared (``--dry`` included), with every reason
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -29,7 +30,7 @@ from pyinfra.operations import python
 from k3deploy.cluster import commands
 from k3deploy.cluster.images import holds, named, run_ref
 from k3deploy.cluster.revisions import revision_for, revisions_dir
-from k3deploy.cluster.rollout import Rollout, mark_changes
+from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes
 from k3deploy.cluster.staging import (
     ARCHIVE,
     OUTSIDE,
@@ -59,7 +60,7 @@ from k3deploy.runtime.readiness import Failure, wait_group
 
 _lock = gevent.lock.RLock()
 #: variables that belong to one host or one run, not to what a group runs
-PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback"})
+PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
 _contexts: dict[int, Context] = {}
 
 
@@ -76,6 +77,7 @@ class Context:
     cluster: Cluster | None
     refusal: Refused | None = None
     gates: dict[str, gevent.event.AsyncResult] = field(default_factory=dict)   # group -> its readiness result
+    router_calls: dict[str, bool] = field(default_factory=dict)   # "remove N" / "add N" of a roll -> it succeeded
 
     @property
     def rollout(self) -> Rollout:
@@ -85,6 +87,14 @@ class Context:
     @property
     def ok(self) -> bool:
         return self.refusal is None
+
+    def step_ok(self, groups: list[str], calls: list[str]) -> bool:
+        """Every one of ``groups`` serves and every one of the router ``calls`` succeeded."""
+        return self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
+
+    def all_serve(self, groups: list[str]) -> bool:
+        """Every one of ``groups`` serves (see :meth:`serves`)."""
+        return all(self.serves(g) for g in groups)
 
     def serves(self, group: str) -> bool:
         """The group was not restarted, or it came back serving (False while its gate has not finished)."""
@@ -230,43 +240,108 @@ def configure_phase(ctx: Context) -> None:
     managed_file(name=f"Group member helper {GROUP_MEMBER}", dest=GROUP_MEMBER, content=group_member_text(),
                  mode="755", seen=(cluster.helpers.get(host.name), None) if host.name in cluster.helpers else None,
                  active=engines)
-    for u in host.loop(r.on_host(host.name)):
+    # with a rolling change, each replica gets its files in its own step of the roll (start phase): a roll that
+    # stops leaves the replicas after it on the files they run
+    rolled = {g for wave in r.waves() for g in wave} if r.rolling else set()
+    _write_files(ctx, [u for u in r.on_host(host.name) if u.group not in rolled], "")
+
+
+def _write_files(ctx: Context, units: list[UnitWork], step: str, **global_args: Any) -> None:
+    """The env file (0600) and the systemd unit of each of ``units`` (on this host)."""
+    cluster = ctx.cluster
+    assert cluster is not None
+    for u in host.loop(units):
         have = cluster.installed.get((u.host, u.unit))
-        managed_file(name="Env file (0600)", dest=u.env_path, content=u.env_text, mode="600", kind="env",
-                     seen=(have.env_sha, have.env_text) if have else None)
-        managed_file(name="systemd unit", dest=u.unit_path, content=u.unit_text, mode="644", kind="unit",
-                     seen=(have.unit_sha, have.unit_text) if have else None)
+        managed_file(name=f"Env file (0600){step}", dest=u.env_path, content=u.env_text, mode="600", kind="env",
+                     seen=(have.env_sha, have.env_text) if have else None, **global_args)
+        managed_file(name=f"systemd unit{step}", dest=u.unit_path, content=u.unit_text, mode="644", kind="unit",
+                     seen=(have.unit_sha, have.unit_text) if have else None, **global_args)
 
 
 @deploy("Start")
 def start_phase(ctx: Context) -> None:
     r = ctx.rollout
-    plan = r.start_plan()
-    me = plan.on(host.name)
     cluster = ctx.cluster
     assert cluster is not None
     seen = {u.unit: have.active for u in r.on_host(host.name)
             if (have := cluster.installed.get((u.host, u.unit))) is not None}
-    if plan.empty:
+    waves = r.waves()
+    router = next((u for u in r.units if u.group == "router"), None)
+    missing = r.missing_from_router()
+    if not waves and not missing:
         host.noop("every group runs the planned version: nothing restarts")
-    # a change anywhere in a group restarts the whole group: router, workers, then heads
-    if "router" in r.groups:
-        stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers), seen=seen)
-    stop_units(name="Stop workers of restarting groups", units=me.workers, active=bool(me.workers), seen=seen)
-    stop_units(name="Stop heads of restarting groups", units=me.heads, active=bool(me.heads), seen=seen)
-    start_units(name="Start group heads", units=me.heads, active=bool(me.heads))
-    wait_tcp(name="Head rendezvous port accepts connections (from each worker)", targets=me.joins,
-             timeout=r.vars.k3_rendezvous_timeout)
-    start_units(name="Start workers", units=me.workers, active=bool(me.workers))
-    groups = sorted({u.group for u in r.on_host(host.name) if u.group in plan.engine_groups})
-    python.call(name="Engine groups serve (health, models)", function=_gate, ctx=ctx, groups=groups,
-                _if=lambda: bool(groups))
-    if "router" in r.groups:
-        engines_serve = lambda: all(ctx.serves(g) for g in plan.engine_groups)  # noqa: E731
-        start_units(name="Start router", units=me.routers, active=bool(me.routers), _if=engines_serve)
-        python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"] if me.routers else [],
-                    _if=lambda: bool(me.routers) and engines_serve())
+    if len(r.replicas) > 1 and router is not None:
+        urls = [u.serves for g in missing for u in r.group(g) if u.serves]
+        script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
+               text=commands.router_add(router.serves or "", urls, r.ready_timeout),
+               active=bool(urls) and host.name == router.host)
+    for i, wave in enumerate(host.loop(waves)):
+        plan = r.start_plan(set(wave))
+        me = plan.on(host.name)
+        earlier = [g for w in waves[:i] for g in w]
+        rolling = r.rolling and router is not None
+        # a step starts only once every earlier step's replicas serve and are back in the router: a replica that
+        # fails (or a router call that fails) stops the roll
+        go = partial(ctx.step_ok, earlier, [f"add {j}" for j in range(i)] if rolling else [])
+        # the replica is restarted only once the router no longer sends it requests
+        ready = partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]) if rolling else go
+        step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
+        urls = [u.serves for g in wave for u in r.group(g) if u.serves]
+        if rolling and router is not None:
+            python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
+                        key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
+                        _if=partial(_both, host.name == router.host, go))
+            draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == host.name]
+            script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
+                commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
+                active=bool(draining), _if=ready)
+            _write_files(ctx, [u for u in r.on_host(host.name) if u.group in wave], step, _if=ready)
+        # a change anywhere in a group restarts the whole group: router, workers, then heads
+        if "router" in r.groups:
+            stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers),
+                       seen=seen, _if=ready)
+        stop_units(name=f"Stop workers of restarting groups{step}", units=me.workers, active=bool(me.workers),
+                   seen=seen, _if=ready)
+        stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, active=bool(me.heads), seen=seen,
+                   _if=ready)
+        start_units(name=f"Start group heads{step}", units=me.heads, active=bool(me.heads), _if=ready)
+        wait_tcp(name=f"Head rendezvous port accepts connections (from each worker){step}", targets=me.joins,
+                 timeout=r.vars.k3_rendezvous_timeout, _if=ready)
+        start_units(name=f"Start workers{step}", units=me.workers, active=bool(me.workers), _if=ready)
+        groups = sorted({u.group for u in r.on_host(host.name) if u.group in plan.engine_groups})
+        python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
+                    _if=partial(_both, bool(groups), ready))
+        engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
+                                [*(f"add {j}" for j in range(i)), f"remove {i}"] if rolling else [])
+        if rolling and router is not None:
+            python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
+                        key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout),
+                        _if=partial(_both, host.name == router.host, engines_serve))
+        elif "router" in r.groups:
+            start_units(name="Start router", units=me.routers, active=bool(me.routers), _if=engines_serve)
+            python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"] if me.routers else [],
+                        _if=partial(_both, bool(me.routers), engines_serve))
     _record(ctx)
+
+
+def _router_call(state: Any, host: Any, ctx: Context, key: str, text: str) -> bool:
+    """Run a router call (take replicas out, put them back) on the router's host; the roll goes on only if it
+    succeeded (``ctx.router_calls[key]``)."""
+    from k3deploy.runtime.readiness import run
+
+    ok, out = run({host.name: host}, host.name, text)
+    for line in out.splitlines():
+        (logger.info if ok else logger.error)(f"[{host.name}] {line}")
+    if not ok:
+        logger.error(f"[{host.name}] the router call failed: the roll stops here; the replicas not yet rolled keep "
+                     "serving")
+    ctx.router_calls[key] = ok
+    return ok
+
+
+def _both(here: bool, condition: Callable[[], bool]) -> bool:
+    """An ``_if``: this host takes part and ``condition`` holds (evaluated when the operation runs)."""
+    return here and condition()
 
 
 def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:

@@ -221,6 +221,7 @@ def up(
     cluster_mbps: float = 4000.0,
     weights_mb: float = 8.0,
     image_mb: float = 8.0,
+    replicas: int = 1,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -228,13 +229,18 @@ def up(
     (the first prefill node) instead of head and workers. ``strategy`` goes into the cluster's group_vars
     (``pd_cluster`` with a P/D layout). The outside serves images of ``image_mb`` MiB and checkpoints of
     ``weights_mb`` MiB over an uplink of ``uplink_mbps`` Mbit/s; nodes send to each other at ``cluster_mbps``.
-    ``faults`` may hold cluster faults (``outside-cut=MB``) next to node faults.
+    ``faults`` may hold cluster faults (``outside-cut=MB``) next to node faults. ``replicas`` R > 1 splits the
+    nodes into R replicas of ``nodes / R`` (``k3_replica`` per host, one head each, ranks within the replica).
     """
     say = progress or (lambda _m: None)
     validate_name(name)
     pools = parse_layout(pd_layout, nodes)
     if strategy is not None and strategy not in strategies():
         raise SimError(f"unknown strategy {strategy!r}: choose one of {', '.join(sorted(strategies()))}")
+    if replicas < 1 or nodes % replicas:
+        raise SimError(f"bad --replicas {replicas}: give a number >= 1 that divides --nodes {nodes}")
+    if pools and replicas > 1:
+        raise SimError("--replicas with --layout pd:P,D: a P/D cluster has no replicas; drop one of them")
     if pools and strategy not in (None, "pd_cluster"):
         raise SimError(f"--strategy {strategy} with --layout pd:P,D: a P/D layout is pd_cluster; drop one of them")
     hw_ids = hardware_ids()
@@ -288,7 +294,7 @@ def up(
             shaping = {"uplink_mbps": float(uplink_mbps), "cluster_mbps": float(cluster_mbps),
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
-                                strategy, shaping, cluster_faults)
+                                strategy, shaping, cluster_faults, replicas)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -318,6 +324,7 @@ def _up_locked(
     strategy: str | None = None,
     shaping: dict[str, float] | None = None,
     cluster_faults: list[sim_faults.ClusterFault] | None = None,
+    replicas: int = 1,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -339,6 +346,7 @@ def _up_locked(
         "created": time.time(),
         "inventory": str(sdir / f"{name}.py"),
         "pools": pools,
+        "replicas": replicas,
         "strategy": "pd_cluster" if pools else strategy,
         "key": str(sdir / "id_ed25519"),
         "known_hosts": str(sdir / "known_hosts"),

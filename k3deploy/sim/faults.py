@@ -19,12 +19,17 @@ FAULT_KINDS: dict[str, str] = {
     "no-nvidia-smi": "nvidia-smi is not installed on the node",
     "gpu-count": "gpu-count=N: the node shows N GPUs instead of the profile's count",
     "gpu-model": "gpu-model=NAME: the GPUs report product name NAME",
-    "no-dmabuf": "DMA-BUF memory registration fails (errno 524); NCCL needs NCCL_DMABUF_ENABLE=0 + nvidia_peermem",
+    "no-dmabuf": "DMA-BUF memory registration fails (errno 524), as with an mlx5 kernel driver without DMA-BUF memory "
+                 "regions (nothing on the host shows it); NCCL needs NCCL_DMABUF_ENABLE=0 + nvidia_peermem",
     "no-peermem": "the nvidia_peermem kernel module is not loaded",
     "fabric": "fabric=STATE: the NVLink fabric State is STATE (N/A, Not Started, In Progress, Completed)",
     "cluster-uuid": "cluster-uuid=UUID: the NVLink fabric reports ClusterUUID UUID",
     "imex-peer-down": "nvidia-imex-ctl -N on the node shows one peer of its IMEX domain UNAVAILABLE and not "
                       "connected, the domain DEGRADED (GB200/GB300, 2+ nodes)",
+    "npu-link-down": "npu-link-down=N[,M...]: the network port of NPU N (hccn_tool device id) is down: "
+                     "'link status: DOWN', 'net health status: Fault' (Ascend)",
+    "mount-missing": "mount-missing=PATH: PATH, a host path the engine container bind-mounts (e.g. "
+                     "/usr/local/Ascend/driver/tools/hccn_tool), is not on the node (Ascend)",
     "disk-full": "the image/weights directory and docker's data directory are nearly full",
     "sshd-down": "sshd is not running: the node is unreachable over ssh",
     "engine-crash": "the vLLM engine exits 1 shortly after start",
@@ -38,7 +43,8 @@ CLUSTER_FAULT_KINDS: dict[str, str] = {
 }
 
 #: kinds that need ``=VALUE``
-VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "cluster-uuid", "engine-slow"})
+VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "cluster-uuid", "engine-slow",
+                         "npu-link-down", "mount-missing"})
 
 #: fabric states nvidia-smi prints (NVML: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED)
 FABRIC_STATES = ("N/A", "Not Started", "In Progress", "Completed")
@@ -131,6 +137,19 @@ def _check_value(kind: str, value: str, text: str) -> str:
         except ValueError:
             raise K3Error(f"bad ClusterUUID {value!r} in {text!r}: use a UUID such as "
                           "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b") from None
+    if kind == "npu-link-down":
+        ids = [part.strip() for part in value.split(",")]
+        if not all(i.isdigit() and int(i) < 64 for i in ids):
+            raise K3Error(f"bad NPU list {value!r} in {text!r}: give hccn_tool device ids, e.g. 3 or 3,11")
+        return ",".join(str(int(i)) for i in ids)
+    if kind == "mount-missing":
+        from k3deploy.cluster.units import ASCEND_MOUNTS
+
+        hosts = {h.rstrip("/"): h for h, _ in ASCEND_MOUNTS}
+        if value.rstrip("/") not in hosts:
+            raise K3Error(f"bad path {value!r} in {text!r}: choose a host path the Ascend engine container "
+                          f"bind-mounts: {', '.join(sorted(hosts))}")
+        return value.rstrip("/")
     if kind == "engine-slow":
         try:
             seconds = float(value)

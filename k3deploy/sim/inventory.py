@@ -1,6 +1,7 @@
 """The pyinfra inventory of a simulated cluster (``<state>/NAME/NAME.py``) and its ``group_vars/all.yml``.
 
-Groups: ``head`` (rank 0) and ``workers``, or with a P/D layout (``pd:P,D``) ``prefill``, ``decode`` and
+Groups: ``head`` (rank 0) and ``workers`` (with replicas: one head per replica, ``k3_replica`` and ranks within the
+replica on every host), or with a P/D layout (``pd:P,D``) ``prefill``, ``decode`` and
 ``router`` (the first prefill node). ``group_vars/all.yml`` holds the selection for ``deploy/k3.py``.
 """
 
@@ -36,8 +37,10 @@ def write_inventory(state: dict[str, Any]) -> None:
         "ssh_strict_host_key_checking": "yes",
     }
 
-    def host(rec: dict[str, Any]) -> str:
+    def host(rec: dict[str, Any], replica: int | None = None) -> str:
         data = {"ssh_hostname": rec["ip"], "rank": rec["rank"], "k3_ip": rec["ip"], "k3_sim": state["name"]}
+        if replica is not None:
+            data["k3_replica"] = replica
         return f"    ({rec['name']!r}, {{**_ssh, **{data!r}}}),\n"
 
     recs = state["nodes"]
@@ -56,6 +59,12 @@ def write_inventory(state: dict[str, Any]) -> None:
         text = head + (f"prefill = [\n{pool(recs[:p])}]\n\n"
                        f"decode = [\n{pool(recs[p:])}]\n\n"
                        f"router = [\n{host({**recs[0], 'rank': 0})}]\n")
+    elif state.get("replicas", 1) > 1:
+        per = len(recs) // state["replicas"]
+        split = [recs[i:i + per] for i in range(0, len(recs), per)]
+        heads = "".join(host({**rs[0], "rank": 0}, i) for i, rs in enumerate(split))
+        workers = "".join(host({**r, "rank": j}, i) for i, rs in enumerate(split) for j, r in enumerate(rs) if j)
+        text = head + f"head = [\n{heads}]\n\nworkers = [\n{workers}]\n"
     else:
         text = head + f"head = [\n{host(recs[0])}]\n\nworkers = [\n{''.join(host(r) for r in recs[1:])}]\n"
     write_atomic(Path(state["inventory"]), text, 0o600)

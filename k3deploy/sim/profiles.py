@@ -47,8 +47,19 @@ def _ib(n: int, link_layer: str = "InfiniBand", part: int = 4129, fw: str = "28.
             "state": "PORT_ACTIVE (4)", "max_mtu": "4096 (5)",
             "active_mtu": "4096 (5)" if ib else "1024 (3)",
             "sm_lid": 1 if ib else 0, "port_lid": 4 + i if ib else 0, "link_layer": link_layer,
+            "gpu": i,  # the GPU it shares a PCIe switch with (nvidia-smi topo -m: PIX)
         })
     return devs
+
+
+def _storage(name: str = "mlx5_bond_0") -> dict[str, Any]:
+    """A front-end/storage NIC (a bonded dual-port ConnectX, RoCE, port up) on the first socket's root complex: no
+    GPU shares its PCIe switch (``NODE`` to the first socket's GPUs, ``SYS`` to the others, as a real H200's
+    ``mlx5_bond_0`` in ``tests/fixtures/nvidia/topo-m-h200-bond.txt``). Its network is not the GPU fabric."""
+    return {"name": name, "transport": "InfiniBand (0)", "fw_ver": "28.39.2048", "node_guid": "9c63:c003:0021:4f10",
+            "vendor_id": "0x02c9", "vendor_part_id": 4129, "hw_ver": "0x0", "board_id": "MT_0000000834",
+            "state": "PORT_ACTIVE (4)", "max_mtu": "4096 (5)", "active_mtu": "1024 (3)", "sm_lid": 0, "port_lid": 0,
+            "link_layer": "Ethernet", "gpu": None, "socket": 0, "fabric": "storage"}
 
 
 def _bluefield(index: int) -> dict[str, Any]:
@@ -57,6 +68,7 @@ def _bluefield(index: int) -> dict[str, Any]:
             "node_guid": "a088:c203:0051:7d2e", "vendor_id": "0x02c9", "vendor_part_id": 41692, "hw_ver": "0x1",
             "board_id": "MT_0000000884", "state": "PORT_ACTIVE (4)", "max_mtu": "4096 (5)",
             "active_mtu": "1024 (3)", "sm_lid": 0, "port_lid": 0, "link_layer": "Ethernet",
+            "gpu": None, "fabric": "front-end",
             "extra_ports": [{"state": "PORT_DOWN (1)", "max_mtu": "4096 (5)", "active_mtu": "1024 (3)",
                              "sm_lid": 0, "port_lid": 0, "link_layer": "Ethernet"}]}
 
@@ -77,8 +89,8 @@ PROFILES: dict[str, dict[str, Any]] = {
              "rdma": _ib(8), "fabric": None, "fabricmanager": True},
     "b300": {**_NVIDIA_COMMON, "product": "NVIDIA B300 SXM6 AC", "architecture": "Blackwell", "gpus": 8,
              "memory_mib": 275040, "compute_cap": "10.3", "driver": "580.95.05", "power_w": 1100,
-             "rdma": _ib(8, part=4131, fw="40.45.1200", board="MT_0000001093"), "fabric": None,
-             "fabricmanager": True},
+             "rdma": _ib(8, "Ethernet", part=4131, fw="40.45.1200", board="MT_0000001093") + [_storage()],
+             "fabric": None, "fabricmanager": True},
     "gb200": {**_NVIDIA_COMMON, "product": "NVIDIA GB200", "architecture": "Blackwell", "gpus": 4,
               "memory_mib": 189471, "compute_cap": "10.0", "driver": "580.95.05", "power_w": 1200,
               "rdma": _ib(4) + [_bluefield(4)], "fabric": "nvl", "fabricmanager": False, "imex": True},
@@ -114,7 +126,6 @@ _FABRICMANAGER_FILES = ("/usr/bin/nv-fabricmanager", "/etc/systemd/system/nvidia
 _IMEX_FILES = ("/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex-ctl", "/etc/systemd/system/nvidia-imex.service")
 #: simulated services enabled at boot when installed (as ``systemctl enable`` would link them)
 _ENABLED_UNITS = ("nvidia-fabricmanager.service", "nvidia-imex.service", "docker.service")
-_RDMA_FILES = ("/usr/lib/x86_64-linux-gnu/libibverbs.so.1",)
 
 
 def hardware_ids() -> list[str]:
@@ -193,6 +204,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     dmabuf = vendor == "nvidia" and prof.get("kernel_module") == "open"
     crash = False
     imex_down = False
+    links_down: list[int] = []
+    paths_missing: list[str] = []
     extra_load = 0.0
     for f in mine:
         nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid",
@@ -226,6 +239,13 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             if nodes < 2:
                 raise K3Error(f"fault {str(f)!r} needs a peer: start at least 2 nodes")
             imex_down = True
+        elif f.kind in ("npu-link-down", "mount-missing"):
+            if vendor != "ascend":
+                raise K3Error(f"fault {str(f)!r} applies to Ascend hardware only, not {hardware!r}")
+            if f.kind == "npu-link-down":
+                links_down = sorted({int(i) for i in _value(f).split(",")})
+            else:
+                paths_missing.append(_value(f))
         elif f.kind == "engine-crash":
             crash = True
         elif f.kind == "engine-slow":
@@ -235,7 +255,9 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     gpu: dict[str, Any] = {"product": product, "count": count, "memory_mib": prof["memory_mib"],
                            "bus_ids": bus, "uuids": uuids, "power_w": prof.get("power_w", 0)}
     if vendor == "nvidia":
-        gpu.update(compute_cap=prof["compute_cap"], architecture=prof["architecture"])
+        gpu.update(compute_cap=prof["compute_cap"], architecture=prof["architecture"],
+                   # nvidia-smi topo -m: HGX GPUs sit behind PCIe switches with their NICs; Grace GPUs do not
+                   topology="grace" if prof.get("fabric") == "nvl" else "hgx")
     elif vendor == "amd":
         gpu.update(gfx=prof["gfx"], device_id=prof["device_id"])
     config: dict[str, Any] = {
@@ -253,6 +275,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "dmabuf": dmabuf,
         "modules_unloaded": modules_unloaded,
         "tools_missing": missing,
+        "paths_missing": paths_missing,
         "engine": {"crash": crash, "extra_load_seconds": extra_load},
         "docker_data_dir": DOCKER_DATA_DIR,
         "faults": [str(f) for f in mine],
@@ -269,7 +292,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         config["rocm"] = {"version": prof["rocm"], "amdsmi": prof["amdsmi"]}
     else:
         config["ascend"] = {"firmware": prof["firmware"], "cann": prof["cann"],
-                            "innerversion": prof["innerversion"]}
+                            "innerversion": prof["innerversion"], "links_down": links_down}
     return config
 
 
@@ -307,20 +330,20 @@ def excluded_paths(config: dict[str, Any]) -> list[str]:
     """
     skip_prefixes = [p for vendor, files in _VENDOR_FILES.items() if vendor != config["vendor"] for p in files]
     skip_prefixes += [f"/usr/bin/{tool}" for tool in config.get("tools_missing", [])]
+    for path in config.get("paths_missing", []):  # a file, or a directory and all in it
+        skip_prefixes += [path, path.rstrip("/") + "/"]
     driver = config.get("driver", {})
     if not driver.get("fabricmanager"):
         skip_prefixes += _FABRICMANAGER_FILES
     if not driver.get("imex"):
         skip_prefixes += _IMEX_FILES
-    if not config.get("rdma"):
-        skip_prefixes += _RDMA_FILES
     return [f for f in _tool_files()
             if any(f == p or (p.endswith("/") and f.startswith(p)) for p in skip_prefixes)]
 
 
 #: tools whose output depends only on node.json (and the module state): answered from a cache in the node
 CACHED_TOOLS = frozenset({"nvidia-smi", "nvidia-ctk", "ibv_devinfo", "nv-fabricmanager", "amd-smi", "rocm-smi",
-                          "modinfo", "lsmod", "docker"})
+                          "modinfo", "lsmod", "docker", "hccn_tool"})
 
 
 def warm_script(hardware: str, ip: str) -> str:
@@ -377,11 +400,6 @@ def install_node_tools(root: str | Path, config: dict[str, Any]) -> list[str]:
                 link.symlink_to(f"/etc/systemd/system/{unit}")
         elif link.is_symlink():
             link.unlink()
-    verbs = root / _RDMA_FILES[0].lstrip("/")
-    if _RDMA_FILES[0] in installed and not config.get("dmabuf", True):
-        # DMA-BUF unsupported: an RDMA stack that cannot register DMA-BUF memory (no ibv_reg_dmabuf_mr)
-        verbs.write_text("Simulated libibverbs.so.1 (rdma-core 33.0): exports ibv_reg_mr, ibv_reg_mr_iova2.\n"
-                         "This node has no real RDMA stack; see the simulation documentation.\n")
     info = root / "usr/local/Ascend/driver/version.info"
     if "/usr/local/Ascend/driver/version.info" in installed:  # the driver fault changes the installed version
         version = config["driver"]["version"]

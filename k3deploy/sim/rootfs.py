@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,10 @@ def install_tools(root: Path, doc: dict[str, Any]) -> None:
     for rel in profiles.excluded_paths(doc):
         with contextlib.suppress(FileNotFoundError):
             (root / rel.lstrip("/")).unlink()
+    for rel in doc.get("paths_missing", []):  # mount-missing: a directory goes with its files
+        d = root / rel.lstrip("/")
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d)
     profiles.install_node_tools(root, doc)
     cfg = root / "etc/k3sim/node.json"
     cfg.parent.mkdir(parents=True, exist_ok=True)

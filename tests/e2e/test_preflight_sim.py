@@ -1,5 +1,5 @@
-"""`k3deploy preflight` against simulated clusters: a healthy GB300 pair passes; each injected fault fails the
-right node with the right check, and only that node."""
+"""`k3deploy preflight` against simulated clusters: a healthy GB300 pair and a healthy Ascend A3 pair pass; each
+injected fault fails the right node with the right check, and only that node."""
 
 from __future__ import annotations
 
@@ -72,15 +72,59 @@ def test_each_fault_fails_the_right_node_with_the_right_check(pair, fault, check
         assert shown["observed"] and shown["required"] and shown["fix"]
 
 
-def test_dmabuf_unusable_derives_the_fallback_and_needs_peermem(pair):
+def test_dmabuf_failure_is_not_visible_to_host_facts(pair):
+    """no-dmabuf is an mlx5 kernel driver that cannot register DMA-BUF memory: kernel, open modules and mlx5_ib all
+    look right, so host facts derive no fallback (the opt-in NCCL probe catches it: tests/e2e/test_nccl_probe.py).
+    A GB300 tray has no nvidia_peermem to fall back on, so a missing one is no failure either."""
     k3("sim", "fault", "--name", "e4a", "1:no-dmabuf")
     try:
         rc, report = preflight(pair.inventory)
         assert rc == 0, failing(report)
-        assert report["hosts"]["e4a-node2"]["settings"].get("NCCL_DMABUF_ENABLE") == "0"
-        assert "NCCL_DMABUF_ENABLE" not in report["hosts"]["e4a-node1"]["settings"]
+        assert "NCCL_DMABUF_ENABLE" not in report["hosts"]["e4a-node2"]["settings"]
         k3("sim", "fault", "--name", "e4a", "1:no-peermem")
         rc, report = preflight(pair.inventory)
-        assert rc == 1 and failing(report) == {"e4a-node2": {"rdma.gpudirect"}}
+        assert rc == 0 and failing(report) == {}
     finally:
         k3("sim", "fault", "--name", "e4a", "--clear")
+
+
+# Ascend A3 (910C) pair: fault on rank 1 -> the check that must fail there, and what it must say
+ASCEND_FAULTS = [
+    ("npu-link-down=3,11", "ascend.network", "NPU 3: link DOWN, net health Fault"),
+    ("mount-missing=/usr/local/Ascend/driver/tools/hccn_tool", "ascend.mounts",
+     "missing /usr/local/Ascend/driver/tools/hccn_tool"),
+    ("mount-missing=/usr/local/dcmi", "ascend.mounts", "missing /usr/local/dcmi"),
+]
+
+
+@pytest.fixture(scope="module")
+def a3_pair():
+    from .conftest import Sim
+
+    sim = Sim("e4n", "ascend_910c", 2)
+    yield sim
+    sim.down()
+
+
+def test_healthy_a3_pair_passes_the_npu_network_and_mount_checks(a3_pair):
+    rc, report = preflight(a3_pair.inventory)
+    assert rc == 0 and failing(report) == {}, failing(report)
+    for h in report["hosts"].values():
+        got = {r["check"]: r for r in h["results"]}
+        assert got["ascend.network"]["status"] == "pass", got["ascend.network"]
+        assert got["ascend.network"]["observed"] == "16 NPUs: link UP, net health Success"
+        assert got["ascend.mounts"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("fault, check, observed", ASCEND_FAULTS, ids=[f[0] for f in ASCEND_FAULTS])
+def test_each_a3_fault_fails_the_right_node_with_the_right_check(a3_pair, fault, check, observed):
+    k3("sim", "fault", "--name", "e4n", f"1:{fault}")
+    try:
+        rc, report = preflight(a3_pair.inventory)
+    finally:
+        k3("sim", "fault", "--name", "e4n", "--clear")
+    bad = failing(report)
+    assert rc == 1 and check in bad.get("e4n-node2", set()), bad
+    assert "e4n-node1" not in bad, bad
+    shown = next(r for r in report["hosts"]["e4n-node2"]["results"] if r["check"] == check)
+    assert shown["observed"].startswith(observed) and shown["required"] and shown["fix"], shown

@@ -296,3 +296,18 @@ def test_proprietary_kernel_module_flavour(tmp_path):
     assert tool(cfg, "usr/local/bin/modinfo", "-F", "license", "nvidia").stdout == "NVIDIA\n"
     lines = tool(cfg, "usr/local/bin/modinfo", "nvidia").stdout.splitlines()
     assert "license:        NVIDIA" in lines and "version:        580.126.09" in lines
+
+
+def test_topo_matrix_places_the_nics_as_real_machines_do(tmp_path):
+    from k3deploy.facts.nvidia import parse_topo
+
+    hgx = tool(node(tmp_path, "b300"), "usr/bin/nvidia-smi", "topo", "-m").stdout
+    real = (Path(__file__).parents[1] / "fixtures/nvidia/topo-m-h100.txt").read_text().splitlines()
+    assert hgx.splitlines()[0] == real[0].replace("NIC7    CPU", "NIC7    NIC8    CPU")  # the real header layout
+    assert hgx.splitlines()[1] == real[1].replace("SYS     0-47", "SYS     NODE    0-47")  # + the storage NIC column
+    topo = parse_topo(hgx.splitlines())
+    assert {n: topo.nearest(n) for n in topo.nics} == {**{f"mlx5_{i}": "PIX" for i in range(8)}, "mlx5_bond_0": "NODE"}
+    assert "NIC Legend:" in hgx and "  NIC8: mlx5_bond_0" in hgx
+    grace = parse_topo(tool(node(tmp_path, "gb300", name="gb"), "usr/bin/nvidia-smi", "topo", "-m").stdout.splitlines())
+    assert {grace.nearest(n) for n in grace.nics} == {"SYS"} and len(grace.gpus) == 4
+    assert tool(node(tmp_path, "h200", name="x"), "usr/bin/nvidia-smi", "topo", "-x").returncode == 2

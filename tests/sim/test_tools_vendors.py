@@ -19,6 +19,7 @@ from k3deploy.sim.profiles import NODE_TOOLS, PROFILES, excluded_paths, install_
 
 UUID = "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "kimi-k3.yaml"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 # rocm-smi --showdriverversion, as printed by a real MI3xx host (driver version aside)
 REAL_ROCM_DRIVER = """\
@@ -141,6 +142,67 @@ def test_version_info_files_and_hccn_tool(tmp_path):
     assert info["Innerversion"] == "V100R001C23SPC002B212"
 
 
+# hccn_tool's answers as the Ascend driver prints them: its format strings (tool_ops.c / tool_ops_ext.c of
+# src/custom/network/hccn/ascend910B/hccn_tool in the open CANN driver) and the captured outputs of
+# tests/fixtures/ascend/hccn-*.txt
+HCCN_ANSWERS = {
+    "-link": "link status: UP\n",
+    "-net_health": "net health status: Success\n",
+    "-netdetect": "netdetect address: 192.168.100.254\n",
+    "-gateway": "default gateway:192.168.100.254, Iface:eth15\n",
+    "-ip": "ipaddr:192.168.100.16\nnetmask:255.255.255.0\n",
+    "-vnic": "vnic link status: UP\nvnic ipaddr: 192.169.0.184\nvnic netmask: 255.255.255.0\n",
+}
+
+
+@pytest.mark.parametrize("query", sorted(HCCN_ANSWERS))
+def test_hccn_tool_prints_the_real_formats(tmp_path, query):
+    cfg = node(tmp_path, "ascend_910c")
+    res = tool(cfg, "usr/local/Ascend/driver/tools/hccn_tool", "-i", "15", query, "-g")
+    assert (res.stdout, res.returncode) == (HCCN_ANSWERS[query], 0)
+    fixture = FIXTURES / "ascend" / {"-link": "hccn-link-a2.txt", "-net_health": "hccn-net-health-a2.txt",
+                                     "-netdetect": "hccn-netdetect-a2.txt", "-gateway": "hccn-gateway-a2.txt",
+                                     "-ip": "hccn-ip-a2.txt", "-vnic": "hccn-vnic-a3.txt"}[query]
+    def shape(line: str) -> str:  # the line with its numbers and addresses taken out
+        return re.sub(r"\d+(?:\.\d+)*", "#", line)
+
+    assert {shape(line) for line in res.stdout.splitlines()} <= {shape(line) for line in fixture.read_text().splitlines()}
+
+
+def test_hccn_tool_device_range_and_the_link_down_fault(tmp_path):
+    hccn = "usr/local/Ascend/driver/tools/hccn_tool"
+    bad = tool(node(tmp_path, "ascend_910c"), hccn, "-i", "16", "-link", "-g")
+    assert bad.returncode != 0 and "Get invalid device id." in bad.stderr
+    cfg = node(tmp_path, "ascend_910c", "0:npu-link-down=3,11", name="down")
+    for dev in range(16):
+        link = tool(cfg, hccn, "-i", str(dev), "-link", "-g").stdout
+        health = tool(cfg, hccn, "-i", str(dev), "-net_health", "-g").stdout
+        down = dev in (3, 11)
+        assert link == f"link status: {'DOWN' if down else 'UP'}\n", dev
+        assert health == f"net health status: {'Fault' if down else 'Success'}\n", dev
+    with pytest.raises(K3Error, match="Ascend hardware only"):
+        node_config("h200", 0, 1, "n", "ip", [parse_fault("0:npu-link-down=1")], 0.01, UUID)
+
+
+def test_mount_missing_takes_the_path_off_the_node(tmp_path):
+    for path, rel in [("/usr/local/Ascend/driver/tools/hccn_tool", "usr/local/Ascend/driver/tools/hccn_tool"),
+                      ("/usr/local/dcmi/", "usr/local/dcmi"), ("/usr/local/bin/npu-smi", "usr/local/bin/npu-smi")]:
+        root = tmp_path / rel.replace("/", "_")
+        install_node_tools(root, node_config("ascend_910c", 0, 1, "n", "ip", [], 0.01, UUID))
+        assert (root / rel).exists()
+        cfg = node_config("ascend_910c", 0, 1, "n", "ip", [parse_fault(f"0:mount-missing={path}")], 0.01, UUID)
+        assert cfg["paths_missing"] == [path.rstrip("/")]
+        from k3deploy.sim.rootfs import install_tools
+
+        install_tools(root, cfg)
+        assert not (root / rel).exists() and not (root / rel).is_symlink(), path
+        assert (root / "usr/local/Ascend/driver/version.info").exists()
+        install_tools(root, node_config("ascend_910c", 0, 1, "n", "ip", [], 0.01, UUID))  # cleared: back again
+        assert (root / rel).exists()
+    with pytest.raises(K3Error, match="Ascend hardware only"):
+        node_config("gb300", 0, 1, "n", "ip", [parse_fault("0:mount-missing=/usr/local/dcmi")], 0.01, UUID)
+
+
 # ----------------------------------------------------------------------------- profiles
 
 
@@ -238,7 +300,8 @@ def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
 
 def test_parse_fault_accepts_every_kind():
     samples = {"driver": "=570.86.15", "gpu-count": "=7", "gpu-model": "=NVIDIA H100",
-               "fabric": "=In Progress", "cluster-uuid": f"={UUID}", "engine-slow": "=5"}
+               "fabric": "=In Progress", "cluster-uuid": f"={UUID}", "engine-slow": "=5", "npu-link-down": "=3",
+               "mount-missing": "=/usr/local/dcmi"}
     for kind in FAULT_KINDS:
         fault = parse_fault(f"2:{kind}{samples.get(kind, '')}")
         assert fault == Fault(2, kind, samples[kind][1:] if kind in samples else None)
@@ -255,6 +318,8 @@ def test_parse_fault_accepts_every_kind():
     ("1:cluster-uuid=xyz", ["bad ClusterUUID 'xyz'"]),
     ("1:engine-slow=-1", ["bad engine-slow value"]),
     ("1:disk-full=yes", ["takes no value"]),
+    ("1:npu-link-down=eth3", ["bad NPU list 'eth3'"]),
+    ("1:mount-missing=/usr/lib", ["bad path '/usr/lib'", "/usr/local/Ascend/driver/tools/hccn_tool"]),
 ])
 def test_bad_faults_name_the_text_and_the_fix(text, words):
     with pytest.raises(K3Error) as info:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+from k3deploy.cluster.units import ASCEND_MOUNTS
+
 #: the command a person runs for each preflight check (the facts read the same sources)
 CHECK_COMMANDS: dict[str, str] = {
     "nvidia.driver": "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u",
@@ -22,8 +24,9 @@ CHECK_COMMANDS: dict[str, str] = {
     "ascend.driver": "npu-smi info",
     "ascend.health": "npu-smi info",
     "ascend.versions": "cat /usr/local/Ascend/driver/version.info",
-    "ascend.mounts": "ls -d /usr/local/dcmi /usr/local/bin/npu-smi /usr/local/Ascend/driver/lib64 "
-                     "/etc/ascend_install.info",
+    "ascend.mounts": "ls -d " + " ".join(host for host, _ in ASCEND_MOUNTS),
+    "ascend.network": "t=/usr/local/Ascend/driver/tools/hccn_tool; for i in $(seq 0 15); do $t -i $i -link -g; "
+                      "$t -i $i -net_health -g; done",
 }
 DEVICE_COMMANDS = {
     "NVIDIA": {"gpu.model": "nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c",

@@ -2,7 +2,8 @@
 as Markdown or HTML, and read back (:func:`blocks`) so a runbook can be executed and tested mechanically.
 
 * Markdown: a fenced block whose info string is ``sh node=NAME`` (``node=control`` is the machine that holds the
-  inventory); ``when=rollback`` or ``when=troubleshooting`` marks blocks that are not part of the bring-up.
+  inventory); ``when=rollback``, ``when=rolling`` or ``when=troubleshooting`` marks blocks that are not part of the
+  bring-up.
 * HTML: ``<pre><code class="language-sh" data-node="NAME" data-when="...">``.
 
     >>> d = Doc(); d.block("n1", "echo hi")

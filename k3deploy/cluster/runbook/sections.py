@@ -298,6 +298,33 @@ def smoke(doc: Doc, r: Rollout, c: Context) -> None:
     doc.block(r.units[0].host, commands.smoke_test(r.endpoint, served_model(r)) + "\n")
 
 
+def rolling(doc: Doc, r: Rollout, c: Context) -> None:
+    """With replicas: an engine change, one replica at a time behind the router (as the deploy rolls it)."""
+    router = next((u for u in r.units if u.group == "router"), None)
+    if len(r.replicas) < 2 or router is None or not router.serves:
+        return
+    v = r.vars
+    doc.h(2, "5b. An engine change, replica by replica")
+    doc.p(f"{len(r.replicas)} replicas serve behind the router at {r.endpoint}. After changing the env or unit files "
+          "of the engines (section 3), restart one replica at a time so the endpoint keeps serving: take it out of "
+          "the router (new requests go to the others), let its in-flight requests finish, restart it as in section "
+          "4, and put it back once it serves; then the next. Stop if a replica does not come back: the others "
+          "still serve.")
+    for g in r.replicas:
+        units = r.group(g)
+        urls = [u.serves for u in units if u.serves]
+        doc.h(3, f"Replica {g}")
+        doc.p(f"Take {g} out of the router.")
+        doc.block(router.host, commands.router_remove(router.serves, urls) + "\n", "rolling")
+        for u in units:
+            if u.serves:
+                doc.p(f"Let the requests in flight on {u.host} finish (at most {v.k3_drain_timeout}s).")
+                doc.block(u.host, commands.drain(u.serves, v.k3_drain_timeout) + "\n", "rolling")
+        restart_steps(doc, r, r.start_plan({g}), "rolling", stop=True)
+        doc.p(f"Put {g} back into the router (it answers once the replica's /health does).")
+        doc.block(router.host, commands.router_add(router.serves, urls, r.ready_timeout) + "\n", "rolling")
+
+
 def rollback(doc: Doc, r: Rollout, c: Context) -> None:
     cfg = r.vars.k3_config_dir.rstrip("/")
     doc.h(2, "6. Rollback")
@@ -387,7 +414,7 @@ def troubleshooting(doc: Doc, r: Rollout, c: Context) -> None:
             doc.p(text)
 
 
-SECTIONS = (title, blanks, prerequisites, stage, configure, start, smoke, rollback, troubleshooting)
+SECTIONS = (title, blanks, prerequisites, stage, configure, start, smoke, rolling, rollback, troubleshooting)
 
 
 def build(r: Rollout, c: Context) -> Doc:

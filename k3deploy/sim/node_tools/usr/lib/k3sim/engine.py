@@ -304,6 +304,8 @@ class Engine:
         self.served = (args["served_model_name"] or [args["model"]])
         self.started = int(time.time())
         self.requests = 0
+        self.running = 0          # requests being generated (vllm:num_requests_running)
+        self.lock = threading.Lock()
 
     # -- small utilities
     def s(self, nominal: float) -> float:
@@ -689,43 +691,12 @@ class Engine:
         if cfg.get("vendor") != "nvidia":
             return
         debug = self.env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE")
-        rdma = cfg.get("rdma") or []
-        ib = [d for d in rdma if d["link_layer"] == "InfiniBand"]
-        rdma = ib or rdma  # NCCL prefers the IB HCAs; RoCE-only nodes use their Ethernet ones
         host = f"{self.node}:{os.getpid()}:{os.getpid()} [0] NCCL INFO "
-        out = []
-        if not rdma:
-            out += [host + f"NET/Socket : Using [0]eth0:{cfg.get('ip', '127.0.0.1')}<0>",
-                    host + "Using network Socket",
-                    host + "Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0"]
-        else:
-            kind = "RoCE" if rdma[0]["link_layer"] == "Ethernet" else "IB"
-            devs = " ".join(f"[{i}]{d['name']}:1/{kind}" for i, d in enumerate(rdma))
-            out.append(host + f"NET/IB : Using {devs} ; OOB eth0:{cfg.get('ip', '127.0.0.1')}<0>")
-            dmabuf_on = self.env.get("NCCL_DMABUF_ENABLE", "1") != "0"
-            peermem = any(m["name"] == "nvidia_peermem" for m in k.loaded_modules(cfg))
-            hca = rdma[0]["name"]
-            if dmabuf_on and cfg.get("dmabuf"):
-                out += [host + "DMA-BUF is available on GPU device 0",
-                        host + f"NET/IB : GPU Direct RDMA (DMABUF) enabled for HCA 0 '{hca}'",
-                        host + "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA"]
-            elif dmabuf_on:
-                lines = [host.replace("INFO", "WARN") + f"NET/IB : mlx5dv_reg_dmabuf_mr failed: Unknown error 524 "
-                         f"(errno 524) on HCA '{hca}'. Perhaps your IB driver version is too old to support DMABUF? "
-                         "Try running with NCCL_DMABUF_ENABLE=0",
-                         host + "transport/net.cc:1023 -> 2"]
-                raise EngineFailure("torch.distributed.DistBackendError",
-                                    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, "
-                                    "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version "
-                                    "2.28.3\nncclSystemError: System call (e.g. socket, malloc) or external library "
-                                    "call failed or device error.\nLast error:\nmlx5dv_reg_dmabuf_mr failed: "
-                                    "errno 524", lines)
-            elif peermem:
-                out += [host + f"NET/IB : GPU Direct RDMA Enabled for HCA 0 '{hca}'",
-                        host + "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA"]
-            else:
-                out += [host + f"NET/IB : GPU Direct RDMA Disabled for HCA 0 '{hca}' (no module)",
-                        host + "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0"]
+        out, error = k.nccl_net_lines(cfg, self.env, host)
+        out = [line.replace("0[0] -> 1[0]", "0[0] -> 8[0]").replace("1[0] -> 0[0]", "8[0] -> 0[0]") for line in out]
+        if error is not None:
+            raise EngineFailure(error[0], error[1], [line for line in out if "NCCL WARN" in line or "->" in line
+                                                    and "Channel" not in line])
         if debug:
             with _log_lock:
                 for line in out:
@@ -871,6 +842,8 @@ def _send(sock: socket.socket, obj: dict) -> None:
 
 # ----------------------------------------------------------------------------- HTTP
 
+#: seconds each generated token takes (a completion of the answer below is in flight for ~0.3 s)
+TOKEN_SECONDS = 0.02
 ANSWER = "Hello from {node}: this is {model} (simulated vLLM {version}) answering your request."
 
 
@@ -935,6 +908,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             body = (f'# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
                     f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="'
+                    f'{eng.served[0]}"}} {float(eng.running)}\n'
+                    f'# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n'
+                    f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="'
                     f'{eng.served[0]}"}} 0.0\nvllm:request_success_total{{model_name="{eng.served[0]}"}} '
                     f"{float(eng.requests)}\n").encode()
             self.send_response(200)
@@ -995,6 +971,19 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(400, "BadRequestError", "max_tokens must be at least 1", "max_tokens")
             words, finish = words[:limit], "length"
         eng.requests += 1
+        with eng.lock:
+            eng.running += 1
+        try:
+            # generation takes time (TOKEN_SECONDS a token): a request is in flight meanwhile, and an engine stopped
+            # then drops it, as vLLM does
+            time.sleep(TOKEN_SECONDS * len(words))
+            return self._answer(req, chat, model, words, finish, prompt_words)
+        finally:
+            with eng.lock:
+                eng.running -= 1
+
+    def _answer(self, req, chat, model, words, finish, prompt_words) -> None:
+        eng = self.eng
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         name = model or eng.served[0]

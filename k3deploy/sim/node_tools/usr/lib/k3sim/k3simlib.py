@@ -208,3 +208,88 @@ def net_error(exc: BaseException, host: str, port: int = 80) -> str:
     if isinstance(exc, TimeoutError | socket.timeout):
         return f"dial tcp {host}:{port}: i/o timeout"
     return f"dial tcp {host}:{port}: {getattr(exc, 'strerror', None) or exc}"
+
+
+# ---------------------------------------------------------------- NCCL's network transport
+
+#: the NCCL release the images carry (vllm/vllm-openai CUDA 13 builds)
+NCCL_VERSION = "2.28.3"
+
+
+def _ib_hca_filter(devs: list, setting: str) -> list:
+    """The devices ``NCCL_IB_HCA`` selects: ``=name[:port],...`` exact, ``^...`` excluded, else name prefixes."""
+    setting = setting.strip()
+    if not setting:
+        return devs
+    exclude = setting.startswith("^")
+    exact = setting.lstrip("^").startswith("=")
+    names = [item.split(":")[0] for item in setting.lstrip("^").lstrip("=").split(",") if item.strip()]
+
+    def hit(name: str) -> bool:
+        return any(name == n if exact else name.startswith(n) for n in names)
+
+    return [d for d in devs if hit(d["name"]) != exclude]
+
+
+def nccl_net_lines(cfg: dict, env: dict, prefix: str, peer: str = "") -> tuple[list[str], tuple[str, str] | None]:
+    """What NCCL 2.28 logs (``NCCL_DEBUG=INFO``) about its network transport between two nodes, from the node's fabric
+    state, and the error it raises (``(exception type, message)``) when the transport cannot work; ``prefix`` is
+    ``host:pid:tid [dev] NCCL INFO ``. Modelled on real logs: ``NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO];
+    OOB ...``, ``NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'`` (NVIDIA/nccl#1537), ``... (no module)`` and
+    ``Channel 00 : 0[1a000] -> 1[1a000] [receive] via NET/IB/0`` (NVIDIA/nccl#899), ``via NET/IB/0/GDRDMA`` and the
+    DMA-BUF registration failure with errno 524 (NVIDIA/nccl#778, ai-dynamo/nixl#1854). An HCA that is not on the GPU
+    fabric (a front-end/storage NIC: the peers are not reachable through it) fails the connection with the completion
+    error NCCL prints for a transport retry timeout."""
+    rdma = cfg.get("rdma") or []
+    ib = [d for d in rdma if d["link_layer"] == "InfiniBand"]
+    rdma = ib or rdma  # NCCL prefers the IB HCAs; RoCE-only nodes use their Ethernet ones
+    rdma = [d for d in _ib_hca_filter(rdma, env.get("NCCL_IB_HCA", "")) if d.get("state", "").startswith("PORT_ACTIVE")]
+    warn = prefix.replace("NCCL INFO", "NCCL WARN")
+    ip = cfg.get("ip", "127.0.0.1")
+    out: list[str] = []
+    if env.get("NCCL_IB_DISABLE") == "1" or not rdma:
+        out += [prefix + f"NET/Socket : Using [0]eth0:{ip}<0>", prefix + "Using network Socket",
+                prefix + "Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0",
+                prefix + "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"]
+        return out, None
+    kind = "RoCE" if rdma[0]["link_layer"] == "Ethernet" else "IB"
+    devs = " ".join(f"[{i}]{d['name']}:1/{kind}" for i, d in enumerate(rdma))
+    out += [prefix + f"NET/IB : Using {devs} [RO]; OOB eth0:{ip}<0>", prefix + "Using network IB"]
+    off = [d for d in rdma if d.get("fabric") in ("storage", "front-end")]
+    if off:
+        d = off[0]
+        out.append(warn + f"NET/IB : Got completion from peer {peer or '10.0.0.2'}<43715> with error 12, opcode 0, "
+                          f"len 0, vendor err 129 (Send) localGid ::ffff:{ip} remoteGids ::ffff:{peer or '10.0.0.2'} "
+                          f"hca {d['name']}")
+        return out, ("torch.distributed.DistBackendError",
+                     "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, remote process "
+                     f"exited or there was a network error, NCCL version {NCCL_VERSION}\nncclRemoteError: A call "
+                     "failed possibly due to a network error or a remote process exiting prematurely.\nLast error:\n"
+                     "NET/IB : Got completion from peer with error 12, opcode 0, len 0, vendor err 129 (Send)")
+    dmabuf_on = env.get("NCCL_DMABUF_ENABLE", "1") != "0"
+    peermem = any(m["name"] == "nvidia_peermem" for m in loaded_modules(cfg))
+    hca = rdma[0]["name"]
+    if dmabuf_on and cfg.get("dmabuf"):
+        out += [prefix + "DMA-BUF is available on GPU device 0",
+                prefix + f"NET/IB : GPU Direct RDMA (DMABUF) enabled for HCA 0 '{hca}'",
+                prefix + "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA",
+                prefix + "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0/GDRDMA"]
+        return out, None
+    if dmabuf_on:
+        out += [warn + f"NET/IB : mlx5dv_reg_dmabuf_mr failed: Unknown error 524 (errno 524) on HCA '{hca}'. Perhaps "
+                       "your IB driver version is too old to support DMABUF? Try running with NCCL_DMABUF_ENABLE=0",
+                prefix + "transport/net.cc:1023 -> 2"]
+        return out, ("torch.distributed.DistBackendError",
+                     "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, unhandled system "
+                     f"error (run with NCCL_DEBUG=INFO for details), NCCL version {NCCL_VERSION}\nncclSystemError: "
+                     "System call (e.g. socket, malloc) or external library call failed or device error.\nLast error:\n"
+                     "mlx5dv_reg_dmabuf_mr failed: errno 524")
+    if peermem:
+        out += [prefix + f"NET/IB : GPU Direct RDMA Enabled for HCA 0 '{hca}'",
+                prefix + "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA",
+                prefix + "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0/GDRDMA"]
+        return out, None
+    out += [prefix + f"NET/IB : GPU Direct RDMA Disabled for HCA 0 '{hca}' (no module)",
+            prefix + "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0",
+            prefix + "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0"]
+    return out, None
