@@ -28,7 +28,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     (what a host has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown),
     cluster/commands.py (every shell command the rollout runs), cluster/runbook/ (the rollout as a runbook),
     cluster/revisions.py (numbered revisions per group, for history and rollback), cluster/staging.py (the image and
-    the weights over the uplink once, then node to node), cluster/status.py (serving, degraded or down, per unit,
+    the weights over the uplink once, then node to node), cluster/images.py (a tag resolved to one digest per
+    rollout, every node on that build), cluster/status.py (serving, degraded or down, per unit,
     group and cluster), cluster/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
 
 ``runtime/`` -- pyinfra

@@ -44,6 +44,7 @@ def history(inventory: str, as_json: bool) -> None:
         for n in h.numbers:
             rev = h.revisions[n]
             mark = f"{n} (current)" if n == h.current else str(n)
-            table.add_row(mark, rev.created, rev.image, rev.summary + (f"; {rev.note}" if rev.note else ""),
+            image = rev.image + (f"\n(tag {rev.tag})" if rev.tag else "")
+            table.add_row(mark, rev.created, image, rev.summary + (f"; {rev.note}" if rev.note else ""),
                           "\n".join(f"{k} = {v}" for k, v in sorted(rev.variables.items())))
         console.print(table)

@@ -55,7 +55,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
                 if cluster.preflight else {})
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
-    report.notes += revision_notes(cluster)
+    report.notes += revision_notes(cluster) + image_notes(cluster)
     report.staging = staging_lines(cluster)
     t = cluster.target
     first = t.resolved[t.records[0].name]
@@ -63,6 +63,9 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         data = report.to_dict()
         data["preflight_failures"] = failures
         data["group_vars"], data["variables"] = first.files, first.listing()
+        res = cluster.resolution
+        data["image"] = {"image": rollout.plan.image, "tag": res.image if res else None,
+                         "digest": res.digest if res else None, "resolved_on": res.host if res else None}
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(f"Variables (group_vars merged, lowest first: {', '.join(first.files) or 'none'}):")
@@ -89,6 +92,15 @@ def staging_lines(cluster: Any) -> list[str]:
         if not status.verified:
             lines.append(f"{host}: weights {status.describe()}")
     return lines
+
+
+def image_notes(cluster: Any) -> list[str]:
+    """The build the rollout pins: the digest the registry gives for the image's tag now."""
+    res = cluster.resolution
+    if res is None or res.digest is None:
+        return []
+    return [f"image {res.image} is {res.digest} in the registry (asked from {res.host}): every node runs "
+            f"{res.pinned}"]
 
 
 def revision_notes(cluster: Any) -> list[str]:

@@ -182,6 +182,22 @@ def fault_cmd(specs: tuple[str, ...], name: str | None, clear: bool) -> None:
         click.echo(f"{node}\t{','.join(faults) or '-'}")
 
 
+@sim_group.command("push")
+@click.argument("args", nargs=-1, metavar="[NAME] REPOSITORY:TAG")
+@click.option("--name", default=None, help=f"Cluster name (default {sim.DEFAULT_NAME}).")
+def push_cmd(args: tuple[str, ...], name: str | None) -> None:
+    """Push a new build of REPOSITORY:TAG to the simulated outside's registry (a re-push of a mutable tag): the tag
+    names the new build from now on, earlier builds stay reachable by digest. Prints the new digest."""
+    items = list(args)
+    if len(items) == 2:
+        if name is not None and name != items[0]:
+            raise K3Error(f"cluster given twice ({items[0]!r} and --name {name!r}): give it once")
+        name = items.pop(0)
+    if len(items) != 1:
+        raise K3Error("give one REPOSITORY:TAG, e.g. 'k3deploy sim push k3sim vllm/vllm-openai:kimi-k3'")
+    click.echo(sim.push(name or sim.DEFAULT_NAME, items[0]))
+
+
 @sim_group.command("reboot", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, metavar="[NAME] RANK")
 @click.option("--name", default=None, help=f"Cluster name (default {sim.DEFAULT_NAME}).")

@@ -19,6 +19,16 @@ def _uptime(seconds: float | None) -> str:
         if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _image_cell(image: str | None, image_id: str | None) -> str:
+    """The image a unit runs, for the table: a build pinned by digest as its repository and short digest (the 12
+    hex digits docker shows), then the local image id."""
+    lines = [image or "-"]
+    if image and "@sha256:" in image:
+        repo, _, digest = image.partition("@")
+        lines = [repo, f"@{digest[:19]}"]
+    return "\n".join(lines + ([image_id[:19]] if image_id else []))
+
+
 def read_status(inventory: str):  # -> ClusterStatus
     return status_of(read_cluster("status", inventory, installed=True, runtime=True))
 
@@ -43,7 +53,7 @@ def show(st, console) -> None:  # noqa: ANN001  (ClusterStatus, rich Console)
                       title_justify="left")
         for u in g.units:
             table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active, str(u.restarts), _uptime(u.uptime_s),
-                          f"{u.image or '-'}" + (f"\n{u.image_id[:19]}" if u.image_id else ""),
+                          _image_cell(u.image, u.image_id),
                           {True: "yes", False: "[red]no[/]", None: "-"}[u.matches_plan],
                           "-" if u.health is None else str(u.health),
                           "-" if u.models is None else ", ".join(u.models) or "(none)",

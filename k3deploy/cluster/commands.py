@@ -19,6 +19,8 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from k3deploy.cluster.images import run_ref
+
 #: what one poll of a unit (:func:`probe`) exits with
 PROBE_READY, PROBE_FAILED, PROBE_STARTING = 0, 1, 2
 
@@ -53,21 +55,37 @@ def require_weights(cache: str, model: str) -> str:
 
 
 def digest_check(docker: str, image: str) -> str:
-    """Shell that fails unless the local ``image`` carries the digest it pins (empty when it pins none)."""
+    """Shell that fails unless the local ``image`` carries the digest it pins (empty when it pins none). Every
+    repo digest of the image counts (an image pulled by an index and by a platform manifest has two)."""
     if "@sha256:" not in image:
         return ""
     want = image.split("@", 1)[1]
-    return (f"got=$({shlex.quote(docker)} image inspect --format '{{{{index .RepoDigests 0}}}}' "
-            f"{shlex.quote(image)}) && case \"$got\" in *{want}) echo \"digest ok: $got\";; "
+    return (f"got=$({shlex.quote(docker)} image inspect --format '{{{{join .RepoDigests \" \"}}}}' "
+            f"{shlex.quote(image)}) && case \" $got \" in *@{want}\\ *) echo \"digest ok: {want}\";; "
             f"*) echo \"image digest $got, required {want}\" >&2; exit 1;; esac")
 
 
-def pull(docker: str, image: str) -> str:
-    """Pull ``image`` when it is not present locally, then verify a pinned digest."""
+def name_build(docker: str, image: str, tag: str | None = None) -> str:
+    """Shell that gives a pinned ``image`` (present by its digest) the local tag the units run
+    (:func:`k3deploy.cluster.images.run_ref`), and moves ``tag`` (the ``REPO:TAG`` it was resolved from) to it, so
+    the tag on a node names the build it runs; empty for an image that pins no digest."""
+    if "@sha256:" not in image:
+        return ""
+    d, run = shlex.quote(docker), shlex.quote(run_ref(image))
+    out = f"{{ {d} image inspect {run} >/dev/null 2>&1 || {d} tag {shlex.quote(image)} {run}; }}"
+    return out + (f" && {d} tag {run} {shlex.quote(tag)}" if tag else "")
+
+
+def _then(*parts: str) -> str:
+    return " && ".join(p for p in parts if p)
+
+
+def pull(docker: str, image: str, tag: str | None = None) -> str:
+    """Pull ``image`` when it is not present locally, then verify a pinned digest and name the build (see
+    :func:`name_build`)."""
     d, i = shlex.quote(docker), shlex.quote(image)
-    script = f"{d} image inspect {i} >/dev/null 2>&1 || {d} pull -q {i}"
-    check = digest_check(docker, image)
-    return f"{script} && {check}" if check else script
+    return _then(f"{{ {d} image inspect {i} >/dev/null 2>&1 || {d} pull -q {i}; }}", digest_check(docker, image),
+                 name_build(docker, image, tag))
 
 
 # ------------------------------------------------------------------------------------- stage at scale
@@ -144,25 +162,45 @@ def receive_weights(address: str, port: int, cache: str, model: str) -> str:
 
 
 def export_image(docker: str, image: str, stage_dir: str) -> str:
-    """Write ``image`` as an archive for peers (kept while the stage runs)."""
+    """Write ``image`` as an archive for peers (kept while the stage runs). A pinned build is saved by the local tag
+    the units run (so a load names it, whatever the image store) with its image id next to it (``.id``), which the
+    receivers check after loading."""
     a = shlex.quote(archive_path(stage_dir, image))
-    return (f"mkdir -p {shlex.quote(stage_dir)} && {{ [ -s {a} ] || {{ {shlex.quote(docker)} save -o {a}.part "
-            f"{shlex.quote(image)} && mv -f {a}.part {a}; }}; }}")
+    d = shlex.quote(docker)
+    if "@sha256:" not in image:
+        return (f"mkdir -p {shlex.quote(stage_dir)} && {{ [ -s {a} ] || {{ {d} save -o {a}.part "
+                f"{shlex.quote(image)} && mv -f {a}.part {a}; }}; }}")
+    run = shlex.quote(run_ref(image))
+    return (f"mkdir -p {shlex.quote(stage_dir)} && {name_build(docker, image)} && {{ [ -s {a} ] && [ -s {a}.id ] || "
+            f"{{ {d} save -o {a}.part {run} && {d} image inspect --format '{{{{.Id}}}}' {run} > {a}.id && "
+            f"mv -f {a}.part {a}; }}; }}")
 
 
-def load_image(docker: str, image: str, archive: str) -> str:
-    """Load ``image`` from an archive; a pinned digest is verified."""
-    load = f"{shlex.quote(docker)} load -i {shlex.quote(archive)}"
-    check = digest_check(docker, image)
-    return f"{load} && {check}" if check else load
+def load_image(docker: str, image: str, archive: str, tag: str | None = None) -> str:
+    """Load ``image`` from an archive (the control machine's); a pinned digest is verified and the build named."""
+    return _then(f"{shlex.quote(docker)} load -i {shlex.quote(archive)}", digest_check(docker, image),
+                 name_build(docker, image, tag))
 
 
-def receive_image(address: str, port: int, docker: str, image: str, stage_dir: str) -> str:
-    """Copy the image archive from the peer at ``address`` (resumable), then load it."""
+def receive_image(address: str, port: int, docker: str, image: str, stage_dir: str, tag: str | None = None) -> str:
+    """Copy the image archive from the peer at ``address`` (resumable), then load it. A pinned build is checked by
+    its image id against the peer's (the id is the sha256 of the image's config, which names every layer: a
+    ``docker load`` keeps it with either image store, where the repo digest survives only with the containerd
+    store), then tagged as ``tag``."""
     a = archive_path(stage_dir, image)
-    src = _rsync_from(address, port, STAGE_MODULE, a.rsplit("/", 1)[1])
-    return (f"mkdir -p {shlex.quote(stage_dir)} && rsync -a --partial {shlex.quote(src)} {shlex.quote(a)} && "
-            f"{load_image(docker, image, a)}")
+    name = a.rsplit("/", 1)[1]
+    qa, qd = shlex.quote(a), shlex.quote(stage_dir)
+    if "@sha256:" not in image:
+        src = _rsync_from(address, port, STAGE_MODULE, name)
+        return (f"mkdir -p {qd} && rsync -a --partial {shlex.quote(src)} {qa} && "
+                f"{load_image(docker, image, a, tag)}")
+    srcs = " ".join(shlex.quote(_rsync_from(address, port, STAGE_MODULE, n)) for n in (name, f"{name}.id"))
+    d, run = shlex.quote(docker), shlex.quote(run_ref(image))
+    return (f"mkdir -p {qd} && rsync -a --partial {srcs} {shlex.quote(stage_dir.rstrip('/') + '/')} && "
+            f"{d} load -i {qa} && got=$({d} image inspect --format '{{{{.Id}}}}' {run}) && want=$(cat {qa}.id) && "
+            f"if [ \"$got\" != \"$want\" ]; then echo \"loaded image $got as {run_ref(image)}, the peer's build is "
+            f"$want\" >&2; exit 1; fi && echo \"image id ok: $got\"" + (f" && {d} tag {run} {shlex.quote(tag)}"
+                                                                       if tag else ""))
 
 
 def serve_peers(config: str, address: str, port: int, dirs: Sequence[str]) -> str:
@@ -182,7 +220,7 @@ def serve_peers(config: str, address: str, port: int, dirs: Sequence[str]) -> st
 def stop_serving(stage_dir: str, image: str) -> str:
     """Stop serving peers and remove the image archive (the image itself stays loaded)."""
     a = shlex.quote(archive_path(stage_dir, image))
-    return f"{{ systemctl stop {PEERS_UNIT} 2>/dev/null || true; }} && rm -f {a} {a}.part"
+    return f"{{ systemctl stop {PEERS_UNIT} 2>/dev/null || true; }} && rm -f {a} {a}.part {a}.id"
 
 
 # ------------------------------------------------------------------------------------------ configure

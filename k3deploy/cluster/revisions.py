@@ -33,12 +33,13 @@ class Revision:
     group: str
     number: int
     created: str                                   # ISO 8601, UTC
-    image: str
+    image: str                                     # what the units run: REPO@sha256:... once a tag was resolved
     summary: str                                   # hardware x nodes, strategy, variant, features
     variables: dict[str, str] = field(default_factory=dict)   # k3_* -> "value (source)", defaults left out
     files: dict[str, str] = field(default_factory=dict)       # host:path -> sha256 of what ran
     version: str = ""
     note: str = ""                                 # e.g. "rolled back from 4"
+    tag: str = ""                                  # the tag the image was resolved from (REPO:TAG), if any
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -97,8 +98,9 @@ def runs(rev: Revision, installed: dict[str, str | None]) -> bool:
 
 
 def revision_for(r: Any, group: str, number: int, *, created: str, variables: dict[str, str], version: str,
-                 note: str = "") -> Revision:
-    """The record of what a group runs now (``r`` a :class:`k3deploy.cluster.rollout.Rollout`)."""
+                 note: str = "", tag: str = "") -> Revision:
+    """The record of what a group runs now (``r`` a :class:`k3deploy.cluster.rollout.Rollout`): its image is the
+    exact build (``REPO@sha256:...`` once ``tag`` was resolved), so a rollback goes back to that build."""
     plan = r.plan
     units = r.group(group)
     engines = len({u.host for u in r.units if u.group != "router"})
@@ -109,7 +111,7 @@ def revision_for(r: Any, group: str, number: int, *, created: str, variables: di
         files[f"{u.host}:{u.unit_path}"] = sha256(u.unit_text)
         files[f"{u.host}:{u.env_path}"] = sha256(u.env_text)
     return Revision(group=group, number=number, created=created, image=plan.image, summary=summary,
-                    variables=variables, files=files, version=version, note=note)
+                    variables=variables, files=files, version=version, note=note, tag=tag)
 
 
 def sha256(text: str) -> str:

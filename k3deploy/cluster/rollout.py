@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from k3deploy.cluster.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
+from k3deploy.cluster.images import run_ref
 from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit
 from k3deploy.cluster.variables import Variables
@@ -250,7 +251,7 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
             head_http: str | None = None) -> None:
         unit = f"{unit_base}.service"
         env_path = f"{cfg}/{unit_base}.env"
-        spec = ContainerSpec(name=unit_base, image=plan.image, vendor=plan.vendor, env_file=env_path,
+        spec = ContainerSpec(name=unit_base, image=run_ref(plan.image), vendor=plan.vendor, env_file=env_path,
                              cache_dir=v.k3_model_cache, gpus_per_node=hw.gpu_count,
                              rdma=multi and plan.vendor != "npu", imex=hw.nvl, docker=v.k3_docker)
         if node.role == "router":

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from k3deploy.cluster import commands
+from k3deploy.cluster.images import LocalImage, holds
 from k3deploy.cluster.units import render_template
 
 if TYPE_CHECKING:
@@ -160,18 +161,12 @@ def addresses(r: Rollout) -> dict[str, str]:
     return out
 
 
-def image_holds(image: str, digest: str | None) -> bool:
-    """A node holds ``image`` when it is present (and, when pinned, with the pinned digest)."""
-    if not digest:
-        return False
-    return "@sha256:" not in image or digest.endswith(image.split("@", 1)[1])
-
-
-def stage_for(r: Rollout, images: Mapping[str, str | None], weights_verified: Mapping[str, bool]) -> StagePlan:
-    """The stage of a rollout, from what the facts saw on each host (image digests, verified weights)."""
+def stage_for(r: Rollout, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
+    """The stage of a rollout, from what the facts saw on each host (its images of the repository, verified
+    weights). A pinned image (``REPO@sha256:...``, as a resolved tag is) is held only where that very build is."""
     v = r.vars
     hosts = engines(r)
-    return plan_stage(hosts, [h for h in hosts if image_holds(r.plan.image, images.get(h))],
+    return plan_stage(hosts, [h for h in hosts if holds(r.plan.image, images.get(h))],
                       [h for h in hosts if weights_verified.get(h)], mode=v.k3_stage, sources=v.k3_stage_sources,
                       image_archive=bool(v.k3_image_archive), weights_source=bool(v.k3_weights_source),
                       download=v.k3_download_weights, shared=v.k3_weights_shared)

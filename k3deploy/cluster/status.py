@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from k3deploy.cluster.images import shown
 from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.rollout import Rollout
 
@@ -149,7 +150,7 @@ def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installe
                 unit_verdict(active=run.active, serves=u.serves is not None, health=run.health, listed=listed,
                              restarts=run.restarts, uptime_s=now - run.since if run.since else None),
                 run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
-                round(now - run.since, 1) if run.since else None, run.image, run.image_id, matches, u.serves,
+                round(now - run.since, 1) if run.since else None, shown(run.image), run.image_id, matches, u.serves,
                 run.health, list(run.models) if run.models is not None else None))
         serving = [x for x in reports if x.url and x.verdict == "serving"]
         if all(x.verdict in UP for x in reports):

@@ -53,6 +53,13 @@ class Variables(BaseModel):
     k3_image: str | None = Field(None, description=(
         "Image override: REPO:TAG, REPO@sha256:..., :TAG or @sha256:<digest> (the digest is verified after "
         "the pull)."))
+    k3_image_resolve: bool = Field(True, description=(
+        "A tag `k3_image` (REPO:TAG) is resolved to the digest the registry names for it, once per rollout (`docker "
+        "buildx imagetools inspect` on the first engine node; nothing is pulled), and every node runs that build "
+        "(by the local tag `REPO:k3-sha256-<hex>`; plan, status and history show `REPO@sha256:...`); a re-push of "
+        "the tag is a change the next rollout rolls out to the whole group. false: run the tag as each node has it "
+        "(nodes may run different builds). "
+        "Not with `k3_image_archive` (pin its build with `k3_image: REPO@sha256:...`)."))
     k3_config_dir: str = Field("/etc/k3deploy", description=(
         "Directory for the env files (0600) and the revisions kept for rollback (`revisions/<group>/<N>/`)."))
     k3_unit_name: str = Field("k3-engine", description=(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 
 from k3deploy.cluster.commands import VERIFIED, list_revisions, model_dir, smoke_test
+from k3deploy.cluster.images import LocalImage, local_command, parse_local, resolve_command
 from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.revisions import GroupHistory, parse_listing
 
@@ -55,19 +56,41 @@ class UnitState(FactBase[UnitStatus]):
         return UnitStatus("absent", "", 0, "")
 
 
-class ImageDigest(FactBase[str | None]):
-    """The repo digest (``repo@sha256:...``) of a local image, or None when the image is not present."""
+class ImageDigest(FactBase[LocalImage]):
+    """What a node holds of an image's repository: the repo digest (``repo@sha256:...``) of what the reference names
+    locally (None when it is not present) and the digest of every local build of the repository.
+
+        >>> ImageDigest().process(["K3_REF=r@sha256:" + "a" * 64, "K3_HAVE=sha256:" + "a" * 64]).ref_digest[:10]
+        'r@sha256:a'
+    """
 
     def requires_command(self, image: str, docker: str = "docker") -> str:
         return docker
 
     def command(self, image: str, docker: str = "docker") -> str:
-        fmt = shlex.quote("{{index .RepoDigests 0}}")
-        return f"{shlex.quote(docker)} image inspect --format {fmt} {shlex.quote(image)} 2>/dev/null || true"
+        return local_command(docker, image)
 
-    def process(self, output: list[str]) -> str | None:
-        line = output[0].strip() if output else ""
-        return line or None
+    def process(self, output: list[str]) -> LocalImage:
+        return parse_local(output)
+
+    @staticmethod
+    def default() -> LocalImage:
+        return LocalImage()
+
+
+class RegistryDigest(FactBase[list[str]]):
+    """The registry's answer for an image's tag (``docker buildx imagetools inspect``, a manifest HEAD: nothing is
+    pulled), raw: :func:`k3deploy.cluster.images.resolution` reads it."""
+
+    def command(self, image: str, docker: str = "docker") -> str:
+        return resolve_command(docker, image)
+
+    def process(self, output: list[str]) -> list[str]:
+        return list(output)
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
 
 
 class Executable(FactBase[bool]):

@@ -30,18 +30,21 @@ from pyinfra.api.facts import get_fact  # noqa: E402
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state  # noqa: E402
 from pyinfra.facts.files import FileContents  # noqa: E402
 
+from k3deploy.cluster import images as image_pins  # noqa: E402
 from k3deploy.cluster.diff import Installed  # noqa: E402
+from k3deploy.cluster.images import LocalImage, Resolution  # noqa: E402
 from k3deploy.cluster.inventory import records_of  # noqa: E402
 from k3deploy.cluster.pipeline import Target, desired_rollout, target  # noqa: E402
 from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs  # noqa: E402
 from k3deploy.cluster.rollout import Rollout  # noqa: E402
-from k3deploy.cluster.staging import StagePlan, stage_for  # noqa: E402
+from k3deploy.cluster.staging import StagePlan, engines, stage_for  # noqa: E402
 from k3deploy.cluster.units import GROUP_MEMBER  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
 from k3deploy.facts.rollout import (  # noqa: E402
     Executable,
     FileHash,
     ImageDigest,
+    RegistryDigest,
     Revisions,
     UnitOnHost,
     WeightsState,
@@ -189,14 +192,42 @@ def nccl_probe(state: State, t: Target, r: Rollout, report: PreflightReport) -> 
     return run_probe(state, hosts, facts, report.host_env(), t.vars.k3_docker, r.plan.image)
 
 
-def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, health: bool = False) -> list[Any]:
+def image_resolver(r: Rollout) -> str | None:
+    """The one host that asks the registry which build the image's tag names (the first engine host, which also
+    fetches the image when no node holds it), or None when the image is not resolved (pinned already, an
+    air-gapped archive, ``k3_image_resolve: false``, a rollback: the revision names its build)."""
+    v = r.vars
+    hosts = engines(r)
+    if not hosts or v.k3_rollback is not False or not image_pins.to_resolve(r.plan.image, resolve=v.k3_image_resolve,
+                                              archive=bool(v.k3_image_archive)):
+        return None
+    return hosts[0]
+
+
+def image_check(res: image_pins.Resolution) -> CheckResult:
+    """The preflight's record of the tag's resolution: the build every node of this rollout runs, or why the
+    rollout cannot know it."""
+    required = "the registry names the build of the image's tag (every node runs that one digest)"
+    if res.digest:
+        return CheckResult(res.host, "image.digest", "pass", f"{res.image} is {res.digest}", required)
+    return CheckResult(res.host, "image.digest", "fail", f"{res.image}: {res.error}", required,
+                       f"let {res.host} reach the registry with `docker buildx imagetools inspect {res.image}` "
+                       "(the docker-buildx-plugin package), or pin the build: k3_image: REPO@sha256:<digest>; "
+                       "k3_image_resolve: false runs the tag as each node has it (builds may differ)")
+
+
+def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, health: bool = False,
+                  resolve: bool = False) -> list[Any]:
     """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
-    and files), the image's digest, the weights, and the revisions of the groups whose rank 0 runs here; with
-    ``runtime`` also each unit as it runs and, on the host of the public endpoint, what the endpoint lists; with
-    ``health`` (the deploy and plan) only whether each serving unit's ``/health`` answers."""
+    and files), the image's digests there, the weights, and the revisions of the groups whose rank 0 runs here;
+    with ``resolve`` the digest the registry gives for the image's tag; with ``runtime`` also each unit as it runs
+    and, on the host of the public endpoint, what the endpoint lists; with ``health`` (the deploy and plan) only
+    whether each serving unit's ``/health`` answers."""
     v = r.vars
     out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path,
                                                      "env_path": u.env_path}) for u in r.on_host(host)]
+    if resolve:
+        out.append(("registry", RegistryDigest, {"image": r.plan.image, "docker": v.k3_docker}))
     if any(u.group != "router" for u in r.on_host(host)):
         out += [("helper", FileHash, {"path": GROUP_MEMBER}),
                 ("image", ImageDigest, {"image": r.plan.image, "docker": v.k3_docker}),
@@ -253,7 +284,8 @@ class Cluster:
     ssh: dict[str, list[str]] = field(default_factory=dict)   # host -> ssh argv from the control machine
     history: dict[str, GroupHistory] = field(default_factory=dict)   # group -> its recorded revisions
     rollback_to: dict[str, int] = field(default_factory=dict)        # group -> the revision the rollout restores
-    images: dict[str, str | None] = field(default_factory=dict)      # host -> the planned image's digest there
+    images: dict[str, LocalImage] = field(default_factory=dict)      # host -> what it holds of the image's repository
+    resolution: Resolution | None = None   # the registry's digest for the image's tag (None: not asked)
     weights: dict[str, WeightsStatus] = field(default_factory=dict)  # host -> what its cache holds of the model
     stage: StagePlan | None = None     # how the image and the weights reach the nodes that lack them
     runs: dict[tuple[str, str], UnitRun] = field(default_factory=dict)   # (host, unit) -> as it runs (runtime=True)
@@ -292,18 +324,28 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
         t.require_plan()
     hosts = list(state.inventory)
     planned = desired_rollout(t) if t.plan is not None and installed else None  # units and paths: no host needed
-    extra = (lambda name: rollout_facts(planned, name, runtime, logs, health)) if planned is not None else None
+    resolver = image_resolver(planned) if planned is not None and facts else None
+    extra = (lambda name: rollout_facts(planned, name, runtime, logs, health, resolve=name == resolver)) \
+        if planned is not None else None
     read = read_facts(state, hosts, t, connect_first=connect_first, extra=extra) if facts else []
     report = check(t.requirements, read) if facts else None
     if report is not None:
         report.results += router_checks(read, t.vars.k3_router_bin)
+    resolution = None
+    asked = next((f for f in read if f.host == resolver and f.unreachable is None), None)
+    if asked is not None and report is not None and t.plan is not None:
+        # one build for the whole rollout: every unit, the stage and the revision use the digest the tag names now
+        resolution = image_pins.resolution(t.plan.image, asked.host, asked.extra.get("registry"))
+        report.results.append(image_check(resolution))
+        if resolution.pinned:
+            t = replace(t, plan=t.plan.model_copy(update={"image": resolution.pinned}))
     rollout = _rollout(t, report)
     if report is not None and rollout is not None and t.vars.k3_nccl_probe:
         report.results += nccl_probe(state, t, rollout, report)
     have: dict[tuple[str, str], Installed] = {}
     history: dict[str, GroupHistory] = {}
     rollback_to: dict[str, int] = {}
-    images: dict[str, str | None] = {}
+    images: dict[str, LocalImage] = {}
     helpers: dict[str, str | None] = {}
     weights: dict[str, WeightsStatus] = {}
     runs: dict[tuple[str, str], UnitRun] = {}
@@ -345,14 +387,19 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                 have[where] = replace(have[where], answers=ok)
         if t.vars.k3_rollback is not False:
             rollback_to = restore_revisions(state, rollout, history, t.vars.k3_rollback, have)
+            restored = {history[g].revisions[n].image for g, n in rollback_to.items()
+                        if g in history and n in history[g].revisions}
+            if len(restored) == 1 and image_pins.is_pinned(next(iter(restored))):
+                # the revision's exact build is what the restored units run: stage that one
+                rollout.plan = rollout.plan.model_copy(update={"image": next(iter(restored))})
     stage = None
     if planned is not None and rollout is not None:
         stage = stage_for(rollout, images, {h: w.verified for h, w in weights.items()})
     addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
     return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,
                    ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts}, history=history,
-                   rollback_to=rollback_to, images=images, weights=weights, stage=stage, runs=runs,
-                   endpoint_models=endpoint_models, logs=unit_logs, facts=read, helpers=helpers)
+                   rollback_to=rollback_to, images=images, resolution=resolution, weights=weights, stage=stage,
+                   runs=runs, endpoint_models=endpoint_models, logs=unit_logs, facts=read, helpers=helpers)
 
 
 def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,

@@ -28,6 +28,7 @@ from pyinfra.context import ctx_state
 from pyinfra.operations import python
 
 from k3deploy.cluster import commands
+from k3deploy.cluster.images import holds, named, run_ref
 from k3deploy.cluster.revisions import revision_for, revisions_dir
 from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes
 from k3deploy.cluster.staging import (
@@ -142,6 +143,10 @@ def _build(state: Any) -> Context:
         logger.warning(f"k3deploy: {line}")
     logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {len(report.results)} checks; "
                 f"plan {r.plan.hardware} x {len(r.hosts)}, {r.plan.strategy}, image {r.plan.image}")
+    res = cluster.resolution
+    if res is not None and res.pinned == r.plan.image:
+        logger.info(f"--> k3deploy: image {res.image} is {res.digest} in the registry (asked from {res.host}): "
+                    "every node runs that build")
     for w in r.plan.warnings:
         logger.warning(f"k3deploy: {w}")
     for line in summary(cluster.stage) if cluster.stage is not None else []:
@@ -173,6 +178,9 @@ def stage_phase(ctx: Context) -> None:
     sp = cluster.stage or stage_for(r, {}, {})
     img, wts = sp.image, sp.weights
     docker, cache, model, image_ref = v.k3_docker, v.k3_model_cache, r.plan.model, r.plan.image
+    res = cluster.resolution
+    tag = res.image if res is not None and res.pinned == image_ref else None   # the tag that names the pinned build
+    shown = tag or image_ref
     archive = commands.archive_path(v.k3_stage_dir, image_ref)
     where = addresses(r)
     token = v.k3_config_dir.rstrip("/") + "/hf-token" if v.k3_hf_token_file else None
@@ -180,15 +188,24 @@ def stage_phase(ctx: Context) -> None:
                  if v.k3_hf_token_file else "", mode="600", kind="secret",
                  active=bool(token) and me in stage_engines(r))
     # fetched from outside (or from the control machine on an air-gapped site) by the first node(s) only
-    script(name=f"Image {image_ref}: from the registry", text=commands.pull(docker, image_ref) + (
+    script(name=f"Image {shown}: from the registry", text=commands.pull(docker, image_ref, tag) + (
         " && " + commands.export_image(docker, image_ref, v.k3_stage_dir) if me in img.senders else ""),
         active=img.fetch.get(me) == OUTSIDE)
     from_control(name="Image: the archive from the control machine", src=v.k3_image_archive or "", dest=archive,
                  active=img.fetch.get(me) == ARCHIVE)
-    script(name="Image: load the archive", text=commands.load_image(docker, image_ref, archive),
+    script(name="Image: load the archive", text=commands.load_image(docker, image_ref, archive, tag),
            active=img.fetch.get(me) == ARCHIVE)
+    # a node that holds the pinned build by its digest only gets the local tag the units run
+    script(name="Image: name the pinned build", text=commands.name_build(docker, image_ref, tag),
+           active=me in stage_engines(r) and me not in img.fetch and me not in img.receivers
+           and not named(image_ref, cluster.images.get(me)))
+    # the hub CLI of the pinned build where the node has it by now, else of the build its tag names there (any build
+    # of the image downloads the same files: no image crosses the uplink for it), else the pinned build
+    held = cluster.images.get(me)
+    hf_image = (run_ref(image_ref) if me in img.fetch or holds(image_ref, held) else
+                tag if tag and held is not None and held.ref_digest else image_ref)
     script(name=f"Weights of {model}: from the hub", text=commands.fetch_weights(
-        docker, cache, image_ref, model, token, v.k3_hf_endpoint), active=wts.fetch.get(me) == OUTSIDE)
+        docker, cache, hf_image, model, token, v.k3_hf_endpoint), active=wts.fetch.get(me) == OUTSIDE)
     from_control(name="Weights: from the control machine", src=(v.k3_weights_source or "").rstrip("/") + "/",
                  dest=commands.model_dir(cache, model) + "/", active=wts.fetch.get(me) == ARCHIVE)
     script(name="Weights: verify", text=commands.verify_weights(cache, model), active=wts.fetch.get(me) == ARCHIVE)
@@ -207,7 +224,7 @@ def stage_phase(ctx: Context) -> None:
         steps = []
         if from_image:
             steps.append(commands.receive_image(where[from_image], v.k3_stage_port, docker, image_ref,
-                                                v.k3_stage_dir))
+                                                v.k3_stage_dir, tag))
         if from_weights:
             steps.append(commands.receive_weights(where[from_weights], v.k3_stage_port, cache, model))
         script(name=f"Stage round {i + 1} of {sp.rounds}: from a peer", text=" && ".join(steps), active=bool(steps))
@@ -373,8 +390,10 @@ def _record(ctx: Context) -> None:
             first = cluster.target.resolved[cluster.target.records[0].name]
             variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
                          if k.startswith("k3_") and k not in PER_HOST}
+            res = cluster.resolution
             rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                               variables=variables, version=version("k3deploy"))
+                               variables=variables, version=version("k3deploy"),
+                               tag=res.image if res is not None and res.pinned == r.plan.image else "")
             files = [p for u in mine for p in (u.unit_path, u.env_path)]
             text = commands.record_revision(d, number, files, rev.to_json())
         script(name=f"Record the revision of group {group}", text=text, active=bool(text),

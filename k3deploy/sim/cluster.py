@@ -711,6 +711,24 @@ def _outside_status(st: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+# --------------------------------------------------------------------------- push
+
+
+def push(name: str, ref: str) -> str:
+    """Push a new build of ``ref`` (``repository:tag`` of the simulated registry) to the cluster's outside, as a
+    re-push of a mutable tag upstream would: the tag names the new build from now on; earlier builds stay
+    reachable by digest. Returns the new digest."""
+    validate_name(name)
+    state = load_state(name)
+    if state is None or state.get("phase") != "up" or not state.get("outside"):
+        raise SimError(f"no simulated cluster {name!r} with an outside is up: start one with 'k3deploy sim up "
+                       f"--name {name} ...'")
+    try:
+        return outside.repush(Path(state["outside"]["dir"]), ref)
+    except ValueError as exc:
+        raise SimError(str(exc)) from None
+
+
 # --------------------------------------------------------------------------- reboot
 
 

@@ -61,6 +61,8 @@ PROCESS_NAME = "k3sim-outside"
 REGISTRY_JSON = Path(__file__).with_name("node_tools") / "usr/lib/k3sim/registry.json"
 COUNTERS = "counters.json"
 FAULT = "fault.json"
+#: tags pushed again since ``up`` (:func:`repush`): ``{"repo:tag": [{"digest", "id", "created"}, ...]}``
+PUSHES = "pushes.json"
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -170,6 +172,29 @@ def set_cut(d: Path, mib: float) -> None:
 def clear_cut(d: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         (Path(d) / FAULT).unlink()
+
+
+def repush(d: Path, ref: str, registry: dict[str, Any] | None = None) -> str:
+    """Push a new build of ``repo:tag`` (a tag of ``registry.json``) to the outside whose state is in ``d``: from
+    now on the tag names it (a new manifest digest, image id and layers); every earlier build stays reachable by its
+    digest, as on a real registry. Returns the new digest."""
+    repo, _, tag = ref.rpartition(":")
+    known = registry if registry is not None else json.loads(REGISTRY_JSON.read_text())
+    if not repo or "/" in tag or tag not in known.get(repo, {}):
+        raise ValueError(f"{ref}: not a repository:tag of the simulated registry ({REGISTRY_JSON.name})")
+    path = d / PUSHES
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        doc = {}
+    builds = doc.setdefault(f"{repo}:{tag}", [])
+    n = len(builds) + 1
+    seed = f"{repo}:{tag}#{n}"
+    builds.append({"digest": "sha256:" + hashlib.sha256(f"manifest {seed}".encode()).hexdigest(),
+                   "id": "sha256:" + hashlib.sha256(f"config {seed}".encode()).hexdigest(),
+                   "created": time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())})
+    _write_json(path, doc)
+    return str(builds[-1]["digest"])
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -291,6 +316,9 @@ class Store:
     """The registry's images and the hub's checkpoints, generated on first use and cached under ``DIR/cache``."""
 
     def __init__(self, d: Path, image_bytes: int, weights_bytes: int, registry: dict[str, Any]) -> None:
+        self.state = d
+        self.pushes: dict[str, list[dict[str, Any]]] = {}
+        self.pushes_sig: tuple[int, int, int] | None = None
         self.dir = d / "cache"
         self.blobs = self.dir / "blobs"
         self.blobs.mkdir(parents=True, exist_ok=True)
@@ -316,34 +344,62 @@ class Store:
             return plain
         return None
 
-    def tag_of(self, repo: str, ref: str) -> str | None:
+    def refresh_pushes(self) -> None:
+        """Re-read ``pushes.json`` when it changed (:func:`repush` writes it while the server runs)."""
+        path = self.state / PUSHES
+        try:
+            st = os.stat(path)
+            sig: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            sig = None
+        if sig == self.pushes_sig:
+            return
+        try:
+            self.pushes = json.loads(path.read_text()) if sig is not None else {}
+        except (OSError, ValueError):
+            return  # half written: read it again next time
+        self.pushes_sig = sig
+
+    def builds(self, repo: str, tag: str) -> list[dict[str, Any]]:
+        """Every build the tag has named, oldest first (registry.json's, then each push); the last is current."""
+        base = self.registry[repo][tag]
+        return [base, *({**base, **p} for p in self.pushes.get(f"{repo}:{tag}", []))]
+
+    def tag_of(self, repo: str, ref: str) -> tuple[str, int] | None:
+        """(tag, build number) that ``ref`` (a tag: its current build; a digest: the build it names) resolves to."""
         tags = self.registry[repo]
         if ref.startswith("sha256:"):
-            return next((t for t, m in tags.items() if m["digest"] == ref), None)
-        return ref if ref in tags else None
+            for t in tags:
+                for n, m in enumerate(self.builds(repo, t)):
+                    if m["digest"] == ref:
+                        return t, n
+            return None
+        return (ref, len(self.builds(repo, ref)) - 1) if ref in tags else None
 
-    def image(self, repo: str, tag: str) -> dict[str, Any]:
-        """{"manifest": bytes, "digest": registry digest, "blobs": {digest: path}} of ``repo:tag``."""
-        key = f"{repo}:{tag}"
+    def image(self, repo: str, tag: str, build: int = 0) -> dict[str, Any]:
+        """{"manifest": bytes, "digest": registry digest, "blobs": {digest: path}} of build ``build`` of
+        ``repo:tag`` (0: registry.json's)."""
+        key = f"{repo}:{tag}" + (f"#{build}" if build else "")
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
         meta_path = self.dir / f"image-{safe}-{self.image_bytes}.json"
         with self._lock(key):
             if meta_path.exists():
                 meta = json.loads(meta_path.read_text())
             else:
-                meta = self._make_image(repo, tag)
+                meta = self._make_image(repo, tag, build)
                 _write_json(meta_path, meta)
         blobs = {d: self.blobs / d.split(":", 1)[1] for d in meta["blobs"]}
         self.known.update(blobs)
         self.configs.add(meta["blobs"][0])
         return {"manifest": meta["manifest"].encode(), "digest": meta["digest"], "blobs": blobs}
 
-    def _make_image(self, repo: str, tag: str) -> dict[str, Any]:
-        m = self.registry[repo][tag]
+    def _make_image(self, repo: str, tag: str, build: int) -> dict[str, Any]:
+        m = self.builds(repo, tag)[build]
+        seed = f"{repo}:{tag}" + (f"#{build}" if build else "")
         layers = []
-        for i, size in enumerate(layer_sizes(f"{repo}:{tag}", self.image_bytes)):
+        for i, size in enumerate(layer_sizes(seed, self.image_bytes)):
             tmp = self.blobs / f"layer-{uuid.uuid4().hex}"
-            hexd = _fill(tmp, f"{repo}:{tag}/layer{i}", size)
+            hexd = _fill(tmp, f"{seed}/layer{i}", size)
             os.replace(tmp, self.blobs / hexd)
             layers.append({"mediaType": LAYER_TYPE, "digest": f"sha256:{hexd}", "size": size})
         config = {"architecture": "amd64", "os": "linux", "created": m["created"],
@@ -368,7 +424,8 @@ class Store:
     def blob(self, repo: str, digest: str) -> Path | None:
         if digest not in self.known:
             for tag in self.registry[repo]:
-                self.image(repo, tag)
+                for n in range(len(self.builds(repo, tag))):
+                    self.image(repo, tag, n)
         path = self.known.get(digest)
         return path if path is not None and path.exists() else None
 
@@ -539,11 +596,12 @@ class Handler(BaseHTTPRequestHandler):
         repo = self.store.repository(self.host, name)
         if repo is None:  # Docker Hub and quay.io answer a repository that does not exist as one you may not read
             return self._oci_error(401, "UNAUTHORIZED", "authentication required", head)
+        self.store.refresh_pushes()
         if kind == "manifests":
-            tag = self.store.tag_of(repo, ref)
-            if tag is None:
+            found = self.store.tag_of(repo, ref)
+            if found is None:
                 return self._oci_error(404, "MANIFEST_UNKNOWN", "manifest unknown", head)
-            img = self.store.image(repo, tag)
+            img = self.store.image(repo, *found)
             return self._small(200, img["manifest"], MANIFEST_TYPE, {
                 "Docker-Content-Digest": img["digest"], "ETag": f'"{img["digest"]}"',
                 "Docker-Distribution-API-Version": "registry/2.0"}, head=head)

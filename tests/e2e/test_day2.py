@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from .conftest import deploy, k3, skip_no_sim
+from .conftest import ROOT, deploy, k3, skip_no_sim
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -34,7 +34,9 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
     units = {u["host"]: u for g in st["groups"] for u in g["units"]}
     head, worker = (units[n["name"]] for n in sim.info["nodes"])
     assert head["verdict"] == "serving" and head["health"] == 200 and head["matches_plan"] is True
-    assert worker["verdict"] == "running" and worker["image"] == "vllm/vllm-openai:kimi-k3"
+    digest = json.loads((ROOT / "k3deploy/sim/node_tools/usr/lib/k3sim/registry.json").read_text())[
+        "vllm/vllm-openai"]["kimi-k3"]["digest"]
+    assert worker["verdict"] == "running" and worker["image"] == f"vllm/vllm-openai@{digest}"   # the tag's build
     text = k3("status", sim.inventory, check=False).stdout
     assert "cluster: serving" in text and "group engine: serving" in text
 

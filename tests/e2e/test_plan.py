@@ -13,6 +13,9 @@ from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
 FAKE_TOKEN = "hf_k3deployFAKEtoken0123456789abcdef"
+#: the build the simulated registry's vllm/vllm-openai:kimi-k3 names (the rollout pins the tag to it)
+KIMI_K3_DIGEST = json.loads((ROOT / "k3deploy/sim/node_tools/usr/lib/k3sim/registry.json").read_text())[
+    "vllm/vllm-openai"]["kimi-k3"]["digest"]
 
 
 def dry_diff(inventory: str) -> subprocess.CompletedProcess:
@@ -46,7 +49,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
         kinds = {c["kind"] for c in h["changes"]}
         assert {"file", "image", "argv", "env", "restart"} <= kinds
         image = next(c for c in h["changes"] if c["kind"] == "image")
-        assert image["from"] is None and image["to"] == "vllm/vllm-openai:kimi-k3"
+        assert image["from"] is None and image["to"] == f"vllm/vllm-openai:k3-sha256-{KIMI_K3_DIGEST[7:]}"  # its build
 
     # --dry --diff on the never-deployed cluster, with a token file: diffs shown, token never
     sim.group_vars.write_text(base + f"k3_hf_token_file: {token}\n")

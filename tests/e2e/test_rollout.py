@@ -170,7 +170,7 @@ def test_pinned_digest_is_verified(sim_factory):
     ok = deploy(sim.inventory)
     assert ok.returncode == 0, ok.stdout[-3000:]
     unit = sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
-    assert f"vllm/vllm-openai:kimi-k3@{good}" in unit
+    assert f"vllm/vllm-openai:k3-sha256-{good.split(':', 1)[1]}" in unit   # the build, by its digest-named tag
 
 
 def test_argv_derived_values_follow_k3_extra_args_as_vllm_reads_them(sim_factory):

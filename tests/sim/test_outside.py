@@ -165,6 +165,38 @@ def test_hf_download_sends_the_token_and_never_prints_it(outside_server, tmp_pat
     assert offline.returncode == 1 and "HF_HUB_OFFLINE" in offline.stderr
 
 
+def test_a_re_pushed_tag_names_a_new_build_that_docker_resolves_pulls_and_moves_the_tag_to(tmp_path, net):
+    """``sim push``: the registry's tag names a new build (its own server: the shared one keeps registry.json's);
+    ``docker buildx imagetools inspect`` prints its digest as buildx does, a pull moves the local tag to it (the old
+    build stays, by digest), and ``docker tag`` moves the tag back."""
+    (tmp_path / "out").mkdir()
+    srv = OutsideServer(tmp_path / "out", f"{net}.254")
+    try:
+        node = Node(tmp_path, "h200", 0, 1, net)
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return docker(node, *args, K3SIM_OUTSIDE=srv.addr)
+
+        first = REGISTRY["vllm/vllm-openai"]["kimi-k3"]["digest"]
+        inspect = run("buildx", "imagetools", "inspect", IMAGE)
+        assert inspect.returncode == 0 and inspect.stdout.splitlines() == [
+            f"Name:      docker.io/{IMAGE}", f"MediaType: {outside.MANIFEST_TYPE}", f"Digest:    {first}"]
+        assert run("pull", "-q", IMAGE).returncode == 0
+        new = outside.repush(srv.dir, IMAGE)
+        assert run("buildx", "imagetools", "inspect", IMAGE).stdout.splitlines()[2] == f"Digest:    {new}"
+        assert run("pull", "-q", IMAGE).returncode == 0
+        fmt = "{{index .RepoDigests 0}}"
+        assert run("image", "inspect", "--format", fmt, IMAGE).stdout.strip() == f"vllm/vllm-openai@{new}"
+        old = run("image", "inspect", "--format", "{{json .RepoTags}}", f"vllm/vllm-openai@{first}")
+        assert old.returncode == 0 and old.stdout.strip() == "[]"          # untagged, still there by digest
+        assert run("tag", f"vllm/vllm-openai@{first}", IMAGE).returncode == 0
+        assert run("image", "inspect", "--format", fmt, IMAGE).stdout.strip() == f"vllm/vllm-openai@{first}"
+        gone = run("buildx", "imagetools", "inspect", "vllm/vllm-openai:nope")
+        assert gone.returncode == 1 and gone.stderr.strip() == "ERROR: docker.io/vllm/vllm-openai:nope: not found"
+    finally:
+        srv.stop()
+
+
 def test_no_outside_is_dockers_connection_error(tmp_path, net):
     node = Node(tmp_path, "h200", 0, 1, net)
     res = docker(node, "pull", IMAGE, K3SIM_OUTSIDE=f"{net}.254:9")
