@@ -4,7 +4,6 @@ included; an ``@fake`` host is read one fact at a time, since it answers one scr
 from __future__ import annotations
 
 import dataclasses
-
 import os
 from pathlib import Path
 
