@@ -18,3 +18,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
   touch "$stamp"
 fi
+
+# the real vllm-router the simulated cluster's router hosts run (needs root for the cache under /var/cache)
+if [ "$(id -u)" = 0 ]; then
+  bash tools/sim-router.sh >/dev/null
+fi

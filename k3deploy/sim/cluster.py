@@ -52,6 +52,7 @@ from k3deploy.recipe.taxonomy import strategies
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import faults as sim_faults
 from k3deploy.sim import network, outside, processes, profiles, rootfs
+from k3deploy.sim import router as sim_router
 from k3deploy.sim.host import COMMAND_PACKAGES, SimError, ensure_inotify, run
 from k3deploy.sim.inventory import parse_layout, write_inventory
 from k3deploy.sim.network import bridge_name, default_subnet, validate_subnet
@@ -269,6 +270,7 @@ def up(
     if boot_timeout is None:
         boot_timeout = float(os.environ.get("K3SIM_BOOT_TIMEOUT", "90"))
     check_host()
+    sim_router.check()  # the real vllm-router the router hosts run
 
     with locked(name):
         old = load_state(name)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.sim import profiles
+from k3deploy.sim import router as sim_router
 from k3deploy.sim.state import NodeLayout
 
 CG_ROOT = Path("/sys/fs/cgroup")
@@ -181,6 +182,10 @@ def spawn(cluster: str, nd: NodeLayout, append_log: bool = False) -> subprocess.
         # a GPU node's /dev/shm is large (NCCL, PyTorch IPC); tmpfs size is a limit, not an allocation
         "--tmpfs=/dev/shm:mode=1777,size=64g",
     ]  # fmt: skip
+    # the real vllm-router, installed once on the host (k3deploy.sim.router), read-only on every node
+    rdir = sim_router.router_dir()
+    if rdir.is_dir():
+        cmd.append(f"--bind-ro={rdir}:{sim_router.NODE_DIR}")
     # placeholder device nodes (GPUs, IMEX channel, RDMA) so that existence checks see a real node's /dev
     cfg_path = nd.merged / profiles.NODE_CONFIG_PATH.lstrip("/")
     if cfg_path.is_file():

@@ -22,6 +22,7 @@ from k3deploy.sim.profiles import NODE_TOOLS, node_config
 
 ENGINE = NODE_TOOLS / "usr/lib/k3sim/engine.py"
 DOCKER = NODE_TOOLS / "usr/bin/docker"
+#: the node's vllm-router command: runs the real vllm-router 0.1.17 (K3SIM_ROUTER_DIR: where it is installed)
 ROUTER = NODE_TOOLS / "usr/local/bin/vllm-router"
 UUID = "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
 #: ADDRESS:PORT of the simulated outside the host's "nodes" use (K3SIM_OUTSIDE), set by the ``outside`` fixture

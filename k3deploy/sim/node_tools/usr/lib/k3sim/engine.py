@@ -10,7 +10,11 @@ Reads the real ``vllm serve`` argv and reproduces what a deploy tool can observe
 - the API port is bound early but only listened on once the world has joined and weights are
   "loaded" (connection refused before); headless nodes serve no HTTP; hybrid-LB nodes serve their own;
 - ``/health``, ``/ping``, ``/version``, ``/load``, ``/metrics``, ``/v1/models``, ``/v1/chat/completions``,
-  ``/v1/completions`` (``stream: true`` as server-sent events).
+  ``/v1/completions`` (``stream: true`` as server-sent events), and what vllm-router 0.1.17 asks before routing:
+  ``/v1/chat/completions/render``, ``/v1/completions/render`` (the request as token ids and sampling parameters),
+  ``/tokenize``, ``/detokenize``;
+- with ``--kv-transfer-config`` (NixlConnector), a request whose ``kv_transfer_params`` asks for a remote decode is
+  answered with the parameters a decode instance reads the KV blocks with, as a prefill instance does.
 
 All timeouts are nominal vLLM/torch values multiplied by the node's ``time_scale``.
 """
@@ -26,6 +30,7 @@ import threading
 import time
 import traceback
 import uuid
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.dont_write_bytecode = True
@@ -306,6 +311,12 @@ class Engine:
         self.requests = 0
         self.running = 0          # requests being generated (vllm:num_requests_running)
         self.lock = threading.Lock()
+        try:
+            kv = json.loads(args.get("kv_transfer_config") or "null")
+        except ValueError:
+            kv = None
+        self.kv = kv if isinstance(kv, dict) else None
+        self.engine_id = str((self.kv or {}).get("engine_id") or uuid.uuid4())
 
     # -- small utilities
     def s(self, nominal: float) -> float:
@@ -430,7 +441,9 @@ class Engine:
         log("INFO", "launcher.py:190", "Available routes are:")
         for route, methods in (("/health", "GET"), ("/ping", "GET, POST"), ("/version", "GET"),
                                ("/v1/models", "GET"), ("/v1/chat/completions", "POST"),
-                               ("/v1/completions", "POST"), ("/metrics", "GET"), ("/load", "GET")):
+                               ("/v1/completions", "POST"), ("/v1/chat/completions/render", "POST"),
+                               ("/v1/completions/render", "POST"), ("/tokenize", "POST"), ("/detokenize", "POST"),
+                               ("/metrics", "GET"), ("/load", "GET")):
             log("INFO", "launcher.py:198", f"Route: {route}, Methods: {methods}")
         engine = self
 
@@ -845,6 +858,15 @@ def _send(sock: socket.socket, obj: dict) -> None:
 #: seconds each generated token takes (a completion of the answer below is in flight for ~0.3 s)
 TOKEN_SECONDS = 0.02
 ANSWER = "Hello from {node}: this is {model} (simulated vLLM {version}) answering your request."
+POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/chat/completions/render", "/v1/completions/render",
+               "/tokenize", "/detokenize")
+VOCAB = 163840
+
+
+def token_ids(text: str, chat: bool) -> list[int]:
+    """Deterministic stand-in token ids: one per word (a chat prompt framed by the template's start/end ids)."""
+    ids = [zlib.crc32(w.encode()) % (VOCAB - 1000) + 1000 for w in text.split()]
+    return [163584, *ids, 163585] if chat else (ids or [0])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -939,7 +961,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length else b""
-        if path not in ("/v1/chat/completions", "/v1/completions"):
+        if path not in POST_ROUTES:
             return self._json(404, {"detail": "Not Found"})
         if self.eng.dead:
             return self._error(500, "InternalServerError", "EngineCore encountered an issue.")
@@ -953,23 +975,36 @@ class _Handler(BaseHTTPRequestHandler):
         eng = self.eng
         if model is not None and model not in eng.served:
             return self._error(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
-        chat = path == "/v1/chat/completions"
+        if path == "/detokenize":
+            ids = req.get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                return self._error(400, "BadRequestError", "'tokens' must be a list of token ids", "tokens")
+            return self._json(200, {"prompt": " ".join(f"<{t}>" for t in ids)})
+        chat = path.startswith("/v1/chat/completions") or (path == "/tokenize" and "messages" in req)
         if chat:
             msgs = req.get("messages")
             if not isinstance(msgs, list) or not msgs:
                 return self._error(400, "BadRequestError", "'messages' must be a non-empty list", "messages")
-            prompt_words = sum(len(str(m.get("content", "")).split()) for m in msgs if isinstance(m, dict))
+            prompt_text = "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
         else:
             if "prompt" not in req:
                 return self._error(400, "BadRequestError", "'prompt' is required", "prompt")
-            prompt_words = len(str(req["prompt"]).split())
+            prompt_text = str(req["prompt"])
+        prompt_ids = token_ids(prompt_text, chat)
         limit = req.get("max_completion_tokens") or req.get("max_tokens")
+        if isinstance(limit, int) and limit < 1:
+            return self._error(400, "BadRequestError", "max_tokens must be at least 1", "max_tokens")
+        if path == "/tokenize":
+            return self._json(200, {"count": len(prompt_ids), "max_model_len": parse_len(eng.a["max_model_len"]),
+                                    "tokens": prompt_ids, "token_strs": None})
+        if path.endswith("/render"):
+            return self._render(req, prompt_ids, chat)
+        prompt_words = len(prompt_text.split())
         words = ANSWER.format(node=eng.node, model=eng.served[0], version=VERSION).split()
         finish = "stop"
         if isinstance(limit, int) and limit < len(words):
-            if limit < 1:
-                return self._error(400, "BadRequestError", "max_tokens must be at least 1", "max_tokens")
             words, finish = words[:limit], "length"
+        kv_params = self._kv_transfer(req.get("kv_transfer_params"), len(prompt_ids))
         eng.requests += 1
         with eng.lock:
             eng.running += 1
@@ -977,12 +1012,12 @@ class _Handler(BaseHTTPRequestHandler):
             # generation takes time (TOKEN_SECONDS a token): a request is in flight meanwhile, and an engine stopped
             # then drops it, as vLLM does
             time.sleep(TOKEN_SECONDS * len(words))
-            return self._answer(req, chat, model, words, finish, prompt_words)
+            return self._answer(req, chat, model, words, finish, prompt_words, kv_params)
         finally:
             with eng.lock:
                 eng.running -= 1
 
-    def _answer(self, req, chat, model, words, finish, prompt_words) -> None:
+    def _answer(self, req, chat, model, words, finish, prompt_words, kv_params) -> None:
         eng = self.eng
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
@@ -1003,7 +1038,55 @@ class _Handler(BaseHTTPRequestHandler):
             obj = "text_completion"
         self._json(200, {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
                          "service_tier": None, "system_fingerprint": None, "usage": usage,
-                         "prompt_logprobs": None, "kv_transfer_params": None})
+                         "prompt_logprobs": None, "kv_transfer_params": kv_params})
+
+    def _render(self, req: dict, prompt_ids: list[int], chat: bool) -> None:
+        """``/v1/chat/completions/render`` (one GenerateRequest) and ``/v1/completions/render`` (a list of them):
+        the request as the engine would run it, token ids and sampling parameters, generating nothing."""
+        limit = req.get("max_completion_tokens") or req.get("max_tokens")
+        max_model_len = parse_len(self.eng.a["max_model_len"])
+        max_tokens = limit if isinstance(limit, int) else max(1, max_model_len - len(prompt_ids))
+        params: dict = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                        "temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "stop": [], "stop_token_ids": [],
+                        "max_tokens": max_tokens, "output_kind": 1 if req.get("stream") else 2,
+                        "skip_clone": True, "bad_words": [], "skip_reading_prefix_cache": False}
+        for key in ("temperature", "top_p", "top_k", "min_p", "seed", "n", "presence_penalty",
+                    "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos"):
+            if req.get(key) is not None and req.get(key) is not False:
+                params[key] = req[key]
+        kv = req.get("kv_transfer_params")
+        base = self.headers.get("X-Request-Id") or req.get("request_id") or uuid.uuid4().hex
+        gen = {"request_id": f"{'chatcmpl' if chat else 'cmpl'}-{base}", "token_ids": prompt_ids,
+               "token_offsets": None, "features": None, "content_parts": None, "sampling_params": params,
+               "model": req.get("model"), "reasoning_ended": None, "reasoning_parser_kwargs": None,
+               "return_token_ids": None, "output_mode": "tokens", "parse_context": None,
+               "stream": bool(req.get("stream")), "stream_options": req.get("stream_options") if req.get("stream")
+               else None, "cache_salt": req.get("cache_salt"), "priority": req.get("priority") or 0,
+               "kv_transfer_params": kv if isinstance(kv, dict) else None, "ec_transfer_params": None}
+        self._json(200, gen if chat else [gen])
+
+    def _kv_transfer(self, params, prompt_tokens: int):
+        """NixlConnector (pull): a prefill asked for a remote decode answers where its KV blocks are; a decode given
+        them "reads" them (logged) and answers none."""
+        eng = self.eng
+        if eng.kv is None or not isinstance(params, dict):
+            return None
+        if params.get("do_remote_prefill"):
+            log("INFO", "nixl_connector.py:1420", f"Reading {len(sum(params.get('remote_block_ids') or [[]], []))} "
+                f"KV blocks from engine {params.get('remote_engine_id')} at {params.get('remote_host')}:"
+                f"{params.get('remote_port')} (request {params.get('remote_request_id')})")
+            return None
+        if not params.get("do_remote_decode"):
+            return None
+        blocks = max(1, -(-prompt_tokens // 16))
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": [list(range(1, blocks + 1))], "remote_engine_id": eng.engine_id,
+                "remote_request_id": "chatcmpl-" + uuid.uuid4().hex,
+                "remote_host": eng.env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+                "remote_port": int(eng.env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600") or 5600),
+                "tp_size": eng.a.get("tp") or 1, "dcp_size": 1, "pp_size": eng.a.get("pp") or 1,
+                "remote_num_tokens": prompt_tokens, "remote_blocks_expiry_time": None,
+                "remote_registration_generation": 0, "transfer_mode": "pull"}
 
     def _stream(self, rid, created, name, words, finish, chat) -> None:
         self.send_response(200)
