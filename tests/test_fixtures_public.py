@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.facts import nvidia, rdma
+from k3deploy.facts import amd, ascend, host, nvidia, rdma
 
 FIX = Path(__file__).parent / "fixtures"
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
@@ -164,3 +164,111 @@ def test_fabric_manager_version_450_and_the_simulated_form(tmp_path):
     sim = simulated("usr/bin/nv-fabricmanager", ["--version"], tmp_path, "h200")
     form = r"Fabric Manager version is : \d+\.\d+\.\d+"
     assert [bool(re.fullmatch(form, line)) for line in real + sim] == [True, True]
+
+
+# ------------------------------------------------------ /proc/driver/nvidia/version, modinfo
+
+
+@pytest.mark.parametrize("name, version", [
+    ("proc-version-open-aarch64-jetson", "35.3.1"),  # a Jetson (L4T): aarch64, a version of its own
+    ("proc-version-open-565", "565.57.01"),
+    ("proc-version-open-arch", "525.60.11"),  # a distribution's build host, trailing blanks
+])
+def test_proc_driver_version_open_modules(name, version):
+    real = lines(f"nvidia/{name}.txt")
+    assert run(nvidia.NvidiaDriverFlavour, real) == nvidia.DriverFlavour("open", version, "proc")
+    dmabuf = rdma.parse_dmabuf(["K3_SECTION=kernel", "6.8.0-45-generic", "K3_SECTION=nvidia", real[0],
+                                "K3_SECTION=mlx5", "loaded"])
+    assert dmabuf.open_modules is True
+
+
+def test_modinfo_license_values_and_the_simulated_modinfo(tmp_path):
+    """``modinfo -F license nvidia`` prints the value of modinfo's ``license:`` line: the real lines give both."""
+    real = lines("nvidia/modinfo-grep-license.txt")
+    values = [line.split(":", 1)[1].strip() for line in real]
+    assert [run(nvidia.NvidiaDriverFlavour, [v]).flavour for v in values] == ["proprietary", "open"]
+    full = simulated("usr/local/bin/modinfo", ["nvidia"], tmp_path, "h200")
+    (line,) = [x for x in full if x.startswith("license:")]
+    assert re.fullmatch(r"license:\s{8}\S.*", line) and all(re.fullmatch(r"\s*license:\s{8}\S.*", x) for x in real)
+    value = simulated("usr/local/bin/modinfo", ["-F", "license", "nvidia"], tmp_path, "h200")
+    assert value == [line.split(":", 1)[1].strip()]
+    assert run(nvidia.NvidiaDriverFlavour, value).source == "modinfo"
+
+
+# ------------------------------------------------------------------------------------- lsmod
+
+
+def test_lsmod_lines_and_the_simulated_lsmod(tmp_path):
+    """kmod prints ``%-19s %8lu  %d`` and the users: the size ends in column 28 in the real and the simulated."""
+    real = lines("rdma/lsmod-grep-peermem-gpud.txt")
+    assert {"nvidia_peermem", "ib_core", "nvidia"} <= set(run(rdma.KernelModules, real).names)
+    sim = simulated("usr/local/bin/lsmod", [], tmp_path, "h200")
+    assert sim[0] == "Module                  Size  Used by"
+    assert "nvidia_peermem" in run(rdma.KernelModules, sim)
+    for line in real + sim[1:]:
+        match = re.match(r"^(\S+)\s+(\d+)  (\d+)( \S+)?$", line)
+        assert match, line
+        if len(match.group(1)) < 19:
+            assert match.end(2) == 28, line
+
+
+# ------------------------------------------------------------------------------- rocm-smi
+
+
+def test_rocm_smi_driver_version_section_and_the_simulated_one(tmp_path):
+    """``rocm-smi -a`` opens with the section ``--showdriverversion`` prints: a banner, ``Driver version: X``."""
+    real = lines("amd/rocm-smi-a-driver-6.1.5.txt")
+    assert run(amd.RocmDriverVersion, real).driver == "6.1.5"
+    sim = simulated("usr/bin/rocm-smi", ["--showdriverversion"], tmp_path, "mi355x")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", run(amd.RocmDriverVersion, sim).driver)
+
+    def shape(output: list[str]) -> list[str]:
+        """The banners (``=== Title ===``, title only) and the key of each other line, up to the driver line."""
+        out = []
+        for line in output:
+            if not line.strip():
+                continue
+            title = line.strip("= ")
+            out.append(f"[{title}]" if line.startswith("=") and title else line.split(":")[0] if title else "[rule]")
+            if line.startswith("Driver version:"):
+                break
+        return out
+
+    assert shape(sim) == shape(real) == ["[ROCm System Management Interface]", "[Version of System Component]",
+                                         "Driver version"]
+
+
+# ------------------------------------------------------------------------------- npu-smi
+
+
+def test_npu_smi_info_26_rc2_wider_table_and_the_simulated_table(tmp_path):
+    """npu-smi 26.0.rc2 widens the third column; the cells, not the widths, carry the values."""
+    real = lines("ascend/npu-smi-info-a3-26.0.rc2-excerpt.txt")
+    info = run(ascend.NpuSmiInfo, real)
+    assert info.version == "26.0.rc2"
+    assert [(c.npu, c.chip, c.name, c.health, c.bus_id, c.hbm_total_mb) for c in info.chips] == [
+        (0, 0, "Ascend910", "OK", "0000:9D:00.0", 65536), (0, 1, "Ascend910", "OK", "0000:9F:00.0", 65536)]
+    sim = simulated("usr/local/bin/npu-smi", ["info"], tmp_path, "ascend_910c")
+
+    def headers(output: list[str]) -> list[list[str]]:
+        """The first cell word of the chip table's two header rows (the process table follows in a full output)."""
+        return [[cell.split()[0] for cell in line.strip().strip("|").split("|")] for line in output
+                if line.startswith(("| NPU ", "| Chip "))][:2]
+
+    assert headers(sim) == headers(real) == [["NPU", "Health", "Power(W)"], ["Chip", "Bus-Id", "AICore(%)"]]
+    chips = run(ascend.NpuSmiInfo, sim).chips
+    assert len(chips) == 16 and {(c.name, c.health, c.hbm_total_mb) for c in chips} == {("Ascend910", "OK", 65536)}
+    assert [c.chip for c in chips[:2]] == [0, 1] and chips[0].npu == chips[1].npu == 0
+
+
+# ------------------------------------------------------------------------------------ docker
+
+
+def test_docker_server_version_value():
+    """``docker version --format '{{.Server.Version}}'`` prints the Server section's ``Version`` value alone (no
+    public sample of the formatted form: the value is taken from a real plain ``docker version``)."""
+    real = lines("host/docker-version-rhel-1.13.1.txt")
+    server = real[real.index("Server:"):]
+    (value,) = [line.split(":", 1)[1].strip() for line in server if line.startswith(" Version:")]
+    runtime = run(host.DockerRuntime, ["K3_SECTION=version", value, "K3_SECTION=runtimes", "docker-runc runc "])
+    assert (runtime.server_version, runtime.runtimes, runtime.error) == ("1.13.1", ["docker-runc", "runc"], "")
