@@ -272,3 +272,26 @@ def test_docker_server_version_value():
     (value,) = [line.split(":", 1)[1].strip() for line in server if line.startswith(" Version:")]
     runtime = run(host.DockerRuntime, ["K3_SECTION=version", value, "K3_SECTION=runtimes", "docker-runc runc "])
     assert (runtime.server_version, runtime.runtimes, runtime.error) == ("1.13.1", ["docker-runc", "runc"], "")
+
+
+# ------------------------------------------------------------------ amd-smi, /sys/module/amdgpu
+
+
+def test_amd_smi_version_with_the_kernels_own_amdgpu():
+    """Without amdgpu-dkms amd-smi prints the kernel's /proc/version, blanks squeezed out, as the amdgpu version: the
+    fact used to keep that whole string as the driver version; it keeps the kernel release."""
+    versions = run(amd.AmdSmiVersion, lines("amd/amd-smi-version-inbox-amdgpu.txt"))
+    assert (versions.tool, versions.library, versions.rocm, versions.amdgpu) == (
+        "25.3.0+ede62f2", "25.3.0", "6.4.0", "6.8.0-79-generic")
+
+
+def test_sys_module_amdgpu_version_dkms_and_inbox(tmp_path):
+    """``/sys/module/amdgpu/version`` holds the DKMS module's version; the kernel's own module has none (the fact's
+    ``[ -s ... ]`` then falls back to rocm-smi)."""
+    (value,) = lines("amd/sys-module-amdgpu-version-dkms.txt")
+    assert run(amd.RocmDriverVersion, [f"{amd.SYSFS_DRIVER_MARK}{value}"]).driver == "6.19.14.31400000"
+    (missing,) = lines("amd/sys-module-amdgpu-version-inbox.txt")
+    assert "No such file or directory" in missing and "[ -s /sys/module/amdgpu/version ]" in amd.RocmDriverVersion(
+        ).command()
+    sim = run(amd.AmdSmiVersion, simulated("usr/bin/amd-smi", ["version"], tmp_path, "mi355x"))
+    assert re.fullmatch(r"\d+(\.\d+)+", sim.amdgpu or "") and re.fullmatch(r"\d+(\.\d+)+", sim.rocm or "")
