@@ -205,6 +205,21 @@ def test_fabric_from_real_in_progress_output_fails_that_tray():
     assert "00000018:06:00.0" in bad.observed and "In Progress" in bad.observed
 
 
+def test_fabric_completed_but_unhealthy_from_real_output_fails_that_tray():
+    """A GB200 tray's Fabric block Completed/Success with Health Summary Unhealthy (real output, see
+    tests/fixtures/README.md) is not a usable NVLink domain member: it used to pass."""
+    lines = (FIX / "nvidia/smi-q-fabric-unhealthy-gb200.txt").read_text().splitlines()
+    hosts = gb300_cluster(2)
+    (gpu,) = nvidia.NvlinkFabric().process(lines + ["K3_EXIT=0"])
+    hosts[1].fabric = [dataclasses.replace(gpu, gpu=g.gpu, cluster_uuid=UUID, clique_id="32766")
+                       for g in hosts[1].fabric]
+    results = run_checks(sel("gb300", 2), hosts)
+    assert failures(results) == [("gb300-1", "nvlink.fabric")]
+    (bad,) = [r for r in results if r.status == "fail"]
+    assert "Health Unhealthy" in bad.observed and "Health not Unhealthy" in bad.required
+    assert "fabric health is Unhealthy" in bad.fix
+
+
 def test_imex_domain_from_real_output_passes_when_it_lists_every_tray():
     real = nvidia.ImexDomain().process((FIX / "nvidia/imex-ctl-N-18-nodes-570.172.txt").read_text().splitlines()
                                        + ["K3_EXIT=0"])

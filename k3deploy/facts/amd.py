@@ -36,7 +36,9 @@ def _value(pattern: str, text: str) -> str | None:
 
 
 def parse_amd_smi_version(lines: list[str]) -> AmdSmiVersions:
-    """``amd-smi version`` (leading ERROR lines tolerated).
+    """``amd-smi version`` (leading ERROR lines tolerated). With the kernel's own amdgpu module amd-smi prints the
+    kernel's ``/proc/version`` squeezed as the amdgpu version (``Linuxversion6.8.0-79-generic(buildd@...)...``):
+    the kernel release is kept.
 
     >>> parse_amd_smi_version(["AMDSMI Tool: 26.0.2+39589fda | AMDSMI Library version: 26.0.2 | "
     ...     "ROCm version: 7.0.2 | amdgpu version: 6.14.14 | amd_hsmp version: N/A"]).rocm
@@ -44,11 +46,16 @@ def parse_amd_smi_version(lines: list[str]) -> AmdSmiVersions:
     """
     for line in lines:
         if "AMDSMI Tool:" in line or "ROCm version:" in line:
+            amdgpu = _value(r"amdgpu version:\s*([^\s|]+)", line)
+            inbox = re.match(r"Linuxversion(\d+\.\d+[^\s(]*)", amdgpu or "")
+            if inbox:
+                # the kernel's own amdgpu (no amdgpu-dkms): amd-smi prints /proc/version without its blanks
+                amdgpu = inbox.group(1)
             return AmdSmiVersions(
                 tool=_value(r"AMDSMI Tool:\s*([^\s|]+)", line),
                 library=_value(r"AMDSMI Library version:\s*([^\s|]+)", line),
                 rocm=_value(r"ROCm version:\s*([^\s|]+)", line),
-                amdgpu=_value(r"amdgpu version:\s*([^\s|]+)", line),
+                amdgpu=amdgpu,
             )
     raise Unparsable("no 'AMDSMI Tool' / 'ROCm version' line")
 

@@ -49,7 +49,8 @@ _FIELD_RE = re.compile(r"^\s*([A-Za-z_][^:]*?):\s*(.*?)\s*$")
 
 
 def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
-    """Parse ``ibv_devinfo`` (tab-separated fields, one ``hca_id`` block per device, several ports).
+    """Parse ``ibv_devinfo`` (tab-separated fields, one ``hca_id`` block per device, several ports). A ``Failed to
+    open device`` line (a device this host or container cannot open) is skipped.
 
     >>> devs = parse_ibv_devinfo(["hca_id:\\tmlx5_0", "\\ttransport:\\t\\t\\tInfiniBand (0)",
     ...     "\\t\\tport:\\t1", "\\t\\t\\tstate:\\t\\t\\tPORT_ACTIVE (4)", "\\t\\t\\tlink_layer:\\t\\tInfiniBand"])
@@ -95,6 +96,9 @@ def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
             continue
         if raw.strip().startswith("No IB devices found"):
             return []
+        if raw.strip() == "Failed to open device":
+            # its stderr line for a device it cannot open (a VF not passed to this container), the others follow
+            continue
         match = _FIELD_RE.match(raw)
         if not match:
             if raw.strip() == "Device ports:":

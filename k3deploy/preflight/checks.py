@@ -336,9 +336,12 @@ def _fabric_identity(f: HostFacts) -> tuple[str, str] | None:
     return uuid, clique
 
 
+FABRIC_REQUIRED = "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId, Health not Unhealthy"
+
+
 def _check_fabric_host(out: _Out, sel: Requirements, f: HostFacts) -> bool:
     """Per-tray NVLink fabric state; True when the tray is usable for MNNVL."""
-    required = "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId"
+    required = FABRIC_REQUIRED
     fab = f.fabric
     if fab is None:
         return False
@@ -361,17 +364,21 @@ def _check_fabric_host(out: _Out, sel: Requirements, f: HostFacts) -> bool:
             "trays and the tray's NVLink cables are up (nvidia-smi -q shows a Fabric State other than N/A)",
         )
         return False
-    bad = [g for g in fab if not g.completed or not g.has_cluster]
+    # a fabric can be Completed/Success and still report its Health Summary Unhealthy (NVML's fabric health)
+    bad = [g for g in fab if not g.completed or not g.has_cluster or g.health == "Unhealthy"]
     if bad:
         shown = "; ".join(
             f"GPU {g.gpu}: State {g.state or 'N/A'}, Status {g.status or 'N/A'}, ClusterUUID {g.cluster_uuid or 'N/A'}"
+            + (f", Health {g.health}" if g.health == "Unhealthy" else "")
             for g in bad[:4]
         )
-        out.add(
-            f.host, "nvlink.fabric", "fail", shown, required,
-            "the tray has not joined the NVLink domain: check the NVLink switch trays and nvidia-imex "
-            "(journalctl -u nvidia-imex); 'In Progress' usually settles within minutes, then rerun preflight",
-        )
+        if all(g.completed and g.has_cluster for g in bad):
+            fix = ("the tray joined the NVLink domain but its fabric health is Unhealthy: check the tray's NVLink "
+                   "links and the NVLink switch trays (nvidia-smi -q, Fabric > Health), then rerun preflight")
+        else:
+            fix = ("the tray has not joined the NVLink domain: check the NVLink switch trays and nvidia-imex "
+                   "(journalctl -u nvidia-imex); 'In Progress' usually settles within minutes, then rerun preflight")
+        out.add(f.host, "nvlink.fabric", "fail", shown, required, fix)
         return False
     identity = _fabric_identity(f)
     if identity is None:
@@ -812,7 +819,7 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
         domains = Counter(fabric_ok.values())
         for h, (uuid, clique) in fabric_ok.items():
             out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
-                    "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId")
+                    FABRIC_REQUIRED)
         per_domain = " + ".join(str(n) for n in domains.values())
         out.add(CLUSTER, "nvlink.domains", "pass" if len(domains) == 1 else "warn",
                 f"{len(domains)} NVLink domain(s) ({per_domain} trays)", "one domain keeps all traffic on NVLink",
@@ -836,7 +843,7 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
     elif getattr(hw, "nvl", False):
         for h, (uuid, clique) in fabric_ok.items():
             out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
-                    "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId")
+                    FABRIC_REQUIRED)
 
     # ---- cluster-wide: memory of the planned nodes against the variant's planning minimum
     if sel.vram_minimum_gb:
