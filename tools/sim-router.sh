@@ -4,6 +4,6 @@
 # (K3SIM_ROUTER_DIR overrides), which every node mounts read-only. Idempotent. Run as root; tools/setup.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-[ -x "$PY" ] || PY=python3
+PY=.venv/bin/python
+[ -x "$PY" ] || PY=${PYTHON:-python3}
 exec "$PY" -m k3deploy.sim.router "$@"

@@ -72,7 +72,7 @@ def install(python: str = sys.executable) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}-", dir=d.parent))
     try:
         arch = os.uname().machine
-        cmd = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+        cmd = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                "--target", str(tmp), "--only-binary=:all:", "--implementation", "cp",
                "--python-version", NODE_PYTHON]
         for plat in NODE_PLATFORMS:

@@ -23,6 +23,7 @@ from k3deploy.errors import K3Error
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import cluster as sim
 from k3deploy.sim import processes
+from k3deploy.sim.state import state_dir
 
 CAN_SIM = os.geteuid() == 0 and shutil.which("systemd-nspawn") is not None and shutil.which("ssh") is not None
 needs_sim = pytest.mark.skipif(
@@ -170,6 +171,16 @@ def test_up_rejects_bad_input_with_one_line(args, needle):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_up_without_the_real_router_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("K3SIM_ROUTER_DIR", str(tmp_path / "nowhere"))
+    res = k3("sim", "up", "--hardware", "h200", "--nodes", "2", "--name", "norouter", timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "vllm-router 0.1.17 for the simulated nodes is not installed in" in lines[0]
+    assert "tools/sim-router.sh" in lines[0] and "Traceback" not in res.stderr
+    assert not state_dir("norouter").exists()  # nothing was created
 
 
 def test_missing_nspawn_names_the_package(tmp_path, monkeypatch):
