@@ -99,8 +99,9 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     assert sim.ssh(0, "systemctl show -p ActiveEnterTimestampMonotonic k3-engine-router").stdout == router_since
     assert k3("plan", sim.inventory, check=False).returncode == 0   # converged
 
-    # replica 0 does not come back: the roll stops there, replica 1 keeps the old version and the endpoint serves
-    k3("sim", "fault", sim.name, "0:engine-crash")
+    # replica 0 does not come back (its worker crashes at start): the roll stops there, replica 1 keeps the old
+    # version and the endpoint serves
+    k3("sim", "fault", sim.name, "1:engine-crash")
     sim.set_vars("k3_extra_env: {K3_CHANGE: two}\n")
     with Client(endpoint) as client:
         run = deploy(sim.inventory)
@@ -108,7 +109,8 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     assert run.returncode != 0, run.stdout[-4000:]
     assert client.failures == [], client.failures[:5]
     assert client.ok > 5
-    assert "K3_CHANGE=two" in env_of(sim, 0)
+    assert "K3_CHANGE=two" in env_of(sim, 0) and "K3_CHANGE=two" in env_of(sim, 1)
+    assert "engine-r0" in run.stdout and "Take the replica out of the router (engine-r1" in run.stdout
     # replica 1 was not touched: it keeps the files it runs (written in its own step, which never came)
     assert "K3_CHANGE=one" in env_of(sim, 2) and "K3_CHANGE=one" in env_of(sim, 3)
     assert sim.ssh(3, "systemctl show -p ActiveState k3-engine").stdout.strip() == "ActiveState=active"
@@ -118,7 +120,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     assert {g["name"]: g["in_router"] for g in st["groups"]}["engine-r0"] is False
 
     # the fault gone, rollback goes back to revision 2 the same way: replica by replica, no failed request
-    k3("sim", "fault", sim.name, "--clear", "0")
+    k3("sim", "fault", sim.name, "--clear", "1")
     with Client(endpoint) as client:
         run = deploy(sim.inventory, "--data", "k3_rollback=true")
         time.sleep(1)
