@@ -28,7 +28,7 @@ from pyinfra.api import Config, State  # noqa: E402
 from pyinfra.api.exceptions import ConnectError  # noqa: E402
 from pyinfra.api.facts import get_fact  # noqa: E402
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state  # noqa: E402
-from pyinfra.facts.files import FileContents  # noqa: E402
+from pyinfra.facts.files import File, FileContents  # noqa: E402
 
 from k3deploy.cluster import images as image_pins  # noqa: E402
 from k3deploy.cluster.diff import Installed  # noqa: E402
@@ -431,9 +431,17 @@ def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHisto
             raise K3Error(f"group {group}: {exc}") from None
         d = f"{revisions_dir(r.vars.k3_config_dir, group)}/{number}"
         for u in r.group(group):
+            have = installed.get((u.host, u.unit), Installed())
+            if number == h.current and runs_current[group] and have.unit_text is not None \
+                    and have.env_text is not None:
+                u.unit_text, u.env_text = have.unit_text, have.env_text   # it runs that revision: keep it
+                continue
             for attr, path in (("unit_text", u.unit_path), ("env_text", u.env_path)):
-                lines = get_fact(state, hosts[u.host], FileContents, kwargs={"path": f"{d}/{path.rsplit('/', 1)[-1]}"},
-                                 apply_failed_hosts=False)
+                kept = f"{d}/{path.rsplit('/', 1)[-1]}"
+                lines = get_fact(state, hosts[u.host], FileContents, kwargs={"path": kept}, apply_failed_hosts=False)
+                if lines is None and get_fact(state, hosts[u.host], File, kwargs={"path": kept},
+                                              apply_failed_hosts=False):
+                    lines = []   # an empty file (a router's env file)
                 if lines is None:
                     raise K3Error(f"cannot roll group {group} back to revision {number}: {u.host} has no "
                                   f"{d}/{path.rsplit('/', 1)[-1]} (k3deploy history shows what each host kept)")

@@ -154,6 +154,8 @@ def _build(state: Any) -> Context:
     mark_changes(r, cluster.installed)
     for group, number in cluster.rollback_to.items():
         current = cluster.history[group].current if group in cluster.history else None
+        if group not in r.changed_groups:
+            continue   # it runs that revision already
         logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
     return Context(cluster)
 
@@ -422,6 +424,8 @@ def _after_rollback(ctx: Context) -> None:
     cluster = ctx.cluster
     assert cluster is not None
     for group, number in cluster.rollback_to.items():
+        if group not in ctx.rollout.changed_groups:
+            continue
         newest = max(cluster.history[group].numbers)
         wanted = (f"revision {newest}'s settings" if newest > number else
                   "the change that did not come up (it was never recorded as a revision)")
