@@ -45,6 +45,7 @@ from k3deploy.cluster.variables import inventory_path_from_argv
 from k3deploy.errors import K3Error
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.recipe.argv import served_model_name
+from k3deploy.runtime import oporder
 from k3deploy.runtime.gather import Cluster, connector_drift, gather_in_run
 from k3deploy.runtime.operations import (
     from_control,
@@ -57,6 +58,7 @@ from k3deploy.runtime.operations import (
 )
 from k3deploy.runtime.readiness import Failure, wait_group
 
+oporder.install()  # pyinfra's op identities, without reading every frame's source (see the module)
 _lock = gevent.lock.RLock()
 #: variables that belong to one host or one run, not to what a group runs
 PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
