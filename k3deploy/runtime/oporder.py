@@ -45,5 +45,5 @@ def operation_order_from_stack(state: Any) -> list[int]:
 
 def install() -> None:
     """Use :func:`operation_order_from_stack` for the operations called from now on (idempotent)."""
-    _operation.get_operation_order_from_stack = operation_order_from_stack
+    setattr(_operation, "get_operation_order_from_stack", operation_order_from_stack)  # noqa: B010
 

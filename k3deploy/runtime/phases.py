@@ -33,6 +33,7 @@ from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes
 from k3deploy.cluster.staging import (
     ARCHIVE,
     OUTSIDE,
+    StagePlan,
     addresses,
     peers_config,
     peers_config_path,
@@ -176,6 +177,8 @@ def stage_phase(ctx: Context) -> None:
     managed_file(name="Hugging Face token (0600)", dest=token or "", content=Path(v.k3_hf_token_file).read_text()
                  if v.k3_hf_token_file else "", mode="600", kind="secret",
                  active=bool(token) and me in stage_engines(r))
+    if not _stages(sp):
+        return  # every engine node holds both artifacts: no stage operation would do anything on any host
     # fetched from outside (or from the control machine on an air-gapped site) by the first node(s) only
     script(name=f"Image {image_ref}: from the registry", text=commands.pull(docker, image_ref) + (
         " && " + commands.export_image(docker, image_ref, v.k3_stage_dir) if me in img.senders else ""),
@@ -210,6 +213,14 @@ def stage_phase(ctx: Context) -> None:
         script(name=f"Stage round {i + 1} of {sp.rounds}: from a peer", text=" && ".join(steps), active=bool(steps))
     script(name="Peers: stop serving, remove image archives",
            text=commands.stop_serving(v.k3_stage_dir, image_ref), active=me in sp.takes_part)
+
+
+def _stages(sp: StagePlan) -> bool:
+    """Some host has something to fetch, check, export, serve or receive (the same on every host: the stage's
+    operations are called on every host or on none, so pyinfra's order across hosts is unchanged)."""
+    a, b = sp.image, sp.weights
+    return bool(a.fetch or b.fetch or a.require or b.require or a.export or b.export or sp.rounds or sp.senders
+                or sp.takes_part)
 
 
 @deploy("Configure")
@@ -334,7 +345,8 @@ def _record(ctx: Context) -> None:
     a rollback, mark the revision it went back to as the current one)."""
     r, cluster = ctx.rollout, ctx.cluster
     assert cluster is not None
-    for group in host.loop(r.groups):
+    # a group that did not restart records nothing on any host: no operation for it
+    for group in host.loop([g for g in r.groups if g in r.changed_groups]):
         mine = [u for u in r.group(group) if u.host == host.name]
         history = cluster.history.get(group)
         active = bool(mine) and group in r.changed_groups and history is not None
