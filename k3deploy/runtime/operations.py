@@ -69,10 +69,11 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
             host.log(f"Will {verb} {dest}", logger.info)
             for line in file_diff(kind, old, content):
                 logger.info("    %s", line)
-    yield sh(f"mkdir -p {shlex.quote(dest.rsplit('/', 1)[0] or '/')}")
+    # uploaded to pyinfra's temporary directory, then put in place: two commands per file
     tmp = host.get_temp_filename(dest)
     yield FileUploadCommand(BytesIO(data), tmp, remote_temp_filename=tmp)
-    yield sh(f"chmod {mode} {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(dest)}")
+    yield sh(f"mkdir -p {shlex.quote(dest.rsplit('/', 1)[0] or '/')} && chmod {mode} {shlex.quote(tmp)} && "
+             f"mv -f {shlex.quote(tmp)} {shlex.quote(dest)}")
 
 
 def file_diff(kind: str, old: str | None, new: str) -> list[str]:

@@ -34,6 +34,7 @@ from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes
 from k3deploy.cluster.staging import (
     ARCHIVE,
     OUTSIDE,
+    StagePlan,
     addresses,
     peers_config,
     peers_config_path,
@@ -46,6 +47,7 @@ from k3deploy.cluster.variables import inventory_path_from_argv
 from k3deploy.errors import K3Error
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.recipe.argv import served_model_name
+from k3deploy.runtime import oporder
 from k3deploy.runtime.gather import Cluster, connector_drift, gather_in_run
 from k3deploy.runtime.operations import (
     from_control,
@@ -58,6 +60,7 @@ from k3deploy.runtime.operations import (
 )
 from k3deploy.runtime.readiness import Failure, wait_group
 
+oporder.install()  # pyinfra's op identities, without reading every frame's source (see the module)
 _lock = gevent.lock.RLock()
 #: variables that belong to one host or one run, not to what a group runs
 PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
@@ -189,6 +192,8 @@ def stage_phase(ctx: Context) -> None:
     managed_file(name="Hugging Face token (0600)", dest=token or "", content=Path(v.k3_hf_token_file).read_text()
                  if v.k3_hf_token_file else "", mode="600", kind="secret",
                  active=bool(token) and me in stage_engines(r))
+    if not _stages(sp):
+        return  # every engine node holds both artifacts: no stage operation would do anything on any host
     # fetched from outside (or from the control machine on an air-gapped site) by the first node(s) only
     script(name=f"Image {shown}: from the registry", text=commands.pull(docker, image_ref, tag) + (
         " && " + commands.export_image(docker, image_ref, v.k3_stage_dir) if me in img.senders else ""),
@@ -234,6 +239,14 @@ def stage_phase(ctx: Context) -> None:
            text=commands.stop_serving(v.k3_stage_dir, image_ref), active=me in sp.takes_part)
 
 
+def _stages(sp: StagePlan) -> bool:
+    """Some host has something to fetch, check, export, serve or receive (the same on every host: the stage's
+    operations are called on every host or on none, so pyinfra's order across hosts is unchanged)."""
+    a, b = sp.image, sp.weights
+    return bool(a.fetch or b.fetch or a.require or b.require or a.export or b.export or sp.rounds or sp.senders
+                or sp.takes_part)
+
+
 @deploy("Configure")
 def configure_phase(ctx: Context) -> None:
     r, cluster = ctx.rollout, ctx.cluster
@@ -272,7 +285,7 @@ def start_phase(ctx: Context) -> None:
     missing = r.missing_from_router()
     if not waves and not missing:
         host.noop("every group runs the planned version: nothing restarts")
-    if len(r.replicas) > 1 and router is not None:
+    if missing and router is not None:   # called only when there is something to do (on the router's host)
         urls = [u.serves for g in missing for u in r.group(g) if u.serves]
         script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
                text=commands.router_add(router.serves or "", urls, r.ready_timeout),
@@ -378,7 +391,8 @@ def _record(ctx: Context) -> None:
     a rollback, mark the revision it went back to as the current one)."""
     r, cluster = ctx.rollout, ctx.cluster
     assert cluster is not None
-    for group in host.loop(r.groups):
+    # a group that did not restart records nothing on any host: no operation for it
+    for group in host.loop([g for g in r.groups if g in r.changed_groups]):
         mine = [u for u in r.group(group) if u.host == host.name]
         history = cluster.history.get(group)
         active = bool(mine) and group in r.changed_groups and history is not None

@@ -343,7 +343,7 @@ def excluded_paths(config: dict[str, Any]) -> list[str]:
 
 #: tools whose output depends only on node.json (and the module state): answered from a cache in the node
 CACHED_TOOLS = frozenset({"nvidia-smi", "nvidia-ctk", "ibv_devinfo", "nv-fabricmanager", "amd-smi", "rocm-smi",
-                          "modinfo", "lsmod", "docker", "hccn_tool"})
+                          "modinfo", "lsmod", "docker", "hccn_tool", "nvidia-imex-ctl"})
 
 
 def warm_script(hardware: str, ip: str) -> str:

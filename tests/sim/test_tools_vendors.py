@@ -295,6 +295,41 @@ def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
     assert run("-q").returncode == 3 and calls.read_text().count("call") == 3
 
 
+def test_the_tool_cache_answers_image_inspect_per_image_store_state(tmp_path):
+    """``docker image inspect`` is replayed while the image store's index (images.json) is the same; other docker
+    commands always run."""
+    cached = (NODE_TOOLS / "usr/lib/k3sim/cached").read_text()
+    lib = tmp_path / "lib"
+    (lib / "tools").mkdir(parents=True)
+    script = cached.replace("/usr/lib/k3sim/tools", str(lib / "tools")).replace("/etc/k3sim/node.json",
+                                                                                 str(tmp_path / "node.json"))
+    script = script.replace("/var/lib/k3sim", str(tmp_path / "state")).replace("/run/k3sim/cache",
+                                                                               str(tmp_path / "cache"))
+    (lib / "cached").write_text(script)
+    calls = tmp_path / "calls"
+    (lib / "tools" / "docker").write_text(f"#!/bin/sh\necho call >> {calls}\ncat {tmp_path}/state/docker/images.json"
+                                          " 2>/dev/null || echo none\n")
+    (lib / "tools" / "docker").chmod(0o755)
+    (tmp_path / "node.json").write_text("{}")
+    import time
+
+    time.sleep(1.1)  # the cache must be newer than node.json (second-resolution mtimes)
+
+    def run(*args):
+        return subprocess.run(["sh", str(lib / "cached"), "docker", *args], capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("K3SIM_")}).stdout
+
+    def count():
+        return calls.read_text().count("call")
+
+    assert run("image", "inspect", "x") == "none\n" and run("image", "inspect", "x") == "none\n" and count() == 1
+    (tmp_path / "state" / "docker").mkdir(parents=True)
+    (tmp_path / "state" / "docker" / "images.json").write_text('{"a": 1}')  # pulled or loaded: asked again
+    assert run("image", "inspect", "x") == '{"a": 1}' and count() == 2
+    assert run("image", "inspect", "x") == '{"a": 1}' and count() == 2
+    assert run("images") == '{"a": 1}' and run("images") == '{"a": 1}' and count() == 4   # never cached
+
+
 # ------------------------------------------------------------------------------- faults
 
 
