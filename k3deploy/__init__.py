@@ -35,7 +35,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
-    runtime/phases.py (the phases of deploy/k3.py).
+    runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
@@ -51,7 +51,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 ``sim/`` -- the simulated cluster (see its own module map)
     sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,
     sim/host.py, sim/base.py (the cached base root), sim/profiles.py, sim/faults.py, sim/outside.py (the simulated
-    registries and hub); sim/node_tools (the tools inside the nodes).
+    registries and hub), sim/router.py (the real vllm-router the router hosts run); sim/node_tools (the tools inside
+    the nodes).
 
 ``cli/`` -- the ``k3deploy`` commands
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,

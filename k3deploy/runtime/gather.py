@@ -323,10 +323,16 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     if require_plan:
         t.require_plan()
     hosts = list(state.inventory)
-    planned = desired_rollout(t) if t.plan is not None and installed else None  # units and paths: no host needed
+    planned = desired_rollout(t) if t.plan is not None and (installed or facts) else None  # no host needed
     resolver = image_resolver(planned) if planned is not None and facts else None
-    extra = (lambda name: rollout_facts(planned, name, runtime, logs, health, resolve=name == resolver)) \
-        if planned is not None else None
+    extra: Callable[[str], list[Any]] | None = None
+    if planned is not None and installed:
+        extra = lambda name: rollout_facts(planned, name, runtime, logs, health, resolve=name == resolver)  # noqa: E731
+    elif planned is not None and resolver is not None:
+        # what the hosts run is not read (a runbook), but the build the tag names is: the runbook pins it too
+        extra = lambda name: [("registry", RegistryDigest, {"image": planned.plan.image,  # noqa: E731
+                                                            "docker": planned.vars.k3_docker})] \
+            if name == resolver else []
     read = read_facts(state, hosts, t, connect_first=connect_first, extra=extra) if facts else []
     report = check(t.requirements, read) if facts else None
     if report is not None:
@@ -352,7 +358,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     unit_logs: dict[tuple[str, str], dict[str, str]] = {}
     answers: dict[tuple[str, str], bool] = {}
     endpoint_models: tuple[str, ...] | None = None
-    if planned is not None and rollout is not None:
+    if planned is not None and installed and rollout is not None:
         for f in read:
             if f.unreachable is not None:
                 continue
@@ -393,7 +399,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                 # the revision's exact build is what the restored units run: stage that one
                 rollout.plan = rollout.plan.model_copy(update={"image": next(iter(restored))})
     stage = None
-    if planned is not None and rollout is not None:
+    if planned is not None and installed and rollout is not None:
         stage = stage_for(rollout, images, {h: w.verified for h, w in weights.items()})
     addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
     return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,

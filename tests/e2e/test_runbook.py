@@ -127,7 +127,8 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
     # every command an operation ran (files are uploaded by the deploy and written by heredoc in the runbook:
     # their bytes are compared by the plan after the runbook test above) is a command of the runbook, on that node
     # (pyinfra looks up its temporary directory for the first upload)
-    uploads = re.compile(r"^(mkdir -p \S+|chmod \d+ \S+ && mv -f \S+ \S+|if \[ -n \"\$TMPDIR\" \].*)$", re.S)
+    uploads = re.compile(r"^(mkdir -p \S+|(mkdir -p \S+ && )?chmod \d+ \S+ && mv -f \S+ \S+|if \[ -n \"\$TMPDIR\" \].*)$",
+                         re.S)
     # the deploy also keeps what it started as the group's revision 1 (k3deploy history; the runbook's rollback
     # section restores from those): bookkeeping with the time it ran, not a bring-up step
     revision = re.compile(r"^install -d -m 0700 \S+/revisions/\S+ && cp -p .*meta\.json", re.S)

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from k3deploy.cluster import commands
 from k3deploy.cluster.diff import exec_start
+from k3deploy.cluster.images import run_ref
 from k3deploy.cluster.revisions import revisions_dir
 from k3deploy.cluster.rollout import Rollout, StartPlan
 from k3deploy.cluster.runbook.blanks import Blank
@@ -57,6 +58,7 @@ class Context:
     guide: str | None
     version: str
     blanks: Sequence[Blank] = ()          # offline: the values still to be read from the nodes
+    tag: str | None = None                # the tag the pinned image was resolved from (None: not resolved)
 
 
 def served_model(r: Rollout) -> str:
@@ -163,7 +165,7 @@ def stage(doc: Doc, r: Rollout, c: Context) -> None:
         if how == OUTSIDE:
             doc.p(f"On {h}, pull `{plan.image}` from the registry" + (" and write it as an archive for its peers."
                                                                       if h in img.senders else "."))
-            doc.block(h, commands.pull(docker, plan.image) + (
+            doc.block(h, commands.pull(docker, plan.image, c.tag) + (
                 " && " + commands.export_image(docker, plan.image, v.k3_stage_dir) if h in img.senders else "")
                 + "\n")
         else:
@@ -171,12 +173,14 @@ def stage(doc: Doc, r: Rollout, c: Context) -> None:
             doc.block(CONTROL, f"rsync -a --partial -e {shlex.quote(shlex.join(c.ssh.get(h, ['ssh', h])[:-1]))} "
                                f"{shlex.quote(v.k3_image_archive or '')} "
                                f"{shlex.quote(c.ssh.get(h, [h])[-1] + ':' + archive)}\n")
-            doc.block(h, commands.load_image(docker, plan.image, archive) + "\n")
+            doc.block(h, commands.load_image(docker, plan.image, archive, c.tag) + "\n")
     for h, how in wts.fetch.items():
         if how == OUTSIDE:
             doc.p(f"On {h}, download the weights of {model} (the image's own CLI resumes a partial download), then "
                   "verify every shard.")
-            doc.block(h, commands.fetch_weights(docker, cache, plan.image, model, token, v.k3_hf_endpoint) + "\n")
+            # the hub CLI of the build this node just fetched (the units' local name for it)
+            hf_image = run_ref(plan.image) if h in img.fetch else plan.image
+            doc.block(h, commands.fetch_weights(docker, cache, hf_image, model, token, v.k3_hf_endpoint) + "\n")
         else:
             dest = commands.model_dir(cache, model) + "/"
             doc.p(f"Copy the weights `{v.k3_weights_source}` from the control machine to {h}, then verify them.")
@@ -201,7 +205,7 @@ def stage(doc: Doc, r: Rollout, c: Context) -> None:
             steps = []
             if from_image:
                 steps.append(commands.receive_image(where[from_image], v.k3_stage_port, docker, plan.image,
-                                                    v.k3_stage_dir))
+                                                    v.k3_stage_dir, c.tag))
             if from_weights:
                 steps.append(commands.receive_weights(where[from_weights], v.k3_stage_port, cache, model))
             if steps:
