@@ -331,8 +331,11 @@ PING_MARK = "K3_PING="
 #: hccn_tool's answer on a mainboard that is not a SuperPoD one (-hccs_ping), from its source
 UNSUPPORTED = "This device does not support this function."
 _PING_SUMMARY_RE = re.compile(r"(\d+) packets transmitted, (\d+) received")
-#: seconds one ping may take before it counts as unanswered
+#: seconds one ping may take before it counts as unanswered (hccn_tool sends 3 packets at no interval by default:
+#: PING_PACKET_NUM_DEFAULT, PING_PACKET_INTERVAL_MIN of the driver's dsmi_network_interface.h)
 PING_TIMEOUT_S = 10
+#: seconds a host's whole round may take: the pings it has not done by then are reported as not pinged
+PING_ROUND_TIMEOUT_S = 2 * FACT_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -386,7 +389,7 @@ class HccnPing(K3Fact[list[NpuPing]]):
     does (``hccn_tool -i $i -hccs_ping -g address <peer VNIC address>`` on A3 SuperPoD mainboards), falling back to
     ``hccn_tool -i $i -ping -g address <peer -ip address>`` where the tool answers that the board does not support
     -hccs_ping. Same-index pairs only (what the RoCE plane connects: NPU i talks to NPU i of the other node), one
-    command per host.
+    command per host, in turn, each ping cut at ``PING_TIMEOUT_S`` and the round at ``PING_ROUND_TIMEOUT_S``.
 
     ``targets``: ``[device, vnic address or "", ip address or ""]`` per ping.
     """
@@ -412,7 +415,7 @@ class HccnPing(K3Fact[list[NpuPing]]):
                 steps.append(fallback)
         script = "; ".join(steps) or "true"
         return (f"t=$(command -v hccn_tool || echo {HCCN_TOOL}); if [ -x \"$t\" ]; then "
-                f"sh -c {shlex.quote(script)} \"$t\" 2>&1; echo {EXIT_MARK}0; "
+                f"timeout {PING_ROUND_TIMEOUT_S} sh -c {shlex.quote(script)} \"$t\" 2>&1; echo {EXIT_MARK}0; "
                 f"else echo K3_ABSENT=hccn_tool; echo {EXIT_MARK}127; fi")
 
     def parse(self, lines: list[str]) -> list[NpuPing]:

@@ -797,7 +797,8 @@ def peer_checks(read: list[HostFacts], targets: dict[str, list[list[Any]]],
         done = {(p.device, p.address) for p in pings}
         bad = [f"NPU {p.device} -> {p.address} ({owner.get(p.address, '?')}) {p.method}: {p.shown}"
                for p in pings if not p.ok]
-        bad += [f"NPU {dev} -> {vnic or ip} ({owner.get(vnic or ip, '?')}): not pinged"
+        bad += [f"NPU {dev} -> {vnic or ip} ({owner.get(vnic or ip, '?')}): not pinged (the round ran out of time, "
+                "or -hccs_ping is unsupported and there is no -ip address)"
                 for dev, vnic, ip in wanted if (dev, vnic) not in done and (dev, ip) not in done]
         if not bad:
             out.append(CheckResult(host, "ascend.peers", "pass",
