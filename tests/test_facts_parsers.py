@@ -569,6 +569,42 @@ def test_hccn_port_down_errors_and_both_netdetect_spellings():
     assert run(ascend.HccnNetwork, ["K3_NPU=0", "K3_HCCN=link"], status=124).kind == "failed"  # the loop hung
 
 
+def test_hccn_addresses_are_read_and_their_absence_is_no_port_error():
+    devices = [{"link": ["link status: UP"], "net_health": ["net health status: Success"],
+                "ip": lines("ascend/hccn-ip-a2.txt")[:2], "vnic": lines("ascend/hccn-vnic-a3.txt")},
+               {"link": ["link status: UP"], "net_health": ["net health status: Success"],
+                "ip": ["Command execute failed!"], "vnic": ["This device does not support this function."]}]
+    ports = run(ascend.HccnNetwork, hccn_output(devices))
+    assert ports[0].ip and ports[0].ip.count(".") == 3 and ports[0].vnic == "192.168.2.199"
+    assert (ports[1].ip, ports[1].vnic) == (None, None)
+    assert [e for p in ports for e in p.errors if e.startswith(("-ip", "-vnic"))] == []
+
+
+def test_hccn_ping_answers_from_the_source_formats():
+    """tool_ping_printf (-hccs_ping) and dsmi_ping_fun (-ping) of hccn_product_ext/tool_cmd.c, ds_net_ext.c."""
+    out = ["K3_PING=3 hccs_ping 192.169.1.196", "device 3 PING 192.169.1.196", "",
+           "This pkt ping success!", "recv seq 0, time = 3.125us, L1 plane check result = 0x0", "",
+           "3 packets transmitted, 3 received, 0.00% packets loss", "max time 3.125us", "K3_RC=0",
+           "K3_PING=4 hccs_ping 192.169.1.195", "device 4 PING 192.169.1.195", "",
+           "3 packets transmitted, 0 received, 100.00% packets loss", "K3_RC=0",
+           "K3_PING=5 ping 192.168.101.6", "device 5 PING 192.168.101.6", "3 packets transmitted, 3 received, "
+           "0% packet loss", "K3_RC=0",
+           "K3_PING=6 ping 192.168.101.7", "K3_RC=124",
+           "K3_PING=7 hccs_ping 192.169.1.192", "PING IP header is invalid.", "K3_RC=1"]
+    pings = run(ascend.HccnPing, out)
+    assert [(p.device, p.method, p.ok) for p in pings] == [(3, "hccs_ping", True), (4, "hccs_ping", False),
+                                                           (5, "ping", True), (6, "ping", False),
+                                                           (7, "hccs_ping", False)]
+    assert pings[1].shown == "3 packets transmitted, 0 received, 100.00% packets loss"
+    assert pings[3].shown == f"no answer within {ascend.PING_TIMEOUT_S}s"
+    assert pings[4].shown == "PING IP header is invalid."
+    assert run(ascend.HccnPing, ["K3_ABSENT=hccn_tool"], status=127).kind == "absent"
+    command = ascend.HccnPing().command([[0, "192.169.1.199", "192.168.101.1"], [1, "", "192.168.101.2"]])
+    assert "-i 0 -hccs_ping -g address 192.169.1.199" in command and ascend.UNSUPPORTED in command
+    assert "-i 0 -ping -g address 192.168.101.1" in command and "-i 1 -ping -g address 192.168.101.2" in command
+    assert "-i 1 -hccs_ping" not in command
+
+
 # ------------------------------------------------------------------------------ nvidia-smi topo -m
 
 

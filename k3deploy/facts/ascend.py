@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from k3deploy.cluster.units import ContainerSpec, prepared_mount_sources
 from k3deploy.facts.base import EXIT_MARK, FACT_TIMEOUT_S, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
@@ -196,13 +197,17 @@ class AscendVersions(K3Fact[AscendVersionInfo]):
 #: where the Ascend driver installs hccn_tool (not on PATH by default)
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
 #: what vllm-ascend's multi-node guides read on each NPU before a multi-node start, in this order
-HCCN_QUERIES = ("link", "net_health", "netdetect", "gateway")
+HCCN_QUERIES = ("link", "net_health", "netdetect", "gateway", "ip", "vnic")
+#: read for the cross-node ping only: an answer without its line is not an error of the port
+_ADDRESS_QUERIES = ("ip", "vnic")
 NPU_MARK = "K3_NPU="
 QUERY_MARK = "K3_HCCN="
 RC_MARK = "K3_RC="
 
 _NETDETECT_RE = re.compile(r"^netdetect addr(?:ess)?:\s*(\S+)")
 _GATEWAY_RE = re.compile(r"^(?:default )?gateway:\s*([^\s,]+)")
+_IP_RE = re.compile(r"^ipaddr:\s*(\S+)")
+_VNIC_RE = re.compile(r"^vnic ipaddr:\s*(\S+)")
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,8 @@ class NpuPort(Jsonable):
     netdetect: str | None = None      # the address the port probes for its net health
     gateway: str | None = None
     errors: list[str] = field(default_factory=list)  # "-gateway: Get gateway failed, because no gateway ..."
+    ip: str | None = None             # the port's RoCE address (-ip -g): what -ping reaches
+    vnic: str | None = None           # the die's VNIC address (-vnic -g, A3): what -hccs_ping reaches
 
     @property
     def healthy(self) -> bool:
@@ -228,9 +235,9 @@ def parse_hccn_answer(port: NpuPort, query: str, lines: list[str], rc: int | Non
 
     >>> p = parse_hccn_answer(NpuPort(0), "link", ["link status: DOWN"], 0)
     >>> parse_hccn_answer(p, "net_health", ["net health status: Receive timeout"], 0)
-    NpuPort(device=0, link='DOWN', net_health='Receive timeout', netdetect=None, gateway=None, errors=[])
+    NpuPort(device=0, link='DOWN', net_health='Receive timeout', netdetect=None, gateway=None, errors=[], ...)
     >>> parse_hccn_answer(NpuPort(1), "gateway", ["Get gateway failed, because no gateway was preset there!"], 247)
-    NpuPort(device=1, link=None, net_health=None, netdetect=None, gateway=None, errors=['-gateway: Get gateway ...'])
+    NpuPort(device=1, link=None, net_health=None, netdetect=None, gateway=None, errors=['-gateway: Get ...'], ...)
     """
     text = [line.strip() for line in lines if line.strip()]
     found: str | None = None
@@ -243,8 +250,14 @@ def parse_hccn_answer(port: NpuPort, query: str, lines: list[str], rc: int | Non
             found = m.group(1)
         elif query == "gateway" and (m := _GATEWAY_RE.match(line)):
             found = m.group(1)
+        elif query == "ip" and (m := _IP_RE.match(line)):
+            found = m.group(1)
+        elif query == "vnic" and (m := _VNIC_RE.match(line)):
+            found = m.group(1)
         if found is not None:
             break
+    if found is None and query in _ADDRESS_QUERIES:
+        return port
     if found is None:
         shown = text[0][:160] if text else f"no output (exit {rc})"
         return replace(port, errors=[*port.errors, f"-{query}: {shown}"])
@@ -254,6 +267,10 @@ def parse_hccn_answer(port: NpuPort, query: str, lines: list[str], rc: int | Non
         return replace(port, net_health=found)
     if query == "netdetect":
         return replace(port, netdetect=found)
+    if query == "ip":
+        return replace(port, ip=found)
+    if query == "vnic":
+        return replace(port, vnic=found)
     return replace(port, gateway=found)
 
 
@@ -284,7 +301,8 @@ def parse_hccn(lines: list[str]) -> list[NpuPort]:
 class HccnNetwork(K3Fact[list[NpuPort]]):
     """The network port of every NPU (device ids ``0..devices-1``), as vllm-ascend's multi-node guides check them
     before a start: ``for i in {0..15}; do hccn_tool -i $i -link -g; ... -net_health -g; ... -netdetect -g;
-    ... -gateway -g; done`` (A3: 16 NPU dies per node), in one command.
+    ... -gateway -g; done`` (A3: 16 NPU dies per node), and each port's addresses (``-ip -g``, ``-vnic -g``) for the
+    cross-node ping (:class:`HccnPing`), in one command.
 
     ``link status: UP`` + ``net health status: Success`` + ``netdetect address: 11.12.165.1`` +
     ``default gateway:11.12.165.1, Iface:eth0`` → ``NpuPort(device=0, link='UP', net_health='Success',
@@ -305,3 +323,100 @@ class HccnNetwork(K3Fact[list[NpuPort]]):
 
     def parse(self, lines: list[str]) -> list[NpuPort]:
         return parse_hccn(lines)
+
+
+# ------------------------------------------------------------------ cross-node NPU ping (second round)
+
+PING_MARK = "K3_PING="
+#: hccn_tool's answer on a mainboard that is not a SuperPoD one (-hccs_ping), from its source
+UNSUPPORTED = "This device does not support this function."
+_PING_SUMMARY_RE = re.compile(r"(\d+) packets transmitted, (\d+) received")
+#: seconds one ping may take before it counts as unanswered (hccn_tool sends 3 packets at no interval by default:
+#: PING_PACKET_NUM_DEFAULT, PING_PACKET_INTERVAL_MIN of the driver's dsmi_network_interface.h)
+PING_TIMEOUT_S = 10
+#: seconds a host's whole round may take: the pings it has not done by then are reported as not pinged
+PING_ROUND_TIMEOUT_S = 2 * FACT_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class NpuPing(Jsonable):
+    """One ping from NPU ``device`` to ``address`` (``method``: hccs_ping or ping): ``ok`` when every packet sent
+    came back; ``shown`` is the summary line or the tool's first line."""
+
+    device: int
+    address: str
+    method: str
+    ok: bool
+    shown: str
+
+
+def parse_pings(lines: list[str]) -> list[NpuPing]:
+    """``K3_PING=<dev> <method> <address>`` opens one ping's answer, ``K3_RC=<status>`` closes it.
+
+    >>> parse_pings(["K3_PING=0 hccs_ping 192.169.1.199", "device 0 PING 192.169.1.199",
+    ...              "3 packets transmitted, 3 received, 0.00% packets loss", "K3_RC=0"])
+    [NpuPing(device=0, address='192.169.1.199', method='hccs_ping', ok=True, shown='3 packets transmitted, \
+3 received, 0.00% packets loss')]
+    """
+    out: list[NpuPing] = []
+    head: tuple[int, str, str] | None = None
+    answer: list[str] = []
+    for line in lines:
+        s = line.strip()
+        if s.startswith(PING_MARK):
+            dev, method, address = s[len(PING_MARK):].split()
+            head, answer = (int(dev), method, address), []
+        elif s.startswith(RC_MARK) and head is not None:
+            rc = s[len(RC_MARK):]
+            summary = next((a for a in answer if _PING_SUMMARY_RE.search(a)), None)
+            ok = False
+            if summary is not None and (m := _PING_SUMMARY_RE.search(summary)):
+                ok = int(m.group(1)) > 0 and m.group(1) == m.group(2)
+            texts = [a for a in answer if a]
+            shown = summary or (texts[0][:160] if texts else f"no output (exit {rc})")
+            if rc == "124":
+                shown = f"no answer within {PING_TIMEOUT_S}s"
+            out.append(NpuPing(head[0], head[2], head[1], ok and rc == "0", shown))
+            head = None
+        elif head is not None and s:
+            answer.append(s)
+    return out
+
+
+class HccnPing(K3Fact[list[NpuPing]]):
+    """The second round of a multi-node Ascend preflight, once every host's NPU addresses are read
+    (:class:`HccnNetwork`): from NPU i, ping NPU i of each other planned host, as vllm-ascend's large-scale EP guide
+    does (``hccn_tool -i $i -hccs_ping -g address <peer VNIC address>`` on A3 SuperPoD mainboards), falling back to
+    ``hccn_tool -i $i -ping -g address <peer -ip address>`` where the tool answers that the board does not support
+    -hccs_ping. Same-index pairs only (what the RoCE plane connects: NPU i talks to NPU i of the other node), one
+    command per host, in turn, each ping cut at ``PING_TIMEOUT_S`` and the round at ``PING_ROUND_TIMEOUT_S``.
+
+    ``targets``: ``[device, vnic address or "", ip address or ""]`` per ping.
+    """
+
+    tool = "hccn_tool"
+    hint = f"is the Ascend driver (HDK) installed? it puts hccn_tool at {HCCN_TOOL}"
+    shown_command = "hccn_tool -i N -hccs_ping -g address <peer NPU N> (or -ping -g address <peer NPU N>)"
+
+    def command(self, targets: list[list[Any]] | None = None) -> str:
+        steps = []
+        for dev, vnic, ip in targets or []:
+            d, v, i = int(dev), shlex.quote(str(vnic or "")), shlex.quote(str(ip or ""))
+            t = f"timeout {PING_TIMEOUT_S}"
+            fallback = (f'echo {PING_MARK}{d} ping {i}; {t} "$0" -i {d} -ping -g address {i} 2>&1; '
+                        f'echo {RC_MARK}$?')
+            if vnic:
+                steps.append(
+                    f'o=$({t} "$0" -i {d} -hccs_ping -g address {v} 2>&1); r=$?; '
+                    f'if printf "%s" "$o" | grep -q {shlex.quote(UNSUPPORTED)}'
+                    + (f'; then {fallback}; ' if ip else '; then :; ')
+                    + f'else echo {PING_MARK}{d} hccs_ping {v}; printf "%s\\n" "$o"; echo {RC_MARK}$r; fi')
+            elif ip:
+                steps.append(fallback)
+        script = "; ".join(steps) or "true"
+        return (f"t=$(command -v hccn_tool || echo {HCCN_TOOL}); if [ -x \"$t\" ]; then "
+                f"timeout {PING_ROUND_TIMEOUT_S} sh -c {shlex.quote(script)} \"$t\" 2>&1; echo {EXIT_MARK}0; "
+                f"else echo K3_ABSENT=hccn_tool; echo {EXIT_MARK}127; fi")
+
+    def parse(self, lines: list[str]) -> list[NpuPing]:
+        return parse_pings(lines)

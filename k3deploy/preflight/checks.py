@@ -19,7 +19,8 @@ Thresholds are module variables so a site can change them before calling :func:`
   deployment treats it as a failure; set "warn" to accept it).
 * ``ASCEND_NETWORK_STATUS``: status of ``ascend.network`` when an NPU's port is not ``link status: UP`` with ``net
   health status: Success`` (vllm-ascend's multi-node guides require both on every NPU; set "warn" where the site
-  has checked the NPUs' reachability by ``hccn_tool -hccs_ping`` itself).
+  has checked the NPUs' reachability by ``hccn_tool -hccs_ping`` itself), and of ``ascend.peers`` when a ping
+  from NPU i to NPU i of another host does not come back.
 """
 
 from __future__ import annotations
@@ -759,6 +760,55 @@ def _check_ascend_network(out: _Out, sel: Requirements, f: HostFacts) -> None:
     if any(p.net_health is not None and not p.netdetect for p in ports if p.device in ids):
         fix += f"; set a detection address: hccn_tool -i {first} -netdetect -s address <gateway of its subnet>"
     out.add(f.host, "ascend.network", ASCEND_NETWORK_STATUS, "; ".join(bad), required, fix)
+
+
+# ------------------------------------------------------------------------------ cross-node NPU ping (ascend.peers)
+
+
+def peer_targets(read: list[HostFacts]) -> dict[str, list[list[Any]]]:
+    """Per host whose NPU ports were read: ``[device, vnic, ip]`` of NPU i on every other such host, for each of
+    its own NPUs i (same-index pairs). Empty with fewer than two such hosts."""
+    ports = {f.host: {p.device: p for p in f.hccn} for f in read
+             if f.unreachable is None and isinstance(f.hccn, list)}
+    if len(ports) < 2:
+        return {}
+    out: dict[str, list[list[Any]]] = {}
+    for host, mine in ports.items():
+        out[host] = [[dev, peer[dev].vnic or "", peer[dev].ip or ""]
+                     for dev in sorted(mine) for other, peer in ports.items()
+                     if other != host and dev in peer and (peer[dev].vnic or peer[dev].ip)]
+    return out
+
+
+def peer_checks(read: list[HostFacts], targets: dict[str, list[list[Any]]],
+                got: dict[str, Any]) -> list[CheckResult]:
+    """``ascend.peers``: every ping of a host's second round came back; each unreachable (NPU i -> peer address)
+    named. ``got``: the host's pings (``list[NpuPing]``), or why they could not be read."""
+    owner = {addr: f.host for f in read if isinstance(f.hccn, list) for p in f.hccn for addr in (p.vnic, p.ip) if addr}
+    out: list[CheckResult] = []
+    for host, wanted in targets.items():
+        required = (f"NPU i reaches NPU i of every other host ({len(wanted)} same-index pings: "
+                    "hccn_tool -i i -hccs_ping -g address <peer>, or -ping where -hccs_ping is unsupported)")
+        pings = got.get(host)
+        if not isinstance(pings, list):
+            out.append(CheckResult(host, "ascend.peers", "fail", f"not read: {pings}", required,
+                                   "check the connection to the host and rerun preflight"))
+            continue
+        done = {(p.device, p.address) for p in pings}
+        bad = [f"NPU {p.device} -> {p.address} ({owner.get(p.address, '?')}) {p.method}: {p.shown}"
+               for p in pings if not p.ok]
+        bad += [f"NPU {dev} -> {vnic or ip} ({owner.get(vnic or ip, '?')}): not pinged (the round ran out of time, "
+                "or -hccs_ping is unsupported and there is no -ip address)"
+                for dev, vnic, ip in wanted if (dev, vnic) not in done and (dev, ip) not in done]
+        if not bad:
+            out.append(CheckResult(host, "ascend.peers", "pass",
+                                   f"{len(pings)} pings to the peers' NPUs answered", required))
+            continue
+        out.append(CheckResult(host, "ascend.peers", ASCEND_NETWORK_STATUS, "; ".join(bad), required,
+                               "check both ends' NPU ports (hccn_tool -i <i> -link -g / -net_health -g on each), "
+                               "their addresses (-ip -g / -vnic -g, /etc/hccn.conf) and the switch or HCCS path "
+                               "between them; rerun hccn_tool -i <i> -hccs_ping -g address <peer> by hand"))
+    return out
 
 
 # ------------------------------------------------------------------------------------- entry

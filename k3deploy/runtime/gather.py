@@ -173,6 +173,33 @@ def router_checks(read: list[HostFacts], path: str) -> list[CheckResult]:
     return out
 
 
+def ascend_peer_round(state: State, hosts: list[Any], read: list[HostFacts], t: Target) -> list[CheckResult]:
+    """Multi-node Ascend: the second round, once every host's NPU addresses are read: each host pings, from NPU i,
+    NPU i of every other host (same-index pairs, what the RoCE plane connects; not every NPU pair), one command per
+    host, all hosts at once; then ``ascend.peers`` per host (:func:`k3deploy.preflight.checks.peer_checks`)."""
+    from k3deploy.facts import ascend
+    from k3deploy.facts.batch import read_batch
+    from k3deploy.preflight.checks import peer_checks, peer_targets
+
+    req = t.requirements
+    if req.brand != "Huawei" or not req.needs_rdma:
+        return []
+    targets = peer_targets(read)
+    if not targets:
+        return []
+    by_name = {h.name: h for h in hosts}
+    pinging = [by_name[name] for name in targets if name in by_name]
+
+    def one(h: Any) -> Any:
+        try:
+            return read_batch(state, h, [("peers", ascend.HccnPing, {"targets": targets[h.name]})])["peers"]
+        except Exception as exc:  # a dropped connection: the check says so
+            return f"{type(exc).__name__}: {exc}"[:200]
+
+    got = dict(zip([h.name for h in pinging], each_host(state, pinging, one), strict=True))
+    return peer_checks(read, targets, got)
+
+
 def nccl_probe(state: State, t: Target, r: Rollout, report: PreflightReport) -> list[CheckResult]:
     """``k3_nccl_probe``: the two-node NCCL all-reduce in the image on the planned engine nodes
     (:mod:`k3deploy.preflight.probe`), once every other check has passed (a node that fails them would fail it too,
@@ -337,6 +364,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     report = check(t.requirements, read) if facts else None
     if report is not None:
         report.results += router_checks(read, t.vars.k3_router_bin)
+        report.results += ascend_peer_round(state, hosts, read, t)
     resolution = None
     asked = next((f for f in read if f.host == resolver and f.unreachable is None), None)
     if asked is not None and report is not None and t.plan is not None:

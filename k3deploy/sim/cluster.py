@@ -399,7 +399,7 @@ def _up_locked(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for nd, rec in zip(nodes, state["nodes"], strict=True):
         node_faults = [f for f in faults if f.rank == nd.rank]
-        doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, node_faults, time_scale, cluster_uuid)
+        doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, faults, time_scale, cluster_uuid)
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
         network.prepare_net(nd, br, subnet, shaping["cluster_mbps"])
         proc = processes.spawn(name, nd)
@@ -871,10 +871,18 @@ def set_faults(
                 plan.append((rec, before, after))
         umask = os.umask(0o022)
         try:
+            everyone = [parse_fault(t) for rec in state["nodes"] for t in rec.get("faults", [])
+                        if rec["rank"] not in {r["rank"] for r, _, _ in plan}]
+            everyone += [f for _, _, after in plan for f in after]
             for rec, before, after in plan:
-                _apply_faults(state, rec, before, after)
+                _apply_faults(state, rec, before, after, everyone)
                 rec["faults"] = [fault_text(f) for f in after]
                 save_state(state)
+            if any(f.kind == "npu-link-down" for _, before, after in plan for f in [*before, *after]):
+                for rec in state["nodes"]:  # the peers' view of the downed NPU ports (simulated hccn_tool pings)
+                    if all(r is not rec for r, _, _ in plan):
+                        mine = [parse_fault(t) for t in rec.get("faults", [])]
+                        _apply_faults(state, rec, mine, mine, everyone)
             if out and (add_cluster or clear_cluster or clear_all):
                 _apply_cluster_faults(state, add_cluster, clear_cluster, clear_all)
         finally:
@@ -914,8 +922,11 @@ def _parse_clear(text: str) -> _Clear:
 
 
 def _apply_faults(
-    state: dict[str, Any], rec: dict[str, Any], before: list[sim_faults.Fault], after: list[sim_faults.Fault]
+    state: dict[str, Any], rec: dict[str, Any], before: list[sim_faults.Fault], after: list[sim_faults.Fault],
+    everyone: list[sim_faults.Fault] | None = None,
 ) -> None:
+    """Rewrite one node's tools and config for its faults ``after`` (``everyone``: every node's, for what a node
+    sees of its peers)."""
     nd = Path(rec["dir"])
     doc = node_config(
         hardware=state["hardware"],
@@ -923,7 +934,7 @@ def _apply_faults(
         nodes=len(state["nodes"]),
         name=rec["name"],
         ip=rec["ip"],
-        faults=after,
+        faults=[*after, *(f for f in everyone or [] if f.rank != rec["rank"])],
         time_scale=state["time_scale"],
         cluster_uuid=state["cluster_uuid"],
     )

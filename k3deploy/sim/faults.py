@@ -27,7 +27,8 @@ FAULT_KINDS: dict[str, str] = {
     "imex-peer-down": "nvidia-imex-ctl -N on the node shows one peer of its IMEX domain UNAVAILABLE and not "
                       "connected, the domain DEGRADED (GB200/GB300, 2+ nodes)",
     "npu-link-down": "npu-link-down=N[,M...]: the network port of NPU N (hccn_tool device id) is down: "
-                     "'link status: DOWN', 'net health status: Fault' (Ascend)",
+                     "'link status: DOWN', 'net health status: Fault'; hccn_tool pings from it and to it (from the "
+                     "other nodes) lose every packet (Ascend)",
     "mount-missing": "mount-missing=PATH: PATH, a host path the engine container bind-mounts (e.g. "
                      "/usr/local/Ascend/driver/tools/hccn_tool), is not on the node (Ascend)",
     "disk-full": "the image/weights directory and docker's data directory are nearly full",

@@ -183,7 +183,8 @@ def _value(f: Fault) -> str:
 
 def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults: list[Fault],
                 time_scale: float, cluster_uuid: str) -> dict[str, Any]:
-    """The JSON document for ``/etc/k3sim/node.json`` of one node (faults for other ranks are ignored)."""
+    """The JSON document for ``/etc/k3sim/node.json`` of one node (of the faults for other ranks, only their
+    ``npu-link-down`` ports are kept, as the peers' ports the node's simulated NPU pings cannot reach)."""
     prof = profile(hardware)
     if not 0 < time_scale <= 1:
         raise K3Error(f"bad time scale {time_scale!r}: use a factor in (0, 1], e.g. 0.01")
@@ -291,8 +292,14 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     elif vendor == "amd":
         config["rocm"] = {"version": prof["rocm"], "amdsmi": prof["amdsmi"]}
     else:
+        # the other nodes' downed ports: the simulated hccn_tool -ping/-hccs_ping to NPU N of rank R fails on them
+        peers_down = {str(f.rank): sorted({int(i) for i in _value(f).split(",")}) for f in faults
+                      if f.rank != rank and f.kind == "npu-link-down"}
         config["ascend"] = {"firmware": prof["firmware"], "cann": prof["cann"],
-                            "innerversion": prof["innerversion"], "links_down": links_down}
+                            "innerversion": prof["innerversion"], "links_down": links_down,
+                            "peer_links_down": peers_down,
+                            # a SuperPoD (A3) mainboard runs -hccs_ping; others answer that they do not support it
+                            "hccs_ping": prof.get("hccs_ping", True)}
     return config
 
 

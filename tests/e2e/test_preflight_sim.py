@@ -125,6 +125,30 @@ def test_each_a3_fault_fails_the_right_node_with_the_right_check(a3_pair, fault,
         k3("sim", "fault", "--name", "e4n", "--clear")
     bad = failing(report)
     assert rc == 1 and check in bad.get("e4n-node2", set()), bad
-    assert "e4n-node1" not in bad, bad
+    # a downed port also fails the peer's pings to it (ascend.peers); nothing else fails on the peer
+    assert bad.get("e4n-node1", set()) <= ({"ascend.peers"} if fault.startswith("npu-link-down") else set()), bad
     shown = next(r for r in report["hosts"]["e4n-node2"]["results"] if r["check"] == check)
     assert shown["observed"].startswith(observed) and shown["required"] and shown["fix"], shown
+
+
+def test_a3_npus_ping_the_same_npu_of_the_peer_and_a_downed_port_fails_both_ends(a3_pair):
+    """The second round (hccn_tool -hccs_ping from NPU i to NPU i of the other node): 16 pings a node pass; NPU 3
+    of rank 1 down fails rank 1's ping from NPU 3 and rank 0's ping to it, each named with the peer's address."""
+    rc, report = preflight(a3_pair.inventory)
+    assert rc == 0, failing(report)
+    for h in report["hosts"].values():
+        peers = next(r for r in h["results"] if r["check"] == "ascend.peers")
+        assert (peers["status"], peers["observed"]) == ("pass", "16 pings to the peers' NPUs answered"), peers
+    k3("sim", "fault", "--name", "e4n", "1:npu-link-down=3")
+    try:
+        rc, report = preflight(a3_pair.inventory)
+    finally:
+        k3("sim", "fault", "--name", "e4n", "--clear")
+    assert rc == 1
+    got = {host: next(r for r in h["results"] if r["check"] == "ascend.peers") for host, h in report["hosts"].items()}
+    assert got["e4n-node1"]["status"] == got["e4n-node2"]["status"] == "fail", got
+    # NPU 3 of rank r: VNIC 192.169.<r>.196 (the simulated hccn_tool -vnic -g)
+    assert got["e4n-node1"]["observed"] == ("NPU 3 -> 192.169.1.196 (e4n-node2) hccs_ping: "
+                                            "3 packets transmitted, 0 received, 100.00% packets loss"), got
+    assert got["e4n-node2"]["observed"].startswith("NPU 3 -> 192.169.0.196 (e4n-node1) hccs_ping: "), got
+    assert "same-index" in got["e4n-node1"]["required"] and got["e4n-node1"]["fix"]

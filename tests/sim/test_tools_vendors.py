@@ -369,3 +369,45 @@ def test_check_ranks():
     check_ranks([parse_fault("1:disk-full")], 2)
     with pytest.raises(K3Error, match="rank 2, but the cluster has 2 node"):
         check_ranks([parse_fault("2:disk-full")], 2)
+
+
+def _pinger(tmp_path: Path, rank: int, nodes: int, *faults: str, name: str = "pinger", **ascend: object) -> dict:
+    """Node ``rank`` of a ``nodes``-node cluster on TEST-NET-1 (192.0.2.0/24): no peer there answers on port 22."""
+    cfg = node_config("ascend_910c", rank, nodes, name, f"192.0.2.{11 + rank}", [parse_fault(f) for f in faults],
+                      0.01, UUID)
+    cfg["ascend"].update(ascend)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    cfg["_path"] = str(path)
+    return cfg
+
+
+def test_hccn_tool_hccs_ping_prints_tool_ping_printf(tmp_path):
+    # to itself (rank 0, NPU 5: VNIC 192.169.0.194): the node runs, the port is up
+    cfg = _pinger(tmp_path, 0, 2)
+    hccn = "usr/local/Ascend/driver/tools/hccn_tool"
+    ok = tool(cfg, hccn, "-i", "5", "-hccs_ping", "-g", "address", "192.169.0.194")
+    assert ok.returncode == 0 and ok.stdout.startswith("device 5 PING 192.169.0.194\n")
+    assert "3 packets transmitted, 3 received, 0.00% packets loss\n" in ok.stdout
+    assert "This pkt ping success!" in ok.stdout and "TP95 time " in ok.stdout
+    # to NPU 5 of rank 1: its sshd does not answer (no such node running): every packet lost
+    lost = tool(cfg, hccn, "-i", "5", "-hccs_ping", "-g", "address", "192.169.1.194")
+    assert "3 packets transmitted, 0 received, 100.00% packets loss" in lost.stdout
+    assert "This pkt send fail!" in lost.stdout
+    # -ping to the port address (192.168.<100+rank>.<N+1>)
+    plain = tool(cfg, hccn, "-i", "5", "-ping", "-g", "address", "192.168.100.6")
+    assert plain.stdout.startswith("device 5 PING 192.168.100.6\n") and "3 packets transmitted, 3 received" in plain.stdout
+
+
+def test_hccn_tool_ping_faults_and_unsupported_boards(tmp_path):
+    hccn = "usr/local/Ascend/driver/tools/hccn_tool"
+    own = _pinger(tmp_path, 0, 2, "0:npu-link-down=5", name="own")
+    assert "0 received" in tool(own, hccn, "-i", "5", "-hccs_ping", "-g", "address", "192.169.0.194").stdout
+    assert "3 received" in tool(own, hccn, "-i", "4", "-hccs_ping", "-g", "address", "192.169.0.195").stdout
+    # a peer's downed port: rank 1's fault is in rank 0's view (its pings to NPU 5 of rank 1 fail)
+    cfg = node_config("ascend_910c", 0, 2, "n", "127.0.0.11", [parse_fault("1:npu-link-down=5")], 0.01, UUID)
+    assert cfg["ascend"]["peer_links_down"] == {"1": [5]} and cfg["ascend"]["links_down"] == []
+    board = _pinger(tmp_path, 0, 2, name="a2", hccs_ping=False)
+    res = tool(board, hccn, "-i", "0", "-hccs_ping", "-g", "address", "192.169.0.199")
+    assert res.returncode != 0 and "This device does not support this function." in res.stdout + res.stderr
+    assert "3 received" in tool(board, hccn, "-i", "0", "-ping", "-g", "address", "192.168.100.1").stdout
