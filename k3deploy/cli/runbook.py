@@ -71,7 +71,7 @@ def runbook(inventory: str, output: str, fmt: str | None, offline: bool) -> None
         r = desired_rollout(t, ifaces=ifaces, host_env=host_env)
         rows: list[Any] = []
     else:
-        cluster = read_cluster("runbook", inventory, installed=False)
+        cluster = read_cluster("runbook", inventory, installed=False, pin_image=True)
         require_reachable(cluster)
         r = cluster.require_rollout()
         rows = cluster.preflight.results if cluster.preflight else []

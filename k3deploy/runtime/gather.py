@@ -346,11 +346,12 @@ def _rollout(t: Target, report: PreflightReport | None) -> Rollout | None:
 
 
 def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_first: bool,
-              require_plan: bool, runtime: bool = False, logs: int = 0, health: bool = False) -> Cluster:
+              require_plan: bool, runtime: bool = False, logs: int = 0, health: bool = False,
+              pin_image: bool = False) -> Cluster:
     if require_plan:
         t.require_plan()
     hosts = list(state.inventory)
-    planned = desired_rollout(t) if t.plan is not None and (installed or facts) else None  # no host needed
+    planned = desired_rollout(t) if t.plan is not None and (installed or (facts and pin_image)) else None
     resolver = image_resolver(planned) if planned is not None and facts else None
     extra: Callable[[str], list[Any]] | None = None
     if planned is not None and installed:
@@ -485,10 +486,13 @@ def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHisto
 
 
 def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool = True, installed: bool = True,
-           require_plan: bool = True, runtime: bool = False, logs: int = 0, health: bool = False) -> Cluster:
+           require_plan: bool = True, runtime: bool = False, logs: int = 0, health: bool = False,
+           pin_image: bool = False) -> Cluster:
     """Load an inventory, connect to every host (read-only) and build its :class:`Cluster`.
 
-    ``facts=False`` reads no host at all (the plan and rollout from the inventory alone). Raises
+    ``facts=False`` reads no host at all (the plan and rollout from the inventory alone). With ``installed`` the
+    image's tag is resolved to the digest the deploy would pin (``pin_image`` asks for that without reading what
+    the hosts run: the runbook). Raises
     :class:`K3Error` for a bad inventory, variables or selection, and (``require_plan``) for a plan that does
     not fit the hosts. Unreachable hosts are reported in the preflight, not raised.
     """
@@ -500,7 +504,7 @@ def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool
     runner.quiet_pyinfra()
     try:
         return _assemble(state, t, facts=True, installed=installed, connect_first=True, require_plan=require_plan,
-                         runtime=runtime, logs=logs, health=health)
+                         runtime=runtime, logs=logs, health=health, pin_image=pin_image)
     finally:
         disconnect(list(state.inventory))
 
