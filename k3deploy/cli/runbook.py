@@ -10,12 +10,6 @@ import click
 from k3deploy.errors import K3Error
 
 
-def _tag(cluster: Any, r: Any) -> str | None:
-    """The tag the plan's image was pinned from in this run (the deploy stages and names the build the same way)."""
-    res = getattr(cluster, "resolution", None)
-    return res.image if res is not None and res.pinned == r.plan.image else None
-
-
 @click.command("runbook")
 @click.argument("inventory")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="Where to write the runbook.")
@@ -77,7 +71,7 @@ def runbook(inventory: str, output: str, fmt: str | None, offline: bool) -> None
         rows = cluster.preflight.results if cluster.preflight else []
     doc = build(r, Context(inventory=inventory, preflight=rows, addresses=cluster.addresses, ssh=cluster.ssh,
                            brand=str(hardware()[r.plan.hardware].brand), guide=load_recipe(r.vars.k3_recipe).guide,
-                           version=version("k3deploy"), blanks=blanks, tag=_tag(cluster, r)))
+                           version=version("k3deploy"), blanks=blanks, tag=cluster.pinned_tag))
     text = to_html(doc) if fmt == "html" else to_markdown(doc)
     try:
         target.write_text(text, encoding="utf-8")

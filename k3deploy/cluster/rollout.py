@@ -113,12 +113,16 @@ class Rollout:
         n = self.vars.k3_max_unavailable
         return [changed[i:i + n] for i in range(0, len(changed), n)]
 
+    def serving_urls(self, groups: list[str]) -> list[str]:
+        """The HTTP endpoints of these groups' serving units (what a router in front of them lists)."""
+        return [u.serves for g in groups for u in self.group(g) if u.serves]
+
     def in_router(self, group: str) -> bool | None:
         """Whether the running router sends requests to this replica (None: no replicas, or the router's list
         was not read)."""
         if len(self.replicas) < 2 or self.router_workers is None or group not in self.replicas:
             return None
-        return all(u.serves in self.router_workers for u in self.group(group) if u.serves)
+        return all(url in self.router_workers for url in self.serving_urls([group]))
 
     def missing_from_router(self) -> list[str]:
         """Replicas that do not restart but that the running router leaves out (e.g. a roll that stopped, or a

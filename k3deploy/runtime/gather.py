@@ -325,6 +325,15 @@ class Cluster:
     def ok(self) -> bool:
         return self.preflight is None or self.preflight.ok
 
+    @property
+    def pinned_tag(self) -> str | None:
+        """The tag the rollout's image was pinned from in this run (None: not resolved, or the plan runs another
+        image, e.g. a rollback's recorded build)."""
+        res = self.resolution
+        if res is None or self.rollout is None or res.pinned != self.rollout.plan.image:
+            return None
+        return res.image
+
     def require_rollout(self) -> Rollout:
         if self.rollout is None:
             self.target.require_plan()

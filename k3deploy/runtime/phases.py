@@ -147,7 +147,7 @@ def _build(state: Any) -> Context:
     logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {len(report.results)} checks; "
                 f"plan {r.plan.hardware} x {len(r.hosts)}, {r.plan.strategy}, image {r.plan.image}")
     res = cluster.resolution
-    if res is not None and res.pinned == r.plan.image:
+    if res is not None and cluster.pinned_tag is not None:
         logger.info(f"--> k3deploy: image {res.image} is {res.digest} in the registry (asked from {res.host}): "
                     "every node runs that build")
     for w in r.plan.warnings:
@@ -183,8 +183,7 @@ def stage_phase(ctx: Context) -> None:
     sp = cluster.stage or stage_for(r, {}, {})
     img, wts = sp.image, sp.weights
     docker, cache, model, image_ref = v.k3_docker, v.k3_model_cache, r.plan.model, r.plan.image
-    res = cluster.resolution
-    tag = res.image if res is not None and res.pinned == image_ref else None   # the tag that names the pinned build
+    tag = cluster.pinned_tag   # the tag that names the pinned build
     shown = tag or image_ref
     archive = commands.archive_path(v.k3_stage_dir, image_ref)
     where = addresses(r)
@@ -286,7 +285,7 @@ def start_phase(ctx: Context) -> None:
     if not waves and not missing:
         host.noop("every group runs the planned version: nothing restarts")
     if missing and router is not None:   # called only when there is something to do (on the router's host)
-        urls = [u.serves for g in missing for u in r.group(g) if u.serves]
+        urls = r.serving_urls(missing)
         script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
                text=commands.router_add(router.serves or "", urls, r.ready_timeout),
                active=bool(urls) and host.name == router.host)
@@ -301,7 +300,7 @@ def start_phase(ctx: Context) -> None:
         # the replica is restarted only once the router no longer sends it requests
         ready = partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]) if rolling else go
         step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
-        urls = [u.serves for g in wave for u in r.group(g) if u.serves]
+        urls = r.serving_urls(wave)
         if rolling and router is not None:
             python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
                         key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
@@ -406,10 +405,8 @@ def _record(ctx: Context) -> None:
             first = cluster.target.resolved[cluster.target.records[0].name]
             variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
                          if k.startswith("k3_") and k not in PER_HOST}
-            res = cluster.resolution
             rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                               variables=variables, version=version("k3deploy"),
-                               tag=res.image if res is not None and res.pinned == r.plan.image else "")
+                               variables=variables, version=version("k3deploy"), tag=cluster.pinned_tag or "")
             files = [p for u in mine for p in (u.unit_path, u.env_path)]
             text = commands.record_revision(d, number, files, rev.to_json())
         script(name=f"Record the revision of group {group}", text=text, active=bool(text),

@@ -263,8 +263,9 @@ def test_install_node_tools_gives_executable_python_scripts(tmp_path):
     assert res.stdout.startswith("8 HCAs found:")
 
 
-def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
-    """The front replays a tool's answer (out, err, exit status) until node.json or the module state changes."""
+def _cache_front(tmp_path):
+    """The tools' cache front (``cached``) with its paths moved under ``tmp_path``; returns its ``lib`` folder (the
+    front in ``lib/cached``, the tools it runs in ``lib/tools``)."""
     cached = (NODE_TOOLS / "usr/lib/k3sim/cached").read_text()
     lib = tmp_path / "lib"
     (lib / "tools").mkdir(parents=True)
@@ -273,6 +274,12 @@ def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
     script = script.replace("/var/lib/k3sim", str(tmp_path / "state")).replace("/run/k3sim/cache",
                                                                                str(tmp_path / "cache"))
     (lib / "cached").write_text(script)
+    return lib
+
+
+def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
+    """The front replays a tool's answer (out, err, exit status) until node.json or the module state changes."""
+    lib = _cache_front(tmp_path)
     calls = tmp_path / "calls"
     (lib / "tools" / "fake").write_text(f"#!/bin/sh\necho call >> {calls}\necho \"out $*\"\necho err >&2\nexit 3\n")
     (lib / "tools" / "fake").chmod(0o755)
@@ -298,14 +305,7 @@ def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
 def test_the_tool_cache_answers_image_inspect_per_image_store_state(tmp_path):
     """``docker image inspect`` is replayed while the image store's index (images.json) is the same; other docker
     commands always run."""
-    cached = (NODE_TOOLS / "usr/lib/k3sim/cached").read_text()
-    lib = tmp_path / "lib"
-    (lib / "tools").mkdir(parents=True)
-    script = cached.replace("/usr/lib/k3sim/tools", str(lib / "tools")).replace("/etc/k3sim/node.json",
-                                                                                 str(tmp_path / "node.json"))
-    script = script.replace("/var/lib/k3sim", str(tmp_path / "state")).replace("/run/k3sim/cache",
-                                                                               str(tmp_path / "cache"))
-    (lib / "cached").write_text(script)
+    lib = _cache_front(tmp_path)
     calls = tmp_path / "calls"
     (lib / "tools" / "docker").write_text(f"#!/bin/sh\necho call >> {calls}\ncat {tmp_path}/state/docker/images.json"
                                           " 2>/dev/null || echo none\n")

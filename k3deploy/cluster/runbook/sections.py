@@ -316,7 +316,7 @@ def rolling(doc: Doc, r: Rollout, c: Context) -> None:
           "still serve.")
     for g in r.replicas:
         units = r.group(g)
-        urls = [u.serves for u in units if u.serves]
+        urls = r.serving_urls([g])
         doc.h(3, f"Replica {g}")
         doc.p(f"Take {g} out of the router.")
         doc.block(router.host, commands.router_remove(router.serves, urls) + "\n", "rolling")
