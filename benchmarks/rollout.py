@@ -2,14 +2,21 @@
 
 For GB300 trays, multi_node_tp on 2, 8 and 18 (one NVL72 rack: tensor parallelism stays in one NVLink domain) and
 multi_node_dep (data and expert parallelism over every GPU, behind one router; it may span racks) on 18, 36 and 72,
-measures one `pyinfra <inventory> deploy/k3.py -y`:
-- total wall time of the run;
-- the engines' own start time: from the head unit's process start to the head engine's
-  "Application startup complete." log line (what a hand-started vLLM would take as well);
-- the time the tool adds = total - engines' own start time;
-and the wall time of an idempotent re-run. Targets: added time at 18 trays <= 5 s and <= 1.5x the 2-tray figure,
-at 72 trays <= 2.5x it; a re-run of 72 trays <= 10 s. Every simulated node shares this machine's CPUs, so what
-each node does itself (sshd, its shell, the simulated tools) grows with N here, where real nodes run in parallel.
+measures three runs of `pyinfra <inventory> deploy/k3.py -y` on one fresh simulated cluster:
+
+1. the first rollout: the nodes hold nothing, so it also stages the image and the weights (one fetch over the
+   uplink, then node to node);
+2. a change rollout: an engine setting changes (``k3_extra_env``), every engine restarts; the nodes hold the image
+   and the weights (what a site that pre-pulled them, or any later rollout, runs);
+3. the idempotent re-run (nothing to do).
+
+For each rollout: the wall time; the engines' own start (from the head unit's process start to the head engine's
+"Application startup complete." log line after it: what a hand-started vLLM would take as well); the time the tool
+adds = wall time - engines' own start; and the stage phase (from "Beginning operation run" to the first Configure
+operation, read from pyinfra's output as it arrives). Targets: the time the tool adds at 18 trays <= 5 s and
+<= 1.5x the 2-tray figure, at 72 trays <= 2.5x it; a re-run of 72 trays <= 10 s. Every simulated node shares this
+machine's CPUs, so what each node does itself (sshd, its shell, the simulated tools) grows with N here, where real
+nodes run in parallel.
 
 Run as root: python benchmarks/rollout.py [--runs multi_node_tp:2 ... multi_node_dep:72] [--json]
 """
@@ -40,6 +47,42 @@ def ssh(info: dict, rank: int, cmd: str) -> str:
                           text=True).stdout
 
 
+def deploy(inventory: str) -> dict:
+    """One `pyinfra INVENTORY deploy/k3.py -y`: its wall time and the stage phase's, from its output as it comes."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([PYINFRA, inventory, "deploy/k3.py", "-y"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    began = configure = None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if began is None and line.startswith("--> Beginning operation run"):
+            began = time.monotonic()
+        if configure is None and line.startswith("--> Starting operation: Configure"):
+            configure = time.monotonic()
+    rc = proc.wait()
+    wall = time.monotonic() - t0
+    if rc != 0:
+        raise SystemExit(f"deploy of {inventory} failed:\n{''.join(lines)[-3000:]}")
+    return {"wall_s": wall, "stage_s": (configure - began) if began and configure else 0.0}
+
+
+def engine_start(info: dict) -> float:
+    """Seconds from the head unit's (last) process start to its engine's first "startup complete" after it."""
+    started = float(ssh(info, 0, "systemctl show --timestamp=unix -p ExecMainStartTimestamp --value "
+                                 "k3-engine.service").strip().lstrip("@"))
+    lines = ssh(info, 0, "journalctl -u k3-engine.service -o short-unix --no-pager | "
+                         "grep 'Application startup complete'").splitlines()
+    ready = [float(line.split()[0]) for line in lines if float(line.split()[0]) >= started]
+    return ready[0] - started
+
+
+def figures(run: dict, engine: float) -> dict:
+    return {"deploy_s": round(run["wall_s"], 2), "engine_start_s": round(engine, 2),
+            "stage_s": round(run["stage_s"], 2), "tool_s": round(run["wall_s"] - engine, 2)}
+
+
 def measure(n: int, strategy: str) -> dict:
     name = f"b{strategy.split('_')[-1]}{n}"
     subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
@@ -47,24 +90,13 @@ def measure(n: int, strategy: str) -> dict:
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
                          "--strategy", strategy))
     try:
-        t0 = time.monotonic()
-        run = subprocess.run([PYINFRA, info["inventory"], "deploy/k3.py", "-y"], cwd=ROOT, capture_output=True,
-                             text=True)
-        total = time.monotonic() - t0
-        if run.returncode != 0:
-            raise SystemExit(f"deploy of {n} nodes failed:\n{run.stderr[-3000:]}")
-        started = float(ssh(info, 0, "systemctl show --timestamp=unix -p ExecMainStartTimestamp --value "
-                                     "k3-engine.service").strip().lstrip("@"))
-        ready_line = ssh(info, 0, "journalctl -u k3-engine.service -o short-unix --no-pager | "
-                                  "grep -m1 'Application startup complete'")
-        engine = float(ready_line.split()[0]) - started
-        t1 = time.monotonic()
-        again = subprocess.run([PYINFRA, info["inventory"], "deploy/k3.py", "-y"], cwd=ROOT, capture_output=True,
-                               text=True)
-        rerun = time.monotonic() - t1
-        assert again.returncode == 0
-        return {"nodes": n, "strategy": strategy, "deploy_s": round(total, 2), "engine_start_s": round(engine, 2),
-                "tool_overhead_s": round(total - engine, 2), "idempotent_rerun_s": round(rerun, 2)}
+        first = figures(deploy(info["inventory"]), engine_start(info))
+        gv = Path(info["inventory"]).parent / "group_vars" / "all.yml"
+        gv.write_text(gv.read_text() + "k3_extra_env: {K3_BENCH_CHANGE: '1'}\n")
+        change = figures(deploy(info["inventory"]), engine_start(info))
+        rerun = deploy(info["inventory"])["wall_s"]
+        return {"nodes": n, "strategy": strategy, "first": first, "change": change,
+                "idempotent_rerun_s": round(rerun, 2)}
     finally:
         subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
                        capture_output=True, cwd=ROOT)
@@ -81,10 +113,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'strategy':>15} {'nodes':>5} {'deploy s':>9} {'engine s':>9} {'tool s':>7} {'re-run s':>9}")
+    print(f"{'strategy':>15} {'nodes':>5} | first: {'deploy':>7} {'engine':>7} {'stage':>6} {'tool':>6} | "
+          f"change: {'deploy':>7} {'engine':>7} {'tool':>6} | {'re-run':>7}")
     for r in rows:
-        print(f"{r['strategy']:>15} {r['nodes']:>5} {r['deploy_s']:>9} {r['engine_start_s']:>9} "
-              f"{r['tool_overhead_s']:>7} {r['idempotent_rerun_s']:>9}")
+        f, c = r["first"], r["change"]
+        print(f"{r['strategy']:>15} {r['nodes']:>5} | {f['deploy_s']:>14} {f['engine_start_s']:>7} {f['stage_s']:>6} "
+              f"{f['tool_s']:>6} | {c['deploy_s']:>15} {c['engine_start_s']:>7} {c['tool_s']:>6} | "
+              f"{r['idempotent_rerun_s']:>7}")
 
 
 if __name__ == "__main__":

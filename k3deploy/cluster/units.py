@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import jinja2
@@ -146,7 +147,9 @@ class UnitSpec:
     stop_post: tuple[tuple[str, ...], ...] = ()     # after every stop (notes a failed run for the backoff)
 
 
+@cache
 def _env() -> jinja2.Environment:
+    """One environment per process: it compiles each template once (and again only when its file changes)."""
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, autoescape=False)
 

@@ -11,14 +11,16 @@ takes effect at the next call. Paths:
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
 import sys
 import time
 import urllib.parse
-from typing import BinaryIO, NoReturn
+from typing import TYPE_CHECKING, BinaryIO, NoReturn
+
+if TYPE_CHECKING:
+    import http.client
 
 CONFIG_PATH = "/etc/k3sim/node.json"
 STATE_DIR = "/var/lib/k3sim"
@@ -159,6 +161,14 @@ def command_not_found(tool: str) -> NoReturn:
 OUTSIDE_HOSTS = ("k3sim-outside", "registry-1.docker.io", "quay.io", "huggingface.co")
 
 
+def net_errors() -> tuple[type[BaseException], ...]:
+    """What a failed request raises (``except k.net_errors():``). http.client is imported on first use only: most
+    runs of the simulated tools answer from local state, and its import is a third of a tool's start-up here."""
+    import http.client
+
+    return (OSError, http.client.HTTPException)
+
+
 def http_open(url: str, method: str = "GET", headers: dict | None = None,
               timeout: float = 30.0) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
     """Send one request; returns the response (headers read, body not) and its connection (close it when done).
@@ -172,6 +182,8 @@ def http_open(url: str, method: str = "GET", headers: dict | None = None,
     if override and host in OUTSIDE_HOSTS:
         addr, _, p = override.rpartition(":")
         port = int(p)
+    import http.client
+
     conn = http.client.HTTPConnection(addr, port, timeout=timeout)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     try:
@@ -188,7 +200,7 @@ def copy_body(resp: http.client.HTTPResponse, out: BinaryIO, want: int, hasher=N
     while got < want:
         try:
             block = resp.read(min(chunk, want - got))
-        except (OSError, http.client.HTTPException):
+        except net_errors():
             break
         if not block:
             break
