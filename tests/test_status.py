@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 
 import pytest
@@ -76,6 +77,26 @@ def test_unit_verdicts():
     assert unit_verdict(active="activating", serves=True, health=0, listed=None) == "starting"
     assert unit_verdict(active="inactive", serves=False, health=None, listed=None) == "down"
     assert unit_verdict(active="active", serves=True, health=200, listed=False) == "starting"
+
+
+def test_a_restarted_member_is_in_its_crash_loop_until_it_has_run_the_window(rollout):
+    runs, installed = healthy(rollout)
+    worker = next(u for u in rollout.units if u.rank == 1)
+    runs[(worker.host, worker.unit)] = UnitRun("active", "running", 4, 1000.0, "img", "sha256:1", None, None)
+
+    def verdict(now: float, window: int | None = None) -> str:
+        r = copy.copy(rollout)
+        if window is not None:
+            r.vars = rollout.vars.model_copy(update={"k3_crash_loop_window": window})
+        st = assess(r, MODEL, runs, installed, (MODEL,), set(), now=now)
+        return next(u.verdict for g in st.groups for u in g.units if u.host == worker.host)
+
+    assert rollout.vars.k3_crash_loop_window == 120    # the default
+    assert verdict(now=1119.0) == "crash-loop" and verdict(now=1120.0) == "running"
+    assert verdict(now=1009.0, window=10) == "crash-loop" and verdict(now=1010.0, window=10) == "running"
+    # fewer than 3 restarts is no crash loop, whatever the uptime
+    runs[(worker.host, worker.unit)] = UnitRun("active", "running", 2, 1000.0, "img", "sha256:1", None, None)
+    assert verdict(now=1001.0) == "running"
 
 
 def test_the_status_fact_reads_a_unit_that_is_not_installed():

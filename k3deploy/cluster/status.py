@@ -34,6 +34,7 @@ UP = ("serving", "running")
 #: restarts by systemd after which a unit that is not up is said to be in a crash loop (its starts back off)
 CRASH_LOOP = 3
 #: a unit that serves no HTTP, restarted that often, is still in its crash loop while it runs less than this long
+#: (the default of ``k3_crash_loop_window``)
 CRASH_LOOP_UPTIME_S = 120
 
 
@@ -49,14 +50,14 @@ class Run(Protocol):
 
 
 def unit_verdict(*, active: str, serves: bool, health: int | None, listed: bool | None, restarts: int = 0,
-                 uptime_s: float | None = None) -> str:
+                 uptime_s: float | None = None, window_s: float = CRASH_LOOP_UPTIME_S) -> str:
     """serving | running (up, serves no HTTP) | starting | down | crash-loop (restarted :data:`CRASH_LOOP` times
-    by systemd, being started again and not serving: starting, or running for less than
-    :data:`CRASH_LOOP_UPTIME_S`; each start waits longer, see ``k3_restart_max_delay``)."""
+    by systemd, being started again and not serving: starting, or running for less than ``window_s``
+    (``k3_crash_loop_window``); each start waits longer, see ``k3_restart_max_delay``)."""
     verdict = _verdict(active=active, serves=serves, health=health, listed=listed)
     if restarts < CRASH_LOOP or verdict == "serving" or active not in ("active", "activating"):
         return verdict   # failed or inactive: systemd is not starting it again
-    if verdict == "running" and (uptime_s is None or uptime_s >= CRASH_LOOP_UPTIME_S):
+    if verdict == "running" and (uptime_s is None or uptime_s >= window_s):
         return verdict
     return "crash-loop"
 
@@ -148,7 +149,8 @@ def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installe
             reports.append(UnitReport(
                 u.host, u.unit, u.group, u.rank, u.node.role,
                 unit_verdict(active=run.active, serves=u.serves is not None, health=run.health, listed=listed,
-                             restarts=run.restarts, uptime_s=now - run.since if run.since else None),
+                             restarts=run.restarts, uptime_s=now - run.since if run.since else None,
+                             window_s=r.vars.k3_crash_loop_window),
                 run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
                 round(now - run.since, 1) if run.since else None, shown(run.image), run.image_id, matches, u.serves,
                 run.health, list(run.models) if run.models is not None else None))

@@ -155,6 +155,9 @@ class Variables(BaseModel):
     k3_restart_max_delay: int = Field(300, ge=0, description=(
         "Crash-loop backoff of the engine units: from the 2nd failure in a row each start waits `k3_restart_sec`, "
         "then twice as long each time, at most this many seconds (0: no backoff, `RestartSec=` only)."))
+    k3_crash_loop_window: int = Field(120, ge=0, description=(
+        "`k3deploy status`: an engine unit that serves no HTTP (a group member) and that systemd restarted 3 times "
+        "or more is shown as `crash-loop` until it has run this many seconds (a run that lasts is taken as fixed)."))
     k3_smoke_test: bool = Field(True, description=(
         "Send one short chat completion through the public endpoint after the rollout."))
     # per host / per run

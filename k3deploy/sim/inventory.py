@@ -81,5 +81,6 @@ def write_inventory(state: dict[str, Any]) -> None:
         lines.append("k3_variant: ascend_w4a8")
     lines.append("k3_poll_interval: 0.5")
     # the simulated engines start in seconds: groups heal and crash loops back off on the same scale
-    lines += ["k3_restart_sec: 2", "k3_heal_grace: 3", "k3_heal_interval: 1", "k3_restart_max_delay: 30"]
+    lines += ["k3_restart_sec: 2", "k3_heal_grace: 3", "k3_heal_interval: 1", "k3_restart_max_delay: 30",
+              "k3_crash_loop_window: 10"]
     write_atomic(gv / "all.yml", "\n".join(lines) + "\n", 0o644)
