@@ -13,7 +13,9 @@ measures three runs of `pyinfra <inventory> deploy/k3.py -y` on one fresh simula
 For each rollout: the wall time; the engines' own start (from the head unit's process start to the head engine's
 "Application startup complete." log line after it: what a hand-started vLLM would take as well); the time the tool
 adds = wall time - engines' own start; and the stage phase (from "Beginning operation run" to the first Configure
-operation, read from pyinfra's output as it arrives). Targets: the time the tool adds at 18 trays <= 5 s and
+operation, read from pyinfra's output as it arrives); the CPU time of the control machine's pyinfra process (what the
+tool itself computes and sends); and the operations per node that ran commands (pyinfra's "Success" count / N; the
+facts of a host are one more command). Targets: the time the tool adds at 18 trays <= 5 s and
 <= 1.5x the 2-tray figure, at 72 trays <= 2.5x it; a re-run of 72 trays <= 10 s. Every simulated node shares this
 machine's CPUs, so what each node does itself (sshd, its shell, the simulated tools) grows with N here, where real
 nodes run in parallel.
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import resource
 import subprocess
 import sys
 import time
@@ -48,7 +52,9 @@ def ssh(info: dict, rank: int, cmd: str) -> str:
 
 
 def deploy(inventory: str) -> dict:
-    """One `pyinfra INVENTORY deploy/k3.py -y`: its wall time and the stage phase's, from its output as it comes."""
+    """One `pyinfra INVENTORY deploy/k3.py -y`: its wall time and the stage phase's, from its output as it comes; the
+    CPU time of the control machine's pyinfra process; the operations that ran commands (pyinfra's "Success")."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.Popen([PYINFRA, inventory, "deploy/k3.py", "-y"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -63,9 +69,13 @@ def deploy(inventory: str) -> dict:
             configure = time.monotonic()
     rc = proc.wait()
     wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         raise SystemExit(f"deploy of {inventory} failed:\n{''.join(lines)[-3000:]}")
-    return {"wall_s": wall, "stage_s": (configure - began) if began and configure else 0.0}
+    total = next((m for line in lines if (m := re.match(r"\s*Grand total\s+(\d+)\s+(\S+)", line))), None)
+    return {"wall_s": wall, "stage_s": (configure - began) if began and configure else 0.0,
+            "control_cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+            "changed_ops": int(total.group(2)) if total and total.group(2).isdigit() else 0}
 
 
 def engine_start(info: dict) -> float:
@@ -78,9 +88,10 @@ def engine_start(info: dict) -> float:
     return ready[0] - started
 
 
-def figures(run: dict, engine: float) -> dict:
+def figures(run: dict, engine: float, n: int) -> dict:
     return {"deploy_s": round(run["wall_s"], 2), "engine_start_s": round(engine, 2),
-            "stage_s": round(run["stage_s"], 2), "tool_s": round(run["wall_s"] - engine, 2)}
+            "stage_s": round(run["stage_s"], 2), "tool_s": round(run["wall_s"] - engine, 2),
+            "control_cpu_s": round(run["control_cpu_s"], 2), "ops_per_node": round(run["changed_ops"] / n, 1)}
 
 
 def measure(n: int, strategy: str) -> dict:
@@ -90,13 +101,14 @@ def measure(n: int, strategy: str) -> dict:
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
                          "--strategy", strategy))
     try:
-        first = figures(deploy(info["inventory"]), engine_start(info))
+        first = figures(deploy(info["inventory"]), engine_start(info), n)
         gv = Path(info["inventory"]).parent / "group_vars" / "all.yml"
         gv.write_text(gv.read_text() + "k3_extra_env: {K3_BENCH_CHANGE: '1'}\n")
-        change = figures(deploy(info["inventory"]), engine_start(info))
-        rerun = deploy(info["inventory"])["wall_s"]
+        change = figures(deploy(info["inventory"]), engine_start(info), n)
+        again = deploy(info["inventory"])
         return {"nodes": n, "strategy": strategy, "first": first, "change": change,
-                "idempotent_rerun_s": round(rerun, 2)}
+                "idempotent_rerun_s": round(again["wall_s"], 2),
+                "rerun_control_cpu_s": round(again["control_cpu_s"], 2), "rerun_ops": again["changed_ops"]}
     finally:
         subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
                        capture_output=True, cwd=ROOT)
@@ -113,13 +125,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'strategy':>15} {'nodes':>5} | first: {'deploy':>7} {'engine':>7} {'stage':>6} {'tool':>6} | "
-          f"change: {'deploy':>7} {'engine':>7} {'tool':>6} | {'re-run':>7}")
+    print(f"{'strategy':>15} {'nodes':>5} | first: {'deploy':>7} {'engine':>7} {'stage':>6} {'tool':>6} "
+          f"{'ctl cpu':>7} {'ops/n':>5} | change: {'deploy':>7} {'engine':>7} {'tool':>6} {'ctl cpu':>7} {'ops/n':>5} "
+          f"| {'re-run':>7} {'ctl cpu':>7} {'ops':>4}")
     for r in rows:
         f, c = r["first"], r["change"]
         print(f"{r['strategy']:>15} {r['nodes']:>5} | {f['deploy_s']:>14} {f['engine_start_s']:>7} {f['stage_s']:>6} "
-              f"{f['tool_s']:>6} | {c['deploy_s']:>15} {c['engine_start_s']:>7} {c['tool_s']:>6} | "
-              f"{r['idempotent_rerun_s']:>7}")
+              f"{f['tool_s']:>6} {f['control_cpu_s']:>7} {f['ops_per_node']:>5} | {c['deploy_s']:>15} "
+              f"{c['engine_start_s']:>7} {c['tool_s']:>6} {c['control_cpu_s']:>7} {c['ops_per_node']:>5} | "
+              f"{r['idempotent_rerun_s']:>7} {r['rerun_control_cpu_s']:>7} {r['rerun_ops']:>4}")
 
 
 if __name__ == "__main__":
