@@ -302,18 +302,19 @@ def test_the_tool_cache_answers_until_the_node_changes(tmp_path):
     assert run("-q").returncode == 3 and calls.read_text().count("call") == 3
 
 
-def test_the_tool_cache_answers_image_inspect_per_image_store_state(tmp_path):
-    """``docker image inspect`` is replayed while the image store's index (images.json) is the same; other docker
-    commands always run."""
+def test_the_tool_cache_answers_image_inspect_and_ls_while_the_image_store_is_unchanged(tmp_path):
+    """``docker image inspect`` (and ``image ls --format`` without the relative CreatedSince) is replayed while the
+    image store's index (images.json) is unchanged; other docker commands always run; arguments with slashes and
+    spaces are keys of their own."""
     lib = _cache_front(tmp_path)
     calls = tmp_path / "calls"
     (lib / "tools" / "docker").write_text(f"#!/bin/sh\necho call >> {calls}\ncat {tmp_path}/state/docker/images.json"
-                                          " 2>/dev/null || echo none\n")
+                                          " 2>/dev/null || echo none\necho \"$*\"\n")
     (lib / "tools" / "docker").chmod(0o755)
     (tmp_path / "node.json").write_text("{}")
     import time
 
-    time.sleep(1.1)  # the cache must be newer than node.json (second-resolution mtimes)
+    time.sleep(1.1)  # the cache must be newer than node.json (the shell's test -nt may compare seconds only)
 
     def run(*args):
         return subprocess.run(["sh", str(lib / "cached"), "docker", *args], capture_output=True, text=True,
@@ -322,12 +323,22 @@ def test_the_tool_cache_answers_image_inspect_per_image_store_state(tmp_path):
     def count():
         return calls.read_text().count("call")
 
-    assert run("image", "inspect", "x") == "none\n" and run("image", "inspect", "x") == "none\n" and count() == 1
+    assert run("image", "inspect", "x") == "none\nimage inspect x\n" == run("image", "inspect", "x")
+    assert count() == 1
     (tmp_path / "state" / "docker").mkdir(parents=True)
     (tmp_path / "state" / "docker" / "images.json").write_text('{"a": 1}')  # pulled or loaded: asked again
-    assert run("image", "inspect", "x") == '{"a": 1}' and count() == 2
-    assert run("image", "inspect", "x") == '{"a": 1}' and count() == 2
-    assert run("images") == '{"a": 1}' and run("images") == '{"a": 1}' and count() == 4   # never cached
+    time.sleep(1.1)
+    assert run("image", "inspect", "x") == '{"a": 1}image inspect x\n' and count() == 2
+    assert run("image", "inspect", "x") == '{"a": 1}image inspect x\n' and count() == 2
+    # a listing with a format is replayed, one with the relative creation time is not
+    listing = ("image", "ls", "--format", "{{.Tag}} {{.Digest}}", "vllm/vllm-openai")
+    assert run(*listing) == run(*listing) and count() == 3
+    run("image", "ls", "--format", "{{.Tag}}", "{{.Digest}}", "vllm/vllm-openai")
+    assert count() == 4   # the same words split otherwise: another command line, asked again
+    assert run("image", "inspect", "a/b") != run("image", "inspect", "a%b") and count() == 6
+    assert run("image", "ls", "--format", "{{.CreatedSince}}") == run("image", "ls", "--format", "{{.CreatedSince}}")
+    assert count() == 8
+    assert run("images") == run("images") and count() == 10   # never cached
 
 
 # ------------------------------------------------------------------------------- faults
