@@ -79,3 +79,28 @@ def test_a_fake_host_is_read_one_fact_at_a_time():
         values = read_batch(state, host, kernel + shm)
     assert len(host.connector.executed_commands) == 2
     assert values[kernel[0][0]] is not None and "6.8.0" in str(values[kernel[0][0]])
+
+
+def test_the_output_comes_packed_where_the_host_has_gzip_and_base64_and_plain_otherwise(tmp_path):
+    import shutil
+    import subprocess
+
+    from k3deploy.facts.batch import PACKED
+    from k3deploy.facts.host import KernelVersion
+
+    command = Batch().command(specs([("kernel", KernelVersion, {})]))
+
+    def run(*tools: str) -> list[str]:
+        bin_dir = tmp_path / "-".join(tools)
+        bin_dir.mkdir()
+        for tool in tools:
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+        res = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env={"PATH": str(bin_dir)})
+        assert res.returncode == 0, res.stderr
+        return res.stdout.splitlines()
+
+    kernel = subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()
+    packed, plain = run("uname", "timeout", "gzip", "base64"), run("uname", "timeout")
+    assert packed[0].startswith(PACKED) and not any(line.startswith(MARK) for line in packed)
+    assert plain[0] == f"{MARK}kernel"
+    assert Batch().process(packed) == Batch().process(plain) == {"kernel": [kernel, "K3_EXIT=0"]}
