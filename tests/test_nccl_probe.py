@@ -64,3 +64,14 @@ def test_pairs_cover_every_node_once():
     assert pairs(["a", "b"]) == [[("a", "b")]]
     assert pairs(["a", "b", "c"]) == [[("a", "b")], [("a", "c")]]
     assert pairs(["a"]) == []
+
+
+def test_an_hca_that_does_not_reach_the_peer_is_named_whichever_stream_came_first():
+    warn = ("n1:1:1 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<43715> with error 12, opcode 0, len 0, "
+            "vendor err 129 (Send) localGid ::ffff:10.0.0.1 remoteGids ::ffff:10.0.0.2 hca mlx5_bond_0")
+    error = ["torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3690, remote process exited "
+             "or there was a network error, NCCL version 2.28.3", "Last error:",
+             "NET/IB : Got completion from peer with error 12, opcode 0, len 0, vendor err 129 (Send)"]
+    for lines in ([warn, *error], [*error, warn]):
+        r = judge("n1", "n2", parse_probe(lines, 1))
+        assert r.status == "fail" and "hca mlx5_bond_0" in r.observed and "k3_ib_hca" in r.fix, r.observed

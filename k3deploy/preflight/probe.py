@@ -153,7 +153,10 @@ def judge(host: str, peer: str, r: ProbeResult | FactError) -> CheckResult:
     if isinstance(r, FactError):
         return CheckResult(host, CHECK, "fail", r.message(host), REQUIRED, "install docker, or turn k3_nccl_probe off")
     seen = ", ".join(r.transports)
-    detail = "; ".join(r.why[:1] if r.error else r.why[:2])
+    # NCCL's warning names the HCA; the exception repeats it without: the one that names it first, whichever of
+    # stdout and stderr came first
+    why = sorted(r.why, key=lambda w: w.startswith("Got completion from peer") and " hca " not in w)
+    detail = "; ".join(why[:1] if r.error else why[:2])
     if r.exit_code == 0 and r.result == 2 and r.gdrdma:
         shown = f"all-reduce with {peer} via {seen}" + (f" ({detail})" if detail else "")
         return CheckResult(host, CHECK, "pass", shown, REQUIRED)
