@@ -29,13 +29,14 @@ from typing import Any, Protocol
 from k3deploy.cluster.images import shown
 from k3deploy.cluster.observed import Installed
 from k3deploy.cluster.rollout import Rollout
+from k3deploy.cluster.variables import Variables
 
 UP = ("serving", "running")
 #: restarts by systemd after which a unit that is not up is said to be in a crash loop (its starts back off)
 CRASH_LOOP = 3
 #: a unit that serves no HTTP, restarted that often, is still in its crash loop while it runs less than this long
 #: (the default of ``k3_crash_loop_window``)
-CRASH_LOOP_UPTIME_S = 120
+CRASH_LOOP_UPTIME_S: int = Variables.model_fields["k3_crash_loop_window"].default
 
 
 class Run(Protocol):

@@ -243,6 +243,11 @@ def image_check(res: image_pins.Resolution) -> CheckResult:
                        "k3_image_resolve: false runs the tag as each node has it (builds may differ)")
 
 
+def registry_fact(r: Rollout) -> Any:
+    """The digest the registry gives for the plan's image tag, read on the host that resolves it."""
+    return ("registry", RegistryDigest, {"image": r.plan.image, "docker": r.vars.k3_docker})
+
+
 def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, health: bool = False,
                   resolve: bool = False) -> list[Any]:
     """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
@@ -254,7 +259,7 @@ def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, h
     out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path,
                                                      "env_path": u.env_path}) for u in r.on_host(host)]
     if resolve:
-        out.append(("registry", RegistryDigest, {"image": r.plan.image, "docker": v.k3_docker}))
+        out.append(registry_fact(r))
     if any(u.group != "router" for u in r.on_host(host)):
         out += [("helper", FileHash, {"path": GROUP_MEMBER}),
                 ("image", ImageDigest, {"image": r.plan.image, "docker": v.k3_docker}),
@@ -367,9 +372,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
         extra = lambda name: rollout_facts(planned, name, runtime, logs, health, resolve=name == resolver)  # noqa: E731
     elif planned is not None and resolver is not None:
         # what the hosts run is not read (a runbook), but the build the tag names is: the runbook pins it too
-        extra = lambda name: [("registry", RegistryDigest, {"image": planned.plan.image,  # noqa: E731
-                                                            "docker": planned.vars.k3_docker})] \
-            if name == resolver else []
+        extra = lambda name: [registry_fact(planned)] if name == resolver else []  # noqa: E731
     read = read_facts(state, hosts, t, connect_first=connect_first, extra=extra) if facts else []
     report = check(t.requirements, read) if facts else None
     if report is not None:

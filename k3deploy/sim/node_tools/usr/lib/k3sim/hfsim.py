@@ -15,7 +15,6 @@ printed. ``HF_HUB_OFFLINE=1`` refuses to download, as the real client does.
 import contextlib
 import fcntl
 import hashlib
-import http.client
 import json
 import os
 import sys
@@ -149,7 +148,7 @@ def main(argv):
     try:
         resp, body = get_json(f"{endpoint}/api/models/{quoted}/revision/{urllib.parse.quote(rev, safe='')}"
                               "?blobs=true", headers)
-    except (OSError, http.client.HTTPException):
+    except k.net_errors():
         return fail_offline(repo)
     if resp.status == 401:
         print(f"huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access repository {repo}: "
