@@ -110,13 +110,16 @@ def node_cgroups(cluster: str, node: str) -> list[Path]:
 
 
 def cgroup_pids(cg: Path) -> list[int]:
-    """PIDs in the cgroup ``cg`` and its descendants."""
+    """PIDs in the cgroup ``cg`` and its descendants.
+
+    The tree changes while it is read (systemd inside a node removes its own cgroups as units stop): os.walk
+    skips a directory that is gone by the time it is listed, where Path.rglob raises.
+    """
     pids: list[int] = []
-    if not cg.is_dir():
-        return pids
-    for procs in cg.rglob("cgroup.procs"):
-        with contextlib.suppress(OSError):
-            pids += [int(p) for p in procs.read_text().split()]
+    for top, _dirs, files in os.walk(cg):
+        if "cgroup.procs" in files:
+            with contextlib.suppress(OSError):
+                pids += [int(p) for p in Path(top, "cgroup.procs").read_text().split()]
     return pids
 
 
@@ -124,8 +127,8 @@ def remove_cgroup_tree(cg: Path) -> bool:
     """Remove ``cg`` and its descendants (those that are empty); True when ``cg`` is gone."""
     if not cg.is_dir():
         return True
-    dirs = sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-    for d in [*dirs, cg]:
+    dirs = [Path(top) for top, _dirs, _files in os.walk(cg, topdown=False)]  # children before parents
+    for d in dirs or [cg]:
         with contextlib.suppress(OSError):
             d.rmdir()
     return not cg.exists()
