@@ -44,8 +44,22 @@ def cli() -> None:
     """Deploy Kimi-K3 on vLLM to bare-metal GPU clusters."""
 
 
+def green_io() -> None:
+    """Patch the standard library's blocking I/O for gevent, as pyinfra's own command does: the commands that reach
+    hosts read them in parallel greenlets over pyinfra's connections. Done by the process's own entry point only, first
+    thing, before anything imports socket or ssl."""
+    from gevent import monkey
+
+    monkey.patch_all()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+    """Console entry point: user errors become one line on stderr and exit code 2.
+
+    Called with ``argv`` (from Python, e.g. a test), the caller's process is left as it is: its hosts are read one
+    after another instead of in parallel greenlets (see :func:`green_io`)."""
+    if argv is None:
+        green_io()
     try:
         rv = cli.main(args=argv, prog_name="k3deploy", standalone_mode=False)
     except K3Error as exc:

@@ -9,9 +9,10 @@ GPU node's outputs as test fixtures::
 
 from __future__ import annotations
 
-from gevent import monkey
+if __name__ == "__main__":  # run as a program: green I/O first, as the k3deploy command does (k3deploy.cli)
+    from gevent import monkey
 
-monkey.patch_all()  # before anything imports socket/ssl/threading: pyinfra's I/O runs in greenlets
+    monkey.patch_all()
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402

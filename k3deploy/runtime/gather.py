@@ -13,34 +13,30 @@ Example::
 
 from __future__ import annotations
 
-# isort: off
-from k3deploy.preflight import runner  # first: it patches gevent before socket/ssl are imported
-# isort: on
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
 
-import sys  # noqa: E402
-from collections.abc import Callable, Mapping  # noqa: E402
-from dataclasses import dataclass, field, replace  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, TypeVar  # noqa: E402
+import gevent
+from pyinfra.api import Config, State
+from pyinfra.api.exceptions import ConnectError
+from pyinfra.api.facts import get_fact
+from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
+from pyinfra.facts.files import File, FileContents
 
-import gevent  # noqa: E402
-from pyinfra.api import Config, State  # noqa: E402
-from pyinfra.api.exceptions import ConnectError  # noqa: E402
-from pyinfra.api.facts import get_fact  # noqa: E402
-from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state  # noqa: E402
-from pyinfra.facts.files import File, FileContents  # noqa: E402
-
-from k3deploy.cluster import images as image_pins  # noqa: E402
-from k3deploy.cluster.diff import Installed  # noqa: E402
-from k3deploy.cluster.images import LocalImage, Resolution  # noqa: E402
-from k3deploy.cluster.inventory import records_of  # noqa: E402
-from k3deploy.cluster.pipeline import Target, desired_rollout, target  # noqa: E402
-from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs  # noqa: E402
-from k3deploy.cluster.rollout import Rollout  # noqa: E402
-from k3deploy.cluster.staging import StagePlan, engines, stage_for  # noqa: E402
-from k3deploy.cluster.units import GROUP_MEMBER  # noqa: E402
-from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts.rollout import (  # noqa: E402
+from k3deploy.cluster import images as image_pins
+from k3deploy.cluster.diff import Installed
+from k3deploy.cluster.images import LocalImage, Resolution
+from k3deploy.cluster.inventory import records_of
+from k3deploy.cluster.pipeline import Target, desired_rollout, target
+from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs
+from k3deploy.cluster.rollout import Rollout
+from k3deploy.cluster.staging import StagePlan, engines, stage_for
+from k3deploy.cluster.units import GROUP_MEMBER
+from k3deploy.errors import K3Error
+from k3deploy.facts.rollout import (
     Executable,
     FileHash,
     ImageDigest,
@@ -50,7 +46,7 @@ from k3deploy.facts.rollout import (  # noqa: E402
     WeightsState,
     WeightsStatus,
 )
-from k3deploy.facts.status import (  # noqa: E402
+from k3deploy.facts.status import (
     EndpointModels,
     HealthCode,
     RouterWorkers,
@@ -58,8 +54,9 @@ from k3deploy.facts.status import (  # noqa: E402
     UnitRun,
     UnitRuntime,
 )
-from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts  # noqa: E402
-from k3deploy.preflight.report import PreflightReport, check  # noqa: E402
+from k3deploy.preflight import runner
+from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts
+from k3deploy.preflight.report import PreflightReport, check
 
 T = TypeVar("T")
 

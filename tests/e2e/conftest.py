@@ -40,6 +40,16 @@ def deploy(inventory: str, *extra: str, timeout: int = 300) -> subprocess.Comple
                           stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=timeout)
 
 
+def why(proc: subprocess.CompletedProcess) -> str:
+    """What a failed assertion on a run shows: its lines that name an error or a failure (a deploy's output is long
+    and the reason is rarely at its end), then the end of the output."""
+    out = proc.stdout or ""
+    keys = ("rror", "fail", "not serving", "observed", "Traceback", "refus", "timed out")
+    hits = [line for line in out.splitlines() if any(k in line for k in keys) and " | " not in line]
+    return "\n".join(["--- lines naming an error or a failure:", *hits[:60], "--- the end of the output:",
+                      out[-2500:]]) + (f"\n--- stderr:\n{proc.stderr[-1500:]}" if proc.stderr else "")
+
+
 def totals(output: str) -> tuple[int, int, int]:
     """(success, error, no change) of the run's "Grand total" line."""
     m = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", output)

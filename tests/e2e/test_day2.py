@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from .conftest import ROOT, deploy, k3, skip_no_sim
+from .conftest import ROOT, deploy, k3, skip_no_sim, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -25,7 +25,7 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
     before = k3("status", sim.inventory, "--json", check=False)
     assert before.returncode == 1 and json.loads(before.stdout)["verdict"] == "down"   # nothing installed yet
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-3000:]
+    assert run.returncode == 0, why(run)
 
     ok = k3("status", sim.inventory, "--json", check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -88,12 +88,12 @@ def test_a_group_whose_member_restarted_is_repaired_by_the_next_run(sim_factory)
         time.sleep(1)
     assert restarts() > 0
     plan = k3("plan", sim.inventory, "--json", check=False)
-    assert plan.returncode == 3, plan.stdout[-2000:]
+    assert plan.returncode == 3, why(plan)
     reasons = {h["host"]: [c["reason"] for c in h["changes"] if c["kind"] == "restart"]
                for h in json.loads(plan.stdout)["hosts"]}
     assert any("restarted" in r and "wedged" in r for r in reasons[worker]), reasons
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-3000:]
+    assert run.returncode == 0, why(run)
     assert restarts() == 0    # an explicit start resets systemd's counter
     after = k3("plan", sim.inventory, "--json", check=False)
     assert after.returncode == 0 and json.loads(after.stdout)["changes_pending"] is False

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .conftest import deploy, k3, skip_no_sim
+from .conftest import deploy, k3, skip_no_sim, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -30,7 +30,9 @@ def until_status(sim, code: int, timeout: float) -> float:
             return time.monotonic() - t0
         time.sleep(0.5)
     out = k3("status", sim.inventory, check=False)
-    raise AssertionError(f"status did not exit {code} within {timeout:.0f} s:\n{out.stdout}{out.stderr}")
+    logs = "".join(f"\n--- {n['name']}: journal of the engine and its watcher (last 60 lines)\n"
+                   + "\n".join(journal(sim, rank).splitlines()[-60:]) for rank, n in enumerate(sim.info["nodes"]))
+    raise AssertionError(f"status did not exit {code} within {timeout:.0f} s:\n{out.stdout}{out.stderr}{logs}")
 
 
 def journal(sim, rank: int, unit: str = UNIT) -> str:
@@ -41,7 +43,7 @@ def test_a_group_heals_itself_after_a_head_kill_a_worker_kill_and_reboots(sim_fa
     sim = sim_factory("heal", "b300", 2)
     sim.set_vars("k3_strategy: multi_node_dep\nk3_stage: per_node\n")
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-3000:]
+    assert run.returncode == 0, why(run)
     assert status(sim) == 0
     assert sim.ssh(1, "systemctl is-active k3-engine-watch.service").stdout.strip() == "active"
     assert sim.ssh(0, "systemctl is-active k3-engine-watch.service").stdout.strip() != "active"   # the head

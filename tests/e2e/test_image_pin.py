@@ -11,7 +11,7 @@ import pytest
 
 from k3deploy.cluster.images import run_ref
 
-from .conftest import ROOT, deploy, k3, skip_no_sim
+from .conftest import ROOT, deploy, k3, skip_no_sim, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -35,7 +35,7 @@ def image_id(sim, rank: int, ref: str) -> str:
 
 def plan_json(sim) -> tuple[int, dict]:
     proc = k3("plan", sim.inventory, "--json", check=False)
-    assert proc.returncode in (0, 3), proc.stdout[-2000:] + proc.stderr
+    assert proc.returncode in (0, 3), why(proc) + proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -66,7 +66,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     assert f"image {IMAGE} is {second} in the registry" in text and f"-> {REPO}:k3-sha256-{second[7:]}" in text
 
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert f"image {IMAGE} is {second} in the registry" in run.stdout
     # one build, not one per node: node 1 got it from node 2 (checked by its image id, as it has no repo digest)
     assert [running(sim, r) for r in (0, 1)] == [(run_ref(f"{REPO}@{second}"), build)] * 2
@@ -87,7 +87,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     assert rc == 3 and plan["image"]["digest"] == third
     assert plan["restart_order"] == [f"{n}:k3-engine.service" for n in nodes]
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     newer = image_id(sim, 0, f"{REPO}@{third}")          # node 1 pulled it this time (nobody held it)
     assert newer != build and [running(sim, r) for r in (0, 1)] == [(run_ref(f"{REPO}@{third}"), newer)] * 2
     history = json.loads(k3("history", sim.inventory, "--json").stdout)["groups"]["engine"]["revisions"]
@@ -95,6 +95,6 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
 
     # a rollback goes back to the exact build of the revision, not to whatever the tag names now
     back = deploy(sim.inventory, "--data", "k3_rollback=true")
-    assert back.returncode == 0, back.stdout[-4000:]
+    assert back.returncode == 0, why(back)
     assert [running(sim, r) for r in (0, 1)] == [(run_ref(f"{REPO}@{second}"), build)] * 2
     assert "Stage round" not in back.stdout          # both nodes still held it (node 1 by its digest-named tag)

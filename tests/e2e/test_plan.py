@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim
+from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -54,7 +54,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     # --dry --diff on the never-deployed cluster, with a token file: diffs shown, token never
     sim.group_vars.write_text(base + f"k3_hf_token_file: {token}\n")
     dry = dry_diff(sim.inventory)
-    assert dry.returncode == 0, dry.stdout[-3000:]
+    assert dry.returncode == 0, why(dry)
     assert FAKE_TOKEN not in dry.stdout
     for host in (head, worker):
         assert f"[{host}] Will create /etc/k3deploy/k3-engine.env" in dry.stdout
@@ -66,7 +66,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     # deployed: no changes (exit 0)
     sim.group_vars.write_text(base)
     first = deploy(sim.inventory)
-    assert first.returncode == 0, first.stdout[-3000:]
+    assert first.returncode == 0, why(first)
     rc, data = plan_json(sim.inventory)
     assert rc == 0 and data["restart_order"] == [] and all(not h["changes"] for h in data["hosts"])
     text = k3("plan", sim.inventory, check=False)
@@ -88,7 +88,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     assert sim.ssh(0, f"echo HF_TOKEN={FAKE_TOKEN} >> /etc/k3deploy/k3-engine.env").returncode == 0
     sim.group_vars.write_text(changed + f"k3_hf_token_file: {token}\n")
     dry = dry_diff(sim.inventory)
-    assert dry.returncode == 0, dry.stdout[-3000:]
+    assert dry.returncode == 0, why(dry)
     assert FAKE_TOKEN not in dry.stdout
     assert f"[{head}] Will modify /etc/k3deploy/k3-engine.env" in dry.stdout and "- HF_TOKEN=****" in dry.stdout
     assert "+ --max-num-seqs 64" in dry.stdout
@@ -103,7 +103,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     # deploy the change: a second plan shows none
     sim.group_vars.write_text(changed)
     second = deploy(sim.inventory)
-    assert second.returncode == 0, second.stdout[-3000:]
+    assert second.returncode == 0, why(second)
     rc, data = plan_json(sim.inventory)
     assert rc == 0 and data["restart_order"] == []
 

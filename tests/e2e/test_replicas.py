@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import deploy, k3, skip_no_sim, totals
+from .conftest import deploy, k3, skip_no_sim, totals, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -67,7 +67,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     ips = [n["ip"] for n in sim.info["nodes"]]
     heads = sorted([f"http://{ips[0]}:8000", f"http://{ips[2]}:8000"])
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert router_workers(sim) == heads
     st = json.loads(k3("status", sim.inventory, "--json").stdout)
     assert st["verdict"] == "serving"
@@ -85,7 +85,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
         time.sleep(2)
         run = deploy(sim.inventory)
         time.sleep(1)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert client.failures == [], client.failures[:5]
     assert client.ok > 20 and len(client.answered_by) == 2, (client.ok, client.answered_by)
     out = run.stdout
@@ -106,7 +106,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     with Client(endpoint) as client:
         run = deploy(sim.inventory)
         time.sleep(1)
-    assert run.returncode != 0, run.stdout[-4000:]
+    assert run.returncode != 0, why(run)
     assert client.failures == [], client.failures[:5]
     assert client.ok > 5
     assert "K3_CHANGE=two" in env_of(sim, 0) and "K3_CHANGE=two" in env_of(sim, 1)
@@ -124,7 +124,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     with Client(endpoint) as client:
         run = deploy(sim.inventory, "--data", "k3_rollback=true")
         time.sleep(1)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert client.failures == [], client.failures[:5]
     assert router_workers(sim) == heads
     for rank in range(4):

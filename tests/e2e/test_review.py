@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim
+from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -36,7 +36,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     # an old driver on node 2: the dry run fails, names the node, what it saw and what is required, once
     k3("sim", "fault", "--name", sim.name, "1:driver=550.54.15")
     run = dry(sim.inventory)
-    assert run.returncode == 1, run.stdout[-3000:]
+    assert run.returncode == 1, why(run)
     assert f"preflight failed on {node2};" in run.stdout
     assert f"[{node2}] nvidia.driver: observed 550.54.15; required >= 580.65.06" in run.stdout
     # the Fabric Manager follows the driver being installed, not the old one
@@ -49,7 +49,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     # a misspelt engine flag: refused with the right spelling before anything changes
     sim.set_vars('k3_extra_args: ["--max-modle-len", "262144"]\n')
     bad = deploy(sim.inventory)
-    assert bad.returncode == 2, bad.stdout[-3000:]
+    assert bad.returncode == 2, why(bad)
     assert "vllm 0.33.0 has no flag --max-modle-len: use --max-model-len" in bad.stdout
     assert all(sim.ssh(rank, nothing_installed).returncode == 0 for rank in (0, 1))
     sim.group_vars.write_text(sim.group_vars.read_text().replace('k3_extra_args: ["--max-modle-len", "262144"]\n',
@@ -57,7 +57,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
 
     # revision 1; the preflight's verdict is in the deploy's output; no router ops without a router
     first = deploy(sim.inventory)
-    assert first.returncode == 0, first.stdout[-3000:]
+    assert first.returncode == 0, why(first)
     assert "k3deploy: preflight passed on 2 host(s)" in first.stdout
     assert "Start router" not in first.stdout and "Router serves" not in first.stdout
 
@@ -66,14 +66,14 @@ def test_review_before_change_on_a_real_run(sim_factory):
     before = requests_served(sim)
     pid = sim.ssh(0, "systemctl show -p MainPID --value k3-engine.service").stdout
     review = dry(sim.inventory)
-    assert review.returncode == 0, review.stdout[-3000:]
+    assert review.returncode == 0, why(review)
     assert "+ --max-num-seqs 64" in review.stdout
     assert requests_served(sim) == before
     assert sim.ssh(0, "systemctl show -p MainPID --value k3-engine.service").stdout == pid
 
     # revision 2, then a rollback to revision 1: previewed, applied, reported
     second = deploy(sim.inventory)
-    assert second.returncode == 0, second.stdout[-3000:]
+    assert second.returncode == 0, why(second)
     history = json.loads(k3("history", sim.inventory, "--json").stdout)["groups"]["engine"]
     assert history["current"] == 2 and [r["number"] for r in history["revisions"]] == [1, 2]
     assert "k3_extra_args" in history["revisions"][1]["variables"]
@@ -85,7 +85,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     assert ("-", "--max-num-seqs 64") in {(c["op"], c["line"]) for c in argv}
     assert all(c["line"].startswith("--max-num-seqs ") for c in argv)  # back to the recipe's own value
     back = deploy(sim.inventory, "--data", "k3_rollback=1")
-    assert back.returncode == 0, back.stdout[-3000:]
+    assert back.returncode == 0, why(back)
     assert "rollback of group engine from revision 2 to revision 1" in back.stdout
     assert "group engine now runs revision 1 (rolled back)" in back.stdout
     assert "still describe revision 2's settings" in back.stdout

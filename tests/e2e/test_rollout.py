@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT, deploy, skip_no_sim, totals
+from .conftest import ROOT, deploy, skip_no_sim, totals, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -43,7 +43,7 @@ def test_strategies_serve(sim_factory, name, hardware, nodes, strategy, layout, 
         assert "Stage |" not in bad.stdout
         sim.group_vars.write_text(sim.group_vars.read_text().replace("k3_router_bin: /opt/nowhere/vllm-router\n", ""))
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     success, errors, _ = totals(run.stdout)
     assert errors == 0 and success > 0
     for unit in served_units:
@@ -61,7 +61,7 @@ def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
     sim = sim_factory("e5b", "gb300", 2)
     sim.set_vars("k3_strategy: multi_node_tp\n")
     first = deploy(sim.inventory)
-    assert first.returncode == 0, first.stdout[-4000:]
+    assert first.returncode == 0, why(first)
     assert "k3-engine.service serves at" in first.stdout
     openai_client(endpoint_of(first.stdout))
     pid_before = sim.ssh(0, "systemctl show -p MainPID --value k3-engine.service").stdout.strip()
@@ -94,7 +94,7 @@ def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
     # rollback brings the previous version back, in order
     k3("sim", "fault", "--name", "e5b", "--clear")
     back = deploy(sim.inventory, "--data", "k3_rollback=true")
-    assert back.returncode == 0, back.stdout[-4000:]
+    assert back.returncode == 0, why(back)
     assert "--max-num-seqs" not in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
     assert sim.ssh(1, "systemctl is-active k3-engine.service").stdout.strip() == "active"
     openai_client(endpoint_of(back.stdout))
@@ -113,7 +113,7 @@ def test_argv_reaches_the_container_byte_for_byte(sim_factory):
     value = _json.dumps({"note": NASTY})
     sim.set_vars("k3_extra_args: " + _json.dumps(["--override-generation-config", value]) + "\n")
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-3000:]
+    assert run.returncode == 0, why(run)
     planned = gather(sim.inventory, facts=False).require_rollout().units[0].node.argv
     inspected = _json.loads(sim.ssh(0, "docker inspect --format '{{json .Args}}' k3-engine").stdout)
     assert inspected == planned[2:]  # the image's entrypoint is `vllm serve`
@@ -123,7 +123,7 @@ def test_argv_reaches_the_container_byte_for_byte(sim_factory):
 def test_ascend_runs_through_a_login_shell(sim_factory):
     sim = sim_factory("e5i", "ascend_910c", 4)
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert "k3-engine.service serves at" in run.stdout
     unit = sim.ssh(1, "cat /etc/systemd/system/k3-engine.service").stdout
     assert '"--entrypoint" "bash"' in unit and "set_env.sh" in unit and '"/dev/davinci15"' in unit
@@ -147,7 +147,7 @@ def test_secrets_stay_in_0600_files(sim_factory, tmp_path):
     sim = sim_factory("e5g", "b300", 1)
     sim.set_vars(f"k3_hf_token_file: {token}\n")
     run = deploy(sim.inventory, "-v")
-    assert run.returncode == 0, run.stdout[-3000:]
+    assert run.returncode == 0, why(run)
     assert "hf_SECRETtokenVALUE123" not in run.stdout
     mode = sim.ssh(0, "stat -c %a /etc/k3deploy/hf-token /etc/k3deploy/k3-engine.env").stdout.split()
     assert mode == ["600", "600"]
@@ -168,7 +168,7 @@ def test_pinned_digest_is_verified(sim_factory):
     assert sim.ssh(0, "test -e /etc/systemd/system/k3-engine.service && echo present || echo absent").stdout.strip() == "absent"
     sim.group_vars.write_text(sim.group_vars.read_text().replace("0" * 64, good.split(":", 1)[1]))
     ok = deploy(sim.inventory)
-    assert ok.returncode == 0, ok.stdout[-3000:]
+    assert ok.returncode == 0, why(ok)
     unit = sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
     assert f"vllm/vllm-openai:k3-sha256-{good.split(':', 1)[1]}" in unit   # the build, by its digest-named tag
 
@@ -180,8 +180,8 @@ def test_argv_derived_values_follow_k3_extra_args_as_vllm_reads_them(sim_factory
     sim.set_vars('k3_strategy: multi_node_tp\n'
                  'k3_extra_args: ["--served-model-name", "old-name", "--served-model-name=k3-prod", "--port=8100"]\n')
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     head = sim.info["nodes"][0]["ip"]
     assert f"k3-engine.service serves at http://{head}:8100" in run.stdout
-    assert re.search(r"smoke test: http://[0-9.]+:8100 answered '.+' as 'k3-prod'", run.stdout), run.stdout[-2000:]
+    assert re.search(r"smoke test: http://[0-9.]+:8100 answered '.+' as 'k3-prod'", run.stdout), why(run)
     assert "k3-prod" in openai_client(endpoint_of(run.stdout), model="k3-prod")

@@ -13,7 +13,7 @@ import pytest
 
 from k3deploy.cluster.runbook import blocks
 
-from .conftest import PYINFRA, ROOT, k3, skip_no_sim
+from .conftest import PYINFRA, ROOT, k3, skip_no_sim, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -115,7 +115,7 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
     # without -y pyinfra first detects changes (every operation reads its facts) and then asks to go on
     run = subprocess.run([PYINFRA, sim.inventory, "deploy/k3.py", "-vv"], input="\n", stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:]
+    assert run.returncode == 0, why(run)
     facts, during = _executed(run.stdout)
     ops = {h: {s for s in scripts if s not in facts.get(h, set()) and not _inner(s, "K3_SMOKE_RC=")
                and not _inner(s, "K3_PROBE=")} for h, scripts in during.items()}

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .conftest import deploy, k3, skip_no_sim
+from .conftest import deploy, k3, skip_no_sim, why
 from .test_rollout import endpoint_of, openai_client
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.sim, skip_no_sim]
 
 def plan_is_empty(inventory: str) -> None:
     proc = k3("plan", inventory, "--json", check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    assert proc.returncode == 0, why(proc) + proc.stderr
     data = json.loads(proc.stdout)
     assert data["restart_order"] == [] and not any(h["changes"] for h in data["hosts"])
 
@@ -24,7 +24,7 @@ def plan_is_empty(inventory: str) -> None:
 def test_a_full_nvl72_rack_serves_dp72_behind_one_endpoint(sim_factory):
     sim = sim_factory("e11r", "gb300", 18, "--strategy", "multi_node_dep")
     run = deploy(sim.inventory, timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert "18 nodes: beyond the 16 nodes the recipes builder renders" in run.stdout
     assert run.stdout.count("k3-engine.service serves at") == 18  # hybrid LB: every tray serves its DP ranks
     assert "k3-engine-router.service serves at" in run.stdout
@@ -39,7 +39,7 @@ def test_a_full_nvl72_rack_serves_dp72_behind_one_endpoint(sim_factory):
 def test_pd_pools_of_several_nodes_serve_behind_the_router(sim_factory):
     sim = sim_factory("e11p", "b300", 12, "--layout", "pd:4,8")
     run = deploy(sim.inventory, timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert "k3-engine-prefill.service serves at" in run.stdout
     assert "k3-engine-router.service serves at" in run.stdout
     openai_client(endpoint_of(run.stdout))

@@ -15,7 +15,7 @@ import pytest
 
 from k3deploy.cluster import commands
 
-from .conftest import deploy, k3, skip_no_sim
+from .conftest import deploy, k3, skip_no_sim, why
 
 pytestmark = [pytest.mark.sim, skip_no_sim]
 
@@ -53,7 +53,7 @@ def uplink(sim) -> tuple[int, int]:
 
 def staging(sim) -> list[str]:
     plan = k3("plan", sim.inventory, "--json", check=False)
-    assert plan.returncode in (0, 3), plan.stdout[-2000:] + plan.stderr
+    assert plan.returncode in (0, 3), why(plan) + plan.stderr
     return json.loads(plan.stdout)["staging"]
 
 
@@ -64,7 +64,7 @@ def test_four_trays_fetch_each_artifact_once_and_spread_it_in_two_rounds(sim_fac
     assert staging(sim)[:2] == [f"image: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds",
                                 f"weights: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds"]
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert "Stage round 2 of 2: from a peer" in run.stdout and "Stage round 3" not in run.stdout
     assert ran_on(run.stdout, f"Image {IMAGE}: from the registry") == 1       # once over the uplink
     assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 1
@@ -97,7 +97,7 @@ def test_an_interrupted_stage_resumes_where_it_stopped(sim_factory):
     served_first, artifacts = uplink(sim)
     assert served_first < artifacts
     again = deploy(sim.inventory)
-    assert again.returncode == 0, again.stdout[-4000:]
+    assert again.returncode == 0, why(again)
     assert verified(sim, 0) and verified(sim, 1) and serves(sim)
     served, _ = uplink(sim)                 # what was already there is not fetched again
     assert artifacts <= served <= 1.2 * artifacts, (served_first, served, artifacts)
@@ -116,7 +116,7 @@ def test_a_corrupted_shard_is_found_and_copied_again_from_a_peer(sim_factory):
     assert "weights: 1 node gets it from peers in 1 round" in lines   # from the peer, not from outside
     assert not verified(sim, 1)
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 0
     assert ran_on(run.stdout, "Stage round 1 of 1: from a peer") == 1
     assert verified(sim, 1) and serves(sim)
@@ -149,7 +149,7 @@ def test_an_air_gapped_site_rolls_out_from_the_control_machine(sim_factory, tmp_
         f"image: {first} fetches it from the control machine; 1 node gets it from peers in 1 round",
         f"weights: {first} fetches it from the control machine; 1 node gets it from peers in 1 round"]
     run = deploy(sim.inventory)
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, why(run)
     assert ran_on(run.stdout, f"Image {IMAGE}: from the registry") == 0      # no registry, no hub
     assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 0
     assert ran_on(run.stdout, "Image: the archive from the control machine") == 1
