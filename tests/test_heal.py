@@ -49,6 +49,10 @@ def test_every_member_but_the_head_watches_the_head_and_every_engine_backs_off(r
             assert len(post) == 1 and post[0].startswith('-"/usr/bin/systemd-run"')
             assert f'"--property=BindsTo={u.unit}" ' in post[0]
             assert f'"{GROUP_MEMBER}" "watch" "{u.unit}" "{head_http}" "30" "5"' in post[0]
+            # a member that serves its own API (hybrid DP) is watched from when it serves; a headless one is not
+            own = u.serves.removeprefix("http://") if u.serves else None
+            assert post[0].endswith(f'"30" "5" "{own}"' if own else '"30" "5"'), post[0]
+            assert (own is not None) == (strategy == "multi_node_dep")
         assert f'"{GROUP_MEMBER}" "backoff" "{u.unit}" "10" "300"' in _lines(u.unit_text, "ExecStartPre")[0]
         assert _lines(u.unit_text, "ExecStopPost") == [f'-"{GROUP_MEMBER}" "stopped" "{u.unit}"']
         assert exec_start(u.unit_text)[:2] == ["/usr/bin/docker", "run"]   # the engine runs as before
@@ -127,6 +131,34 @@ def test_a_member_is_restarted_only_after_its_head_served_and_then_stopped_for_t
     assert "lost its group" in (w.stdout.read() if w.stdout else "")
 
 
+def _server(code: int):
+    handler = type("Own", (_Head,), {"code": code})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, handler
+
+
+def test_a_member_that_serves_while_its_head_never_did_is_restarted_after_the_grace(head, systemctl):
+    """The head died before it served once and its next start waits for this member, which serves (hybrid DP) but
+    is attached to nothing: the member serving means its group formed, so the head's silence counts from then."""
+    srv, _handler = head                         # the head never serves (503, then nothing)
+    own, own_handler = _server(503)              # the member is still loading
+    env, log = systemctl
+    w = subprocess.Popen([HELPER, "watch", "k3-engine.service", f"127.0.0.1:{srv.server_address[1]}", "2", "1",
+                          f"127.0.0.1:{own.server_address[1]}"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3.5)                          # both forming: nobody restarts
+        assert not log.exists() and w.poll() is None
+        own_handler.code = 200                   # the member serves: its group formed
+        assert w.wait(timeout=10) == 0
+    finally:
+        w.kill()
+        own.shutdown()
+    assert log.read_text().split() == ["kill", "--kill-whom=main", "--signal=SIGKILL", "k3-engine.service"]
+    out = w.stdout.read() if w.stdout else ""
+    assert "its group formed" in out and "lost its group" in out
+
+
 def test_a_short_blip_of_the_head_is_not_a_lost_group(head, systemctl):
     srv, handler = head
     env, log = systemctl
@@ -181,3 +213,5 @@ def test_the_backoff_grows_with_failures_in_a_row_and_a_clean_stop_forgets_them(
 def test_bad_arguments_are_refused():
     bad = subprocess.run([HELPER, "watch", "k3-engine.service"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+    extra = subprocess.run([HELPER, "watch", "u", "h:1", "1", "1", "o:2", "more"], capture_output=True, text=True)
+    assert extra.returncode == 2 and "[OWN_HOST:PORT]" in extra.stderr

@@ -186,7 +186,8 @@ class Healing:
     """How an engine unit looks after itself without the control machine (``k3deploy/data/node/k3-group-member``).
 
     ``watch`` is the group head's ``host:port`` for a member that is not the head (None: the head, a single node,
-    or healing off)."""
+    or healing off); ``own`` the member's own ``host:port`` where it serves an API of its own (data parallel with
+    hybrid load balancing): once it serves, its group formed and the head is watched even if it never served."""
 
     unit: str
     restart_sec: int = 10
@@ -194,6 +195,7 @@ class Healing:
     watch: str | None = None
     grace: int = 30
     interval: int = 5
+    own: str | None = None
 
     def start_pre(self) -> tuple[tuple[str, ...], ...]:
         if self.max_delay <= 0:
@@ -207,7 +209,7 @@ class Healing:
         return (("/usr/bin/systemd-run", "--no-block", "--quiet", "--collect", f"--unit={name}",
                  f"--property=BindsTo={self.unit}", f"--description=k3deploy: restarts {self.unit} when its group's "
                  f"head at {self.watch} stops serving", GROUP_MEMBER, "watch", self.unit, self.watch,
-                 str(self.grace), str(self.interval)),)
+                 str(self.grace), str(self.interval), *([self.own] if self.own else [])),)
 
     def stop_post(self) -> tuple[tuple[str, ...], ...]:
         return ((GROUP_MEMBER, "stopped", self.unit),) if self.max_delay > 0 else ()
