@@ -145,8 +145,9 @@ class Variables(BaseModel):
     # day 2: what the nodes do on their own
     k3_heal: bool = Field(True, description=(
         "Self-healing groups: every member of a multi-node engine group that is not its head gets a watcher "
-        "(`k3-group-member watch`, a transient unit bound to the engine unit): once the head served (or the member, where it serves an API of its own), a head that "
-        "stops serving for `k3_heal_grace` seconds makes the member restart and join the head's next rendezvous."))
+        "(`k3-group-member watch`, a transient unit bound to the engine unit): once the head served (or the member, "
+        "where it serves an API of its own), a head that stops serving for `k3_heal_grace` seconds makes the member "
+        "restart and join the head's next rendezvous."))
     k3_heal_grace: int = Field(30, ge=1, description=(
         "Seconds a group's head may not serve before its members restart (covers a short /health blip)."))
     k3_heal_interval: int = Field(5, ge=1, description="Seconds between a watcher's /health probes of its head.")
