@@ -112,9 +112,12 @@ def leftovers(res: dict) -> list[str]:
         mounts = [ln.split()[4] for ln in fh]
     left += [f"mount {m}" for m in mounts if m.startswith(str(sim.state_dir(name)))]
     left += [f"cgroup {cg}" for cg in st["cgroups"] if Path(cg).exists()]
+    # a PID known with its start time is the same process only if it started then (other tests' clusters, in the
+    # other test process, start processes all the time: a PID may be reused between the down and this check)
+    started = {**res["starts"], **dict(res["nspawn"])}
     for pid in [p for p, _ in res["nspawn"]] + res["init"] + res["cg_pids"] + ([out["pid"]] if out.get("pid") else []):
         stat = processes.proc_stat(pid)
-        if stat is not None and stat[0] not in ("Z", "X"):
+        if stat is not None and stat[0] not in ("Z", "X") and started.get(pid, stat[1]) == stat[1]:
             left.append(f"process {pid} ({processes.comm(pid)})")
     if sim.state_dir(name).exists():
         left.append(f"state dir {sim.state_dir(name)}")
