@@ -52,9 +52,11 @@ def test_a_batch_gives_each_fact_the_value_it_has_alone(gpu_tools):
                  for name, cls, kwargs in ITEMS}
     # free space moves between the two reads (other processes write): compare it apart, within 64 MiB; interfaces
     # that came or went between the two reads (simulated clusters of tests running beside this one) are left out
-    both = {a.interface for v in batched.values() if isinstance(v, runner.hostfacts.AddressInterface)
-            for a in v.addresses} & {a.interface for v in alone.values()
-                                     if isinstance(v, runner.hostfacts.AddressInterface) for a in v.addresses}
+    def interfaces(values: dict) -> set:
+        return {a.interface for v in values.values() if isinstance(v, runner.hostfacts.AddressInterface)
+                for a in v.addresses}
+
+    both = interfaces(batched) & interfaces(alone)
 
     def steady(v):
         if isinstance(v, runner.hostfacts.DiskSpace):

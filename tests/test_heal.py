@@ -91,11 +91,17 @@ class _Head(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def head():
-    handler = type("Head", (_Head,), {"code": 503})
+def _server(code: int):
+    """A real HTTP server on a free port whose /health answers ``handler.code`` (changed by the test)."""
+    handler = type("Health", (_Head,), {"code": code})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, handler
+
+
+@pytest.fixture
+def head():
+    srv, handler = _server(503)
     yield srv, handler
     srv.shutdown()
 
@@ -129,13 +135,6 @@ def test_a_member_is_restarted_only_after_its_head_served_and_then_stopped_for_t
         w.kill()
     assert log.read_text().split() == ["kill", "--kill-whom=main", "--signal=SIGKILL", "k3-engine.service"]
     assert "lost its group" in (w.stdout.read() if w.stdout else "")
-
-
-def _server(code: int):
-    handler = type("Own", (_Head,), {"code": code})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, handler
 
 
 def test_a_member_that_serves_while_its_head_never_did_is_restarted_after_the_grace(head, systemctl):

@@ -268,12 +268,13 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
             serves: str | None = f"http://{host.host.address}:{v.k3_router_port}"
         else:
             watch = head_http if (v.k3_heal and node.rank > 0) else None
-            own = f"{node.address}:{node.node.port or 8000}" if watch and node.node.serves_http else None
+            own = _http(node)
             healing = Healing(unit=unit, restart_sec=v.k3_restart_sec, max_delay=v.k3_restart_max_delay,
-                              watch=watch, grace=v.k3_heal_grace, interval=v.k3_heal_interval, own=own)
+                              watch=watch, grace=v.k3_heal_grace, interval=v.k3_heal_interval,
+                              own=own if watch else None)
             text = engine_unit(node, spec, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                ready_timeout=ready, healing=healing)
-            serves = f"http://{node.address}:{node.node.port or 8000}" if node.node.serves_http else None
+            serves = f"http://{own}" if own else None
         join = None
         if node.rank > 0 and head_addr is not None:
             port = rendezvous_port(node.argv)
