@@ -248,12 +248,16 @@ def stop_units(units: Sequence[str]) -> str:
 
 
 def start_units(units: Sequence[str]) -> str:
-    """Reload unit files, clear old failures (systemd's and the crash-loop backoff's notes, so an explicit start
-    never waits), enable and (re)start the units."""
+    """Reload unit files where systemd holds an older version of one (``NeedDaemonReload``), clear old failures
+    (systemd's and the crash-loop backoff's notes, so an explicit start never waits), enable the units not enabled
+    yet and (re)start the units. A reload and an enable each make systemd re-read every unit file of the node (a
+    tenth of a second of its CPU on a small node, more on a busy one): each runs only when it changes something."""
     q = _units(units)
     notes = " ".join(shlex.quote(f"{FAILURES_DIR}/{u}.failures") for u in units)
-    return (f"systemctl daemon-reload && {{ systemctl reset-failed {q} 2>/dev/null || true; }} && rm -f {notes} && "
-            f"systemctl enable {q} && systemctl restart {q}")
+    return (f"{{ ! systemctl show -p NeedDaemonReload --value {q} | grep -qx yes || systemctl daemon-reload; }} && "
+            f"{{ systemctl reset-failed {q} 2>/dev/null || true; }} && rm -f {notes} && "
+            f"{{ off=; for u in {q}; do systemctl is-enabled --quiet \"$u\" || off=\"$off $u\"; done; "
+            f"[ -z \"$off\" ] || systemctl enable $off; }} && systemctl restart {q}")
 
 
 def wait_tcp(address: str, port: int, timeout: int, interval: float = 1.0) -> str:

@@ -343,6 +343,7 @@ def test_unit_runs_under_node1_systemd_only(gb300):
     # and from node2 over the bridge, by node name (every node's /etc/hosts lists the cluster)
     res = ssh(gb300, n2["ip"], f"curl -s --max-time 3 http://{n1['name']}:8080/index.html")
     assert res.stdout.strip() == n1["name"], res.stderr
+
     # the unit's process sits in node1's own cgroup tree, under its systemd's system.slice
     st = sim.load_state("tgb300")
     unified = [Path(c) for c in st["cgroups"] if (Path(c) / "cgroup.controllers").exists()]  # cgroup2
@@ -355,6 +356,54 @@ def test_unit_runs_under_node1_systemd_only(gb300):
     # Restart=always under the node's real systemd
     res = ssh(gb300, n1["ip"], "systemctl kill -s KILL k3test; sleep 0.5; systemctl show -p NRestarts --value k3test")
     assert res.stdout.strip() == "1", res.stdout + res.stderr
+
+
+@pytest.mark.sim
+@needs_sim
+def test_start_units_reloads_and_enables_only_when_needed(gb300):
+    """The rollout's start script on the node's real systemd: a unit systemd saw missing before its file was
+    written starts; a restart with the same unit file neither reloads systemd nor enables again; a changed unit file
+    is reloaded and its new command runs."""
+    from k3deploy.cluster.commands import start_units
+
+    n2 = gb300["nodes"][1]
+    unit = "k3start.service"
+
+    def write(word: str) -> None:
+        body = (f"[Unit]\nDescription=k3 start test\n[Service]\nExecStart=/bin/sh -c 'echo {word}; exec sleep 600'\n"
+                "[Install]\nWantedBy=multi-user.target\n")
+        assert ssh(gb300, n2["ip"], f"printf '%s' \"{body}\" > /etc/systemd/system/{unit}").returncode == 0
+
+    def start() -> None:
+        res = ssh(gb300, n2["ip"], start_units([unit]))
+        assert res.returncode == 0, res.stderr
+
+    def reloads() -> int:   # systemd logs "Reloading." at each daemon-reload (an enable reloads too)
+        out = ssh(gb300, n2["ip"], "journalctl -b _PID=1 -o cat --no-pager | grep -c '^Reloading' || true").stdout
+        return int(out.strip())
+
+    def ran() -> list[str]:
+        return ssh(gb300, n2["ip"], f"journalctl -u {unit} -o cat --no-pager | grep -x 'one\\|two' || true"
+                   ).stdout.split()
+
+    try:
+        assert "LoadState=not-found" in ssh(gb300, n2["ip"], f"systemctl show -p LoadState {unit}").stdout
+        write("one")
+        start()
+        state = ssh(gb300, n2["ip"], f"systemctl is-active {unit}; systemctl is-enabled {unit}").stdout.split()
+        assert state == ["active", "enabled"]
+        before = reloads()
+        start()   # same unit file, enabled already
+        assert reloads() == before
+        assert ran() == ["one", "one"]
+        write("two")
+        start()
+        assert reloads() == before + 1
+        assert ran() == ["one", "one", "two"]
+    finally:
+        ssh(gb300, n2["ip"], f"systemctl disable --now {unit}; rm -f /etc/systemd/system/{unit}; "
+                             "systemctl daemon-reload")
+
 
 
 @pytest.mark.sim
