@@ -296,6 +296,7 @@ def test_save_then_load_on_another_node_gives_the_same_image_without_the_uplink(
     assert status()["outside_bytes"] == before
 
 
+
 @pytest.mark.sim
 @needs_sim
 def test_hf_download_gives_the_hub_cache_layout_with_verified_shards(stg):
@@ -391,3 +392,52 @@ def test_a_registry_mirror_in_daemon_json_is_used_for_docker_hub_only(stg):
             4 * MiB
     finally:
         on(stg, 1, "rm -f /etc/docker/daemon.json")
+
+
+#: each cached docker image command of a node (its key, a line per word) -> the inode of its exit status file (a run
+#: of the tool through the cache writes a new file; a replay reads it)
+ANSWER_FILES = ("python3 -c 'import os; d = \"/run/k3sim/cache\"; print(repr({n: os.stat(d + \"/\" + n).st_ino "
+                "for n in os.listdir(d) if n.startswith(\"docker\\nimage\\n\") and n.endswith(\".rc\")}))'")
+
+
+def answer_file(*words: str) -> str:
+    """The name of a command's exit status file in a node's answer cache (the words one per line, ``%`` written
+    ``%p``, ``/`` written ``%s``)."""
+    return "\n".join(w.replace("%", "%p").replace("/", "%s") for w in words) + ".rc"
+
+
+@pytest.mark.sim
+@needs_sim
+def test_a_change_of_the_image_store_answers_again_what_the_node_cache_holds(stg):
+    """A pull, tag or removal of an image answers again (in the same docker process) each cached image inspect and
+    listing, so the deploy's next read is replayed, and replays the store as it is now."""
+    import ast
+
+    ls = "docker image ls --digests --format '{{.Tag}} {{.Digest}}' vllm/vllm-openai"
+    inspect = f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}"
+
+    def files() -> dict[str, int]:
+        return ast.literal_eval(on(stg, 1, ANSWER_FILES).stdout)
+
+    on(stg, 1, f"docker rmi -f {IMAGE} vllm/vllm-openai:latest vllm/vllm-openai:k3-refresh-test >/dev/null 2>&1; true")
+    assert on(stg, 1, ls).stdout == on(stg, 1, ls).stdout == ""
+    assert on(stg, 1, inspect).returncode == 1
+    cached = files()
+    mine = [answer_file(*ls.split(" ", 5)[:5], "{{.Tag}} {{.Digest}}", "vllm/vllm-openai"),
+            answer_file("docker", "image", "inspect", "--format", "{{.Id}}", IMAGE)]
+    assert all(k in cached for k in mine), cached   # both answered from the cache from now on
+    assert on(stg, 1, ls).stdout == "" and files() == cached
+
+    assert on(stg, 1, f"docker pull -q {IMAGE}").returncode == 0
+    refreshed = files()
+    assert refreshed.keys() == cached.keys() and all(refreshed[k] != cached[k] for k in cached)
+    assert on(stg, 1, ls).stdout.split()[0] == "kimi-k3"
+    assert on(stg, 1, inspect).returncode == 0 and on(stg, 1, inspect).stdout.startswith("sha256:")
+    assert files() == refreshed   # replayed: no run of the tool
+
+    assert on(stg, 1, f"docker tag {IMAGE} vllm/vllm-openai:k3-refresh-test").returncode == 0
+    assert sorted(line.split()[0] for line in on(stg, 1, ls).stdout.splitlines()) == ["k3-refresh-test", "kimi-k3"]
+    assert on(stg, 1, f"docker rmi -f {IMAGE} vllm/vllm-openai:k3-refresh-test").returncode == 0
+    assert on(stg, 1, ls).stdout == "" and on(stg, 1, inspect).returncode == 1
+    # what a run of the tool itself answers now is what was replayed
+    assert on(stg, 1, ls.replace("docker ", "/usr/lib/k3sim/tools/docker ", 1)).stdout == ""
