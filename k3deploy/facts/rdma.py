@@ -425,15 +425,16 @@ class DmabufPrerequisites(K3Fact[DmabufSupport]):
                      "lsmod | grep mlx5_ib; modinfo -F version mlx5_ib")
 
     def command(self) -> str:
+        # the kernel release read once; the module list matched by the shell itself (a line that starts "mlx5_ib ")
         return (
-            f"echo {SECTION_MARK}kernel; uname -r; "
+            f"k=$(uname -r); echo {SECTION_MARK}kernel; echo \"$k\"; "
             f"echo {SECTION_MARK}nvidia; if [ -r /proc/driver/nvidia/version ]; then "
             "head -n1 /proc/driver/nvidia/version; else modinfo -F license nvidia 2>/dev/null; fi; "
-            f"echo {SECTION_MARK}kconfig; grep -h 'CONFIG_DMA_SHARED_BUFFER' \"/boot/config-$(uname -r)\" 2>/dev/null; "
+            f"echo {SECTION_MARK}kconfig; grep -h 'CONFIG_DMA_SHARED_BUFFER' \"/boot/config-$k\" 2>/dev/null; "
             f"echo {SECTION_MARK}mlx5; if command -v lsmod >/dev/null 2>&1; then m=$(lsmod 2>/dev/null); "
             "else m=$(cat /proc/modules 2>/dev/null); fi; "
-            "if printf '%s\\n' \"$m\" | grep -q '^mlx5_ib '; then echo loaded; modinfo -F version mlx5_ib 2>/dev/null; "
-            "elif [ -n \"$m\" ]; then echo absent; fi; "
+            "case \"\n$m\" in *\"\nmlx5_ib \"*) echo loaded; modinfo -F version mlx5_ib 2>/dev/null;; "
+            "*[![:space:]]*) echo absent;; esac; "
             f"echo {EXIT_MARK}0"
         )
 

@@ -186,11 +186,13 @@ class WeightsState(FactBase[WeightsStatus]):
 
     def command(self, cache: str, model: str) -> str:
         d = shlex.quote(model_dir(cache, model))
-        return (f'd={d}; echo "K3_PARTIAL=$(ls "$d"/blobs/*.incomplete 2>/dev/null | wc -l)"; '
+        # the shell's own glob and parameter expansion where they do (every process counts: it runs on every read)
+        return (f'd={d}; set -- "$d"/blobs/*.incomplete; [ -e "$1" ] || shift $#; echo "K3_PARTIAL=$#"; '
                 f'rev=$(cat "$d/refs/main" 2>/dev/null) && cd "$d/snapshots/$rev" 2>/dev/null && {{ '
                 'echo "K3_REV=$rev"; echo "K3_FILES=$(find . ! -type d | wc -l)"; '
                 "[ -f model.safetensors.index.json ] && for f in $(grep -o '\"[^\"]*[.]safetensors\"' "
-                "model.safetensors.index.json | tr -d '\"' | sort -u); do [ -e \"$f\" ] || echo \"K3_MISSING=$f\"; "
+                "model.safetensors.index.json | sort -u); do f=${f#\\\"}; f=${f%\\\"}; "
+                "[ -e \"$f\" ] || echo \"K3_MISSING=$f\"; "
                 f'done; [ -f "$d/{VERIFIED}" ] && echo K3_STAMP=1 && find -L . -type f -newer "$d/{VERIFIED}" | '
                 "sed 's/^/K3_CHANGED=/'; }; true")
 
@@ -262,8 +264,8 @@ class UnitOnHost(FactBase[Installed]):
                  f"{shlex.quote(unit)} 2>/dev/null || true"]
         for path in (unit_path, env_path):
             q = shlex.quote(path)
-            parts.append(f"echo {FILE_MARK}{q}; if [ -f {q} ]; then (sha256sum {q} 2>/dev/null || shasum -a 256 {q})"
-                         f" | cut -d' ' -f1; echo {BODY_MARK}; cat {q}; echo; echo {END_MARK}; fi")
+            parts.append(f"echo {FILE_MARK}{q}; if [ -f {q} ]; then sha256sum {q} 2>/dev/null || shasum -a 256 {q}; "
+                         f"echo {BODY_MARK}; cat {q}; echo; echo {END_MARK}; fi")
         return "; ".join(parts)
 
     def process(self, output: list[str]) -> Installed:
@@ -274,7 +276,7 @@ class UnitOnHost(FactBase[Installed]):
             if output[i].startswith(FILE_MARK):
                 sha = text = None
                 if i + 2 < len(output) and output[i + 2] == BODY_MARK:
-                    sha = output[i + 1].strip() or None
+                    sha = next(iter(output[i + 1].split()), "").lstrip("\\") or None   # "<sha256>  <path>"
                     end = output.index(END_MARK, i + 3)
                     body = output[i + 3:end]
                     if body and body[-1] == "":
