@@ -14,11 +14,12 @@ For each rollout: the wall time; the engines' own start (from the head unit's pr
 "Application startup complete." log line after it: what a hand-started vLLM would take as well); the time the tool
 adds = wall time - engines' own start; and the stage phase (from "Beginning operation run" to the first Configure
 operation, read from pyinfra's output as it arrives); the CPU time of the control machine's pyinfra process (what the
-tool itself computes and sends); and the operations per node that ran commands (pyinfra's "Success" count / N; the
-facts of a host are one more command). Targets: the time the tool adds at 18 trays <= 5 s and
-<= 1.5x the 2-tray figure, at 72 trays <= 2.5x it; a re-run of 72 trays <= 10 s. Every simulated node shares this
-machine's CPUs, so what each node does itself (sshd, its shell, the simulated tools) grows with N here, where real
-nodes run in parallel.
+tool itself computes and sends); the CPU time of all the simulated nodes together (their cgroup's ``cpu.stat``: sshd,
+the commands the deploy runs, systemd, the simulated tools, engines and watchers); and the operations per node that
+ran commands (pyinfra's "Success" count / N; the facts of a host are one more command). Targets: the time the tool
+adds at 18 trays <= 5 s and <= 1.5x the 2-tray figure, at 72 trays <= 2.5x it; a re-run of 72 trays <= 10 s. Every
+simulated node shares this machine's CPUs, so what each node does itself (sshd, its shell, the simulated tools) grows
+with N here, where real nodes run in parallel: the wall time of a run is at least (control CPU + nodes' CPU) / cores.
 
 Run as root: python benchmarks/rollout.py [--runs multi_node_tp:2 ... multi_node_dep:72] [--json]
 """
@@ -33,6 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from k3deploy.sim.processes import cluster_cgroups
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -51,9 +54,20 @@ def ssh(info: dict, rank: int, cmd: str) -> str:
                           text=True).stdout
 
 
-def deploy(inventory: str) -> dict:
+def nodes_cpu(name: str) -> float:
+    """CPU seconds the cluster's nodes have used so far (cgroup v2 ``usage_usec`` of the cluster's cgroup)."""
+    for cg in cluster_cgroups(name):
+        stat = cg / "cpu.stat"
+        if stat.exists():
+            return int(stat.read_text().split()[1]) / 1e6
+    return 0.0
+
+
+def deploy(inventory: str, name: str = "") -> dict:
     """One `pyinfra INVENTORY deploy/k3.py -y`: its wall time and the stage phase's, from its output as it comes; the
-    CPU time of the control machine's pyinfra process; the operations that ran commands (pyinfra's "Success")."""
+    CPU time of the control machine's pyinfra process and of the cluster ``name``'s nodes; the operations that ran
+    commands (pyinfra's "Success")."""
+    nodes_before = nodes_cpu(name)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.Popen([PYINFRA, inventory, "deploy/k3.py", "-y"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -75,6 +89,7 @@ def deploy(inventory: str) -> dict:
     total = next((m for line in lines if (m := re.match(r"\s*Grand total\s+(\d+)\s+(\S+)", line))), None)
     return {"wall_s": wall, "stage_s": (configure - began) if began and configure else 0.0,
             "control_cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+            "nodes_cpu_s": nodes_cpu(name) - nodes_before,
             "changed_ops": int(total.group(2)) if total and total.group(2).isdigit() else 0}
 
 
@@ -91,7 +106,8 @@ def engine_start(info: dict) -> float:
 def figures(run: dict, engine: float, n: int) -> dict:
     return {"deploy_s": round(run["wall_s"], 2), "engine_start_s": round(engine, 2),
             "stage_s": round(run["stage_s"], 2), "tool_s": round(run["wall_s"] - engine, 2),
-            "control_cpu_s": round(run["control_cpu_s"], 2), "ops_per_node": round(run["changed_ops"] / n, 1)}
+            "control_cpu_s": round(run["control_cpu_s"], 2), "nodes_cpu_s": round(run["nodes_cpu_s"], 2),
+            "ops_per_node": round(run["changed_ops"] / n, 1)}
 
 
 def measure(n: int, strategy: str) -> dict:
@@ -101,14 +117,15 @@ def measure(n: int, strategy: str) -> dict:
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
                          "--strategy", strategy))
     try:
-        first = figures(deploy(info["inventory"]), engine_start(info), n)
+        first = figures(deploy(info["inventory"], name), engine_start(info), n)
         gv = Path(info["inventory"]).parent / "group_vars" / "all.yml"
         gv.write_text(gv.read_text() + "k3_extra_env: {K3_BENCH_CHANGE: '1'}\n")
-        change = figures(deploy(info["inventory"]), engine_start(info), n)
-        again = deploy(info["inventory"])
+        change = figures(deploy(info["inventory"], name), engine_start(info), n)
+        again = deploy(info["inventory"], name)
         return {"nodes": n, "strategy": strategy, "first": first, "change": change,
                 "idempotent_rerun_s": round(again["wall_s"], 2),
-                "rerun_control_cpu_s": round(again["control_cpu_s"], 2), "rerun_ops": again["changed_ops"]}
+                "rerun_control_cpu_s": round(again["control_cpu_s"], 2),
+                "rerun_nodes_cpu_s": round(again["nodes_cpu_s"], 2), "rerun_ops": again["changed_ops"]}
     finally:
         subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
                        capture_output=True, cwd=ROOT)
@@ -126,15 +143,15 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     print(f"{'strategy':>15} {'nodes':>5} | first: {'deploy':>7} {'engine':>7} {'stage':>6} {'tool':>6} "
-          f"{'ctl cpu':>7} {'ops/n':>5} | change: {'deploy':>7} {'engine':>7} {'tool':>6} {'ctl cpu':>7} {'ops/n':>5} "
-          f"| {'re-run':>7} {'ctl cpu':>7} {'ops':>4}")
+          f"{'ctl cpu':>7} {'ops/n':>5} | change: {'deploy':>7} {'engine':>7} {'tool':>6} {'ctl cpu':>7} "
+          f"{'nodes cpu':>9} {'ops/n':>5} | {'re-run':>7} {'ctl cpu':>7} {'nodes cpu':>9} {'ops':>4}")
     for r in rows:
         f, c = r["first"], r["change"]
         print(f"{r['strategy']:>15} {r['nodes']:>5} | {f['deploy_s']:>14} {f['engine_start_s']:>7} {f['stage_s']:>6} "
               f"{f['tool_s']:>6} {f['control_cpu_s']:>7} {f['ops_per_node']:>5} | {c['deploy_s']:>15} "
-              f"{c['engine_start_s']:>7} {c['tool_s']:>6} {c['control_cpu_s']:>7} {c['ops_per_node']:>5} | "
-              f"{r['idempotent_rerun_s']:>7} {r['rerun_control_cpu_s']:>7} {r['rerun_ops']:>4}")
-
+              f"{c['engine_start_s']:>7} {c['tool_s']:>6} {c['control_cpu_s']:>7} {c['nodes_cpu_s']:>9} "
+              f"{c['ops_per_node']:>5} | {r['idempotent_rerun_s']:>7} {r['rerun_control_cpu_s']:>7} "
+              f"{r['rerun_nodes_cpu_s']:>9} {r['rerun_ops']:>4}")
 
 if __name__ == "__main__":
     main()
