@@ -145,3 +145,27 @@ def test_deadline(tmp_path):
     hosts = {"n0": Host(tmp_path, "n0", [RUNNING]), "n1": Host(tmp_path, "n1", [RUNNING])}
     failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)
     assert failure is not None and "not serving after 30s" in failure.observed and clock.t >= 30
+
+
+def test_members_are_polled_every_few_rounds_until_the_head_serves_then_every_round(tmp_path):
+    from k3deploy.runtime.readiness import MEMBERS_EVERY
+
+    r, clock = rollout(), Clock()
+    head_rounds = 2 * MEMBERS_EVERY + 2   # the head answers at its 11th poll
+    hosts = {"n0": Host(tmp_path, "n0", [RUNNING], ["000"] * (head_rounds - 1) + ["200"]),
+             "n1": Host(tmp_path, "n1", [RUNNING])}
+    assert wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock) is None
+    assert hosts["n0"].polls == head_rounds
+    assert hosts["n1"].polls == 3   # rounds 1, 5 and 9 of the 11
+
+
+def test_a_member_failing_while_the_head_starts_is_seen_within_a_few_rounds(tmp_path):
+    from k3deploy.runtime.readiness import MEMBERS_EVERY
+
+    r, clock = rollout(), Clock()
+    hosts = {"n0": Host(tmp_path, "n0", [RUNNING]),   # never serves
+             "n1": Host(tmp_path, "n1", [RUNNING, ("failed", "failed", 0)])}
+    failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)
+    assert failure is not None and failure.host == "n1"
+    assert hosts["n0"].polls == MEMBERS_EVERY + 1 and hosts["n1"].polls == 2
+    assert stops(tmp_path) == ["n1", "n0"]
