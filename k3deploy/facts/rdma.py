@@ -434,7 +434,7 @@ class DmabufPrerequisites(K3Fact[DmabufSupport]):
             f"echo {SECTION_MARK}mlx5; if command -v lsmod >/dev/null 2>&1; then m=$(lsmod 2>/dev/null); "
             "else m=$(cat /proc/modules 2>/dev/null); fi; "
             "case \"\n$m\" in *\"\nmlx5_ib \"*) echo loaded; modinfo -F version mlx5_ib 2>/dev/null;; "
-            "*[![:space:]]*) echo absent;; esac; "
+            "*) [ -z \"$m\" ] || echo absent;; esac; "
             f"echo {EXIT_MARK}0"
         )
 

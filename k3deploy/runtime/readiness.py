@@ -111,7 +111,7 @@ def wait_group(r: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str =
     seen there; one that is lost also fails its head); from then on every unit, every round. A group of N members
     so costs its nodes about N/4 probes a round while the engines start, not N."""
     units = r.group(group)
-    head = min(units, key=lambda u: u.rank)
+    head = units[0]   # the group's units by rank: its head first
     deadline = clock() + r.deadline
     interval = max(0.2, r.vars.k3_poll_interval)
     docker = r.vars.k3_docker
