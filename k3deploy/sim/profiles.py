@@ -354,14 +354,16 @@ CACHED_TOOLS = frozenset({"nvidia-smi", "nvidia-ctk", "ibv_devinfo", "nv-fabricm
 
 
 def warm_script(hardware: str, ip: str) -> str:
-    """The read-only tool invocations of k3deploy's preflight (its own batch command) for a node of
-    ``hardware``: run once when the node has booted, they fill the tools' cache (see ``/usr/lib/k3sim/cached``)."""
+    """Run once when a node of ``hardware`` has booted: compile the simulated tools' modules with the node's own
+    Python (the tools never write bytecode themselves), then the read-only tool invocations of k3deploy's preflight
+    (its own batch command), which fill the tools' cache (see ``/usr/lib/k3sim/cached``)."""
     from k3deploy.cluster.requirements import Requirements
     from k3deploy.facts.batch import Batch, specs
     from k3deploy.preflight.runner import DEFAULT_CACHE_DIR, fact_plan
 
     need = Requirements(hardware_profiles()[hardware], "default", None, nodes=2, multi_node=True)
-    return Batch().command(specs(fact_plan(need, ip, DEFAULT_CACHE_DIR, ""))) + "\n"
+    compile_ = "python3 -m compileall -q /usr/lib/k3sim >/dev/null 2>&1\n"
+    return compile_ + Batch().command(specs(fact_plan(need, ip, DEFAULT_CACHE_DIR, ""))) + "\n"
 
 
 def _install(src: Path, dest: Path) -> None:

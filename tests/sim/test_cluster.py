@@ -451,6 +451,24 @@ def test_base_root_is_cached_and_has_what_nodes_need(gb300):
 
 @pytest.mark.sim
 @needs_sim
+def test_simulated_tools_run_from_code_compiled_at_boot(gb300):
+    # docker and the engine are small fronts over modules the node's boot compiled (warm.sh): a call loads their
+    # code (python -v says which pyc "matches" which source) instead of compiling ~3000 lines each time
+    ip = gb300["nodes"][1]["ip"]
+    r = ssh(gb300, ip, "python3 -v /usr/lib/k3sim/tools/docker version --format '{{.Server.Version}}' 2>&1"
+                       " | grep -E 'matches|^[0-9]'; python3 -v /usr/lib/k3sim/engine.py serve m1 m2 2>&1"
+                       " | grep -E 'matches|error:'")
+    lines = r.stdout.splitlines()
+    for module in ("dockersim", "gotemplate", "k3simlib", "vllmsim"):
+        assert any(f"/usr/lib/k3sim/__pycache__/{module}." in ln and f"matches /usr/lib/k3sim/{module}.py" in ln
+                   for ln in lines), r.stdout + r.stderr
+    assert "28.2.2" in lines and "vllm serve: error: unrecognized arguments: m2" in lines, lines   # they still answer
+    for front in ("/usr/lib/k3sim/tools/docker", "/usr/lib/k3sim/engine.py"):
+        assert int(ssh(gb300, ip, f"wc -l < {front}").stdout) < 30
+
+
+@pytest.mark.sim
+@needs_sim
 def test_writes_are_private_to_the_node(gb300):
     n1, n2 = gb300["nodes"]
     marker = "/etc/k3test-marker"

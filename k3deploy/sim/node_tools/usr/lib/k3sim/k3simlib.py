@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
-import urllib.parse
-from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
+# socket, urllib.parse and typing are imported where used: a tool's start-up is most of what it costs
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import http.client
+    from typing import BinaryIO, NoReturn
 
 CONFIG_PATH = "/etc/k3sim/node.json"
 STATE_DIR = "/var/lib/k3sim"
@@ -175,6 +175,8 @@ def http_open(url: str, method: str = "GET", headers: dict | None = None,
 
     The simulation speaks plain HTTP whatever the scheme (no TLS): to the URL's port, else 80. Raises OSError when
     nothing answers (``socket.gaierror`` for an unknown name)."""
+    import urllib.parse
+
     u = urllib.parse.urlsplit(url)
     host = u.hostname or ""
     addr, port = host, u.port or 80
@@ -213,6 +215,8 @@ def copy_body(resp: http.client.HTTPResponse, out: BinaryIO, want: int, hasher=N
 
 def net_error(exc: BaseException, host: str, port: int = 80) -> str:
     """A connection failure as Go's net package words it (docker's daemon prints those)."""
+    import socket
+
     if isinstance(exc, socket.gaierror):
         return f"dial tcp: lookup {host}: no such host"
     if isinstance(exc, ConnectionRefusedError):
