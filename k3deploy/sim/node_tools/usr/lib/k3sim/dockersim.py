@@ -102,9 +102,14 @@ def write_json(path, obj):
 ANSWERS = "/run/k3sim/cache"
 
 
+def images_path():
+    """The image store's index (images.json)."""
+    return os.path.join(root(), "images.json")
+
+
 def write_images(db):
     """Write the image store's index (under the store's Lock) and answer again what the answer cache holds of it."""
-    path = os.path.join(root(), "images.json")
+    path = images_path()
     write_json(path, db)
     refresh_answers(path)
 
@@ -218,7 +223,8 @@ def display(repo, tag, digest):
 
 
 def images_db():
-    return read_json(os.path.join(ensure_dirs(), "images.json"), {})
+    ensure_dirs()
+    return read_json(images_path(), {})
 
 
 def find_image(ref):
