@@ -59,10 +59,10 @@ class Host:
                                                      stderr_lines=proc.stderr.splitlines())
 
 
-def rollout():
-    plan = resolve(load_recipe(), hardware="gb300", strategy="multi_node_tp", nodes=2)
+def rollout(strategy: str = "multi_node_tp", hardware: str = "gb300"):
+    plan = resolve(load_recipe(), hardware=hardware, strategy=strategy, nodes=2)
     hosts = [HostRecord("n0", ("head",), {"k3_ip": "10.0.0.1"}), HostRecord("n1", ("workers",), {"k3_ip": "10.0.0.2"})]
-    return compute(plan, hosts, Variables(k3_hardware="gb300", k3_poll_interval=0.2, k3_rollout_deadline=30, k3_docker="docker"))
+    return compute(plan, hosts, Variables(k3_hardware=hardware, k3_poll_interval=0.2, k3_rollout_deadline=30, k3_docker="docker"))
 
 
 class Clock:
@@ -169,3 +169,20 @@ def test_a_member_failing_while_the_head_starts_is_seen_within_a_few_rounds(tmp_
     assert failure is not None and failure.host == "n1"
     assert hosts["n0"].polls == MEMBERS_EVERY + 1 and hosts["n1"].polls == 2
     assert stops(tmp_path) == ["n1", "n0"]
+
+
+def test_serving_members_are_polled_at_once_when_the_head_serves(tmp_path):
+    r, clock = rollout("multi_node_dep", "b300"), Clock()   # hybrid load balancing: the member serves its own API
+    assert [u.serves is not None for u in r.group("engine")] == [True, True]
+    hosts = {"n0": Host(tmp_path, "n0", [RUNNING], ["000", "000", "200"]),
+             "n1": Host(tmp_path, "n1", [RUNNING], ["000", "200"])}
+    assert wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock) is None
+    assert hosts["n1"].polls == 2   # round 1, then the round right after the head's first 200
+    assert abs(clock.t - 2 * 0.2) < 1e-9   # two waits (after rounds 1 and 2), none after the head served
+
+
+def test_headless_members_add_no_round_once_the_head_serves(tmp_path):
+    r, clock = rollout(), Clock()   # multi_node_tp: the member serves no API
+    hosts = {"n0": Host(tmp_path, "n0", [RUNNING], ["000", "200"]), "n1": Host(tmp_path, "n1", [RUNNING])}
+    assert wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock) is None
+    assert hosts["n0"].polls == 2 and hosts["n1"].polls == 1 and abs(clock.t - 0.2) < 1e-9

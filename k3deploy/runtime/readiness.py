@@ -109,7 +109,9 @@ def wait_group(r: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str =
     No member of a group serves before every rank has joined, the head included: until the head serves, each round
     polls the head and, every :data:`MEMBERS_EVERY` rounds, the other members (a member that failed or restarted is
     seen there; one that is lost also fails its head); from then on every unit, every round. A group of N members
-    so costs its nodes about N/4 probes a round while the engines start, not N."""
+    so costs its nodes about N/4 probes a round while the engines start, not N. The round after the one in which
+    the head first serves comes at once: members that serve an API of their own (hybrid load balancing) serve with
+    it."""
     units = r.group(group)
     head = units[0]   # the group's units by rank: its head first
     deadline = clock() + r.deadline
@@ -151,4 +153,5 @@ def wait_group(r: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str =
                            f"healthy within the deadline (k3_rollout_deadline={r.deadline})", logs(hosts, u, docker))
             stop_group(hosts, units)
             return fail
-        sleep(interval)
+        if head_serves or key(head) not in ready:   # else the head just served: poll its members now
+            sleep(interval)
