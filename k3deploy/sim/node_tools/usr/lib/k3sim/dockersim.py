@@ -263,6 +263,13 @@ def blob_path(digest):
     return os.path.join(blob_dir(), digest.split(":", 1)[1])
 
 
+def digest_of(raw):
+    """The content digest of ``raw`` bytes, ``sha256:<hex>``."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
 def sha256_file(path):
     import hashlib
 
@@ -378,7 +385,6 @@ def fetch_blob(base, name, desc, out, quiet):
 
 def image_record(repo, digest, manifest_raw, config_raw):
     """The local image (images.json entry) of a manifest and its config, as a pull or a load registers it."""
-    import hashlib
 
     man = json.loads(manifest_raw)
     cfg = json.loads(config_raw)
@@ -394,7 +400,7 @@ def image_record(repo, digest, manifest_raw, config_raw):
             "RootFS": {"Type": "layers", "Layers": layers},
             "_repo": repo, "_tags": [], "_digest": digest, "_platform": ann.get("io.k3sim.platform", ""),
             "_requires_cuda": ann.get("io.k3sim.requires-cuda") or None,
-            "_manifest": "sha256:" + hashlib.sha256(manifest_raw).hexdigest(), "_config": man["config"]["digest"],
+            "_manifest": digest_of(manifest_raw), "_config": man["config"]["digest"],
             "_layers": layers}
 
 
@@ -432,7 +438,6 @@ def _register(img, tag):
 def pull(ref, quiet=False, out=sys.stdout):
     """docker pull: the manifest, then the config and every layer the data root lacks, over HTTP from the registry
     (or the daemon's registry mirror), each verified against its digest."""
-    import hashlib
 
     repo, tag, digest = parse_ref(ref)
     base, name, manifest_raw, got = fetch_manifest(repo, digest or tag)
@@ -446,7 +451,7 @@ def pull(ref, quiet=False, out=sys.stdout):
             "manifest unknown")
     man = json.loads(manifest_raw)
     content = got or (man.get("annotations") or {}).get("io.k3sim.content-digest") or \
-        "sha256:" + hashlib.sha256(manifest_raw).hexdigest()
+        digest_of(manifest_raw)
     if digest and tag:  # repo:tag@digest: the tag must name that digest
         _, _, _, by_tag = fetch_manifest(repo, tag)
         if by_tag != digest:
@@ -471,7 +476,7 @@ def pull(ref, quiet=False, out=sys.stdout):
             short = d["digest"][7:19]
             out.write(f"{short}: Verifying Checksum\n{short}: Download complete\n{short}: Pull complete\n")
             out.flush()
-    mpath = blob_path("sha256:" + hashlib.sha256(manifest_raw).hexdigest())
+    mpath = blob_path(digest_of(manifest_raw))
     try:
         if not os.path.exists(mpath):
             with open(f"{mpath}.{os.getpid()}.tmp", "wb") as fh:
@@ -1587,7 +1592,7 @@ def _load(tarfile, fh, staging, quiet):
             tags = [parse_ref(t) for t in entry.get("RepoTags") or []]
             named = (desc.get("annotations") or {}).get("io.containerd.image.name", "")
             repo = tags[0][0] if tags else parse_ref(named)[0]
-            content = ann.get("io.k3sim.content-digest") or "sha256:" + hashlib.sha256(mraw).hexdigest()
+            content = ann.get("io.k3sim.content-digest") or digest_of(mraw)
             img = image_record(repo, content, mraw, raw(config_digest))
             if classic:  # the graphdriver store records no repo digest for a loaded image
                 img["RepoDigests"], img["_digest"] = [], None
