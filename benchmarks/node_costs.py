@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout import PYINFRA, ROOT, k3  # noqa: E402
+from rollout import PYINFRA, ROOT, k3, sim_down  # noqa: E402
 
 from k3deploy.sim.processes import node_cgroups  # noqa: E402
 
@@ -67,8 +67,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    subprocess.run([sys.executable, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", NAME],
-                   capture_output=True, cwd=ROOT)
+    sim_down(NAME)
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", "2", "--name", NAME, "--json",
                          "--strategy", "multi_node_tp"))
     try:
@@ -96,8 +95,7 @@ def main() -> None:
             stop = cost([*shared, target_, "systemctl stop k3-engine.service"], 1) - channel
             subprocess.run([*shared, "-O", "exit", target_], capture_output=True)
     finally:
-        subprocess.run([sys.executable, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", NAME],
-                       capture_output=True, cwd=ROOT)
+        sim_down(NAME)
     per_tray = ssh_connect + facts + stop
     cores = os.cpu_count() or 1
     floor = {n: round((n - 2) * per_tray / cores, 2) for n in (8, 18, 36, 72)}

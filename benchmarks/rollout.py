@@ -47,6 +47,12 @@ def k3(*args: str) -> str:
                           capture_output=True, text=True, cwd=ROOT).stdout
 
 
+def sim_down(name: str) -> None:
+    """Remove the simulated cluster ``name`` if it is up (its absence is no error)."""
+    subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
+                   capture_output=True, cwd=ROOT)
+
+
 def ssh(info: dict, rank: int, cmd: str) -> str:
     d = Path(info["inventory"]).parent
     return subprocess.run(["ssh", "-i", str(d / "id_ed25519"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
@@ -112,8 +118,7 @@ def figures(run: dict, engine: float, n: int) -> dict:
 
 def measure(n: int, strategy: str) -> dict:
     name = f"b{strategy.split('_')[-1]}{n}"
-    subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
-                   capture_output=True, cwd=ROOT)
+    sim_down(name)
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
                          "--strategy", strategy))
     try:
@@ -127,8 +132,7 @@ def measure(n: int, strategy: str) -> dict:
                 "rerun_control_cpu_s": round(again["control_cpu_s"], 2),
                 "rerun_nodes_cpu_s": round(again["nodes_cpu_s"], 2), "rerun_ops": again["changed_ops"]}
     finally:
-        subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
-                       capture_output=True, cwd=ROOT)
+        sim_down(name)
 
 
 def main() -> None:
