@@ -35,7 +35,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
-    runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply).
+    runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply),
+    runtime/lock.py (the deployment lock: one run at a time changes a cluster).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
@@ -56,7 +57,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``cli/`` -- the ``k3deploy`` commands
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
-    cli/history.py, cli/status.py, cli/bundle.py, cli/sim.py, cli/common.py (options defined once and composed).
+    cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
+    cli/unlock.py (who holds the deployment lock; break a dead run's), cli/sim.py, cli/common.py (options defined
+    once and composed).
 """
 
 from __future__ import annotations

@@ -45,16 +45,16 @@ class Host:
             (bin_dir / tool).chmod(0o755)
         (self.dir / "models").write_text(models)
 
-    def run_shell_command(self, cmd, **kwargs):
-        self.commands.append(cmd)
-        if "K3_PROBE=" in cmd:
+    def run_shell_command(self, cmd, _stdin=None, **kwargs):
+        self.commands.append(_stdin or cmd)
+        if "K3_PROBE=" in (_stdin or cmd):
             st = self.states[min(self.polls, len(self.states) - 1)]
             self.polls += 1
             (self.dir / "state").write_text(f"ActiveState={st[0]}\nSubState={st[1]}\nNRestarts={st[2]}\n")
             (self.dir / "code").write_text(self.codes.pop(0) if self.codes else "000")
         env = {**os.environ, "PATH": f"{self.dir / 'bin'}:{os.environ['PATH']}", "K3T": str(self.dir),
                "K3T_NAME": self.name}
-        proc = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=30)
+        proc = subprocess.run(["sh", "-c", cmd], input=_stdin, capture_output=True, text=True, env=env, timeout=30)
         return proc.returncode == 0, SimpleNamespace(stdout_lines=proc.stdout.splitlines(),
                                                      stderr_lines=proc.stderr.splitlines())
 

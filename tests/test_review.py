@@ -185,8 +185,13 @@ def test_revisions_are_recorded_listed_and_chosen(tmp_path):
         env.write_text(f"A={n}\n")
         meta = Revision(group="engine", number=n, created=f"t{n}", image="img", summary="s",
                         files={"h:/u": f"sha{n}"}).to_json()
-        subprocess.run(["sh", "-c", record_revision(str(d), n, [str(unit), str(env)], meta)], check=True)
+        subprocess.run(["sh", "-c", record_revision(str(d), n, [(str(unit), unit.name), (str(env), env.name)],
+                                                    meta)], check=True)
     assert (d / "1" / "k3-engine.env").read_text() == "A=1\n" and oct((d / "2").stat().st_mode & 0o777) == "0o700"
+    listing = subprocess.run(["sh", "-c", list_revisions(str(d))], capture_output=True, text=True).stdout
+    # a revision is recorded before its restart; it becomes the current one only once the group serves
+    assert parse_listing(listing.splitlines()).current is None
+    subprocess.run(["sh", "-c", set_current(str(d), 2)], check=True)
     history = parse_listing(subprocess.run(["sh", "-c", list_revisions(str(d))], capture_output=True,
                                            text=True).stdout.splitlines())
     assert history.current == 2 and history.numbers == [1, 2] and history.revisions[1].created == "t1"

@@ -79,9 +79,9 @@ def test_every_unit_and_env_file_is_written_verbatim_and_steps_are_ordered():
         return next(i for i, t in enumerate(texts) if pred(t))
 
     pull = first(lambda t: "pull -q vllm/vllm-openai:kimi-k3" in t)
-    files = first(lambda t: "k3-engine.env.new" in t)
+    files = first(lambda t: "mv -f \"$t\" /etc/k3deploy/k3-engine.env" in t)
     head_start = first(lambda t: "systemctl restart k3-engine.service" in t)
-    worker = first(lambda t: "</dev/tcp/192.0.2.11/" in t and "rendezvous" in t)
+    worker = first(lambda t: "bash -c '</dev/tcp/$1/$2' _ 192.0.2.11 " in t and "rendezvous" in t)
     # the stage before the files: the first node pulls and serves, the second copies from it
     serve = first(lambda t: "systemd-run --quiet --unit k3-stage-peers" in t)
     copy = first(lambda t: "rsync://192.0.2.11:8873/k3-hub/models--moonshotai--Kimi-K3/" in t)

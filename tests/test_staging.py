@@ -112,7 +112,8 @@ def _snapshot(root, shards: dict[str, bytes], index: list[str] | None = None):
     files = {**shards, "model.safetensors.index.json": json.dumps(
         {"metadata": {}, "weight_map": {f"t{i}": n for i, n in enumerate(names)}}).encode()}
     for name, data in files.items():
-        blob = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else "f" * 40
+        blob = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else \
+            hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()   # the hub's name of a file kept in git
         (d / "blobs" / blob).write_bytes(data)
         (snap / name).symlink_to(f"../../blobs/{blob}")
     return d
@@ -132,12 +133,15 @@ def test_verification_passes_a_whole_snapshot_and_marks_it(tmp_path):
 
 
 def test_verification_finds_a_corrupted_shard_and_a_missing_one(tmp_path):
+    import hashlib
+
     d = _snapshot(tmp_path, {"a.safetensors": b"x" * 1000}, index=["a.safetensors", "b.safetensors"])
     blob = next(p for p in (d / "blobs").iterdir() if len(p.name) == 64)
     blob.write_bytes(b"z" * 1000)   # same size, other bytes
     res = _sh(commands.verify_weights(str(tmp_path), "org/m"))
     assert res.returncode == 1
-    assert "missing shard b.safetensors" in res.stderr and f"sha256 mismatch: {blob}" in res.stderr
+    assert "missing shard b.safetensors" in res.stderr and f"bad file a.safetensors: sha256 {hashlib.sha256(b'z' * 1000).hexdigest()}, but its blob is named {blob.name}" \
+        in res.stderr
     assert (d / commands.BAD).read_text().split() == [str(blob)]
     assert not (d / commands.VERIFIED).exists()
     status = WeightsState().process(_sh(WeightsState().command(str(tmp_path), "org/m")).stdout.splitlines())

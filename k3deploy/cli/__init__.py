@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "plan": "k3deploy.cli.plan:plan", "runbook": "k3deploy.cli.runbook:runbook",
     "vars": "k3deploy.cli.vars:vars_cmd", "history": "k3deploy.cli.history:history",
     "status": "k3deploy.cli.status:status", "bundle": "k3deploy.cli.bundle:bundle",
+    "unlock": "k3deploy.cli.unlock:unlock",
+    "verify": "k3deploy.cli.verify:verify",
 }
 
 

@@ -1,14 +1,18 @@
 """``k3deploy history INVENTORY``: the numbered revisions of each group, as the hosts keep them: what was
-deployed, when, from which variables, and which one runs now."""
+deployed, when, from which variables, which one runs now, and which ones every host of the group holds (only
+those can be restored)."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import asdict
+from typing import Any
 
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
+from k3deploy.cluster.revisions import GroupHistory, masked_variables
+from k3deploy.cluster.secrets import secret_values
 
 
 @click.command("history")
@@ -16,7 +20,9 @@ from k3deploy.cli.common import echo_json, json_option, read_cluster
 @json_option
 def history(inventory: str, as_json: bool) -> None:
     """List each group's revisions: number, when, image, what was deployed, the variables that differed from
-    their defaults (with the file that set them), and which revision runs now. Read-only.
+    their defaults (with the file that set them; secrets masked), which revision runs now, and whether each can be
+    restored: only a revision every host of the group holds (its directory, with its unit and env files) can;
+    otherwise the hosts that lack it are named. Read-only.
 
     \b
     Roll back to one: pyinfra INVENTORY deploy/k3.py -y --data k3_rollback=N (preview: k3deploy plan
@@ -27,10 +33,11 @@ def history(inventory: str, as_json: bool) -> None:
     cluster = read_cluster("history", inventory, installed=True)
     require_reachable(cluster)
     groups = {g: h for g, h in cluster.history.items()}
+    values = secret_values(cluster.target.vars.k3_extra_env)
     if as_json:
         echo_json({"inventory": inventory, "groups": {
-            g: {"current": h.current, "revisions": [asdict(h.revisions[n]) for n in h.numbers]}
-            for g, h in groups.items()}})
+            g: {"current": h.current, "hosts": h.hosts,
+                "revisions": [shown(h, n, values) for n in h.numbers]} for g, h in groups.items()}})
         return
     from rich.console import Console
     from rich.table import Table
@@ -40,11 +47,29 @@ def history(inventory: str, as_json: bool) -> None:
         if not h.revisions:
             console.print(f"group {g}: no revision recorded yet (the first rollout that restarts it records one)")
             continue
-        table = Table("rev", "created", "image", "deployed", "variables", title=f"group {g}", title_justify="left")
+        table = Table("rev", "created", "image", "deployed", "variables", "restorable", title=f"group {g}",
+                      title_justify="left")
         for n in h.numbers:
-            rev = h.revisions[n]
-            mark = f"{n} (current)" if n == h.current else str(n)
-            image = rev.image + (f"\n(tag {rev.tag})" if rev.tag else "")
-            table.add_row(mark, rev.created, image, rev.summary + (f"; {rev.note}" if rev.note else ""),
-                          "\n".join(f"{k} = {v}" for k, v in sorted(rev.variables.items())))
+            rev = shown(h, n, values)
+            mark = f"{n} (current)" if n == h.current else str(n) if rev["served"] else f"{n} (never served)"
+            image = rev["image"] + (f"\n(tag {rev['tag']})" if rev["tag"] else "")
+            table.add_row(mark, rev["created"], image, rev["summary"] + (f"; {rev['note']}" if rev["note"] else ""),
+                          "\n".join(f"{k} = {v}" for k, v in sorted(rev["variables"].items())),
+                          "yes" if rev["restorable"] else f"no: {', '.join(rev['missing_on'])} "
+                          f"{'lacks' if len(rev['missing_on']) == 1 else 'lack'} its files")
         console.print(table)
+        for n in h.numbers:
+            if not h.restorable(n):
+                console.print(f"group {g}: revision {n} is not restorable: {', '.join(h.lacking(n))} "
+                              f"{'lacks' if len(h.lacking(n)) == 1 else 'lack'} its files (a rollback to it is "
+                              "refused)", highlight=False, soft_wrap=True)
+
+
+def shown(h: GroupHistory, n: int, values: list[str]) -> dict[str, Any]:
+    """Revision ``n`` as history shows it: its record (secrets masked, whatever wrote it), whether every host of the
+    group holds it (``restorable``) and the hosts that lack it (``missing_on``)."""
+    rev = asdict(h.revisions[n])
+    rev["variables"] = masked_variables(rev["variables"], values)
+    rev["restorable"], rev["missing_on"] = h.restorable(n), h.lacking(n)
+    rev["served"] = h.served(n)
+    return rev

@@ -56,12 +56,15 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
     report.notes += revision_notes(cluster) + image_notes(cluster)
+    report.notes += [f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock "
+                     f"{inventory} --run ID)" for line in cluster.lock_lines()]
     report.staging = staging_lines(cluster)
     t = cluster.target
     first = t.resolved[t.records[0].name]
     if as_json:
         data = report.to_dict()
         data["preflight_failures"] = failures
+        data["lock"] = cluster.lock_lines()
         data["group_vars"], data["variables"] = first.files, first.listing()
         res = cluster.resolution
         data["image"] = {"image": rollout.plan.image, "tag": res.image if res else None,
@@ -112,7 +115,7 @@ def revision_notes(cluster: Any) -> list[str]:
             notes.append(f"group {group}: a rollback from revision {h.current} to revision "
                          f"{cluster.rollback_to[group]} (pyinfra INVENTORY deploy/k3.py -y --data "
                          f"k3_rollback={cluster.rollback_to[group]} applies it)")
-        elif h.current is not None and h.numbers and h.current < max(h.numbers):
-            notes.append(f"group {group} runs revision {h.current}, rolled back from {max(h.numbers)}: the "
+        elif h.current is not None and h.newest_served is not None and h.current < h.newest_served:
+            notes.append(f"group {group} runs revision {h.current}, rolled back from {h.newest_served}: the "
                          "variables still ask for the newer settings, so the changes above take it forward again")
     return notes

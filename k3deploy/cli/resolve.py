@@ -66,13 +66,14 @@ def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None
 
 
 def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> None:
-    """Per host of an inventory: the env and `vllm serve` command with placeholders filled, and the container
-    command the systemd unit runs. Nothing is contacted: the interface comes from ``k3_iface`` (the rollout
-    reads it from each node's facts)."""
+    """Per host of an inventory: the env and `vllm serve` command with placeholders filled (secrets masked), and
+    the container command the systemd unit runs. Nothing is contacted: the interface comes from ``k3_iface`` (the
+    rollout reads it from each node's facts)."""
     import shlex
 
     from k3deploy.cli.common import read_cluster
     from k3deploy.cluster.diff import exec_start
+    from k3deploy.cluster.secrets import MASK, is_secret, mask_argv, mask_env
     from k3deploy.errors import K3Error
     from k3deploy.recipe.printing import format_exports
 
@@ -88,7 +89,8 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
     if as_json:
         echo_json({"endpoint": r.endpoint, "group_vars": first.files, "variables": first.listing(), "units": [
             {"host": u.host, "unit": u.unit, "role": u.node.role, "rank": u.rank, "group": u.group,
-             "argv": u.node.argv, "env": u.node.env, "container_argv": exec_start(u.unit_text)}
+             "argv": mask_argv(u.node.argv), "env": mask_env(u.node.env),
+             "container_argv": mask_argv(exec_start(u.unit_text) or [])}
             for u in r.units]})
         return
     plan = r.plan
@@ -101,12 +103,15 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
         click.echo(f"# {line}")
     if any("$IFACE_NAME" in " ".join([*u.node.argv, *u.node.env.values()]) for u in r.units):
         click.echo("# $IFACE_NAME: set k3_iface, or let the rollout read each node's interface from its facts")
+    hidden = sorted({k for u in r.units for k in u.node.env if is_secret(k)})
+    if hidden:
+        click.echo(f"# {', '.join(hidden)}: secret, shown as {MASK} (the env file on each node holds the value)")
     for u in r.units:
         click.echo(f"\n## {u.host}: {u.node.role} (rank {u.rank}), {u.unit}")
         if u.node.env:
-            click.echo(format_exports(u.node.env))
-        click.echo(shlex.join(u.node.argv))
+            click.echo(format_exports(mask_env(u.node.env)))
+        click.echo(shlex.join(mask_argv(u.node.argv)))
         container = exec_start(u.unit_text)
         if container:
             click.echo(f"# as run by {u.unit}:")
-            click.echo(shlex.join(container))
+            click.echo(shlex.join(mask_argv(container)))

@@ -29,8 +29,9 @@ def _image_cell(image: str | None, image_id: str | None) -> str:
     return "\n".join(lines + ([image_id[:19]] if image_id else []))
 
 
-def read_status(inventory: str):  # -> ClusterStatus
-    return status_of(read_cluster("status", inventory, installed=True, runtime=True))
+def read_status(inventory: str):  # noqa: ANN201  (-> ClusterStatus, and the deployment lock's holders)
+    cluster = read_cluster("status", inventory, installed=True, runtime=True)
+    return status_of(cluster), cluster.lock_lines()
 
 
 def status_of(cluster):  # noqa: ANN001, ANN201  (Cluster -> ClusterStatus)
@@ -85,11 +86,13 @@ def status(inventory: str, as_json: bool, watch: float | None) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     while True:
-        st = read_status(inventory)
+        st, lock = read_status(inventory)
         if as_json:
-            echo_json(st.to_dict())
+            echo_json({**st.to_dict(), "lock": lock})
         else:
             show(st, console)
+            for line in lock:
+                console.print(f"[yellow]{line}[/]: a change is under way (or a run was killed: k3deploy unlock)")
         if watch is None:
             sys.exit(st.exit_code)
         try:

@@ -50,8 +50,9 @@ def download_argv(docker: str, cache: str, image: str, model: str, token_file: s
 def require_weights(cache: str, model: str) -> str:
     """Verify the weights already in the cache and fail with the reason when they are not all there
     (``k3_download_weights: false``)."""
-    return (f"{verify_weights(cache, model)} || {{ echo 'weights of {model} in {cache}/huggingface are missing or "
-            "incomplete and k3_download_weights is false: stage them first' >&2; exit 1; }")
+    why = (f"weights of {model} in {cache}/huggingface are missing or incomplete and k3_download_weights is false: "
+           "stage them first")
+    return f"{verify_weights(cache, model)} || {{ echo {shlex.quote(why)} >&2; exit 1; }}"
 
 
 def digest_check(docker: str, image: str) -> str:
@@ -59,10 +60,10 @@ def digest_check(docker: str, image: str) -> str:
     repo digest of the image counts (an image pulled by an index and by a platform manifest has two)."""
     if "@sha256:" not in image:
         return ""
-    want = image.split("@", 1)[1]
+    want = shlex.quote(image.split("@", 1)[1])
     return (f"got=$({shlex.quote(docker)} image inspect --format '{{{{join .RepoDigests \" \"}}}}' "
-            f"{shlex.quote(image)}) && case \" $got \" in *@{want}\\ *) echo \"digest ok: {want}\";; "
-            f"*) echo \"image digest $got, required {want}\" >&2; exit 1;; esac")
+            f"{shlex.quote(image)}) && case \" $got \" in *@{want}\\ *) echo 'digest ok: '{want};; "
+            f"*) echo \"image digest $got, required \"{want} >&2; exit 1;; esac")
 
 
 def name_build(docker: str, image: str, tag: str | None = None) -> str:
@@ -116,26 +117,86 @@ def archive_path(stage_dir: str, image: str) -> str:
     return f"{stage_dir.rstrip('/')}/{re.sub(r'[^A-Za-z0-9_.-]', '_', image)}.tar"
 
 
-def verify_weights(cache: str, model: str) -> str:
-    """Verify the model's snapshot and mark it verified: every shard the index names is there, and every file
-    whose blob is named by a sha256 (the hub's LFS files: the shards) hashes to that name. The files hash in
-    parallel, one per CPU, with ``openssl dgst`` where the node has it (it uses the CPU's SHA instructions: several
-    times faster than coreutils' ``sha256sum``, the fallback). Bad files are listed in ``BAD`` and on stderr; the
-    script then fails."""
+#: how one file of a snapshot is checked against its blob's name (``$1``: its path in the snapshot), one line out:
+#: ``K3_OK=<bytes>`` or ``K3_BAD=<kind> <what it hashes to, or -> <its blob> <its path>``. A blob named by 64 hex
+#: digits (an LFS file: a shard) is its sha256; one named by 40 hex digits (a small file the hub keeps in git) is its
+#: git blob id, the sha1 of ``blob <size>\0`` and the content (computed here: ``git`` need not be on the node). A file
+#: whose blob is gone (``missing``) or is named by neither (``unnamed``: it cannot be checked) is bad too.
+CHECK_FILE = (
+    'f=${1#./}; b=$(readlink -f "$1"); e=${b##*/}; '
+    'if [ ! -f "$b" ]; then echo "K3_BAD=missing - $b $f"; exit 0; fi; '
+    'case $e in *[!0-9a-f]*) n=0;; *) n=${#e};; esac; s=$(($(wc -c < "$b"))); '
+    'if [ "$n" = 64 ]; then k=sha256; h=$($K3_SHA256 < "$b"); '
+    r'elif [ "$n" = 40 ]; then k=git-blob; h=$({ printf "blob %d\000" "$s"; cat "$b"; } | $K3_SHA1); '
+    'else echo "K3_BAD=unnamed - $b $f"; exit 0; fi; '
+    'if [ "${h%% *}" = "$e" ]; then echo "K3_OK=$s"; else echo "K3_BAD=$k ${h%% *} $b $f"; fi')
+#: the hash commands, chosen once per check: ``openssl dgst`` where the node has it (it uses the CPU's SHA
+#: instructions: several times faster than coreutils' ``sha256sum`` and ``sha1sum``, the fallback)
+HASH_TOOLS = ('if openssl dgst -sha256 -r </dev/null >/dev/null 2>&1; then K3_SHA256="openssl dgst -sha256 -r"; '
+              'K3_SHA1="openssl dgst -sha1 -r"; else K3_SHA256=sha256sum; K3_SHA1=sha1sum; fi; '
+              'export K3_SHA256 K3_SHA1')
+#: sums the lines of :data:`CHECK_FILE`: passes ``K3_BAD`` lines on and says each on stderr (what the file hashes to
+#: against its blob's name), writes each bad blob's path to the file ``list`` (when set), then prints ``K3_FILES`` and
+#: ``K3_BYTES``; exits 1 when a file is bad
+TALLY = r"""awk -v list="$list" '/^K3_OK=/ {n++; bytes += substr($0, 7); next}
+/^K3_BAD=/ {n++; bad++; print; split(substr($0, 8), w, " "); p = substr($0, 8 + length(w[1] w[2] w[3]) + 3)
+  name = w[3]; sub(/.*\//, "", name)
+  if (w[1] == "missing") why = "its blob " name " is missing"
+  else if (w[1] == "unnamed") why = "not named by a hash (" name "): it cannot be verified"
+  else why = w[1] " " w[2] ", but its blob is named " name
+  print "bad file " p ": " why > "/dev/stderr"
+  if (list != "") print w[3] > list}
+END {printf "K3_FILES=%d\nK3_BYTES=%.0f\n", n, bytes; exit bad > 0}'"""
+
+
+def check_snapshot(cache: str, model: str, bad_list: bool = False) -> str:
+    """Hash every file of the model's snapshot again, whatever its time stamps, against its blob's name
+    (:data:`CHECK_FILE`), in parallel, one file per CPU, and check that every shard the index names is there.
+
+    Prints ``K3_MISSING=<shard>`` and ``K3_BAD=...`` per bad file (each also said on stderr), then ``K3_FILES``,
+    ``K3_BYTES`` and ``K3_SECONDS``; exits 1 on any bad or missing file. With ``bad_list`` the bad blobs' paths go to
+    the model directory's ``BAD`` file (a receive removes them and copies them again); without, it writes nothing.
+
+        >>> "xargs -0 -r -P" in check_snapshot("/c", "org/m")
+        True
+    """
     d = shlex.quote(model_dir(cache, model))
-    check = ('b=$(readlink -f "$1"); e=${b##*/}; case $e in *[!0-9a-f]*) exit 0;; esac; [ ${#e} -eq 64 ] || exit 0; '
-             'h=$(openssl dgst -sha256 -r < "$b" 2>/dev/null) || h=$(sha256sum < "$b"); '
-             '[ "${h%% *}" = "$e" ] || { echo "$b"; exit 1; }')
-    return (f'( d={d}; rm -f "$d/{VERIFIED}"; rev=$(cat "$d/refs/main" 2>/dev/null) && cd "$d/snapshots/$rev" '
-            f'2>/dev/null || {{ echo "no snapshot of {model} in {cache}" >&2; exit 1; }}; missing=0; '
+    listed = f'"$d/{BAD}"' if bad_list else '""'
+    return (f'( d={d}; list={listed}; rev=$(cat "$d/refs/main" 2>/dev/null) && cd "$d/snapshots/$rev" 2>/dev/null || '
+            f'{{ echo "K3_MISSING=(no snapshot)"; echo {shlex.quote(f"no snapshot of {model} in {cache}")} >&2; '
+            'exit 1; }; '
+            f'{HASH_TOOLS}; t0=$(date +%s.%N); missing=0; [ -z "$list" ] || : > "$list"; '
             'if [ -f model.safetensors.index.json ]; then '
             "for f in $(grep -o '\"[^\"]*[.]safetensors\"' model.safetensors.index.json | tr -d '\"' | sort -u); do "
-            '[ -e "$f" ] || { echo "missing shard $f" >&2; missing=1; }; done; '
-            'elif ! ls ./*.safetensors >/dev/null 2>&1; then echo "no shard and no index in $PWD" >&2; missing=1; fi; '
-            f'find . ! -type d -print0 | xargs -0 -r -P "$(nproc)" -n 1 sh -c {shlex.quote(check)} _ > "$d/{BAD}" '
-            '|| true; '
-            f'if [ -s "$d/{BAD}" ]; then sed "s/^/sha256 mismatch: /" "$d/{BAD}" >&2; exit 1; fi; '
-            f'[ "$missing" = 0 ] || exit 1; touch "$d/{VERIFIED}"; echo "verified $(find . ! -type d | wc -l) files" )')
+            '[ -e "$f" ] || [ -L "$f" ] || { echo "K3_MISSING=$f"; echo "missing shard $f" >&2; missing=1; }; done; '
+            'elif ! ls ./*.safetensors >/dev/null 2>&1; then echo "K3_MISSING=(no shard and no index)"; '
+            'echo "no shard and no index in $PWD" >&2; missing=1; fi; '
+            'bad=0; find . ! -type d -print0 | xargs -0 -r -P "$(nproc)" -n 1 '
+            f'sh -c {shlex.quote(CHECK_FILE)} _ | {TALLY} || bad=1; '
+            'echo "K3_SECONDS=$(awk -v a="$t0" -v b="$(date +%s.%N)" \'BEGIN {printf "%.2f", b - a}\')"; '
+            '[ "$bad" = 0 ] && [ "$missing" = 0 ] )')
+
+
+def verify_weights(cache: str, model: str) -> str:
+    """Verify the model's snapshot (:func:`check_snapshot`: every file against its blob's name, every shard of the
+    index there) and mark it verified (``VERIFIED``). Bad files are listed in ``BAD`` and said on stderr; the script
+    then fails."""
+    d = shlex.quote(model_dir(cache, model))
+    return (f'rm -f {d}/{VERIFIED} && {check_snapshot(cache, model, bad_list=True)} >{d}/.k3-check && '
+            f'touch {d}/{VERIFIED} && echo "verified $(sed -n "s/^K3_FILES=//p" {d}/.k3-check) files"')
+
+
+def verify_before_start(cache: str, model: str) -> str:
+    """The check before an engine starts: :func:`check_snapshot`, whatever the time stamps say, with a summary line.
+    A bad snapshot loses its ``VERIFIED`` mark (its bad blobs go to ``BAD``), so the next rollout copies it again
+    from a peer; a good one is marked verified again."""
+    d = shlex.quote(model_dir(cache, model))
+    tally = ("sed -n 's/^K3_FILES=//p; s/^K3_BYTES=//p; s/^K3_SECONDS=//p' " + d + "/.k3-check | tr '\\n' ' '")
+    bad = (f"weights of {model} in {cache}: bad files (above); this host's engines must not start on them: the next "
+           "rollout copies them again from a peer (k3deploy verify INVENTORY checks every node)")
+    return (f'if {check_snapshot(cache, model, bad_list=True)} >{d}/.k3-check; then touch {d}/{VERIFIED}; '
+            f'set -- $({tally}); echo "every file of the snapshot verified: $1 files, $2 bytes in $3 s"; '
+            f'else rm -f {d}/{VERIFIED}; echo {shlex.quote(bad)} >&2; exit 1; fi')
 
 
 def fetch_weights(docker: str, cache: str, image: str, model: str, token_file: str | None = None,
@@ -168,10 +229,11 @@ def export_image(docker: str, image: str, stage_dir: str) -> str:
     a = shlex.quote(archive_path(stage_dir, image))
     d = shlex.quote(docker)
     if "@sha256:" not in image:
-        return (f"mkdir -p {shlex.quote(stage_dir)} && {{ [ -s {a} ] || {{ {d} save -o {a}.part "
-                f"{shlex.quote(image)} && mv -f {a}.part {a}; }}; }}")
+        return (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && {{ [ -s {a} ] || "
+                f"{{ {d} save -o {a}.part {shlex.quote(image)} && mv -f {a}.part {a}; }}; }}")
     run = shlex.quote(run_ref(image))
-    return (f"mkdir -p {shlex.quote(stage_dir)} && {name_build(docker, image)} && {{ [ -s {a} ] && [ -s {a}.id ] || "
+    return (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && {name_build(docker, image)} && "
+            f"{{ [ -s {a} ] && [ -s {a}.id ] || "
             f"{{ {d} save -o {a}.part {run} && {d} image inspect --format '{{{{.Id}}}}' {run} > {a}.id && "
             f"mv -f {a}.part {a}; }}; }}")
 
@@ -190,17 +252,28 @@ def receive_image(address: str, port: int, docker: str, image: str, stage_dir: s
     a = archive_path(stage_dir, image)
     name = a.rsplit("/", 1)[1]
     qa, qd = shlex.quote(a), shlex.quote(stage_dir)
+    made = f"mkdir -p {qd} && {root_only_dir(stage_dir)}"
     if "@sha256:" not in image:
         src = _rsync_from(address, port, STAGE_MODULE, name)
-        return (f"mkdir -p {qd} && rsync -a --partial {shlex.quote(src)} {qa} && "
+        return (f"{made} && rsync -a --partial {shlex.quote(src)} {qa} && "
                 f"{load_image(docker, image, a, tag)}")
     srcs = " ".join(shlex.quote(_rsync_from(address, port, STAGE_MODULE, n)) for n in (name, f"{name}.id"))
     d, run = shlex.quote(docker), shlex.quote(run_ref(image))
-    return (f"mkdir -p {qd} && rsync -a --partial {srcs} {shlex.quote(stage_dir.rstrip('/') + '/')} && "
+    return (f"{made} && rsync -a --partial {srcs} {shlex.quote(stage_dir.rstrip('/') + '/')} && "
             f"{d} load -i {qa} && got=$({d} image inspect --format '{{{{.Id}}}}' {run}) && want=$(cat {qa}.id) && "
-            f"if [ \"$got\" != \"$want\" ]; then echo \"loaded image $got as {run_ref(image)}, the peer's build is "
+            f"if [ \"$got\" != \"$want\" ]; then echo \"loaded image $got as \"{run}\", the peer's build is "
             f"$want\" >&2; exit 1; fi && echo \"image id ok: $got\"" + (f" && {d} tag {run} {shlex.quote(tag)}"
                                                                        if tag else ""))
+
+
+def _tcp_open(address: str, port: int, seconds: int) -> str:
+    """A command that succeeds when ``address:port`` accepts a TCP connection within ``seconds`` (bash's
+    ``/dev/tcp``; the address and port reach it as arguments, never as script text).
+
+    >>> _tcp_open("10.0.0.1", 29501, 2)
+    "timeout 2 bash -c '</dev/tcp/$1/$2' _ 10.0.0.1 29501"
+    """
+    return f"timeout {int(seconds)} bash -c '</dev/tcp/$1/$2' _ {shlex.quote(address)} {int(port)}"
 
 
 def serve_peers(config: str, address: str, port: int, dirs: Sequence[str]) -> str:
@@ -208,13 +281,19 @@ def serve_peers(config: str, address: str, port: int, dirs: Sequence[str]) -> st
     wait until it listens on ``address:port``."""
     unit = PEERS_UNIT
     made = " ".join(shlex.quote(d) for d in dirs)
+    late = shlex.quote(f"rsync daemon not listening on {address}:{int(port)} after 30s")
     return (f"mkdir -p {made} && {{ systemctl stop {unit} 2>/dev/null || true; }} && "
             f"{{ systemctl reset-failed {unit} 2>/dev/null || true; }} && "
             f"systemd-run --quiet --unit {unit} --collect rsync --daemon --no-detach "
-            f"--config={shlex.quote(config)} && i=0; until timeout 1 bash -c '</dev/tcp/{address}/{int(port)}' "
-            f"2>/dev/null; do i=$((i+1)); if [ $i -ge 60 ]; then echo 'rsync daemon not listening on "
-            f"{address}:{int(port)} after 30s' >&2; journalctl -u {unit} -n 5 --no-pager >&2; exit 1; fi; "
-            "sleep 0.5; done")
+            f"--config={shlex.quote(config)} && i=0; until {_tcp_open(address, port, 1)} "
+            f"2>/dev/null; do i=$((i+1)); if [ $i -ge 60 ]; then echo {late} >&2; "
+            f"journalctl -u {unit} -n 5 --no-pager >&2; exit 1; fi; sleep 0.5; done")
+
+
+def stop_peers() -> str:
+    """Stop the stage's rsync daemon (one a killed run left up) and forget its failures; done when it is gone."""
+    return (f"systemctl stop {PEERS_UNIT} 2>/dev/null; systemctl reset-failed {PEERS_UNIT} 2>/dev/null; "
+            f"! systemctl is-active --quiet {PEERS_UNIT} && echo 'stopped {PEERS_UNIT}, left by an earlier run'")
 
 
 def stop_serving(stage_dir: str, image: str) -> str:
@@ -226,14 +305,66 @@ def stop_serving(stage_dir: str, image: str) -> str:
 # ------------------------------------------------------------------------------------------ configure
 
 
+def root_only_dir(directory: str) -> str:
+    """Shell that fails unless ``directory`` (symlinks resolved) is owned by root and writable by root only, and each
+    directory above it is owned by root and writable by root only or sticky (``/tmp``): then no other user can put,
+    swap or rename a file in it while root writes there.
+
+        >>> root_only_dir("/etc/k3deploy").startswith("d=$(cd /etc/k3deploy && pwd -P)")
+        True
+    """
+    return (f'd=$(cd {shlex.quote(directory)} && pwd -P) && set -- "$d" && a=$d && while [ "$a" != / ]; do '
+            'a=${a%/*}; a=${a:-/}; set -- "$@" "$a"; done && stat -c \'%u %a %n\' "$@" | { f=1; while read -r u m n; '
+            'do if [ "$u" != 0 ] || [ $(( (0$m & 022) && ($f || !(0$m & 01000)) )) != 0 ]; then '
+            'echo "k3deploy: $n is owned by uid $u with mode $m: the directory of a file k3deploy writes as root, and '
+            'each one above it, must be owned by root and writable by root only (chown root:root; chmod go-w)" >&2; '
+            'exit 1; fi; '
+            'f=0; done; }')
+
+
+def new_temp(directory: str, temp: str) -> str:
+    """Create ``temp`` (a name in ``directory`` the control machine drew at random) empty, root's and 0600, only if
+    no such name exists (``set -C``), in a directory only root can write to (see :func:`root_only_dir`)."""
+    d = shlex.quote(directory)
+    return f"umask 022 && mkdir -p {d} && {root_only_dir(directory)} && umask 077 && set -C && : > {shlex.quote(temp)}"
+
+
+def put_in_place(temp: str, dest: str, mode: str, private: str | None = None) -> str:
+    """Install ``temp`` (made by :func:`new_temp`, its content written since) as ``dest``: it must still be a plain
+    file of root's with mode 0600 in a directory only root can write to; then its mode and owner (root) are set and
+    it is renamed onto ``dest`` (one step: nobody sees a partial file). With ``private`` (a directory of the SSH user,
+    0700, holding the content as ``f``: an upload under sudo), ``temp`` is made and filled from it here, then the
+    directory is removed. A failure removes ``temp``."""
+    directory = dest.rsplit("/", 1)[0] or "/"
+    if private is None:
+        out = f"t={shlex.quote(temp)}; trap 'rm -f \"$t\"' EXIT; {{ {root_only_dir(directory)}; }} || exit 1; "
+    else:
+        out = (f"t={shlex.quote(temp)}; p={shlex.quote(private)}; trap 'rm -f \"$t\"; rm -rf \"$p\"' EXIT; "
+               f"{{ {new_temp(directory, temp)}; }} || exit 1; cat \"$p/f\" >> \"$t\" || exit 1; ")
+    return out + ('{ [ -f "$t" ] && [ ! -L "$t" ] && [ "$(stat -c \'%u %a\' "$t")" = "0 600" ]; } || '
+                  '{ echo "k3deploy: $t is not a plain file of root\'s with mode 0600 any more: nothing written" >&2; '
+                  f'exit 1; }}; chmod {shlex.quote(mode)} "$t" && chown 0:0 "$t" && mv -f "$t" {shlex.quote(dest)}')
+
+
+def lock_down(files: Sequence[tuple[str, str]]) -> str:
+    """Give each ``(path, mode)`` that is a plain file root as owner and ``mode`` (its content stays)."""
+    return " && ".join(f"{{ [ ! -f {q} ] || [ -L {q} ] || {{ chown 0:0 {q} && chmod {mode} {q}; }}; }}"
+                       for q, mode in ((shlex.quote(p), shlex.quote(m)) for p, m in files))
+
+
 def install_file(dest: str, content: str, mode: str) -> str:
-    """Write ``content`` to ``dest`` with ``mode`` (the runbook's form of the operations' upload)."""
+    """Write ``content`` to ``dest`` with ``mode`` (the runbook's form of the operations' upload): into a new file of
+    an unpredictable name (``mktemp``, 0600) in the destination's directory, which only root may write to, then
+    mode and owner set and renamed onto ``dest``."""
     tag = "K3_EOF"
     while tag in content.splitlines():
         tag += "_"
-    d, new = shlex.quote(dest), shlex.quote(f"{dest}.new")
-    return (f"install -d -m 0755 {shlex.quote(dest.rsplit('/', 1)[0] or '/')}\n"
-            f"install -m {mode} /dev/stdin {new} <<'{tag}'\n{content}{tag}\nmv -f {new} {d}\n")
+    directory = dest.rsplit("/", 1)[0] or "/"
+    d, t = shlex.quote(directory), '"$t"'
+    return (f"install -d -m 0755 {d}\n{root_only_dir(directory)}\n"
+            f"t=$(mktemp {shlex.quote(directory.rstrip('/') + '/.k3-')}XXXXXXXXXX)\n"
+            f"cat >> {t} <<'{tag}'\n{content}{tag}\nchmod {shlex.quote(mode)} {t} && chown 0:0 {t} && mv -f {t} "
+            f"{shlex.quote(dest)}\n")
 
 
 def daemon_reload() -> str:
@@ -263,10 +394,11 @@ def start_units(units: Sequence[str]) -> str:
 def wait_tcp(address: str, port: int, timeout: int, interval: float = 1.0) -> str:
     """Wait, from this node, until ``address:port`` accepts a TCP connection (no payload is sent)."""
     where = f"{address}:{int(port)}"
+    late = shlex.quote(f"rendezvous {where} not open after {int(timeout)}s (is the head engine running?)")
     return (f"end=$(( $(date +%s) + {int(timeout)} )); "
-            f"until timeout 2 bash -c '</dev/tcp/{address}/{int(port)}' 2>/dev/null; do "
-            f"if [ $(date +%s) -ge $end ]; then echo 'rendezvous {where} not open after {int(timeout)}s "
-            f"(is the head engine running?)' >&2; exit 1; fi; sleep {interval:g}; done; echo 'rendezvous {where} open'")
+            f"until {_tcp_open(address, port, 2)} 2>/dev/null; do "
+            f"if [ $(date +%s) -ge $end ]; then echo {late} >&2; exit 1; fi; sleep {float(interval):g}; done; "
+            f"echo {shlex.quote(f'rendezvous {where} open')}")
 
 
 def probe(unit: str, url: str | None, model: str | None) -> str:
@@ -279,8 +411,8 @@ def probe(unit: str, url: str | None, model: str | None) -> str:
     lines = [
         f"eval \"$(systemctl show -p ActiveState -p SubState -p NRestarts {u} 2>/dev/null)\"",
         f"case \"$ActiveState/$SubState\" in failed/*|*/auto-restart|inactive/*|deactivating/*) "
-        f"echo \"unit {unit} $ActiveState/$SubState, restarts ${{NRestarts:-0}}\"; exit {PROBE_FAILED};; esac",
-        f"if [ \"${{NRestarts:-0}}\" -gt 0 ]; then echo \"unit {unit} $ActiveState/$SubState, restarts "
+        f"echo 'unit '{u}\" $ActiveState/$SubState, restarts ${{NRestarts:-0}}\"; exit {PROBE_FAILED};; esac",
+        f"if [ \"${{NRestarts:-0}}\" -gt 0 ]; then echo 'unit '{u}\" $ActiveState/$SubState, restarts "
         f"$NRestarts\"; exit {PROBE_FAILED}; fi",
     ]
     if not url:
@@ -289,7 +421,8 @@ def probe(unit: str, url: str | None, model: str | None) -> str:
     health = shlex.quote(url + "/health")
     lines += [
         f"code=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health} || true)",
-        f"if [ \"$code\" = 503 ]; then echo 'GET {url}/health -> 503 (engine dead)'; exit {PROBE_FAILED}; fi",
+        f"if [ \"$code\" = 503 ]; then echo {shlex.quote(f'GET {url}/health -> 503 (engine dead)')}; "
+        f"exit {PROBE_FAILED}; fi",
         f"[ \"$code\" = 200 ] || exit {PROBE_STARTING}",
     ]
     if model:
@@ -300,10 +433,11 @@ def probe(unit: str, url: str | None, model: str | None) -> str:
 
 def logs(unit: str, container: str | None, docker: str, lines: int = 25) -> str:
     """The tail of a unit's journal and of its container's log."""
-    script = (f"echo '--- journalctl -u {unit} (last {lines} lines)'; "
+    lines = int(lines)
+    script = (f"echo {shlex.quote(f'--- journalctl -u {unit} (last {lines} lines)')}; "
               f"journalctl -u {shlex.quote(unit)} -n {lines} --no-pager 2>&1 | tail -n {lines}")
     if container:
-        script += (f"; echo '--- {docker} logs --tail {lines} {container}'; "
+        script += (f"; echo {shlex.quote(f'--- {docker} logs --tail {lines} {container}')}; "
                    f"{shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1 | tail -n {lines}")
     return script
 
@@ -317,13 +451,13 @@ def wait_ready(unit: str, url: str | None, model: str | None, timeout: int, cont
             f"until out=$(k3_probe); do\n"
             f"  rc=$?\n"
             f"  if [ $rc = {PROBE_FAILED} ] || [ $(date +%s) -ge $end ]; then\n"
-            f"    echo \"{unit} is not serving: ${{out:-no answer within {int(timeout)}s}}\" >&2\n"
+            f"    echo {shlex.quote(unit)}\" is not serving: ${{out:-no answer within {int(timeout)}s}}\" >&2\n"
             f"    ( {logs(unit, container, docker)} ) >&2\n"
             f"    exit 1\n"
             f"  fi\n"
-            f"  sleep {interval:g}\n"
+            f"  sleep {float(interval):g}\n"
             f"done\n"
-            f"echo '{unit} serves" + (f" at {url}'" if url else "'") + "\n")
+            f"echo {shlex.quote(f'{unit} serves' + (f' at {url}' if url else ''))}\n")
 
 
 # ---------------------------------------------------------------------------------------------- rolling
@@ -334,7 +468,8 @@ def router_remove(router: str, urls: Sequence[str]) -> str:
     it sends them no new request; requests in flight go on."""
     lines = [f"out=$(curl -sS -m 10 -X POST -w ' (HTTP %{{http_code}})' "
              f"{shlex.quote(router.rstrip('/') + '/remove_worker?url=' + url)} 2>&1); "
-             f"case \"$out\" in *'(HTTP 200)') echo \"$out\";; *) echo \"remove {url}: $out\"; exit 1;; esac"
+             f"case \"$out\" in *'(HTTP 200)') echo \"$out\";; "
+             f"*) echo {shlex.quote(f'remove {url}: ')}\"$out\"; exit 1;; esac"
              for url in urls]
     return "; ".join(lines)
 
@@ -345,7 +480,7 @@ def router_add(router: str, urls: Sequence[str], timeout: int) -> str:
     lines = [f"out=$(curl -sS -m {int(timeout)} -X POST -w ' (HTTP %{{http_code}})' "
              f"{shlex.quote(router.rstrip('/') + '/add_worker?url=' + url)} 2>&1); "
              f"case \"$out\" in *'(HTTP 200)'|*'already exists (HTTP 400)') echo \"$out\";; "
-             f"*) echo \"add {url}: $out\"; exit 1;; esac"
+             f"*) echo {shlex.quote(f'add {url}: ')}\"$out\"; exit 1;; esac"
              for url in urls]
     return "; ".join(lines)
 
@@ -365,9 +500,9 @@ def drain(url: str, timeout: int, interval: float = 0.5) -> str:
     return (f"end=$(( $(date +%s) + {int(timeout)} )); quiet=0; "
             f"while :; do n=$({count}); n=${{n:-0}}; "
             f"if [ \"$n\" = 0 ]; then quiet=$((quiet + 1)); [ $quiet -ge 2 ] && break; else quiet=0; fi; "
-            f"if [ $(date +%s) -ge $end ]; then echo \"{url}: $n request(s) still in flight after {int(timeout)}s "
-            f"(k3_drain_timeout); restarting anyway\"; exit 0; fi; sleep {interval:g}; done; "
-            f"echo '{url}: no request in flight'")
+            f"if [ $(date +%s) -ge $end ]; then echo {shlex.quote(url + ': ')}\"$n request(s) still in flight after "
+            f"{int(timeout)}s (k3_drain_timeout); restarting anyway\"; exit 0; fi; sleep {float(interval):g}; done; "
+            f"echo {shlex.quote(url + ': no request in flight')}")
 
 
 # ---------------------------------------------------------------------------------------------- smoke
@@ -386,10 +521,12 @@ def unit_status(unit: str, container: str, docker: str, url: str | None) -> str:
     fmt = shlex.quote("{{.Config.Image}} {{.Image}}")
     lines = [f"systemctl show --timestamp=unix -p LoadState -p ActiveState -p SubState -p NRestarts "
              f"-p ActiveEnterTimestamp {u} 2>/dev/null | sed 's/^/K3_/'",
-             f"echo \"K3_IMAGE=$({shlex.quote(docker)} inspect --format {fmt} {c} 2>/dev/null)\""]
+             f"printf '%s\\n' \"K3_IMAGE=$({shlex.quote(docker)} inspect --format {fmt} {c} 2>/dev/null)\""]
     if url:
-        lines += [f"echo \"K3_HEALTH=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' {shlex.quote(url + '/health')})\"",
-                  f"echo \"K3_MODELS=$(curl -s -m 3 {shlex.quote(url + '/v1/models')} | tr -d '\\n')\""]
+        # printf, not echo: dash's echo turns the backslashes of a served model name into other characters
+        lines += [f"printf '%s\\n' \"K3_HEALTH=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
+                  f"{shlex.quote(url + '/health')})\"",
+                  f"printf '%s\\n' \"K3_MODELS=$(curl -s -m 3 {shlex.quote(url + '/v1/models')} | tr -d '\\n')\""]
     return "; ".join(lines)
 
 
@@ -425,24 +562,87 @@ def smoke_test(endpoint: str, model: str) -> str:
 
 
 def list_revisions(directory: str) -> str:
-    """The group's current revision and every revision's ``meta.json`` (parsed by
+    """The group's current revision and every revision's ``meta.json`` and the files its directory holds (parsed by
     :func:`k3deploy.cluster.revisions.parse_listing`)."""
     d = shlex.quote(directory)
     return (f"echo \"K3_CURRENT=$(cat {d}/current 2>/dev/null)\"; for m in {d}/*/meta.json; do "
-            f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; done")
+            f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; echo; "
+            f"echo \"K3_KEPT=$(ls -A \"${{m%/meta.json}}\" | tr '\\n' ' ')\"; done")
 
 
-def record_revision(directory: str, number: int, files: Sequence[str], meta: str) -> str:
-    """Keep what runs now as revision ``number`` (copies of ``files`` and ``meta``) and make it the current one."""
+def record_revision(directory: str, number: int, files: Sequence[tuple[str, str]], meta: str) -> str:
+    """Keep revision ``number`` of a group: ``files`` are ``(source, name)`` pairs, each copied to ``name`` in the
+    revision's directory (the unit and env files the restart puts in place: the staged file where it changes, else
+    the live one), and ``meta``. It becomes the current revision only once the group serves (:func:`set_current`)."""
     d = shlex.quote(f"{directory}/{number}")
     tag = "K3_EOF"
     while tag in meta.splitlines():
         tag += "_"
-    return (f"install -d -m 0700 {d} && cp -p {' '.join(shlex.quote(f) for f in files)} {d}/ && "
-            f"install -m 0600 /dev/stdin {d}/meta.json <<'{tag}' && "
-            f"echo {int(number)} > {shlex.quote(directory + '/current')}\n{meta}{tag}")
+    copies = " && ".join(f"cp -p {shlex.quote(src)} {d}/{shlex.quote(name)}" for src, name in files)
+    return (f"umask 077 && install -d -m 0700 {shlex.quote(directory)} {d} && {copies} && "
+            f"install -m 0600 /dev/stdin {d}/meta.json <<'{tag}'\n{meta}{tag}")
+
+
+def staged_path(live: str, config_dir: str) -> str:
+    """Where the configure phase writes the next version of the live file ``live`` (a unit or env file): beside
+    the live files, in ``<k3_config_dir>/next/``, under the live file's own name. The restart step moves it into
+    place (:func:`swap_in`), so what runs is always what a revision recorded.
+
+    >>> staged_path("/etc/systemd/system/k3-engine.service", "/etc/k3deploy")
+    '/etc/k3deploy/next/k3-engine.service'
+    """
+    return f"{config_dir.rstrip('/')}/next/{live.rsplit('/', 1)[-1]}"
+
+
+def swap_in(pairs: Sequence[tuple[str, str]]) -> str:
+    """Move each staged file onto its live path (``(staged, live)`` pairs; a rename on one filesystem: a reader sees
+    the old file or the new one, never a mix). A staged file that is missing fails the step: nothing is half-swapped
+    on this host (every file is checked before the first one moves)."""
+    if not pairs:
+        return ""
+    check = " && ".join(f"[ -f {shlex.quote(s)} ]" for s, _ in pairs)
+    moves = " && ".join(f"mv -f {shlex.quote(s)} {shlex.quote(live)}" for s, live in pairs)
+    missing = "the staged files of this change are missing (a run that stopped before this step removed them?)"
+    return f"{{ {check} || {{ echo {shlex.quote(missing)} >&2; exit 1; }}; }} && {moves}"
+
+
+#: the file in a revision's directory that says the group served it (a revision is recorded before its restart)
+SERVED = "served"
 
 
 def set_current(directory: str, number: int) -> str:
-    """Make revision ``number`` the current one (after a rollback to it)."""
-    return f"echo {int(number)} > {shlex.quote(directory + '/current')}"
+    """Make revision ``number`` the current one, once the group serves it (or after a rollback to it), and mark it
+    as served."""
+    return (f"echo {int(number)} > {shlex.quote(directory + '/current')} && "
+            f"touch {shlex.quote(f'{directory}/{int(number)}/{SERVED}')}")
+
+
+# ---------------------------------------------------------------------------------------------- lock
+
+#: the deployment lock's file name in ``k3_config_dir``: one line of JSON naming the run that holds it
+LOCK_FILE = "deploy.lock"
+LOCK_MARK = "K3_LOCK="
+
+
+def lock_take(config_dir: str, record: str) -> str:
+    """Take the deployment lock on this node: the file is created whole under a private name, then linked to
+    ``LOCK_FILE`` (``ln`` fails when the lock exists: two runs cannot both take it). Prints ``K3_LOCK=taken``, or
+    ``K3_LOCK=held`` and the holder's record."""
+    d = shlex.quote(config_dir.rstrip("/") or "/")
+    lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
+    return (f"umask 077 && mkdir -p {d} && t=$(mktemp {d}/.{LOCK_FILE}.XXXXXX) && "
+            f"printf '%s\\n' {shlex.quote(record)} > \"$t\" && "
+            f"if ln \"$t\" {lock} 2>/dev/null; then rm -f \"$t\"; echo {LOCK_MARK}taken; "
+            f"else rm -f \"$t\"; echo {LOCK_MARK}held; cat {lock} 2>/dev/null; fi")
+
+
+def lock_read(config_dir: str) -> str:
+    """The holder's record of the deployment lock on this node (nothing when it is free)."""
+    return f"cat {shlex.quote(config_dir.rstrip('/') + '/' + LOCK_FILE)} 2>/dev/null; true"
+
+
+def lock_release(config_dir: str, run: str) -> str:
+    """Remove the deployment lock on this node if run ``run`` holds it (another run's lock is left alone)."""
+    lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
+    mark = shlex.quote(f'"run": {json.dumps(run)}')
+    return f"if grep -qF {mark} {lock} 2>/dev/null; then rm -f {lock}; fi; true"

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.cluster.observed import Installed
+from k3deploy.cluster.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.cluster.secrets import mask_value
 from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
@@ -279,6 +279,28 @@ def unit_changes(u: UnitWork, have: Installed) -> list[dict[str, Any]]:
     return changes
 
 
+def file_drift(u: UnitWork, have: Installed, token: str | None = None) -> list[dict[str, Any]]:
+    """The unit's files (and, with ``token``, the host's token file) whose owner or mode is not what they must be
+    (:data:`~k3deploy.cluster.observed.UNIT_MODE`, ...): a change the deploy makes without a restart.
+
+        >>> from k3deploy.cluster.observed import FileMeta
+        >>> from types import SimpleNamespace as N
+        >>> u = N(unit="k3-engine.service", unit_path="/etc/systemd/system/k3-engine.service", env_path="/e/k3.env")
+        >>> file_drift(u, Installed(env_meta=FileMeta(1000, 0, "644")))[0]["text"]
+        'env file /e/k3.env mode 0644 owner 1000, required 0600 root'
+    """
+    out: list[dict[str, Any]] = []
+    for what, path, meta, mode in (("unit file", u.unit_path, have.unit_meta, UNIT_MODE),
+                                   ("env file", u.env_path, have.env_meta, ENV_MODE),
+                                   ("token file", token, have.token_meta, TOKEN_MODE)):
+        drift = meta.drift(mode) if meta is not None and path else None
+        if meta is not None and drift is not None:
+            out.append({"kind": "drift", "unit": u.unit, "path": path, "file": what, "mode": f"{int(meta.mode, 8):04o}",
+                        "owner": meta.uid, "group": meta.gid, "required": f"{int(mode, 8):04o} root",
+                        "text": f"{what} {path} {drift}"})
+    return out
+
+
 def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
     if changed_here:
         return "its files change"
@@ -311,6 +333,10 @@ def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
                                "op": "create" if helpers[u.host] is None else "modify"})
         changes = unit_changes(u, have)
         hp.changes += changes
+        token = token_path(rollout.vars.k3_config_dir) if rollout.vars.k3_hf_token_file else None
+        if any(c["kind"] == "drift" and c["path"] == token for c in hp.changes):
+            token = None   # one token file per host, read with each of its engine units
+        hp.changes += file_drift(u, have, token)
         key = f"{u.host}:{u.unit}"
         if key in order:
             hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
@@ -346,6 +372,8 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
             for c in mine:
                 if c["kind"] == "file":
                     lines.append(f"    {'new' if c['op'] == 'create' else 'changed'} file: {c['path']}")
+                elif c["kind"] == "drift":
+                    lines.append(f"    {c['text']} (no restart for it)")
             for kind, title in (("argv", "argv:"), ("unit", f"unit {u.unit_path}:"), ("env", f"env {u.env_path}:")):
                 some = [c for c in mine if c["kind"] == kind]
                 if some:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from k3deploy.cluster.binding import HostRecord, replica_of
-from k3deploy.cluster.variables import Resolved, Variables, group_vars_dirs, merge_vars
+from k3deploy.cluster.variables import MAX_ARGV, Resolved, Variables, address_error, group_vars_dirs, merge_vars
 from k3deploy.errors import K3Error
 from k3deploy.recipe.plan import Plan
 
@@ -61,6 +61,10 @@ def variables_for(records: list[HostRecord], inventory_file: str | None,
     if not records:
         raise K3Error(f"inventory {inventory_file} has no hosts: add hosts to it")
     dirs = group_vars_dirs(inventory_file)
+    for r in records:
+        if not (r.data.get("k3_ip") or r.data.get("ssh_hostname") or r.name.startswith("@")):
+            if why := address_error(r.name):   # the host name is its address
+                raise K3Error(f"host {r.name!r}: {why}: name the host by its address or set k3_ip")
     out = {r.name: merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ", overrides=overrides,
                               origins=r.origins) for r in records}
     first = out[records[0].name]
@@ -100,4 +104,10 @@ def plan_for(records: list[HostRecord], v: Variables) -> Plan:
         if not engines:
             raise K3Error("the inventory has no head group (and no prefill/decode groups): add a head group")
         kwargs["nodes"] = len(engines)   # one replica's hosts: every replica runs the same plan
-    return deployable(resolve(recipe, **kwargs))
+    plan = deployable(resolve(recipe, **kwargs))
+    for node in plan.nodes:
+        size = sum(len(word) + 1 for word in node.argv)
+        if size > MAX_ARGV:
+            raise K3Error(f"the argv of {node.role} rank {node.rank} is {size} characters long, over the limit of "
+                          f"{MAX_ARGV}: shorten k3_extra_args")
+    return plan

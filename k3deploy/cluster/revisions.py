@@ -25,6 +25,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from k3deploy.cluster.secrets import MASK, is_secret, mask_repr, scrub, secret_values
 from k3deploy.errors import K3Error
 
 
@@ -53,11 +54,29 @@ class Revision:
 
 @dataclass
 class GroupHistory:
-    """The revisions of one group as its hosts report them."""
+    """The revisions of one group as its hosts report them: as one host lists them (``kept``: revision -> the
+    files its directory holds there), or combined over the group's hosts (:func:`combine`: ``hosts`` read, ``held``:
+    revision -> the hosts that hold all of its files)."""
 
     group: str
     revisions: dict[int, Revision] = field(default_factory=dict)
     current: int | None = None
+    kept: dict[int, list[str]] = field(default_factory=dict)
+    hosts: list[str] = field(default_factory=list)
+    held: dict[int, list[str]] = field(default_factory=dict)
+    marked: set[int] = field(default_factory=set)   # revisions a host marked served (``served`` in its directory)
+
+    def served(self, number: int) -> bool:
+        """The group served revision ``number`` once. A revision is recorded when its restart begins, so one whose
+        restart failed, or was cut short, never did; revisions recorded before the mark existed (up to the current
+        one) count as served."""
+        return number in self.marked or (self.current is not None and number <= self.current
+                                         and not self.marked)
+
+    @property
+    def newest_served(self) -> int | None:
+        served = [n for n in self.revisions if self.served(n)]
+        return max(served) if served else None
 
     @property
     def numbers(self) -> list[int]:
@@ -65,6 +84,46 @@ class GroupHistory:
 
     def next_number(self) -> int:
         return max(self.revisions, default=0) + 1
+
+    def lacking(self, number: int) -> list[str]:
+        """The group's hosts that do not hold every file of revision ``number`` (a rollback to it cannot restore
+        them)."""
+        return [h for h in self.hosts if h not in self.held.get(number, [])]
+
+    def restorable(self, number: int) -> bool:
+        return number in self.revisions and not self.lacking(number)
+
+
+def holds(rev: Revision, host: str, kept: list[str] | None) -> bool:
+    """``host`` holds revision ``rev``: its directory there has ``meta.json`` and every file the revision recorded
+    for that host (``kept``: what the directory holds; None: no such directory)."""
+    if kept is None:
+        return False
+    mine = {key.split(":", 1)[1].rsplit("/", 1)[-1] for key in rev.files if key.split(":", 1)[0] == host}
+    return {"meta.json", *mine} <= set(kept)
+
+
+def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
+    """A group's history from what each of its hosts lists (``(host, history)`` in group order: the first host's
+    record of a revision and its ``current`` win), with which hosts hold each revision.
+
+    >>> rev = Revision(group="engine", number=1, created="t", image="img", summary="s",
+    ...                files={"n1:/etc/k3/e.env": "0", "n2:/etc/k3/e.env": "0"})
+    >>> n1 = GroupHistory("engine", {1: rev}, 1, kept={1: ["e.env", "meta.json"]})
+    >>> h = combine("engine", [("n1", n1), ("n2", GroupHistory("engine", current=1))])
+    >>> h.numbers, h.restorable(1), h.lacking(1)
+    ([1], False, ['n2'])
+    """
+    out = GroupHistory(group=group, hosts=[host for host, _ in listed])
+    for _, h in listed:
+        if out.current is None:
+            out.current = h.current
+        for n, rev in h.revisions.items():
+            out.revisions.setdefault(n, rev)
+        out.marked |= h.marked
+    for n, rev in out.revisions.items():
+        out.held[n] = [host for host, h in listed if n in h.revisions and holds(rev, host, h.kept.get(n))]
+    return out
 
 
 def revisions_dir(config_dir: str, group: str) -> str:
@@ -111,7 +170,18 @@ def revision_for(r: Any, group: str, number: int, *, created: str, variables: di
         files[f"{u.host}:{u.unit_path}"] = sha256(u.unit_text)
         files[f"{u.host}:{u.env_path}"] = sha256(u.env_text)
     return Revision(group=group, number=number, created=created, image=plan.image, summary=summary,
-                    variables=variables, files=files, version=version, note=note, tag=tag)
+                    variables=masked_variables(variables, secret_values(r.vars.k3_extra_env)), files=files,
+                    version=version, note=note, tag=tag)
+
+
+def masked_variables(variables: dict[str, str], values: list[str] | None = None) -> dict[str, str]:
+    """A revision's variables as they are kept and shown: secrets masked (by name, in a recorded mapping, and any
+    of the known secret ``values``), whatever wrote them.
+
+    >>> masked_variables({"k3_extra_env": "{'DB_PASSWORD': 'x1'} (group_vars/all.yml)"})
+    {'k3_extra_env': "{'DB_PASSWORD': '****'} (group_vars/all.yml)"}
+    """
+    return {k: MASK if is_secret(k) else scrub(mask_repr(v), values or []) for k, v in variables.items()}
 
 
 def sha256(text: str) -> str:
@@ -120,22 +190,28 @@ def sha256(text: str) -> str:
 
 def parse_listing(lines: list[str]) -> GroupHistory:
     """The output of :func:`k3deploy.cluster.commands.list_revisions` (``K3_CURRENT=``, then per revision
-    ``K3_META=<path>`` and its JSON) -> the group's history. Unreadable entries are skipped."""
+    ``K3_META=<path>``, its JSON and ``K3_KEPT=`` the files of its directory) -> the group's history on that host.
+    Unreadable entries are skipped."""
     history = GroupHistory(group="")
-    chunks: list[tuple[str, list[str]]] = []
+    chunks: list[tuple[list[str], list[str]]] = []
     for line in lines:
         if line.startswith("K3_CURRENT="):
             value = line[len("K3_CURRENT="):].strip()
             history.current = int(value) if value.isdigit() else None
         elif line.startswith("K3_META="):
-            chunks.append((line[len("K3_META="):], []))
+            chunks.append(([], []))
+        elif line.startswith("K3_KEPT=") and chunks:
+            chunks[-1][0].extend(line[len("K3_KEPT="):].split())
         elif chunks:
             chunks[-1][1].append(line)
-    for _, body in chunks:
+    for kept, body in chunks:
         try:
             rev = Revision.from_json("\n".join(body))
         except (ValueError, TypeError):
             continue
         history.revisions[rev.number] = rev
+        history.kept[rev.number] = kept
+        if "served" in kept:
+            history.marked.add(rev.number)
         history.group = rev.group
     return history

@@ -8,11 +8,23 @@ for each group of the host (in inventory order), then the inventory's own data f
 part. Keys that are not ``k3_*`` must be pyinfra's connection settings (``ssh_user``, ``ssh_port``, ``_sudo``, ...):
 they pass through to the connections k3deploy opens. The README's variable table is generated from this model
 (``python -m k3deploy.cluster.variables``) and a test keeps them equal.
+
+Every value is checked here, before anything reads a host: addresses and host names (``k3_ip``,
+``k3_router_host``, ``ssh_hostname``) are IP addresses or RFC 1123 host names; paths on the nodes are absolute
+with no ``..``; the unit name is a plain name; timeouts and intervals are positive; no string carries a control
+character (a newline would end an env file's line) or exceeds :data:`MAX_TEXT` characters, a served model name
+:data:`MAX_MODEL_NAME`; a group_vars file names each key once.
+
+Example::
+
+    >>> is_address("10.0.0.2"), is_address("node-1.example"), is_address("10.0.0.2/29501' ; reboot ; '")
+    (True, True, False)
 """
 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -23,9 +35,58 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from k3deploy.cluster.secrets import mask_listing
 from k3deploy.errors import K3Error
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: one label of an RFC 1123 host name
+HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+#: a unit name that is also a container name (docker's rule for names), with no path in it
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+#: characters no value may carry (C0 controls and DEL): a newline would end an env file's line or a script's
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: the longest string any variable (each item of a list, each env value) may be: far below the kernel's 128 KiB
+#: per argument, so every script that carries values stays a valid command line
+MAX_TEXT = 4096
+#: the longest served model name (``--served-model-name``): it is in every readiness probe and every request
+MAX_MODEL_NAME = 256
+#: the most characters of one node's engine argv (its words and a separator each)
+MAX_ARGV = 65536
+#: the variables that are paths on the nodes
+NODE_PATHS = ("k3_config_dir", "k3_model_cache", "k3_stage_dir", "k3_image_dir", "k3_router_bin")
+
+
+def is_address(value: str) -> bool:
+    """An IP address (v4 or v6) or an RFC 1123 host name."""
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    return 0 < len(name) <= 253 and all(HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def address_error(value: Any) -> str | None:
+    """Why ``value`` is not an address or host name, or None."""
+    if isinstance(value, str) and is_address(value):
+        return None
+    return f"{_shown(value)} is not an IP address or host name (RFC 1123: letters, digits, - and .)"
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value for an error line: its repr, cut short with its length when it is long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
+
+
+def _check_text(where: str, text: str) -> None:
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"{where} is {len(text)} characters long, over the limit of {MAX_TEXT}: shorten it")
+    bad = CONTROL.search(text)
+    if bad:
+        raise ValueError(f"{where} holds the control character {bad.group()!r}: remove it (one line, printable "
+                         "characters only)")
 
 
 class Variables(BaseModel):
@@ -48,7 +109,8 @@ class Variables(BaseModel):
         "arguments (last-wins applies); checked against the pinned engine's flags before anything changes."))
     k3_extra_env: dict[str, str] = Field(default_factory=dict, description=(
         "Extra environment of every engine container (`NAME: value`), applied last: it overrides the plan's env "
-        "and the settings derived from the hosts. Not for secrets (env files are shown, masked, in diffs)."))
+        "and the settings derived from the hosts. A secret-named value (`*TOKEN*`, `*SECRET*`, `*PASSWORD*`, `*_KEY`, "
+        "...) is kept only in the nodes' 0600 env files: every output masks it."))
     # image and files
     k3_image: str | None = Field(None, description=(
         "Image override: REPO:TAG, REPO@sha256:..., :TAG or @sha256:<digest> (the digest is verified after "
@@ -101,9 +163,9 @@ class Variables(BaseModel):
     k3_iface: str | None = Field(None, description=(
         "Cluster interface for NCCL/GLOO; default: the interface carrying the node's inventory address (from "
         "facts)."))
-    k3_dp_rpc_port: int = Field(29550, description=(
+    k3_dp_rpc_port: int = Field(29550, ge=1, le=65535, description=(
         "DP handshake port (`--data-parallel-rpc-port`); fills `$PREFILL_DP_RPC_PORT`/`$DECODE_DP_RPC_PORT`."))
-    k3_router_port: int = Field(30000, description=(
+    k3_router_port: int = Field(30000, ge=1, le=65535, description=(
         "Port of the public endpoint when a router fronts the engines (pd_cluster, hybrid-LB multi_node_dep, "
         "replicas)."))
     k3_router_host: str = Field("0.0.0.0", description="Bind address of the router.")
@@ -119,7 +181,7 @@ class Variables(BaseModel):
     k3_max_unavailable: int = Field(1, ge=1, description=(
         "Replicas restarted at once by a rolling change (each is taken out of the router first, drained, "
         "restarted, gated on serving, and put back before the next)."))
-    k3_drain_timeout: int = Field(60, ge=0, description=(
+    k3_drain_timeout: int = Field(60, gt=0, description=(
         "Seconds a replica taken out of the router may take to finish its in-flight requests "
         "(`vllm:num_requests_running` + `vllm:num_requests_waiting` = 0) before it is restarted anyway."))
     k3_front_hybrid_lb: bool = Field(True, description=(
@@ -135,13 +197,17 @@ class Variables(BaseModel):
         "(in pairs, `NCCL_DEBUG=INFO`, the derived NCCL settings) and fails a node whose NCCL transport is not "
         "GPUDirect RDMA (`via NET/IB/<n>/GDRDMA`). The image must be on the nodes already (it pulls nothing)."))
     # timing
-    k3_engine_ready_timeout: int | None = Field(None, description=(
+    k3_engine_ready_timeout: int | None = Field(None, gt=0, description=(
         "Seconds an engine may take to serve; default: the plan's VLLM_ENGINE_READY_TIMEOUT_S (600 if unset)."))
-    k3_rendezvous_timeout: int = Field(300, description=(
+    k3_rendezvous_timeout: int = Field(300, gt=0, description=(
         "Seconds to wait for the head's rendezvous port before starting workers."))
-    k3_rollout_deadline: int | None = Field(None, description=(
+    k3_rollout_deadline: int | None = Field(None, gt=0, description=(
         "Overall deadline of the start phase in seconds; default: engine-ready timeout + 900."))
-    k3_poll_interval: float = Field(5.0, description="Seconds between readiness polls.")
+    k3_poll_interval: float = Field(5.0, gt=0, description="Seconds between readiness polls.")
+    k3_link_timeout: int = Field(30, ge=5, le=3600, description=(
+        "Seconds a node's SSH connection may stay silent (a cut link, a frozen node) before the run names the node "
+        "as not answering and goes on without it (SSH and TCP keepalives, TCP_USER_TIMEOUT); a wait that runs on a "
+        "node also ends at its own timeout plus this margin, seen from the control machine."))
     # day 2: what the nodes do on their own
     k3_heal: bool = Field(True, description=(
         "Self-healing groups: every member of a multi-node engine group that is not its head gets a watcher "
@@ -186,15 +252,107 @@ class Variables(BaseModel):
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name, text in value.items():
             if not ENV_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not an environment variable name (letters, digits, _)")
-            if "\n" in str(text):
-                raise ValueError(f"the value of {name} has a newline; an env file cannot carry it")
+                raise ValueError(f"{_shown(name)} is not an environment variable name (letters, digits, _)")
+            _check_text(f"the value of {name}", str(text))
         return {k: str(x) for k, x in value.items()}
+
+    @field_validator("*")
+    @classmethod
+    def _texts(cls, value: Any) -> Any:
+        """Every string (each item of a list, each key of a mapping) is bounded and printable."""
+        if isinstance(value, str):
+            _check_text("the value", value)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, str):
+                    _check_text(f"item {i}", item)
+        elif isinstance(value, dict):
+            for key in value:
+                _check_text("a name", str(key))
+        return value
+
+    @field_validator("k3_extra_args")
+    @classmethod
+    def _served_name(cls, value: list[str]) -> list[str]:
+        """A served model name (``--served-model-name NAME...`` or ``=NAME``) is at most :data:`MAX_MODEL_NAME`
+        characters; all the items together at most :data:`MAX_ARGV`."""
+        from k3deploy.recipe.argv import is_flag
+
+        total = sum(len(item) + 1 for item in value)
+        if total > MAX_ARGV:
+            raise ValueError(f"the items are {total} characters long together, over the limit of {MAX_ARGV} for a "
+                             "node's argv: shorten them")
+        names: list[str] = []
+        for i, item in enumerate(value):
+            flag, eq, rest = item.partition("=")
+            if flag.replace("_", "-") != "--served-model-name":
+                continue
+            if eq:
+                names.append(rest)
+            else:
+                for word in value[i + 1:]:
+                    if is_flag(word):
+                        break
+                    names.append(word)
+        for name in names:
+            if len(name) > MAX_MODEL_NAME:
+                raise ValueError(f"the served model name is {len(name)} characters long, over the limit of "
+                                 f"{MAX_MODEL_NAME}: shorten it")
+        return value
+
+    @field_validator("k3_ip", "k3_router_host")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and (why := address_error(value)):
+            raise ValueError(why)
+        return value
+
+    @field_validator(*NODE_PATHS)
+    @classmethod
+    def _node_path(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or ".." in value.split("/")):
+            raise ValueError(f"{_shown(value)} is not an absolute path without '..' on the nodes: give one such as "
+                             "/var/lib/k3deploy")
+        return value
+
+    @field_validator("k3_unit_name")
+    @classmethod
+    def _unit_name(cls, value: str) -> str:
+        if not UNIT_NAME.fullmatch(value):
+            raise ValueError(f"{_shown(value)} is not a plain unit name (letters, digits, _ . -, starting with a "
+                             "letter or digit, at most 128): give one such as k3-engine")
+        return value
+
+
+class _DuplicateKey(yaml.MarkedYAMLError):
+    pass
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice (the plain loader keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(problem=f"duplicate key {key!r} (first on line {seen[key] + 1}): the last "
+                                        "would win silently; keep one", problem_mark=key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            except TypeError:   # an unhashable key: the base loader says so
+                break
+        return super().construct_mapping(node, deep)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except _DuplicateKey as exc:
+        mark = exc.problem_mark
+        raise K3Error(f"{path}:{mark.line + 1 if mark else '?'}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         raise K3Error(f"{path}:{mark.line + 1 if mark else '?'}: YAML syntax error: {exc.problem}") from None
@@ -262,6 +420,15 @@ def _closest(key: str) -> str:
     return f" (did you mean {near[0]}?)" if near else ""
 
 
+#: connection settings that name a host
+ADDRESS_SETTINGS = ("ssh_hostname",)
+
+
+def _check_connector(key: str, value: Any, where: str) -> None:
+    if key in ADDRESS_SETTINGS and (why := address_error(value)):
+        raise K3Error(f"{where}: {key}: {why}: give the node's address")
+
+
 @dataclass(frozen=True)
 class Resolved:
     """One host's variables with where each came from."""
@@ -277,12 +444,12 @@ class Resolved:
 
     def listing(self, *, everything: bool = False) -> dict[str, dict[str, Any]]:
         """``{name: {"value", "from"}}`` for every variable set somewhere (all of them with ``everything``) and
-        every connection setting from group_vars."""
+        every connection setting from group_vars; secrets masked (:func:`k3deploy.cluster.secrets.mask_listing`)."""
         out = {k: {"value": v, "from": self.source(k)} for k, v in self.vars.model_dump().items()
                if everything or self.source(k) != "default"}
         for k, v in self.connector.items():
             out[k] = {"value": v, "from": self.connector_sources[k]}
-        return out
+        return mask_listing(out)
 
     def lines(self) -> list[str]:
         """The variables set somewhere, one ``name = value  (from)`` line each."""
@@ -316,11 +483,14 @@ def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterab
                                           "Variables lists them)")
                         merged[key], sources[key] = value, where
                     elif is_connector_setting(key):
+                        _check_connector(key, value, where)
                         connector[key], connector_sources[key] = value, where
                     else:
                         raise K3Error(f"{where}: {key!r} is neither a k3deploy variable (k3_*) nor a pyinfra "
                                       "connection setting (ssh_*, _sudo, ...): fix its name or remove it")
     for key, value in host_data.items():
+        if key == "ssh_hostname":
+            _check_connector(key, value, f"{source}{(origins or {}).get(key, 'inventory')}")
         if key.startswith("k3_"):
             if key not in Variables.model_fields:
                 raise K3Error(f"{source}unknown variable {key!r}{_closest(key)} in the inventory's data: fix its name")
@@ -335,7 +505,7 @@ def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterab
         key = ".".join(str(p) for p in err["loc"])
         where = sources.get(str(err["loc"][0]), "") if err["loc"] else ""
         raise K3Error(f"{where + ': ' if where else source}variable {key}: {err['msg']}, got "
-                      f"{err.get('input')!r}") from None
+                      f"{_shown(err.get('input'), 100)}") from None
     return Resolved(v, sources, connector, connector_sources, files)
 
 

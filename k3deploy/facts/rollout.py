@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import VERIFIED, list_revisions, model_dir, smoke_test
+from k3deploy.cluster.commands import PEERS_UNIT, VERIFIED, check_snapshot, list_revisions, model_dir, smoke_test
 from k3deploy.cluster.images import LocalImage, local_command, parse_local, resolve_command
-from k3deploy.cluster.observed import Installed
+from k3deploy.cluster.observed import FileMeta, Installed
 from k3deploy.cluster.revisions import GroupHistory, parse_listing
+from k3deploy.facts.base import EXIT_MARK, Jsonable, K3Fact
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,11 @@ class WeightsState(FactBase[WeightsStatus]):
     """The model's snapshot in the cache under ``cache``: revision, files, shards of the index that are missing,
     files changed since the last verification, interrupted downloads.
 
+    Cheap (it runs on every read of a host): a file is trusted when it is not newer than the mark of the last
+    verification, so a byte changed with its time stamp kept is not seen here; every file is hashed again before an
+    engine starts (:func:`~k3deploy.cluster.commands.verify_before_start`) and by ``k3deploy verify``
+    (:class:`WeightsHashes`).
+
     >>> WeightsState().process(["K3_REV=abc", "K3_FILES=5", "K3_MISSING=model-00002-of-00002.safetensors",
     ...                          "K3_STAMP=1", "K3_PARTIAL=1"]).describe()
     '1 shard missing (model-00002-of-00002.safetensors, ...)'
@@ -218,6 +224,121 @@ class WeightsState(FactBase[WeightsStatus]):
 
 
 @dataclass(frozen=True)
+class BadFile:
+    """A file of the snapshot whose content is not what its blob's name says (``kind``: ``sha256``, ``git-blob``,
+    ``missing``: its blob is gone, ``unnamed``: its blob is named by no hash; ``observed``: what it hashes to)."""
+
+    path: str
+    kind: str
+    observed: str
+    blob: str
+
+    def describe(self) -> str:
+        name = self.blob.rsplit("/", 1)[-1]
+        if self.kind == "missing":
+            return f"{self.path}: its blob {name} is missing"
+        if self.kind == "unnamed":
+            return f"{self.path}: not named by a hash ({name}): it cannot be verified"
+        return f"{self.path}: {self.kind} {self.observed}, but its blob is named {name}"
+
+
+@dataclass(frozen=True)
+class WeightsCheck:
+    """Every file of a node's snapshot hashed against its blob's name (:class:`WeightsHashes`)."""
+
+    files: int = 0
+    bytes: int = 0
+    seconds: float | None = None
+    bad: tuple[BadFile, ...] = ()
+    missing: tuple[str, ...] = ()      # shards the index names that are not there ("(no snapshot)": none at all)
+
+    @property
+    def ok(self) -> bool:
+        return self.files > 0 and not self.bad and not self.missing
+
+    def problems(self) -> list[str]:
+        """One line per bad or missing file."""
+        return [*(f"missing shard {m}" if not m.startswith("(") else m.strip("()") for m in self.missing),
+                *(b.describe() for b in self.bad)]
+
+
+class WeightsHashes(FactBase[WeightsCheck]):
+    """Hash every file of the model's snapshot in the cache under ``cache`` against its blob's name, whatever its
+    time stamps (:func:`~k3deploy.cluster.commands.check_snapshot`; read-only: it writes nothing on the node). It
+    reads the whole checkpoint: seconds to minutes per node.
+
+    >>> c = WeightsHashes().process(["K3_BAD=sha256 " + "1" * 64 + " /c/blobs/" + "2" * 64 + " m-1.safetensors",
+    ...                               "K3_FILES=3", "K3_BYTES=10", "K3_SECONDS=0.02"])
+    >>> c.ok, c.files, c.problems()[0][:28]
+    (False, 3, 'm-1.safetensors: sha256 1111')
+    """
+
+    def command(self, cache: str, model: str) -> str:
+        return f"{check_snapshot(cache, model)} 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> WeightsCheck:
+        files = size = 0
+        seconds: float | None = None
+        bad: list[BadFile] = []
+        missing: list[str] = []
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == "K3_BAD":
+                kind, observed, blob, path = (value.split(" ", 3) + ["", "", ""])[:4]
+                bad.append(BadFile(path, kind, observed, blob))
+            elif key == "K3_MISSING":
+                missing.append(value)
+            elif key == "K3_FILES":
+                files = int(value or 0)
+            elif key == "K3_BYTES":
+                size = int(value or 0)
+            elif key == "K3_SECONDS":
+                seconds = float(value or 0)
+        return WeightsCheck(files, size, seconds, tuple(bad), tuple(missing))
+
+    @staticmethod
+    def default() -> WeightsCheck:
+        return WeightsCheck(missing=("(no answer)",))
+
+
+@dataclass(frozen=True)
+class StageDaemon(Jsonable):
+    """The stage's rsync daemon unit (:data:`~k3deploy.cluster.commands.PEERS_UNIT`) as a node has it: ``state``
+    is its ActiveState, "" when it is not loaded (no deploy's stage is serving on the node)."""
+
+    state: str = ""
+    since: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("active", "activating", "reloading", "deactivating")
+
+
+class StagePeers(K3Fact[StageDaemon]):
+    """Whether the stage's read-only rsync daemon (a transient unit, root, open to the cluster's engine hosts) runs on
+    the node: a stage runs it only while it lasts, so one found by a read outside a stage was left behind by a run
+    that was killed. No process runs unless the transient unit is loaded (its unit file under ``/run``).
+
+    >>> StagePeers().process(["ActiveState=active", "ActiveEnterTimestamp=Mon 2026-01-05 10:00:00 UTC", "K3_EXIT=0"])
+    StageDaemon(state='active', since='Mon 2026-01-05 10:00:00 UTC')
+    >>> StagePeers().process(["K3_EXIT=0"]).running
+    False
+    """
+
+    tool = "systemctl"
+    hint = "the stage's daemon is a systemd unit"
+    shown_command = f"systemctl show -p ActiveState -p ActiveEnterTimestamp {PEERS_UNIT}"
+
+    def command(self) -> str:
+        return (f"if [ -e /run/systemd/transient/{PEERS_UNIT}.service ]; then {self.shown_command} 2>&1; fi; "
+                f"echo {EXIT_MARK}0")
+
+    def parse(self, lines: list[str]) -> StageDaemon:
+        values = dict(line.strip().split("=", 1) for line in lines if "=" in line)
+        return StageDaemon(values.get("ActiveState", ""), values.get("ActiveEnterTimestamp", ""))
+
+
+@dataclass(frozen=True)
 class Answer:
     ok: bool
     text: str
@@ -252,42 +373,101 @@ class Revisions(FactBase[GroupHistory]):
         return GroupHistory(group="")
 
 
-FILE_MARK, BODY_MARK, END_MARK = "K3_FILE=", "K3_BODY", "K3_END"
+FILE_MARK, META_MARK, BODY_MARK, END_MARK = "K3_FILE=", "K3_META=", "K3_BODY", "K3_END"
+
+
+def stat_line(q: str) -> str:
+    """Shell printing ``K3_META=UID GID MODE`` of the (quoted) path ``q`` itself (a symlink is not followed)."""
+    return f"echo {META_MARK}$(stat -c '%u %g %a' {q} 2>/dev/null || stat -f '%u %g %Lp' {q})"
+
+
+def _file_part(q: str, body: bool) -> str:
+    read = f"sha256sum {q} 2>/dev/null || shasum -a 256 {q}; {stat_line(q)}"
+    if body:
+        read += f"; echo {BODY_MARK}; cat {q}; echo; echo {END_MARK}"
+    return f"echo {FILE_MARK}{q}; if [ -f {q} ]; then {read}; fi"
+
+
+@dataclass(frozen=True)
+class FileState:
+    """One file as its host has it: sha256 and owner and mode (both None when there is no file)."""
+
+    sha: str | None = None
+    meta: FileMeta | None = None
+
+
+def _files(output: list[str]) -> list[tuple[str | None, str | None, FileMeta | None]]:
+    """(sha256, text, owner and mode) of each ``K3_FILE=`` section, in order (text None where not read)."""
+    files: list[tuple[str | None, str | None, FileMeta | None]] = []
+    i = 0
+    while i < len(output):
+        if output[i].startswith(FILE_MARK):
+            sha = text = meta = None
+            j = i + 1
+            if j < len(output) and not output[j].startswith((FILE_MARK, META_MARK)) and output[j] != BODY_MARK:
+                sha = next(iter(output[j].split()), "").lstrip("\\") or None   # "<sha256>  <path>"
+                j += 1
+            if j < len(output) and output[j].startswith(META_MARK):
+                meta = FileMeta.parse(output[j][len(META_MARK):])
+                j += 1
+            if sha is not None and j < len(output) and output[j] == BODY_MARK:
+                end = output.index(END_MARK, j + 1)
+                body = output[j + 1:end]
+                if body and body[-1] == "":
+                    body = body[:-1]  # the echo after cat: the file ended with a newline
+                text = "".join(f"{ln}\n" for ln in body)  # for diffs; the sha256 decides what changed
+                j = end + 1
+            files.append((sha, text, meta))
+            i = j
+            continue
+        i += 1
+    return files
+
+
+class FileOnHost(FactBase[FileState]):
+    """The sha256, owner and mode of one file, in one command (what :func:`~k3deploy.runtime.operations.managed_file`
+    compares).
+
+        >>> FileOnHost().process(["K3_FILE=/x", "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08  /x",
+        ...                       "K3_META=1000 1000 644"]).meta
+        FileMeta(uid=1000, gid=1000, mode='644')
+        >>> FileOnHost().process(["K3_FILE=/x"])
+        FileState(sha=None, meta=None)
+    """
+
+    def command(self, path: str) -> str:
+        return _file_part(shlex.quote(path), body=False)
+
+    def process(self, output: list[str]) -> FileState:
+        sha, _, meta = (_files(output) + [(None, None, None)])[0]
+        return FileState(sha if sha is not None and len(sha) == 64 else None, meta)
+
+    @staticmethod
+    def default() -> FileState:
+        return FileState()
 
 
 class UnitOnHost(FactBase[Installed]):
-    """One unit as its host has it, in one command: its systemd state and its unit and env files (sha256 and
-    text)."""
+    """One unit as its host has it, in one command: its systemd state, its unit and env files (sha256, owner and
+    mode, text) and, with ``token_path`` (an engine unit's host), the owner and mode of the token file there."""
 
-    def command(self, unit: str, unit_path: str, env_path: str) -> str:
+    def command(self, unit: str, unit_path: str, env_path: str, token_path: str | None = None) -> str:
         parts = [f"systemctl show --property=LoadState,ActiveState,SubState,NRestarts,Result "
                  f"{shlex.quote(unit)} 2>/dev/null || true"]
-        for path in (unit_path, env_path):
-            q = shlex.quote(path)
-            parts.append(f"echo {FILE_MARK}{q}; if [ -f {q} ]; then sha256sum {q} 2>/dev/null || shasum -a 256 {q}; "
-                         f"echo {BODY_MARK}; cat {q}; echo; echo {END_MARK}; fi")
+        parts += [_file_part(shlex.quote(path), body=True) for path in (unit_path, env_path)]
+        if token_path:
+            parts.append(_file_part(shlex.quote(token_path), body=False))
         return "; ".join(parts)
 
     def process(self, output: list[str]) -> Installed:
-        state = parse_unit_show([line for line in output if "=" in line and not line.startswith(FILE_MARK)][:5])
-        files: list[tuple[str | None, str | None]] = []
-        i = 0
-        while i < len(output):
-            if output[i].startswith(FILE_MARK):
-                sha = text = None
-                if i + 2 < len(output) and output[i + 2] == BODY_MARK:
-                    sha = next(iter(output[i + 1].split()), "").lstrip("\\") or None   # "<sha256>  <path>"
-                    end = output.index(END_MARK, i + 3)
-                    body = output[i + 3:end]
-                    if body and body[-1] == "":
-                        body = body[:-1]  # the echo after cat: the file ended with a newline
-                    text = "".join(f"{ln}\n" for ln in body)  # for diffs; the sha256 decides what changed
-                    i = end
-                files.append((sha, text))
-            i += 1
-        (unit_sha, unit_text), (env_sha, env_text) = (files + [(None, None)] * 2)[:2]
+        state = parse_unit_show([line for line in output if "=" in line
+                                 and not line.startswith((FILE_MARK, META_MARK))][:5])
+        files = _files(output)
+        (unit_sha, unit_text, unit_meta), (env_sha, env_text, env_meta), (_, _, token_meta) = \
+            (files + [(None, None, None)] * 3)[:3]
         return Installed(unit_text=unit_text, env_text=env_text, unit_sha=unit_sha, env_sha=env_sha,
-                         active=state.active, restarts=state.restarts)
+                         active=state.active, restarts=state.restarts, unit_meta=unit_meta, env_meta=env_meta,
+                         token_meta=token_meta)
 
     @staticmethod
     def default() -> Installed:

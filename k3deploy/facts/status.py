@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import endpoint_models, health_code, router_workers, unit_logs, unit_status
+from k3deploy.cluster.commands import (
+    endpoint_models,
+    health_code,
+    lock_read,
+    router_workers,
+    unit_logs,
+    unit_status,
+)
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -136,3 +143,21 @@ class HealthCode(FactBase[int]):
     @staticmethod
     def default() -> int:
         return 0
+
+
+class DeployLock(FactBase["list[str]"]):
+    """The record of the deployment lock held on the host (:mod:`k3deploy.runtime.lock`); empty when it is free.
+
+        >>> DeployLock().process(['{"run": "3f2a"}'])
+        ['{"run": "3f2a"}']
+    """
+
+    def command(self, config_dir: str) -> str:
+        return lock_read(config_dir)
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]
+
+    @staticmethod
+    def default() -> list[str]:
+        return []

@@ -45,6 +45,7 @@ from k3deploy.facts.nvidia import (
     ToolkitVersion,
 )
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, choose_ports
+from k3deploy.facts.rollout import StageDaemon
 
 NVIDIA_DRIVER_FLOOR = "580.65.06"
 CTK_IMEX_CHANNELS_MIN = "1.17.0"
@@ -104,6 +105,7 @@ class HostFacts:
     disk_cache: DiskSpace | FactError | None = None
     shm: DiskSpace | FactError | None = None
     interface: AddressInterface | FactError | None = None
+    stage_peers: StageDaemon | FactError | None = None   # the stage's rsync daemon, when a killed run left it up
     ib_hca: str | None = None  # k3_ib_hca: the RDMA ports the site names for NCCL and UCX (not read from the host)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -646,6 +648,21 @@ def _check_space(out: _Out, f: HostFacts, check: str, space: DiskSpace | FactErr
     out.add(f.host, check, "pass" if have >= need_gib else "fail", observed, required, fix)
 
 
+def _check_stage_leftover(out: _Out, f: HostFacts) -> None:
+    """``stage.peers``: the stage's read-only rsync daemon (root, serving the model cache and the stage directory to
+    the cluster's engine hosts) runs only while a stage does; one running now was left by a run that was killed.
+    Said only when found (a warning: the next deploy stops it in its first step)."""
+    from k3deploy.cluster.commands import PEERS_UNIT
+
+    daemon = f.stage_peers
+    if not isinstance(daemon, StageDaemon) or not daemon.running:
+        return
+    out.add(f.host, "stage.peers", "warn", f"{PEERS_UNIT}.service {daemon.state}"
+            + (f" since {daemon.since}" if daemon.since else "") + " (rsync --daemon as root, left by a killed run)",
+            "no stage daemon outside a deploy's stage", f"systemctl stop {PEERS_UNIT} on {f.host} (the next deploy "
+            "stops it in its first stage step)")
+
+
 def _check_rocm(out: _Out, f: HostFacts) -> None:
     versions = f.amd_versions
     required = "amdgpu kernel driver" + (f", host ROCm >= {ROCM_HOST_MIN}" if ROCM_HOST_MIN else "")
@@ -857,6 +874,7 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
         _check_space(out, f, "disk.shm", f.shm, SHM_MIN_GIB, "of /dev/shm",
                      "enlarge /dev/shm (mount -o remount,size=64G /dev/shm) and remove stale nccl-* segments",
                      use_size=True)
+        _check_stage_leftover(out, f)
         if sel.brand == "AMD":
             _check_rocm(out, f)
         if sel.brand == "Huawei":

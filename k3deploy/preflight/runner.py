@@ -33,6 +33,7 @@ from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
 from k3deploy.facts import host as hostfacts  # noqa: E402
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
 from k3deploy.facts.batch import read_batch  # noqa: E402
+from k3deploy.facts.rollout import StagePeers  # noqa: E402
 from k3deploy.preflight.checks import NVSWITCH_HARDWARE, HostFacts  # noqa: E402
 
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
@@ -114,6 +115,7 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
         ("disk_cache", hostfacts.DiskFree, {"path": cache_dir}),
         ("shm", hostfacts.ShmSize, {}),
         ("interface", hostfacts.InterfaceForAddress, {"address": address}),
+        ("stage_peers", StagePeers, {}),
     ]
     return plan
 

@@ -30,8 +30,9 @@ from k3deploy.cluster import images as image_pins
 from k3deploy.cluster.diff import Installed
 from k3deploy.cluster.images import LocalImage, Resolution
 from k3deploy.cluster.inventory import records_of
+from k3deploy.cluster.observed import token_path
 from k3deploy.cluster.pipeline import Target, desired_rollout, target
-from k3deploy.cluster.revisions import GroupHistory, revisions_dir, rollback_target, runs
+from k3deploy.cluster.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
 from k3deploy.cluster.rollout import Rollout
 from k3deploy.cluster.staging import StagePlan, engines, stage_for
 from k3deploy.cluster.units import GROUP_MEMBER
@@ -47,6 +48,7 @@ from k3deploy.facts.rollout import (
     WeightsStatus,
 )
 from k3deploy.facts.status import (
+    DeployLock,
     EndpointModels,
     HealthCode,
     RouterWorkers,
@@ -57,6 +59,7 @@ from k3deploy.facts.status import (
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts
 from k3deploy.preflight.report import PreflightReport, check
+from k3deploy.runtime.lock import LockRecord, held_summary, read_locks
 
 T = TypeVar("T")
 
@@ -98,15 +101,68 @@ def inventory_file(spec: str | None) -> str | None:
 # ------------------------------------------------------------------------------------ host access
 
 
-def connect(host: Any) -> str | None:
-    """Connect one host; the reason when it cannot be reached, else None."""
+def connect(host: Any, silent_after: int | None = None) -> str | None:
+    """Connect one host (with :func:`bound_silence`); the reason when it cannot be reached, else None."""
     try:
         host.connect(raise_exceptions=True, show_errors=False)
     except ConnectError as exc:
         return str(exc.args[0]) if exc.args else "could not connect"
     except Exception as exc:  # paramiko/socket errors not wrapped by the connector
         return f"{type(exc).__name__}: {exc}"
+    if silent_after:
+        bound_silence(host, silent_after)
     return None
+
+
+def bound_silence(host: Any, seconds: int) -> bool:
+    """Make a host's SSH connection fail, instead of waiting forever, once its node has not answered for about
+    ``seconds`` (a cut link, a node that froze): SSH keepalives every ``seconds / 3``, TCP keepalives on the
+    socket, and ``TCP_USER_TIMEOUT`` (data sent and not acknowledged for ``seconds`` closes the connection). A command
+    that was running there then ends with an error naming the host, and the run goes on with the other hosts.
+    False when the host has no SSH connection (``@local``, ``@fake``)."""
+    import socket
+
+    client = getattr(getattr(host, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    sock: Any = getattr(transport, "sock", None)
+    if transport is None or not hasattr(sock, "setsockopt"):
+        return False
+    transport.set_keepalive(max(1, seconds // 3))
+    every = max(1, seconds // 6)
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", every), ("TCP_KEEPINTVL", every), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", seconds * 1000)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, opt, value in options:
+        try:
+            sock.setsockopt(level, opt, value)
+        except OSError:  # not a TCP socket (a proxy command)
+            return False
+    _lost_is_failure(host)
+    return True
+
+
+def _lost_is_failure(host: Any) -> None:
+    """A connection that dies under a command fails that host, not the run: paramiko raises ``EOFError`` (or its
+    own ``SSHException``) when the transport is gone, and pyinfra aborts the whole run on an ``EOFError``; here
+    it becomes the ``OSError`` pyinfra reports as that host's failure."""
+    connector = host.connector
+    if getattr(connector, "_k3_guarded", False):
+        return
+
+    def guard(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except EOFError as exc:
+                raise OSError(f"the SSH connection to {host.name} was lost (no answer within k3_link_timeout): "
+                              f"{type(exc).__name__}") from exc
+        return call
+
+    for name in ("run_shell_command", "put_file", "get_file"):
+        setattr(connector, name, guard(getattr(connector, name)))
+    connector._k3_guarded = True
 
 
 def each_host(state: State, hosts: list[Any], fn: Callable[[Any], T]) -> list[T]:
@@ -143,7 +199,7 @@ def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool
 
     def one(h: Any) -> HostFacts:
         if connect_first:
-            reason = connect(h)
+            reason = connect(h, (t.resolved[h.name].vars if h.name in t.resolved else v).k3_link_timeout)
             if reason is not None:
                 return HostFacts(host=h.name, address=runner.host_address(h), unreachable=reason)
         mine = t.resolved[h.name].vars if h.name in t.resolved else v
@@ -248,13 +304,15 @@ def registry_fact(r: Rollout) -> Any:
 def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, health: bool = False,
                   resolve: bool = False) -> list[Any]:
     """What the rollout reads of a host, to go in the host's one command with its preflight facts: each unit (state
-    and files), the image's digests there, the weights, and the revisions of the groups whose rank 0 runs here;
+    and files), the image's digests there, the weights, and the revisions of every group with a unit here;
     with ``resolve`` the digest the registry gives for the image's tag; with ``runtime`` also each unit as it runs
     and, on the host of the public endpoint, what the endpoint lists; with ``health`` (the deploy and plan) only
     whether each serving unit's ``/health`` answers."""
     v = r.vars
-    out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path,
-                                                     "env_path": u.env_path}) for u in r.on_host(host)]
+    token = token_path(v.k3_config_dir) if v.k3_hf_token_file else None   # its owner and mode, with an engine's
+    out: list[Any] = [(f"unit:{u.unit}", UnitOnHost, {"unit": u.unit, "unit_path": u.unit_path, "env_path": u.env_path,
+                                                     "token_path": token if u.group != "router" else None})
+                      for u in r.on_host(host)]
     if resolve:
         out.append(registry_fact(r))
     if any(u.group != "router" for u in r.on_host(host)):
@@ -266,8 +324,9 @@ def rollout_facts(r: Rollout, host: str, runtime: bool = False, logs: int = 0, h
     if len(r.replicas) > 1:   # which replicas the router sends requests to
         out += [("router_workers", RouterWorkers, {"router": u.serves}) for u in r.on_host(host)
                 if u.group == "router" and u.serves]
+    out.append(("lock", DeployLock, {"config_dir": v.k3_config_dir}))
     out += [(f"revisions:{g}", Revisions, {"directory": revisions_dir(v.k3_config_dir, g)})
-            for g in r.groups if r.group(g)[0].host == host]
+            for g in r.groups if any(u.host == host for u in r.group(g))]
     if runtime:
         out += [(f"run:{u.unit}", UnitRuntime, {"unit": u.unit, "container": u.container, "docker": v.k3_docker,
                                               "url": u.serves}) for u in r.on_host(host)]
@@ -322,6 +381,11 @@ class Cluster:
     logs: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)   # (host, unit) -> journal, container
     facts: list[HostFacts] = field(default_factory=list)   # what each host's facts said
     helpers: dict[str, str | None] = field(default_factory=dict)   # host -> sha256 of its k3-group-member (None: none)
+    locks: dict[str, LockRecord] = field(default_factory=dict)     # host -> the deployment lock held there
+
+    def lock_lines(self) -> list[str]:
+        """One line per run that holds the deployment lock on some host (none when it is free everywhere)."""
+        return held_summary(self.locks)
 
     @property
     def ok(self) -> bool:
@@ -388,6 +452,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
         report.results += nccl_probe(state, t, rollout, report)
     have: dict[tuple[str, str], Installed] = {}
     history: dict[str, GroupHistory] = {}
+    listed: dict[str, dict[str, GroupHistory]] = {}   # group -> host -> its revisions as that host lists them
     rollback_to: dict[str, int] = {}
     images: dict[str, LocalImage] = {}
     helpers: dict[str, str | None] = {}
@@ -395,6 +460,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     runs: dict[tuple[str, str], UnitRun] = {}
     unit_logs: dict[tuple[str, str], dict[str, str]] = {}
     answers: dict[tuple[str, str], bool] = {}
+    lock_lines: dict[str, list[str]] = {}
     endpoint_models: tuple[str, ...] | None = None
     if planned is not None and installed and rollout is not None:
         for f in read:
@@ -405,8 +471,7 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                 if kind == "unit":
                     have[(f.host, key)] = value
                 elif kind == "revisions":
-                    value.group = key
-                    history[key] = value
+                    listed.setdefault(key, {})[f.host] = value
                 elif kind == "image":
                     images[f.host] = value
                 elif kind == "helper":
@@ -423,6 +488,11 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
                     unit_logs[(f.host, key)] = value
                 elif kind == "health":
                     answers[(f.host, key)] = value == 200
+                elif kind == "lock":
+                    lock_lines[f.host] = value
+        for g, by_host in listed.items():   # a revision is restorable only where every host of the group holds it
+            order = list(dict.fromkeys(u.host for u in planned.group(g)))
+            history[g] = combine(g, [(h, by_host[h]) for h in order if h in by_host])
         for (host, unit), run in runs.items():
             if run.health is not None:
                 answers[(host, unit)] = run.health == 200
@@ -443,7 +513,8 @@ def _assemble(state: State, t: Target, *, facts: bool, installed: bool, connect_
     return Cluster(target=t, rollout=rollout, preflight=report, installed=have, addresses=addresses,
                    ssh={h.name: ssh_argv(h.data.dict(), addresses[h.name]) for h in hosts}, history=history,
                    rollback_to=rollback_to, images=images, resolution=resolution, weights=weights, stage=stage,
-                   runs=runs, endpoint_models=endpoint_models, logs=unit_logs, facts=read, helpers=helpers)
+                   runs=runs, endpoint_models=endpoint_models, logs=unit_logs, facts=read, helpers=helpers,
+                   locks=read_locks(lock_lines))
 
 
 def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
@@ -474,11 +545,21 @@ def restore_revisions(state: State, r: Rollout, history: Mapping[str, GroupHisto
         except K3Error as exc:
             raise K3Error(f"group {group}: {exc}") from None
         d = f"{revisions_dir(r.vars.k3_config_dir, group)}/{number}"
+        keep: dict[tuple[str, str], tuple[str, str]] = {}   # units that run that revision: kept as they are
         for u in r.group(group):
             have = installed.get((u.host, u.unit), Installed())
             if number == h.current and runs_current[group] and have.unit_text is not None \
                     and have.env_text is not None:
-                u.unit_text, u.env_text = have.unit_text, have.env_text   # it runs that revision: keep it
+                keep[(u.host, u.unit)] = (have.unit_text, have.env_text)
+        reads = {u.host for u in r.group(group) if (u.host, u.unit) not in keep}
+        lacking = [host for host in h.lacking(number) if host in reads]
+        if lacking:   # refused before any file is read or changed: a rollback restores every host or none
+            raise K3Error(f"cannot roll group {group} back to revision {number}: {', '.join(lacking)} "
+                          f"{'lacks' if len(lacking) == 1 else 'lack'} its files in {d} (k3deploy history INVENTORY "
+                          "shows which revisions every host of the group holds): pick a revision they all hold")
+        for u in r.group(group):
+            if (u.host, u.unit) in keep:
+                u.unit_text, u.env_text = keep[(u.host, u.unit)]   # it runs that revision: keep it
                 continue
             for attr, path in (("unit_text", u.unit_path), ("env_text", u.env_path)):
                 kept = f"{d}/{path.rsplit('/', 1)[-1]}"
@@ -548,9 +629,17 @@ def connector_drift(state: State, t: Target) -> list[str]:
     return out
 
 
-def gather_in_run(state: State, inventory_spec: str | None) -> Cluster:
-    """The cluster of a running ``pyinfra INVENTORY deploy/k3.py`` (hosts already connected by pyinfra)."""
+def gather_in_run(state: State, inventory_spec: str | None,
+                  before_read: Callable[[Target], None] | None = None) -> Cluster:
+    """The cluster of a running ``pyinfra INVENTORY deploy/k3.py`` (hosts already connected by pyinfra; each gets
+    :func:`bound_silence`). ``before_read(target)`` runs once the variables are known and before any host is read
+    (the deployment lock is taken there)."""
     t = target(records_of(state.inventory), inventory_file(inventory_spec))
+    for h in state.inventory:
+        if h.connected:
+            bound_silence(h, (t.resolved[h.name].vars if h.name in t.resolved else t.vars).k3_link_timeout)
+    if before_read is not None:
+        before_read(t)
     return _assemble(state, t, facts=True, installed=True, connect_first=False, require_plan=True, health=True)
 
 

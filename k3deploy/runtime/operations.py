@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import secrets
 import shlex
+from collections.abc import Mapping
 from io import BytesIO
+from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, RsyncCommand, StringCommand, operation
+from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.state import StateStage
-from pyinfra.facts.files import FileContents, Sha256File
+from pyinfra.facts.files import FileContents
 
 from k3deploy.cluster import commands
 from k3deploy.cluster.diff import change_lines, env_file_changes, unit_file_changes
+from k3deploy.cluster.observed import ENV_MODE, UNIT_MODE, Installed
+from k3deploy.cluster.rollout import UnitWork
 from k3deploy.cluster.secrets import mask_line
-from k3deploy.facts.rollout import SmokeAnswer, UnitState
+from k3deploy.facts.rollout import FileOnHost, SmokeAnswer, UnitState
 
 
 def sh(script: str) -> StringCommand:
@@ -40,8 +46,13 @@ def fail(message: str) -> StringCommand:
 @operation()
 def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
                  seen: tuple[str | None, str | None] | None = None, active: bool = True):
-    """Write ``content`` to ``dest`` with ``mode`` when it differs (``seen``: ``(sha256, text)`` of the file as
-    this run already read it, so it is not read again).
+    """Write ``content`` to ``dest``, owned by root with ``mode``, when it differs (``seen``: ``(sha256, text)`` of
+    the file as this run already read it, so it is not read again). Read here (no ``seen``), a file whose content is
+    up to date but whose owner or mode is not gets them back (nothing else changes).
+
+    The content goes to a new file of a name drawn here at random in ``dest``'s directory, created root's and 0600
+    before a byte is written, then renamed onto ``dest`` (:func:`upload`): no other user of the host can read it or
+    take its place at any moment.
 
     With ``--diff`` the change is shown as people read it: a unit (``kind="unit"``) as its image and container
     argv one flag per line, an env file (``"env"``) per variable with secret values masked, other text as a diff of
@@ -52,9 +63,19 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
         return
     data = content.encode()
     want = hashlib.sha256(data).hexdigest()
-    have = seen[0] if seen is not None else host.get_fact(Sha256File, path=dest)
+    if seen is not None:
+        have, meta = seen[0], None
+    else:
+        got = host.get_fact(FileOnHost, path=dest)
+        have, meta = got.sha, got.meta
     if have == want:
-        host.noop(f"{dest} is up to date")
+        drift = meta.drift(mode) if meta is not None else None
+        if drift is None:
+            host.noop(f"{dest} is up to date")
+            return
+        if state.config.DIFF:
+            host.log(f"Will give {dest} its owner and mode back (content unchanged): {drift}", logger.info)
+        yield sh(commands.lock_down([(dest, mode)]))
         return
     if state.config.DIFF:
         verb = "modify" if have else "create"
@@ -69,11 +90,67 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
             host.log(f"Will {verb} {dest}", logger.info)
             for line in file_diff(kind, old, content):
                 logger.info("    %s", line)
-    # uploaded to pyinfra's temporary directory, then put in place: two commands per file
-    tmp = host.get_temp_filename(dest)
-    yield FileUploadCommand(BytesIO(data), tmp, remote_temp_filename=tmp)
-    yield sh(f"mkdir -p {shlex.quote(dest.rsplit('/', 1)[0] or '/')} && chmod {mode} {shlex.quote(tmp)} && "
-             f"mv -f {shlex.quote(tmp)} {shlex.quote(dest)}")
+    args: Mapping[str, Any] = host.current_op_global_arguments or {}
+    if any(args.get(k) for k in ("_sudo", "_doas", "_dzdo", "_su_user")):
+        yield from upload(dest, data, mode, private_in=host.get_temp_filename().rsplit("/", 1)[0] or "/tmp")
+    else:
+        yield from upload(dest, data, mode)
+
+
+#: connector arguments of a command the SSH user runs as itself, whatever the operation's (sudo, doas, su)
+AS_SSH_USER: dict[str, Any] = {"_sudo": False, "_doas": False, "_dzdo": False, "_su_user": None}
+
+
+def upload(dest: str, data: bytes, mode: str, private_in: str | None = None,
+           nonce: str | None = None) -> list[PyinfraCommand]:
+    """The three commands that write ``data`` to ``dest`` (root's, ``mode``): create ``DIR/.k3-<nonce>.tmp`` (a
+    random name drawn on the control machine) root's and 0600, only if the name does not exist, in a directory only
+    root can write to (:func:`~k3deploy.cluster.commands.new_temp`); upload into it (SFTP keeps the file's owner
+    and mode); check it is still root's and 0600, set ``mode`` and rename it onto ``dest``
+    (:func:`~k3deploy.cluster.commands.put_in_place`).
+
+    With ``private_in`` (an operation under ``_sudo``: SFTP uploads as the SSH user, who cannot write a file of
+    root's), the SSH user makes a private directory there (0700, a random name, ``mkdir`` fails if it exists) and
+    uploads into it; root then fills the temporary file from it and removes it.
+
+        >>> [type(c).__name__ for c in upload("/etc/k3deploy/a.env", b"A=1\\n", "600", nonce="ab")]
+        ['StringCommand', 'FileUploadCommand', 'StringCommand']
+        >>> upload("/etc/k3deploy/a.env", b"", "600", nonce="ab")[1].dest
+        '/etc/k3deploy/.k3-ab.tmp'
+        >>> upload("/etc/k3deploy/a.env", b"", "600", private_in="/tmp", nonce="ab")[1].dest
+        '/tmp/k3-ab/f'
+    """
+    nonce = nonce or secrets.token_hex(16)
+    directory = dest.rsplit("/", 1)[0] or "/"
+    temp = f"{directory.rstrip('/')}/.k3-{nonce}.tmp"
+    if private_in is None:
+        return [sh(commands.new_temp(directory, temp)), FileUploadCommand(BytesIO(data), temp),
+                sh(commands.put_in_place(temp, dest, mode))]
+    private = f"{private_in.rstrip('/')}/k3-{nonce}"
+    return [StringCommand("sh", "-c", shlex.quote(f"umask 077 && mkdir {shlex.quote(private)}"), **AS_SSH_USER),
+            FileUploadCommand(BytesIO(data), f"{private}/f", **AS_SSH_USER),
+            sh(commands.put_in_place(temp, dest, mode, private=private))]
+
+
+@operation()
+def owner_and_mode(units: list[UnitWork], installed: Mapping[tuple[str, str], Installed]):
+    """Give root and their modes (:data:`~k3deploy.cluster.observed.UNIT_MODE`, ``ENV_MODE``) back to the unit and
+    env files of ``units`` whose owner or mode drifted, as this run read them (``installed``), content untouched:
+    nothing restarts for it."""
+    drifted = []
+    for u in units:
+        have = installed.get((u.host, u.unit))
+        for path, mode, meta in ((u.unit_path, UNIT_MODE, have.unit_meta if have else None),
+                                 (u.env_path, ENV_MODE, have.env_meta if have else None)):
+            drift = meta.drift(mode) if meta is not None else None
+            if drift is not None:
+                drifted.append((path, mode))
+                if state.config.DIFF:
+                    host.log(f"Will give {path} its owner and mode back (content unchanged): {drift}", logger.info)
+    if not drifted:
+        host.noop("every unit and env file is root's with its mode")
+        return
+    yield sh(commands.lock_down(drifted))
 
 
 def file_diff(kind: str, old: str | None, new: str) -> list[str]:
@@ -99,7 +176,9 @@ def script(text: str, active: bool = True):
 @operation(is_idempotent=False)
 def from_control(src: str, dest: str, active: bool = True):
     """Copy ``src`` from the control machine to ``dest`` on this host with ``rsync`` over the host's SSH connection
-    (a partial copy resumes; unchanged files are not sent again). A directory ``src`` ends with ``/``."""
+    (a partial copy resumes; unchanged files are not sent again). A directory ``src`` ends with ``/``. What arrives is
+    root's and writable by root only; a file (an image archive, which root loads) goes only into a directory that
+    only root can write to."""
     if not active:
         host.noop("not needed on this host")
         return
@@ -108,8 +187,12 @@ def from_control(src: str, dest: str, active: bool = True):
     except NotImplementedError as exc:
         yield fail(f"cannot copy {src} to this host: {exc}")
         return
-    yield sh(f"mkdir -p {shlex.quote(dest.rstrip('/').rsplit('/', 1)[0] or '/')}")
-    yield RsyncCommand(src, dest, ["-a", "--partial", "--exclude=*.incomplete", "--exclude=.k3-*"])
+    parent = dest.rstrip("/").rsplit("/", 1)[0] or "/"
+    yield sh(f"umask 022 && mkdir -p {shlex.quote(parent)}"
+             + ("" if dest.endswith("/") else f" && {commands.root_only_dir(parent)}"))
+    # the files are root's and writable by root only on the host, whoever owns them on the control machine
+    yield RsyncCommand(src, dest, ["-a", "--no-owner", "--no-group", "--chmod=go-w", "--partial",
+                                   "--exclude=*.incomplete", "--exclude=.k3-*"])
 
 
 @operation(is_idempotent=False)

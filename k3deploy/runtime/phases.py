@@ -12,6 +12,7 @@ stops the run while it is being prepared (``--dry`` included), with every reason
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,7 +30,8 @@ from pyinfra.operations import python
 
 from k3deploy.cluster import commands
 from k3deploy.cluster.images import holds, named, run_ref
-from k3deploy.cluster.revisions import revision_for, revisions_dir
+from k3deploy.cluster.pipeline import Target
+from k3deploy.cluster.revisions import GroupHistory, revision_for, revisions_dir, sha256
 from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes
 from k3deploy.cluster.staging import (
     ARCHIVE,
@@ -49,9 +51,11 @@ from k3deploy.preflight.checks import CLUSTER
 from k3deploy.recipe.argv import served_model_name
 from k3deploy.runtime import oporder
 from k3deploy.runtime.gather import Cluster, connector_drift, gather_in_run
+from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
     from_control,
     managed_file,
+    owner_and_mode,
     script,
     smoke,
     start_units,
@@ -79,8 +83,12 @@ class Refused:
 class Context:
     cluster: Cluster | None
     refusal: Refused | None = None
+    state: Any = None
+    lock: Lock | None = None
     gates: dict[str, gevent.event.AsyncResult] = field(default_factory=dict)   # group -> its readiness result
     router_calls: dict[str, bool] = field(default_factory=dict)   # "remove N" / "add N" of a roll -> it succeeded
+    begun: dict[int, bool] = field(default_factory=dict)   # step of the restart -> it went ahead (see :meth:`begins`)
+    numbers: dict[str, int] = field(default_factory=dict)  # group -> the revision number this run records
 
     @property
     def rollout(self) -> Rollout:
@@ -106,6 +114,35 @@ class Context:
         result = self.gates.get(group)
         return result is not None and result.ready() and result.get() is None
 
+    def failed_members(self, groups: list[str]) -> list[str]:
+        """The hosts of these groups that failed an earlier step of this run (pyinfra dropped them)."""
+        failed = {h.name for h in getattr(self.state, "failed_hosts", ())}
+        return sorted({u.host for g in groups for u in self.rollout.group(g) if u.host in failed})
+
+    def intact(self, groups: list[str]) -> bool:
+        """No host of these groups failed an earlier step: the groups may be configured."""
+        return not self.failed_members(groups)
+
+    def begins(self, step: int, groups: list[str]) -> bool:
+        """Whether restart step ``step`` (of ``groups``) goes ahead, decided once, when its first operation runs:
+        only when no member of its groups failed an earlier step (the stage, the configure phase, a gate). A
+        group held back keeps running what it ran (its recorded revision); the reason is said once."""
+        with _lock:
+            if step not in self.begun:
+                down = self.failed_members(groups)
+                self.begun[step] = not down
+                if down:
+                    history = self.cluster.history if self.cluster is not None else {}
+                    runs = ", ".join(f"{g} keeps running " + (f"revision {history[g].current}"
+                                                             if g in history and history[g].current is not None
+                                                             else "what it ran")
+                                     for g in groups)
+                    logger.error(f"--> k3deploy: the change of {', '.join(groups)} stops here: "
+                                 f"{', '.join(down)} failed an earlier step of this run (its error is above); no "
+                                 f"member of the group was restarted or given new files: {runs}. Fix the cause and "
+                                 "run again")
+            return self.begun[step]
+
 
 def context() -> Context:
     """The run's shared context (computed by the first host that asks)."""
@@ -117,19 +154,56 @@ def context() -> Context:
         return _contexts[key]
 
 
-def _refuse(lines: list[str], summary: str, exit_code: int) -> Context:
-    """Print the reasons once (every host shares the context) and refuse the run."""
+def _refuse(lines: list[str], summary: str, exit_code: int, lock: Lock | None = None) -> Context:
+    """Print the reasons once (every host shares the context) and refuse the run (giving the lock back)."""
     for line in lines:
         logger.error(line)
     logger.error(f"--> k3deploy: {summary}")
+    if lock is not None:
+        lock.release()
     return Context(None, Refused(summary, exit_code))
 
 
+def dry_run(argv: list[str] | None = None) -> bool:
+    """This ``pyinfra`` run changes nothing: ``--dry``, or ``--json`` without ``-y`` (pyinfra prints the changes and
+    exits; its state does not say so).
+
+    >>> dry_run(["pyinfra", "inv.py", "deploy/k3.py", "--dry"]), dry_run(["pyinfra", "inv.py", "deploy/k3.py", "-y"])
+    (True, False)
+    """
+    args = sys.argv[1:] if argv is None else argv[1:]
+    yes = any(a in ("-y", "--yes") or (a.startswith("-") and not a.startswith("--") and "y" in a) for a in args)
+    return "--dry" in args or ("--json" in args and not yes)
+
+
+def _take_lock(state: Any, spec: str | None, t: Target, holder: list[Lock]) -> None:
+    """Before any host is read (so before the revision numbers are chosen): the deployment lock on every host
+    (:mod:`k3deploy.runtime.lock`); ``--dry`` takes none and names a held one."""
+    # pyinfra's @fake hosts (tests of the deploy's own logic) answer scripted facts only: nothing there to lock
+    hosts = {h.name: h for h in state.inventory if h.connected and type(h.connector).__name__ != "FakeConnector"}
+    dirs = {n: (t.resolved[n].vars if n in t.resolved else t.vars).k3_config_dir for n in hosts}
+    if dry_run() or not hosts:
+        return
+    lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY"))
+    lock.acquire()
+    holder.append(lock)
+    for note in lock.notes:
+        logger.warning(f"k3deploy: {note}")
+    logger.info(f"--> k3deploy: deployment lock taken on {len(lock.taken)} host(s) (run {lock.record.run})")
+
+
 def _build(state: Any) -> Context:
+    spec = inventory_path_from_argv()
+    held: list[Lock] = []
     try:
-        cluster = gather_in_run(state, inventory_path_from_argv())
+        cluster = gather_in_run(state, spec, before_read=partial(_take_lock, state, spec, holder=held))
     except K3Error as exc:
-        return _refuse([], f"{exc}; nothing was changed", exc.exit_code)
+        return _refuse([], str(exc) if isinstance(exc, LockHeld) else f"{exc}; nothing was changed", exc.exit_code,
+                       held[0] if held else None)
+    lock = held[0] if held else None
+    if dry_run():
+        for line in cluster.lock_lines():
+            logger.warning(f"k3deploy: {line}: a run now would be refused")
     report = cluster.preflight
     assert report is not None
     failing = report.failures_by_host()
@@ -140,7 +214,7 @@ def _build(state: Any) -> Context:
         for h, fs in failing.items():
             lines += [f"  [{h}] {f.line()}" for f in fs]
         return _refuse(lines, "preflight failed: nothing was changed (the reasons are above; k3deploy preflight "
-                              "INVENTORY shows every check)", 1)
+                              "INVENTORY shows every check)", 1, lock)
     r = cluster.require_rollout()
     for line in connector_drift(state, cluster.target):
         logger.warning(f"k3deploy: {line}")
@@ -160,7 +234,10 @@ def _build(state: Any) -> Context:
         if group not in r.changed_groups:
             continue   # it runs that revision already
         logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
-    return Context(cluster)
+    # numbered under the lock: no other run records a revision of these groups until this one ends
+    numbers = {g: (cluster.history.get(g) or GroupHistory(g)).next_number() for g in r.changed_groups
+               if g not in cluster.rollback_to}
+    return Context(cluster, state=state, lock=lock, numbers=numbers)
 
 
 # ------------------------------------------------------------------------------------------------ phases
@@ -188,10 +265,15 @@ def stage_phase(ctx: Context) -> None:
     archive = commands.archive_path(v.k3_stage_dir, image_ref)
     where = addresses(r)
     token = v.k3_config_dir.rstrip("/") + "/hf-token" if v.k3_hf_token_file else None
+    # a killed run's rsync daemon (root, open to the cluster) goes first, wherever the facts saw it
+    left = next((f.stage_peers for f in cluster.facts if f.host == me), None)
+    script(name="Peers: stop a daemon an earlier run left", text=commands.stop_peers(),
+           active=getattr(left, "running", False))
     managed_file(name="Hugging Face token (0600)", dest=token or "", content=Path(v.k3_hf_token_file).read_text()
                  if v.k3_hf_token_file else "", mode="600", kind="secret",
                  active=bool(token) and me in stage_engines(r))
     if not _stages(sp):
+        _verify_before_start(r, sp, me)
         return  # every engine node holds both artifacts: no stage operation would do anything on any host
     # fetched from outside (or from the control machine on an air-gapped site) by the first node(s) only
     script(name=f"Image {shown}: from the registry", text=commands.pull(docker, image_ref, tag) + (
@@ -236,6 +318,20 @@ def stage_phase(ctx: Context) -> None:
         script(name=f"Stage round {i + 1} of {sp.rounds}: from a peer", text=" && ".join(steps), active=bool(steps))
     script(name="Peers: stop serving, remove image archives",
            text=commands.stop_serving(v.k3_stage_dir, image_ref), active=me in sp.takes_part)
+    _verify_before_start(r, sp, me)
+
+
+def _verify_before_start(r: Rollout, sp: StagePlan, me: str) -> None:
+    """Every file of the snapshot hashed again, whatever its time stamps, on each engine host of a group that
+    restarts (the stage's last step): a host whose stage verified the weights in this run already is not read twice;
+    on one shared cache, the first engine host of each such group."""
+    w = sp.weights
+    hashed = {*w.fetch, *w.require, *w.receivers}
+    groups = {g: [h for h in dict.fromkeys(u.host for u in r.group(g))]
+              for g in r.changed_groups if g != "router"}
+    hosts = {h for g, hs in groups.items() for h in (hs[:1] if r.vars.k3_weights_shared else hs)}
+    script(name="Weights: verify every file before the engines start", text=commands.verify_before_start(
+        r.vars.k3_model_cache, r.plan.model), active=me in hosts and me not in hashed)
 
 
 def _stages(sp: StagePlan) -> bool:
@@ -258,18 +354,83 @@ def configure_phase(ctx: Context) -> None:
     # stops leaves the replicas after it on the files they run
     rolled = {g for wave in r.waves() for g in wave} if r.rolling else set()
     _write_files(ctx, [u for u in r.on_host(host.name) if u.group not in rolled], "")
+    owner_and_mode(name="Unit and env files: owner and mode", units=r.on_host(host.name), installed=cluster.installed)
 
 
-def _write_files(ctx: Context, units: list[UnitWork], step: str, **global_args: Any) -> None:
-    """The env file (0600) and the systemd unit of each of ``units`` (on this host)."""
+def _write_files(ctx: Context, units: list[UnitWork], step: str, when: Callable[[], bool] | None = None) -> None:
+    """The next env file (0600) and systemd unit of each of ``units`` (on this host), where they differ from the
+    live ones: written beside them (:func:`commands.staged_path`), never over them. The restart step records them
+    as the group's revision and puts them in place (:func:`_swap`), so a run that stops before then (killed, a
+    member that failed) leaves every node running, and healing restarting, a recorded revision. Only when no host
+    of the unit's group failed an earlier step (and ``when`` holds)."""
     cluster = ctx.cluster
     assert cluster is not None
+    cfg = ctx.rollout.vars.k3_config_dir
     for u in host.loop(units):
         have = cluster.installed.get((u.host, u.unit))
-        managed_file(name=f"Env file (0600){step}", dest=u.env_path, content=u.env_text, mode="600", kind="env",
-                     seen=(have.env_sha, have.env_text) if have else None, **global_args)
-        managed_file(name=f"systemd unit{step}", dest=u.unit_path, content=u.unit_text, mode="644", kind="unit",
-                     seen=(have.unit_sha, have.unit_text) if have else None, **global_args)
+        ok = partial(_all, [partial(ctx.intact, [u.group]), *([when] if when else [])])
+        managed_file(name=f"Env file (0600), staged{step}", dest=commands.staged_path(u.env_path, cfg),
+                     content=u.env_text, mode="600", kind="env",
+                     seen=(have.env_sha, have.env_text) if have else None, _if=ok)
+        managed_file(name=f"systemd unit, staged{step}", dest=commands.staged_path(u.unit_path, cfg),
+                     content=u.unit_text, mode="644", kind="unit",
+                     seen=(have.unit_sha, have.unit_text) if have else None, _if=ok)
+
+
+def _all(conditions: list[Callable[[], bool]]) -> bool:
+    return all(c() for c in conditions)
+
+
+def _changed_files(ctx: Context, u: UnitWork) -> list[tuple[str, str]]:
+    """``(staged, live)`` of the files of ``u`` this run changes (what :func:`_write_files` staged)."""
+    cluster = ctx.cluster
+    assert cluster is not None
+    have = cluster.installed.get((u.host, u.unit))
+    cfg = ctx.rollout.vars.k3_config_dir
+    return [(commands.staged_path(live, cfg), live) for live, text, sha in (
+        (u.unit_path, u.unit_text, have.unit_sha if have else None),
+        (u.env_path, u.env_text, have.env_sha if have else None)) if sha != sha256(text)]
+
+
+def _files_change(ctx: Context, group: str) -> bool:
+    """Some file of ``group`` differs from what its hosts run (else a restart of it records no new revision)."""
+    return any(_changed_files(ctx, u) for u in ctx.rollout.group(group))
+
+
+def _swap(ctx: Context, groups: list[str]) -> str:
+    """This host's part of putting ``groups``' new files in place, once their units are stopped: each changing
+    group's revision is recorded first (copies of the files it will run: the staged ones where they change, the
+    live ones where not, and its ``meta.json``), then the staged files move onto the live ones. A rollback records
+    nothing: it goes back to a recorded revision."""
+    r, cluster = ctx.rollout, ctx.cluster
+    assert cluster is not None
+    parts = []
+    pairs: list[tuple[str, str]] = []
+    for group in groups:
+        mine = [u for u in r.group(group) if u.host == host.name]
+        if not mine:
+            continue
+        changes = {live: staged for u in mine for staged, live in _changed_files(ctx, u)}
+        pairs += [(staged, live) for live, staged in changes.items()]
+        if group in ctx.numbers and _files_change(ctx, group):
+            files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
+            parts.append(commands.record_revision(revisions_dir(r.vars.k3_config_dir, group), ctx.numbers[group],
+                                                  files, _revision_meta(ctx, group, ctx.numbers[group])))
+    swap = commands.swap_in(pairs)
+    # record_revision ends with a here-document: the swap goes on the line after it
+    return "\n".join([*(f"{{ {p}\n}}" for p in parts), swap]) if parts and swap else (swap or "\n".join(parts))
+
+
+def _revision_meta(ctx: Context, group: str, number: int) -> str:
+    """The ``meta.json`` of revision ``number`` of ``group``: what runs, from which variables, by which version."""
+    r, cluster = ctx.rollout, ctx.cluster
+    assert cluster is not None
+    first = cluster.target.resolved[cluster.target.records[0].name]
+    variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
+                 if k.startswith("k3_") and k not in PER_HOST}
+    rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                       variables=variables, version=version("k3deploy"), tag=cluster.pinned_tag or "")
+    return rev.to_json()
 
 
 @deploy("Start")
@@ -296,9 +457,13 @@ def start_phase(ctx: Context) -> None:
         rolling = r.rolling and router is not None
         # a step starts only once every earlier step's replicas serve and are back in the router: a replica that
         # fails (or a router call that fails) stops the roll
-        go = partial(ctx.step_ok, earlier, [f"add {j}" for j in range(i)] if rolling else [])
+        # ... and only when no member of its groups failed an earlier step (decided once, for every host)
+        begins = partial(ctx.begins, i, list(wave))
+        go = partial(_all, [partial(ctx.step_ok, earlier, [f"add {j}" for j in range(i)] if rolling else []),
+                            begins])
         # the replica is restarted only once the router no longer sends it requests
-        ready = partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]) if rolling else go
+        ready = partial(_all, [partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]),
+                               begins]) if rolling else go
         step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
         urls = r.serving_urls(wave)
         if rolling and router is not None:
@@ -308,8 +473,8 @@ def start_phase(ctx: Context) -> None:
             draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == host.name]
             script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
                 commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
-                active=bool(draining), _if=ready)
-            _write_files(ctx, [u for u in r.on_host(host.name) if u.group in wave], step, _if=ready)
+                active=bool(draining), _if=ready, _timeout=r.vars.k3_drain_timeout + r.vars.k3_link_timeout)
+            _write_files(ctx, [u for u in r.on_host(host.name) if u.group in wave], step, when=ready)
         # a change anywhere in a group restarts the whole group: router, workers, then heads
         if "router" in r.groups:
             stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers),
@@ -318,9 +483,13 @@ def start_phase(ctx: Context) -> None:
                    seen=seen, _if=ready)
         stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, active=bool(me.heads), seen=seen,
                    _if=ready)
+        swap = _swap(ctx, list(wave))
+        script(name=f"Record the new revision, put its files in place{step}", text=swap, active=bool(swap),
+               _if=ready)
         start_units(name=f"Start group heads{step}", units=me.heads, active=bool(me.heads), _if=ready)
         wait_tcp(name=f"Head rendezvous port accepts connections (from each worker){step}", targets=me.joins,
-                 timeout=r.vars.k3_rendezvous_timeout, _if=ready)
+                 timeout=r.vars.k3_rendezvous_timeout, _if=ready,
+                 _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
         start_units(name=f"Start workers{step}", units=me.workers, active=bool(me.workers), _if=ready)
         groups = sorted({u.group for u in r.on_host(host.name) if u.group in plan.engine_groups})
         python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
@@ -386,31 +555,38 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
 
 
 def _record(ctx: Context) -> None:
-    """Once a restarted group serves: on each of its hosts, keep what runs as the group's next revision (or, after
-    a rollback, mark the revision it went back to as the current one)."""
+    """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (the one
+    recorded at its restart, or, after a rollback, the revision it went back to). A group that restarted with files
+    unchanged (a member had stopped) stays on its current revision."""
     r, cluster = ctx.rollout, ctx.cluster
     assert cluster is not None
     # a group that did not restart records nothing on any host: no operation for it
     for group in host.loop([g for g in r.groups if g in r.changed_groups]):
         mine = [u for u in r.group(group) if u.host == host.name]
-        history = cluster.history.get(group)
-        active = bool(mine) and group in r.changed_groups and history is not None
         d = revisions_dir(r.vars.k3_config_dir, group)
-        if not active or history is None:
-            text = ""
-        elif group in cluster.rollback_to:
-            text = commands.set_current(d, cluster.rollback_to[group])
-        else:
-            number = history.next_number()
-            first = cluster.target.resolved[cluster.target.records[0].name]
-            variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
-                         if k.startswith("k3_") and k not in PER_HOST}
-            rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                               variables=variables, version=version("k3deploy"), tag=cluster.pinned_tag or "")
-            files = [p for u in mine for p in (u.unit_path, u.env_path)]
-            text = commands.record_revision(d, number, files, rev.to_json())
-        script(name=f"Record the revision of group {group}", text=text, active=bool(text),
+        number = _serving_revision(ctx, group)
+        text = commands.set_current(d, number) if mine and number is not None else ""
+        script(name=f"Mark the revision of group {group} current", text=text, active=bool(text),
                _if=partial(ctx.serves, group))
+
+
+def _serving_revision(ctx: Context, group: str) -> int | None:
+    """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run recorded,
+    or, when its files did not change, the recorded revision with exactly these files (a run that was stopped after
+    putting them in place left it unmarked); None: the current one already."""
+    r, cluster = ctx.rollout, ctx.cluster
+    assert cluster is not None
+    if group in cluster.rollback_to:
+        return cluster.rollback_to[group]
+    if _files_change(ctx, group):
+        return ctx.numbers.get(group)
+    history = cluster.history.get(group)
+    if history is None:
+        return None
+    want = {f"{u.host}:{p}": sha256(text) for u in r.group(group)
+            for p, text in ((u.unit_path, u.unit_text), (u.env_path, u.env_text))}
+    same = [n for n, rev in history.revisions.items() if rev.files == want]
+    return max(same) if same and max(same) != history.current else None
 
 
 def _smoke_model(r: Rollout) -> str:
@@ -425,7 +601,7 @@ def smoke_phase(ctx: Context) -> None:
         return  # one request through the public endpoint, from the first host only
     every_group_serves = lambda: all(ctx.serves(g) for g in r.groups)  # noqa: E731
     smoke(name=f"Chat completion through {r.endpoint}", endpoint=r.endpoint, model=_smoke_model(r),
-          active=r.vars.k3_smoke_test, _if=every_group_serves)
+          active=r.vars.k3_smoke_test, _if=every_group_serves, _timeout=150 + r.vars.k3_link_timeout)
     if ctx.cluster is not None and ctx.cluster.rollback_to:
         python.call(name="Say what the rollback leaves behind", function=_after_rollback, ctx=ctx,
                     _if=every_group_serves)
@@ -437,9 +613,10 @@ def _after_rollback(ctx: Context) -> None:
     for group, number in cluster.rollback_to.items():
         if group not in ctx.rollout.changed_groups:
             continue
-        newest = max(cluster.history[group].numbers)
-        wanted = (f"revision {newest}'s settings" if newest > number else
-                  "the change that did not come up (it was never recorded as a revision)")
+        h = cluster.history[group]
+        newest = max(h.numbers)
+        wanted = (f"revision {newest}'s settings" + ("" if h.served(newest) else " (a change that never served)")
+                  if newest > number else "the revision it went back to")
         logger.warning(f"k3deploy: group {group} now runs revision {number} (rolled back). The variables "
                        f"(group_vars, inventory) still describe {wanted}: the next run without k3_rollback goes "
                        "forward to them again; change them to stay on this revision")

@@ -10,7 +10,6 @@ its unit journal and container log.
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,11 +52,19 @@ class Probe:
     observed: str = ""
 
 
+#: the command line of :func:`run`: the script comes on stdin, read whole before any of it runs (so no command of
+#: it can read the rest as its input), never as an argument (one argument may not exceed 128 KiB)
+FROM_STDIN = """sh -c 'eval "$(cat)"'"""
+
+
 def run(hosts: Mapping[str, Any], name: str, script: str) -> tuple[bool, str]:
-    """Run a script on a host over its own connection (shown with ``-vv``, like the operations' commands)."""
+    """Run a script on a host over its own connection, the script on stdin (shown with ``-vv``, like the
+    operations' commands)."""
     h = hosts[name]
     shown = bool(getattr(getattr(h, "state", None), "print_input", False))
-    ok, out = h.run_shell_command(f"sh -c {shlex.quote(script)}", print_output=False, print_input=shown)
+    if shown:
+        logger.info(f"[{name}] >>> {script}")
+    ok, out = h.run_shell_command(FROM_STDIN, print_output=False, print_input=False, _stdin=script)
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
     return bool(ok), text
 

@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass
 
 from k3deploy.cluster.requirements import Requirements
+from k3deploy.cluster.secrets import is_secret
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,46 @@ def offline_env(req: Requirements, host: str, address: str) -> tuple[dict[str, s
         blanks.append(hca)
         env["NCCL_IB_HCA"] = hca.token
     return env, blanks
+
+
+def secret_token(name: str) -> str:
+    """The placeholder a runbook writes for a secret's value (greppable, never a valid value)."""
+    return f"@SECRET_{name}@"
+
+
+def secret_file(config_dir: str, name: str) -> str:
+    """Where, on a node, the runbook reads a secret's value from: one file per secret, 0600, written by hand."""
+    return f"{config_dir.rstrip('/')}/secrets/{name}"
+
+
+def without_secrets(env_text: str) -> tuple[str, list[str]]:
+    """An env file's text with each secret's value (:mod:`k3deploy.cluster.secrets`) replaced by its placeholder,
+    and the secrets' names.
+
+    >>> without_secrets("A=1\\nDB_PASSWORD=hunter2\\n")
+    ('A=1\\nDB_PASSWORD=@SECRET_DB_PASSWORD@\\n', ['DB_PASSWORD'])
+    """
+    lines, names = [], []
+    for line in env_text.splitlines(keepends=True):
+        name, sep, _ = line.partition("=")
+        if sep and is_secret(name):
+            names.append(name)
+            line = f"{name}={secret_token(name)}" + ("\n" if line.endswith("\n") else "")
+        lines.append(line)
+    return "".join(lines), names
+
+
+def fill_secrets(env_path: str, names: list[str], config_dir: str) -> str:
+    """Fill each secret's placeholder in the env file from its 0600 file on the node (:func:`secret_file`): the
+    value goes from file to file, never through a command line or the terminal; a missing file stops the block
+    with what to write where."""
+    env, new = shlex.quote(env_path), shlex.quote(f"{env_path}.new")
+    out = []
+    for name in names:
+        f = shlex.quote(secret_file(config_dir, name))
+        why = shlex.quote(f"write the value of {name} to {secret_file(config_dir, name)} (mode 0600) first")
+        out.append(f"[ -s {f} ] || {{ echo {why} >&2; exit 1; }}\n"
+                   f"( umask 077 && awk -v n={shlex.quote(name)} -v f={f} 'BEGIN {{ getline s < f }} "
+                   f"$0 == n \"={secret_token(name)}\" {{ $0 = n \"=\" s }} {{ print }}' {env} > {new} ) && "
+                   f"mv -f {new} {env}\n")
+    return "".join(out)

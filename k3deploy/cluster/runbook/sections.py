@@ -2,7 +2,8 @@
 
 Every command is a script of :mod:`k3deploy.cluster.commands` (the operations run the same scripts); every
 command block names the node it runs on. Secrets: the Hugging Face token is referred to by its file, never
-included.
+included; a secret-named env value (:mod:`k3deploy.cluster.secrets`) is a placeholder in the env file's block, filled
+on the node from a 0600 file (:func:`k3deploy.cluster.runbook.blanks.fill_secrets`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from k3deploy.cluster.diff import exec_start
 from k3deploy.cluster.images import run_ref
 from k3deploy.cluster.revisions import revisions_dir
 from k3deploy.cluster.rollout import Rollout, StartPlan
-from k3deploy.cluster.runbook.blanks import Blank
+from k3deploy.cluster.runbook.blanks import Blank, fill_secrets, secret_file, secret_token, without_secrets
 from k3deploy.cluster.runbook.checks import CHECK_COMMANDS, DEVICE_COMMANDS, check_command
 from k3deploy.cluster.runbook.document import Doc
+from k3deploy.cluster.secrets import mask_argv
 from k3deploy.cluster.staging import OUTSIDE, addresses, engines, peers_config, peers_config_path, stage_for, summary
 from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
 from k3deploy.recipe.argv import served_model_name
@@ -232,9 +234,19 @@ def configure(doc: Doc, r: Rollout, c: Context) -> None:
         for u in mine:
             doc.p(f"{u.unit}: the env file `{u.env_path}` and the unit `{u.unit_path}` "
                   f"({u.node.role} rank {u.rank}).")
-            doc.block(h, commands.install_file(u.env_path, u.env_text, "0600")
+            env_text, hidden = without_secrets(u.env_text)
+            if hidden:
+                cfg = r.vars.k3_config_dir
+                doc.p("The env file holds secrets, shown here only as placeholders ("
+                      + ", ".join(f"`{secret_token(n)}`" for n in hidden) + "): before this block, write each value "
+                      f"on {h} to its own file, mode 0600 (" + ", ".join(f"`{secret_file(cfg, n)}`" for n in hidden)
+                      + f"; e.g. `install -d -m 0700 {shlex.quote(secret_file(cfg, ''))} && install -m 0600 /dev/stdin "
+                      f"{shlex.quote(secret_file(cfg, hidden[0]))}`, paste the value, Ctrl-D). The block fills the "
+                      "placeholders from those files; the values never appear in a command line or on the screen.")
+            doc.block(h, commands.install_file(u.env_path, env_text, "0600")
+                      + fill_secrets(u.env_path, hidden, r.vars.k3_config_dir)
                       + commands.install_file(u.unit_path, u.unit_text, "0644") + commands.daemon_reload() + "\n")
-            argv = exec_start(u.unit_text) or []
+            argv = mask_argv(exec_start(u.unit_text) or [])
             if argv:
                 doc.p("The unit runs this container command (shown for reading; the unit file is what counts):")
                 doc.code(shlex.join(argv))

@@ -1,0 +1,233 @@
+"""The deployment lock: one run at a time changes a cluster.
+
+A run that changes anything (``pyinfra INVENTORY deploy/k3.py`` without ``--dry``) takes the lock on every host of
+the inventory before it reads what the hosts run, and so before it numbers the revision it will record: a file
+``<k3_config_dir>/deploy.lock`` holding one line of JSON that names the run (its id, who started it on which
+control machine, its process, when). The first host is taken alone, then the others all at once: of two runs
+started together exactly one gets past the first host, and the other is refused in one line naming the holder.
+The lock is released when the run ends, however it ends (an ``atexit`` handler of the control process; a host
+that cannot be reached then keeps it).
+
+A run killed with SIGKILL (or a control machine that died) leaves a **stale** lock. A run from the same control
+machine takes it over when the holder's process is gone (same boot, its PID absent or started at another time), and
+says so. Otherwise the lock is named with its age and the way to break it: ``k3deploy unlock INVENTORY --run ID``
+(after checking that run is really gone). ``--dry`` runs, ``plan`` and ``status`` never take it; they show a held
+one.
+
+Example::
+
+    >>> rec = LockRecord(run="3f2a9c1b7e4d", by="ops@ctl1", pid=4242, pid_start=77, boot="b", started=0,
+    ...                  inventory="inventories/gb300.py")
+    >>> LockRecord.parse(rec.line()) == rec
+    True
+    >>> rec.describe(now=125)[:62]
+    'run 3f2a9c1b7e4d by ops@ctl1 (pid 4242, inventories/gb300.py),'
+"""
+
+from __future__ import annotations
+
+import atexit
+import getpass
+import json
+import os
+import shlex
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from k3deploy.cluster import commands
+from k3deploy.errors import K3Error
+
+
+class LockHeld(K3Error):
+    """Another run holds the deployment lock: the run is refused (exit code 1), nothing changed."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    run: str
+    by: str              # user@control-host
+    pid: int
+    pid_start: int       # the process's start time (clock ticks since boot, /proc/PID/stat field 22)
+    boot: str            # the control machine's boot id
+    started: int         # unix time
+    inventory: str
+
+    def line(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str) -> LockRecord | None:
+        try:
+            data = json.loads(text.strip().splitlines()[0])
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+
+    def age(self, now: float | None = None) -> int:
+        return max(0, int((time.time() if now is None else now) - self.started))
+
+    def describe(self, now: float | None = None) -> str:
+        since = datetime.fromtimestamp(self.started, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return (f"run {self.run} by {self.by} (pid {self.pid}, {self.inventory}), since {since} "
+                f"({_duration(self.age(now))} ago)")
+
+
+def _duration(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _pid_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def this_run(inventory: str) -> LockRecord:
+    pid = os.getpid()
+    return LockRecord(run=uuid.uuid4().hex[:12], by=f"{getpass.getuser()}@{socket.gethostname()}", pid=pid,
+                      pid_start=_pid_start(pid) or 0, boot=_boot_id(), started=int(time.time()),
+                      inventory=inventory)
+
+
+def stale(rec: LockRecord) -> str | None:
+    """Why ``rec``'s run is certainly gone (it ran on this control machine, in this boot, and its process is not
+    there any more), else None: a run on another machine may still be alive, and only its operator knows."""
+    if rec.by.rpartition("@")[2] != socket.gethostname() or not rec.boot or rec.boot != _boot_id():
+        return None
+    started = _pid_start(rec.pid)
+    if started is None:
+        return f"its process {rec.pid} on {rec.by.rpartition('@')[2]} is gone"
+    if started != rec.pid_start:
+        return f"process {rec.pid} on {rec.by.rpartition('@')[2]} is another process now"
+    return None
+
+
+def run_on(h: Any, script: str, timeout: float = 30) -> tuple[bool, list[str]]:
+    import gevent
+
+    try:
+        with gevent.Timeout(timeout):
+            ok, out = h.run_shell_command(f"sh -c {shlex.quote(script)}", print_output=False,
+                                          print_input=False)
+    except (gevent.Timeout, Exception) as exc:   # a host that stopped answering
+        return False, [f"{type(exc).__name__}: {exc}"]
+    return bool(ok), list(getattr(out, "stdout_lines", []) or [])
+
+
+class Lock:
+    """The lock of one run over some hosts (``config_dirs``: host name -> its ``k3_config_dir``)."""
+
+    def __init__(self, state: Any, hosts: Mapping[str, Any], config_dirs: Mapping[str, str],
+                 record: LockRecord) -> None:
+        self.state = state
+        self.hosts = dict(hosts)
+        self.config_dirs = dict(config_dirs)
+        self.record = record
+        self.taken: list[str] = []
+        self.notes: list[str] = []      # stale locks taken over, for the run's log
+
+    def _take_one(self, name: str) -> tuple[str, LockRecord | None, str]:
+        """``("taken" | "held" | "error", holder, detail)`` for one host; a stale holder is broken once."""
+        d = self.config_dirs[name]
+        for _ in range(2):
+            ok, lines = run_on(self.hosts[name], commands.lock_take(d, self.record.line()))
+            marks = [x for x in lines if x.startswith(commands.LOCK_MARK)]
+            if not ok or not marks:
+                return "error", None, " ".join(lines)[-300:] or "no answer"
+            if marks[0] == f"{commands.LOCK_MARK}taken":
+                return "taken", None, ""
+            rest = lines[lines.index(marks[0]) + 1:]
+            holder = LockRecord.parse("\n".join(rest))
+            if holder is not None and holder.run == self.record.run:
+                return "taken", None, ""
+            why = stale(holder) if holder is not None else None
+            if holder is None or why is None:
+                return "held", holder, "\n".join(rest)[:300]
+            run_on(self.hosts[name], commands.lock_release(d, holder.run))
+            self.notes.append(f"{name}: took over the stale lock of {holder.describe()}: {why}")
+        return "held", holder, ""
+
+    def acquire(self) -> None:
+        """Take the lock on every host, or raise :class:`LockHeld` (released again where it was taken)."""
+        from k3deploy.runtime.gather import each_host
+
+        names = list(self.hosts)
+        if not names:
+            return
+        first = [(names[0], self._take_one(names[0]))]
+        results = first if first[0][1][0] != "taken" else first + list(zip(
+            names[1:], each_host(self.state, [self.hosts[n] for n in names[1:]],
+                                 lambda h: self._take_one(h.name)), strict=True))
+        self.taken = [n for n, (what, _, _) in results if what == "taken"]
+        refused = [(n, holder, detail) for n, (what, holder, detail) in results if what != "taken"]
+        if not refused:
+            atexit.register(self.release)
+            return
+        self.release()
+        name, holder, detail = refused[0]
+        if holder is not None:
+            raise LockHeld(f"another run holds the deployment lock of this cluster on {name}: {holder.describe()}; "
+                           f"wait for it to end, or if it is gone for good: k3deploy unlock {self.record.inventory} "
+                           f"--run {holder.run}; nothing was changed")
+        raise LockHeld(f"cannot take the deployment lock on {name}: {detail or 'unreadable lock file'}; "
+                       f"nothing was changed")
+
+    def release(self) -> None:
+        """Give the lock back on every host where this run took it (a host that does not answer keeps it: the
+        next run from this machine takes it over, see :func:`stale`)."""
+        from k3deploy.runtime.gather import each_host
+
+        hosts = [self.hosts[n] for n in self.taken]
+        self.taken = []
+
+        def one(h: Any) -> bool:
+            if not getattr(h, "connected", True):
+                try:
+                    h.connect(raise_exceptions=True, show_errors=False)
+                except Exception:  # unreachable: it keeps the lock
+                    return False
+            return run_on(h, commands.lock_release(self.config_dirs[h.name], self.record.run), timeout=20)[0]
+
+        if hosts:
+            each_host(self.state, hosts, one)
+
+
+def read_locks(lines_by_host: Mapping[str, list[str]]) -> dict[str, LockRecord]:
+    """host -> the record of the lock held there (hosts whose lock is free are left out)."""
+    out = {}
+    for host, lines in lines_by_host.items():
+        rec = LockRecord.parse("\n".join(lines)) if lines else None
+        if rec is not None:
+            out[host] = rec
+    return out
+
+
+def held_summary(locks: Mapping[str, LockRecord]) -> list[str]:
+    """One line per holding run, naming the hosts it holds (for ``plan``, ``status`` and ``--dry``)."""
+    runs: dict[str, tuple[LockRecord, list[str]]] = {}
+    for host, rec in locks.items():
+        runs.setdefault(rec.run, (rec, []))[1].append(host)
+    return [f"deployment lock held on {', '.join(hosts)} by {rec.describe()}"
+            + (f" (stale: {why})" if (why := stale(rec)) else "") for rec, hosts in runs.values()]
