@@ -32,24 +32,13 @@ def unlock(inventory: str, run_id: str | None, as_json: bool) -> None:
       k3deploy unlock inventories/gb300.py --run 3f2a9c1b7e4d
     """
     from k3deploy.cluster import commands
-    from k3deploy.cluster.inventory import records_of
-    from k3deploy.cluster.pipeline import target
     from k3deploy.preflight import runner
-    from k3deploy.runtime.gather import (
-        apply_connector_settings,
-        connect,
-        disconnect,
-        each_host,
-        inventory_file,
-        load_inventory,
-    )
+    from k3deploy.runtime.gather import connect, disconnect, each_host, open_inventory
     from k3deploy.runtime.lock import LockRecord, held_summary, run_on
 
     if run_id is not None and not run_id.isalnum():
         raise K3Error(f"--run {run_id!r}: a run id is the hex id the refusal or `k3deploy plan` names")
-    state = load_inventory(inventory)
-    t = target(records_of(state.inventory), inventory_file(inventory), None)
-    apply_connector_settings(state, t)
+    state, t = open_inventory(inventory)
     runner.quiet_pyinfra()
     hosts = list(state.inventory)
 

@@ -63,24 +63,14 @@ class Verification:
 
 def verify_cluster(inventory: str) -> Verification:
     """Run the check on every engine host of the inventory's plan, in parallel (one command per host)."""
-    from k3deploy.cluster.inventory import records_of
-    from k3deploy.cluster.pipeline import desired_rollout, target
+    from k3deploy.cluster.pipeline import desired_rollout
     from k3deploy.cluster.staging import engines
     from k3deploy.facts.batch import read_batch
     from k3deploy.facts.rollout import WeightsHashes
     from k3deploy.preflight import runner
-    from k3deploy.runtime.gather import (
-        apply_connector_settings,
-        connect,
-        disconnect,
-        each_host,
-        inventory_file,
-        load_inventory,
-    )
+    from k3deploy.runtime.gather import connect, disconnect, each_host, open_inventory
 
-    state = load_inventory(inventory)
-    t = target(records_of(state.inventory), inventory_file(inventory))
-    apply_connector_settings(state, t)
+    state, t = open_inventory(inventory)
     t.require_plan()
     r = desired_rollout(t)
     v = r.vars

@@ -642,7 +642,10 @@ def lock_read(config_dir: str) -> str:
 
 
 def lock_release(config_dir: str, run: str) -> str:
-    """Remove the deployment lock on this node if run ``run`` holds it (another run's lock is left alone)."""
+    """Remove the deployment lock on this node if run ``run`` holds it (another run's lock is left alone), and the
+    configuration directory when the lock was all it held (a run refused before it changed anything leaves the
+    node as it found it)."""
+    d = shlex.quote(config_dir.rstrip("/") or "/")
     lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
     mark = shlex.quote(f'"run": {json.dumps(run)}')
-    return f"if grep -qF {mark} {lock} 2>/dev/null; then rm -f {lock}; fi; true"
+    return f"if grep -qF {mark} {lock} 2>/dev/null; then rm -f {lock}; rmdir {d} 2>/dev/null; fi; true"

@@ -586,9 +586,7 @@ def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool
     :class:`K3Error` for a bad inventory, variables or selection, and (``require_plan``) for a plan that does
     not fit the hosts. Unreachable hosts are reported in the preflight, not raised.
     """
-    state = load_inventory(spec)
-    t = target(records_of(state.inventory), inventory_file(spec), overrides)
-    apply_connector_settings(state, t)
+    state, t = open_inventory(spec, overrides)
     if not facts:
         return _assemble(state, t, facts=False, installed=False, connect_first=False, require_plan=require_plan)
     runner.quiet_pyinfra()
@@ -597,6 +595,15 @@ def gather(spec: str, *, overrides: Mapping[str, Any] | None = None, facts: bool
                          runtime=runtime, logs=logs, health=health, pin_image=pin_image)
     finally:
         disconnect(list(state.inventory))
+
+
+def open_inventory(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[State, Target]:
+    """An inventory loaded (:func:`load_inventory`) with its variables read and the connection settings its
+    group_vars give applied to its hosts; no host is contacted."""
+    state = load_inventory(spec)
+    t = target(records_of(state.inventory), inventory_file(spec), overrides)
+    apply_connector_settings(state, t)
+    return state, t
 
 
 def apply_connector_settings(state: State, t: Target) -> None:

@@ -45,14 +45,15 @@ def fail(message: str) -> StringCommand:
 
 @operation()
 def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
-                 seen: tuple[str | None, str | None] | None = None, active: bool = True):
+                 seen: tuple[str | None, str | None] | None = None, active: bool = True, live: str | None = None):
     """Write ``content`` to ``dest``, owned by root with ``mode``, when it differs (``seen``: ``(sha256, text)`` of
     the file as this run already read it, so it is not read again). Read here (no ``seen``), a file whose content is
     up to date but whose owner or mode is not gets them back (nothing else changes).
 
     The content goes to a new file of a name drawn here at random in ``dest``'s directory, created root's and 0600
     before a byte is written, then renamed onto ``dest`` (:func:`upload`): no other user of the host can read it or
-    take its place at any moment.
+    take its place at any moment. ``live``: the file ``dest`` is the next version of (staged beside it; ``seen`` is
+    then the live file's), named so in ``--diff``.
 
     With ``--diff`` the change is shown as people read it: a unit (``kind="unit"``) as its image and container
     argv one flag per line, an env file (``"env"``) per variable with secret values masked, other text as a diff of
@@ -87,7 +88,8 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
             else:
                 lines = host.get_fact(FileContents, path=dest) if have else None
                 old = None if lines is None else "".join(f"{x}\n" for x in lines)
-            host.log(f"Will {verb} {dest}", logger.info)
+            host.log(f"Will {verb} {live or dest}" + (f" (written to {dest} now, put in place at the restart)"
+                                                       if live else ""), logger.info)
             for line in file_diff(kind, old, content):
                 logger.info("    %s", line)
     args: Mapping[str, Any] = host.current_op_global_arguments or {}

@@ -371,10 +371,10 @@ def _write_files(ctx: Context, units: list[UnitWork], step: str, when: Callable[
         ok = partial(_all, [partial(ctx.intact, [u.group]), *([when] if when else [])])
         managed_file(name=f"Env file (0600), staged{step}", dest=commands.staged_path(u.env_path, cfg),
                      content=u.env_text, mode="600", kind="env",
-                     seen=(have.env_sha, have.env_text) if have else None, _if=ok)
+                     seen=(have.env_sha, have.env_text) if have else None, live=u.env_path, _if=ok)
         managed_file(name=f"systemd unit, staged{step}", dest=commands.staged_path(u.unit_path, cfg),
                      content=u.unit_text, mode="644", kind="unit",
-                     seen=(have.unit_sha, have.unit_text) if have else None, _if=ok)
+                     seen=(have.unit_sha, have.unit_text) if have else None, live=u.unit_path, _if=ok)
 
 
 def _all(conditions: list[Callable[[], bool]]) -> bool:

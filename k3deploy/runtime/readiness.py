@@ -10,6 +10,7 @@ its unit journal and container log.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ def run(hosts: Mapping[str, Any], name: str, script: str) -> tuple[bool, str]:
     h = hosts[name]
     shown = bool(getattr(getattr(h, "state", None), "print_input", False))
     if shown:
-        logger.info(f"[{name}] >>> {script}")
+        logger.info(f"[{name}] >>> sh -c {shlex.quote(script)}")   # as sh runs it (the script arrives on stdin)
     ok, out = h.run_shell_command(FROM_STDIN, print_output=False, print_input=False, _stdin=script)
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
     return bool(ok), text

@@ -70,7 +70,14 @@ class Sim:
         self.group_vars = Path(self.inventory).parent / "group_vars" / "all.yml"
 
     def set_vars(self, text: str) -> None:
-        self.group_vars.write_text(self.group_vars.read_text() + text)
+        """Set the variables of ``text`` (YAML) in the cluster's group_vars/all.yml: a key already there takes the
+        new value (a file naming a key twice is refused)."""
+        import yaml
+
+        have = yaml.safe_load(self.group_vars.read_text()) or {}
+        have.update(yaml.safe_load(text) or {})
+        self.group_vars.write_text("# written by the tests: the selection of this simulated cluster\n"
+                                   + yaml.safe_dump(have, sort_keys=False))
 
     def ssh(self, rank: int, command: str) -> subprocess.CompletedProcess:
         d = Path(self.inventory).parent

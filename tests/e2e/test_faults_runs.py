@@ -160,11 +160,13 @@ def test_a_second_run_at_once_is_refused_naming_the_holder(cluster):
     assert current(sim) == before + 2 and sorted(recorded(sim, 0)) == list(range(1, before + 3))
 
 
-@pytest.mark.parametrize("phase, marker", [
-    ("stage", r"Starting operation: Stage \| Weights: verify every file"),
-    ("configure", r"Starting operation: Configure \| Env file \(0600\), staged"),
-    ("start", r"Starting operation: Start \| Start group heads"),
-])
+#: the operation each phase's fault waits for (the start phase's differs per test)
+IN_STAGE = r"Starting operation: Stage \| Weights: verify every file"
+IN_CONFIGURE = r"Starting operation: Configure \| Env file \(0600\), staged"
+
+
+@pytest.mark.parametrize("phase, marker", [("stage", IN_STAGE), ("configure", IN_CONFIGURE),
+                                           ("start", r"Starting operation: Start \| Start group heads")])
 def test_a_killed_run_leaves_a_recorded_revision_and_the_next_run_converges(cluster, phase, marker):
     sim = cluster
     before, serving_since = current(sim), started_at(sim, 0)
@@ -186,10 +188,8 @@ def test_a_killed_run_leaves_a_recorded_revision_and_the_next_run_converges(clus
 
 
 @pytest.mark.parametrize("phase, marker", [
-    ("stage", r"Starting operation: Stage \| Weights: verify every file"),
-    ("configure", r"Starting operation: Configure \| Env file \(0600\), staged"),
-    ("start", r"Starting operation: Start \| Head rendezvous port accepts connections"),
-])
+    ("stage", IN_STAGE), ("configure", IN_CONFIGURE),
+    ("start", r"Starting operation: Start \| Head rendezvous port accepts connections")])
 def test_a_cut_link_ends_the_run_naming_the_node(cluster, phase, marker):
     sim = cluster
     before, serving_since = current(sim), started_at(sim, 0)

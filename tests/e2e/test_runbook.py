@@ -127,11 +127,14 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
     # every command an operation ran (files are uploaded by the deploy and written by heredoc in the runbook:
     # their bytes are compared by the plan after the runbook test above) is a command of the runbook, on that node
     # (pyinfra looks up its temporary directory for the first upload)
-    uploads = re.compile(r"^(mkdir -p \S+|(mkdir -p \S+ && )?chmod \d+ \S+ && mv -f \S+ \S+|if \[ -n \"\$TMPDIR\" \].*)$",
-                         re.S)
-    # the deploy also keeps what it started as the group's revision 1 (k3deploy history; the runbook's rollback
-    # section restores from those): bookkeeping with the time it ran, not a bring-up step
-    revision = re.compile(r"^install -d -m 0700 \S+/revisions/\S+ && cp -p .*meta\.json", re.S)
+    # (a file goes to a new root-only temporary file of a random name, then into place: commands.new_temp, put_in_place)
+    uploads = re.compile(r"^(mkdir -p \S+|umask 022 && mkdir -p .* && : > \S+|t=\S+; trap .* mv -f \"\$t\" \S+|"
+                         r"if \[ -n \"\$TMPDIR\" \].*)$", re.S)
+    # the deploy also keeps what it starts as the group's revision 1 (k3deploy history; the runbook's rollback
+    # section restores from those) before it moves the staged files into place, and marks it current once it
+    # serves: bookkeeping with the time it ran, not a bring-up step
+    revision = re.compile(r"^(\{ umask 077 && install -d -m 0700 \S+/revisions/\S+ .*meta\.json.* && mv -f \S+ \S+|"
+                          r"echo \d+ > \S+/revisions/\S+/current && touch \S+/served)$", re.S)
     ran = {h: sorted(s for s in scripts if not uploads.match(s) and not revision.match(s)) for h, scripts in ops.items()}
     assert all(any(revision.match(s) for s in scripts) for scripts in ops.values())  # on every node of the group
     assert all(ran.values()) and set(ran) == set(runbook)
