@@ -5,8 +5,9 @@ the inventory before it reads what the hosts run, and so before it numbers the r
 ``<k3_config_dir>/deploy.lock`` holding one line of JSON that names the run (its id, who started it on which
 control machine, its process, when). The first host is taken alone, then the others all at once: of two runs
 started together exactly one gets past the first host, and the other is refused in one line naming the holder.
-The lock is released when the run ends, however it ends (an ``atexit`` handler of the control process; a host
-that cannot be reached then keeps it).
+The lock is released when the run ends, however it ends: on each host over its own connection as pyinfra closes it,
+and by an ``atexit`` handler of the control process where that did not happen (a host that cannot be reached then
+keeps it).
 
 A run killed with SIGKILL (or a control machine that died) leaves a **stale** lock. A run from the same control
 machine takes it over when the holder's process is gone (same boot, its PID absent or started at another time), and
@@ -183,7 +184,9 @@ class Lock:
         self.taken = [n for n, (what, _, _) in results if what == "taken"]
         refused = [(n, holder, detail) for n, (what, holder, detail) in results if what != "taken"]
         if not refused:
-            atexit.register(self.release)
+            for n in self.taken:   # given back over each host's own connection as pyinfra closes it
+                self._before_disconnect(self.hosts[n])
+            atexit.register(self.release)   # and where that did not happen (a run that died on the way)
             return
         self.release()
         name, holder, detail = refused[0]
@@ -193,6 +196,26 @@ class Lock:
                            f"--run {holder.run}; nothing was changed")
         raise LockHeld(f"cannot take the deployment lock on {name}: {detail or 'unreadable lock file'}; "
                        f"nothing was changed")
+
+    def _before_disconnect(self, h: Any) -> None:
+        connector: Any = getattr(h, "connector", None)
+        close = getattr(connector, "disconnect", None)
+        if close is None:
+            return
+
+        def disconnect(*args: Any, **kwargs: Any) -> Any:
+            if h.name in self.taken:
+                self.release_on(h)
+            return close(*args, **kwargs)
+
+        connector.disconnect = disconnect
+
+    def release_on(self, h: Any) -> bool:
+        """Give the lock back on one host over its open connection (the run's last step)."""
+        ok = run_on(h, commands.lock_release(self.config_dirs[h.name], self.record.run), timeout=20)[0]
+        if ok and h.name in self.taken:
+            self.taken.remove(h.name)
+        return ok
 
     def release(self) -> None:
         """Give the lock back on every host where this run took it (a host that does not answer keeps it: the
