@@ -219,11 +219,35 @@ def test_a_cut_link_ends_the_run_naming_the_node(cluster, phase, marker):
     assert current(sim) == before + 1
 
 
+MODEL = "/var/lib/k3deploy/cache/huggingface/hub/models--moonshotai--Kimi-K3"
+
+
+def test_an_outside_cut_in_the_stage_leaves_the_group_serving(cluster):
+    sim = cluster
+    before, serving_since = current(sim), started_at(sim, 0)
+    head = sim.info["nodes"][0]["name"]
+    # no node holds the weights any more (the engines run on): the stage fetches them from the hub, and the uplink
+    # breaks once, in the middle of the checkpoint
+    for rank in (0, 1):
+        assert sim.ssh(rank, f"rm -rf {MODEL}").returncode == 0
+    k3("sim", "fault", sim.name, "outside-cut=2")
+    change(sim, "outside-cut")
+    run = Run(sim).finish()
+    assert run.returncode != 0, why(run)
+    assert f"the change of engine stops here: {head}" in run.stdout, why(run)
+    assert started_at(sim, 0) == serving_since and runs_a_recorded_revision(sim) == before
+    st = status(sim)
+    assert st["verdict"] == "serving" and st["lock"] == [], st
+    # the uplink works again: the next run fetches what is missing and converges
+    converge(sim)
+    assert current(sim) == before + 1
+
+
 def test_a_member_whose_disk_fills_in_the_stage_leaves_the_group_serving(cluster):
     sim = cluster
     before, serving_since = current(sim), started_at(sim, 0)
     worker = sim.info["nodes"][1]["name"]
-    model = "/var/lib/k3deploy/cache/huggingface/hub/models--moonshotai--Kimi-K3"
+    model = MODEL
     # the worker's copy of the weights is gone and the filesystem it lands on has 1 MiB left: the stage copies them
     # back from the head and runs out of space half way
     full = sim.ssh(1, f"rm -rf {model} && mkdir -p {model} && mount -t tmpfs -o size=1m k3full {model}")
