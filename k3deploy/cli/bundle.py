@@ -14,7 +14,9 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
-from k3deploy.cluster.secrets import MASK, mask_line
+from k3deploy.cluster.secrets import mask_line
+from k3deploy.cluster.secrets import scrub as scrub_values
+from k3deploy.cluster.secrets import secret_values as env_secrets
 from k3deploy.errors import K3Error
 
 
@@ -29,25 +31,17 @@ def _json(data: Any) -> str:
 
 def scrub(text: str, secrets: list[str]) -> str:
     """Every line with a secret's value masked (env lines by name, and any known secret value anywhere)."""
-    out = "\n".join(mask_line(line) for line in text.split("\n"))
-    for secret in secrets:
-        out = out.replace(secret, MASK)
-    return out
+    return scrub_values("\n".join(mask_line(line) for line in text.split("\n")), secrets)
 
 
 def secret_values(cluster: Any) -> list[str]:
     """The values of every secret-named env setting: of the variables, the planned env files and those installed
     (so they are masked wherever they appear, not only in ``NAME=value`` lines)."""
-    from k3deploy.cluster.secrets import is_secret
-
-    values = [str(v) for k, v in cluster.target.vars.k3_extra_env.items() if is_secret(k)]
+    values = env_secrets(cluster.target.vars.k3_extra_env)
     texts = [u.env_text for u in cluster.require_rollout().units]
     texts += [i.env_text for i in cluster.installed.values() if i.env_text]
     for text in texts:
-        for line in text.splitlines():
-            name, sep, value = line.partition("=")
-            if sep and is_secret(name) and value:
-                values.append(value)
+        values += env_secrets(dict(line.split("=", 1) for line in text.splitlines() if "=" in line))
     return sorted(set(values), key=len, reverse=True)
 
 
