@@ -183,7 +183,15 @@ def test_a_killed_run_leaves_a_recorded_revision_and_the_next_run_converges(clus
         assert number == before and st["verdict"] == "serving" and started_at(sim, 0) == serving_since
     else:
         assert number == before + 1 and st["verdict"] != "serving"   # stopped for the swap: status says so
-    again = converge(sim, expect_takeover=True)
+    if phase == "configure":
+        # as an operator on another control machine would: see who holds it, then break that run's lock by its id
+        shown = k3("unlock", sim.inventory, check=False)
+        assert shown.returncode == 1 and "deployment lock held on" in shown.stdout, shown.stdout + shown.stderr
+        run_id = re.search(r"by run (\w+) by ", shown.stdout).group(1)
+        broken = k3("unlock", sim.inventory, "--run", run_id, check=False)
+        assert broken.returncode == 0 and f"removed the deployment lock of run {run_id} on " in broken.stdout
+        assert k3("unlock", sim.inventory, check=False).returncode == 0
+    again = converge(sim, expect_takeover=phase != "configure")
     assert current(sim) == before + 1, again.stdout[-2000:]
 
 
