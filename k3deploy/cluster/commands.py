@@ -613,8 +613,9 @@ SERVED = "served"
 def set_current(directory: str, number: int) -> str:
     """Make revision ``number`` the current one, once the group serves it (or after a rollback to it), and mark it
     as served."""
+    kept = shlex.quote(f"{directory}/{int(number)}")
     return (f"echo {int(number)} > {shlex.quote(directory + '/current')} && "
-            f"touch {shlex.quote(f'{directory}/{int(number)}/{SERVED}')}")
+            f"{{ [ ! -d {kept} ] || touch {kept}/{SERVED}; }}")
 
 
 # ---------------------------------------------------------------------------------------------- lock
