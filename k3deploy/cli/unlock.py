@@ -43,7 +43,7 @@ def unlock(inventory: str, run_id: str | None, as_json: bool) -> None:
     hosts = list(state.inventory)
 
     def config_dir(h: Any) -> str:
-        return (t.resolved[h.name].vars if h.name in t.resolved else t.vars).k3_config_dir
+        return t.host_vars(h.name).k3_config_dir
 
     def one(h: Any) -> tuple[str | None, LockRecord | None, bool]:
         reason = connect(h, 15)

@@ -352,6 +352,16 @@ def lock_down(files: Sequence[tuple[str, str]]) -> str:
                        for q, mode in ((shlex.quote(p), shlex.quote(m)) for p, m in files))
 
 
+def _mktemp(prefix: str) -> str:
+    """``mktemp`` of a new file, mode 0600, whose name is ``prefix`` and ten random characters (the ``X``s of its
+    template).
+
+    >>> _mktemp("/etc/k3deploy/.k3-") == "mktemp /etc/k3deploy/.k3-" + "X" * 10
+    True
+    """
+    return f"mktemp {shlex.quote(prefix)}{'X' * 10}"
+
+
 def install_file(dest: str, content: str, mode: str) -> str:
     """Write ``content`` to ``dest`` with ``mode`` (the runbook's form of the operations' upload): into a new file of
     an unpredictable name (``mktemp``, 0600) in the destination's directory, which only root may write to, then
@@ -362,7 +372,7 @@ def install_file(dest: str, content: str, mode: str) -> str:
     directory = dest.rsplit("/", 1)[0] or "/"
     d, t = shlex.quote(directory), '"$t"'
     return (f"install -d -m 0755 {d}\n{root_only_dir(directory)}\n"
-            f"t=$(mktemp {shlex.quote(directory.rstrip('/') + '/.k3-')}XXXXXXXXXX)\n"
+            f"t=$({_mktemp(directory.rstrip('/') + '/.k3-')})\n"
             f"cat >> {t} <<'{tag}'\n{content}{tag}\nchmod {shlex.quote(mode)} {t} && chown 0:0 {t} && mv -f {t} "
             f"{shlex.quote(dest)}\n")
 
@@ -631,7 +641,8 @@ def lock_take(config_dir: str, record: str) -> str:
     ``K3_LOCK=held`` and the holder's record."""
     d = shlex.quote(config_dir.rstrip("/") or "/")
     lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
-    return (f"umask 077 && mkdir -p {d} && t=$(mktemp {d}/.{LOCK_FILE}.XXXXXX) && "
+    private = _mktemp(f"{config_dir.rstrip('/')}/.{LOCK_FILE}.")
+    return (f"umask 077 && mkdir -p {d} && t=$({private}) && "
             f"printf '%s\\n' {shlex.quote(record)} > \"$t\" && "
             f"if ln \"$t\" {lock} 2>/dev/null; then rm -f \"$t\"; echo {LOCK_MARK}taken; "
             f"else rm -f \"$t\"; echo {LOCK_MARK}held; cat {lock} 2>/dev/null; fi")

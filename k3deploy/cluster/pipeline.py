@@ -55,6 +55,10 @@ class Target:
         first = self.resolved.get(self.records[0].name) if self.records else None
         return first.source(key) if first else "default"
 
+    def host_vars(self, name: str) -> Variables:
+        """The variables of host ``name`` (the deployment's where the host has none of its own)."""
+        return self.resolved[name].vars if name in self.resolved else self.vars
+
     def require_plan(self) -> Plan:
         if self.plan is None:
             raise K3Error(self.plan_error or "no plan")

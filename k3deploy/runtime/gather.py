@@ -198,11 +198,11 @@ def read_facts(state: State, hosts: list[Any], t: Target, *, connect_first: bool
     req, v = t.requirements, t.vars
 
     def one(h: Any) -> HostFacts:
+        mine = t.host_vars(h.name)
         if connect_first:
-            reason = connect(h, (t.resolved[h.name].vars if h.name in t.resolved else v).k3_link_timeout)
+            reason = connect(h, mine.k3_link_timeout)
             if reason is not None:
                 return HostFacts(host=h.name, address=runner.host_address(h), unreachable=reason)
-        mine = t.resolved[h.name].vars if h.name in t.resolved else v
         return runner.host_facts(state, h, req, v.k3_model_cache, v.k3_image_dir, extra(h.name) if extra else None,
                                  ib_hca=mine.k3_ib_hca)
 
@@ -644,7 +644,7 @@ def gather_in_run(state: State, inventory_spec: str | None,
     t = target(records_of(state.inventory), inventory_file(inventory_spec))
     for h in state.inventory:
         if h.connected:
-            bound_silence(h, (t.resolved[h.name].vars if h.name in t.resolved else t.vars).k3_link_timeout)
+            bound_silence(h, t.host_vars(h.name).k3_link_timeout)
     if before_read is not None:
         before_read(t)
     return _assemble(state, t, facts=True, installed=True, connect_first=False, require_plan=True, health=True)

@@ -126,12 +126,14 @@ def stale(rec: LockRecord) -> str | None:
 
 
 def run_on(h: Any, script: str, timeout: float = 30) -> tuple[bool, list[str]]:
+    """Run a lock script on a host over its own connection, within ``timeout`` seconds, without showing it among the
+    run's commands (bookkeeping, not a step of the rollout); a host that does not answer is a failure with the reason
+    as its one line."""
     import gevent
 
     try:
         with gevent.Timeout(timeout):
-            ok, out = h.run_shell_command(f"sh -c {shlex.quote(script)}", print_output=False,
-                                          print_input=False)
+            ok, out = h.run_shell_command(f"sh -c {shlex.quote(script)}", print_output=False, print_input=False)
     except (gevent.Timeout, Exception) as exc:   # a host that stopped answering
         return False, [f"{type(exc).__name__}: {exc}"]
     return bool(ok), list(getattr(out, "stdout_lines", []) or [])
@@ -223,7 +225,6 @@ class Lock:
         from k3deploy.runtime.gather import each_host
 
         hosts = [self.hosts[n] for n in self.taken]
-        self.taken = []
 
         def one(h: Any) -> bool:
             if not getattr(h, "connected", True):
@@ -231,7 +232,7 @@ class Lock:
                     h.connect(raise_exceptions=True, show_errors=False)
                 except Exception:  # unreachable: it keeps the lock
                     return False
-            return run_on(h, commands.lock_release(self.config_dirs[h.name], self.record.run), timeout=20)[0]
+            return self.release_on(h)
 
         if hosts:
             each_host(self.state, hosts, one)

@@ -89,6 +89,8 @@ class Context:
     router_calls: dict[str, bool] = field(default_factory=dict)   # "remove N" / "add N" of a roll -> it succeeded
     begun: dict[int, bool] = field(default_factory=dict)   # step of the restart -> it went ahead (see :meth:`begins`)
     numbers: dict[str, int] = field(default_factory=dict)  # group -> the revision number this run records
+    metas: dict[str, str] = field(default_factory=dict)    # group -> that revision's meta.json
+    marks: dict[str, int] = field(default_factory=dict)    # group -> the revision marked current once it serves
 
     @property
     def rollout(self) -> Rollout:
@@ -181,7 +183,7 @@ def _take_lock(state: Any, spec: str | None, t: Target, holder: list[Lock]) -> N
     (:mod:`k3deploy.runtime.lock`); ``--dry`` takes none and names a held one."""
     # pyinfra's @fake hosts (tests of the deploy's own logic) answer scripted facts only: nothing there to lock
     hosts = {h.name: h for h in state.inventory if h.connected and type(h.connector).__name__ != "FakeConnector"}
-    dirs = {n: (t.resolved[n].vars if n in t.resolved else t.vars).k3_config_dir for n in hosts}
+    dirs = {n: t.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
         return
     lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY"))
@@ -234,10 +236,14 @@ def _build(state: Any) -> Context:
         if group not in r.changed_groups:
             continue   # it runs that revision already
         logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
-    # numbered under the lock: no other run records a revision of these groups until this one ends
-    numbers = {g: (cluster.history.get(g) or GroupHistory(g)).next_number() for g in r.changed_groups
+    # the groups whose files change record a new revision, numbered under the lock (no other run records one of
+    # these groups until this one ends); worked out once for the run, not per host
+    changing = {g for g in r.changed_groups if any(_changed_files(cluster, u) for u in r.group(g))}
+    numbers = {g: (cluster.history.get(g) or GroupHistory(g)).next_number() for g in changing
                if g not in cluster.rollback_to}
-    return Context(cluster, state=state, lock=lock, numbers=numbers)
+    metas = {g: _revision_meta(cluster, g, n) for g, n in numbers.items()}
+    marks = {g: n for g in r.changed_groups if (n := _serving_revision(cluster, g, numbers)) is not None}
+    return Context(cluster, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks)
 
 
 # ------------------------------------------------------------------------------------------------ phases
@@ -381,20 +387,13 @@ def _all(conditions: list[Callable[[], bool]]) -> bool:
     return all(c() for c in conditions)
 
 
-def _changed_files(ctx: Context, u: UnitWork) -> list[tuple[str, str]]:
+def _changed_files(cluster: Cluster, u: UnitWork) -> list[tuple[str, str]]:
     """``(staged, live)`` of the files of ``u`` this run changes (what :func:`_write_files` staged)."""
-    cluster = ctx.cluster
-    assert cluster is not None
     have = cluster.installed.get((u.host, u.unit))
-    cfg = ctx.rollout.vars.k3_config_dir
+    cfg = cluster.require_rollout().vars.k3_config_dir
     return [(commands.staged_path(live, cfg), live) for live, text, sha in (
         (u.unit_path, u.unit_text, have.unit_sha if have else None),
         (u.env_path, u.env_text, have.env_sha if have else None)) if sha != sha256(text)]
-
-
-def _files_change(ctx: Context, group: str) -> bool:
-    """Some file of ``group`` differs from what its hosts run (else a restart of it records no new revision)."""
-    return any(_changed_files(ctx, u) for u in ctx.rollout.group(group))
 
 
 def _swap(ctx: Context, groups: list[str]) -> str:
@@ -410,21 +409,20 @@ def _swap(ctx: Context, groups: list[str]) -> str:
         mine = [u for u in r.group(group) if u.host == host.name]
         if not mine:
             continue
-        changes = {live: staged for u in mine for staged, live in _changed_files(ctx, u)}
+        changes = {live: staged for u in mine for staged, live in _changed_files(cluster, u)}
         pairs += [(staged, live) for live, staged in changes.items()]
-        if group in ctx.numbers and _files_change(ctx, group):
+        if group in ctx.numbers:
             files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
             parts.append(commands.record_revision(revisions_dir(r.vars.k3_config_dir, group), ctx.numbers[group],
-                                                  files, _revision_meta(ctx, group, ctx.numbers[group])))
+                                                  files, ctx.metas[group]))
     swap = commands.swap_in(pairs)
     # record_revision ends with a here-document: the swap goes on the line after it
     return "\n".join([*(f"{{ {p}\n}}" for p in parts), swap]) if parts and swap else (swap or "\n".join(parts))
 
 
-def _revision_meta(ctx: Context, group: str, number: int) -> str:
+def _revision_meta(cluster: Cluster, group: str, number: int) -> str:
     """The ``meta.json`` of revision ``number`` of ``group``: what runs, from which variables, by which version."""
-    r, cluster = ctx.rollout, ctx.cluster
-    assert cluster is not None
+    r = cluster.require_rollout()
     first = cluster.target.resolved[cluster.target.records[0].name]
     variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
                  if k.startswith("k3_") and k not in PER_HOST}
@@ -564,22 +562,21 @@ def _record(ctx: Context) -> None:
     for group in host.loop([g for g in r.groups if g in r.changed_groups]):
         mine = [u for u in r.group(group) if u.host == host.name]
         d = revisions_dir(r.vars.k3_config_dir, group)
-        number = _serving_revision(ctx, group)
+        number = ctx.marks.get(group)
         text = commands.set_current(d, number) if mine and number is not None else ""
         script(name=f"Mark the revision of group {group} current", text=text, active=bool(text),
                _if=partial(ctx.serves, group))
 
 
-def _serving_revision(ctx: Context, group: str) -> int | None:
-    """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run recorded,
-    or, when its files did not change, the recorded revision with exactly these files (a run that was stopped after
-    putting them in place left it unmarked); None: the current one already."""
-    r, cluster = ctx.rollout, ctx.cluster
-    assert cluster is not None
+def _serving_revision(cluster: Cluster, group: str, numbers: dict[str, int]) -> int | None:
+    """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run records
+    (``numbers``), or, when its files did not change, the recorded revision with exactly these files (a run that was
+    stopped after putting them in place left it unmarked); None: the current one already."""
+    r = cluster.require_rollout()
     if group in cluster.rollback_to:
         return cluster.rollback_to[group]
-    if _files_change(ctx, group):
-        return ctx.numbers.get(group)
+    if group in numbers:
+        return numbers[group]
     history = cluster.history.get(group)
     if history is None:
         return None
