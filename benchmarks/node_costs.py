@@ -48,9 +48,9 @@ def node_cpu(node: str) -> float:
 
 def facts_command(inventory: str, host: str) -> str:
     """The batched command the deploy reads ``host`` with (preflight facts + the rollout's own facts)."""
-    from k3deploy.cluster.inventory import records_of
-    from k3deploy.cluster.pipeline import desired_rollout, target
     from k3deploy.facts.batch import Batch, specs
+    from k3deploy.model.inventory import records_of
+    from k3deploy.model.pipeline import desired_rollout, target
     from k3deploy.preflight import runner
     from k3deploy.runtime import gather
 

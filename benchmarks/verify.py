@@ -1,5 +1,5 @@
 """What hashing every file of the weights again costs: the check the deploy runs before an engine starts and
-``k3deploy verify`` runs on demand (:func:`k3deploy.cluster.commands.check_snapshot`), on this machine's cores.
+``k3deploy verify`` runs on demand (:func:`k3deploy.model.commands.check_snapshot`), on this machine's cores.
 
 Writes N GiB of shard-like files (``--gib``, default 4: shards of ``--shard-mib`` MiB of random bytes, plus a
 ``config.json`` and the index, blobs named by their sha256 or git blob id) in a temporary Hugging Face cache layout,
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from k3deploy.cluster import commands  # noqa: E402
+from k3deploy.model import commands  # noqa: E402
 
 MODEL = "org/bench"
 

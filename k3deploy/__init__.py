@@ -19,18 +19,18 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     recipe/argv.py (values read back from an argv as vLLM's parser reads them), recipe/printing.py (commands
     printed as the recipes site prints them).
 
-``cluster/`` -- the deployment model (pure)
-    cluster/variables.py (every knob, group_vars merged), cluster/inventory.py (host records, roles, the plan of an
-    inventory), cluster/requirements.py (what a plan asks of its hosts), cluster/binding.py (placeholders filled per
-    host), cluster/units.py (container command, env file, systemd unit, the node-side helper
-    data/node/k3-group-member that watches a member's head and backs crash loops off), cluster/unitcheck.py
-    (systemd-analyze verify), cluster/rollout.py (units per host, start order, what restarts), cluster/observed.py
-    (what a host has), cluster/diff.py (what would change), cluster/secrets.py (what is never shown),
-    cluster/commands.py (every shell command the rollout runs), cluster/runbook/ (the rollout as a runbook),
-    cluster/revisions.py (numbered revisions per group, for history and rollback), cluster/staging.py (the image and
-    the weights over the uplink once, then node to node), cluster/images.py (a tag resolved to one digest per
-    rollout, every node on that build), cluster/status.py (serving, degraded or down, per unit,
-    group and cluster), cluster/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
+``model/`` -- the deployment model (pure)
+    model/variables.py (every knob, group_vars merged), model/inventory.py (host records, roles, the plan of an
+    inventory), model/requirements.py (what a plan asks of its hosts), model/binding.py (placeholders filled per
+    host), model/units.py (container command, env file, systemd unit, the node-side helper
+    data/node/k3-group-member that watches a member's head and backs crash loops off), model/unitcheck.py
+    (systemd-analyze verify), model/rollout.py (units per host, start order, what restarts), model/observed.py
+    (what a host has), model/diff.py (what would change), model/secrets.py (what is never shown),
+    model/commands.py (every shell command the rollout runs), model/runbook/ (the rollout as a runbook),
+    model/revisions.py (numbered revisions per group, for history and rollback), model/staging.py (the image and
+    the weights over the uplink once, then node to node), model/images.py (a tag resolved to one digest per
+    rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
+    group and cluster), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),

@@ -6,8 +6,8 @@ import pytest
 from conftest import ROOT
 
 from k3deploy import K3Error, resolve
-from k3deploy.cluster.binding import HostRecord, bind, fill, rendezvous_port
-from k3deploy.cluster.inventory import records_of, variables_for
+from k3deploy.model.binding import HostRecord, bind, fill, rendezvous_port
+from k3deploy.model.inventory import records_of, variables_for
 from k3deploy.runtime.gather import gather, load_inventory
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from k3deploy.cluster.diff import (
+from k3deploy.model.diff import (
     Installed,
     argv_lines,
     build,
@@ -19,8 +19,8 @@ from k3deploy.cluster.diff import (
     render_text,
     split_exec,
 )
-from k3deploy.cluster.rollout import sha256
-from k3deploy.cluster.units import exec_line
+from k3deploy.model.rollout import sha256
+from k3deploy.model.units import exec_line
 from k3deploy.runtime.gather import gather
 
 

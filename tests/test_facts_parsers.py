@@ -511,7 +511,7 @@ def test_ascend_version_files():
 def test_ascend_mounted_paths_come_from_the_container_spec():
     """The paths the fact probes are the engine unit's own -v sources (hccn_tool included), not a second list;
     an empty directory (what docker -v leaves where a path was missing) is reported apart."""
-    from k3deploy.cluster.units import ASCEND_MOUNTS, ContainerSpec, container_argv
+    from k3deploy.model.units import ASCEND_MOUNTS, ContainerSpec, container_argv
 
     spec = ContainerSpec("k3-engine", "img", "npu", "/etc/k3.env", "/var/lib/k3deploy/cache", 16)
     argv = container_argv(spec, ["vllm", "serve", "m"])

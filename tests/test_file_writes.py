@@ -13,7 +13,7 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from k3deploy.cluster.commands import install_file
+from k3deploy.model.commands import install_file
 from k3deploy.runtime.operations import managed_file
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the files are root's: run as root")
@@ -129,7 +129,7 @@ def test_the_runbook_writes_through_mktemp_in_the_destination_directory(tmp_path
 
 @root_only
 def test_owner_and_mode_come_back_and_the_content_stays(tmp_path):
-    from k3deploy.cluster.commands import lock_down
+    from k3deploy.model.commands import lock_down
 
     env, link = tmp_path / "k3.env", tmp_path / "link"
     env.write_text("A=1\n")

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from k3deploy import resolve
-from k3deploy.cluster.binding import HostRecord
-from k3deploy.cluster.diff import exec_start
-from k3deploy.cluster.rollout import compute
-from k3deploy.cluster.units import GROUP_MEMBER, GROUP_MEMBER_SOURCE
-from k3deploy.cluster.variables import Variables
+from k3deploy.model.binding import HostRecord
+from k3deploy.model.diff import exec_start
+from k3deploy.model.rollout import compute
+from k3deploy.model.units import GROUP_MEMBER, GROUP_MEMBER_SOURCE
+from k3deploy.model.variables import Variables
 from k3deploy.recipe.fixes import deployable
 
 HELPER = str(GROUP_MEMBER_SOURCE)

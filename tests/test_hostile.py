@@ -1,7 +1,7 @@
 """No value reaches a node's shell as script text: every remote command, rendered with hostile values for each of
 its string parameters, runs in a real ``sh`` (dash) whose tools are stubs, and nothing the values carry runs.
 
-The commands are enumerated, not listed: every public function of :mod:`k3deploy.cluster.commands` and the
+The commands are enumerated, not listed: every public function of :mod:`k3deploy.model.commands` and the
 ``command()`` of every fact in :mod:`k3deploy.facts` that takes strings, so a new one is covered the day it is
 written. Each script runs twice, with every stub tool succeeding and then failing, so both branches of its checks
 run. A payload that ran would call ``k3pwn`` (a stub that leaves a marker file) or write the marker by redirection.
@@ -22,8 +22,8 @@ import pytest
 from pyinfra.api import FactBase
 
 import k3deploy.facts
-from k3deploy.cluster import commands
 from k3deploy.facts.batch import Batch, specs
+from k3deploy.model import commands
 
 #: public functions of commands.py that return data, not a script
 NOT_SCRIPTS = {"model_dir", "hub_dir", "archive_path", "chat_body", "staged_path"}

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.images import (
+from k3deploy.model import commands
+from k3deploy.model.images import (
     LocalImage,
     Resolution,
     holds,
@@ -25,8 +25,8 @@ from k3deploy.cluster.images import (
     split,
     to_resolve,
 )
-from k3deploy.cluster.revisions import Revision
-from k3deploy.cluster.staging import OUTSIDE, plan_stage
+from k3deploy.model.revisions import Revision
+from k3deploy.model.staging import OUTSIDE, plan_stage
 from k3deploy.sim import outside
 
 TAG = "vllm/vllm-openai:kimi-k3"

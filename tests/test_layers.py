@@ -14,7 +14,7 @@ from conftest import ROOT
 
 import k3deploy
 
-PURE = ("k3deploy.recipe", "k3deploy.cluster")
+PURE = ("k3deploy.recipe", "k3deploy.model")
 FORBIDDEN = ("pyinfra", "pyinfra_cli", "gevent", "paramiko")
 
 

@@ -9,7 +9,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from k3deploy.cluster.commands import LOCK_MARK, lock_read, lock_release, lock_take
+from k3deploy.model.commands import LOCK_MARK, lock_read, lock_release, lock_take
 from k3deploy.runtime import lock as lock_module
 from k3deploy.runtime.lock import LockRecord, held_summary, stale, this_run
 from k3deploy.runtime.phases import dry_run

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts import nvidia
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
 from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo, NpuPort
@@ -24,6 +23,7 @@ from k3deploy.facts.nvidia import (
     ToolkitVersion,
 )
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
+from k3deploy.model.requirements import Requirements
 from k3deploy.preflight import checks
 from k3deploy.preflight.checks import HostFacts, run_checks
 from k3deploy.preflight.settings import derive_settings

@@ -12,12 +12,12 @@ import subprocess
 import pytest
 
 sim_profiles = pytest.importorskip("k3deploy.sim.profiles")
-from k3deploy.cluster.requirements import Requirements  # noqa: E402
 from k3deploy.errors import K3Error  # noqa: E402
 from k3deploy.facts import nvidia  # noqa: E402
 from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
 from k3deploy.facts.host import AddressInterface, DiskSpace, Ipv4Address  # noqa: E402
 from k3deploy.facts.nvidia import ImexState  # noqa: E402
+from k3deploy.model.requirements import Requirements  # noqa: E402
 from k3deploy.preflight.checks import HostFacts, run_checks  # noqa: E402
 from k3deploy.preflight.runner import fact_plan  # noqa: E402
 from k3deploy.recipe.taxonomy import hardware  # noqa: E402

@@ -9,9 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from k3deploy import load_recipe, resolve
-from k3deploy.cluster.binding import HostRecord
-from k3deploy.cluster.rollout import compute
-from k3deploy.cluster.variables import Variables
+from k3deploy.model.binding import HostRecord
+from k3deploy.model.rollout import compute
+from k3deploy.model.variables import Variables
 from k3deploy.runtime.readiness import wait_group
 
 MODELS = '{"object":"list","data":[{"id":"moonshotai/Kimi-K3","object":"model"}]}'

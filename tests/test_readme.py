@@ -2,7 +2,7 @@
 
 from conftest import ROOT
 
-from k3deploy.cluster.variables import markdown_table
+from k3deploy.model.variables import markdown_table
 
 
 def test_readme_lists_every_variable_with_its_default():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from k3deploy import K3Error, resolve
-from k3deploy.cluster import commands
-from k3deploy.cluster.binding import HostRecord, bind
-from k3deploy.cluster.diff import build, render_text
-from k3deploy.cluster.observed import Installed
-from k3deploy.cluster.pipeline import desired_rollout, target
-from k3deploy.cluster.rollout import compute, mark_changes, sha256
-from k3deploy.cluster.variables import Variables
+from k3deploy.model import commands
+from k3deploy.model.binding import HostRecord, bind
+from k3deploy.model.diff import build, render_text
+from k3deploy.model.observed import Installed
+from k3deploy.model.pipeline import desired_rollout, target
+from k3deploy.model.rollout import compute, mark_changes, sha256
+from k3deploy.model.variables import Variables
 
 
 def replicas(r: int, per: int, **data) -> list[HostRecord]:
@@ -148,7 +148,7 @@ def test_compute_puts_the_router_on_replica_0s_head():
 
 
 def test_the_runbook_rolls_replica_by_replica():
-    from k3deploy.cluster.runbook import Context, blocks, build, to_markdown
+    from k3deploy.model.runbook import Context, blocks, build, to_markdown
 
     r = desired_rollout(target(replicas(2, 2), None))
     hosts = r.hosts
@@ -171,7 +171,7 @@ def test_the_runbook_rolls_replica_by_replica():
 
 
 def test_sim_writes_an_inventory_of_replicas(tmp_path):
-    from k3deploy.cluster.inventory import records_of
+    from k3deploy.model.inventory import records_of
     from k3deploy.runtime.gather import load_inventory
     from k3deploy.sim.inventory import write_inventory
 

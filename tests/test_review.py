@@ -175,8 +175,8 @@ def test_a_refused_run_says_why_once_and_exits_non_zero(tmp_path, all_yml, rank,
 
 
 def test_revisions_are_recorded_listed_and_chosen(tmp_path):
-    from k3deploy.cluster.commands import list_revisions, record_revision, set_current
-    from k3deploy.cluster.revisions import Revision, parse_listing, rollback_target, runs
+    from k3deploy.model.commands import list_revisions, record_revision, set_current
+    from k3deploy.model.revisions import Revision, parse_listing, rollback_target, runs
 
     d = tmp_path / "revisions" / "engine"
     unit, env = tmp_path / "k3-engine.service", tmp_path / "k3-engine.env"
@@ -214,8 +214,8 @@ def test_revisions_are_recorded_listed_and_chosen(tmp_path):
 def test_fixes_name_where_the_selection_lives_and_the_driver_being_moved_to():
     from dataclasses import replace
 
-    from k3deploy.cluster.requirements import Requirements
     from k3deploy.facts.nvidia import FabricManagerState, NvidiaGpu
+    from k3deploy.model.requirements import Requirements
     from k3deploy.preflight.checks import HostFacts, run_checks
     from k3deploy.recipe.taxonomy import hardware
 

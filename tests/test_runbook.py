@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.cluster.commands import install_file
-from k3deploy.cluster.inventory import plan_for, records_of, variables_for
-from k3deploy.cluster.rollout import compute
-from k3deploy.cluster.runbook import Context, blocks, build, to_html, to_markdown
+from k3deploy.model.commands import install_file
+from k3deploy.model.inventory import plan_for, records_of, variables_for
+from k3deploy.model.rollout import compute
+from k3deploy.model.runbook import Context, blocks, build, to_html, to_markdown
 from k3deploy.preflight.checks import CheckResult
 from k3deploy.runtime.gather import load_inventory
 

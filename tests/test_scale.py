@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from k3deploy import resolve
-from k3deploy.cluster.requirements import Requirements
 from k3deploy.errors import SelectionError
 from k3deploy.facts.nvidia import GpuFabric, NvidiaGpu
+from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import HostFacts, run_checks
 from k3deploy.recipe.argv import flag_value
 from k3deploy.recipe.fixes import deployable

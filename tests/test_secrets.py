@@ -1,12 +1,12 @@
-"""The one masking rule (k3deploy.cluster.secrets) and the places that apply it outside a cluster: their docstring
+"""The one masking rule (k3deploy.model.secrets) and the places that apply it outside a cluster: their docstring
 examples are run, so they stay true."""
 
 import doctest
 
 import pytest
 
-from k3deploy.cluster import revisions, secrets
-from k3deploy.cluster.runbook import blanks
+from k3deploy.model import revisions, secrets
+from k3deploy.model.runbook import blanks
 
 
 @pytest.mark.parametrize("module", [secrets, revisions, blanks], ids=lambda m: m.__name__)

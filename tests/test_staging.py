@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.staging import ARCHIVE, OUTSIDE, plan_stage, summary, tree
 from k3deploy.facts.rollout import WeightsState
+from k3deploy.model import commands
+from k3deploy.model.staging import ARCHIVE, OUTSIDE, plan_stage, summary, tree
 
 NODES = [f"n{i}" for i in range(1, 19)]
 
@@ -169,8 +169,8 @@ def test_no_snapshot_is_not_complete(tmp_path):
 def test_the_examples_in_the_staging_docstrings_hold():
     import doctest
 
-    from k3deploy.cluster import staging
     from k3deploy.facts import rollout
+    from k3deploy.model import staging
 
     for module in (staging, commands, rollout):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

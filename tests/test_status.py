@@ -8,9 +8,9 @@ import hashlib
 
 import pytest
 
-from k3deploy.cluster.observed import Installed
-from k3deploy.cluster.status import assess, unit_verdict
 from k3deploy.facts.status import UnitRun, UnitRuntime
+from k3deploy.model.observed import Installed
+from k3deploy.model.status import assess, unit_verdict
 
 MODEL = "moonshotai/Kimi-K3"
 
@@ -109,8 +109,8 @@ def test_the_status_fact_reads_a_unit_that_is_not_installed():
 def test_the_examples_in_the_status_docstrings_hold():
     import doctest
 
-    from k3deploy.cluster import status
     from k3deploy.facts import status as fstatus
+    from k3deploy.model import status
 
     for module in (status, fstatus):
         result = doctest.testmod(module)

@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from k3deploy import resolve
-from k3deploy.cluster.binding import HostRecord, bind
-from k3deploy.cluster.rollout import compute
-from k3deploy.cluster.unitcheck import verify_unit
-from k3deploy.cluster.units import (
+from k3deploy.model.binding import HostRecord, bind
+from k3deploy.model.rollout import compute
+from k3deploy.model.unitcheck import verify_unit
+from k3deploy.model.units import (
     GROUP_MEMBER,
     ContainerSpec,
     container_argv,
@@ -20,7 +20,7 @@ from k3deploy.cluster.units import (
     exec_line,
     systemd_quote,
 )
-from k3deploy.cluster.variables import Variables
+from k3deploy.model.variables import Variables
 from k3deploy.recipe.fixes import deployable
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -177,8 +177,8 @@ def test_the_router_runs_the_absolute_path_of_vllm_router(recipe):
 
 
 def test_a_retired_variable_says_why_and_what_to_do(tmp_path):
-    from k3deploy.cluster.variables import merge_vars
     from k3deploy.errors import K3Error
+    from k3deploy.model.variables import merge_vars
 
     (tmp_path / "all.yml").write_text("k3_shm_size: 32g\n")
     with pytest.raises(K3Error, match=r"unknown variable 'k3_shm_size' \(no longer used: .*--ipc host.*remove it"):

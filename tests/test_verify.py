@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.rollout import StageDaemon, StagePeers, WeightsHashes, WeightsState
+from k3deploy.model import commands
+from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import HostFacts, run_checks
 
 pytestmark = pytest.mark.skipif(shutil.which("dash") is None, reason="dash is not installed")

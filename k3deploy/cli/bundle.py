@@ -14,10 +14,10 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
-from k3deploy.cluster.secrets import mask_line
-from k3deploy.cluster.secrets import scrub as scrub_values
-from k3deploy.cluster.secrets import secret_values as env_secrets
 from k3deploy.errors import K3Error
+from k3deploy.model.secrets import mask_line
+from k3deploy.model.secrets import scrub as scrub_values
+from k3deploy.model.secrets import secret_values as env_secrets
 
 
 def _json(data: Any) -> str:
@@ -50,7 +50,7 @@ def bundle_files(cluster: Any, inventory: str, version: str, secrets: list[str])
     and per unit its unit and env files (as installed), journal and container log."""
     from k3deploy.cli.plan import staging_lines
     from k3deploy.cli.status import status_of
-    from k3deploy.cluster.diff import build
+    from k3deploy.model.diff import build
 
     r = cluster.require_rollout()
     t = cluster.target

@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
-from k3deploy.cluster.revisions import GroupHistory, masked_variables
-from k3deploy.cluster.secrets import secret_values
+from k3deploy.model.revisions import GroupHistory, masked_variables
+from k3deploy.model.secrets import secret_values
 
 
 @click.command("history")

@@ -39,7 +39,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
       k3deploy plan inventories/gb300.py --json | jq .restart_order
     """
     from k3deploy.cli.common import read_cluster
-    from k3deploy.cluster.diff import build, render_text
+    from k3deploy.model.diff import build, render_text
     from k3deploy.runtime.gather import require_reachable
 
     wanted: bool | int | None = None
@@ -85,7 +85,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
 
 def staging_lines(cluster: Any) -> list[str]:
     """What the stage still has to bring, and why, per host (empty when every engine node holds both)."""
-    from k3deploy.cluster.staging import summary
+    from k3deploy.model.staging import summary
 
     sp = cluster.stage
     if sp is None or not (sp.takes_part or sp.image.require or sp.weights.require):

@@ -72,9 +72,9 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
     import shlex
 
     from k3deploy.cli.common import read_cluster
-    from k3deploy.cluster.diff import exec_start
-    from k3deploy.cluster.secrets import MASK, is_secret, mask_argv, mask_env
     from k3deploy.errors import K3Error
+    from k3deploy.model.diff import exec_start
+    from k3deploy.model.secrets import MASK, is_secret, mask_argv, mask_env
     from k3deploy.recipe.printing import format_exports
 
     given = [f"--{k.replace('_', '-')}" for k, v in params.items() if v not in (None, "default")]

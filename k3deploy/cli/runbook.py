@@ -38,7 +38,7 @@ def runbook(inventory: str, output: str, fmt: str | None, offline: bool) -> None
 
     from k3deploy import load_recipe
     from k3deploy.cli.common import read_cluster
-    from k3deploy.cluster.runbook import Context, build, to_html, to_markdown
+    from k3deploy.model.runbook import Context, build, to_html, to_markdown
     from k3deploy.recipe.taxonomy import hardware
     from k3deploy.runtime.gather import require_reachable
 
@@ -49,8 +49,8 @@ def runbook(inventory: str, output: str, fmt: str | None, offline: bool) -> None
         raise K3Error(f"-o {output}: directory {target.parent} does not exist: create it or choose another path")
     blanks: list[Any] = []
     if offline:
-        from k3deploy.cluster.pipeline import desired_rollout
-        from k3deploy.cluster.runbook.blanks import offline_env
+        from k3deploy.model.pipeline import desired_rollout
+        from k3deploy.model.runbook.blanks import offline_env
 
         cluster = read_cluster("runbook", inventory, facts=False)
         t = cluster.target

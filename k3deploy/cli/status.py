@@ -35,8 +35,8 @@ def read_status(inventory: str):  # noqa: ANN201  (-> ClusterStatus, and the dep
 
 
 def status_of(cluster):  # noqa: ANN001, ANN201  (Cluster -> ClusterStatus)
-    from k3deploy.cluster.runbook.sections import served_model
-    from k3deploy.cluster.status import assess
+    from k3deploy.model.runbook.sections import served_model
+    from k3deploy.model.status import assess
 
     r = cluster.require_rollout()
     down = set(cluster.preflight.unreachable()) if cluster.preflight else set()

@@ -31,7 +31,7 @@ def unlock(inventory: str, run_id: str | None, as_json: bool) -> None:
       k3deploy unlock inventories/gb300.py
       k3deploy unlock inventories/gb300.py --run 3f2a9c1b7e4d
     """
-    from k3deploy.cluster import commands
+    from k3deploy.model import commands
     from k3deploy.preflight import runner
     from k3deploy.runtime.gather import connect, disconnect, each_host, open_inventory
     from k3deploy.runtime.lock import LockRecord, held_summary, run_on

@@ -63,10 +63,10 @@ class Verification:
 
 def verify_cluster(inventory: str) -> Verification:
     """Run the check on every engine host of the inventory's plan, in parallel (one command per host)."""
-    from k3deploy.cluster.pipeline import desired_rollout
-    from k3deploy.cluster.staging import engines
     from k3deploy.facts.batch import read_batch
     from k3deploy.facts.rollout import WeightsHashes
+    from k3deploy.model.pipeline import desired_rollout
+    from k3deploy.model.staging import engines
     from k3deploy.preflight import runner
     from k3deploy.runtime.gather import connect, disconnect, each_host, open_inventory
 

@@ -8,8 +8,8 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from k3deploy.cluster.units import ContainerSpec, prepared_mount_sources
 from k3deploy.facts.base import EXIT_MARK, FACT_TIMEOUT_S, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
+from k3deploy.model.units import ContainerSpec, prepared_mount_sources
 
 NPU_HINT = "is the Ascend driver (HDK) with npu-smi installed?"
 _BUS_ID_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
@@ -105,7 +105,7 @@ class NpuSmiInfo(K3Fact[NpuInfo]):
 
 def ascend_mount_sources() -> list[str]:
     """The host paths an Ascend engine container bind-mounts and the deploy does not create (the one list of
-    :func:`k3deploy.cluster.units.bind_mounts`)."""
+    :func:`k3deploy.model.units.bind_mounts`)."""
     spec = ContainerSpec(name="", image="", vendor="npu", env_file="", cache_dir="", gpus_per_node=0)
     return prepared_mount_sources(spec)
 

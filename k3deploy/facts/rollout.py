@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import PEERS_UNIT, VERIFIED, check_snapshot, list_revisions, model_dir, smoke_test
-from k3deploy.cluster.images import LocalImage, local_command, parse_local, resolve_command
-from k3deploy.cluster.observed import FileMeta, Installed
-from k3deploy.cluster.revisions import GroupHistory, parse_listing
 from k3deploy.facts.base import EXIT_MARK, Jsonable, K3Fact
+from k3deploy.model.commands import PEERS_UNIT, VERIFIED, check_snapshot, list_revisions, model_dir, smoke_test
+from k3deploy.model.images import LocalImage, local_command, parse_local, resolve_command
+from k3deploy.model.observed import FileMeta, Installed
+from k3deploy.model.revisions import GroupHistory, parse_listing
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class ImageDigest(FactBase[LocalImage]):
 
 class RegistryDigest(FactBase[list[str]]):
     """The registry's answer for an image's tag (``docker buildx imagetools inspect``, a manifest HEAD: nothing is
-    pulled), raw: :func:`k3deploy.cluster.images.resolution` reads it."""
+    pulled), raw: :func:`k3deploy.model.images.resolution` reads it."""
 
     def command(self, image: str, docker: str = "docker") -> str:
         return resolve_command(docker, image)
@@ -139,7 +139,7 @@ class WeightsStatus:
     """What a node's Hugging Face cache holds of a model.
 
     ``complete``: a snapshot whose index names no missing shard; ``verified``: its files passed
-    :func:`~k3deploy.cluster.commands.verify_weights` and none changed since (``changed`` lists those that did).
+    :func:`~k3deploy.model.commands.verify_weights` and none changed since (``changed`` lists those that did).
     """
 
     revision: str | None = None
@@ -176,7 +176,7 @@ class WeightsState(FactBase[WeightsStatus]):
 
     Cheap (it runs on every read of a host): a file is trusted when it is not newer than the mark of the last
     verification, so a byte changed with its time stamp kept is not seen here; every file is hashed again before an
-    engine starts (:func:`~k3deploy.cluster.commands.verify_before_start`) and by ``k3deploy verify``
+    engine starts (:func:`~k3deploy.model.commands.verify_before_start`) and by ``k3deploy verify``
     (:class:`WeightsHashes`).
 
     >>> WeightsState().process(["K3_REV=abc", "K3_FILES=5", "K3_MISSING=model-00002-of-00002.safetensors",
@@ -264,7 +264,7 @@ class WeightsCheck:
 
 class WeightsHashes(FactBase[WeightsCheck]):
     """Hash every file of the model's snapshot in the cache under ``cache`` against its blob's name, whatever its
-    time stamps (:func:`~k3deploy.cluster.commands.check_snapshot`; read-only: it writes nothing on the node). It
+    time stamps (:func:`~k3deploy.model.commands.check_snapshot`; read-only: it writes nothing on the node). It
     reads the whole checkpoint: seconds to minutes per node.
 
     >>> c = WeightsHashes().process(["K3_BAD=sha256 " + "1" * 64 + " /c/blobs/" + "2" * 64 + " m-1.safetensors",
@@ -303,7 +303,7 @@ class WeightsHashes(FactBase[WeightsCheck]):
 
 @dataclass(frozen=True)
 class StageDaemon(Jsonable):
-    """The stage's rsync daemon unit (:data:`~k3deploy.cluster.commands.PEERS_UNIT`) as a node has it: ``state``
+    """The stage's rsync daemon unit (:data:`~k3deploy.model.commands.PEERS_UNIT`) as a node has it: ``state``
     is its ActiveState, "" when it is not loaded (no deploy's stage is serving on the node)."""
 
     state: str = ""
@@ -349,7 +349,7 @@ SMOKE_MARK = "K3_SMOKE_RC="
 
 class SmokeAnswer(FactBase[Answer]):
     """One short chat completion through ``endpoint`` as ``model``, sent from this host by the smoke-test script
-    (:func:`k3deploy.cluster.commands.smoke_test`): the answer, or what came back instead."""
+    (:func:`k3deploy.model.commands.smoke_test`): the answer, or what came back instead."""
 
     def command(self, endpoint: str, model: str) -> str:
         return f"( {smoke_test(endpoint, model)} ) 2>&1; echo {SMOKE_MARK}$?"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
-from k3deploy.cluster.commands import (
+from k3deploy.model.commands import (
     endpoint_models,
     health_code,
     lock_read,
@@ -57,7 +57,7 @@ class UnitRun:
 
 
 class UnitRuntime(FactBase[UnitRun]):
-    """One unit as it runs (see :func:`k3deploy.cluster.commands.unit_status`)."""
+    """One unit as it runs (see :func:`k3deploy.model.commands.unit_status`)."""
 
     def command(self, unit: str, container: str, docker: str = "docker", url: str | None = None) -> str:
         return unit_status(unit, container, docker, url)

@@ -29,7 +29,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
 from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError, version_at_least
@@ -46,6 +45,7 @@ from k3deploy.facts.nvidia import (
 )
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, choose_ports
 from k3deploy.facts.rollout import StageDaemon
+from k3deploy.model.requirements import Requirements
 
 NVIDIA_DRIVER_FLOOR = "580.65.06"
 CTK_IMEX_CHANNELS_MIN = "1.17.0"
@@ -652,7 +652,7 @@ def _check_stage_leftover(out: _Out, f: HostFacts) -> None:
     """``stage.peers``: the stage's read-only rsync daemon (root, serving the model cache and the stage directory to
     the cluster's engine hosts) runs only while a stage does; one running now was left by a run that was killed.
     Said only when found (a warning: the next deploy stops it in its first step)."""
-    from k3deploy.cluster.commands import PEERS_UNIT
+    from k3deploy.model.commands import PEERS_UNIT
 
     daemon = f.stage_peers
     if not isinstance(daemon, StageDaemon) or not daemon.running:

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.cluster.requirements import Requirements
+from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import CheckResult, HostFacts, failed_hosts, run_checks, summarize
 from k3deploy.preflight.settings import HostSettings, derive_settings
 

@@ -28,12 +28,12 @@ from pyinfra.api import Config, Inventory, State, StringCommand  # noqa: E402
 from pyinfra.api.exceptions import ConnectError  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
-from k3deploy.cluster.requirements import Requirements  # noqa: E402
 from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
 from k3deploy.facts import host as hostfacts  # noqa: E402
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
 from k3deploy.facts.batch import read_batch  # noqa: E402
 from k3deploy.facts.rollout import StagePeers  # noqa: E402
+from k3deploy.model.requirements import Requirements  # noqa: E402
 from k3deploy.preflight.checks import NVSWITCH_HARDWARE, HostFacts  # noqa: E402
 
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from k3deploy.cluster.requirements import Requirements
 from k3deploy.facts.host import AddressInterface
 from k3deploy.facts.rdma import DmabufSupport, choose_ports
+from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import HostFacts, gpu_topology, no_nvlink_fabric
 
 #: UCX transports for the P/D KV transfer per vendor: RC verbs (RDMA, with UD for its bootstrap) plus the copy

@@ -26,16 +26,6 @@ from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_config, ctx_host, ctx_inventory, ctx_state
 from pyinfra.facts.files import File, FileContents
 
-from k3deploy.cluster import images as image_pins
-from k3deploy.cluster.diff import Installed
-from k3deploy.cluster.images import LocalImage, Resolution
-from k3deploy.cluster.inventory import records_of
-from k3deploy.cluster.observed import token_path
-from k3deploy.cluster.pipeline import Target, desired_rollout, target
-from k3deploy.cluster.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
-from k3deploy.cluster.rollout import Rollout
-from k3deploy.cluster.staging import StagePlan, engines, stage_for
-from k3deploy.cluster.units import GROUP_MEMBER
 from k3deploy.errors import K3Error
 from k3deploy.facts.rollout import (
     Executable,
@@ -56,6 +46,16 @@ from k3deploy.facts.status import (
     UnitRun,
     UnitRuntime,
 )
+from k3deploy.model import images as image_pins
+from k3deploy.model.diff import Installed
+from k3deploy.model.images import LocalImage, Resolution
+from k3deploy.model.inventory import records_of
+from k3deploy.model.observed import token_path
+from k3deploy.model.pipeline import Target, desired_rollout, target
+from k3deploy.model.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
+from k3deploy.model.rollout import Rollout
+from k3deploy.model.staging import StagePlan, engines, stage_for
+from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts
 from k3deploy.preflight.report import PreflightReport, check

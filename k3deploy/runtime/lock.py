@@ -41,8 +41,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from k3deploy.cluster import commands
 from k3deploy.errors import K3Error
+from k3deploy.model import commands
 
 
 class LockHeld(K3Error):

@@ -1,5 +1,5 @@
 """pyinfra operations of the rollout. Each describes desired state and does nothing (``host.noop``) when the
-host already has it; every command they run is a script of :mod:`k3deploy.cluster.commands` (the runbook prints
+host already has it; every command they run is a script of :mod:`k3deploy.model.commands` (the runbook prints
 the same scripts).
 
 Example (in a deploy file)::
@@ -25,12 +25,12 @@ from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.state import StateStage
 from pyinfra.facts.files import FileContents
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.diff import change_lines, env_file_changes, unit_file_changes
-from k3deploy.cluster.observed import ENV_MODE, UNIT_MODE, Installed
-from k3deploy.cluster.rollout import UnitWork
-from k3deploy.cluster.secrets import mask_line
 from k3deploy.facts.rollout import FileOnHost, SmokeAnswer, UnitState
+from k3deploy.model import commands
+from k3deploy.model.diff import change_lines, env_file_changes, unit_file_changes
+from k3deploy.model.observed import ENV_MODE, UNIT_MODE, Installed
+from k3deploy.model.rollout import UnitWork
+from k3deploy.model.secrets import mask_line
 
 
 def sh(script: str) -> StringCommand:
@@ -107,9 +107,9 @@ def upload(dest: str, data: bytes, mode: str, private_in: str | None = None,
            nonce: str | None = None) -> list[PyinfraCommand]:
     """The three commands that write ``data`` to ``dest`` (root's, ``mode``): create ``DIR/.k3-<nonce>.tmp`` (a
     random name drawn on the control machine) root's and 0600, only if the name does not exist, in a directory only
-    root can write to (:func:`~k3deploy.cluster.commands.new_temp`); upload into it (SFTP keeps the file's owner
+    root can write to (:func:`~k3deploy.model.commands.new_temp`); upload into it (SFTP keeps the file's owner
     and mode); check it is still root's and 0600, set ``mode`` and rename it onto ``dest``
-    (:func:`~k3deploy.cluster.commands.put_in_place`).
+    (:func:`~k3deploy.model.commands.put_in_place`).
 
     With ``private_in`` (an operation under ``_sudo``: SFTP uploads as the SSH user, who cannot write a file of
     root's), the SSH user makes a private directory there (0700, a random name, ``mkdir`` fails if it exists) and
@@ -136,7 +136,7 @@ def upload(dest: str, data: bytes, mode: str, private_in: str | None = None,
 
 @operation()
 def owner_and_mode(units: list[UnitWork], installed: Mapping[tuple[str, str], Installed]):
-    """Give root and their modes (:data:`~k3deploy.cluster.observed.UNIT_MODE`, ``ENV_MODE``) back to the unit and
+    """Give root and their modes (:data:`~k3deploy.model.observed.UNIT_MODE`, ``ENV_MODE``) back to the unit and
     env files of ``units`` whose owner or mode drifted, as this run read them (``installed``), content untouched:
     nothing restarts for it."""
     drifted = []
@@ -168,7 +168,7 @@ def file_diff(kind: str, old: str | None, new: str) -> list[str]:
 
 @operation(is_idempotent=False)
 def script(text: str, active: bool = True):
-    """Run one script of :mod:`k3deploy.cluster.commands` on this host (nothing when ``active`` is false)."""
+    """Run one script of :mod:`k3deploy.model.commands` on this host (nothing when ``active`` is false)."""
     if not active or not text:
         host.noop("nothing to do here")
         return

@@ -28,12 +28,13 @@ from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 from pyinfra.operations import python
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.images import holds, named, run_ref
-from k3deploy.cluster.pipeline import Target
-from k3deploy.cluster.revisions import GroupHistory, revision_for, revisions_dir, sha256
-from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes
-from k3deploy.cluster.staging import (
+from k3deploy.errors import K3Error
+from k3deploy.model import commands
+from k3deploy.model.images import holds, named, run_ref
+from k3deploy.model.pipeline import Target
+from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, sha256
+from k3deploy.model.rollout import Rollout, UnitWork, mark_changes
+from k3deploy.model.staging import (
     ARCHIVE,
     OUTSIDE,
     StagePlan,
@@ -43,10 +44,9 @@ from k3deploy.cluster.staging import (
     stage_for,
     summary,
 )
-from k3deploy.cluster.staging import engines as stage_engines
-from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
-from k3deploy.cluster.variables import inventory_path_from_argv
-from k3deploy.errors import K3Error
+from k3deploy.model.staging import engines as stage_engines
+from k3deploy.model.units import GROUP_MEMBER, group_member_text
+from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.recipe.argv import served_model_name
 from k3deploy.runtime import oporder

@@ -1,7 +1,7 @@
 """Readiness gates, run from the control machine over the hosts' own connections.
 
 :func:`wait_group` polls every unit of a started group, each from its own node and all nodes at once, with
-:func:`k3deploy.cluster.commands.probe` (the script the runbook's waits run), until every serving unit answers
+:func:`k3deploy.model.commands.probe` (the script the runbook's waits run), until every serving unit answers
 ``/health`` and ``/v1/models`` (listing the served model name) or one fails. A unit that failed, restarted or
 stopped, an engine whose ``/health`` answers 503, or the deadline stops the whole group, and the
 :class:`Failure` names that node and unit, the phase, what was observed and what was required, with the tail of
@@ -19,8 +19,8 @@ from typing import Any, Literal
 import gevent
 from pyinfra import logger
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.rollout import Rollout, UnitWork
+from k3deploy.model import commands
+from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.recipe.argv import served_model_name
 
 PROBE_MARK = "K3_PROBE="

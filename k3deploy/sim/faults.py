@@ -144,7 +144,7 @@ def _check_value(kind: str, value: str, text: str) -> str:
             raise K3Error(f"bad NPU list {value!r} in {text!r}: give hccn_tool device ids, e.g. 3 or 3,11")
         return ",".join(str(int(i)) for i in ids)
     if kind == "mount-missing":
-        from k3deploy.cluster.units import ASCEND_MOUNTS
+        from k3deploy.model.units import ASCEND_MOUNTS
 
         hosts = {h.rstrip("/"): h for h, _ in ASCEND_MOUNTS}
         if value.rstrip("/") not in hosts:

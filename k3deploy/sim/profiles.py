@@ -357,8 +357,8 @@ def warm_script(hardware: str, ip: str) -> str:
     """Run once when a node of ``hardware`` has booted: compile the simulated tools' modules with the node's own
     Python (the tools never write bytecode themselves), then the read-only tool invocations of k3deploy's preflight
     (its own batch command), which fill the tools' cache (see ``/usr/lib/k3sim/cached``)."""
-    from k3deploy.cluster.requirements import Requirements
     from k3deploy.facts.batch import Batch, specs
+    from k3deploy.model.requirements import Requirements
     from k3deploy.preflight.runner import DEFAULT_CACHE_DIR, fact_plan
 
     need = Requirements(hardware_profiles()[hardware], "default", None, nodes=2, multi_node=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 from pyinfra.api.util import sha1_hash
 
-from k3deploy.cluster.units import GROUP_MEMBER
+from k3deploy.model.units import GROUP_MEMBER
 
 from .conftest import Sim, deploy, k3, skip_no_sim, why
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from k3deploy.cluster import commands
+from k3deploy.model import commands
 
 from .conftest import Sim, deploy, k3, skip_no_sim, why
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from k3deploy.cluster.images import run_ref
+from k3deploy.model.images import run_ref
 
 from .conftest import ROOT, deploy, k3, skip_no_sim, why
 

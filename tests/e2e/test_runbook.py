@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.cluster.runbook import blocks
+from k3deploy.model.runbook import blocks
 
 from .conftest import PYINFRA, ROOT, k3, skip_no_sim, why
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.cluster import commands
+from k3deploy.model import commands
 
 from .conftest import deploy, k3, skip_no_sim, why
 

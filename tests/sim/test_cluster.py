@@ -364,7 +364,7 @@ def test_start_units_reloads_and_enables_only_when_needed(gb300):
     """The rollout's start script on the node's real systemd: a unit systemd saw missing before its file was
     written starts; a restart with the same unit file neither reloads systemd nor enables again; a changed unit file
     is reloaded and its new command runs."""
-    from k3deploy.cluster.commands import start_units
+    from k3deploy.model.commands import start_units
 
     n2 = gb300["nodes"][1]
     unit = "k3start.service"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.cluster import commands
+from k3deploy.model import commands
 from k3deploy.sim import outside
 
 from .test_cluster import k3, needs_sim, ssh

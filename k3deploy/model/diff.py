@@ -1,12 +1,12 @@
 """What a rollout would change, per host: image, container argv, env file, unit file and restarts.
 
 Pure: it compares the rollout (what ``deploy/k3.py`` would write) with what is installed on the hosts
-(read by ``k3deploy plan``). The same :func:`k3deploy.cluster.rollout.mark_changes` decides what restarts, so the
+(read by ``k3deploy plan``). The same :func:`k3deploy.model.rollout.mark_changes` decides what restarts, so the
 plan and the rollout cannot disagree.
 
 Example::
 
-    >>> from k3deploy.cluster.diff import argv_lines
+    >>> from k3deploy.model.diff import argv_lines
     >>> argv_lines(["/usr/bin/docker", "run", "--rm", "--name", "k3", "img:1", "m", "--tp", "8", "--x"])
     ['/usr/bin/docker run', '--rm', '--name k3', 'image img:1', 'm', '--tp 8', '--x']
 """
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.cluster.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
-from k3deploy.cluster.rollout import Rollout, UnitWork, mark_changes, sha256
-from k3deploy.cluster.secrets import mask_value
-from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
+from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
+from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
+from k3deploy.model.secrets import mask_value
+from k3deploy.model.units import GROUP_MEMBER, group_member_text
 
 #: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
 DOCKER_VALUE_OPTIONS = frozenset({
@@ -281,9 +281,9 @@ def unit_changes(u: UnitWork, have: Installed) -> list[dict[str, Any]]:
 
 def file_drift(u: UnitWork, have: Installed, token: str | None = None) -> list[dict[str, Any]]:
     """The unit's files (and, with ``token``, the host's token file) whose owner or mode is not what they must be
-    (:data:`~k3deploy.cluster.observed.UNIT_MODE`, ...): a change the deploy makes without a restart.
+    (:data:`~k3deploy.model.observed.UNIT_MODE`, ...): a change the deploy makes without a restart.
 
-        >>> from k3deploy.cluster.observed import FileMeta
+        >>> from k3deploy.model.observed import FileMeta
         >>> from types import SimpleNamespace as N
         >>> u = N(unit="k3-engine.service", unit_path="/etc/systemd/system/k3-engine.service", env_path="/e/k3.env")
         >>> file_drift(u, Installed(env_meta=FileMeta(1000, 0, "644")))[0]["text"]
@@ -316,7 +316,7 @@ def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
 def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
           helpers: Mapping[str, str | None] | None = None) -> PlanReport:
     """Compare the rollout with the installed state ``(host, unit) -> Installed`` (and ``helpers``: host -> sha256
-    of its :data:`~k3deploy.cluster.units.GROUP_MEMBER`, when read); sets the rollout's ``changed_groups`` exactly
+    of its :data:`~k3deploy.model.units.GROUP_MEMBER`, when read); sets the rollout's ``changed_groups`` exactly
     as the deploy does."""
     mark_changes(rollout, installed)
     order = rollout.restart_order()

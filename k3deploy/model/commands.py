@@ -1,5 +1,5 @@
 """Every shell command the rollout runs on a node, written once: the operations (:mod:`k3deploy.runtime`) run
-these scripts and the runbook (:mod:`k3deploy.cluster.runbook`) prints the same scripts, so the two cannot drift.
+these scripts and the runbook (:mod:`k3deploy.model.runbook`) prints the same scripts, so the two cannot drift.
 
 Each function returns a POSIX ``sh`` script (the operations run it as ``sh -c SCRIPT``; the runbook's blocks
 run under ``bash -e``), so every script is correct under both.
@@ -19,7 +19,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from k3deploy.cluster.images import run_ref
+from k3deploy.model.images import run_ref
 
 #: what one poll of a unit (:func:`probe`) exits with
 PROBE_READY, PROBE_FAILED, PROBE_STARTING = 0, 1, 2
@@ -68,7 +68,7 @@ def digest_check(docker: str, image: str) -> str:
 
 def name_build(docker: str, image: str, tag: str | None = None) -> str:
     """Shell that gives a pinned ``image`` (present by its digest) the local tag the units run
-    (:func:`k3deploy.cluster.images.run_ref`), and moves ``tag`` (the ``REPO:TAG`` it was resolved from) to it, so
+    (:func:`k3deploy.model.images.run_ref`), and moves ``tag`` (the ``REPO:TAG`` it was resolved from) to it, so
     the tag on a node names the build it runs; empty for an image that pins no digest."""
     if "@sha256:" not in image:
         return ""
@@ -573,7 +573,7 @@ def smoke_test(endpoint: str, model: str) -> str:
 
 def list_revisions(directory: str) -> str:
     """The group's current revision and every revision's ``meta.json`` and the files its directory holds (parsed by
-    :func:`k3deploy.cluster.revisions.parse_listing`)."""
+    :func:`k3deploy.model.revisions.parse_listing`)."""
     d = shlex.quote(directory)
     return (f"echo \"K3_CURRENT=$(cat {d}/current 2>/dev/null)\"; for m in {d}/*/meta.json; do "
             f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; echo; "

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from k3deploy.cluster.binding import HostRecord, replica_of
-from k3deploy.cluster.variables import MAX_ARGV, Resolved, Variables, address_error, group_vars_dirs, merge_vars
 from k3deploy.errors import K3Error
+from k3deploy.model.binding import HostRecord, replica_of
+from k3deploy.model.variables import MAX_ARGV, Resolved, Variables, address_error, group_vars_dirs, merge_vars
 from k3deploy.recipe.plan import Plan
 
 ROLE_GROUPS = ("head", "workers", "prefill", "decode", "router")

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from k3deploy.cluster.images import shown
-from k3deploy.cluster.observed import Installed
-from k3deploy.cluster.rollout import Rollout
-from k3deploy.cluster.variables import Variables
+from k3deploy.model.images import shown
+from k3deploy.model.observed import Installed
+from k3deploy.model.rollout import Rollout
+from k3deploy.model.variables import Variables
 
 UP = ("serving", "running")
 #: restarts by systemd after which a unit that is not up is said to be in a crash loop (its starts back off)

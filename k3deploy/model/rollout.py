@@ -13,11 +13,11 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from k3deploy.cluster.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
-from k3deploy.cluster.images import run_ref
-from k3deploy.cluster.observed import Installed
-from k3deploy.cluster.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit
-from k3deploy.cluster.variables import Variables
+from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
+from k3deploy.model.images import run_ref
+from k3deploy.model.observed import Installed
+from k3deploy.model.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit
+from k3deploy.model.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
 

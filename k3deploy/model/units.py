@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from k3deploy.cluster.binding import BoundNode
+from k3deploy.model.binding import BoundNode
 
 #: ``templates/`` of the project (shipped in the package as ``k3deploy/data/templates``)
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"

@@ -14,8 +14,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from k3deploy.cluster.requirements import Requirements
-from k3deploy.cluster.secrets import is_secret
+from k3deploy.model.requirements import Requirements
+from k3deploy.model.secrets import is_secret
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def secret_file(config_dir: str, name: str) -> str:
 
 
 def without_secrets(env_text: str) -> tuple[str, list[str]]:
-    """An env file's text with each secret's value (:mod:`k3deploy.cluster.secrets`) replaced by its placeholder,
+    """An env file's text with each secret's value (:mod:`k3deploy.model.secrets`) replaced by its placeholder,
     and the secrets' names.
 
     >>> without_secrets("A=1\\nDB_PASSWORD=hunter2\\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from k3deploy.cluster.units import ASCEND_MOUNTS
+from k3deploy.model.units import ASCEND_MOUNTS
 
 #: the command a person runs for each preflight check (the facts read the same sources)
 CHECK_COMMANDS: dict[str, str] = {

@@ -29,12 +29,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.images import LocalImage, holds
-from k3deploy.cluster.units import render_template
+from k3deploy.model import commands
+from k3deploy.model.images import LocalImage, holds
+from k3deploy.model.units import render_template
 
 if TYPE_CHECKING:
-    from k3deploy.cluster.rollout import Rollout
+    from k3deploy.model.rollout import Rollout
 
 #: how an artifact reaches a node that fetches it itself
 OUTSIDE, ARCHIVE = "outside", "archive"

@@ -6,7 +6,7 @@ tell (facts, derived settings, installed files) around them. Nothing here reads 
 
 Example::
 
-    >>> from k3deploy.cluster.binding import HostRecord
+    >>> from k3deploy.model.binding import HostRecord
     >>> hosts = [HostRecord("n1", ("head",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.1"}),
     ...          HostRecord("n2", ("workers",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.2"})]
     >>> t = target(hosts, None)
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from k3deploy.cluster.binding import HostRecord
-from k3deploy.cluster.inventory import engine_count, plan_for, variables_for, with_roles
-from k3deploy.cluster.requirements import Requirements
-from k3deploy.cluster.rollout import Rollout, compute
-from k3deploy.cluster.variables import Resolved, Variables
 from k3deploy.errors import K3Error, SelectionError
+from k3deploy.model.binding import HostRecord
+from k3deploy.model.inventory import engine_count, plan_for, variables_for, with_roles
+from k3deploy.model.requirements import Requirements
+from k3deploy.model.rollout import Rollout, compute
+from k3deploy.model.variables import Resolved, Variables
 from k3deploy.recipe import load_recipe
 from k3deploy.recipe.offering import hardware_profile
 from k3deploy.recipe.plan import Plan

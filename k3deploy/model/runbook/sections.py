@@ -1,9 +1,9 @@
 """The sections of a bring-up runbook, one function each, from the same rollout ``deploy/k3.py`` executes.
 
-Every command is a script of :mod:`k3deploy.cluster.commands` (the operations run the same scripts); every
+Every command is a script of :mod:`k3deploy.model.commands` (the operations run the same scripts); every
 command block names the node it runs on. Secrets: the Hugging Face token is referred to by its file, never
-included; a secret-named env value (:mod:`k3deploy.cluster.secrets`) is a placeholder in the env file's block, filled
-on the node from a 0600 file (:func:`k3deploy.cluster.runbook.blanks.fill_secrets`).
+included; a secret-named env value (:mod:`k3deploy.model.secrets`) is a placeholder in the env file's block, filled
+on the node from a 0600 file (:func:`k3deploy.model.runbook.blanks.fill_secrets`).
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from k3deploy.cluster import commands
-from k3deploy.cluster.diff import exec_start
-from k3deploy.cluster.images import run_ref
-from k3deploy.cluster.revisions import revisions_dir
-from k3deploy.cluster.rollout import Rollout, StartPlan
-from k3deploy.cluster.runbook.blanks import Blank, fill_secrets, secret_file, secret_token, without_secrets
-from k3deploy.cluster.runbook.checks import CHECK_COMMANDS, DEVICE_COMMANDS, check_command
-from k3deploy.cluster.runbook.document import Doc
-from k3deploy.cluster.secrets import mask_argv
-from k3deploy.cluster.staging import OUTSIDE, addresses, engines, peers_config, peers_config_path, stage_for, summary
-from k3deploy.cluster.units import GROUP_MEMBER, group_member_text
+from k3deploy.model import commands
+from k3deploy.model.diff import exec_start
+from k3deploy.model.images import run_ref
+from k3deploy.model.revisions import revisions_dir
+from k3deploy.model.rollout import Rollout, StartPlan
+from k3deploy.model.runbook.blanks import Blank, fill_secrets, secret_file, secret_token, without_secrets
+from k3deploy.model.runbook.checks import CHECK_COMMANDS, DEVICE_COMMANDS, check_command
+from k3deploy.model.runbook.document import Doc
+from k3deploy.model.secrets import mask_argv
+from k3deploy.model.staging import OUTSIDE, addresses, engines, peers_config, peers_config_path, stage_for, summary
+from k3deploy.model.units import GROUP_MEMBER, group_member_text
 from k3deploy.recipe.argv import served_model_name
 from k3deploy.recipe.taxonomy import hardware
 
@@ -143,7 +143,7 @@ def prerequisites(doc: Doc, r: Rollout, c: Context) -> None:
 
 
 def stage(doc: Doc, r: Rollout, c: Context) -> None:
-    """The image and the weights: over the uplink once, then node to node (:mod:`k3deploy.cluster.staging`)."""
+    """The image and the weights: over the uplink once, then node to node (:mod:`k3deploy.model.staging`)."""
     v, plan = r.vars, r.plan
     cfg = v.k3_config_dir.rstrip("/")
     sp = stage_for(r, {}, {})   # a fresh cluster: no node holds anything yet

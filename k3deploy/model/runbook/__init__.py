@@ -10,7 +10,7 @@ Example::
 
 from __future__ import annotations
 
-from k3deploy.cluster.runbook.document import Block, Doc, blocks, to_html, to_markdown
-from k3deploy.cluster.runbook.sections import CONTROL, Context, build
+from k3deploy.model.runbook.document import Block, Doc, blocks, to_html, to_markdown
+from k3deploy.model.runbook.sections import CONTROL, Context, build
 
 __all__ = ["CONTROL", "Block", "Context", "Doc", "blocks", "build", "to_html", "to_markdown"]

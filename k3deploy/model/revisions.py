@@ -25,8 +25,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from k3deploy.cluster.secrets import MASK, is_secret, mask_repr, scrub, secret_values
 from k3deploy.errors import K3Error
+from k3deploy.model.secrets import MASK, is_secret, mask_repr, scrub, secret_values
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def runs(rev: Revision, installed: dict[str, str | None]) -> bool:
 
 def revision_for(r: Any, group: str, number: int, *, created: str, variables: dict[str, str], version: str,
                  note: str = "", tag: str = "") -> Revision:
-    """The record of what a group runs now (``r`` a :class:`k3deploy.cluster.rollout.Rollout`): its image is the
+    """The record of what a group runs now (``r`` a :class:`k3deploy.model.rollout.Rollout`): its image is the
     exact build (``REPO@sha256:...`` once ``tag`` was resolved), so a rollback goes back to that build."""
     plan = r.plan
     units = r.group(group)
@@ -189,7 +189,7 @@ def sha256(text: str) -> str:
 
 
 def parse_listing(lines: list[str]) -> GroupHistory:
-    """The output of :func:`k3deploy.cluster.commands.list_revisions` (``K3_CURRENT=``, then per revision
+    """The output of :func:`k3deploy.model.commands.list_revisions` (``K3_CURRENT=``, then per revision
     ``K3_META=<path>``, its JSON and ``K3_KEPT=`` the files of its directory) -> the group's history on that host.
     Unreadable entries are skipped."""
     history = GroupHistory(group="")

@@ -7,7 +7,7 @@ for each group of the host (in inventory order), then the inventory's own data f
 ``inventories/x.py`` + ``group_vars/``); the directory next to the inventory wins. The working directory plays no
 part. Keys that are not ``k3_*`` must be pyinfra's connection settings (``ssh_user``, ``ssh_port``, ``_sudo``, ...):
 they pass through to the connections k3deploy opens. The README's variable table is generated from this model
-(``python -m k3deploy.cluster.variables``) and a test keeps them equal.
+(``python -m k3deploy.model.variables``) and a test keeps them equal.
 
 Every value is checked here, before anything reads a host: addresses and host names (``k3_ip``,
 ``k3_router_host``, ``ssh_hostname``) are IP addresses or RFC 1123 host names; paths on the nodes are absolute
@@ -35,8 +35,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from k3deploy.cluster.secrets import mask_listing
 from k3deploy.errors import K3Error
+from k3deploy.model.secrets import mask_listing
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: one label of an RFC 1123 host name
@@ -444,7 +444,7 @@ class Resolved:
 
     def listing(self, *, everything: bool = False) -> dict[str, dict[str, Any]]:
         """``{name: {"value", "from"}}`` for every variable set somewhere (all of them with ``everything``) and
-        every connection setting from group_vars; secrets masked (:func:`k3deploy.cluster.secrets.mask_listing`)."""
+        every connection setting from group_vars; secrets masked (:func:`k3deploy.model.secrets.mask_listing`)."""
         out = {k: {"value": v, "from": self.source(k)} for k, v in self.vars.model_dump().items()
                if everything or self.source(k) != "default"}
         for k, v in self.connector.items():
