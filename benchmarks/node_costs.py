@@ -50,15 +50,17 @@ def facts_command(inventory: str, host: str) -> str:
     """The batched command the deploy reads ``host`` with (preflight facts + the rollout's own facts)."""
     from k3deploy.facts.batch import Batch, specs
     from k3deploy.model.inventory import records_of
-    from k3deploy.model.pipeline import desired_rollout, target
+    from k3deploy.model.pipeline import target
     from k3deploy.preflight import runner
-    from k3deploy.runtime import gather
+    from k3deploy.runtime.connections import load_inventory
+    from k3deploy.runtime.reading import plan_host
+    from k3deploy.runtime.views import DEPLOY
 
-    state = gather.load_inventory(inventory)
+    state = load_inventory(inventory)
     t = target(records_of(state.inventory), inventory)
     h = next(h for h in state.inventory if h.name == host)
     plan = runner.fact_plan(t.requirements, runner.host_address(h), t.vars.k3_model_cache, t.vars.k3_image_dir or "")
-    extra = gather.rollout_facts(desired_rollout(t), host, health=True)
+    extra = plan_host(t.require_layout(), host, DEPLOY, resolver=None).specs()
     return str(Batch().command(specs([*plan, *extra])))
 
 

@@ -17,7 +17,9 @@ operation, read from pyinfra's output as it arrives); the CPU time of the contro
 tool itself computes and sends); the CPU time of all the simulated nodes together (their cgroup's ``cpu.stat``: sshd,
 the commands the deploy runs, systemd, the simulated tools, engines and watchers); and the operations per node that
 ran commands (pyinfra's "Success" count / N; the facts of a host are one more command). Targets: the time the tool
-adds at 18 trays <= 5 s and <= 1.5x the 2-tray figure, at 72 trays <= 2.5x it; a re-run of 72 trays <= 10 s. Every
+adds at 18 trays <= 5 s and <= 1.5x the 2-tray figure, at 72 trays <= 2.5x it; a re-run of 72 trays <= 10 s; the
+control machine's CPU per added tray (from the smallest run to each larger one: what one more tray costs the pyinfra
+process) <= 25 ms for a first rollout, the re-run's no more than the first rollout's. Every
 simulated node shares this machine's CPUs, so what each node does itself (sshd, its shell, the simulated tools) grows
 with N here, where real nodes run in parallel: the wall time of a run is at least (control CPU + nodes' CPU) / cores.
 
@@ -135,6 +137,18 @@ def measure(n: int, strategy: str) -> dict:
         sim_down(name)
 
 
+def per_added_tray(rows: list[dict]) -> None:
+    """Each row's control CPU per tray added since the smallest run (ms), for the first rollout and the re-run:
+    ``(cpu(N) - cpu(N0)) / (N - N0)`` (``None`` for the smallest run itself)."""
+    base = min(rows, key=lambda r: r["nodes"])
+    for r in rows:
+        added = r["nodes"] - base["nodes"]
+        r["control_cpu_ms_per_added_tray"] = {
+            "first": round(1000 * (r["first"]["control_cpu_s"] - base["first"]["control_cpu_s"]) / added, 1),
+            "rerun": round(1000 * (r["rerun_control_cpu_s"] - base["rerun_control_cpu_s"]) / added, 1),
+        } if added else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", metavar="STRATEGY:TRAYS",
@@ -143,6 +157,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = [measure(int(n), strategy) for strategy, n in (r.split(":") for r in args.runs)]
+    per_added_tray(rows)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -156,6 +171,12 @@ def main() -> None:
               f"{c['engine_start_s']:>7} {c['tool_s']:>6} {c['control_cpu_s']:>7} {c['nodes_cpu_s']:>9} "
               f"{c['ops_per_node']:>5} | {r['idempotent_rerun_s']:>7} {r['rerun_control_cpu_s']:>7} "
               f"{r['rerun_nodes_cpu_s']:>9} {r['rerun_ops']:>4}")
+    base = min(rows, key=lambda r: r["nodes"])
+    for r in rows:
+        per = r["control_cpu_ms_per_added_tray"]
+        if per is not None:
+            print(f"control CPU per added tray, {base['nodes']} -> {r['nodes']} trays: first rollout "
+                  f"{per['first']} ms, re-run {per['rerun']} ms")
 
 if __name__ == "__main__":
     main()

@@ -19,21 +19,30 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     recipe/argv.py (values read back from an argv as vLLM's parser reads them), recipe/printing.py (commands
     printed as the recipes site prints them).
 
-``model/`` -- the deployment model (pure)
+``vendors/`` -- the vendor packs (pure), one place per vendor family
+    vendors/base.py (Pack, Check, Transport, Container: what a pack is), vendors/common.py (the checks every host
+    gets), vendors/nvidia/ (HGX and NVL72 trays), vendors/amd/ (Instinct), vendors/ascend/ (A2/A3): each a pure
+    ``__init__`` (its pack: check ids with command, requirement and fix; transport settings; container devices,
+    mounts and flags; floors) and vendors/<family>/checks.py (the facts it reads and its judges: preflight layer).
+
     model/variables.py (every knob, group_vars merged), model/inventory.py (host records, roles, the plan of an
     inventory), model/requirements.py (what a plan asks of its hosts), model/binding.py (placeholders filled per
     host), model/units.py (container command, env file, systemd unit, the node-side helper
     data/node/k3-group-member that watches a member's head and backs crash loops off), model/unitcheck.py
     (systemd-analyze verify), model/rollout.py (units per host, start order, what restarts), model/observed.py
     (what a host has), model/diff.py (what would change), model/secrets.py (what is never shown),
-    model/commands.py (every shell command the rollout runs), model/runbook/ (the rollout as a runbook),
+    model/commands.py (every shell command the rollout runs), model/steps.py (what a rollout does per host: stage,
+    configure, restart, smoke; rendered as operations and as the runbook), model/runbook/ (the rollout as a runbook),
     model/revisions.py (numbered revisions per group, for history and rollback), model/staging.py (the image and
     the weights over the uplink once, then node to node), model/images.py (a tag resolved to one digest per
     rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
     group and cluster), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
 
 ``runtime/`` -- pyinfra
-    runtime/gather.py (the one pipeline: inventory, facts, checks, rendered files, installed state),
+    runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
+    runtime/views.py (what each use reads: one named view per command), runtime/connections.py (the inventory
+    loaded, hosts connected and disconnected), runtime/reading.py (the typed plan of what each host is asked, and
+    its typed reading),
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
     runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply),
     runtime/lock.py (the deployment lock: one run at a time changes a cluster).
@@ -42,12 +51,14 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
-    run, the public endpoint).
+    run, the public endpoint), facts/parallel.py (every host at once).
 
 ``preflight/`` -- host checks
+    preflight/base.py (host facts, results, what a vendor's preflight side provides),
     preflight/checks.py (facts -> results), preflight/settings.py (NCCL/UCX/HCCL settings derived from facts),
     preflight/report.py (one typed report), preflight/runner.py (which facts, read on one host; local capture),
-    preflight/probe.py (the opt-in in-image NCCL probe, k3_nccl_probe).
+    preflight/probe.py (the opt-in in-image NCCL probe, k3_nccl_probe), preflight/across.py (the checks across
+    hosts: the router's command, the image's digest, the Ascend peer round, the NCCL probe).
 
 ``sim/`` -- the simulated cluster (see its own module map)
     sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,

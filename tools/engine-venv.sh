@@ -23,7 +23,7 @@
 #   VLLM_VERSION    default 0.33.0
 #   ROUTER_VERSION  default 0.1.17
 #
-# Used by: tests/conformance/check_argv.py, tests/conformance/test_parsers.py, tools/gen_catalogs.py.
+# Used by: tests/helpers/check_argv.py, tests/unit/test_conformance.py, tools/gen_catalogs.py.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,13 +1,16 @@
 """The ``k3deploy`` command line.
 
 Sub-commands are imported lazily so that ``k3deploy resolve`` stays fast: pyinfra, rich and the simulation
-are only imported by the commands that need them. To add a command, add one line to ``COMMANDS``.
+are only imported by the commands that need them, and gevent only by a command line that may reach hosts
+(:func:`reaches_hosts`). To add a command, add one line to ``COMMANDS`` (and to ``OFFLINE`` if it never reaches a
+host).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import cast
 
 import click
 
@@ -27,6 +30,31 @@ COMMANDS: dict[str, str] = {
     "verify": "k3deploy.cli.verify:verify",
 }
 
+#: commands that reach no host unless given ``--inventory``: their process is not patched for gevent
+OFFLINE: frozenset[str] = frozenset({"lint", "options", "resolve"})
+
+
+def reaches_hosts(args: list[str]) -> bool:
+    """Whether a command line may reach hosts, and so wants :func:`green_io`: any command but an ``OFFLINE`` one
+    without ``--inventory``. The group's own options (``--help``, ``--version``) take no value, so the first word
+    that is not an option names the command.
+
+    >>> reaches_hosts(["resolve", "--hardware", "gb300", "--json"])
+    False
+    >>> reaches_hosts(["resolve", "--inventory", "inventories/gb300.py"])
+    True
+    >>> reaches_hosts(["plan", "inventories/gb300.py"])
+    True
+    >>> reaches_hosts(["--version"])
+    False
+    """
+    command = next((arg for arg in args if not arg.startswith("-")), None)
+    if command is None:
+        return False
+    if command not in OFFLINE:
+        return True
+    return any(arg == "--inventory" or arg.startswith("--inventory=") for arg in args)
+
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -37,7 +65,7 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return cast(click.Command, getattr(importlib.import_module(module), attr))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +77,8 @@ def cli() -> None:
 def green_io() -> None:
     """Patch the standard library's blocking I/O for gevent, as pyinfra's own command does: the commands that reach
     hosts read them in parallel greenlets over pyinfra's connections. Done by the process's own entry point only, first
-    thing, before anything imports socket or ssl."""
+    thing, before any command is imported, and only for a command line that may reach hosts (:func:`reaches_hosts`):
+    the others do without importing gevent."""
     from gevent import monkey
 
     monkey.patch_all()
@@ -60,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
 
     Called with ``argv`` (from Python, e.g. a test), the caller's process is left as it is: its hosts are read one
     after another instead of in parallel greenlets (see :func:`green_io`)."""
-    if argv is None:
+    if argv is None and reaches_hosts(sys.argv[1:]):
         green_io()
     try:
         rv = cli.main(args=argv, prog_name="k3deploy", standalone_mode=False)

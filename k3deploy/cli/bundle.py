@@ -9,7 +9,7 @@ import os
 import tarfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,6 +18,9 @@ from k3deploy.errors import K3Error
 from k3deploy.model.secrets import mask_line
 from k3deploy.model.secrets import scrub as scrub_values
 from k3deploy.model.secrets import secret_values as env_secrets
+
+if TYPE_CHECKING:
+    from k3deploy.runtime.gather import Gathered
 
 
 def _json(data: Any) -> str:
@@ -34,48 +37,51 @@ def scrub(text: str, secrets: list[str]) -> str:
     return scrub_values("\n".join(mask_line(line) for line in text.split("\n")), secrets)
 
 
-def secret_values(cluster: Any) -> list[str]:
+def secret_values(gathered: Gathered) -> list[str]:
     """The values of every secret-named env setting: of the variables, the planned env files and those installed
     (so they are masked wherever they appear, not only in ``NAME=value`` lines)."""
-    values = env_secrets(cluster.target.vars.k3_extra_env)
-    texts = [u.env_text for u in cluster.require_rollout().units]
-    texts += [i.env_text for i in cluster.installed.values() if i.env_text]
+    values = env_secrets(gathered.target.vars.k3_extra_env)
+    texts = [u.env_text for u in gathered.require_rollout().units]
+    texts += [i.env_text for i in gathered.installed.values() if i.env_text]
     for text in texts:
         values += env_secrets(dict(line.split("=", 1) for line in text.splitlines() if "=" in line))
     return sorted(set(values), key=len, reverse=True)
 
 
-def bundle_files(cluster: Any, inventory: str, version: str, secrets: list[str]) -> dict[str, str]:
-    """The bundle's files by path: the tool's version, variables, plan, status, preflight, and per host its facts,
-    and per unit its unit and env files (as installed), journal and container log."""
+def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list[str]) -> dict[str, str]:
+    """The bundle's files by path: the tool's version, variables, plan, status, preflight, and per host its facts
+    and what the rollout read there, and per unit its unit and env files (as installed), journal and container
+    log."""
     from k3deploy.cli.plan import staging_lines
     from k3deploy.cli.status import status_of
     from k3deploy.model.diff import build
 
-    r = cluster.require_rollout()
-    t = cluster.target
+    r = gathered.require_rollout()
+    t = gathered.target
     first = t.resolved[t.records[0].name]
-    secrets = list(secrets) + secret_values(cluster)
-    plan = build(r, cluster.installed, cluster.helpers)
-    plan.staging = staging_lines(cluster)
+    secrets = list(secrets) + secret_values(gathered)
+    plan = build(r, gathered.installed, gathered.helpers)
+    plan.staging = staging_lines(gathered)
     files = {
         "VERSION": f"k3deploy {version}\ncollected {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
                    f"inventory {inventory}\n",
         "variables.json": _json({"group_vars": first.files, "variables": first.listing()}),
         "plan.json": _json(plan.to_dict()),
-        "status.json": _json(status_of(cluster).to_dict()),
-        "preflight.json": _json(cluster.preflight.to_dict() if cluster.preflight else None),
+        "status.json": _json(status_of(gathered).to_dict()),
+        "preflight.json": _json(gathered.preflight.to_dict() if gathered.preflight else None),
     }
-    for f in cluster.facts:
+    for f in gathered.facts:
         files[f"hosts/{f.host}/facts.json"] = _json(f)
+    for host, reading in gathered.readings.items():
+        files[f"hosts/{host}/read.json"] = _json(reading)
     for u in r.units:
-        have = cluster.installed.get((u.host, u.unit))
+        have = gathered.installed.get((u.host, u.unit))
         base = f"hosts/{u.host}/{u.unit}"
         if have is not None and have.unit_text is not None:
             files[f"{base}.unit"] = have.unit_text
         if have is not None and have.env_text is not None:
             files[f"{base}.env"] = have.env_text
-        for kind, text in cluster.logs.get((u.host, u.unit), {}).items():
+        for kind, text in gathered.logs.get((u.host, u.unit), {}).items():
             files[f"{base}.{kind}.log"] = text
     return {path: scrub(text, secrets) for path, text in files.items()}
 
@@ -101,14 +107,16 @@ def bundle(inventory: str, output: str, lines: int, as_json: bool) -> None:
     target = Path(output)
     if not target.parent.is_dir():
         raise K3Error(f"-o {output}: directory {target.parent} does not exist: create it or choose another path")
-    cluster = read_cluster("bundle", inventory, installed=True, runtime=True, logs=lines)
+    from k3deploy.runtime import views
+
+    gathered = read_cluster("bundle", inventory, view=views.bundle(lines))
     secrets = []
-    token_file = cluster.target.vars.k3_hf_token_file
+    token_file = gathered.target.vars.k3_hf_token_file
     if token_file and Path(token_file).is_file():
         token = Path(token_file).read_text().strip()
         if token:
             secrets.append(token)
-    files = bundle_files(cluster, inventory, version("k3deploy"), secrets)
+    files = bundle_files(gathered, inventory, version("k3deploy"), secrets)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for path, text in sorted(files.items()):
@@ -125,4 +133,4 @@ def bundle(inventory: str, output: str, lines: int, as_json: bool) -> None:
     if as_json:
         echo_json({"output": output, "files": sorted(files)})
     else:
-        click.echo(f"wrote {output}: {len(files)} files from {len(cluster.target.records)} host(s)")
+        click.echo(f"wrote {output}: {len(files)} files from {len(gathered.target.records)} host(s)")

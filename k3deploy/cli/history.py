@@ -29,11 +29,12 @@ def history(inventory: str, as_json: bool) -> None:
     INVENTORY --rollback N).
     """
     from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.views import HISTORY
 
-    cluster = read_cluster("history", inventory, installed=True)
-    require_reachable(cluster)
-    groups = {g: h for g, h in cluster.history.items()}
-    values = secret_values(cluster.target.vars.k3_extra_env)
+    gathered = read_cluster("history", inventory, view=HISTORY)
+    require_reachable(gathered)
+    groups = {g: h for g, h in gathered.history.items()}
+    values = secret_values(gathered.target.vars.k3_extra_env)
     if as_json:
         echo_json({"inventory": inventory, "groups": {
             g: {"current": h.current, "hosts": h.hosts,
@@ -65,11 +66,11 @@ def history(inventory: str, as_json: bool) -> None:
                               "refused)", highlight=False, soft_wrap=True)
 
 
-def shown(h: GroupHistory, n: int, values: list[str]) -> dict[str, Any]:
-    """Revision ``n`` as history shows it: its record (secrets masked, whatever wrote it), whether every host of the
-    group holds it (``restorable``) and the hosts that lack it (``missing_on``)."""
-    rev = asdict(h.revisions[n])
+def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, Any]:
+    """Revision ``number`` as history shows it: its record (secrets masked, whatever wrote it), whether every host of
+    the group holds it (``restorable``) and the hosts that lack it (``missing_on``)."""
+    rev = asdict(history.revisions[number])
     rev["variables"] = masked_variables(rev["variables"], values)
-    rev["restorable"], rev["missing_on"] = h.restorable(n), h.lacking(n)
-    rev["served"] = h.served(n)
+    rev["restorable"], rev["missing_on"] = history.restorable(number), history.lacking(number)
+    rev["served"] = history.served(number)
     return rev

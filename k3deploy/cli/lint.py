@@ -82,13 +82,13 @@ def _render(report: LintReport) -> None:
 
 def _lint_inventory(inventory: str, as_json: bool) -> int:
     """Findings of the plan an inventory deploys (k3_extra_args included); 1 when any is an error."""
-    from k3deploy import load_recipe
     from k3deploy.cli.common import read_cluster
     from k3deploy.recipe.lint import lint_plan
+    from k3deploy.runtime.views import INVENTORY_ONLY
 
-    t = read_cluster("lint", inventory, facts=False).target
+    t = read_cluster("lint", inventory, view=INVENTORY_ONLY).target
     plan = t.require_plan()
-    found = lint_plan(load_recipe(t.vars.k3_recipe), plan)
+    found = lint_plan(t.recipe, plan)
     errors = sum(f.severity == "error" for f in found)
     if as_json:
         echo_json({"inventory": inventory, "findings": [f.to_dict() for f in found], "errors": errors})

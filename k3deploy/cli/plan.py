@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from k3deploy.errors import K3Error
+
+if TYPE_CHECKING:
+    from k3deploy.runtime.gather import Gathered
 
 EXIT_CHANGES = 3
 
@@ -41,32 +44,33 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     from k3deploy.cli.common import read_cluster
     from k3deploy.model.diff import build, render_text
     from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.views import PLAN
 
     wanted: bool | int | None = None
     if rollback is not None:
         if rollback != "previous" and not rollback.isdigit():
             raise K3Error(f"--rollback {rollback}: use 'previous' or a revision number (k3deploy history {inventory})")
         wanted = True if rollback == "previous" else int(rollback)
-    cluster = read_cluster("plan", inventory, overrides={"k3_rollback": wanted}, health=True)
-    require_reachable(cluster)
-    rollout = cluster.require_rollout()
-    report = build(rollout, cluster.installed, cluster.helpers)
-    failures = ({h: [f.line() for f in fs] for h, fs in cluster.preflight.failures_by_host().items()}
-                if cluster.preflight else {})
+    gathered = read_cluster("plan", inventory, view=PLAN, overrides={"k3_rollback": wanted})
+    require_reachable(gathered)
+    rollout = gathered.require_rollout()
+    report = build(rollout, gathered.installed, gathered.helpers)
+    failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
+                if gathered.preflight else {})
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
-    report.notes += revision_notes(cluster) + image_notes(cluster)
+    report.notes += revision_notes(gathered) + image_notes(gathered)
     report.notes += [f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock "
-                     f"{inventory} --run ID)" for line in cluster.lock_lines()]
-    report.staging = staging_lines(cluster)
-    t = cluster.target
+                     f"{inventory} --run ID)" for line in gathered.lock_lines()]
+    report.staging = staging_lines(gathered)
+    t = gathered.target
     first = t.resolved[t.records[0].name]
     if as_json:
         data = report.to_dict()
         data["preflight_failures"] = failures
-        data["lock"] = cluster.lock_lines()
+        data["lock"] = gathered.lock_lines()
         data["group_vars"], data["variables"] = first.files, first.listing()
-        res = cluster.resolution
+        res = gathered.resolution
         data["image"] = {"image": rollout.plan.image, "tag": res.image if res else None,
                          "digest": res.digest if res else None, "resolved_on": res.host if res else None}
         click.echo(json.dumps(data, indent=2))
@@ -83,38 +87,38 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     return report.exit_code
 
 
-def staging_lines(cluster: Any) -> list[str]:
+def staging_lines(gathered: Gathered) -> list[str]:
     """What the stage still has to bring, and why, per host (empty when every engine node holds both)."""
     from k3deploy.model.staging import summary
 
-    sp = cluster.stage
+    sp = gathered.stage
     if sp is None or not (sp.takes_part or sp.image.require or sp.weights.require):
         return []
     lines = summary(sp)
-    for host, status in cluster.weights.items():
+    for host, status in gathered.weights.items():
         if not status.verified:
             lines.append(f"{host}: weights {status.describe()}")
     return lines
 
 
-def image_notes(cluster: Any) -> list[str]:
+def image_notes(gathered: Gathered) -> list[str]:
     """The build the rollout pins: the digest the registry gives for the image's tag now."""
-    res = cluster.resolution
+    res = gathered.resolution
     if res is None or res.digest is None:
         return []
     return [f"image {res.image} is {res.digest} in the registry (asked from {res.host}): every node runs "
             f"{res.pinned}"]
 
 
-def revision_notes(cluster: Any) -> list[str]:
+def revision_notes(gathered: Gathered) -> list[str]:
     """What the plan means for each group's revisions: a rollback previewed, or a group running an older
     revision than the variables describe."""
     notes = []
-    for group, h in cluster.history.items():
-        if group in cluster.rollback_to:
+    for group, h in gathered.history.items():
+        if group in gathered.rollback_to:
             notes.append(f"group {group}: a rollback from revision {h.current} to revision "
-                         f"{cluster.rollback_to[group]} (pyinfra INVENTORY deploy/k3.py -y --data "
-                         f"k3_rollback={cluster.rollback_to[group]} applies it)")
+                         f"{gathered.rollback_to[group]} (pyinfra INVENTORY deploy/k3.py -y --data "
+                         f"k3_rollback={gathered.rollback_to[group]} applies it)")
         elif h.current is not None and h.newest_served is not None and h.current < h.newest_served:
             notes.append(f"group {group} runs revision {h.current}, rolled back from {h.newest_served}: the "
                          "variables still ask for the newer settings, so the changes above take it forward again")

@@ -83,20 +83,20 @@ def preflight(inventory: str, hardware: str | None, strategy: str | None, varian
     failed; 2: bad input.
     """
     from k3deploy.cli.common import read_cluster
-    from k3deploy.recipe import load_recipe
     from k3deploy.recipe.lint import echo_findings
+    from k3deploy.runtime.views import PREFLIGHT
 
     overrides = {"k3_hardware": hardware.lower() if hardware else None, "k3_strategy": strategy,
                  "k3_variant": variant, "k3_model_cache": cache_dir, "k3_image_dir": image_dir}
-    cluster = read_cluster("preflight", inventory, overrides=overrides, installed=False, require_plan=False)
-    report = cluster.preflight
+    gathered = read_cluster("preflight", inventory, view=PREFLIGHT, overrides=overrides)
+    report = gathered.preflight
     assert report is not None
-    t = cluster.target
+    t = gathered.target
     if nodes is not None and nodes != t.requirements.nodes:
         raise K3Error(f"--nodes {nodes}: {inventory} plans {t.requirements.nodes} engine node(s); add or remove hosts "
                       "or drop --nodes")
     if t.plan is not None:
-        echo_findings(load_recipe(t.vars.k3_recipe), t.plan, lambda line: click.echo(line, err=True))
+        echo_findings(t.recipe, t.plan, lambda line: click.echo(line, err=True))
     else:
         click.echo(f"warning: no plan for these hosts ({t.plan_error}); the hosts are checked against "
                    f"{t.requirements.hardware.id} x {t.requirements.nodes}", err=True)

@@ -28,7 +28,7 @@ def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None
         return
     from k3deploy import load_recipe
     from k3deploy import resolve as do_resolve
-    from k3deploy.recipe.printing import GPU_FLAGS, format_exports
+    from k3deploy.recipe.printing import format_exports
 
     recipe = load_recipe(recipe_path)
     plan = do_resolve(recipe, **selection_kwargs(params))
@@ -51,13 +51,17 @@ def resolve(recipe_path: str | None, as_json: bool, inventory: str | None = None
         if node.env:
             click.echo(format_exports(node.env))
         click.echo(node.command)
-    if len(engines) == 1 and plan.vendor in GPU_FLAGS:
+    from k3deploy.vendors import pack_for_container
+
+    pack = pack_for_container(plan.vendor)
+    site_form = pack is not None and pack.site_docker_form
+    if len(engines) == 1 and site_form:
         click.echo("\n# the recipes site's docker run form (single node; the unit k3deploy installs runs the "
                    "container command `k3deploy resolve --inventory INVENTORY` prints)")
         click.echo(plan.site_docker_command(engines[0]))
     else:
-        why = ("Ascend NPUs need their devices and driver mounts, not --gpus" if plan.vendor not in GPU_FLAGS else
-               "nodes of a multi-node group need host networking and the RDMA devices, not -p")
+        why = ("nodes of a multi-node group need host networking and the RDMA devices, not -p" if site_form else
+               pack.no_site_docker_why if pack is not None else f"no vendor pack for {plan.vendor}")
         click.echo(f"\n# no docker run form: the recipes site's would not run here ({why}); "
                    "`k3deploy resolve --inventory INVENTORY` prints the container command each node's unit runs")
 
@@ -76,14 +80,15 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object]) -> N
     from k3deploy.model.diff import exec_start
     from k3deploy.model.secrets import MASK, is_secret, mask_argv, mask_env
     from k3deploy.recipe.printing import format_exports
+    from k3deploy.runtime.views import INVENTORY_ONLY
 
     given = [f"--{k.replace('_', '-')}" for k, v in params.items() if v not in (None, "default")]
     if given:
         raise K3Error(f"{', '.join(given)} cannot be combined with --inventory: the selection comes from the "
                       "inventory's group_vars (k3_hardware, k3_strategy, ...)")
-    cluster = read_cluster("resolve", spec, facts=False)
-    r = cluster.require_rollout()
-    first = cluster.target.resolved[cluster.target.records[0].name]
+    gathered = read_cluster("resolve", spec, view=INVENTORY_ONLY)
+    r = gathered.require_rollout()
+    first = gathered.target.resolved[gathered.target.records[0].name]
     for w in r.plan.warnings:
         click.echo(f"warning: {w}", err=True)
     if as_json:

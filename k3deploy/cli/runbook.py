@@ -36,49 +36,32 @@ def runbook(inventory: str, output: str, fmt: str | None, offline: bool) -> None
     """
     from importlib.metadata import version
 
-    from k3deploy import load_recipe
     from k3deploy.cli.common import read_cluster
     from k3deploy.model.runbook import Context, build, to_html, to_markdown
     from k3deploy.recipe.taxonomy import hardware
     from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.views import OFFLINE_RUNBOOK, RUNBOOK
 
     if fmt is None:
         fmt = "html" if output.lower().endswith((".html", ".htm")) else "md"
     target = Path(output)
     if not target.parent.is_dir():
         raise K3Error(f"-o {output}: directory {target.parent} does not exist: create it or choose another path")
-    blanks: list[Any] = []
-    if offline:
-        from k3deploy.model.pipeline import desired_rollout
-        from k3deploy.model.runbook.blanks import offline_env
-
-        cluster = read_cluster("runbook", inventory, facts=False)
-        t = cluster.target
-        t.require_plan()
-        host_env: dict[str, dict[str, str]] = {}
-        ifaces: dict[str, str] = {}
-        for rec in t.records:
-            env, mine = offline_env(t.requirements, rec.name, rec.address)
-            host_env[rec.name] = env
-            ifaces[rec.name] = t.vars.k3_iface or next(b.token for b in mine if b.name == "IFACE")
-            blanks += mine
-        r = desired_rollout(t, ifaces=ifaces, host_env=host_env)
-        rows: list[Any] = []
-    else:
-        cluster = read_cluster("runbook", inventory, installed=False, pin_image=True)
-        require_reachable(cluster)
-        r = cluster.require_rollout()
-        rows = cluster.preflight.results if cluster.preflight else []
-    doc = build(r, Context(inventory=inventory, preflight=rows, addresses=cluster.addresses, ssh=cluster.ssh,
-                           brand=str(hardware()[r.plan.hardware].brand), guide=load_recipe(r.vars.k3_recipe).guide,
-                           version=version("k3deploy"), blanks=blanks, tag=cluster.pinned_tag))
+    gathered = read_cluster("runbook", inventory, view=OFFLINE_RUNBOOK if offline else RUNBOOK)
+    if not offline:
+        require_reachable(gathered)
+    r = gathered.require_rollout()
+    rows: list[Any] = gathered.preflight.results if gathered.preflight else []
+    doc = build(r, Context(inventory=inventory, preflight=rows, addresses=gathered.addresses, ssh=gathered.ssh,
+                           brand=str(hardware()[r.plan.hardware].brand), guide=gathered.target.recipe.guide,
+                           version=version("k3deploy"), blanks=list(gathered.blanks), tag=gathered.pinned_tag))
     text = to_html(doc) if fmt == "html" else to_markdown(doc)
     try:
         target.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise K3Error(f"-o {output}: cannot write: {exc.strerror}: choose a writable path") from None
     click.echo(f"wrote {output} ({fmt}, {len(r.units)} unit(s) on {len({u.host for u in r.units})} host(s))")
-    failing = sorted(cluster.preflight.failures_by_host()) if cluster.preflight else []
+    failing = sorted(gathered.preflight.failures_by_host()) if gathered.preflight else []
     if failing:
         click.echo("warning: preflight fails on " + ", ".join(failing)
                    + ": the runbook's prerequisites section lists what to fix", err=True)

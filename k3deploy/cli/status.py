@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
+
+if TYPE_CHECKING:
+    from k3deploy.model.status import ClusterStatus
+    from k3deploy.runtime.gather import Gathered
 
 
 def _uptime(seconds: float | None) -> str:
@@ -29,21 +34,25 @@ def _image_cell(image: str | None, image_id: str | None) -> str:
     return "\n".join(lines + ([image_id[:19]] if image_id else []))
 
 
-def read_status(inventory: str):  # noqa: ANN201  (-> ClusterStatus, and the deployment lock's holders)
-    cluster = read_cluster("status", inventory, installed=True, runtime=True)
-    return status_of(cluster), cluster.lock_lines()
+def read_status(inventory: str) -> tuple[ClusterStatus, list[str]]:
+    """The status of the inventory's cluster, and the deployment lock's holders (one line each)."""
+    from k3deploy.runtime.views import STATUS
+
+    gathered = read_cluster("status", inventory, view=STATUS)
+    return status_of(gathered), gathered.lock_lines()
 
 
-def status_of(cluster):  # noqa: ANN001, ANN201  (Cluster -> ClusterStatus)
-    from k3deploy.model.runbook.sections import served_model
+def status_of(gathered: Gathered) -> ClusterStatus:
     from k3deploy.model.status import assess
+    from k3deploy.model.steps import served_model
 
-    r = cluster.require_rollout()
-    down = set(cluster.preflight.unreachable()) if cluster.preflight else set()
-    return assess(r, served_model(r), cluster.runs, cluster.installed, cluster.endpoint_models, down, time.time())
+    rollout = gathered.require_rollout()
+    down = set(gathered.preflight.unreachable()) if gathered.preflight else set()
+    return assess(rollout, served_model(rollout), gathered.runs, gathered.installed, gathered.endpoint_models, down,
+                  time.time())
 
 
-def show(st, console) -> None:  # noqa: ANN001  (ClusterStatus, rich Console)
+def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
     from rich.table import Table
 
     colour = {"serving": "green", "running": "green", "degraded": "yellow", "starting": "yellow"}

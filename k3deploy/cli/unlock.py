@@ -31,9 +31,10 @@ def unlock(inventory: str, run_id: str | None, as_json: bool) -> None:
       k3deploy unlock inventories/gb300.py
       k3deploy unlock inventories/gb300.py --run 3f2a9c1b7e4d
     """
+    from k3deploy.facts.parallel import each_host
     from k3deploy.model import commands
     from k3deploy.preflight import runner
-    from k3deploy.runtime.gather import connect, disconnect, each_host, open_inventory
+    from k3deploy.runtime.connections import connect, disconnect, open_inventory
     from k3deploy.runtime.lock import LockRecord, held_summary, run_on
 
     if run_id is not None and not run_id.isalnum():

@@ -25,8 +25,9 @@ def vars_cmd(inventory: str, host: str | None, everything: bool, as_json: bool) 
       k3deploy vars inventories/gb300.py
       k3deploy vars inventories/gb300.py --host gb300-node2 --all --json
     """
-    cluster = read_cluster("vars", inventory, facts=False, require_plan=False)
-    t = cluster.target
+    from k3deploy.runtime.views import VARIABLES
+
+    t = read_cluster("vars", inventory, view=VARIABLES).target
     names = [r.name for r in t.records]
     if host is not None and host not in names:
         raise K3Error(f"--host {host}: not in {inventory} (hosts: {', '.join(names)})")

@@ -64,15 +64,14 @@ class Verification:
 def verify_cluster(inventory: str) -> Verification:
     """Run the check on every engine host of the inventory's plan, in parallel (one command per host)."""
     from k3deploy.facts.batch import read_batch
+    from k3deploy.facts.parallel import each_host
     from k3deploy.facts.rollout import WeightsHashes
-    from k3deploy.model.pipeline import desired_rollout
     from k3deploy.model.staging import engines
     from k3deploy.preflight import runner
-    from k3deploy.runtime.gather import connect, disconnect, each_host, open_inventory
+    from k3deploy.runtime.connections import connect, disconnect, open_inventory
 
     state, t = open_inventory(inventory)
-    t.require_plan()
-    r = desired_rollout(t)
+    r = t.require_layout()   # which hosts run an engine: the rollout's files are not needed
     v = r.vars
     names = engines(r)
     hosts = [h for h in state.inventory if h.name in names]

@@ -15,6 +15,7 @@ from k3deploy.facts.base import (
     Unparsable,
     sections,
 )
+from k3deploy.vendors.amd import PACK
 
 ROCM_HINT = "is the amdgpu driver with ROCm SMI (amd-smi / rocm-smi) installed?"
 
@@ -69,7 +70,7 @@ class AmdSmiVersion(K3Fact[AmdSmiVersions]):
 
     tool = required_binary = "amd-smi"
     hint = ROCM_HINT
-    shown_command = "amd-smi version"
+    shown_command = PACK.command_of("rocm.version")
 
 
     def parse(self, lines: list[str]) -> AmdSmiVersions:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3deploy.facts.base import EXIT_MARK, FACT_TIMEOUT_S, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
-from k3deploy.model.units import ContainerSpec, prepared_mount_sources
+from k3deploy.vendors.ascend import PACK
 
 NPU_HINT = "is the Ascend driver (HDK) with npu-smi installed?"
 _BUS_ID_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
@@ -96,7 +96,7 @@ class NpuSmiInfo(K3Fact[NpuInfo]):
 
     tool = required_binary = "npu-smi"
     hint = NPU_HINT
-    shown_command = "npu-smi info"
+    shown_command = PACK.command_of("ascend.driver")
 
 
     def parse(self, lines: list[str]) -> NpuInfo:
@@ -104,10 +104,9 @@ class NpuSmiInfo(K3Fact[NpuInfo]):
 
 
 def ascend_mount_sources() -> list[str]:
-    """The host paths an Ascend engine container bind-mounts and the deploy does not create (the one list of
-    :func:`k3deploy.model.units.bind_mounts`)."""
-    spec = ContainerSpec(name="", image="", vendor="npu", env_file="", cache_dir="", gpus_per_node=0)
-    return prepared_mount_sources(spec)
+    """The host paths an Ascend engine container bind-mounts and the deploy does not create: the pack's driver
+    mounts (:attr:`k3deploy.vendors.ascend.MOUNTS`, the list :func:`k3deploy.model.units.bind_mounts` writes)."""
+    return [host for host, _ in PACK.container.mounts]
 
 
 @dataclass(frozen=True)
@@ -169,7 +168,7 @@ class AscendVersions(K3Fact[AscendVersionInfo]):
 
     tool = "Ascend version.info"
     hint = NPU_HINT
-    shown_command = "cat /usr/local/Ascend/driver/version.info"
+    shown_command = PACK.command_of("ascend.versions")
 
     def command(self, paths: list[str] | None = None) -> str:
         arch = "$(uname -m)"

@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pyinfra.api import FactBase
+from pyinfra.api.facts import FactBase
 
 #: seconds a vendor tool may run before it is stopped (``nvidia-smi`` can hang on a GPU in a bad state)
 FACT_TIMEOUT_S = 60

@@ -33,8 +33,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from pyinfra.api import FactBase
-from pyinfra.api.facts import get_fact
+from pyinfra.api.facts import FactBase, get_fact
 from pyinfra.connectors.fake import FakeConnector
 
 #: the line before each fact's output, and the line a fact prints when its required command is missing

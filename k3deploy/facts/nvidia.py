@@ -16,6 +16,7 @@ from k3deploy.facts.base import (
     first_line,
     sections,
 )
+from k3deploy.vendors.nvidia import PACK
 
 DRIVER_HINT = "is the NVIDIA driver installed?"
 NA_VALUES = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
@@ -198,7 +199,7 @@ class NvidiaContainerToolkit(K3Fact[ToolkitVersion]):
 
     tool = required_binary = "nvidia-ctk"
     hint = "is the NVIDIA Container Toolkit (nvidia-container-toolkit) installed?"
-    shown_command = "nvidia-ctk --version"
+    shown_command = PACK.command_of("container.toolkit")
 
 
     def parse(self, lines: list[str]) -> ToolkitVersion:
@@ -261,7 +262,7 @@ class FabricManager(K3Fact[FabricManagerState]):
 
     tool = required_binary = "systemctl"
     hint = "Fabric Manager is checked with systemd's systemctl"
-    shown_command = "systemctl is-active nvidia-fabricmanager; nv-fabricmanager --version"
+    shown_command = PACK.command_of("nvidia.fabricmanager")
 
     def command(self) -> str:
         return (
@@ -315,7 +316,7 @@ class Imex(K3Fact[ImexState]):
 
     tool = required_binary = "systemctl"
     hint = "IMEX is checked with systemd's systemctl"
-    shown_command = "systemctl is-active nvidia-imex; ls /dev/nvidia-caps-imex-channels"
+    shown_command = PACK.command_of("nvidia.imex")
 
     def command(self) -> str:
         return (
@@ -456,7 +457,7 @@ class ImexDomain(K3Fact[ImexDomainState]):
 
     tool = required_binary = "nvidia-imex-ctl"
     hint = "is the nvidia-imex package (which ships nvidia-imex-ctl) installed?"
-    shown_command = "nvidia-imex-ctl -N"
+    shown_command = PACK.command_of("nvidia.imex.domain")
 
     def parse(self, lines: list[str]) -> ImexDomainState:
         return parse_imex_domain(lines)

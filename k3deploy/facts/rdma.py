@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from k3deploy.facts.base import (
     ABSENT_MARK,
@@ -58,8 +59,8 @@ def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
     ('mlx5_0', True, 'InfiniBand')
     """
     devices: list[RdmaDevice] = []
-    current: dict | None = None
-    port: dict | None = None
+    current: dict[str, Any] | None = None
+    port: dict[str, Any] | None = None
 
     def close_port() -> None:
         nonlocal port

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from pyinfra.api import FactBase
+from pyinfra.api.facts import FactBase
 
 from k3deploy.facts.base import EXIT_MARK, Jsonable, K3Fact
 from k3deploy.model.commands import PEERS_UNIT, VERIFIED, check_snapshot, list_revisions, model_dir, smoke_test

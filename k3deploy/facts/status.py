@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pyinfra.api import FactBase
+from pyinfra.api.facts import FactBase
 
 from k3deploy.model.commands import (
     endpoint_models,

@@ -75,13 +75,13 @@ class BoundHost:
     extras: list[BoundNode] = field(default_factory=list)  # a co-located second engine (P/D on one node)
 
 
-def replica_of(h: HostRecord) -> int:
+def replica_of(record: HostRecord) -> int:
     """The replica a host belongs to (``k3_replica``, default 0)."""
-    value = h.data.get("k3_replica")
+    value = record.data.get("k3_replica")
     try:
         return int(value or 0)
     except (TypeError, ValueError):
-        raise K3Error(f"host {h.name}: k3_replica is {value!r}, not a replica number: give 0, 1, ...") from None
+        raise K3Error(f"host {record.name}: k3_replica is {value!r}, not a replica number: give 0, 1, ...") from None
 
 
 def replicas_of(hosts: Iterable[HostRecord]) -> list[int]:

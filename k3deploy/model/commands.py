@@ -346,6 +346,40 @@ def put_in_place(temp: str, dest: str, mode: str, private: str | None = None) ->
                   f'exit 1; }}; chmod {shlex.quote(mode)} "$t" && chown 0:0 "$t" && mv -f "$t" {shlex.quote(dest)}')
 
 
+def copy_into(dest: str) -> str:
+    """Before a copy from the control machine to ``dest`` (a directory when it ends with ``/``): its parent made;
+    a file (an image archive, which root loads) goes only into a directory that only root can write to.
+
+        >>> copy_into("/var/lib/k3deploy/cache/huggingface/hub/models--m/")
+        'umask 022 && mkdir -p /var/lib/k3deploy/cache/huggingface/hub'
+    """
+    parent = dest.rstrip("/").rsplit("/", 1)[0] or "/"
+    made = f"umask 022 && mkdir -p {shlex.quote(parent)}"
+    return made if dest.endswith("/") else f"{made} && {root_only_dir(parent)}"
+
+
+def write_from_stdin(files: Sequence[tuple[str, str]], nonce: str) -> str:
+    """Write several files (``(dest, mode)`` pairs) in one script, their contents arriving one after the other on
+    stdin, never in argv: each as a line with its size in bytes, then its bytes. Each goes
+    into a new file ``.k3-<nonce>-<i>.tmp`` beside ``dest`` (made by :func:`new_temp`: root's, 0600, only if no such
+    name exists, in a directory only root can write to; the nonce is drawn at random on the control machine), which
+    is then put in place (:func:`put_in_place`). The first file that cannot be written stops the script (exit 1),
+    before any later file is touched.
+
+        >>> 'head -c "$n" >> /d/.k3-ab-0.tmp' in write_from_stdin([("/d/a.env", "600")], "ab")
+        True
+    """
+    parts = []
+    for i, (dest, mode) in enumerate(files):
+        directory = dest.rsplit("/", 1)[0] or "/"
+        temp = f"{directory.rstrip('/')}/.k3-{nonce}-{i}.tmp"
+        t = shlex.quote(temp)
+        parts.append(f"IFS= read -r n && case $n in ''|*[!0-9]*) exit 1;; esac && "
+                     f"( {new_temp(directory, temp)} ) && {{ head -c \"$n\" >> {t} || {{ rm -f {t}; exit 1; }}; }} && "
+                     f"( {put_in_place(temp, dest, mode)} ) || exit 1")
+    return "\n".join(parts)
+
+
 def lock_down(files: Sequence[tuple[str, str]]) -> str:
     """Give each ``(path, mode)`` that is a plain file root as owner and ``mode`` (its content stays)."""
     return " && ".join(f"{{ [ ! -f {q} ] || [ -L {q} ] || {{ chown 0:0 {q} && chmod {mode} {q}; }}; }}"

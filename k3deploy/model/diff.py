@@ -265,21 +265,21 @@ def change_lines(changes: list[dict[str, Any]], indent: str = "") -> list[str]:
     return out
 
 
-def unit_changes(u: UnitWork, have: Installed) -> list[dict[str, Any]]:
+def unit_changes(work: UnitWork, have: Installed) -> list[dict[str, Any]]:
     """The changes of one unit: new files, image, argv lines, other unit lines, env variables."""
     changes: list[dict[str, Any]] = []
-    if have.unit_sha != sha256(u.unit_text):
+    if have.unit_sha != sha256(work.unit_text):
         if have.unit_text is None:
-            changes.append({"kind": "file", "unit": u.unit, "path": u.unit_path, "op": "create"})
-        changes += [{**c, "unit": u.unit} for c in unit_file_changes(have.unit_text, u.unit_text)]
-    if have.env_sha != sha256(u.env_text):
+            changes.append({"kind": "file", "unit": work.unit, "path": work.unit_path, "op": "create"})
+        changes += [{**c, "unit": work.unit} for c in unit_file_changes(have.unit_text, work.unit_text)]
+    if have.env_sha != sha256(work.env_text):
         if have.env_text is None:
-            changes.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
-        changes += [{**c, "unit": u.unit} for c in env_file_changes(have.env_text, u.env_text)]
+            changes.append({"kind": "file", "unit": work.unit, "path": work.env_path, "op": "create"})
+        changes += [{**c, "unit": work.unit} for c in env_file_changes(have.env_text, work.env_text)]
     return changes
 
 
-def file_drift(u: UnitWork, have: Installed, token: str | None = None) -> list[dict[str, Any]]:
+def file_drift(work: UnitWork, have: Installed, token: str | None = None) -> list[dict[str, Any]]:
     """The unit's files (and, with ``token``, the host's token file) whose owner or mode is not what they must be
     (:data:`~k3deploy.model.observed.UNIT_MODE`, ...): a change the deploy makes without a restart.
 
@@ -290,18 +290,19 @@ def file_drift(u: UnitWork, have: Installed, token: str | None = None) -> list[d
         'env file /e/k3.env mode 0644 owner 1000, required 0600 root'
     """
     out: list[dict[str, Any]] = []
-    for what, path, meta, mode in (("unit file", u.unit_path, have.unit_meta, UNIT_MODE),
-                                   ("env file", u.env_path, have.env_meta, ENV_MODE),
+    for what, path, meta, mode in (("unit file", work.unit_path, have.unit_meta, UNIT_MODE),
+                                   ("env file", work.env_path, have.env_meta, ENV_MODE),
                                    ("token file", token, have.token_meta, TOKEN_MODE)):
         drift = meta.drift(mode) if meta is not None and path else None
         if meta is not None and drift is not None:
-            out.append({"kind": "drift", "unit": u.unit, "path": path, "file": what, "mode": f"{int(meta.mode, 8):04o}",
+            out.append({"kind": "drift", "unit": work.unit, "path": path, "file": what,
+                        "mode": f"{int(meta.mode, 8):04o}",
                         "owner": meta.uid, "group": meta.gid, "required": f"{int(mode, 8):04o} root",
                         "text": f"{what} {path} {drift}"})
     return out
 
 
-def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
+def _reason(work: UnitWork, have: Installed, changed_here: bool) -> str:
     if changed_here:
         return "its files change"
     if not have.running:
@@ -310,7 +311,7 @@ def _reason(u: UnitWork, have: Installed, changed_here: bool) -> str:
         return f"restarted {have.restarts} time(s) by systemd since it was started: its group may be wedged"
     if have.answers is False:
         return "running, but /health does not answer 200"
-    return f"group {u.group} restarts"
+    return f"group {work.group} restarts"
 
 
 def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],

@@ -1,6 +1,6 @@
 """An inventory as k3deploy reads it: plain host records, their roles, the deployment's variables and its plan.
 
-Pure: the caller loads the pyinfra inventory (:func:`k3deploy.runtime.gather.load_inventory`) and passes its
+Pure: the caller loads the pyinfra inventory (:func:`k3deploy.runtime.connections.load_inventory`) and passes its
 hosts; nothing here connects to a host.
 
 Roles come from the inventory's groups: ``head`` and ``workers`` for single- and multi-node strategies,
@@ -17,12 +17,15 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3deploy.errors import K3Error
 from k3deploy.model.binding import HostRecord, replica_of
 from k3deploy.model.variables import MAX_ARGV, Resolved, Variables, address_error, group_vars_dirs, merge_vars
 from k3deploy.recipe.plan import Plan
+
+if TYPE_CHECKING:
+    from k3deploy.recipe.schema import Recipe
 
 ROLE_GROUPS = ("head", "workers", "prefill", "decode", "router")
 #: the variables every host of one deployment must agree on
@@ -87,18 +90,20 @@ def engine_count(records: list[HostRecord]) -> int:
                 and replica_of(r) == 0])
 
 
-def plan_for(records: list[HostRecord], v: Variables) -> Plan:
-    """The deployable plan of these hosts: node count and pool sizes from the groups, the rest from ``v``."""
+def plan_for(records: list[HostRecord], variables: Variables, recipe: Recipe | None = None) -> Plan:
+    """The deployable plan of these hosts: node count and pool sizes from the groups, the rest from ``variables``
+    (the recipe it names read here unless given)."""
     from k3deploy.recipe import load_recipe
     from k3deploy.recipe.fixes import deployable
     from k3deploy.recipe.resolve import resolve
 
-    recipe = load_recipe(v.k3_recipe)
+    recipe = recipe if recipe is not None else load_recipe(variables.k3_recipe)
     engines = [r for r in records if {"head", "workers"} & set(r.groups) and replica_of(r) == 0]
     pools = {g: len([r for r in records if g in r.groups]) for g in ("prefill", "decode")}
-    kwargs: dict[str, Any] = dict(hardware=v.k3_hardware, strategy=v.k3_strategy, variant=v.k3_variant,
-                                  features=v.k3_features, image=v.k3_image, extra_args=v.k3_extra_args)
-    if v.k3_strategy == "pd_cluster" or (not engines and pools["prefill"]):
+    kwargs: dict[str, Any] = dict(hardware=variables.k3_hardware, strategy=variables.k3_strategy,
+                                  variant=variables.k3_variant, features=variables.k3_features,
+                                  image=variables.k3_image, extra_args=variables.k3_extra_args)
+    if variables.k3_strategy == "pd_cluster" or (not engines and pools["prefill"]):
         kwargs.update(strategy="pd_cluster", prefill_nodes=pools["prefill"], decode_nodes=pools["decode"])
     else:
         if not engines:

@@ -2,15 +2,17 @@
 
 Every entry point (``deploy/k3.py``, ``k3deploy plan``, ``preflight``, ``runbook``, ``resolve --inventory``) goes
 through :func:`target` and :func:`desired_rollout`; :mod:`k3deploy.runtime.gather` adds what only the hosts can
-tell (facts, derived settings, installed files) around them. Nothing here reads a host.
+tell (facts, derived settings, installed files) around them. Nothing here reads a host. The recipe is read once, by
+:func:`target` (``Target.recipe``), and the plan laid out on the hosts once (``Target.layout``); the rollout is
+rendered from that layout (:func:`desired_rollout`).
 
 Example::
 
     >>> from k3deploy.model.binding import HostRecord
     >>> hosts = [HostRecord("n1", ("head",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.1"}),
     ...          HostRecord("n2", ("workers",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.2"})]
-    >>> t = target(hosts, None)
-    >>> t.plan.strategy, [u.host for u in desired_rollout(t).units]
+    >>> wanted = target(hosts, None)
+    >>> wanted.plan.strategy, [u.host for u in desired_rollout(wanted).units]
     ('multi_node_tp', ['n1', 'n2'])
 """
 
@@ -25,11 +27,12 @@ from k3deploy.errors import K3Error, SelectionError
 from k3deploy.model.binding import HostRecord
 from k3deploy.model.inventory import engine_count, plan_for, variables_for, with_roles
 from k3deploy.model.requirements import Requirements
-from k3deploy.model.rollout import Rollout, compute
+from k3deploy.model.rollout import Rollout, lay_out, render
 from k3deploy.model.variables import Resolved, Variables
 from k3deploy.recipe import load_recipe
 from k3deploy.recipe.offering import hardware_profile
 from k3deploy.recipe.plan import Plan
+from k3deploy.recipe.schema import Recipe
 from k3deploy.recipe.taxonomy import strategies
 
 
@@ -39,16 +42,20 @@ class Target:
 
     ``plan`` is None when the selection is valid but the plan cannot be made for these hosts (a node count the
     strategy does not take, a missing rank, ...); ``plan_error`` then says why. The preflight still checks the
-    hosts against ``requirements``; everything that changes hosts calls :meth:`require_plan`.
+    hosts against ``requirements``; everything that changes hosts calls :meth:`require_plan`. ``recipe`` is the
+    recipe the variables name, read once; ``layout`` the plan bound to the hosts, its files not rendered yet
+    (:func:`k3deploy.model.rollout.lay_out`; None without a plan).
     """
 
     inventory: str | None
     records: list[HostRecord]
     vars: Variables
+    recipe: Recipe
     requirements: Requirements
     plan: Plan | None
     plan_error: str | None = None
     resolved: dict[str, Resolved] = field(default_factory=dict)   # host -> its variables and their sources
+    layout: Rollout | None = None
 
     def source(self, key: str) -> str:
         """Where the deployment's value of ``key`` came from (its first host's)."""
@@ -64,29 +71,40 @@ class Target:
             raise K3Error(self.plan_error or "no plan")
         return self.plan
 
+    def require_layout(self) -> Rollout:
+        self.require_plan()
+        if self.layout is None:
+            raise K3Error("no layout")  # unreachable: a target with a plan has its layout
+        return self.layout
 
-def _requirements(v: Variables, nodes: int) -> Requirements:
+    def with_image(self, image: str) -> Target:
+        """The same target running ``image`` (the build its tag was pinned to)."""
+        plan = self.require_plan().model_copy(update={"image": image})
+        return replace(self, plan=plan, layout=replace(self.require_layout(), plan=plan))
+
+
+def _requirements(variables: Variables, nodes: int, recipe: Recipe) -> Requirements:
     """Requirements from the variables alone; raises for an unknown hardware, variant or strategy."""
-    hw = hardware_profile(str(v.k3_hardware))
-    recipe = load_recipe(v.k3_recipe)
-    if v.k3_variant not in recipe.variants:
-        raise SelectionError(f"unknown variant {v.k3_variant!r} in recipe {recipe.slug}: choose one of "
+    hw = hardware_profile(str(variables.k3_hardware))
+    if variables.k3_variant not in recipe.variants:
+        raise SelectionError(f"unknown variant {variables.k3_variant!r} in recipe {recipe.slug}: choose one of "
                              f"{', '.join(recipe.variants)}")
     known = strategies()
-    if v.k3_strategy is not None and v.k3_strategy not in known:
-        raise SelectionError(f"unknown strategy {v.k3_strategy!r}: choose one of {', '.join(sorted(known))}")
-    strat = known.get(v.k3_strategy) if v.k3_strategy else None
-    return Requirements(hardware=hw, variant=v.k3_variant, vram_minimum_gb=recipe.variant(v.k3_variant).vram_minimum_gb,
-                        nodes=nodes, strategy=v.k3_strategy, multi_node=nodes > 1 or bool(strat and strat.multi_node),
+    if variables.k3_strategy is not None and variables.k3_strategy not in known:
+        raise SelectionError(f"unknown strategy {variables.k3_strategy!r}: choose one of {', '.join(sorted(known))}")
+    strat = known.get(variables.k3_strategy) if variables.k3_strategy else None
+    return Requirements(hardware=hw, variant=variables.k3_variant,
+                        vram_minimum_gb=recipe.variant(variables.k3_variant).vram_minimum_gb, nodes=nodes,
+                        strategy=variables.k3_strategy, multi_node=nodes > 1 or bool(strat and strat.multi_node),
                         pd=bool(strat and strat.pd))
 
 
-def requirements_of(plan: Plan, v: Variables) -> Requirements:
+def requirements_of(plan: Plan, recipe: Recipe) -> Requirements:
     """What a resolved plan asks of the cluster (engine nodes only)."""
     engines = len([n for n in plan.nodes if n.role != "router"])
     strat = strategies()[plan.strategy]
     return Requirements(hardware=hardware_profile(plan.hardware), variant=plan.variant,
-                        vram_minimum_gb=load_recipe(v.k3_recipe).variant(plan.variant).vram_minimum_gb,
+                        vram_minimum_gb=recipe.variant(plan.variant).vram_minimum_gb,
                         nodes=engines, strategy=plan.strategy, multi_node=engines > 1,
                         pd=plan.strategy == "pd_cluster",
                         one_nvlink_domain=strat.tensor_parallel_across_nodes or strat.pd)
@@ -96,45 +114,44 @@ def requirements_of(plan: Plan, v: Variables) -> Requirements:
 ARGV_CODES = frozenset({"flag-unknown", "flag-value", "arg-positional"})
 
 
-def check_extra_args(records: list[HostRecord], v: Variables, plan: Plan, source: str) -> None:
+def check_extra_args(records: list[HostRecord], variables: Variables, plan: Plan, source: str, recipe: Recipe) -> None:
     """Refuse ``k3_extra_args`` that the pinned engine would not start with: one word holding a flag and its value,
     or an argv error (unknown flag, bad value, stray word) that the plan without them does not have."""
     from k3deploy.recipe.lint import lint_plan
 
-    for item in v.k3_extra_args:
+    for item in variables.k3_extra_args:
         if item.startswith("-") and any(c.isspace() for c in item.split("=", 1)[0].strip()):
             words = item.split(None, 1)
             raise K3Error(f"k3_extra_args ({source}): {item!r} is one argv word holding a space, which vLLM does "
                           f"not split: write it as two items, {words!r}")
-    recipe = load_recipe(v.k3_recipe)
 
-    def argv_errors(p: Plan) -> list[Any]:
-        return [f for f in lint_plan(recipe, p) if f.severity == "error" and f.code in ARGV_CODES]
+    def argv_errors(candidate: Plan) -> list[Any]:
+        return [f for f in lint_plan(recipe, candidate) if f.severity == "error" and f.code in ARGV_CODES]
 
-    before = {f.key for f in argv_errors(plan_for(records, v.model_copy(update={"k3_extra_args": []})))}
+    before = {f.key for f in argv_errors(plan_for(records, variables.model_copy(update={"k3_extra_args": []}), recipe))}
     new = [f for f in argv_errors(plan) if f.key not in before]
     if new:
         more = f" (and {len(new) - 1} more: k3deploy lint --inventory)" if len(new) > 1 else ""
         raise K3Error(f"k3_extra_args ({source}): {new[0].message}: {new[0].fix}{more}")
 
 
-def check_control_files(v: Variables, source: Callable[[str], str]) -> None:
+def check_control_files(variables: Variables, source: Callable[[str], str]) -> None:
     """The files the variables name on the control machine exist and are what they must be (the token 0600, an
     image archive a file, a weights source a Hugging Face cache directory of one model)."""
     def bad(name: str, why: str, fix: str) -> K3Error:
-        return K3Error(f"{name}: {getattr(v, name)} ({source(name)}) {why}: {fix}")
+        return K3Error(f"{name}: {getattr(variables, name)} ({source(name)}) {why}: {fix}")
 
-    if v.k3_hf_token_file:
-        token = Path(v.k3_hf_token_file)
+    if variables.k3_hf_token_file:
+        token = Path(variables.k3_hf_token_file)
         if not token.is_file():
             raise bad("k3_hf_token_file", "is not a file", "write the token there (mode 0600) or unset it")
         if token.stat().st_mode & 0o077:
             raise bad("k3_hf_token_file", f"has mode {token.stat().st_mode & 0o777:04o}; a token must be readable "
                       "by its owner only", f"chmod 600 {token}")
-    if v.k3_image_archive and not Path(v.k3_image_archive).is_file():
+    if variables.k3_image_archive and not Path(variables.k3_image_archive).is_file():
         raise bad("k3_image_archive", "is not a file", "give the path of a `docker save` archive of the image")
-    if v.k3_weights_source:
-        src = Path(v.k3_weights_source)
+    if variables.k3_weights_source:
+        src = Path(variables.k3_weights_source)
         if not (src / "refs" / "main").is_file() or not (src / "snapshots").is_dir():
             raise bad("k3_weights_source", "is not a model's Hugging Face cache directory (refs/main, snapshots/)",
                       "give the models--ORG--NAME directory that `hf download` filled")
@@ -142,30 +159,31 @@ def check_control_files(v: Variables, source: Callable[[str], str]) -> None:
 
 def target(records: list[HostRecord], inventory_file: str | None,
            overrides: Mapping[str, Any] | None = None) -> Target:
-    """Variables, requirements and plan of an inventory's hosts. Raises :class:`K3Error` for bad variables or an
-    unknown selection; a plan that does not fit the hosts is kept as ``plan_error``."""
+    """Variables, requirements and plan of an inventory's hosts, the recipe read once and the plan laid out on the
+    hosts. Raises :class:`K3Error` for bad variables or an unknown selection; a plan that does not fit the hosts is
+    kept as ``plan_error``."""
     recs = with_roles(records)
     resolved = variables_for(recs, inventory_file, overrides)
     # a host's replica may come from group_vars too: the binding reads it from the record
     recs = [replace(r, data={**r.data, "k3_replica": resolved[r.name].vars.k3_replica}) for r in recs]
-    v = resolved[recs[0].name].vars
-    check_control_files(v, resolved[recs[0].name].source)
+    variables = resolved[recs[0].name].vars
+    check_control_files(variables, resolved[recs[0].name].source)
+    recipe = load_recipe(variables.k3_recipe)
     hw_from = resolved[recs[0].name].source("k3_hardware")
-    base = replace(_requirements(v, engine_count(recs) or len(recs)), hardware_from=hw_from)
+    base = replace(_requirements(variables, engine_count(recs) or len(recs), recipe), hardware_from=hw_from)
     try:
-        plan = plan_for(recs, v)
-        compute(plan, recs, v)  # binds the plan to the hosts: ranks, groups and counts checked before any fact
+        plan = plan_for(recs, variables, recipe)
+        layout = lay_out(plan, recs, variables)  # ranks, groups and counts checked before any fact
     except K3Error as exc:
-        return Target(inventory_file, recs, v, base, None, str(exc), resolved)
-    if v.k3_extra_args:
-        check_extra_args(recs, v, plan, resolved[recs[0].name].source("k3_extra_args"))
-    need = replace(requirements_of(plan, v), hardware_from=hw_from, image=plan.image)
-    return Target(inventory_file, recs, v, need, plan, None, resolved)
+        return Target(inventory_file, recs, variables, recipe, base, None, str(exc), resolved)
+    if variables.k3_extra_args:
+        check_extra_args(recs, variables, plan, resolved[recs[0].name].source("k3_extra_args"), recipe)
+    need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image)
+    return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout)
 
 
-def desired_rollout(t: Target, *, ifaces: Mapping[str, str] | None = None,
+def desired_rollout(wanted: Target, *, ifaces: Mapping[str, str] | None = None,
                     host_env: Mapping[str, Mapping[str, str]] | None = None) -> Rollout:
-    """The rollout of a target: every unit and env file rendered, with the settings derived from each host's facts
-    (``host_env``; interfaces in ``ifaces``) when they are known."""
-    return compute(t.require_plan(), t.records, t.vars, ifaces=dict(ifaces or {}),
-                   host_env={h: dict(e) for h, e in (host_env or {}).items()})
+    """The rollout of a target: every unit and env file of its layout rendered, with the settings derived from each
+    host's facts (``host_env``; interfaces in ``ifaces``) when they are known."""
+    return render(wanted.require_layout(), ifaces=ifaces, host_env=host_env)

@@ -1,5 +1,9 @@
-"""The rollout, computed: per host the files to write, the units to run, the groups to (re)start and in which
+"""The rollout, planned: per host the files to write, the units to run, the groups to (re)start and in which
 order, and where readiness is judged. Pure: the deploy file feeds it the inventory and facts.
+
+It is made in two steps, so a command renders it once: :func:`lay_out` binds the plan to the hosts (which unit runs
+where; what the rollout reads of each host needs no more), :func:`render` renders every unit and env file once the
+hosts' settings are known; :func:`plan_rollout` does both.
 
 Order rules (vLLM 0.33.0): a multi-node head cannot become healthy before its workers joined, so a group
 starts as head -> head's rendezvous port accepts TCP -> all workers -> readiness of the serving nodes.
@@ -11,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, rendezvous_port
+from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, fill, rendezvous_port
 from k3deploy.model.images import run_ref
 from k3deploy.model.observed import Installed
 from k3deploy.model.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit
@@ -63,6 +67,7 @@ class UnitWork:
     serves: str | None              # http://addr:port when this unit answers HTTP
     join: tuple[str, int] | None    # (head address, port) a worker waits for before starting
     container: str
+    watches: str | None = None      # the group head's address:port a healing member watches (k3_heal)
 
     @property
     def is_group_head(self) -> bool:
@@ -79,6 +84,7 @@ class Rollout:
     deadline: int
     changed_groups: set[str] = field(default_factory=set)
     router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas; read)
+    rendered: bool = True           # False: laid out only (:func:`lay_out`), the unit and env texts are still empty
 
     def on_host(self, name: str) -> list[UnitWork]:
         return [u for u in self.units if u.host == name]
@@ -182,17 +188,17 @@ class StartPlan:
     router: bool                          # the router restarts
 
     @classmethod
-    def of(cls, r: Rollout, groups: set[str]) -> StartPlan:
+    def of(cls, rollout: Rollout, groups: set[str]) -> StartPlan:
         out = []
-        for h in r.hosts:
-            mine = [u for u in r.on_host(h) if u.group in groups]
+        for h in rollout.hosts:
+            mine = [u for u in rollout.on_host(h) if u.group in groups]
             engines = [u for u in mine if u.group != "router"]
             joins = list(dict.fromkeys(u.join for u in engines if not u.is_group_head and u.join))
             out.append(HostStart(host=h, routers=[u.unit for u in mine if u.group == "router"],
                                  workers=[u.unit for u in engines if not u.is_group_head],
                                  heads=[u.unit for u in engines if u.is_group_head], joins=joins))
-        return cls(hosts=out, engine_groups=[g for g in r.groups if g in groups and g != "router"],
-                   router="router" in groups and "router" in r.groups)
+        return cls(hosts=out, engine_groups=[g for g in rollout.groups if g in groups and g != "router"],
+                   router="router" in groups and "router" in rollout.groups)
 
     def on(self, host: str) -> HostStart:
         return next((h for h in self.hosts if h.host == host), HostStart(host, [], [], [], []))
@@ -218,9 +224,9 @@ class StartPlan:
         ) if items]
 
 
-def _ready_timeout(plan: Plan, v: Variables) -> int:
-    if v.k3_engine_ready_timeout:
-        return v.k3_engine_ready_timeout
+def _ready_timeout(plan: Plan, variables: Variables) -> int:
+    if variables.k3_engine_ready_timeout:
+        return variables.k3_engine_ready_timeout
     values = [int(n.env["VLLM_ENGINE_READY_TIMEOUT_S"]) for n in plan.nodes
               if n.env.get("VLLM_ENGINE_READY_TIMEOUT_S", "").isdigit()]
     return max(values) if values else 600
@@ -233,63 +239,43 @@ def _http(head: BoundNode | None) -> str | None:
     return f"{head.address}:{head.node.port or 8000}"
 
 
-def front_router_argv(urls: list[str], v: Variables) -> list[str]:
+def front_router_argv(urls: list[str], variables: Variables) -> list[str]:
     argv = ["vllm-router", "--policy", "round_robin", "--worker-urls", *urls,
-            "--host", v.k3_router_host, "--port", str(v.k3_router_port)]
+            "--host", variables.k3_router_host, "--port", str(variables.k3_router_port)]
     return argv
 
 
-def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[str, str] | None = None,
-            host_env: dict[str, dict[str, str]] | None = None) -> Rollout:
-    """Bind the plan to the hosts and render every unit and env file."""
-    bound: dict[str, BoundHost] = bind(plan, hosts, ifaces=ifaces, dp_rpc_port=v.k3_dp_rpc_port,
-                                       router_host=v.k3_router_host, router_port=v.k3_router_port)
-    hw = hardware()[plan.hardware]
-    multi = len([n for n in plan.nodes if n.role != "router"]) > 1
-    ready = _ready_timeout(plan, v)
+def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables) -> Rollout:
+    """Bind the plan to the hosts: every unit placed (its host, group, rank, files, what it serves, whom it joins)
+    and the public endpoint, its files not rendered yet (``rendered`` is False; :func:`render` renders them). Raises
+    :class:`K3Error` when the plan does not fit the hosts. What a rollout reads of each host needs no more than
+    this."""
+    bound: dict[str, BoundHost] = bind(plan, hosts, dp_rpc_port=variables.k3_dp_rpc_port,
+                                       router_host=variables.k3_router_host, router_port=variables.k3_router_port)
+    ready = _ready_timeout(plan, variables)
     units: list[UnitWork] = []
-    cfg = v.k3_config_dir.rstrip("/")
+    cfg = variables.k3_config_dir.rstrip("/")
     pd = plan.strategy == "pd_cluster"
 
     def add(host: BoundHost, node: BoundNode, group: str, unit_base: str, head_addr: str | None,
             head_http: str | None = None) -> None:
         unit = f"{unit_base}.service"
-        env_path = f"{cfg}/{unit_base}.env"
-        spec = ContainerSpec(name=unit_base, image=run_ref(plan.image), vendor=plan.vendor, env_file=env_path,
-                             cache_dir=v.k3_model_cache, gpus_per_node=hw.gpu_count,
-                             rdma=multi and plan.vendor != "npu", imex=hw.nvl, docker=v.k3_docker)
         if node.role == "router":
-            box = None
-            if v.k3_router_image:
-                box = ContainerSpec(name=unit_base, image=v.k3_router_image, vendor="none", env_file=env_path,
-                                    cache_dir=v.k3_model_cache, gpus_per_node=0, docker=v.k3_docker)
-            text = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
-                               image=plan.image, ready_timeout=ready, container=box, router_bin=v.k3_router_bin)
-            serves: str | None = f"http://{host.host.address}:{v.k3_router_port}"
+            serves: str | None = f"http://{host.host.address}:{variables.k3_router_port}"
+            watches = None
         else:
-            watch = head_http if (v.k3_heal and node.rank > 0) else None
             own = _http(node)
-            healing = Healing(unit=unit, restart_sec=v.k3_restart_sec, max_delay=v.k3_restart_max_delay,
-                              watch=watch, grace=v.k3_heal_grace, interval=v.k3_heal_interval,
-                              own=own if watch else None)
-            text = engine_unit(node, spec, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
-                               ready_timeout=ready, healing=healing)
             serves = f"http://{own}" if own else None
+            watches = head_http if (variables.k3_heal and node.rank > 0) else None
         join = None
         if node.rank > 0 and head_addr is not None:
             port = rendezvous_port(node.argv)
             join = (head_addr, port) if port else None
-        env = dict(node.env)
-        if node.role != "router":
-            for k, val in (host_env or {}).get(host.host.name, {}).items():
-                env.setdefault(k, val)  # derived host settings add to the plan's env, never override it
-            env.setdefault("HF_HUB_OFFLINE", "1")
-            env.update(v.k3_extra_env)  # the site's own settings win over the plan's and the derived ones
         units.append(UnitWork(host=host.host.name, unit=unit, group=group, rank=node.rank, node=node,
-                              unit_path=f"/etc/systemd/system/{unit}", unit_text=text, env_path=env_path,
-                              env_text=env_file_text(env), serves=serves, join=join, container=unit_base))
+                              unit_path=f"/etc/systemd/system/{unit}", unit_text="", env_path=f"{cfg}/{unit_base}.env",
+                              env_text="", serves=serves, join=join, container=unit_base, watches=watches))
 
-    base = v.k3_unit_name
+    base = variables.k3_unit_name
     if pd:
         heads: dict[str, BoundNode] = {}
         for b in bound.values():
@@ -303,7 +289,7 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
             if b.router is not None:
                 add(b, b.router, "router", f"{base}-router", None)
         router_host = next(b for b in bound.values() if b.router is not None)
-        endpoint = f"http://{router_host.host.address}:{v.k3_router_port}"
+        endpoint = f"http://{router_host.host.address}:{variables.k3_router_port}"
     else:
         engines = [b for b in bound.values() if b.engine is not None]
         count = len({b.engine.replica for b in engines if b.engine is not None})
@@ -316,19 +302,76 @@ def compute(plan: Plan, hosts: list[HostRecord], v: Variables, *, ifaces: dict[s
                 _http(hd))
         head = group_heads[0]
         serving = [((u.node.replica, u.rank), u.serves) for u in units if u.serves]
-        if count > 1 or (len(serving) > 1 and v.k3_front_hybrid_lb):
-            argv = front_router_argv([url for _, url in sorted(serving)], v)
+        if count > 1 or (len(serving) > 1 and variables.k3_front_hybrid_lb):
+            argv = front_router_argv([url for _, url in sorted(serving)], variables)
             node = BoundNode(NodePlan(role="router", rank=0, argv=argv, env={}), argv, {}, head.host.address)
             add(head, node, "router", f"{base}-router", None)
-            endpoint = f"http://{head.host.address}:{v.k3_router_port}"
+            endpoint = f"http://{head.host.address}:{variables.k3_router_port}"
         else:
             endpoint = serving[0][1] if serving else f"http://{head.host.address}:8000"
-    deadline = v.k3_rollout_deadline or ready + 900
-    return Rollout(plan=plan, vars=v, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline)
+    deadline = variables.k3_rollout_deadline or ready + 900
+    return Rollout(plan=plan, vars=variables, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline,
+                   rendered=False)
 
 
-def mark_changes(r: Rollout, installed: Mapping[tuple[str, str], Installed]) -> set[str]:
-    """Set ``r.changed_groups`` from what the hosts have, ``(host, unit) -> Installed``.
+def _with_iface(node: BoundNode, iface: str | None) -> BoundNode:
+    """The node with ``$IFACE_NAME`` filled (the host's interface, read from its facts or set by ``k3_iface``)."""
+    if iface is None:
+        return node
+    names = {"IFACE_NAME": iface}
+    return BoundNode(node.node, [fill(a, names) for a in node.argv],
+                     {k: fill(val, names) for k, val in node.env.items()}, node.address, node.replica)
+
+
+def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
+           host_env: Mapping[str, Mapping[str, str]] | None = None) -> Rollout:
+    """The rollout of a layout (:func:`lay_out`) with every unit and env file rendered: ``$IFACE_NAME`` from
+    ``ifaces`` and the settings derived from each host's facts (``host_env``) where they are known. The layout is
+    left as it is."""
+    plan, variables = layout.plan, layout.vars
+    hw = hardware()[plan.hardware]
+    multi = len([n for n in plan.nodes if n.role != "router"]) > 1
+    units: list[UnitWork] = []
+    for placed in layout.units:
+        node = _with_iface(placed.node, (ifaces or {}).get(placed.host))
+        spec = ContainerSpec(name=placed.container, image=run_ref(plan.image), vendor=plan.vendor,
+                             env_file=placed.env_path, cache_dir=variables.k3_model_cache, gpus_per_node=hw.gpu_count,
+                             rdma=multi, imex=hw.nvl, docker=variables.k3_docker)
+        if node.role == "router":
+            box = None
+            if variables.k3_router_image:
+                box = ContainerSpec(name=placed.container, image=variables.k3_router_image, vendor="none",
+                                    env_file=placed.env_path, cache_dir=variables.k3_model_cache, gpus_per_node=0,
+                                    docker=variables.k3_docker)
+            text = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+                               image=plan.image, ready_timeout=layout.ready_timeout, container=box,
+                               router_bin=variables.k3_router_bin)
+        else:
+            own = _http(node)
+            healing = Healing(unit=placed.unit, restart_sec=variables.k3_restart_sec,
+                              max_delay=variables.k3_restart_max_delay, watch=placed.watches,
+                              grace=variables.k3_heal_grace, interval=variables.k3_heal_interval,
+                              own=own if placed.watches else None)
+            text = engine_unit(node, spec, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+                               ready_timeout=layout.ready_timeout, healing=healing)
+        env = dict(node.env)
+        if node.role != "router":
+            for k, val in (host_env or {}).get(placed.host, {}).items():
+                env.setdefault(k, val)  # derived host settings add to the plan's env, never override it
+            env.setdefault("HF_HUB_OFFLINE", "1")
+            env.update(variables.k3_extra_env)  # the site's own settings win over the plan's and the derived ones
+        units.append(replace(placed, node=node, unit_text=text, env_text=env_file_text(env)))
+    return replace(layout, units=units, changed_groups=set(layout.changed_groups), rendered=True)
+
+
+def plan_rollout(plan: Plan, hosts: list[HostRecord], variables: Variables, *, ifaces: dict[str, str] | None = None,
+                 host_env: dict[str, dict[str, str]] | None = None) -> Rollout:
+    """Bind the plan to the hosts and render every unit and env file (:func:`lay_out`, then :func:`render`)."""
+    return render(lay_out(plan, hosts, variables), ifaces=ifaces, host_env=host_env)
+
+
+def mark_changes(rollout: Rollout, installed: Mapping[tuple[str, str], Installed]) -> set[str]:
+    """Set ``rollout.changed_groups`` from what the hosts have, ``(host, unit) -> Installed``.
 
     A group changes when any of its units' files differ from what is planned, any of its units is not running,
     serves HTTP and its ``/health`` does not answer, or (with ``k3_heal`` off) was restarted by systemd since it
@@ -337,13 +380,13 @@ def mark_changes(r: Rollout, installed: Mapping[tuple[str, str], Installed]) -> 
     alone); the router group also restarts when an engine group it fronts restarts.
     """
     changed: set[str] = set()
-    for u in r.units:
+    for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
-        restarted = have.restarts > 0 and not r.vars.k3_heal   # with k3_heal the group recovers on its own
+        restarted = have.restarts > 0 and not rollout.vars.k3_heal   # with k3_heal the group recovers on its own
         if have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text) or not have.running \
                 or restarted or have.answers is False:
             changed.add(u.group)
-    if changed - {"router"} and "router" in r.groups and len(r.replicas) <= 1:
+    if changed - {"router"} and "router" in rollout.groups and len(rollout.replicas) <= 1:
         changed.add("router")   # replicas roll behind a router that keeps serving
-    r.changed_groups = changed
+    rollout.changed_groups = changed
     return changed

@@ -95,8 +95,8 @@ class StagePlan:
 
     def round_of(self, index: int, host: str) -> tuple[str | None, str | None]:
         """(image sender, weights sender) of ``host`` in round ``index`` (None: nothing to receive)."""
-        def pick(a: Artifact) -> str | None:
-            return a.rounds[index].get(host) if index < len(a.rounds) else None
+        def pick(artifact: Artifact) -> str | None:
+            return artifact.rounds[index].get(host) if index < len(artifact.rounds) else None
         return pick(self.image), pick(self.weights)
 
 
@@ -148,44 +148,44 @@ def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_hold
     return StagePlan(image=image, weights=weights)
 
 
-def engines(r: Rollout) -> list[str]:
+def engines(rollout: Rollout) -> list[str]:
     """The hosts that run an engine (they need the image and the weights), in inventory order."""
-    return [h for h in r.hosts if any(u.group != "router" for u in r.on_host(h))]
+    return [h for h in rollout.hosts if any(u.group != "router" for u in rollout.on_host(h))]
 
 
-def addresses(r: Rollout) -> dict[str, str]:
+def addresses(rollout: Rollout) -> dict[str, str]:
     """Each engine host's address on the cluster network (where its peers reach its rsync daemon)."""
     out: dict[str, str] = {}
-    for u in r.units:
+    for u in rollout.units:
         out.setdefault(u.host, u.node.address)
     return out
 
 
-def stage_for(r: Rollout, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
+def stage_for(rollout: Rollout, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
     """The stage of a rollout, from what the facts saw on each host (its images of the repository, verified
     weights). A pinned image (``REPO@sha256:...``, as a resolved tag is) is held only where that very build is."""
-    v = r.vars
-    hosts = engines(r)
-    return plan_stage(hosts, [h for h in hosts if holds(r.plan.image, images.get(h))],
+    v = rollout.vars
+    hosts = engines(rollout)
+    return plan_stage(hosts, [h for h in hosts if holds(rollout.plan.image, images.get(h))],
                       [h for h in hosts if weights_verified.get(h)], mode=v.k3_stage, sources=v.k3_stage_sources,
                       image_archive=bool(v.k3_image_archive), weights_source=bool(v.k3_weights_source),
                       download=v.k3_download_weights, shared=v.k3_weights_shared)
 
 
-def peers_config(r: Rollout, host: str) -> str:
+def peers_config(rollout: Rollout, host: str) -> str:
     """The rsync daemon configuration of ``host`` while it serves its peers: read only, bound to its cluster
     address, open to the cluster's engine hosts only."""
-    v = r.vars
-    where = addresses(r)
-    allow = " ".join(dict.fromkeys(where[h] for h in engines(r)))
+    v = rollout.vars
+    where = addresses(rollout)
+    allow = " ".join(dict.fromkeys(where[h] for h in engines(rollout)))
     return render_template("k3-stage-peers.conf.j2", unit=commands.PEERS_UNIT, address=where[host],
                            port=v.k3_stage_port, hosts_allow=allow, hub_module=commands.HUB_MODULE,
                            hub=commands.hub_dir(v.k3_model_cache), stage_module=commands.STAGE_MODULE,
                            stage=v.k3_stage_dir.rstrip("/"))
 
 
-def peers_config_path(r: Rollout) -> str:
-    return f"{r.vars.k3_stage_dir.rstrip('/')}/peers.conf"
+def peers_config_path(rollout: Rollout) -> str:
+    return f"{rollout.vars.k3_stage_dir.rstrip('/')}/peers.conf"
 
 
 def summary(plan: StagePlan) -> list[str]:

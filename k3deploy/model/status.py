@@ -40,14 +40,24 @@ CRASH_LOOP_UPTIME_S: int = Variables.model_fields["k3_crash_loop_window"].defaul
 
 
 class Run(Protocol):
-    active: str
-    sub: str
-    restarts: int
-    since: float | None
-    image: str | None
-    image_id: str | None
-    health: int | None
-    models: tuple[str, ...] | None
+    """One unit as it runs (read-only: :class:`k3deploy.facts.status.UnitRun` is frozen)."""
+
+    @property
+    def active(self) -> str: ...
+    @property
+    def sub(self) -> str: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def since(self) -> float | None: ...
+    @property
+    def image(self) -> str | None: ...
+    @property
+    def image_id(self) -> str | None: ...
+    @property
+    def health(self) -> int | None: ...
+    @property
+    def models(self) -> tuple[str, ...] | None: ...
 
 
 def unit_verdict(*, active: str, serves: bool, health: int | None, listed: bool | None, restarts: int = 0,
@@ -132,13 +142,14 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installed: Mapping[tuple[str, str], Installed],
-           endpoint_models: tuple[str, ...] | None, unreachable: set[str], now: float) -> ClusterStatus:
+def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
+           installed: Mapping[tuple[str, str], Installed], endpoint_models: tuple[str, ...] | None,
+           unreachable: set[str], now: float) -> ClusterStatus:
     """The status of every unit, group and the cluster from what the hosts reported (``runs``: per (host, unit))."""
     groups = []
-    for name in r.groups:
+    for name in rollout.groups:
         reports = []
-        for u in r.group(name):
+        for u in rollout.group(name):
             run = runs.get((u.host, u.unit))
             if u.host in unreachable or run is None:
                 reports.append(UnitReport(u.host, u.unit, u.group, u.rank, u.node.role, "unreachable", "unknown", 0,
@@ -151,7 +162,7 @@ def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installe
                 u.host, u.unit, u.group, u.rank, u.node.role,
                 unit_verdict(active=run.active, serves=u.serves is not None, health=run.health, listed=listed,
                              restarts=run.restarts, uptime_s=now - run.since if run.since else None,
-                             window_s=r.vars.k3_crash_loop_window),
+                             window_s=rollout.vars.k3_crash_loop_window),
                 run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
                 round(now - run.since, 1) if run.since else None, shown(run.image), run.image_id, matches, u.serves,
                 run.health, list(run.models) if run.models is not None else None))
@@ -162,6 +173,6 @@ def assess(r: Rollout, model: str, runs: Mapping[tuple[str, str], Run], installe
             verdict = "degraded"
         else:
             verdict = "down"
-        groups.append(GroupReport(name, verdict, reports, r.in_router(name)))
-    return ClusterStatus(r.endpoint, model, list(endpoint_models) if endpoint_models is not None else None, groups,
-                         sorted(unreachable))
+        groups.append(GroupReport(name, verdict, reports, rollout.in_router(name)))
+    at_endpoint = list(endpoint_models) if endpoint_models is not None else None
+    return ClusterStatus(rollout.endpoint, model, at_endpoint, groups, sorted(unreachable))

@@ -18,24 +18,15 @@ from pathlib import Path
 import jinja2
 
 from k3deploy.model.binding import BoundNode
+from k3deploy.vendors import ascend, pack_for_container
 
 #: ``templates/`` of the project (shipped in the package as ``k3deploy/data/templates``)
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 
-ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
-#: (host path, container path) of the driver files vllm-ascend's guides bind-mount, in their order
-ASCEND_MOUNTS = [
-    ("/usr/local/dcmi", "/usr/local/dcmi"),
-    ("/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/Ascend/driver/tools/hccn_tool"),
-    ("/usr/local/bin/npu-smi", "/usr/local/bin/npu-smi"),
-    ("/usr/local/Ascend/driver/lib64/", "/usr/local/Ascend/driver/lib64/"),
-    ("/usr/local/Ascend/driver/version.info", "/usr/local/Ascend/driver/version.info"),
-    ("/etc/ascend_install.info", "/etc/ascend_install.info"),
-]
+#: the Ascend pack's driver mounts (kept under this name for the callers that list them)
+ASCEND_MOUNTS = list(ascend.MOUNTS)
 #: where the model cache is mounted in every engine container
 CONTAINER_CACHE = "/root/.cache"
-ASCEND_PROFILE = ("source /usr/local/Ascend/ascend-toolkit/set_env.sh; "
-                  "source /usr/local/Ascend/nnal/atb/set_env.sh; ")
 
 
 def systemd_quote(arg: str) -> str:
@@ -55,23 +46,23 @@ class ContainerSpec:
 
     name: str
     image: str
-    vendor: str                 # nvidia | amd | npu
+    vendor: str                 # the plan's container vendor (nvidia | amd | npu; none: no accelerators)
     env_file: str
     cache_dir: str
     gpus_per_node: int
-    rdma: bool = False          # expose /dev/infiniband, memlock
+    rdma: bool = False          # talks across nodes: /dev/infiniband and memlock where the pack's engines use them
     imex: bool = False          # GB200/GB300 IMEX channel
     docker: str = "/usr/bin/docker"
 
 
 def bind_mounts(spec: ContainerSpec) -> list[tuple[str, str]]:
     """``(host path, container path)`` of every ``-v`` the container gets, in ``docker run`` order: the one list
-    :func:`container_argv` writes and preflight checks (:func:`prepared_mount_sources`)."""
-    if spec.vendor == "npu":
-        return [*ASCEND_MOUNTS, (spec.cache_dir, CONTAINER_CACHE)]
-    if spec.vendor in ("nvidia", "amd"):
-        return [(spec.cache_dir, CONTAINER_CACHE)]
-    return []
+    :func:`container_argv` writes and preflight checks (:func:`prepared_mount_sources`): the vendor pack's driver
+    mounts, then the model cache."""
+    pack = pack_for_container(spec.vendor)
+    if pack is None:
+        return []
+    return [*pack.container.mounts, (spec.cache_dir, CONTAINER_CACHE)]
 
 
 def prepared_mount_sources(spec: ContainerSpec) -> list[str]:
@@ -92,30 +83,25 @@ def _volumes(spec: ContainerSpec) -> list[str]:
 
 
 def container_argv(spec: ContainerSpec, argv: list[str]) -> list[str]:
-    """``docker run`` for a plan argv (``vllm serve <model> ...`` or ``vllm-router ...``)."""
+    """``docker run`` for a plan argv (``vllm serve <model> ...`` or ``vllm-router ...``): the devices, flags and
+    mounts the vendor pack names (:attr:`k3deploy.vendors.base.Pack.container`)."""
     d = [spec.docker, "run", "--rm", "--name", spec.name, "--network", "host", "--ipc", "host",
          "--env-file", spec.env_file]
-    if spec.vendor == "nvidia":
-        d += ["--gpus", "all", *_volumes(spec)]
-        if spec.imex:
-            d += ["--device", "/dev/nvidia-caps-imex-channels/channel0"]
-    elif spec.vendor == "amd":
-        d += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--cap-add", "SYS_PTRACE",
-              "--security-opt", "seccomp=unconfined", *_volumes(spec)]
-    elif spec.vendor == "npu":
-        d += ["--privileged"]
-        for i in range(spec.gpus_per_node):
-            d += ["--device", f"/dev/davinci{i}"]
-        for dev in ASCEND_DEVICES:
-            d += ["--device", dev]
-        d += _volumes(spec)
-    if spec.rdma:
+    pack = pack_for_container(spec.vendor)
+    profile = None
+    if pack is not None:
+        box = pack.container
+        d += [*box.run_flags(spec.gpus_per_node), *_volumes(spec)]
+        if spec.imex and box.imex_device:
+            d += ["--device", box.imex_device]
+        profile = box.login_profile
+    if spec.rdma and pack is not None and pack.container.rdma_devices:
         d += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1",
               "--ulimit", "stack=67108864"]
     if argv[:2] == ["vllm", "serve"]:
-        if spec.vendor == "npu":
-            # vllm-ascend images start a shell; the CANN environment needs a login shell
-            return d + ["--entrypoint", "bash", spec.image, "-lc", ASCEND_PROFILE + "exec " + shlex.join(argv)]
+        if profile is not None:
+            # the image starts a shell and the engine's environment needs a login shell (vllm-ascend: CANN)
+            return d + ["--entrypoint", "bash", spec.image, "-lc", profile + "exec " + shlex.join(argv)]
         return d + [spec.image, *argv[2:]]  # vllm/vllm-openai* entrypoint is `vllm serve`
     return d + ["--entrypoint", argv[0], spec.image, *argv[1:]]
 
@@ -240,11 +226,11 @@ def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: s
 
 
 def _after_fabric(spec: ContainerSpec) -> list[str]:
-    """NVIDIA engines start after the fabric manager and, on NVL trays, the IMEX daemon (ordering only: where a
-    node has no such unit nothing waits; preflight checks that the ones the hardware needs are active)."""
-    if spec.vendor != "nvidia":
-        return []
-    return ["nvidia-fabricmanager.service", *(["nvidia-imex.service"] if spec.imex else [])]
+    """The units the vendor pack says an engine starts after: on NVIDIA the fabric manager and, on NVL trays, the
+    IMEX daemon (ordering only: where a node has no such unit nothing waits; preflight checks that the ones the
+    hardware needs are active)."""
+    pack = pack_for_container(spec.vendor)
+    return pack.container.after(spec.imex) if pack is not None else []
 
 
 def systemd_path(path: str) -> str:

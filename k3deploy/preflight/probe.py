@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.facts.base import EXIT_MARK, FactError, K3Fact, split_exit
+from k3deploy.facts.parallel import each_host
 from k3deploy.preflight.checks import CheckResult, HostFacts
 
 CHECK = "nccl.probe"
@@ -148,41 +149,42 @@ def probe_env(env: dict[str, str]) -> str:
 REQUIRED = "a two-node NCCL all-reduce in the image runs over NET/IB with GPUDirect RDMA (via NET/IB/<n>/GDRDMA)"
 
 
-def judge(host: str, peer: str, r: ProbeResult | FactError) -> CheckResult:
+def judge(host: str, peer: str, result: ProbeResult | FactError) -> CheckResult:
     """The ``nccl.probe`` result of one side: observed (transport, why, error) against the requirement."""
-    if isinstance(r, FactError):
-        return CheckResult(host, CHECK, "fail", r.message(host), REQUIRED, "install docker, or turn k3_nccl_probe off")
-    seen = ", ".join(r.transports)
+    if isinstance(result, FactError):
+        return CheckResult(host, CHECK, "fail", result.message(host), REQUIRED,
+                           "install docker, or turn k3_nccl_probe off")
+    seen = ", ".join(result.transports)
     # NCCL's warning names the HCA; the exception repeats it without: the one that names it first, whichever of
     # stdout and stderr came first
-    why = sorted(r.why, key=lambda w: w.startswith("Got completion from peer") and " hca " not in w)
-    detail = "; ".join(why[:1] if r.error else why[:2])
-    if r.exit_code == 0 and r.result == 2 and r.gdrdma:
+    why = sorted(result.why, key=lambda w: w.startswith("Got completion from peer") and " hca " not in w)
+    detail = "; ".join(why[:1] if result.error else why[:2])
+    if result.exit_code == 0 and result.result == 2 and result.gdrdma:
         shown = f"all-reduce with {peer} via {seen}" + (f" ({detail})" if detail else "")
         return CheckResult(host, CHECK, "pass", shown, REQUIRED)
-    if "No such image" in r.error:
-        return CheckResult(host, CHECK, "fail", f"the image is not on {host}: {r.error}", REQUIRED,
+    if "No such image" in result.error:
+        return CheckResult(host, CHECK, "fail", f"the image is not on {host}: {result.error}", REQUIRED,
                            "the probe runs in the plan's image and pulls nothing: pull it on every node first "
                            "(docker pull IMAGE), or turn k3_nccl_probe off for the first rollout")
-    if r.gdrdma and "remote process exited" in r.error:
+    if result.gdrdma and "remote process exited" in result.error:
         return CheckResult(host, CHECK, "warn", f"via {seen} here; the all-reduce failed on {peer} (see its result)",
                            REQUIRED, f"repair {peer}, then rerun preflight")
     observed = f"with {peer}: " + (f"via {seen}" if seen else "no NCCL transport set up") + (
         f"; {detail}" if detail else "")
-    if r.exit_code == 124:
+    if result.exit_code == 124:
         observed += f"; no result within {PROBE_TIMEOUT_S} s (NCCL init hangs)"
-    elif r.error:
-        observed += f"; {r.error}"
-    elif r.exit_code not in (0, None):
-        observed += f"; exit {r.exit_code}"
-    if any("reg_dmabuf_mr failed" in w for w in r.why):
+    elif result.error:
+        observed += f"; {result.error}"
+    elif result.exit_code not in (0, None):
+        observed += f"; exit {result.exit_code}"
+    if any("reg_dmabuf_mr failed" in w for w in result.why):
         fix = ("the mlx5 kernel driver cannot register DMA-BUF memory (errno 524): update MLNX/DOCA-OFED or the "
                "kernel; on x86 the fallback is NCCL_DMABUF_ENABLE=0 with nvidia_peermem loaded (deprecated with "
                "CUDA 13); Grace trays need DMA-BUF")
-    elif any("Got completion from peer" in w for w in r.why):
+    elif any("Got completion from peer" in w for w in result.why):
         fix = ("an HCA in NCCL_IB_HCA does not reach the peer (a front-end or storage NIC): name the GPU fabric's "
                "ports in k3_ib_hca")
-    elif any("Socket" in t for t in r.transports):
+    elif any("Socket" in t for t in result.transports):
         fix = "NCCL found no usable RDMA port: check the HCAs (ibv_devinfo), /dev/infiniband and k3_ib_hca"
     else:
         fix = ("NCCL stages through host memory: load the NVIDIA open kernel modules on kernel >= 5.12 (DMA-BUF), or "
@@ -195,8 +197,6 @@ def run_probe(state: Any, hosts: dict[str, Any], facts: list[HostFacts], env: di
               docker: str, image: str) -> list[CheckResult]:
     """Probe every reachable host in pairs (see the module docstring); one ``nccl.probe`` result per host."""
     from pyinfra.api.facts import get_fact
-
-    from k3deploy.runtime.gather import each_host
 
     names = [f.host for f in facts if f.unreachable is None and f.host in hosts]
     addresses = {f.host: f.address for f in facts}

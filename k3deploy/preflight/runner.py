@@ -24,8 +24,11 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from pyinfra.api import Config, Inventory, State, StringCommand  # noqa: E402
+from pyinfra.api.command import StringCommand  # noqa: E402
+from pyinfra.api.config import Config  # noqa: E402
 from pyinfra.api.exceptions import ConnectError  # noqa: E402
+from pyinfra.api.inventory import Inventory  # noqa: E402
+from pyinfra.api.state import State  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
 from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
@@ -34,7 +37,8 @@ from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
 from k3deploy.facts.batch import read_batch  # noqa: E402
 from k3deploy.facts.rollout import StagePeers  # noqa: E402
 from k3deploy.model.requirements import Requirements  # noqa: E402
-from k3deploy.preflight.checks import NVSWITCH_HARDWARE, HostFacts  # noqa: E402
+from k3deploy.preflight.base import FactSpec  # noqa: E402
+from k3deploy.preflight.checks import HostFacts, vendor_checks  # noqa: E402
 
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
 #: DockerRootDir unless ``k3_image_dir`` names a directory
@@ -70,42 +74,13 @@ def host_address(host: Any) -> str:
 
 # ------------------------------------------------------------------------------ fact plan
 
-FactSpec = tuple[str, type[Any], dict[str, Any]]
-
-
 def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -> list[FactSpec]:
-    """Which facts to read on a host of this selection (attribute of HostFacts, fact, arguments)."""
-    brand = sel.brand
-    plan: list[FactSpec] = []
-    if brand == "NVIDIA":
-        plan += [
-            ("gpus", nvidia.NvidiaGpus, {}),
-            ("toolkit", nvidia.NvidiaContainerToolkit, {}),
-        ]
-        if sel.hardware.id in NVSWITCH_HARDWARE:
-            plan.append(("fabric_manager", nvidia.FabricManager, {}))
-        if getattr(sel.hardware, "nvl", False):
-            plan.append(("fabric", nvidia.NvlinkFabric, {}))
-            if sel.mnnvl:
-                plan += [("imex", nvidia.Imex, {}), ("imex_domain", nvidia.ImexDomain, {})]
-        if sel.needs_rdma:
-            plan += [
-                ("topology", nvidia.GpuNicTopology, {}),
-                ("flavour", nvidia.NvidiaDriverFlavour, {}),
-                ("modules", rdma.KernelModules, {}),
-                ("dmabuf", rdma.DmabufPrerequisites, {}),
-            ]
-    elif brand == "AMD":
-        plan += [
-            ("amd_gpus", amd.AmdGpus, {}),
-            ("amd_versions", amd.AmdSmiVersion, {}),
-            ("rocm_driver", amd.RocmDriverVersion, {}),
-        ]
-    elif brand == "Huawei":
-        plan += [("npu", ascend.NpuSmiInfo, {}), ("ascend", ascend.AscendVersions, {})]
-        if sel.needs_rdma:  # across nodes (or P/D) the NPUs talk over their own ports: read them as the guides do
-            plan.append(("hccn", ascend.HccnNetwork, {"devices": int(sel.hardware.gpu_count)}))
-    if sel.needs_rdma and brand != "Huawei":
+    """Which facts to read on a host of this selection (attribute of HostFacts, fact, arguments): the vendor pack's
+    (:meth:`k3deploy.preflight.base.VendorChecks.facts`), the RDMA ports where its engines use them, then the
+    common ones."""
+    judges = vendor_checks(sel)
+    plan: list[FactSpec] = judges.facts(sel)
+    if sel.needs_rdma and judges.pack.transport.rdma_ports:
         plan.append(("rdma", rdma.RdmaDevices, {}))
     plan += [
         ("kernel", hostfacts.KernelVersion, {}),
@@ -162,7 +137,7 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
 # ------------------------------------------------------------------------- local raw capture
 
 #: every fact with the arguments used for a capture run
-CAPTURE_FACTS: list[tuple[type[K3Fact], dict[str, Any]]] = [
+CAPTURE_FACTS: list[tuple[type[K3Fact[Any]], dict[str, Any]]] = [
     (nvidia.NvidiaGpus, {}),
     (nvidia.NvidiaDriverFlavour, {}),
     (nvidia.NvidiaContainerToolkit, {}),
@@ -205,8 +180,8 @@ def capture_local(save: Path | None = None) -> dict[str, Any]:
     """Run every fact's command on this machine through pyinfra's ``@local`` connector; keep the raw
     output next to the parsed value."""
     quiet_pyinfra()
-    inventory = Inventory((["@local"], {}))
-    state = State(inventory=inventory, config=Config())
+    inventory = Inventory((["@local"], {}))  # type: ignore[no-untyped-call]
+    state = State(inventory=inventory, config=Config())  # type: ignore[no-untyped-call]
     host = inventory.get_host("@local")
     out: dict[str, Any] = {"facts": {}, "extra": {}}
     with ctx_state.use(state), ctx_host.use(host):

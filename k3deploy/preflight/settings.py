@@ -1,7 +1,9 @@
 """Per-host settings derived from facts (never hard-coded), handed to the rollout as environment.
 
 :func:`derive_settings` returns, for one host, the environment variables NCCL/Gloo/UCX/HCCL need on
-that host and a short reason for each:
+that host and a short reason for each. Which variables a vendor's engines use is its pack's
+:class:`~k3deploy.vendors.base.Transport`; the settings only its own facts tell (NVLink across trays, DMA-BUF) come
+from its preflight side (:class:`~k3deploy.preflight.base.VendorChecks`):
 
 * ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME``: the interface carrying the node's inventory
   address (falls back to the default-route interface when no address is known); never ``lo``. NCCL's is the
@@ -26,13 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from k3deploy.facts.host import AddressInterface
-from k3deploy.facts.rdma import DmabufSupport, choose_ports
+from k3deploy.facts.rdma import choose_ports
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import HostFacts, gpu_topology, no_nvlink_fabric
-
-#: UCX transports for the P/D KV transfer per vendor: RC verbs (RDMA, with UD for its bootstrap) plus the copy
-#: transport for the vendor's GPU memory (UCX's ``cuda_copy`` / ``rocm_copy``)
-UCX_TLS = {"NVIDIA": "rc,cuda_copy", "AMD": "rc,rocm_copy"}
+from k3deploy.preflight.checks import HostFacts, gpu_topology, vendor_checks
 
 
 @dataclass
@@ -65,27 +63,24 @@ def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
     out = HostSettings(host=facts.host)
     if facts.unreachable is not None:
         return out
-    brand = sel.brand
+    judges = vendor_checks(sel)
+    transport = judges.pack.transport
     itf = facts.interface if isinstance(facts.interface, AddressInterface) else None
     ifname, why = socket_interface(itf) if itf else (None, "")
     if ifname:
-        if brand == "Huawei":
-            out.set("HCCL_SOCKET_IFNAME", ifname, why)
-            out.set("TP_SOCKET_IFNAME", ifname, why)
-            out.set("GLOO_SOCKET_IFNAME", ifname, why)
-            if itf and itf.address and itf.interface == ifname:
-                out.set("HCCL_IF_IP", itf.address, f"address of {ifname}")
-        else:
-            out.set("NCCL_SOCKET_IFNAME", "=" + ifname, why + " (=: this name exactly, not a prefix)")
-            out.set("GLOO_SOCKET_IFNAME", ifname, why)
+        for key in transport.socket_env:
+            if key in transport.exact_socket_env:
+                out.set(key, "=" + ifname, why + " (=: this name exactly, not a prefix)")
+            else:
+                out.set(key, ifname, why)
+        if transport.address_env and itf and itf.address and itf.interface == ifname:
+            out.set(transport.address_env, itf.address, f"address of {ifname}")
 
-    if brand == "NVIDIA" and getattr(sel.hardware, "nvl", False) and not no_nvlink_fabric(facts):
-        reason = f"{sel.hardware.id} NVL72 compute tray: multi-node NVLink through IMEX"
-        for key in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"):
-            out.set(key, "1", reason)
+    for key, value, reason in judges.nvlink_settings(sel, facts):
+        out.set(key, value, reason)
 
     devices = facts.rdma if isinstance(facts.rdma, list) else []
-    if sel.needs_rdma and devices and brand != "Huawei":
+    if sel.needs_rdma and devices and transport.rdma_ports:
         choice = choose_ports(devices, itf.default_interface if itf else None, facts.ib_hca,
                               gpu_topology(facts))
         if not choice.ports:
@@ -97,16 +92,12 @@ def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
             if choice.excluded:
                 why += "; not " + ", ".join(f"{d}:{p} ({reason})" for d, p, reason in choice.excluded)
         out.set("NCCL_IB_HCA", str(choice.nccl_ib_hca), why)
-        if brand == "NVIDIA":
-            dmabuf = facts.dmabuf
-            if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met is False:
-                out.set("NCCL_DMABUF_ENABLE", "0", "DMA-BUF not usable: " + "; ".join(dmabuf.reasons))
-                # x86 falls back to nvidia_peermem (deprecated with CUDA 13); Grace trays have none
-                out.peermem_required = not getattr(sel.hardware, "nvl", False)
+        gpu_path, out.peermem_required = judges.rdma_settings(sel, facts)
+        for key, value, reason in gpu_path:
+            out.set(key, value, reason)
         if sel.pd:
-            tls = UCX_TLS.get(brand)
-            if tls:
-                out.set("UCX_TLS", tls, "RDMA carries the P/D KV transfer (NIXL over UCX)")
+            if transport.ucx_tls:
+                out.set("UCX_TLS", transport.ucx_tls, "RDMA carries the P/D KV transfer (NIXL over UCX)")
             out.set("UCX_NET_DEVICES", str(choice.ucx_net_devices),
                     f"the ports of NCCL_IB_HCA ({why}) for NIXL's UCX, which reads no NCCL_* variable")
     return out

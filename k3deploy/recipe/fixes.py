@@ -13,7 +13,7 @@ README. The rollout, ``k3deploy plan``, the runbook and ``resolve --inventory`` 
 from __future__ import annotations
 
 from k3deploy.recipe.argv import flag_value, has_flag
-from k3deploy.recipe.plan import Plan
+from k3deploy.recipe.plan import NodePlan, Plan
 
 LB_FLAGS = ("--data-parallel-hybrid-lb", "--data-parallel-external-lb")
 
@@ -21,7 +21,7 @@ LB_FLAGS = ("--data-parallel-hybrid-lb", "--data-parallel-external-lb")
 def deployable(plan: Plan) -> Plan:
     """A copy of ``plan`` with the engine fixes applied (the input is not changed)."""
     out = plan.model_copy(deep=True)
-    groups: dict[str, list] = {}
+    groups: dict[str, list[NodePlan]] = {}
     for node in out.nodes:
         if node.role in ("head", "worker"):
             groups.setdefault("engine", []).append(node)

@@ -26,14 +26,14 @@ _IMAGE = re.compile(
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def _builder_image(recipe: Recipe, v: Variant, hw: HardwareProfile) -> str | None:
-    pin = v.hardware_overrides.get(hw.id)
+def _builder_image(recipe: Recipe, variant: Variant, hw: HardwareProfile) -> str | None:
+    pin = variant.hardware_overrides.get(hw.id)
     if pin is not None and isinstance(pin.docker_image, str):
         return pin.docker_image
     key = hw.brand_key
     image: str | None = None
     cuda_map: dict[str, Any] | None = None
-    for o in (v.docker_image, recipe.model.docker_image):
+    for o in (variant.docker_image, recipe.model.docker_image):
         if image or cuda_map or o is None:
             continue
         if isinstance(o, str):

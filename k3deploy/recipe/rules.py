@@ -70,12 +70,12 @@ def keyed(m: Any, hw: HardwareProfile) -> Any:
     return coalesce(m.get(hw.id), m.get(hw.gen), m.get(hw.brand.lower()), m.get("default"))
 
 
-def _block_args(b: HardwareBlock | None) -> list[str]:
-    return b.extra_args if b is not None else []
+def _block_args(block: HardwareBlock | None) -> list[str]:
+    return block.extra_args if block is not None else []
 
 
-def _block_env(b: HardwareBlock | None) -> dict[str, str]:
-    return b.extra_env if b is not None else {}
+def _block_env(block: HardwareBlock | None) -> dict[str, str]:
+    return block.extra_env if block is not None else {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def offered_strategies(recipe: Recipe) -> list[str]:
 
 def strategy_supported_on(recipe: Recipe, strategy: str, hw: HardwareProfile) -> bool:
     """The per-GPU gate: KEYED ``strategy_hardware[s]``, else membership in ``compatible_strategies``."""
-    v = keyed(recipe.strategy_hardware.get(strategy) or {}, hw)
+    v: object = keyed(recipe.strategy_hardware.get(strategy) or {}, hw)
     if v is not None:
         return v != "unsupported"
     return strategy in recipe.compatible_strategies

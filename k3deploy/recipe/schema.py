@@ -17,8 +17,9 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar, cast
 
 import yaml
 from pydantic import (
@@ -38,6 +39,7 @@ from k3deploy.errors import RecipeError
 VENDORED_RECIPE = Path(__file__).resolve().parents[1] / "data" / "kimi-k3.yaml"
 
 Args = list[StrictStr]
+_T = TypeVar("_T")
 
 
 def _env_value(value: Any) -> str:
@@ -217,10 +219,10 @@ class Recipe(_Model):
     #: memoised derived data (offered strategies per hardware, ...): a recipe is not changed once loaded
     _memo: dict[Any, Any] = PrivateAttr(default_factory=dict)
 
-    def memo(self, key: Any, compute: Any) -> Any:
+    def memo(self, key: Hashable, compute: Callable[[], _T]) -> _T:
         """``compute()`` once per key for this recipe object."""
         try:
-            return self._memo[key]
+            return cast(_T, self._memo[key])
         except KeyError:
             value = self._memo[key] = compute()
             return value
@@ -247,10 +249,10 @@ class Recipe(_Model):
 
     @field_validator("variants")
     @classmethod
-    def _variants(cls, v: dict[str, Variant]) -> dict[str, Variant]:
-        if not v:
+    def _variants(cls, variants: dict[str, Variant]) -> dict[str, Variant]:
+        if not variants:
             raise ValueError("a recipe needs at least one variant")
-        return v
+        return variants
 
     @property
     def slug(self) -> str:

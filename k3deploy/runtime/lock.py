@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.errors import K3Error
+from k3deploy.facts.parallel import each_host
 from k3deploy.model import commands
 
 
@@ -174,8 +175,6 @@ class Lock:
 
     def acquire(self) -> None:
         """Take the lock on every host, or raise :class:`LockHeld` (released again where it was taken)."""
-        from k3deploy.runtime.gather import each_host
-
         names = list(self.hosts)
         if not names:
             return
@@ -222,8 +221,6 @@ class Lock:
     def release(self) -> None:
         """Give the lock back on every host where this run took it (a host that does not answer keeps it: the
         next run from this machine takes it over, see :func:`stale`)."""
-        from k3deploy.runtime.gather import each_host
-
         hosts = [self.hosts[n] for n in self.taken]
 
         def one(h: Any) -> bool:

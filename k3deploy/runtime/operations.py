@@ -15,14 +15,17 @@ import difflib
 import hashlib
 import secrets
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from io import BytesIO
+from pathlib import Path
 from typing import Any
 
-from pyinfra import host, logger, state
-from pyinfra.api import FileUploadCommand, RsyncCommand, StringCommand, operation
-from pyinfra.api.command import PyinfraCommand
+from pyinfra import logger
+from pyinfra.api.command import FileUploadCommand, PyinfraCommand, RsyncCommand, StringCommand
+from pyinfra.api.operation import operation
 from pyinfra.api.state import StateStage
+from pyinfra.context import host, state
 from pyinfra.facts.files import FileContents
 
 from k3deploy.facts.rollout import FileOnHost, SmokeAnswer, UnitState
@@ -31,6 +34,10 @@ from k3deploy.model.diff import change_lines, env_file_changes, unit_file_change
 from k3deploy.model.observed import ENV_MODE, UNIT_MODE, Installed
 from k3deploy.model.rollout import UnitWork
 from k3deploy.model.secrets import mask_line
+from k3deploy.model.steps import Step
+
+#: what an operation yields: the commands it runs on the host
+Commands = Generator[PyinfraCommand, None, None]
 
 
 def sh(script: str) -> StringCommand:
@@ -45,7 +52,8 @@ def fail(message: str) -> StringCommand:
 
 @operation()
 def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
-                 seen: tuple[str | None, str | None] | None = None, active: bool = True, live: str | None = None):
+                 seen: tuple[str | None, str | None] | None = None, active: bool = True,
+                 live: str | None = None) -> Commands:
     """Write ``content`` to ``dest``, owned by root with ``mode``, when it differs (``seen``: ``(sha256, text)`` of
     the file as this run already read it, so it is not read again). Read here (no ``seen``), a file whose content is
     up to date but whose owner or mode is not gets them back (nothing else changes).
@@ -79,19 +87,7 @@ def managed_file(dest: str, content: str, mode: str = "644", kind: str = "text",
         yield sh(commands.lock_down([(dest, mode)]))
         return
     if state.config.DIFF:
-        verb = "modify" if have else "create"
-        if kind == "secret":
-            host.log(f"Will {verb} {dest} (secret: contents not shown)", logger.info)
-        else:
-            if seen is not None:
-                old = seen[1]
-            else:
-                lines = host.get_fact(FileContents, path=dest) if have else None
-                old = None if lines is None else "".join(f"{x}\n" for x in lines)
-            host.log(f"Will {verb} {live or dest}" + (f" (written to {dest} now, put in place at the restart)"
-                                                       if live else ""), logger.info)
-            for line in file_diff(kind, old, content):
-                logger.info("    %s", line)
+        show_change(dest, kind, have, seen, content, live)
     args: Mapping[str, Any] = host.current_op_global_arguments or {}
     if any(args.get(k) for k in ("_sudo", "_doas", "_dzdo", "_su_user")):
         yield from upload(dest, data, mode, private_in=host.get_temp_filename().rsplit("/", 1)[0] or "/tmp")
@@ -134,8 +130,98 @@ def upload(dest: str, data: bytes, mode: str, private_in: str | None = None,
             sh(commands.put_in_place(temp, dest, mode, private=private))]
 
 
+def show_change(dest: str, kind: str, have: str | None, seen: tuple[str | None, str | None] | None, content: str,
+                live: str | None) -> None:
+    """Say, for ``--diff``, how a file changes (a secret: that it does, nothing of its contents)."""
+    verb = "modify" if have else "create"
+    if kind == "secret":
+        host.log(f"Will {verb} {dest} (secret: contents not shown)", logger.info)
+        return
+    if seen is not None:
+        old = seen[1]
+    else:
+        lines = host.get_fact(FileContents, path=dest) if have else None
+        old = None if lines is None else "".join(f"{x}\n" for x in lines)
+    host.log(f"Will {verb} {live or dest}" + (f" (written to {dest} now, put in place at the restart)"
+                                               if live else ""), logger.info)
+    for line in file_diff(kind, old, content):
+        logger.info("    %s", line)
+
+
+@dataclass(frozen=True)
+class Written:
+    """One file of :func:`write_files`: ``content`` for ``dest`` (``mode``), as :func:`managed_file` takes it;
+    ``when``: written only while this holds (evaluated as the operation runs)."""
+
+    dest: str
+    content: str = field(repr=False)
+    mode: str = "644"
+    kind: str = "text"
+    seen: tuple[str | None, str | None] | None = field(default=None, repr=False)
+    live: str | None = None
+    when: Callable[[], bool] | None = None
+
+
 @operation()
-def owner_and_mode(units: list[UnitWork], installed: Mapping[tuple[str, str], Installed]):
+def write_files(files: Sequence[Written]) -> Commands:
+    """Write every one of ``files`` whose content differs, all in one command: the script
+    (:func:`~k3deploy.model.commands.write_from_stdin`) is the command line, the contents come on its stdin (never
+    in argv, never in a log), each into a new root-only file of a random name put in place as :func:`managed_file`
+    does. A file up to date whose owner or mode drifted gets them back. ``--diff`` shows each change as
+    :func:`managed_file` does."""
+    todo: list[Written] = []
+    drifted: list[tuple[str, str]] = []
+    for f in files:
+        if f.when is not None and not f.when():
+            continue
+        if f.seen is not None:
+            have, meta = f.seen[0], None
+        else:
+            got = host.get_fact(FileOnHost, path=f.dest)
+            have, meta = got.sha, got.meta
+        if have == hashlib.sha256(f.content.encode()).hexdigest():
+            drift = meta.drift(f.mode) if meta is not None else None
+            if drift is not None:
+                drifted.append((f.dest, f.mode))
+                if state.config.DIFF:
+                    host.log(f"Will give {f.dest} its owner and mode back (content unchanged): {drift}", logger.info)
+            continue
+        if state.config.DIFF:
+            show_change(f.dest, f.kind, have, f.seen, f.content, f.live)
+        todo.append(f)
+    if not todo and not drifted:
+        host.noop("every file is up to date")
+        return
+    if drifted:
+        yield sh(commands.lock_down(drifted))
+    if todo:
+        script = commands.write_from_stdin([(f.dest, f.mode) for f in todo], secrets.token_hex(16))
+        payload = "".join(f"{len(f.content.encode())}\n{f.content}" for f in todo)
+        yield StringCommand("sh", "-c", shlex.quote(script), _stdin=payload)
+
+
+@operation()
+def stage_step(step: Step) -> Commands:
+    """One step of the stage (:func:`k3deploy.model.steps.stage`) on this host: its script, its file
+    (:func:`managed_file`; a secret read from the control machine's file only here) or its copy from the control
+    machine (:func:`from_control`); nothing where it does not apply."""
+    if not step.applies:
+        host.noop("not needed on this host")
+        return
+    if step.file is not None:
+        f = step.file
+        content = Path(f.source).read_text() if f.source else f.content
+        yield from managed_file._inner(dest=f.dest, content=content, mode=f.mode, kind=f.kind)
+    elif step.copy is not None:
+        yield from from_control._inner(src=step.copy.src, dest=step.copy.dest)
+    elif step.script:
+        yield sh(step.script)
+    else:
+        host.noop("nothing to do here")
+
+
+@operation()
+def owner_and_mode(units: list[UnitWork], installed: Mapping[tuple[str, str], Installed]) -> Commands:
     """Give root and their modes (:data:`~k3deploy.model.observed.UNIT_MODE`, ``ENV_MODE``) back to the unit and
     env files of ``units`` whose owner or mode drifted, as this run read them (``installed``), content untouched:
     nothing restarts for it."""
@@ -167,7 +253,7 @@ def file_diff(kind: str, old: str | None, new: str) -> list[str]:
 
 
 @operation(is_idempotent=False)
-def script(text: str, active: bool = True):
+def script(text: str, active: bool = True) -> Commands:
     """Run one script of :mod:`k3deploy.model.commands` on this host (nothing when ``active`` is false)."""
     if not active or not text:
         host.noop("nothing to do here")
@@ -176,7 +262,7 @@ def script(text: str, active: bool = True):
 
 
 @operation(is_idempotent=False)
-def from_control(src: str, dest: str, active: bool = True):
+def from_control(src: str, dest: str, active: bool = True) -> Commands:
     """Copy ``src`` from the control machine to ``dest`` on this host with ``rsync`` over the host's SSH connection
     (a partial copy resumes; unchanged files are not sent again). A directory ``src`` ends with ``/``. What arrives is
     root's and writable by root only; a file (an image archive, which root loads) goes only into a directory that
@@ -189,16 +275,14 @@ def from_control(src: str, dest: str, active: bool = True):
     except NotImplementedError as exc:
         yield fail(f"cannot copy {src} to this host: {exc}")
         return
-    parent = dest.rstrip("/").rsplit("/", 1)[0] or "/"
-    yield sh(f"umask 022 && mkdir -p {shlex.quote(parent)}"
-             + ("" if dest.endswith("/") else f" && {commands.root_only_dir(parent)}"))
+    yield sh(commands.copy_into(dest))
     # the files are root's and writable by root only on the host, whoever owns them on the control machine
     yield RsyncCommand(src, dest, ["-a", "--no-owner", "--no-group", "--chmod=go-w", "--partial",
                                    "--exclude=*.incomplete", "--exclude=.k3-*"])
 
 
 @operation(is_idempotent=False)
-def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | None = None):
+def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | None = None) -> Commands:
     """Stop these units (and so their containers); nothing when ``active`` is false or they are not running.
     ``seen``: each unit's ActiveState as this run already read it."""
     if not active:
@@ -216,7 +300,7 @@ def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | Non
 
 
 @operation(is_idempotent=False)
-def start_units(units: list[str], active: bool = True):
+def start_units(units: list[str], active: bool = True) -> Commands:
     """daemon-reload, reset failure counters, enable and (re)start these units."""
     if not active or not units:
         host.noop("nothing to start here")
@@ -225,7 +309,7 @@ def start_units(units: list[str], active: bool = True):
 
 
 @operation(is_idempotent=False)
-def wait_tcp(targets: list[tuple[str, int]], timeout: int = 300, interval: float = 1.0):
+def wait_tcp(targets: list[tuple[str, int]], timeout: int = 300, interval: float = 1.0) -> Commands:
     """Wait until each ``(address, port)`` accepts a TCP connection, tried from this host (no payload is sent)."""
     if not targets:
         host.noop("no rendezvous to wait for")
@@ -235,7 +319,7 @@ def wait_tcp(targets: list[tuple[str, int]], timeout: int = 300, interval: float
 
 
 @operation(is_idempotent=False)
-def smoke(endpoint: str, model: str, active: bool = True):
+def smoke(endpoint: str, model: str, active: bool = True) -> Commands:
     """One short chat completion through the public endpoint, as the recipe guide's client sends it.
 
     A check, not a change: "No change" when the model answers. It runs when the rollout executes, after the

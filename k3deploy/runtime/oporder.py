@@ -11,23 +11,31 @@ module looks the function up by name at each call).
 
 Likewise for the global arguments (``_sudo``, ``_if``, ...) pyinfra takes out of every operation and deploy call:
 ``pyinfra.api.arguments.all_global_arguments`` computes ``typing.get_type_hints`` of the same class at every call (a
-twentieth of the control machine's CPU time at 18 hosts); :func:`install` makes it compute them once.
+twentieth of the control machine's CPU time at 18 hosts); :func:`install` makes it compute them once. And for each
+of them ``pop_global_arguments`` looks the argument up in the host's data (``getattr(host.data, key)``), which walks
+every layer of the host's data (override, host, each group, global, deploy data), evaluating each layer and raising
+a ``KeyError`` per layer that lacks the key: some thirty lookups per operation and host, most of the control
+machine's CPU time per operation; :func:`pop_global_arguments` gives it the host's data merged once per call (the
+same values: :meth:`HostData.dict` merges the layers in the same order of precedence).
 """
 
 from __future__ import annotations
 
 import sys
+from copy import copy
 from functools import cache
 from typing import Any
 
 import pyinfra
 import pyinfra.api.arguments
+import pyinfra.api.deploy  # noqa: F401 (the module: ``pyinfra.api.deploy`` is also the decorator)
 import pyinfra.api.facts
 import pyinfra.api.operation  # noqa: F401 (the module; ``pyinfra.api.operation`` is also the decorator)
 from pyinfra.api.util import PYINFRA_INSTALL_DIR
 
 _operation = sys.modules["pyinfra.api.operation"]
 _pyinfra_global_arguments = pyinfra.api.arguments.all_global_arguments
+_pyinfra_pop_global_arguments = pyinfra.api.arguments.pop_global_arguments
 
 
 def operation_order_from_stack(state: Any) -> list[int]:
@@ -62,10 +70,36 @@ def all_global_arguments() -> list[tuple[str, type]]:
     return list(_global_arguments())
 
 
+class _Merged:
+    """A host's data as ``pop_global_arguments`` reads it (``getattr(data, key, default)``), its layers merged once."""
+
+    def __init__(self, data: Any) -> None:
+        self._values: dict[str, Any] = data.dict()
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return copy(self._values[key])
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+def pop_global_arguments(state: Any, host: Any, kwargs: dict[str, Any]) -> Any:
+    """What ``pyinfra.api.arguments.pop_global_arguments`` returns, reading the host's data merged once (no
+    greenlet runs in between: the data is the host's own again when it returns)."""
+    data = host.data
+    host.data = _Merged(data)
+    try:
+        return _pyinfra_pop_global_arguments(state, host, kwargs)
+    finally:
+        host.data = data
+
+
 def install() -> None:
     """Use :func:`operation_order_from_stack` for the operations called from now on, and
     :func:`all_global_arguments` for pyinfra's global arguments (idempotent)."""
     setattr(_operation, "get_operation_order_from_stack", operation_order_from_stack)  # noqa: B010
     for module in (pyinfra.api.arguments, pyinfra.api.facts):
         setattr(module, "all_global_arguments", all_global_arguments)  # noqa: B010
+    for module in (_operation, sys.modules["pyinfra.api.deploy"], pyinfra.api.facts):
+        setattr(module, "pop_global_arguments", pop_global_arguments)  # noqa: B010
 

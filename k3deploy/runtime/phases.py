@@ -3,8 +3,11 @@
 The context is built once per run (first host to ask; the others wait for it) by the one pipeline,
 :func:`k3deploy.runtime.gather.gather_in_run`: inventory -> variables -> plan -> preflight facts and checks ->
 derived host settings -> rendered units and env files -> installed state and revisions -> which groups restart.
-Every phase then calls its operations from one call site on every host, with an ``active`` flag, so pyinfra's
-cross-host ordering follows the rendezvous rules (pyinfra orders ops by call site, not by host).
+The phases render the rollout's steps (:mod:`k3deploy.model.steps`, the same steps the runbook prints) as
+operations: each operation is called from one call site (the stage's steps from one, told apart by their kind), so
+pyinfra's cross-host ordering follows the rendezvous rules (pyinfra orders ops by call site, not by host), and only
+on the hosts it has something to do on: a tray pays the control machine for its own steps, not for every step of
+the rollout. A host's files are written in one command (:func:`~k3deploy.runtime.operations.write_files`).
 
 Nothing is half-applied: a bad inventory, a failing preflight check or an engine flag the pinned engine refuses
 stops the run while it is being prepared (``--dry`` included), with every reason printed once and a non-zero exit.
@@ -13,54 +16,48 @@ stops the run while it is being prepared (``--dry`` included), with every reason
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
+from functools import cached_property, partial
 from importlib.metadata import version
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent.event
 import gevent.lock
-from pyinfra import host, logger
-from pyinfra.api import deploy
-from pyinfra.context import ctx_state
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
 
 from k3deploy.errors import K3Error
-from k3deploy.model import commands
-from k3deploy.model.images import holds, named, run_ref
+from k3deploy.model import commands, steps
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, sha256
-from k3deploy.model.rollout import Rollout, UnitWork, mark_changes
+from k3deploy.model.rollout import Rollout, StartPlan, UnitWork, mark_changes
+from k3deploy.model.staging import engines as stage_engines
 from k3deploy.model.staging import (
-    ARCHIVE,
-    OUTSIDE,
-    StagePlan,
-    addresses,
-    peers_config,
-    peers_config_path,
-    stage_for,
     summary,
 )
-from k3deploy.model.staging import engines as stage_engines
-from k3deploy.model.units import GROUP_MEMBER, group_member_text
+from k3deploy.model.steps import Step
+from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.checks import CLUSTER
-from k3deploy.recipe.argv import served_model_name
 from k3deploy.runtime import oporder
-from k3deploy.runtime.gather import Cluster, connector_drift, gather_in_run
+from k3deploy.runtime.connections import connector_drift
+from k3deploy.runtime.gather import Gathered, gather_in_run
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
-    from_control,
-    managed_file,
+    Written,
     owner_and_mode,
     script,
     smoke,
+    stage_step,
     start_units,
     stop_units,
     wait_tcp,
+    write_files,
 )
 from k3deploy.runtime.readiness import Failure, wait_group
 
@@ -69,6 +66,7 @@ _lock = gevent.lock.RLock()
 #: variables that belong to one host or one run, not to what a group runs
 PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
 _contexts: dict[int, Context] = {}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,7 @@ class Refused:
 
 @dataclass
 class Context:
-    cluster: Cluster | None
+    gathered: Gathered | None   # the inventory as the deploy read it, and its rollout rendered
     refusal: Refused | None = None
     state: Any = None
     lock: Lock | None = None
@@ -91,15 +89,43 @@ class Context:
     numbers: dict[str, int] = field(default_factory=dict)  # group -> the revision number this run records
     metas: dict[str, str] = field(default_factory=dict)    # group -> that revision's meta.json
     marks: dict[str, int] = field(default_factory=dict)    # group -> the revision marked current once it serves
+    plans: dict[int, StartPlan] = field(default_factory=dict)   # restart step -> how its groups restart, per host
 
     @property
     def rollout(self) -> Rollout:
-        assert self.cluster is not None and self.cluster.rollout is not None
-        return self.cluster.rollout
+        assert self.gathered is not None and self.gathered.rollout is not None
+        return self.gathered.rollout
 
     @property
     def ok(self) -> bool:
         return self.refusal is None
+
+    @cached_property
+    def stage_steps(self) -> dict[str, list[Step]]:
+        """host -> its steps of the stage (:func:`k3deploy.model.steps.stage`), worked out once for the run from
+        what the facts saw (the images each host holds, an rsync daemon an earlier run left)."""
+        gathered = self.gathered
+        assert gathered is not None
+        rollout = self.rollout
+        leftover = {f.host for f in gathered.facts if getattr(f.stage_peers, "running", False)}
+        out: dict[str, list[Step]] = {}
+        for step in steps.stage(rollout, gathered.stage or steps.fresh(rollout), tag=gathered.pinned_tag,
+                                images=gathered.images, leftover=leftover):
+            out.setdefault(step.host, []).append(step)
+        return out
+
+    def start_plan(self, step: int) -> StartPlan:
+        """How the groups of restart step ``step`` (:meth:`Rollout.waves`) restart, per host (worked out once)."""
+        with _lock:
+            if step not in self.plans:
+                self.plans[step] = self.rollout.start_plan(set(self.rollout.waves()[step]))
+            return self.plans[step]
+
+    @cached_property
+    def summary_host(self) -> str:
+        """The host that calls every operation of the stage (see :func:`stage_phase`): the first engine host."""
+        hosts = stage_engines(self.rollout) or self.rollout.hosts
+        return hosts[0]
 
     def step_ok(self, groups: list[str], calls: list[str]) -> bool:
         """Every one of ``groups`` serves and every one of the router ``calls`` succeeded."""
@@ -134,7 +160,7 @@ class Context:
                 down = self.failed_members(groups)
                 self.begun[step] = not down
                 if down:
-                    history = self.cluster.history if self.cluster is not None else {}
+                    history = self.gathered.history if self.gathered is not None else {}
                     runs = ", ".join(f"{g} keeps running " + (f"revision {history[g].current}"
                                                              if g in history and history[g].current is not None
                                                              else "what it ran")
@@ -148,7 +174,7 @@ class Context:
 
 def context() -> Context:
     """The run's shared context (computed by the first host that asks)."""
-    state = ctx_state.get()
+    state = ctx_state.get()  # type: ignore[no-untyped-call]
     key = id(state)
     with _lock:
         if key not in _contexts:
@@ -178,12 +204,12 @@ def dry_run(argv: list[str] | None = None) -> bool:
     return "--dry" in args or ("--json" in args and not yes)
 
 
-def _take_lock(state: Any, spec: str | None, t: Target, holder: list[Lock]) -> None:
+def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock]) -> None:
     """Before any host is read (so before the revision numbers are chosen): the deployment lock on every host
     (:mod:`k3deploy.runtime.lock`); ``--dry`` takes none and names a held one."""
     # pyinfra's @fake hosts (tests of the deploy's own logic) answer scripted facts only: nothing there to lock
     hosts = {h.name: h for h in state.inventory if h.connected and type(h.connector).__name__ != "FakeConnector"}
-    dirs = {n: t.host_vars(n).k3_config_dir for n in hosts}
+    dirs = {n: target.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
         return
     lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY"))
@@ -198,15 +224,15 @@ def _build(state: Any) -> Context:
     spec = inventory_path_from_argv()
     held: list[Lock] = []
     try:
-        cluster = gather_in_run(state, spec, before_read=partial(_take_lock, state, spec, holder=held))
+        gathered = gather_in_run(state, spec, before_read=partial(_take_lock, state, spec, holder=held))
     except K3Error as exc:
         return _refuse([], str(exc) if isinstance(exc, LockHeld) else f"{exc}; nothing was changed", exc.exit_code,
                        held[0] if held else None)
     lock = held[0] if held else None
     if dry_run():
-        for line in cluster.lock_lines():
+        for line in gathered.lock_lines():
             logger.warning(f"k3deploy: {line}: a run now would be refused")
-    report = cluster.preflight
+    report = gathered.preflight
     assert report is not None
     failing = report.failures_by_host()
     if failing:
@@ -217,33 +243,33 @@ def _build(state: Any) -> Context:
             lines += [f"  [{h}] {f.line()}" for f in fs]
         return _refuse(lines, "preflight failed: nothing was changed (the reasons are above; k3deploy preflight "
                               "INVENTORY shows every check)", 1, lock)
-    r = cluster.require_rollout()
-    for line in connector_drift(state, cluster.target):
+    r = gathered.require_rollout()
+    for line in connector_drift(state, gathered.target):
         logger.warning(f"k3deploy: {line}")
     logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {len(report.results)} checks; "
                 f"plan {r.plan.hardware} x {len(r.hosts)}, {r.plan.strategy}, image {r.plan.image}")
-    res = cluster.resolution
-    if res is not None and cluster.pinned_tag is not None:
+    res = gathered.resolution
+    if res is not None and gathered.pinned_tag is not None:
         logger.info(f"--> k3deploy: image {res.image} is {res.digest} in the registry (asked from {res.host}): "
                     "every node runs that build")
     for w in r.plan.warnings:
         logger.warning(f"k3deploy: {w}")
-    for line in summary(cluster.stage) if cluster.stage is not None else []:
+    for line in summary(gathered.stage) if gathered.stage is not None else []:
         logger.info(f"--> k3deploy: stage {line}")
-    mark_changes(r, cluster.installed)
-    for group, number in cluster.rollback_to.items():
-        current = cluster.history[group].current if group in cluster.history else None
+    mark_changes(r, gathered.installed)
+    for group, number in gathered.rollback_to.items():
+        current = gathered.history[group].current if group in gathered.history else None
         if group not in r.changed_groups:
             continue   # it runs that revision already
         logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
     # the groups whose files change record a new revision, numbered under the lock (no other run records one of
     # these groups until this one ends); worked out once for the run, not per host
-    changing = {g for g in r.changed_groups if any(_changed_files(cluster, u) for u in r.group(g))}
-    numbers = {g: (cluster.history.get(g) or GroupHistory(g)).next_number() for g in changing
-               if g not in cluster.rollback_to}
-    metas = {g: _revision_meta(cluster, g, n) for g, n in numbers.items()}
-    marks = {g: n for g in r.changed_groups if (n := _serving_revision(cluster, g, numbers)) is not None}
-    return Context(cluster, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks)
+    changing = {g for g in r.changed_groups if any(_changed_files(gathered, u) for u in r.group(g))}
+    numbers = {g: (gathered.history.get(g) or GroupHistory(g)).next_number() for g in changing
+               if g not in gathered.rollback_to}
+    metas = {g: _revision_meta(gathered, g, n) for g, n in numbers.items()}
+    marks = {g: n for g in r.changed_groups if (n := _serving_revision(gathered, g, numbers)) is not None}
+    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks)
 
 
 # ------------------------------------------------------------------------------------------------ phases
@@ -258,142 +284,94 @@ def preflight_phase(ctx: Context) -> None:
 
 @deploy("Stage")
 def stage_phase(ctx: Context) -> None:
-    r = ctx.rollout
-    v = r.vars
-    cluster = ctx.cluster
-    assert cluster is not None
+    """This host's steps of the stage (:func:`k3deploy.model.steps.stage`), one operation per step kind, called
+    where the step applies: a step kind runs on every host at once, in the order of the kinds (an operation's
+    identity is its kind, not its place in a host's list). The first engine host calls every kind, doing nothing
+    where it has nothing to do, so the run's summary names each step of the stage."""
     me = host.name
-    sp = cluster.stage or stage_for(r, {}, {})
-    img, wts = sp.image, sp.weights
-    docker, cache, model, image_ref = v.k3_docker, v.k3_model_cache, r.plan.model, r.plan.image
-    tag = cluster.pinned_tag   # the tag that names the pinned build
-    shown = tag or image_ref
-    archive = commands.archive_path(v.k3_stage_dir, image_ref)
-    where = addresses(r)
-    token = v.k3_config_dir.rstrip("/") + "/hf-token" if v.k3_hf_token_file else None
-    # a killed run's rsync daemon (root, open to the cluster) goes first, wherever the facts saw it
-    left = next((f.stage_peers for f in cluster.facts if f.host == me), None)
-    script(name="Peers: stop a daemon an earlier run left", text=commands.stop_peers(),
-           active=getattr(left, "running", False))
-    managed_file(name="Hugging Face token (0600)", dest=token or "", content=Path(v.k3_hf_token_file).read_text()
-                 if v.k3_hf_token_file else "", mode="600", kind="secret",
-                 active=bool(token) and me in stage_engines(r))
-    if not _stages(sp):
-        _verify_before_start(r, sp, me)
-        return  # every engine node holds both artifacts: no stage operation would do anything on any host
-    # fetched from outside (or from the control machine on an air-gapped site) by the first node(s) only
-    script(name=f"Image {shown}: from the registry", text=commands.pull(docker, image_ref, tag) + (
-        " && " + commands.export_image(docker, image_ref, v.k3_stage_dir) if me in img.senders else ""),
-        active=img.fetch.get(me) == OUTSIDE)
-    from_control(name="Image: the archive from the control machine", src=v.k3_image_archive or "", dest=archive,
-                 active=img.fetch.get(me) == ARCHIVE)
-    script(name="Image: load the archive", text=commands.load_image(docker, image_ref, archive, tag),
-           active=img.fetch.get(me) == ARCHIVE)
-    # a node that holds the pinned build by its digest only gets the local tag the units run
-    script(name="Image: name the pinned build", text=commands.name_build(docker, image_ref, tag),
-           active=me in stage_engines(r) and me not in img.fetch and me not in img.receivers
-           and not named(image_ref, cluster.images.get(me)))
-    # the hub CLI of the pinned build where the node has it by now, else of the build its tag names there (any build
-    # of the image downloads the same files: no image crosses the uplink for it), else the pinned build
-    held = cluster.images.get(me)
-    hf_image = (run_ref(image_ref) if me in img.fetch or holds(image_ref, held) else
-                tag if tag and held is not None and held.ref_digest else image_ref)
-    script(name=f"Weights of {model}: from the hub", text=commands.fetch_weights(
-        docker, cache, hf_image, model, token, v.k3_hf_endpoint), active=wts.fetch.get(me) == OUTSIDE)
-    from_control(name="Weights: from the control machine", src=(v.k3_weights_source or "").rstrip("/") + "/",
-                 dest=commands.model_dir(cache, model) + "/", active=wts.fetch.get(me) == ARCHIVE)
-    script(name="Weights: verify", text=commands.verify_weights(cache, model), active=wts.fetch.get(me) == ARCHIVE)
-    script(name="Weights: verify those already here", text=commands.require_weights(cache, model),
-           active=me in wts.require)
-    # then node to node: every holder hands each artifact to one node per round
-    script(name="Image: archive for peers", text=commands.export_image(docker, image_ref, v.k3_stage_dir),
-           active=me in img.export)
-    managed_file(name="Peers: rsync daemon configuration", dest=peers_config_path(r),
-                 content=peers_config(r, me) if me in where else "", mode="644", active=me in sp.senders)
-    script(name="Peers: serve staged files (read only)", text=commands.serve_peers(
-        peers_config_path(r), where.get(me, ""), v.k3_stage_port,
-        [commands.hub_dir(cache), v.k3_stage_dir]), active=me in sp.senders)
-    for i in range(sp.rounds):
-        from_image, from_weights = sp.round_of(i, me)
-        steps = []
-        if from_image:
-            steps.append(commands.receive_image(where[from_image], v.k3_stage_port, docker, image_ref,
-                                                v.k3_stage_dir, tag))
-        if from_weights:
-            steps.append(commands.receive_weights(where[from_weights], v.k3_stage_port, cache, model))
-        script(name=f"Stage round {i + 1} of {sp.rounds}: from a peer", text=" && ".join(steps), active=bool(steps))
-    script(name="Peers: stop serving, remove image archives",
-           text=commands.stop_serving(v.k3_stage_dir, image_ref), active=me in sp.takes_part)
-    _verify_before_start(r, sp, me)
+    for step in ctx.stage_steps.get(me, []):
+        if step.applies or me == ctx.summary_host:
+            with _kind(step.kind):
+                stage_step(name=step.name, step=step)
 
 
-def _verify_before_start(r: Rollout, sp: StagePlan, me: str) -> None:
-    """Every file of the snapshot hashed again, whatever its time stamps, on each engine host of a group that
-    restarts (the stage's last step): a host whose stage verified the weights in this run already is not read twice;
-    on one shared cache, the first engine host of each such group."""
-    w = sp.weights
-    hashed = {*w.fetch, *w.require, *w.receivers}
-    groups = {g: [h for h in dict.fromkeys(u.host for u in r.group(g))]
-              for g in r.changed_groups if g != "router"}
-    hosts = {h for g, hs in groups.items() for h in (hs[:1] if r.vars.k3_weights_shared else hs)}
-    script(name="Weights: verify every file before the engines start", text=commands.verify_before_start(
-        r.vars.k3_model_cache, r.plan.model), active=me in hosts and me not in hashed)
+def _turns(items: Sequence[T]) -> Iterator[tuple[int, T]]:
+    """``enumerate(items)``, each turn's operations told apart as pyinfra's ``host.loop`` does."""
+    host.loop_position.append(0)
+    try:
+        for i, item in enumerate(items):
+            host.loop_position[-1] = i
+            yield i, item
+    finally:
+        host.loop_position.pop()
 
 
-def _stages(sp: StagePlan) -> bool:
-    """Some host has something to fetch, check, export, serve or receive (the same on every host: the stage's
-    operations are called on every host or on none, so pyinfra's order across hosts is unchanged)."""
-    a, b = sp.image, sp.weights
-    return bool(a.fetch or b.fetch or a.require or b.require or a.export or b.export or sp.rounds or sp.senders
-                or sp.takes_part)
+@contextmanager
+def _kind(kind: int) -> Iterator[None]:
+    """Operations called in this block are told apart by ``kind`` (as pyinfra's ``host.loop`` tells the turns of a
+    loop apart): the same kind is the same operation on every host, whatever else each host calls."""
+    host.loop_position.append(kind)
+    try:
+        yield
+    finally:
+        host.loop_position.pop()
 
 
 @deploy("Configure")
 def configure_phase(ctx: Context) -> None:
-    r, cluster = ctx.rollout, ctx.cluster
-    assert cluster is not None
-    engines = any(u.group != "router" for u in r.on_host(host.name))
-    managed_file(name=f"Group member helper {GROUP_MEMBER}", dest=GROUP_MEMBER, content=group_member_text(),
-                 mode="755", seen=(cluster.helpers.get(host.name), None) if host.name in cluster.helpers else None,
-                 active=engines)
+    """This host's files, all in one operation (one command): the engine units' helper and, for each unit, the next
+    env file (0600) and systemd unit, staged (:func:`_staged`); then owner and mode given back where they drifted."""
+    rollout, gathered = ctx.rollout, ctx.gathered
+    assert gathered is not None
+    me = host.name
+    helper = steps.helper(rollout, me)
+    files = [Written(GROUP_MEMBER, helper.file.content, helper.file.mode,
+                     seen=(gathered.helpers.get(me), None) if me in gathered.helpers else None)
+             ] if helper.applies and helper.file is not None else []
     # with a rolling change, each replica gets its files in its own step of the roll (start phase): a roll that
     # stops leaves the replicas after it on the files they run
-    rolled = {g for wave in r.waves() for g in wave} if r.rolling else set()
-    _write_files(ctx, [u for u in r.on_host(host.name) if u.group not in rolled], "")
-    owner_and_mode(name="Unit and env files: owner and mode", units=r.on_host(host.name), installed=cluster.installed)
+    rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()
+    files += _staged(ctx, [u for u in rollout.on_host(me) if u.group not in rolled])
+    write_files(name=CONFIGURE, files=files)
+    owner_and_mode(name="Unit and env files: owner and mode", units=rollout.on_host(me),
+                   installed=gathered.installed)
 
 
-def _write_files(ctx: Context, units: list[UnitWork], step: str, when: Callable[[], bool] | None = None) -> None:
+#: the configure phase's operation (a rolling change's steps name theirs after it)
+CONFIGURE = "Env file (0600), staged, systemd unit, group member helper"
+
+
+def _staged(ctx: Context, units: list[UnitWork], when: Callable[[], bool] | None = None) -> list[Written]:
     """The next env file (0600) and systemd unit of each of ``units`` (on this host), where they differ from the
     live ones: written beside them (:func:`commands.staged_path`), never over them. The restart step records them
     as the group's revision and puts them in place (:func:`_swap`), so a run that stops before then (killed, a
     member that failed) leaves every node running, and healing restarting, a recorded revision. Only when no host
     of the unit's group failed an earlier step (and ``when`` holds)."""
-    cluster = ctx.cluster
-    assert cluster is not None
-    cfg = ctx.rollout.vars.k3_config_dir
-    for u in host.loop(units):
-        have = cluster.installed.get((u.host, u.unit))
-        ok = partial(_all, [partial(ctx.intact, [u.group]), *([when] if when else [])])
-        managed_file(name=f"Env file (0600), staged{step}", dest=commands.staged_path(u.env_path, cfg),
-                     content=u.env_text, mode="600", kind="env",
-                     seen=(have.env_sha, have.env_text) if have else None, live=u.env_path, _if=ok)
-        managed_file(name=f"systemd unit, staged{step}", dest=commands.staged_path(u.unit_path, cfg),
-                     content=u.unit_text, mode="644", kind="unit",
-                     seen=(have.unit_sha, have.unit_text) if have else None, live=u.unit_path, _if=ok)
+    gathered = ctx.gathered
+    assert gathered is not None
+    out = []
+    for unit in units:
+        have = gathered.installed.get((unit.host, unit.unit))
+        ok = partial(_all, [partial(ctx.intact, [unit.group]), *([when] if when else [])])
+        env, unit_file = steps.unit_files(ctx.rollout, unit, staged=True)
+        out += [Written(env.dest, env.content, env.mode, env.kind, seen=(have.env_sha, have.env_text) if have else None,
+                        live=unit.env_path, when=ok),
+                Written(unit_file.dest, unit_file.content, unit_file.mode, unit_file.kind,
+                        seen=(have.unit_sha, have.unit_text) if have else None, live=unit.unit_path, when=ok)]
+    return out
 
 
 def _all(conditions: list[Callable[[], bool]]) -> bool:
     return all(c() for c in conditions)
 
 
-def _changed_files(cluster: Cluster, u: UnitWork) -> list[tuple[str, str]]:
-    """``(staged, live)`` of the files of ``u`` this run changes (what :func:`_write_files` staged)."""
-    have = cluster.installed.get((u.host, u.unit))
+def _changed_files(cluster: Gathered, unit: UnitWork) -> list[tuple[str, str]]:
+    """``(staged, live)`` of the files of ``unit`` this run changes (what :func:`_staged` staged)."""
+    have = cluster.installed.get((unit.host, unit.unit))
     cfg = cluster.require_rollout().vars.k3_config_dir
     return [(commands.staged_path(live, cfg), live) for live, text, sha in (
-        (u.unit_path, u.unit_text, have.unit_sha if have else None),
-        (u.env_path, u.env_text, have.env_sha if have else None)) if sha != sha256(text)]
+        (unit.unit_path, unit.unit_text, have.unit_sha if have else None),
+        (unit.env_path, unit.env_text, have.env_sha if have else None)) if sha != sha256(text)]
 
 
 def _swap(ctx: Context, groups: list[str]) -> str:
@@ -401,7 +379,7 @@ def _swap(ctx: Context, groups: list[str]) -> str:
     group's revision is recorded first (copies of the files it will run: the staged ones where they change, the
     live ones where not, and its ``meta.json``), then the staged files move onto the live ones. A rollback records
     nothing: it goes back to a recorded revision."""
-    r, cluster = ctx.rollout, ctx.cluster
+    r, cluster = ctx.rollout, ctx.gathered
     assert cluster is not None
     parts = []
     pairs: list[tuple[str, str]] = []
@@ -420,7 +398,7 @@ def _swap(ctx: Context, groups: list[str]) -> str:
     return "\n".join([*(f"{{ {p}\n}}" for p in parts), swap]) if parts and swap else (swap or "\n".join(parts))
 
 
-def _revision_meta(cluster: Cluster, group: str, number: int) -> str:
+def _revision_meta(cluster: Gathered, group: str, number: int) -> str:
     """The ``meta.json`` of revision ``number`` of ``group``: what runs, from which variables, by which version."""
     r = cluster.require_rollout()
     first = cluster.target.resolved[cluster.target.records[0].name]
@@ -433,24 +411,29 @@ def _revision_meta(cluster: Cluster, group: str, number: int) -> str:
 
 @deploy("Start")
 def start_phase(ctx: Context) -> None:
+    """The restart, step by step (one step, or with a rolling change one per wave of replicas): each operation is
+    called on the hosts it has something to do on (its units, its rendezvous, the router's host), so a tray pays
+    for its own part only; pyinfra runs each operation on all its hosts at once, in the order of the calls (the
+    operations every host shares, the configure phase's and a roll's router calls, keep the phases and the steps
+    of a roll apart)."""
     r = ctx.rollout
-    cluster = ctx.cluster
-    assert cluster is not None
-    seen = {u.unit: have.active for u in r.on_host(host.name)
-            if (have := cluster.installed.get((u.host, u.unit))) is not None}
+    gathered = ctx.gathered
+    assert gathered is not None
+    name = host.name
+    seen = {u.unit: have.active for u in r.on_host(name)
+            if (have := gathered.installed.get((u.host, u.unit))) is not None}
     waves = r.waves()
     router = next((u for u in r.units if u.group == "router"), None)
     missing = r.missing_from_router()
     if not waves and not missing:
         host.noop("every group runs the planned version: nothing restarts")
-    if missing and router is not None:   # called only when there is something to do (on the router's host)
+    if missing and router is not None and name == router.host:   # only when there is something to do
         urls = r.serving_urls(missing)
         script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
-               text=commands.router_add(router.serves or "", urls, r.ready_timeout),
-               active=bool(urls) and host.name == router.host)
-    for i, wave in enumerate(host.loop(waves)):
-        plan = r.start_plan(set(wave))
-        me = plan.on(host.name)
+               text=commands.router_add(router.serves or "", urls, r.ready_timeout), active=bool(urls))
+    for i, wave in _turns(waves):
+        plan = ctx.start_plan(i)
+        me = plan.on(name)
         earlier = [g for w in waves[:i] for g in w]
         rolling = r.rolling and router is not None
         # a step starts only once every earlier step's replicas serve and are back in the router: a replica that
@@ -465,43 +448,52 @@ def start_phase(ctx: Context) -> None:
         step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
         urls = r.serving_urls(wave)
         if rolling and router is not None:
+            # called on every host (it does something on the router's host only): with the one that puts the
+            # replica back, it bounds the step on every host, so no host's part of a step runs before the step
+            # before it has ended everywhere (pyinfra orders operations by their hosts' own sequences, then by
+            # call site, and the steps of a roll share their call sites)
             python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
                         key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
-                        _if=partial(_both, host.name == router.host, go))
-            draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == host.name]
-            script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
-                commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
-                active=bool(draining), _if=ready, _timeout=r.vars.k3_drain_timeout + r.vars.k3_link_timeout)
-            _write_files(ctx, [u for u in r.on_host(host.name) if u.group in wave], step, when=ready)
+                        _if=partial(_both, name == router.host, go))
+            draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
+            if draining:
+                script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
+                    commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
+                    _if=ready, _timeout=r.vars.k3_drain_timeout + r.vars.k3_link_timeout)
+            rolled = [u for u in r.on_host(name) if u.group in wave]
+            if rolled:
+                write_files(name=f"Env file (0600), staged, systemd unit{step}", files=_staged(ctx, rolled, ready))
         # a change anywhere in a group restarts the whole group: router, workers, then heads
-        if "router" in r.groups:
-            stop_units(name="Stop routers of restarting groups", units=me.routers, active=bool(me.routers),
-                       seen=seen, _if=ready)
-        stop_units(name=f"Stop workers of restarting groups{step}", units=me.workers, active=bool(me.workers),
-                   seen=seen, _if=ready)
-        stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, active=bool(me.heads), seen=seen,
-                   _if=ready)
+        if me.routers:
+            stop_units(name="Stop routers of restarting groups", units=me.routers, seen=seen, _if=ready)
+        if me.workers:
+            stop_units(name=f"Stop workers of restarting groups{step}", units=me.workers, seen=seen, _if=ready)
+        if me.heads:
+            stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, seen=seen, _if=ready)
         swap = _swap(ctx, list(wave))
-        script(name=f"Record the new revision, put its files in place{step}", text=swap, active=bool(swap),
-               _if=ready)
-        start_units(name=f"Start group heads{step}", units=me.heads, active=bool(me.heads), _if=ready)
-        wait_tcp(name=f"Head rendezvous port accepts connections (from each worker){step}", targets=me.joins,
-                 timeout=r.vars.k3_rendezvous_timeout, _if=ready,
-                 _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
-        start_units(name=f"Start workers{step}", units=me.workers, active=bool(me.workers), _if=ready)
-        groups = sorted({u.group for u in r.on_host(host.name) if u.group in plan.engine_groups})
-        python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
-                    _if=partial(_both, bool(groups), ready))
+        if swap:
+            script(name=f"Record the new revision, put its files in place{step}", text=swap, _if=ready)
+        if me.heads:
+            start_units(name=f"Start group heads{step}", units=me.heads, _if=ready)
+        if me.joins:
+            wait_tcp(name=f"Head rendezvous port accepts connections (from each worker){step}", targets=me.joins,
+                     timeout=r.vars.k3_rendezvous_timeout, _if=ready,
+                     _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
+        if me.workers:
+            start_units(name=f"Start workers{step}", units=me.workers, _if=ready)
+        groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
+        if groups:
+            python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
+                        _if=ready)
         engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
                                 [*(f"add {j}" for j in range(i)), f"remove {i}"] if rolling else [])
-        if rolling and router is not None:
+        if rolling and router is not None:   # on every host, as the step's last operation (see its first)
             python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
                         key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout),
-                        _if=partial(_both, host.name == router.host, engines_serve))
-        elif "router" in r.groups:
-            start_units(name="Start router", units=me.routers, active=bool(me.routers), _if=engines_serve)
-            python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"] if me.routers else [],
-                        _if=partial(_both, bool(me.routers), engines_serve))
+                        _if=partial(_both, name == router.host, engines_serve))
+        elif me.routers:
+            start_units(name="Start router", units=me.routers, _if=engines_serve)
+            python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"], _if=engines_serve)
     _record(ctx)
 
 
@@ -556,19 +548,21 @@ def _record(ctx: Context) -> None:
     """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (the one
     recorded at its restart, or, after a rollback, the revision it went back to). A group that restarted with files
     unchanged (a member had stopped) stays on its current revision."""
-    r, cluster = ctx.rollout, ctx.cluster
+    r, cluster = ctx.rollout, ctx.gathered
     assert cluster is not None
     # a group that did not restart records nothing on any host: no operation for it
-    for group in host.loop([g for g in r.groups if g in r.changed_groups]):
-        mine = [u for u in r.group(group) if u.host == host.name]
-        d = revisions_dir(r.vars.k3_config_dir, group)
+    # (one that did, on every host, doing something on its own hosts: the last operations every host shares, so
+    # that nothing of the restart runs after them)
+    here = {u.group for u in r.on_host(host.name)}
+    for _, group in _turns([g for g in r.groups if g in r.changed_groups]):
         number = ctx.marks.get(group)
-        text = commands.set_current(d, number) if mine and number is not None else ""
+        text = (commands.set_current(revisions_dir(r.vars.k3_config_dir, group), number)
+                if group in here and number is not None else "")
         script(name=f"Mark the revision of group {group} current", text=text, active=bool(text),
                _if=partial(ctx.serves, group))
 
 
-def _serving_revision(cluster: Cluster, group: str, numbers: dict[str, int]) -> int | None:
+def _serving_revision(cluster: Gathered, group: str, numbers: dict[str, int]) -> int | None:
     """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run records
     (``numbers``), or, when its files did not change, the recorded revision with exactly these files (a run that was
     stopped after putting them in place left it unmarked); None: the current one already."""
@@ -586,26 +580,21 @@ def _serving_revision(cluster: Cluster, group: str, numbers: dict[str, int]) -> 
     return max(same) if same and max(same) != history.current else None
 
 
-def _smoke_model(r: Rollout) -> str:
-    engines = [u for u in r.units if u.group != "router"]
-    return served_model_name(engines[0].node.argv, r.plan.model) if engines else r.plan.model
-
-
 @deploy("Smoke test")
 def smoke_phase(ctx: Context) -> None:
     r = ctx.rollout
     if host.name != r.units[0].host:
         return  # one request through the public endpoint, from the first host only
     every_group_serves = lambda: all(ctx.serves(g) for g in r.groups)  # noqa: E731
-    smoke(name=f"Chat completion through {r.endpoint}", endpoint=r.endpoint, model=_smoke_model(r),
+    smoke(name=steps.smoke(r).name, endpoint=r.endpoint, model=steps.served_model(r),
           active=r.vars.k3_smoke_test, _if=every_group_serves, _timeout=150 + r.vars.k3_link_timeout)
-    if ctx.cluster is not None and ctx.cluster.rollback_to:
+    if ctx.gathered is not None and ctx.gathered.rollback_to:
         python.call(name="Say what the rollback leaves behind", function=_after_rollback, ctx=ctx,
                     _if=every_group_serves)
 
 
 def _after_rollback(ctx: Context) -> None:
-    cluster = ctx.cluster
+    cluster = ctx.gathered
     assert cluster is not None
     for group, number in cluster.rollback_to.items():
         if group not in ctx.rollout.changed_groups:

@@ -70,18 +70,18 @@ def run(hosts: Mapping[str, Any], name: str, script: str) -> tuple[bool, str]:
     return bool(ok), text
 
 
-def served_model(u: UnitWork, model: str) -> str:
+def served_model(work: UnitWork, model: str) -> str:
     """The id ``/v1/models`` must list and clients must send: the unit's ``--served-model-name``, else the model."""
-    return served_model_name(u.node.argv, model)
+    return served_model_name(work.node.argv, model)
 
 
-def probe_script(u: UnitWork, model: str) -> str:
+def probe_script(work: UnitWork, model: str) -> str:
     """The probe of one unit: a router is asked for ``/health`` only, an engine also for its model."""
-    return commands.probe(u.unit, u.serves, None if u.group == "router" else served_model(u, model))
+    return commands.probe(work.unit, work.serves, None if work.group == "router" else served_model(work, model))
 
 
-def probe(hosts: Mapping[str, Any], u: UnitWork, model: str) -> Probe:
-    ok, text = run(hosts, u.host, f"( {probe_script(u, model)} ); echo {PROBE_MARK}$?")
+def probe(hosts: Mapping[str, Any], work: UnitWork, model: str) -> Probe:
+    ok, text = run(hosts, work.host, f"( {probe_script(work, model)} ); echo {PROBE_MARK}$?")
     lines = text.splitlines()
     rc = lines[-1][len(PROBE_MARK):] if lines and lines[-1].startswith(PROBE_MARK) else ""
     observed = "\n".join(lines[:-1]).strip()
@@ -90,12 +90,13 @@ def probe(hosts: Mapping[str, Any], u: UnitWork, model: str) -> Probe:
     if rc == str(commands.PROBE_FAILED):
         return Probe("failed", observed)
     if not ok or not rc:
-        return Probe("failed", f"the probe could not run on {u.host}: {text.strip()[:200] or 'no output'}")
+        return Probe("failed", f"the probe could not run on {work.host}: {text.strip()[:200] or 'no output'}")
     return Probe("starting")
 
 
-def logs(hosts: Mapping[str, Any], u: UnitWork, docker: str, lines: int = 25) -> str:
-    _, text = run(hosts, u.host, commands.logs(u.unit, None if u.group == "router" else u.container, docker, lines))
+def logs(hosts: Mapping[str, Any], work: UnitWork, docker: str, lines: int = 25) -> str:
+    container = None if work.group == "router" else work.container
+    _, text = run(hosts, work.host, commands.logs(work.unit, container, docker, lines))
     return text
 
 
@@ -109,7 +110,7 @@ def stop_group(hosts: Mapping[str, Any], units: list[UnitWork]) -> None:
 MEMBERS_EVERY = 4
 
 
-def wait_group(r: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str = "start",
+def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str = "start",
                sleep: Callable[[float], None] = time.sleep,
                clock: Callable[[], float] = time.monotonic) -> Failure | None:
     """Poll a started group until every serving unit is healthy; on failure stop the group and report.
@@ -120,15 +121,15 @@ def wait_group(r: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str =
     so costs its nodes about N/4 probes a round while the engines start, not N. The round after the one in which
     the head first serves comes at once: members that serve an API of their own (hybrid load balancing) serve with
     it."""
-    units = r.group(group)
+    units = rollout.group(group)
     head = units[0]   # the group's units by rank: its head first
-    deadline = clock() + r.deadline
-    interval = max(0.2, r.vars.k3_poll_interval)
-    docker = r.vars.k3_docker
+    deadline = clock() + rollout.deadline
+    interval = max(0.2, rollout.vars.k3_poll_interval)
+    docker = rollout.vars.k3_docker
     ready: set[str] = set()
 
-    def key(u: UnitWork) -> str:
-        return f"{u.unit}@{u.host}"
+    def key(work: UnitWork) -> str:
+        return f"{work.unit}@{work.host}"
 
     rounds = 0
     while True:
@@ -136,7 +137,7 @@ def wait_group(r: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str =
         polled = [u for u in units if u is head or head_serves or rounds % MEMBERS_EVERY == 0]
         rounds += 1
         # one poll of each of these units, all hosts at once (each over its own connection)
-        jobs = {key(u): gevent.spawn(probe, hosts, u, r.plan.model) for u in polled}
+        jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model) for u in polled}
         gevent.joinall(list(jobs.values()))
         for u in polled:
             job = jobs[key(u)]
@@ -156,9 +157,10 @@ def wait_group(r: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str =
             waiting = [u for u in units if u.serves and key(u) not in ready]
             u = waiting[0]
             what = "GET /health 200" + ("" if u.group == "router" else
-                                         f" and /v1/models listing {served_model(u, r.plan.model)!r}")
-            fail = Failure(u, phase, f"{u.serves} not serving after {r.deadline}s ({what} required)",
-                           f"healthy within the deadline (k3_rollout_deadline={r.deadline})", logs(hosts, u, docker))
+                                         f" and /v1/models listing {served_model(u, rollout.plan.model)!r}")
+            fail = Failure(u, phase, f"{u.serves} not serving after {rollout.deadline}s ({what} required)",
+                           f"healthy within the deadline (k3_rollout_deadline={rollout.deadline})",
+                           logs(hosts, u, docker))
             stop_group(hosts, units)
             return fail
         if head_serves or key(head) not in ready:   # else the head just served: poll its members now

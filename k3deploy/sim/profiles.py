@@ -174,11 +174,11 @@ def _gpu_ids(prof: dict[str, Any], count: int, name: str, cluster_uuid: str) -> 
     return bus, uuids
 
 
-def _value(f: Fault) -> str:
+def _value(fault: Fault) -> str:
     """The value of a fault whose kind needs one (:func:`k3deploy.sim.faults.parse_fault` ensures it is there)."""
-    if f.value is None:
-        raise K3Error(f"fault {str(f)!r} needs a value: {FAULT_KINDS[f.kind]}")
-    return f.value
+    if fault.value is None:
+        raise K3Error(f"fault {str(fault)!r} needs a value: {FAULT_KINDS[fault.kind]}")
+    return fault.value
 
 
 def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults: list[Fault],

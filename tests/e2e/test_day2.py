@@ -8,9 +8,9 @@ import tarfile
 
 import pytest
 
-from .conftest import ROOT, deploy, k3, skip_no_sim, why
+from helpers import ROOT, deploy, k3, member, why
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 TOKEN = "hf_bundleE2EsecretTOKEN987654321"
 
@@ -41,10 +41,10 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
     assert "cluster: serving" in text and "group engine: serving" in text
 
     out = tmp_path / "support.tar.gz"
-    k3("bundle", sim.inventory, "-o", str(out))
+    k3("bundle", sim.inventory, "-o", str(out), check=True)
     with tarfile.open(out) as tar:
         names = tar.getnames()
-        blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
+        blob = b"".join(member(tar, m) for m in tar.getmembers() if m.isfile())
     assert TOKEN.encode() not in blob and b"keep-out" not in blob   # no secret, by value or by name
     for host in units:
         assert f"k3deploy-bundle/hosts/{host}/facts.json" in names
@@ -54,8 +54,8 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
     assert {"k3deploy-bundle/VERSION", "k3deploy-bundle/plan.json", "k3deploy-bundle/status.json",
             "k3deploy-bundle/preflight.json", "k3deploy-bundle/variables.json"} <= set(names)
     with tarfile.open(out) as tar:
-        journal = tar.extractfile(f"k3deploy-bundle/hosts/{head['host']}/k3-engine.service.journal.log").read()
-        env = tar.extractfile(f"k3deploy-bundle/hosts/{head['host']}/k3-engine.service.env").read().decode()
+        journal = member(tar, f"k3deploy-bundle/hosts/{head['host']}/k3-engine.service.journal.log")
+        env = member(tar, f"k3deploy-bundle/hosts/{head['host']}/k3-engine.service.env").decode()
     assert b"Started" in journal or b"k3-engine" in journal
     assert "MY_API_KEY=****" in env
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import pytest
 from pyinfra.api.util import sha1_hash
 
+from helpers import deploy, k3, why
+from helpers.simulated import Sim
 from k3deploy.model.units import GROUP_MEMBER
 
-from .conftest import Sim, deploy, k3, skip_no_sim, why
-
-pytestmark = [pytest.mark.sim, pytest.mark.faults, skip_no_sim]
+pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 CONF = "/etc/k3deploy"
 UNIT, ENV, TOKEN = "/etc/systemd/system/k3-engine.service", f"{CONF}/k3-engine.env", f"{CONF}/hf-token"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Sim, deploy, k3, skip_no_sim, why
+from helpers import deploy, k3, why
+from helpers.simulated import Sim
 
-pytestmark = [pytest.mark.sim, pytest.mark.faults, skip_no_sim]
+pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 HOSTILE_IP = "10.0.0.2/29501' ; touch /tmp/pwned ; echo '"
 UNTOUCHED = ("test ! -e /tmp/pwned && test ! -e /etc/k3deploy && test ! -e /etc/systemd/system/k3-engine.service "

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from helpers import deploy, k3, why
+from helpers.simulated import Sim
 from k3deploy.model import commands
 
-from .conftest import Sim, deploy, k3, skip_no_sim, why
-
-pytestmark = [pytest.mark.sim, pytest.mark.faults, skip_no_sim]
+pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 CACHE = "/var/lib/k3deploy/cache"
 MODEL = "moonshotai/Kimi-K3"
@@ -93,7 +93,7 @@ def test_a_leftover_stage_daemon_is_reported_by_preflight_and_stopped_by_the_nex
     run = deploy(sim.inventory)          # nothing else to do: the stage stops the daemon all the same
     assert run.returncode == 0, why(run)
     assert sim.ssh(1, f"systemctl is-active {commands.PEERS_UNIT}").stdout.strip() != "active"
-    assert "stage.peers" not in k3("preflight", sim.inventory).stdout
+    assert "stage.peers" not in k3("preflight", sim.inventory, check=True).stdout
 
 
 def test_a_byte_flipped_with_its_mtime_kept_stops_the_restart_and_the_next_deploy_repairs_it(

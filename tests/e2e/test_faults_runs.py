@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PYINFRA, ROOT, Sim, k3, skip_no_sim, why
+from helpers import PYINFRA, ROOT, k3, present, why
+from helpers.simulated import Sim
 
-pytestmark = [pytest.mark.sim, pytest.mark.faults, skip_no_sim]
+pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 UNIT, ENV = "/etc/systemd/system/k3-engine.service", "/etc/k3deploy/k3-engine.env"
 REVISIONS = "/etc/k3deploy/revisions/engine"
@@ -56,6 +57,13 @@ class Run:
                 break
             time.sleep(0.05)
         raise AssertionError(f"no line matching {pattern!r} in the run's output:\n{self.stdout[-3000:]}")
+
+    def pause(self) -> None:
+        """Hold the run where it is (its process stays alive: it still holds what it took)."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -140,17 +148,21 @@ def test_a_second_run_at_once_is_refused_naming_the_holder(cluster):
     change(sim, "two-runs-a")
     a = Run(sim)
     a.wait_for(r"deployment lock taken on 2 host")
-    held = status(sim)
-    assert held["lock"] and "run " in held["lock"][0], held    # status shows the held lock
-    plan = k3("plan", sim.inventory, "--json", check=False)
-    assert any("deployment lock held" in line for line in json.loads(plan.stdout)["lock"]), plan.stdout
-    b = Run(sim).finish()
+    a.pause()    # the first run holds the lock for as long as the checks below take, however fast it deploys
+    try:
+        held = status(sim)
+        assert held["lock"] and "run " in held["lock"][0], held    # status shows the held lock
+        plan = k3("plan", sim.inventory, "--json", check=False)
+        assert any("deployment lock held" in line for line in json.loads(plan.stdout)["lock"]), plan.stdout
+        b = Run(sim).finish()
+    finally:
+        a.resume()
     first = a.finish()
     assert first.returncode == 0, why(first)
     assert b.returncode == 1, why(b)
     refusals = [line for line in b.stdout.splitlines() if "another run holds the deployment lock" in line]
     assert len(refusals) == 1, b.stdout[-2000:]
-    run_id = re.search(r"run (\w+)", next(x for x in a.lines if "deployment lock taken" in x)).group(1)
+    run_id = present(re.search(r"run (\w+)", next(x for x in a.lines if "deployment lock taken" in x))).group(1)
     assert f"run {run_id} by " in refusals[0] and f"k3deploy unlock {sim.inventory} --run {run_id}" in refusals[0]
     assert "Starting operation" not in b.stdout    # the refused run changed nothing
     assert current(sim) == before + 1
@@ -187,7 +199,7 @@ def test_a_killed_run_leaves_a_recorded_revision_and_the_next_run_converges(clus
         # as an operator on another control machine would: see who holds it, then break that run's lock by its id
         shown = k3("unlock", sim.inventory, check=False)
         assert shown.returncode == 1 and "deployment lock held on" in shown.stdout, shown.stdout + shown.stderr
-        run_id = re.search(r"by run (\w+) by ", shown.stdout).group(1)
+        run_id = present(re.search(r"by run (\w+) by ", shown.stdout)).group(1)
         broken = k3("unlock", sim.inventory, "--run", run_id, check=False)
         assert broken.returncode == 0 and f"removed the deployment lock of run {run_id} on " in broken.stdout
         assert k3("unlock", sim.inventory, check=False).returncode == 0
@@ -238,7 +250,7 @@ def test_an_outside_cut_in_the_stage_leaves_the_group_serving(cluster):
     # breaks once, in the middle of the checkpoint
     for rank in (0, 1):
         assert sim.ssh(rank, f"rm -rf {MODEL}").returncode == 0
-    k3("sim", "fault", sim.name, "outside-cut=2")
+    k3("sim", "fault", sim.name, "outside-cut=2", check=True)
     change(sim, "outside-cut")
     run = Run(sim).finish()
     assert run.returncode != 0, why(run)

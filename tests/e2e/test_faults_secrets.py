@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import PYINFRA, ROOT, deploy, k3, member, why
+from helpers.simulated import Sim
 from k3deploy.cli import COMMANDS
 
-from .conftest import PYINFRA, ROOT, Sim, deploy, k3, skip_no_sim, why
-
-pytestmark = [pytest.mark.sim, pytest.mark.faults, skip_no_sim]
+pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 #: commands that print nothing of a deployment's variables, and why they are not run here
 NOT_RUN = {
@@ -32,7 +32,8 @@ FILES = f"{CONF}/k3-engine.env /etc/systemd/system/k3-engine.service {CONF}/revi
 
 class Deployed:
     def __init__(self, sim: Sim, values: dict[str, str]) -> None:
-        self.sim, self.values, self.outputs = sim, values, {}
+        self.sim, self.values = sim, values
+        self.outputs: dict[str, str] = {}
 
     def leaks(self, text: str) -> list[str]:
         return [name for name, value in self.values.items() if value in text]
@@ -96,7 +97,7 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
     with tarfile.open(bundle) as tar:
         for m in tar.getmembers():
             if m.isfile():
-                seen[f"bundle:{m.name}"] = tar.extractfile(m).read().decode(errors="replace")
+                seen[f"bundle:{m.name}"] = member(tar, m).decode(errors="replace")
     dry = subprocess.run([PYINFRA, inv, "deploy/k3.py", "--dry", "--diff"], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
     assert dry.returncode == 0, why(dry)
@@ -120,16 +121,16 @@ def test_a_revision_some_host_lacks_is_not_restorable(deployed: Deployed) -> Non
     run = deploy(inv)   # revision 2
     assert run.returncode == 0, why(run)
     assert not deployed.leaks(run.stdout + meta_files(sim))
-    engine = json.loads(k3("history", inv, "--json").stdout)["groups"]["engine"]
+    engine = json.loads(k3("history", inv, "--json", check=True).stdout)["groups"]["engine"]
     assert engine["current"] == 2 and [(r["number"], r["restorable"]) for r in engine["revisions"]] == [
         (1, True), (2, True)]
 
     worker = sim.info["nodes"][1]["name"]
     sim.ssh(1, f"rm -rf {CONF}/revisions/engine/1")
-    engine = json.loads(k3("history", inv, "--json").stdout)["groups"]["engine"]
+    engine = json.loads(k3("history", inv, "--json", check=True).stdout)["groups"]["engine"]
     assert [(r["number"], r["restorable"], r["missing_on"]) for r in engine["revisions"]] == [
         (1, False, [worker]), (2, True, [])]
-    text = k3("history", inv).stdout
+    text = k3("history", inv, check=True).stdout
     assert f"revision 1 is not restorable: {worker} lacks its files" in text, text
 
     before = [sim.ssh(rank, f"sha256sum {FILES}; systemctl show -p ActiveEnterTimestamp k3-engine.service").stdout

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from .conftest import deploy, k3, skip_no_sim, why
+from helpers import deploy, k3, why
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 UNIT = "k3-engine.service"
 
@@ -63,7 +63,7 @@ def test_a_group_heals_itself_after_a_head_kill_a_worker_kill_and_reboots(sim_fa
 
     # a node reboots: the worker's node, then the head's
     for rank in (1, 0):
-        k3("sim", "reboot", sim.name, str(rank))
+        k3("sim", "reboot", sim.name, str(rank), check=True)
         until_status(sim, 0, 180)
         assert sim.ssh(rank, f"systemctl is-active {UNIT}").stdout.strip() == "active"
 
@@ -72,7 +72,7 @@ def test_a_crash_loop_backs_off_shows_in_status_and_recovers_once_fixed(sim_fact
     sim = sim_factory("loop", "gb300", 2)
     sim.set_vars("k3_strategy: multi_node_tp\nk3_stage: per_node\nk3_restart_max_delay: 8\n")
     assert deploy(sim.inventory).returncode == 0
-    k3("sim", "fault", sim.name, "1:engine-crash")
+    k3("sim", "fault", sim.name, "1:engine-crash", check=True)
     sim.ssh(1, f"systemctl kill --signal=SIGKILL {UNIT}")
     deadline = time.monotonic() + 120
     verdict = None
@@ -86,5 +86,5 @@ def test_a_crash_loop_backs_off_shows_in_status_and_recovers_once_fixed(sim_fact
     assert "crash loop, waiting" in journal(sim, 1)    # each start waits longer
     text = k3("status", sim.inventory, check=False)
     assert text.returncode == 1 and "restarts" in text.stdout
-    k3("sim", "fault", sim.name, "--clear")
+    k3("sim", "fault", sim.name, "--clear", check=True)
     until_status(sim, 0, 150)

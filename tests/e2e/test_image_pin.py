@@ -9,11 +9,10 @@ import json
 
 import pytest
 
+from helpers import ROOT, deploy, k3, why
 from k3deploy.model.images import run_ref
 
-from .conftest import ROOT, deploy, k3, skip_no_sim, why
-
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 IMAGE = "vllm/vllm-openai:kimi-k3"
 REPO = "vllm/vllm-openai"
@@ -48,7 +47,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     # node 1 pulled the tag's build of the day; the tag is pushed again upstream; node 2 (a replacement) pulls it
     # then: the two nodes hold different builds under the same tag
     assert sim.ssh(0, f"docker pull -q {IMAGE}").returncode == 0
-    second = k3("sim", "push", sim.name, IMAGE).stdout.strip()
+    second = k3("sim", "push", sim.name, IMAGE, check=True).stdout.strip()
     assert second.startswith("sha256:") and second != first
     assert sim.ssh(1, f"docker pull -q {IMAGE}").returncode == 0
     # node 1 keeps images with the classic store (Docker Engine up to 28): a loaded image has no repo digest there
@@ -82,7 +81,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     assert text.count(f"@{second[:19]}") == 2, text
 
     # the tag is pushed again: a change of the whole group, rolled out together
-    third = k3("sim", "push", sim.name, IMAGE).stdout.strip()
+    third = k3("sim", "push", sim.name, IMAGE, check=True).stdout.strip()
     rc, plan = plan_json(sim)
     assert rc == 3 and plan["image"]["digest"] == third
     assert plan["restart_order"] == [f"{n}:k3-engine.service" for n in nodes]
@@ -90,7 +89,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     assert run.returncode == 0, why(run)
     newer = image_id(sim, 0, f"{REPO}@{third}")          # node 1 pulled it this time (nobody held it)
     assert newer != build and [running(sim, r) for r in (0, 1)] == [(run_ref(f"{REPO}@{third}"), newer)] * 2
-    history = json.loads(k3("history", sim.inventory, "--json").stdout)["groups"]["engine"]["revisions"]
+    history = json.loads(k3("history", sim.inventory, "--json", check=True).stdout)["groups"]["engine"]["revisions"]
     assert [(rev["image"], rev["tag"]) for rev in history] == [(f"{REPO}@{second}", IMAGE), (f"{REPO}@{third}", IMAGE)]
 
     # a rollback goes back to the exact build of the revision, not to whatever the tag names now

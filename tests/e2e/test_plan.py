@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim, why
+from helpers import PYINFRA, ROOT, deploy, k3, why
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 FAKE_TOKEN = "hf_k3deployFAKEtoken0123456789abcdef"
 #: the build the simulated registry's vllm/vllm-openai:kimi-k3 names (the rollout pins the tag to it)
@@ -108,7 +108,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     assert rc == 0 and data["restart_order"] == []
 
     # an unreachable node: exit 2, the node and the reason named
-    k3("sim", "fault", "--name", sim.name, "1:sshd-down")
+    k3("sim", "fault", "--name", sim.name, "1:sshd-down", check=True)
     down = k3("plan", sim.inventory, check=False)
     assert down.returncode == 2
     assert worker in down.stderr and "cannot reach" in down.stderr and "Traceback" not in down.stderr

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from .conftest import k3, skip_no_sim
+from helpers import k3
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 # fault on rank 1 -> the check that must fail there (cluster-wide memory fails too when a node cannot be read)
 FAULTS = [
@@ -41,7 +41,7 @@ def failing(report: dict) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def pair():
-    from .conftest import Sim
+    from helpers.simulated import Sim
 
     sim = Sim("e4a", "gb300", 2)
     yield sim
@@ -57,11 +57,11 @@ def test_healthy_gb300_pair_passes(pair):
 
 @pytest.mark.parametrize("fault, check", FAULTS, ids=[f[0].split("=")[0] for f in FAULTS])
 def test_each_fault_fails_the_right_node_with_the_right_check(pair, fault, check):
-    k3("sim", "fault", "--name", "e4a", f"1:{fault}")
+    k3("sim", "fault", "--name", "e4a", f"1:{fault}", check=True)
     try:
         rc, report = preflight(pair.inventory)
     finally:
-        k3("sim", "fault", "--name", "e4a", "--clear")
+        k3("sim", "fault", "--name", "e4a", "--clear", check=True)
     bad = failing(report)
     assert rc == 1
     assert check in bad.get("e4a-node2", set()), bad
@@ -76,16 +76,16 @@ def test_dmabuf_failure_is_not_visible_to_host_facts(pair):
     """no-dmabuf is an mlx5 kernel driver that cannot register DMA-BUF memory: kernel, open modules and mlx5_ib all
     look right, so host facts derive no fallback (the opt-in NCCL probe catches it: tests/e2e/test_nccl_probe.py).
     A GB300 tray has no nvidia_peermem to fall back on, so a missing one is no failure either."""
-    k3("sim", "fault", "--name", "e4a", "1:no-dmabuf")
+    k3("sim", "fault", "--name", "e4a", "1:no-dmabuf", check=True)
     try:
         rc, report = preflight(pair.inventory)
         assert rc == 0, failing(report)
         assert "NCCL_DMABUF_ENABLE" not in report["hosts"]["e4a-node2"]["settings"]
-        k3("sim", "fault", "--name", "e4a", "1:no-peermem")
+        k3("sim", "fault", "--name", "e4a", "1:no-peermem", check=True)
         rc, report = preflight(pair.inventory)
         assert rc == 0 and failing(report) == {}
     finally:
-        k3("sim", "fault", "--name", "e4a", "--clear")
+        k3("sim", "fault", "--name", "e4a", "--clear", check=True)
 
 
 # Ascend A3 (910C) pair: fault on rank 1 -> the check that must fail there, and what it must say
@@ -99,7 +99,7 @@ ASCEND_FAULTS = [
 
 @pytest.fixture(scope="module")
 def a3_pair():
-    from .conftest import Sim
+    from helpers.simulated import Sim
 
     sim = Sim("e4n", "ascend_910c", 2)
     yield sim
@@ -118,11 +118,11 @@ def test_healthy_a3_pair_passes_the_npu_network_and_mount_checks(a3_pair):
 
 @pytest.mark.parametrize("fault, check, observed", ASCEND_FAULTS, ids=[f[0] for f in ASCEND_FAULTS])
 def test_each_a3_fault_fails_the_right_node_with_the_right_check(a3_pair, fault, check, observed):
-    k3("sim", "fault", "--name", "e4n", f"1:{fault}")
+    k3("sim", "fault", "--name", "e4n", f"1:{fault}", check=True)
     try:
         rc, report = preflight(a3_pair.inventory)
     finally:
-        k3("sim", "fault", "--name", "e4n", "--clear")
+        k3("sim", "fault", "--name", "e4n", "--clear", check=True)
     bad = failing(report)
     assert rc == 1 and check in bad.get("e4n-node2", set()), bad
     # a downed port also fails the peer's pings to it (ascend.peers); nothing else fails on the peer
@@ -139,11 +139,11 @@ def test_a3_npus_ping_the_same_npu_of_the_peer_and_a_downed_port_fails_both_ends
     for h in report["hosts"].values():
         peers = next(r for r in h["results"] if r["check"] == "ascend.peers")
         assert (peers["status"], peers["observed"]) == ("pass", "16 pings to the peers' NPUs answered"), peers
-    k3("sim", "fault", "--name", "e4n", "1:npu-link-down=3")
+    k3("sim", "fault", "--name", "e4n", "1:npu-link-down=3", check=True)
     try:
         rc, report = preflight(a3_pair.inventory)
     finally:
-        k3("sim", "fault", "--name", "e4n", "--clear")
+        k3("sim", "fault", "--name", "e4n", "--clear", check=True)
     assert rc == 1
     got = {host: next(r for r in h["results"] if r["check"] == "ascend.peers") for host, h in report["hosts"].items()}
     assert got["e4n-node1"]["status"] == got["e4n-node2"]["status"] == "fail", got

@@ -12,9 +12,9 @@ import urllib.request
 
 import pytest
 
-from .conftest import deploy, k3, skip_no_sim, totals, why
+from helpers import deploy, k3, totals, why
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 
 class Client:
@@ -69,7 +69,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
     assert router_workers(sim) == heads
-    st = json.loads(k3("status", sim.inventory, "--json").stdout)
+    st = json.loads(k3("status", sim.inventory, "--json", check=True).stdout)
     assert st["verdict"] == "serving"
     assert [(g["name"], g["in_router"]) for g in st["groups"]] == [("engine-r0", True), ("engine-r1", True),
                                                                      ("router", None)]
@@ -101,7 +101,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
 
     # replica 0 does not come back (its worker crashes at start): the roll stops there, replica 1 keeps the old
     # version and the endpoint serves
-    k3("sim", "fault", sim.name, "1:engine-crash")
+    k3("sim", "fault", sim.name, "1:engine-crash", check=True)
     sim.set_vars("k3_extra_env: {K3_CHANGE: two}\n")
     with Client(endpoint) as client:
         run = deploy(sim.inventory)
@@ -120,7 +120,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     assert {g["name"]: g["in_router"] for g in st["groups"]}["engine-r0"] is False
 
     # the fault gone, rollback goes back to revision 2 the same way: replica by replica, no failed request
-    k3("sim", "fault", sim.name, "--clear", "1")
+    k3("sim", "fault", sim.name, "--clear", "1", check=True)
     with Client(endpoint) as client:
         run = deploy(sim.inventory, "--data", "k3_rollback=true")
         time.sleep(1)

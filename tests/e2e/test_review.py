@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from .conftest import PYINFRA, ROOT, deploy, k3, skip_no_sim, why
+from helpers import PYINFRA, ROOT, deploy, k3, why
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 
 def dry(inventory: str) -> subprocess.CompletedProcess:
@@ -34,7 +34,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     node2 = sim.info["nodes"][1]["name"]
 
     # an old driver on node 2: the dry run fails, names the node, what it saw and what is required, once
-    k3("sim", "fault", "--name", sim.name, "1:driver=550.54.15")
+    k3("sim", "fault", "--name", sim.name, "1:driver=550.54.15", check=True)
     run = dry(sim.inventory)
     assert run.returncode == 1, why(run)
     assert f"preflight failed on {node2};" in run.stdout
@@ -44,7 +44,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     assert "after the driver upgrade to r580" in fm and "install nvidia-fabricmanager 550" not in fm
     assert run.stdout.count("nothing was changed") == 2 and "No hosts remaining" not in run.stdout
     assert all(sim.ssh(rank, nothing_installed).returncode == 0 for rank in (0, 1))
-    k3("sim", "fault", "--name", sim.name, "--clear")
+    k3("sim", "fault", "--name", sim.name, "--clear", check=True)
 
     # a misspelt engine flag: refused with the right spelling before anything changes
     sim.set_vars('k3_extra_args: ["--max-modle-len", "262144"]\n')
@@ -73,7 +73,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     # revision 2, then a rollback to revision 1: previewed, applied, reported
     second = deploy(sim.inventory)
     assert second.returncode == 0, why(second)
-    history = json.loads(k3("history", sim.inventory, "--json").stdout)["groups"]["engine"]
+    history = json.loads(k3("history", sim.inventory, "--json", check=True).stdout)["groups"]["engine"]
     assert history["current"] == 2 and [r["number"] for r in history["revisions"]] == [1, 2]
     assert "k3_extra_args" in history["revisions"][1]["variables"]
     preview = k3("plan", sim.inventory, "--rollback", "1", "--json", check=False)
@@ -89,7 +89,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     assert "group engine now runs revision 1 (rolled back)" in back.stdout
     assert "still describe revision 2's settings" in back.stdout
     assert '"--max-num-seqs" "64"' not in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
-    history = json.loads(k3("history", sim.inventory, "--json").stdout)["groups"]["engine"]
+    history = json.loads(k3("history", sim.inventory, "--json", check=True).stdout)["groups"]["engine"]
     assert history["current"] == 1
     after = k3("plan", sim.inventory, check=False)
     assert after.returncode == 3 and "runs revision 1, rolled back from 2" in after.stdout

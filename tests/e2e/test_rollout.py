@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from .conftest import ROOT, deploy, skip_no_sim, totals, why
+from helpers import ROOT, deploy, totals, why
+from helpers.simulated import endpoint_of, openai_client
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
-
-
-def endpoint_of(output: str) -> str:
-    m = re.search(r"Chat completion through (http://[0-9.]+:\d+)", output)
-    assert m, output[-2000:]
-    return m.group(1)
-
-
-def openai_client(endpoint: str, model: str = "moonshotai/Kimi-K3") -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), endpoint, model],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "Generated text: " in proc.stdout
-    return proc.stdout
+pytestmark = pytest.mark.sim
 
 
 @pytest.mark.parametrize("name, hardware, nodes, strategy, layout, served_units", [
@@ -74,9 +59,9 @@ def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
     assert sim.ssh(0, "systemctl show -p MainPID --value k3-engine.service").stdout.strip() == pid_before
 
     # a change that crashes the worker's engine: the rollout stops, names the worker, shows its logs
-    from .conftest import k3
+    from helpers import k3
 
-    k3("sim", "fault", "--name", "e5b", "1:engine-crash")
+    k3("sim", "fault", "--name", "e5b", "1:engine-crash", check=True)
     sim.set_vars('k3_extra_args: ["--max-num-seqs", "4"]\n')
     bad = deploy(sim.inventory)
     assert bad.returncode != 0
@@ -92,7 +77,7 @@ def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
     assert "--max-num-seqs" in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
 
     # rollback brings the previous version back, in order
-    k3("sim", "fault", "--name", "e5b", "--clear")
+    k3("sim", "fault", "--name", "e5b", "--clear", check=True)
     back = deploy(sim.inventory, "--data", "k3_rollback=true")
     assert back.returncode == 0, why(back)
     assert "--max-num-seqs" not in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
@@ -108,13 +93,14 @@ def test_argv_reaches_the_container_byte_for_byte(sim_factory):
     import json as _json
 
     from k3deploy.runtime.gather import gather
+    from k3deploy.runtime.views import INVENTORY_ONLY
 
     sim = sim_factory("e5h", "b300", 1)
     value = _json.dumps({"note": NASTY})
     sim.set_vars("k3_extra_args: " + _json.dumps(["--override-generation-config", value]) + "\n")
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
-    planned = gather(sim.inventory, facts=False).require_rollout().units[0].node.argv
+    planned = gather(sim.inventory, INVENTORY_ONLY).require_rollout().units[0].node.argv
     inspected = _json.loads(sim.ssh(0, "docker inspect --format '{{json .Args}}' k3-engine").stdout)
     assert inspected == planned[2:]  # the image's entrypoint is `vllm serve`
     assert value in inspected

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import PYINFRA, ROOT, k3, why
 from k3deploy.model.runbook import blocks
 
-from .conftest import PYINFRA, ROOT, k3, skip_no_sim, why
-
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 FAKE_TOKEN = "hf_runbookE2EfakeTOKEN0123456789"
 
@@ -45,7 +44,7 @@ def test_runbook_brings_a_fresh_cluster_to_serving(sim_factory, tmp_path, name, 
     token.chmod(0o600)
     sim.set_vars(f"k3_strategy: {strategy}\nk3_hf_token_file: {token}\n")
     out = tmp_path / "runbook.md"
-    k3("runbook", sim.inventory, "-o", str(out))
+    k3("runbook", sim.inventory, "-o", str(out), check=True)
     text = out.read_text()
     assert FAKE_TOKEN not in text and str(token) in text
     steps = [b for b in blocks(text) if b.when is None]
@@ -111,7 +110,7 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
     sim = sim_factory("e10c", "gb300", 2)
     sim.set_vars("k3_strategy: multi_node_tp\n")
     out = tmp_path / "runbook.md"
-    k3("runbook", sim.inventory, "-o", str(out))  # written before anything is installed, as a site would
+    k3("runbook", sim.inventory, "-o", str(out), check=True)  # written before anything is installed, as a site would
     # without -y pyinfra first detects changes (every operation reads its facts) and then asks to go on
     run = subprocess.run([PYINFRA, sim.inventory, "deploy/k3.py", "-vv"], input="\n", stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=300)
@@ -128,8 +127,9 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
     # their bytes are compared by the plan after the runbook test above) is a command of the runbook, on that node
     # (pyinfra looks up its temporary directory for the first upload)
     # (a file goes to a new root-only temporary file of a random name, then into place: commands.new_temp, put_in_place)
+    # (several files of a host in one command, their contents on its stdin: commands.write_from_stdin)
     uploads = re.compile(r"^(mkdir -p \S+|umask 022 && mkdir -p .* && : > \S+|t=\S+; trap .* mv -f \"\$t\" \S+|"
-                         r"if \[ -n \"\$TMPDIR\" \].*)$", re.S)
+                         r"if \[ -n \"\$TMPDIR\" \].*|IFS= read -r n && .* mv -f \"\$t\" \S+ \) \|\| exit 1)$", re.S)
     # the deploy also keeps what it starts as the group's revision 1 (k3deploy history; the runbook's rollback
     # section restores from those) before it moves the staged files into place, and marks it current once it
     # serves: bookkeeping with the time it ran, not a bring-up step

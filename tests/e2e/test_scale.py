@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from .conftest import deploy, k3, skip_no_sim, why
-from .test_rollout import endpoint_of, openai_client
+from helpers import deploy, k3, why
+from helpers.simulated import endpoint_of, openai_client
 
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 
 def plan_is_empty(inventory: str) -> None:

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import deploy, k3, why
 from k3deploy.model import commands
 
-from .conftest import deploy, k3, skip_no_sim, why
-
-pytestmark = [pytest.mark.sim, skip_no_sim]
+pytestmark = pytest.mark.sim
 
 CACHE = "/var/lib/k3deploy/cache"
 MODEL = "moonshotai/Kimi-K3"
@@ -46,7 +45,7 @@ def ran_on(output: str, operation: str) -> int:
 
 def uplink(sim) -> tuple[int, int]:
     """(bytes the simulated outside served over the uplink since up, one node's artifacts: image and checkpoint)."""
-    doc = json.loads(k3("sim", "status", "--name", sim.name, "--json").stdout)
+    doc = json.loads(k3("sim", "status", "--name", sim.name, "--json", check=True).stdout)
     c = next(c for c in doc["clusters"] if c["name"] == sim.name)
     return c["outside_bytes"], c["artifact_bytes"]
 
@@ -87,7 +86,7 @@ def test_an_interrupted_stage_resumes_where_it_stopped(sim_factory):
     sim = sim_factory("stgr", "gb300", 2, "--weights-mb", "24", "--image-mb", "8")
     sim.set_vars("k3_strategy: multi_node_tp\n")
     # the uplink breaks once, in the middle of the checkpoint (after the 8 MiB image and 12 MiB of shards)
-    k3("sim", "fault", sim.name, "outside-cut=20")
+    k3("sim", "fault", sim.name, "outside-cut=20", check=True)
     run = deploy(sim.inventory)
     assert run.returncode != 0
     assert "--> Starting operation: Start | Start group heads" not in run.stdout     # nothing started

@@ -1,1 +1,1 @@
-"""Tests of the simulated cluster (a package, so that its conftest.py does not shadow tests/conftest.py)."""
+"""Tests of the simulator itself and of the simulated nodes' tools, without a whole deploy (fixtures: conftest.py)."""

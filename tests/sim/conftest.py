@@ -1,4 +1,4 @@
-"""Fixtures shared by the simulated-engine, docker and router tests (utilities: test_engine_harness.py)."""
+"""Fixtures shared by the simulated-engine, docker and router tests (utilities: ``helpers.engine``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from . import test_engine_harness as harness
-from .test_engine_harness import Outside, Procs
+from helpers import engine as harness
+from helpers.engine import Outside, Procs
 
 
 @pytest.fixture

@@ -19,30 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from helpers import BIN, k3, present
+from helpers.simulated import bring_up, leftovers, resources, ssh
 from k3deploy.errors import K3Error
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import cluster as sim
 from k3deploy.sim import processes
 from k3deploy.sim.state import state_dir
 
-CAN_SIM = os.geteuid() == 0 and shutil.which("systemd-nspawn") is not None and shutil.which("ssh") is not None
-needs_sim = pytest.mark.skipif(
-    not CAN_SIM, reason="needs root, systemd-nspawn (systemd-container) and ssh (openssh-client)"
-)
-sim_test = [pytest.mark.sim, needs_sim]
-
-_BIN = Path(sys.executable).parent
-
-
-def k3(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    exe = _BIN / "k3deploy"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from k3deploy.cli import main; main()"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
 
 def pyinfra_exec(inventory: str, command: str, *extra: str) -> tuple[int, dict[str, list[str]], str]:
     """Run ``pyinfra INV exec -y -- COMMAND`` over real SSH; returns (rc, output lines per host, all text)."""
-    exe = _BIN / "pyinfra"
+    exe = BIN / "pyinfra"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "pyinfra"]
     res = subprocess.run(
         [*cmd, inventory, "exec", "-y", *extra, "--", command],
@@ -56,82 +44,12 @@ def pyinfra_exec(inventory: str, command: str, *extra: str) -> tuple[int, dict[s
     return res.returncode, lines, res.stdout + res.stderr
 
 
-def ssh(cluster: dict, ip: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    d = Path(cluster["inventory"]).parent
-    return subprocess.run(
-        ["ssh", "-i", str(d / "id_ed25519"), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-         "-o", f"UserKnownHostsFile={d / 'known_hosts'}", "-o", "ConnectTimeout=3", "-o", "LogLevel=ERROR",
-         f"root@{ip}", command],
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 def port_open(ip: str, port: int) -> bool:
     try:
         with socket.create_connection((ip, port), timeout=1):
             return True
     except OSError:
         return False
-
-
-def resources(name: str) -> dict:
-    """What a cluster owns on the host, read from its state file."""
-    st = sim.load_state(name)
-    assert st is not None
-    init_pids = [sim.node_init_pid(r) for r in st["nodes"]]
-    return {
-        "state": st,
-        "nspawn": [(r["pid"], r["pid_start"]) for r in st["nodes"]],
-        "init": [p for p in init_pids if p],
-        "cg_pids": [p for cg in st["cgroups"] for p in processes.cgroup_pids(Path(cg))],
-        "starts": {p: processes.proc_stat(p)[1] for cg in st["cgroups"] for p in processes.cgroup_pids(Path(cg))
-                   if processes.proc_stat(p)},
-    }
-
-
-def leftovers(res: dict) -> list[str]:
-    """Everything of the cluster that is still on the host after ``down``."""
-    st = res["state"]
-    name = st["name"]
-    left = []
-    for r in st["nodes"]:
-        if Path(f"/run/netns/{r['netns']}").exists():
-            left.append(f"netns {r['netns']}")
-        if Path(f"/sys/class/net/{r['veth']}").exists():
-            left.append(f"veth {r['veth']}")
-        if Path(f"/run/systemd/nspawn/propagate/{r['name']}").exists():
-            left.append(f"nspawn propagate dir of {r['name']}")
-    if Path(f"/sys/class/net/{st['bridge']}").exists():
-        left.append(f"bridge {st['bridge']}")
-    out = st.get("outside") or {}
-    if out.get("netns") and Path(f"/run/netns/{out['netns']}").exists():
-        left.append(f"netns {out['netns']}")
-    if out.get("veth") and Path(f"/sys/class/net/{out['veth']}").exists():
-        left.append(f"veth {out['veth']}")
-    with open("/proc/self/mountinfo") as fh:
-        mounts = [ln.split()[4] for ln in fh]
-    left += [f"mount {m}" for m in mounts if m.startswith(str(sim.state_dir(name)))]
-    left += [f"cgroup {cg}" for cg in st["cgroups"] if Path(cg).exists()]
-    # a PID known with its start time is the same process only if it started then (other tests' clusters, in the
-    # other test process, start processes all the time: a PID may be reused between the down and this check)
-    started = {**res["starts"], **dict(res["nspawn"])}
-    for pid in [p for p, _ in res["nspawn"]] + res["init"] + res["cg_pids"] + ([out["pid"]] if out.get("pid") else []):
-        stat = processes.proc_stat(pid)
-        if stat is not None and stat[0] not in ("Z", "X") and started.get(pid, stat[1]) == stat[1]:
-            left.append(f"process {pid} ({processes.comm(pid)})")
-    if sim.state_dir(name).exists():
-        left.append(f"state dir {sim.state_dir(name)}")
-    return left
-
-
-def bring_up(name: str, hardware: str, nodes: int, *faults: str) -> dict:
-    sim.down(name)  # a leftover of an interrupted earlier test run
-    args = ["sim", "up", "--hardware", hardware, "--nodes", str(nodes), "--name", name, "--json"]
-    for f in faults:
-        args += ["--fault", f]
-    res = k3(*args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +177,6 @@ def test_base_mirror_follows_the_hosts_apt_sources(tmp_path, monkeypatch):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_up_json_and_inventory(gb300):
     assert set(gb300) == {"name", "inventory", "nodes", "outside"}
     assert gb300["name"] == "tgb300"
@@ -268,7 +185,7 @@ def test_up_json_and_inventory(gb300):
     assert [n["name"] for n in gb300["nodes"]] == ["tgb300-node1", "tgb300-node2"]
     ips = [n["ip"] for n in gb300["nodes"]]
     assert ips[0].endswith(".11") and ips[1].endswith(".12")
-    exe = _BIN / "pyinfra"
+    exe = BIN / "pyinfra"
     res = subprocess.run([str(exe), gb300["inventory"], "debug-inventory"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     text = res.stdout + res.stderr
@@ -283,7 +200,6 @@ def test_up_json_and_inventory(gb300):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_pyinfra_reaches_gb300_nodes_and_reads_tools(gb300):
     rc, out, text = pyinfra_exec(
         gb300["inventory"],
@@ -302,7 +218,6 @@ def test_pyinfra_reaches_gb300_nodes_and_reads_tools(gb300):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_pyinfra_reaches_h200_nodes_and_reads_tools(h200):
     rc, out, text = pyinfra_exec(h200["inventory"], "hostname; nvidia-smi -L")
     assert rc == 0, text
@@ -314,7 +229,6 @@ def test_pyinfra_reaches_h200_nodes_and_reads_tools(h200):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_unit_runs_under_node1_systemd_only(gb300):
     n1, n2 = gb300["nodes"]
     unit = (
@@ -345,7 +259,7 @@ def test_unit_runs_under_node1_systemd_only(gb300):
     assert res.stdout.strip() == n1["name"], res.stderr
 
     # the unit's process sits in node1's own cgroup tree, under its systemd's system.slice
-    st = sim.load_state("tgb300")
+    st = present(sim.load_state("tgb300"))
     unified = [Path(c) for c in st["cgroups"] if (Path(c) / "cgroup.controllers").exists()]  # cgroup2
     procs = list(unified[0].glob(f"{n1['name']}/payload/system.slice/k3test.service/cgroup.procs"))
     assert procs and procs[0].read_text().split(), "k3test.service is not in node1's cgroup"
@@ -359,7 +273,6 @@ def test_unit_runs_under_node1_systemd_only(gb300):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_start_units_reloads_and_enables_only_when_needed(gb300):
     """The rollout's start script on the node's real systemd: a unit systemd saw missing before its file was
     written starts; a restart with the same unit file neither reloads systemd nor enables again; a changed unit file
@@ -407,7 +320,6 @@ def test_start_units_reloads_and_enables_only_when_needed(gb300):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_pyinfra_deploy_uploads_files_over_sftp(h200, tmp_path):
     (tmp_path / "k3test.conf").write_text("uploaded by pyinfra\n")
     (tmp_path / "deploy.py").write_text(
@@ -416,7 +328,7 @@ def test_pyinfra_deploy_uploads_files_over_sftp(h200, tmp_path):
         f"files.put(name='upload', src={str(tmp_path / 'k3test.conf')!r}, dest='/etc/k3test.conf', mode='640')\n"
         "server.shell(name='mark rank', commands=[f\"echo {host.data.rank} > /etc/k3test.rank\"])\n"
     )
-    exe = _BIN / "pyinfra"
+    exe = BIN / "pyinfra"
     res = subprocess.run([str(exe), h200["inventory"], str(tmp_path / "deploy.py"), "-y"],
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
@@ -433,7 +345,6 @@ def test_pyinfra_deploy_uploads_files_over_sftp(h200, tmp_path):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_base_root_is_cached_and_has_what_nodes_need(gb300):
     t0 = time.monotonic()
     res = k3("sim", "base")
@@ -450,7 +361,6 @@ def test_base_root_is_cached_and_has_what_nodes_need(gb300):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_simulated_tools_run_from_code_compiled_at_boot(gb300):
     # docker and the engine are small fronts over modules the node's boot compiled (warm.sh): a call loads their
     # code (python -v says which pyc "matches" which source) instead of compiling ~3000 lines each time
@@ -468,7 +378,6 @@ def test_simulated_tools_run_from_code_compiled_at_boot(gb300):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_writes_are_private_to_the_node(gb300):
     n1, n2 = gb300["nodes"]
     marker = "/etc/k3test-marker"
@@ -476,7 +385,7 @@ def test_writes_are_private_to_the_node(gb300):
     assert ssh(gb300, n1["ip"], f"cat {marker}").stdout.strip() == "node1-only"
     assert ssh(gb300, n2["ip"], f"test ! -e {marker}").returncode == 0
     assert not Path(marker).exists()
-    st = sim.load_state("tgb300")
+    st = present(sim.load_state("tgb300"))
     assert not (Path(st["base"]) / marker.lstrip("/")).exists()
     # node2's host key differs from node1's: every node has its own identity
     kh = (Path(gb300["inventory"]).parent / "known_hosts").read_text().splitlines()
@@ -484,7 +393,6 @@ def test_writes_are_private_to_the_node(gb300):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_sshd_down_and_disk_full_faults():
     name = "tfault"
     cluster = bring_up(name, "h200", 2, "1:sshd-down", "0:disk-full")
@@ -498,7 +406,7 @@ def test_sshd_down_and_disk_full_faults():
         assert n2["name"] not in out or all(n2["name"] not in ln for ln in out[n1["name"]])
         assert f"[{n2['name']}]" in text
         # node2 is booted all the same: its systemd answers from inside
-        pid1 = sim.node_init_pid(sim.load_state(name)["nodes"][1])
+        pid1 = sim.node_init_pid(present(sim.load_state(name))["nodes"][1])
         r = subprocess.run(["nsenter", "-t", str(pid1), "-m", "-u", "-i", "-n", "-p", "systemctl",
                             "is-active", "ssh.service"], capture_output=True, text=True)  # fmt: skip
         assert r.stdout.strip() in ("inactive", "masked")
@@ -551,7 +459,6 @@ def test_sshd_down_and_disk_full_faults():
 
 
 @pytest.mark.sim
-@needs_sim
 def test_down_removes_everything_and_up_recovers_from_a_crash():
     try:
         _crash_and_recover("tcrash")
@@ -602,11 +509,10 @@ def bring_up_again(name: str, hardware: str = "mi355x", nodes: int = 2) -> dict:
 
 
 @pytest.mark.sim
-@needs_sim
 def test_up_after_a_killed_up_cleans_leftovers_first():
     name = "tkill"
     sim.down(name)
-    exe = _BIN / "k3deploy"
+    exe = BIN / "k3deploy"
     proc = subprocess.Popen([str(exe), "sim", "up", "-H", "b200", "-n", "4", "--name", name, "--json"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:

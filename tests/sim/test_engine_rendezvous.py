@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from .test_engine_harness import Node, chat, free_port, healthy, http, wait_for
+from helpers.engine import Node, chat, free_port, healthy, http, wait_for
 
 MODEL = "moonshotai/Kimi-K3"
 

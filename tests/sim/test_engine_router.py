@@ -7,10 +7,9 @@ import sys
 
 import pytest
 
+from helpers.engine import ROUTER, Node, chat, free_port, healthy, http, wait_for
 from k3deploy.sim import router as sim_router
 from k3deploy.sim.host import SimError
-
-from .test_engine_harness import ROUTER, Node, chat, free_port, healthy, http, wait_for
 
 MODEL = "moonshotai/Kimi-K3"
 NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'

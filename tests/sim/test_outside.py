@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import k3, present
+from helpers.engine import DOCKER, Node
+from helpers.engine import Outside as OutsideServer
+from helpers.simulated import ssh
 from k3deploy.model import commands
 from k3deploy.sim import outside
-
-from .test_cluster import k3, needs_sim, ssh
-from .test_engine_harness import DOCKER, Node
-from .test_engine_harness import Outside as OutsideServer
 
 MiB = 1 << 20
 REGISTRY = json.loads(outside.REGISTRY_JSON.read_text())
@@ -230,7 +230,7 @@ def stg():
              "--uplink-mbps", str(UPLINK_MBPS), "--weights-mb", "16", "--image-mb", "4")
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
-    state = sim.load_state(CLUSTER)
+    state = present(sim.load_state(CLUSTER))
     yield info
     assert k3("sim", "down", "--name", CLUSTER).returncode == 0
     out = state["outside"]
@@ -254,7 +254,6 @@ HF = ("docker run --rm --network host -v /var/lib/k3deploy/cache:/root/.cache --
 
 
 @pytest.mark.sim
-@needs_sim
 def test_a_pull_moves_the_image_layers_over_the_uplink_once(stg):
     st = status()
     assert st["outside"]["ip"] == stg["outside"]["ip"] and st["outside"]["ip"].endswith(".254")
@@ -276,7 +275,6 @@ def test_a_pull_moves_the_image_layers_over_the_uplink_once(stg):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_save_then_load_on_another_node_gives_the_same_image_without_the_uplink(stg):
     assert on(stg, 0, f"docker pull -q {IMAGE}").returncode == 0
     before = status()["outside_bytes"]
@@ -298,7 +296,6 @@ def test_save_then_load_on_another_node_gives_the_same_image_without_the_uplink(
 
 
 @pytest.mark.sim
-@needs_sim
 def test_hf_download_gives_the_hub_cache_layout_with_verified_shards(stg):
     model = "moonshotai/Kimi-K3"
     assert on(stg, 0, f"docker pull -q {IMAGE}").returncode == 0
@@ -320,7 +317,6 @@ def test_hf_download_gives_the_hub_cache_layout_with_verified_shards(stg):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_a_cut_transfer_leaves_incomplete_and_a_rerun_resumes(stg):
     model = "org/cut-and-resume"
     assert on(stg, 1, f"docker pull -q {IMAGE}").returncode == 0
@@ -346,7 +342,6 @@ def test_a_cut_transfer_leaves_incomplete_and_a_rerun_resumes(stg):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_the_uplink_is_shaped_to_its_rate_and_shared_by_the_nodes(stg):
     rate = UPLINK_MBPS * 1e6 / 8
     shard = "model-00001-of-00002.safetensors"
@@ -371,7 +366,6 @@ def test_the_uplink_is_shaped_to_its_rate_and_shared_by_the_nodes(stg):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_a_registry_mirror_in_daemon_json_is_used_for_docker_hub_only(stg):
     ip = status()["outside"]["ip"]
     setup = (f"echo '{ip} mirror.k3sim.test' >> /etc/hosts && mkdir -p /etc/docker && "
@@ -407,7 +401,6 @@ def answer_file(*words: str) -> str:
 
 
 @pytest.mark.sim
-@needs_sim
 def test_a_change_of_the_image_store_answers_again_what_the_node_cache_holds(stg):
     """A pull, tag or removal of an image answers again (in the same docker process) each cached image inspect and
     listing, so the deploy's next read is replayed, and replays the store as it is now."""

@@ -4,17 +4,15 @@ and enabled units; the other nodes are not touched."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 
 import pytest
 
+from helpers import k3
+from helpers.simulated import bring_up, leftovers, resources, ssh
 from k3deploy.sim import cluster as sim
 from k3deploy.sim import processes
-
-from .test_cluster import _BIN, bring_up, k3, leftovers, needs_sim, resources, ssh
 
 NAME = "treboot"
 
@@ -51,13 +49,6 @@ while True:
 """
 
 
-def k3env(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    exe = _BIN / "k3deploy"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from k3deploy.cli import main; main()"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                          env={**os.environ, **env})  # fmt: skip
-
-
 def one_error_line(res: subprocess.CompletedProcess[str], needle: str) -> None:
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
@@ -78,7 +69,7 @@ def multi_user_since(cluster: dict, ip: str) -> int:
 
 
 def reboot(*args: str, env: dict[str, str] | None = None) -> dict:
-    r = k3env("sim", "reboot", NAME, *args, "--json", env=env or {})
+    r = k3("sim", "reboot", NAME, *args, "--json", env=env or {})
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -112,7 +103,6 @@ def test_reboot_rejects_bad_input_with_one_line(args, needle):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_reboot_rejects_bad_rank_and_unknown_cluster(cluster):
     one_error_line(k3("sim", "reboot", NAME, "2"), f"bad rank 2: cluster {NAME!r} has node ranks 0..1")
     one_error_line(k3("sim", "reboot", "--name", NAME, "7"), "bad rank 7")
@@ -121,7 +111,6 @@ def test_reboot_rejects_bad_rank_and_unknown_cluster(cluster):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_reboot_restarts_the_node_and_its_enabled_units(cluster):
     n0, n1 = cluster["nodes"]
     setup = (
@@ -178,7 +167,6 @@ def test_reboot_restarts_the_node_and_its_enabled_units(cluster):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_reboot_inside_the_node_ends_it_until_sim_reboot(cluster):
     n1 = cluster["nodes"][1]
     rec = node_rec(1)
@@ -198,7 +186,6 @@ def test_reboot_inside_the_node_ends_it_until_sim_reboot(cluster):
 
 
 @pytest.mark.sim
-@needs_sim
 def test_reboot_resets_a_node_that_does_not_stop_and_times_out_in_one_line(cluster):
     n1 = cluster["nodes"][1]
     since = multi_user_since(cluster, n1["ip"])
@@ -212,7 +199,7 @@ def test_reboot_resets_a_node_that_does_not_stop_and_times_out_in_one_line(clust
         st = processes.proc_stat(pid)
         assert st is None or st[0] in ("Z", "X") or st[1] != start, f"{pid} {processes.comm(pid)} survived"
     # a node that is not back in time: one line, exit 2; it comes up all the same
-    r = k3env("sim", "reboot", NAME, "1", env={"K3SIM_BOOT_TIMEOUT": "0"})
+    r = k3("sim", "reboot", NAME, "1", env={"K3SIM_BOOT_TIMEOUT": "0"})
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()  # progress, then the error
     assert lines[0] == f"rebooting {n1['name']}" and len(lines) == 2, r.stderr

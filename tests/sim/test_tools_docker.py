@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .test_engine_harness import DOCKER, Node, free_port, healthy, http, wait_for
+from helpers.engine import DOCKER, Node, free_port, healthy, http, wait_for
 
 pytestmark = pytest.mark.usefixtures("outside_server")  # pulls fetch from the simulated outside
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import present
 from k3deploy.errors import K3Error
 from k3deploy.sim.faults import FAULT_KINDS, Fault, check_ranks, parse_fault
 from k3deploy.sim.profiles import NODE_TOOLS, PROFILES, excluded_paths, install_node_tools, node_config
@@ -96,7 +97,7 @@ def test_rocm_driver_version_block_and_amd_smi_version(tmp_path):
     line = tool(cfg, "usr/bin/amd-smi", "version").stdout.strip()
     assert line == ("AMDSMI Tool: 26.0.2+39589fda | AMDSMI Library version: 26.0.2 | ROCm version: 7.0.2 | "
                     "amdgpu version: 6.14.14 | amd_hsmp version: N/A")
-    assert re.search(r"ROCm version:\s*([^\s|]+)", line).group(1) == "7.0.2"
+    assert present(re.search(r"ROCm version:\s*([^\s|]+)", line)).group(1) == "7.0.2"
     bad = node(tmp_path, "mi355x", "0:driver=6.7.0", name="old")
     assert "Driver version: 6.7.0\n" in tool(bad, "usr/bin/rocm-smi", "--showdriverversion").stdout
     listing = tool(cfg, "usr/bin/amd-smi", "list").stdout

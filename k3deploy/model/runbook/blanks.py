@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.secrets import is_secret
+from k3deploy.vendors import pack_for
 
 
 @dataclass(frozen=True)
@@ -41,21 +42,21 @@ HCA_COMMAND = ("ibv_devinfo | awk '/hca_id:/ {d=$2} /port:/ {p=$2} "
 
 
 def offline_env(req: Requirements, host: str, address: str) -> tuple[dict[str, str], list[Blank]]:
-    """The env settings the rollout derives from a node's facts, as blanks (and the blanks themselves)."""
+    """The env settings the rollout derives from a node's facts (the vendor pack's
+    :class:`~k3deploy.vendors.base.Transport`), as blanks (and the blanks themselves)."""
+    transport = pack_for(req).transport
     blanks: list[Blank] = []
     env: dict[str, str] = {}
     iface = Blank(host, "IFACE", f"the interface carrying {address}", interface_command(address))
     blanks.append(iface)
-    names = (("HCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if req.brand == "Huawei" else
-             ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"))
-    for key in names:
+    for key in transport.socket_env:
         env[key] = iface.token
-    if req.brand == "Huawei":
-        env["HCCL_IF_IP"] = address
-    if req.brand == "NVIDIA" and req.mnnvl:
-        for key in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"):
+    if transport.address_env:
+        env[transport.address_env] = address
+    if req.mnnvl:
+        for key in transport.nvlink_env:
             env[key] = "1"
-    if req.needs_rdma and req.brand != "Huawei":
+    if req.needs_rdma and transport.rdma_ports:
         hca = Blank(host, "IB_HCA", "the RDMA ports with an active link, as NCCL_IB_HCA's exact-match list",
                     HCA_COMMAND)
         blanks.append(hca)

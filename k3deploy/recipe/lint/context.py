@@ -63,14 +63,14 @@ class PlanContext(Emitter):
         """Report a finding of the running rule on a node of ``role`` (None: the plan as a whole)."""
         self.emit(severity, message, fix, path, (role,) if role else ())
 
-    def arg_path(self, node: NodePlan, a: Arg | None, name: str | None = None) -> str:
-        """The recipe key that put argument ``a`` (or the option ``name``) on ``node``."""
+    def arg_path(self, node: NodePlan, arg: Arg | None, name: str | None = None) -> str:
+        """The recipe key that put argument ``arg`` (or the option ``name``) on ``node``."""
         self.scope.role = node.role
-        f = (a.flag or a.abbrev_of) if a else None
-        spellings: list[str] = [self.cat.normalize(a.option)] if a is not None else [name or ""]
+        f = (arg.flag or arg.abbrev_of) if arg else None
+        spellings: list[str] = [self.cat.normalize(arg.option)] if arg is not None else [name or ""]
         if f is not None:
             spellings += f.spellings
-        value = a.value if a else None
+        value = arg.value if arg else None
         found = self.prov.arg(self.scope, spellings, value, self.cat.normalize)
         return found or f"builder: {self.plan.strategy}"
 

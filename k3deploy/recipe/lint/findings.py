@@ -38,9 +38,9 @@ class Finding:
                 "fix": self.fix, "roles": list(self.roles)}
 
 
-def order(f: Finding) -> tuple[int, str, str, str]:
+def order(finding: Finding) -> tuple[int, str, str, str]:
     """The order findings are reported in: severity, code, path, message."""
-    return (RANK[f.severity], f.code, f.path or "", f.message)
+    return (RANK[finding.severity], finding.code, finding.path or "", finding.message)
 
 
 @dataclass(frozen=True)

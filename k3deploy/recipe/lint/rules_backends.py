@@ -12,10 +12,10 @@ from k3deploy.recipe.lint.context import EngineNode, PlanContext
 from k3deploy.recipe.lint.registry import rule
 
 
-def _backends(ctx: PlanContext, e: EngineNode) -> Iterator[tuple[Arg, Any, str]]:
+def _backends(ctx: PlanContext, engine: EngineNode) -> Iterator[tuple[Arg, Any, str]]:
     """(argument, backend or None, what) for ``--attention-backend`` and the ``mla_prefill_backend`` of
     ``--attention-config``, in that order."""
-    lay = e.layout
+    lay = engine.layout
     att = lay.args.get("--attention-backend")
     if att is not None and att.value and not placeholder(att.value):
         yield att, ctx.cat.attention_backend(att.value), "--attention-backend"

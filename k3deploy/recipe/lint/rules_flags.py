@@ -119,8 +119,8 @@ def flag_value(ctx: PlanContext) -> None:
             _engine_values(ctx, n)
 
 
-def _router_values(ctx: PlanContext, n: RouterNode) -> None:
-    for a in n.args:
+def _router_values(ctx: PlanContext, router: RouterNode) -> None:
+    for a in router.args:
         f = a.flag
         if f is None or a.value is None or placeholder(a.value) or f.nargs in ("+", "*"):
             continue
@@ -129,15 +129,16 @@ def _router_values(ctx: PlanContext, n: RouterNode) -> None:
             ctx.add("error", why, "fix the value", _ROUTER_PATH, "router")
 
 
-def _engine_values(ctx: PlanContext, e: EngineNode) -> None:
-    cat, role = ctx.cat, e.role
-    for a in e.args:
+def _engine_values(ctx: PlanContext, engine: EngineNode) -> None:
+    cat, role = ctx.cat, engine.role
+    for a in engine.args:
         f = a.known
         if f is None:
             continue
         if a.value is None:
             if f.takes_value and f.nargs not in ("?", "*"):
-                ctx.add("error", f"{f.name} needs a value", f"give {f.name} a value", ctx.arg_path(e.node, a), role)
+                ctx.add("error", f"{f.name} needs a value", f"give {f.name} a value", ctx.arg_path(engine.node, a),
+                        role)
             continue
         if placeholder(a.value):
             continue
@@ -146,7 +147,7 @@ def _engine_values(ctx: PlanContext, e: EngineNode) -> None:
             key = a.dotted.split(".", 1)[0]
             if f.name == "--attention-config" and keys and key not in keys:
                 ctx.add("error", f"--attention-config has no key {key!r}",
-                        f"use one of: {', '.join(sorted(keys))}", ctx.arg_path(e.node, a), role)
+                        f"use one of: {', '.join(sorted(keys))}", ctx.arg_path(engine.node, a), role)
             continue
         why = f.check_value(a.value)
         if why is None:
@@ -155,23 +156,23 @@ def _engine_values(ctx: PlanContext, e: EngineNode) -> None:
             why = _check_json(ctx, f, a.value)
         if why:
             sev = "warning" if why.startswith("~") else "error"
-            ctx.add(sev, why.lstrip("~"), _value_fix(ctx, f), ctx.arg_path(e.node, a), role)
+            ctx.add(sev, why.lstrip("~"), _value_fix(ctx, f), ctx.arg_path(engine.node, a), role)
 
 
-def _value_fix(ctx: PlanContext, f: Flag) -> str:
-    kind = CHOICE_SETS.get(f.name)
-    if f.choices:
-        return f"use one of: {', '.join(f.choices)}"
+def _value_fix(ctx: PlanContext, flag: Flag) -> str:
+    kind = CHOICE_SETS.get(flag.name)
+    if flag.choices:
+        return f"use one of: {', '.join(flag.choices)}"
     if kind:
         return f"use a value vllm {ctx.cat.version} registers (k3deploy catalog set {kind})"
-    return f"fix the value of {f.name}"
+    return f"fix the value of {flag.name}"
 
 
-def _check_choice_set(ctx: PlanContext, f: Flag, value: str) -> str | None:
+def _check_choice_set(ctx: PlanContext, flag: Flag, value: str) -> str | None:
     """Why vLLM rejects ``value`` of a type=str flag it validates against a registered set; a leading ``~``
     marks a set a platform plugin may extend (a warning)."""
-    kind = CHOICE_SETS.get(f.name)
-    if kind is None or f.choices:
+    kind = CHOICE_SETS.get(flag.name)
+    if kind is None or flag.choices:
         return None
     allowed = ctx.cat.choices(kind)
     v = value
@@ -186,19 +187,19 @@ def _check_choice_set(ctx: PlanContext, f: Flag, value: str) -> str | None:
     prefix = "~" if (ctx.npu and kind in _PLUGIN_EXTENDED) else ""
     near = difflib.get_close_matches(v, list(allowed), n=1)
     hint = f" (did you mean {near[0]}?)" if near else ""
-    return f"{prefix}{f.name} {value!r} is not a value vllm {ctx.cat.version} registers{hint}"
+    return f"{prefix}{flag.name} {value!r} is not a value vllm {ctx.cat.version} registers{hint}"
 
 
-def _check_json(ctx: PlanContext, f: Flag, value: str) -> str | None:
+def _check_json(ctx: PlanContext, flag: Flag, value: str) -> str | None:
     """Why vLLM rejects the JSON config ``value`` (its form, and the keys and values k3deploy knows)."""
     try:
         data = json.loads(value)
     except json.JSONDecodeError as exc:
-        return f"{f.name} is not valid JSON ({exc.msg} at column {exc.colno})"
+        return f"{flag.name} is not valid JSON ({exc.msg} at column {exc.colno})"
     if not isinstance(data, dict):
         return None
     cat = ctx.cat
-    if f.name == "--attention-config":
+    if flag.name == "--attention-config":
         keys = set(cat.attention_config_keys)
         bad = [k for k in data if keys and k not in keys]
         if bad:
@@ -209,16 +210,16 @@ def _check_json(ctx: PlanContext, f: Flag, value: str) -> str | None:
         b = data.get("backend")
         if isinstance(b, str) and b.lower() != "auto" and cat.attention_backend(b) is None:
             return f"--attention-config backend {b!r} is not a registered attention backend"
-    elif f.name == "--speculative-config":
+    elif flag.name == "--speculative-config":
         method = data.get("method")
         methods = cat.choices("speculative_method")
         if isinstance(method, str) and methods and method not in methods:
             return f"--speculative-config method {method!r} is not one vllm {cat.version} registers"
-    elif f.name == "--compilation-config":
+    elif flag.name == "--compilation-config":
         mode = data.get("cudagraph_mode")
         if isinstance(mode, str) and mode.upper() not in _CUDAGRAPH_MODES:
             return f"--compilation-config cudagraph_mode {mode!r} is not one of {', '.join(_CUDAGRAPH_MODES)}"
-    elif f.name == "--kv-transfer-config":
+    elif flag.name == "--kv-transfer-config":
         role = data.get("kv_role")
         if data.get("kv_connector") and role not in _KV_ROLES:
             return f"--kv-transfer-config kv_role {role!r} is not one of {', '.join(_KV_ROLES)}"

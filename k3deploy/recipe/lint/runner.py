@@ -23,7 +23,7 @@ def lint_plan(recipe: Recipe, plan: Plan, *, catalog: Catalog | None = None,
     router = router_catalog or load_catalog("vllm-router")
     ctx = PlanContext(recipe, plan, provenance(recipe), cat, router)
     raw = run("plan", ctx) + check_image(plan.image, image_path(recipe, plan, ctx.hw), vendor=ctx.hw.vendor)
-    merged: dict[tuple, Finding] = {}
+    merged: dict[tuple[str, str, str | None, str, str], Finding] = {}
     for f in raw:
         k = f.key
         if k in merged:
@@ -76,16 +76,17 @@ def lint_recipe(recipe: Recipe, *, hardware_id: str | None = None, strategy: str
         raise SelectionError(f"unknown variant {variant!r} in recipe {recipe.slug}: choose one of "
                              f"{', '.join(recipe.variants)}")
     cat, router = load_catalog("vllm"), load_catalog("vllm-router")
-    groups: dict[tuple, Group] = {}
+    groups: dict[tuple[str, str, str | None, str, str], Group] = {}
     checked: list[Selection] = []
 
-    def record(f: Finding, sel: Selection | None) -> None:
-        g = groups.get(f.key)
+    def record(finding: Finding, sel: Selection | None) -> None:
+        g = groups.get(finding.key)
         if g is None:
-            g = groups[f.key] = Group(Finding(f.severity, f.code, f.message, f.fix, f.path))
+            g = groups[finding.key] = Group(Finding(finding.severity, finding.code, finding.message, finding.fix,
+                                                    finding.path))
         if sel is not None and (not g.selections or g.selections[-1] != sel):
             g.selections.append(sel)
-        g.roles.update(f.roles)
+        g.roles.update(finding.roles)
 
     for vk in ([variant] if variant else list(recipe.variants)):
         for hw_id in hardware_for_variant(recipe, vk):

@@ -1,0 +1,179 @@
+"""What every preflight check works with: a host's facts (:class:`HostFacts`), one result (:class:`CheckResult`),
+the collector the judges add results to (:class:`Results`), and what a vendor pack's preflight side provides
+(:class:`VendorChecks`, :class:`VendorRun`).
+
+Nothing here touches a host. :mod:`k3deploy.preflight.checks` runs the checks; each vendor's judges live in
+``k3deploy/vendors/<vendor>/checks.py`` and build on this module (never on :mod:`k3deploy.preflight.checks`, which
+imports them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
+from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo, NpuPort
+from k3deploy.facts.base import FactError
+from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
+from k3deploy.facts.nvidia import (
+    DriverFlavour,
+    FabricManagerState,
+    GpuFabric,
+    GpuTopology,
+    ImexDomainState,
+    ImexState,
+    NvidiaGpu,
+    ToolkitVersion,
+)
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice
+from k3deploy.facts.rollout import StageDaemon
+from k3deploy.model.requirements import Requirements
+from k3deploy.vendors import Pack
+
+CLUSTER = "cluster"
+GIB = 1024**3
+
+Status = Literal["pass", "warn", "fail"]
+
+#: a fact to read on a host: (attribute of HostFacts, fact class, arguments)
+FactSpec = tuple[str, type[Any], dict[str, Any]]
+#: a derived setting: (variable, value, why)
+Setting = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    host: str
+    check: str
+    status: Status
+    observed: str
+    required: str
+    fix: str = ""
+
+
+@dataclass
+class HostFacts:
+    """Facts of one host; None = not collected (the fact does not apply to this hardware)."""
+
+    host: str
+    address: str = ""
+    unreachable: str | None = None  # the connection error, when the host could not be reached
+    gpus: list[NvidiaGpu] | FactError | None = None
+    flavour: DriverFlavour | FactError | None = None
+    toolkit: ToolkitVersion | FactError | None = None
+    fabric_manager: FabricManagerState | FactError | None = None
+    imex: ImexState | FactError | None = None
+    imex_domain: ImexDomainState | FactError | None = None  # nvidia-imex-ctl -N
+    fabric: list[GpuFabric] | FactError | None = None
+    rdma: list[RdmaDevice] | FactError | None = None
+    topology: GpuTopology | FactError | None = None  # nvidia-smi topo -m: how near each HCA sits to the GPUs
+    modules: LoadedModules | FactError | None = None
+    dmabuf: DmabufSupport | FactError | None = None
+    kernel: KernelRelease | FactError | None = None
+    amd_versions: AmdSmiVersions | FactError | None = None
+    rocm_driver: RocmDriver | FactError | None = None
+    amd_gpus: list[AmdGpu] | FactError | None = None
+    npu: NpuInfo | FactError | None = None
+    ascend: AscendVersionInfo | FactError | None = None
+    hccn: list[NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
+    runtime: ContainerRuntime | FactError | None = None
+    disk_images: DiskSpace | FactError | None = None
+    disk_cache: DiskSpace | FactError | None = None
+    shm: DiskSpace | FactError | None = None
+    interface: AddressInterface | FactError | None = None
+    stage_peers: StageDaemon | FactError | None = None   # the stage's rsync daemon, when a killed run left it up
+    ib_hca: str | None = None  # k3_ib_hca: the RDMA ports the site names for NCCL and UCX (not read from the host)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator as the checks compare it: product name, memory in GiB (the recipe's GB), PCI device id."""
+
+    name: str
+    memory_gib: float | None
+    device_id: str | None = None
+
+    @property
+    def shown(self) -> str:
+        return f"{self.name} ({self.device_id})" if self.device_id else self.name
+
+
+class Results:
+    """The results of one run, in the order the checks add them; a passing result carries no fix."""
+
+    def __init__(self) -> None:
+        self.results: list[CheckResult] = []
+
+    def add(self, host: str, check: str, status: Status, observed: str, required: str, fix: str = "") -> None:
+        self.results.append(CheckResult(host, check, status, observed, required, fix if status != "pass" else ""))
+
+    def error(self, host: str, check: str, err: FactError, required: str, fix: str) -> None:
+        self.add(host, check, "fail", err.message(host), required, fix)
+
+
+def gib(value: float) -> str:
+    return f"{value:.1f} GiB"
+
+
+def unit_name(hardware: Any) -> str:
+    return str(getattr(hardware, "label", None) or hardware.id)
+
+
+def describe_mix(names: list[str]) -> str:
+    counts = Counter(names)
+    return ", ".join(f"{n}x {name}" for name, n in sorted(counts.items()))
+
+
+class VendorRun:
+    """One run of a vendor's judges over the planned hosts. The hooks are called per host, each where its results
+    belong in the list (:func:`k3deploy.preflight.checks.run_checks`); each adds nothing by default."""
+
+    def __init__(self, requirements: Requirements, hosts: list[HostFacts]) -> None:
+        self.requirements = requirements
+        self.hosts = hosts
+
+    def devices_listed(self, out: Results, facts: HostFacts) -> None:
+        """The accelerators were listed (before their model and count are judged): the driver."""
+
+    def after_devices(self, out: Results, facts: HostFacts, listed: bool) -> None:
+        """After the accelerators (``listed``: they could be listed), before Docker: fabric, daemons, toolkit."""
+
+    def after_rdma(self, out: Results, facts: HostFacts) -> None:
+        """An RDMA port is active: the GPU's path to it."""
+
+    def last(self, out: Results, facts: HostFacts) -> None:
+        """After the host's common checks: the vendor's own driver and network checks."""
+
+    def cluster(self, out: Results) -> None:
+        """Once every host was judged: the vendor's cluster-wide results (before the planned memory's)."""
+
+
+class VendorChecks:
+    """The preflight side of a vendor pack: the facts it reads, its accelerators as :class:`Device`, its judges
+    (:meth:`begin` a :class:`VendorRun`) and the settings its facts derive."""
+
+    pack: Pack
+
+    def facts(self, requirements: Requirements) -> list[FactSpec]:
+        """The vendor's facts to read on a host of this plan (before the RDMA ports and the common facts)."""
+        return []
+
+    def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
+        """The host's accelerators; None when they were not read."""
+        return None
+
+    def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
+        return VendorRun(requirements, hosts)
+
+    def nvlink_settings(self, requirements: Requirements, facts: HostFacts) -> list[Setting]:
+        """Settings for the trays' NVLink across trays (after the socket interface's)."""
+        return []
+
+    def rdma_settings(self, requirements: Requirements, facts: HostFacts) -> tuple[list[Setting], bool]:
+        """Settings for the GPU's path to the RDMA ports (after NCCL_IB_HCA), and whether a kernel module
+        (nvidia_peermem) must be loaded for it."""
+        return [], False
+

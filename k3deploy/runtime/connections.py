@@ -1,0 +1,203 @@
+"""The hosts of an inventory and the connections to them: the inventory loaded as the ``pyinfra`` command line loads
+it (:func:`load_inventory`, :func:`open_inventory`), each host connected read-only with a bound on how long a
+silent node may hold a command (:func:`connect`, :func:`bound_silence`), and disconnected again
+(:func:`disconnect`); the ``ssh`` command a person runs to reach a host (:func:`ssh_argv`).
+
+Example::
+
+    >>> state, target = open_inventory("inventories/gb300.py")        # doctest: +SKIP
+    >>> [connect(host) for host in state.inventory]                    # doctest: +SKIP
+    [None, None]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api.config import Config
+from pyinfra.api.exceptions import ConnectError
+from pyinfra.api.state import State
+from pyinfra.context import ctx_config, ctx_state
+
+from k3deploy.errors import K3Error
+from k3deploy.model.inventory import records_of
+from k3deploy.model.pipeline import Target, target
+
+#: pyinfra's run configuration, made as the ``pyinfra`` command line makes it (its defaults)
+_new_config: Callable[[], Config] = Config
+
+# ------------------------------------------------------------------------------------- inventory
+
+
+def load_inventory(spec: str) -> State:
+    """A pyinfra state holding the inventory of a file, a host list or a connector (``@local``), read as the
+    ``pyinfra`` command line reads it (its ``group_data`` included)."""
+    from pyinfra_cli.inventory import make_inventory
+
+    if not ("@" in spec or "," in spec or Path(spec).exists()):
+        raise K3Error(f"inventory {spec!r} not found: pass an inventory file (inventories/x.py), a host list "
+                      "or @local")
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:  # inventory files may import modules next to them, as with the pyinfra CLI
+        sys.path.append(cwd)
+    state = State()
+    state.cwd = cwd
+    config = _new_config()
+    try:
+        with ctx_state.use(state), ctx_config.use(config):
+            inventory = make_inventory(spec, cwd=cwd)
+            state.init(inventory, config)
+    except Exception as exc:  # the inventory file is user code
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise K3Error(f"cannot load inventory {spec!r}: {first}: fix the inventory file") from None
+    if len(inventory) == 0:
+        raise K3Error(f"inventory {spec!r} has no hosts: add hosts to it")
+    return state
+
+
+def host_data(host: Any) -> dict[str, Any]:
+    """A host's inventory data (its own and its groups'), as pyinfra merged it."""
+    return dict(host.data.dict())
+
+
+def inventory_file(spec: str | None) -> str | None:
+    """The inventory's file when it is one (group_vars are looked up next to it), else None."""
+    return spec if spec and spec.endswith(".py") and Path(spec).is_file() else None
+
+
+def open_inventory(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[State, Target]:
+    """An inventory loaded (:func:`load_inventory`) with its variables read and the connection settings its
+    group_vars give applied to its hosts; no host is contacted."""
+    state = load_inventory(spec)
+    wanted = target(records_of(state.inventory), inventory_file(spec), overrides)
+    apply_connector_settings(state, wanted)
+    return state, wanted
+
+
+def apply_connector_settings(state: State, wanted: Target) -> None:
+    """The connection settings group_vars give a host (``ssh_user``, ``ssh_port``, ...), where its inventory data
+    does not set them already (the inventory's own data wins, as for every variable)."""
+    for host in state.inventory:
+        resolved = wanted.resolved.get(host.name)
+        if resolved is None:
+            continue
+        have = host_data(host)
+        for key, value in resolved.connector.items():
+            if key not in have:
+                setattr(host.data, key, value)
+
+
+def connector_drift(state: State, wanted: Target) -> list[str]:
+    """Connection settings group_vars give a host that the running pyinfra did not connect with (it reads only
+    the inventory and ``group_data/*.py``), one line each."""
+    out = []
+    for host in state.inventory:
+        resolved = wanted.resolved.get(host.name)
+        if resolved is None:
+            continue
+        have = host_data(host)
+        for key, value in resolved.connector.items():
+            if have.get(key) != value:
+                out.append(f"{host.name}: {key}={value!r} in {resolved.connector_sources[key]} is not what pyinfra "
+                           f"connected with ({have.get(key)!r}): pyinfra reads connection settings from the inventory "
+                           "and group_data/*.py (inventories/group_data/all.py bridges group_vars/all.yml)")
+    return out
+
+
+# ------------------------------------------------------------------------------------ connections
+
+
+def connect(host: Any, silent_after: int | None = None) -> str | None:
+    """Connect one host (with :func:`bound_silence`); the reason when it cannot be reached, else None."""
+    try:
+        host.connect(raise_exceptions=True, show_errors=False)
+    except ConnectError as exc:
+        return str(exc.args[0]) if exc.args else "could not connect"
+    except Exception as exc:  # paramiko/socket errors not wrapped by the connector
+        return f"{type(exc).__name__}: {exc}"
+    if silent_after:
+        bound_silence(host, silent_after)
+    return None
+
+
+def bound_silence(host: Any, seconds: int) -> bool:
+    """Make a host's SSH connection fail, instead of waiting forever, once its node has not answered for about
+    ``seconds`` (a cut link, a node that froze): SSH keepalives every ``seconds / 3``, TCP keepalives on the
+    socket, and ``TCP_USER_TIMEOUT`` (data sent and not acknowledged for ``seconds`` closes the connection). A command
+    that was running there then ends with an error naming the host, and the run goes on with the other hosts.
+    False when the host has no SSH connection (``@local``, ``@fake``)."""
+    import socket
+
+    client = getattr(getattr(host, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    sock: Any = getattr(transport, "sock", None)
+    if transport is None or not hasattr(sock, "setsockopt"):
+        return False
+    transport.set_keepalive(max(1, seconds // 3))
+    every = max(1, seconds // 6)
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", every), ("TCP_KEEPINTVL", every), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", seconds * 1000)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, opt, value in options:
+        try:
+            sock.setsockopt(level, opt, value)
+        except OSError:  # not a TCP socket (a proxy command)
+            return False
+    _lost_is_failure(host)
+    return True
+
+
+def _lost_is_failure(host: Any) -> None:
+    """A connection that dies under a command fails that host, not the run: paramiko raises ``EOFError`` (or its
+    own ``SSHException``) when the transport is gone, and pyinfra aborts the whole run on an ``EOFError``; here
+    it becomes the ``OSError`` pyinfra reports as that host's failure."""
+    connector = host.connector
+    if getattr(connector, "_k3_guarded", False):
+        return
+
+    def guard(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except EOFError as exc:
+                raise OSError(f"the SSH connection to {host.name} was lost (no answer within k3_link_timeout): "
+                              f"{type(exc).__name__}") from exc
+        return call
+
+    for name in ("run_shell_command", "put_file", "get_file"):
+        setattr(connector, name, guard(getattr(connector, name)))
+    connector._k3_guarded = True
+
+
+def disconnect(hosts: list[Any]) -> None:
+    for host in hosts:
+        if host.connected:
+            try:
+                host.disconnect()
+            except Exception:  # a connection that already broke
+                pass
+
+
+def ssh_argv(data: Mapping[str, Any], address: str) -> list[str]:
+    """``ssh`` with the inventory's connection settings (user, port, key, known hosts).
+
+    >>> ssh_argv({"ssh_user": "ops", "ssh_port": 2222}, "10.0.0.1")
+    ['ssh', '-p', '2222', 'ops@10.0.0.1']
+    """
+    argv = ["ssh"]
+    if data.get("ssh_port"):
+        argv += ["-p", str(data["ssh_port"])]
+    if data.get("ssh_key"):
+        argv += ["-i", str(data["ssh_key"])]
+    if data.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={data['ssh_known_hosts_file']}"]
+    strict = data.get("ssh_strict_host_key_checking")
+    if strict:
+        argv += ["-o", f"StrictHostKeyChecking={strict}"]
+    user = data.get("ssh_user")
+    return argv + [f"{user}@{address}" if user else address]

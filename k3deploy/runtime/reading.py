@@ -1,0 +1,382 @@
+"""Reading the hosts: per host a typed plan of what the rollout reads there (:class:`HostPlan`, a tuple of
+:class:`Request` values, built by :func:`plan_host` from the layout and the :class:`~k3deploy.runtime.views.View`),
+read in the same one command as the host's preflight facts (:func:`read_hosts`), into one typed
+:class:`HostReading` per host.
+
+Each request names its fact and its arguments, and says where its value goes in the reading (:meth:`Request.keep`):
+adding something to read is one request class and one field.
+
+Example::
+
+    >>> plan = plan_host(layout, "n1", STATUS, resolver=None)          # doctest: +SKIP
+    >>> [type(r).__name__ for r in plan.requests][:3]                   # doctest: +SKIP
+    ['ReadUnit', 'ReadHelper', 'ReadImage']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pyinfra.api.facts import FactBase
+from pyinfra.api.state import State
+
+from k3deploy.facts.parallel import each_host
+from k3deploy.facts.rollout import (
+    Executable,
+    FileHash,
+    ImageDigest,
+    RegistryDigest,
+    Revisions,
+    UnitOnHost,
+    WeightsState,
+    WeightsStatus,
+)
+from k3deploy.facts.status import (
+    DeployLock,
+    EndpointModels,
+    HealthCode,
+    RouterWorkers,
+    UnitLogs,
+    UnitRun,
+    UnitRuntime,
+)
+from k3deploy.model.images import LocalImage
+from k3deploy.model.observed import Installed, token_path
+from k3deploy.model.pipeline import Target
+from k3deploy.model.revisions import GroupHistory, revisions_dir
+from k3deploy.model.rollout import Rollout
+from k3deploy.model.units import GROUP_MEMBER
+from k3deploy.preflight import runner
+from k3deploy.preflight.checks import HostFacts
+from k3deploy.runtime.connections import connect
+from k3deploy.runtime.views import View
+
+# ------------------------------------------------------------------------------------- the reading
+
+
+@dataclass
+class HostReading:
+    """What the rollout read on one host (its preflight facts are in :class:`HostFacts`); per unit by unit name,
+    per group by group name. A field left at its default was not asked for (see :class:`View`)."""
+
+    host: str
+    installed: dict[str, Installed] = field(default_factory=dict)      # unit -> its files and state
+    revisions: dict[str, GroupHistory] = field(default_factory=dict)   # group -> its revisions as this host lists them
+    image: LocalImage | None = None            # what the host holds of the image's repository (engine hosts)
+    helper_read: bool = False                  # the group-member helper was looked for (engine hosts)
+    helper: str | None = None                  # its sha256 (None: not there)
+    weights: WeightsStatus | None = None       # what the cache holds of the model (engine hosts)
+    router_command: bool | None = None         # k3_router_bin is an executable (a router host without its image)
+    router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas)
+    lock: list[str] | None = None              # the deployment lock's record there (empty: free)
+    runs: dict[str, UnitRun] = field(default_factory=dict)           # unit -> as it runs (the view's ``running``)
+    endpoint_models: tuple[str, ...] | None = None   # what the public endpoint lists (its first host; ``running``)
+    health: dict[str, int | None] = field(default_factory=dict)      # unit -> its /health code (``health``)
+    logs: dict[str, dict[str, str]] = field(default_factory=dict)    # unit -> journal, container log (``log_lines``)
+    registry: list[str] | None = None          # the registry's answer for the image's tag (the resolving host)
+
+
+# ------------------------------------------------------------------------------------- the requests
+
+
+@dataclass(frozen=True)
+class Request:
+    """One fact the rollout reads on a host, with its arguments; :meth:`keep` puts its value in the reading."""
+
+    fact: ClassVar[type[FactBase[Any]]]
+
+    def arguments(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def keep(self, value: Any, reading: HostReading) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ReadUnit(Request):
+    """A unit's systemd state and its unit and env files (and, on an engine's host, the token file's mode)."""
+
+    fact = UnitOnHost
+    unit: str
+    unit_path: str
+    env_path: str
+    token_path: str | None
+
+    def arguments(self) -> dict[str, Any]:
+        return {"unit": self.unit, "unit_path": self.unit_path, "env_path": self.env_path,
+                "token_path": self.token_path}
+
+    def keep(self, value: Installed, reading: HostReading) -> None:
+        reading.installed[self.unit] = value
+
+
+@dataclass(frozen=True)
+class ReadRegistry(Request):
+    """The digest the registry gives for the image's tag (asked from one host)."""
+
+    fact = RegistryDigest
+    image: str
+    docker: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"image": self.image, "docker": self.docker}
+
+    def keep(self, value: list[str] | None, reading: HostReading) -> None:
+        reading.registry = value
+
+
+@dataclass(frozen=True)
+class ReadHelper(Request):
+    """The sha256 of the node-side group-member helper."""
+
+    fact = FileHash
+
+    def arguments(self) -> dict[str, Any]:
+        return {"path": GROUP_MEMBER}
+
+    def keep(self, value: str | None, reading: HostReading) -> None:
+        reading.helper_read, reading.helper = True, value
+
+
+@dataclass(frozen=True)
+class ReadImage(Request):
+    """What the host holds of the image's repository (its digests)."""
+
+    fact = ImageDigest
+    image: str
+    docker: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"image": self.image, "docker": self.docker}
+
+    def keep(self, value: LocalImage, reading: HostReading) -> None:
+        reading.image = value
+
+
+@dataclass(frozen=True)
+class ReadWeights(Request):
+    """What the model cache holds of the model's weights."""
+
+    fact = WeightsState
+    cache: str
+    model: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"cache": self.cache, "model": self.model}
+
+    def keep(self, value: WeightsStatus, reading: HostReading) -> None:
+        reading.weights = value
+
+
+@dataclass(frozen=True)
+class ReadRouterCommand(Request):
+    """Whether the router's command (``k3_router_bin``) is an executable."""
+
+    fact = Executable
+    path: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def keep(self, value: bool, reading: HostReading) -> None:
+        reading.router_command = value
+
+
+@dataclass(frozen=True)
+class ReadRouterWorkers(Request):
+    """Which workers the running router sends requests to."""
+
+    fact = RouterWorkers
+    router: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"router": self.router}
+
+    def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
+        reading.router_workers = value
+
+
+@dataclass(frozen=True)
+class ReadLock(Request):
+    """The deployment lock's record (:mod:`k3deploy.runtime.lock`)."""
+
+    fact = DeployLock
+    config_dir: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"config_dir": self.config_dir}
+
+    def keep(self, value: list[str], reading: HostReading) -> None:
+        reading.lock = value
+
+
+@dataclass(frozen=True)
+class ReadRevisions(Request):
+    """A group's recorded revisions on the host."""
+
+    fact = Revisions
+    group: str
+    directory: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"directory": self.directory}
+
+    def keep(self, value: GroupHistory, reading: HostReading) -> None:
+        reading.revisions[self.group] = value
+
+
+@dataclass(frozen=True)
+class ReadRunning(Request):
+    """A unit as it runs: systemd, its container, its HTTP answers."""
+
+    fact = UnitRuntime
+    unit: str
+    container: str
+    docker: str
+    url: str | None
+
+    def arguments(self) -> dict[str, Any]:
+        return {"unit": self.unit, "container": self.container, "docker": self.docker, "url": self.url}
+
+    def keep(self, value: UnitRun, reading: HostReading) -> None:
+        reading.runs[self.unit] = value
+
+
+@dataclass(frozen=True)
+class ReadEndpoint(Request):
+    """The models the public endpoint lists."""
+
+    fact = EndpointModels
+    endpoint: str
+
+    def arguments(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint}
+
+    def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
+        reading.endpoint_models = value
+
+
+@dataclass(frozen=True)
+class ReadHealth(Request):
+    """The HTTP code of a serving unit's ``/health``."""
+
+    fact = HealthCode
+    unit: str
+    url: str | None
+
+    def arguments(self) -> dict[str, Any]:
+        return {"url": self.url}
+
+    def keep(self, value: int | None, reading: HostReading) -> None:
+        reading.health[self.unit] = value
+
+
+@dataclass(frozen=True)
+class ReadLogs(Request):
+    """The tail of a unit's journal and of its container's log."""
+
+    fact = UnitLogs
+    unit: str
+    container: str
+    docker: str
+    lines: int
+
+    def arguments(self) -> dict[str, Any]:
+        return {"unit": self.unit, "container": self.container, "docker": self.docker, "lines": self.lines}
+
+    def keep(self, value: dict[str, str], reading: HostReading) -> None:
+        reading.logs[self.unit] = value
+
+
+# ----------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """What the rollout reads on one host, beside its preflight facts (empty: only those)."""
+
+    host: str
+    requests: tuple[Request, ...] = ()
+
+    def specs(self) -> list[tuple[str, type[FactBase[Any]], dict[str, Any]]]:
+        """The requests as the facts batch takes them: ``(name, fact, arguments)``, named by position."""
+        return [(self._name(i, request), request.fact, request.arguments()) for i, request in enumerate(self.requests)]
+
+    def reading(self, values: dict[str, Any]) -> HostReading | None:
+        """The host's reading from the batch's values by name (None: they did not come back, the host failed)."""
+        names = [self._name(i, request) for i, request in enumerate(self.requests)]
+        if any(name not in values for name in names):
+            return None
+        out = HostReading(self.host)
+        for name, request in zip(names, self.requests, strict=True):
+            request.keep(values[name], out)
+        return out
+
+    @staticmethod
+    def _name(index: int, request: Request) -> str:
+        return f"{type(request).__name__}.{index}"
+
+
+def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> HostPlan:
+    """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
+    image's digests there, the weights, the lock and the revisions of every group with a unit here; on ``resolver``
+    the digest the registry gives for the image's tag (also in a view that reads nothing installed but pins the
+    image); with ``running`` each unit as it runs and, on the first host, what the endpoint lists; else with
+    ``health`` whether each serving unit's ``/health`` answers; with ``log_lines`` each unit's logs."""
+    variables = layout.vars
+    registry = ReadRegistry(layout.plan.image, variables.k3_docker)
+    if not view.installed:
+        return HostPlan(host, (registry,) if view.pins_image and host == resolver else ())
+    mine = layout.on_host(host)
+    token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
+    out: list[Request] = [ReadUnit(u.unit, u.unit_path, u.env_path, token if u.group != "router" else None)
+                          for u in mine]
+    if host == resolver:
+        out.append(registry)
+    if any(u.group != "router" for u in mine):
+        out += [ReadHelper(), ReadImage(layout.plan.image, variables.k3_docker),
+                ReadWeights(variables.k3_model_cache, layout.plan.model)]
+    if any(u.group == "router" for u in mine) and not variables.k3_router_image:
+        out.append(ReadRouterCommand(variables.k3_router_bin))
+    if len(layout.replicas) > 1:   # which replicas the router sends requests to
+        out += [ReadRouterWorkers(u.serves) for u in mine if u.group == "router" and u.serves]
+    out.append(ReadLock(variables.k3_config_dir))
+    out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
+            for g in layout.groups if any(u.host == host for u in layout.group(g))]
+    if view.running:
+        out += [ReadRunning(u.unit, u.container, variables.k3_docker, u.serves) for u in mine]
+        if layout.units and host == layout.hosts[0]:
+            out.append(ReadEndpoint(layout.endpoint))
+    elif view.health:
+        out += [ReadHealth(u.unit, u.serves) for u in mine if u.serves]
+    if view.log_lines:
+        out += [ReadLogs(u.unit, u.container, variables.k3_docker, view.log_lines) for u in mine]
+    return HostPlan(host, tuple(out))
+
+
+# ---------------------------------------------------------------------------------------- the read
+
+
+def read_hosts(state: State, hosts: list[Any], wanted: Target, plans: dict[str, HostPlan], *,
+               connect_first: bool) -> tuple[list[HostFacts], dict[str, HostReading]]:
+    """Every host at once, one command each: its preflight facts and what its plan asks (an unreachable host
+    becomes a host with its connection error, and has no reading). The facts of a host whose reading holds its
+    weights carry them too (``HostFacts.extra["weights"]``: the cache's space check counts only what is missing)."""
+    requirements, variables = wanted.requirements, wanted.vars
+
+    def one(host: Any) -> tuple[HostFacts, HostReading | None]:
+        mine = wanted.host_vars(host.name)
+        if connect_first:
+            reason = connect(host, mine.k3_link_timeout)
+            if reason is not None:
+                return HostFacts(host=host.name, address=runner.host_address(host), unreachable=reason), None
+        plan = plans.get(host.name) or HostPlan(host.name)
+        facts = runner.host_facts(state, host, requirements, variables.k3_model_cache, variables.k3_image_dir,
+                                  plan.specs() or None, ib_hca=mine.k3_ib_hca)
+        reading = plan.reading(facts.extra) if plan.requests else None
+        facts.extra = {"weights": reading.weights} if reading is not None and reading.weights is not None else {}
+        return facts, reading
+
+    both = each_host(state, hosts, one)
+    return [facts for facts, _ in both], {r.host: r for _, r in both if r is not None}

@@ -1,0 +1,101 @@
+"""Huawei Ascend (Atlas A2 / A3 with 910B / 910C NPUs): the driver (HDK) on the host, bind-mounted into the
+vllm-ascend image, CANN in the image; the NPUs talk across nodes over their own ports (hccn_tool), not the host's
+RDMA ports. How many NPUs a node has (A2: 8, A3: 16 dies) is the hardware profile's ``gpu_count``.
+
+Pure: the pack (:data:`PACK`), the container's devices and mounts, the floors. The judges and the facts they read
+are :mod:`k3deploy.vendors.ascend.checks` (preflight layer). Module variables a site can change before calling
+:func:`k3deploy.preflight.checks.run_checks`:
+
+* ``DRIVER_RECOMMENDED``: Ascend HDK the vllm-ascend K3 images are validated with.
+* ``NETWORK_STATUS``: status of ``ascend.network`` when an NPU's port is not ``link status: UP`` with ``net health
+  status: Success`` (vllm-ascend's multi-node guides require both on every NPU; set "warn" where the site has
+  checked the NPUs' reachability by ``hccn_tool -hccs_ping`` itself), and of ``ascend.peers`` when a ping from NPU
+  i to NPU i of another host does not come back.
+
+    >>> PACK.container.run_flags(2)
+    ['--privileged', '--device', '/dev/davinci0', '--device', '/dev/davinci1', '--device', '/dev/davinci_manager', \
+'--device', '/dev/devmm_svm', '--device', '/dev/hisi_hdc']
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from k3deploy.vendors.base import Check, Container, Pack, Spot, Transport
+from k3deploy.vendors.common import COMMON
+
+DRIVER_RECOMMENDED = "25.5"
+NETWORK_STATUS: Literal["pass", "warn", "fail"] = "fail"
+
+DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+#: (host path, container path) of the driver files vllm-ascend's guides bind-mount, in their order
+MOUNTS = (
+    ("/usr/local/dcmi", "/usr/local/dcmi"),
+    ("/usr/local/Ascend/driver/tools/hccn_tool", "/usr/local/Ascend/driver/tools/hccn_tool"),
+    ("/usr/local/bin/npu-smi", "/usr/local/bin/npu-smi"),
+    ("/usr/local/Ascend/driver/lib64/", "/usr/local/Ascend/driver/lib64/"),
+    ("/usr/local/Ascend/driver/version.info", "/usr/local/Ascend/driver/version.info"),
+    ("/etc/ascend_install.info", "/etc/ascend_install.info"),
+)
+#: the CANN environment, sourced before the engine starts (vllm-ascend images start a shell)
+PROFILE = ("source /usr/local/Ascend/ascend-toolkit/set_env.sh; "
+           "source /usr/local/Ascend/nnal/atb/set_env.sh; ")
+HCCN = "/usr/local/Ascend/driver/tools/hccn_tool"
+
+
+def _each_npu(spot: Spot, queries: tuple[str, ...]) -> str:
+    body = "; ".join(f"$t -i $i -{q} -g" for q in queries)
+    return f"t={HCCN}; for i in $(seq 0 {max(0, spot.devices - 1)}); do {body}; done"
+
+
+PACK = Pack(
+    name="ascend",
+    brand="Huawei",
+    container_key="npu",
+    tool="npu-smi",
+    driver_check="ascend.driver",
+    driver_fix="install the Ascend driver and firmware (HDK) so that npu-smi works, then reboot",
+    transport=Transport(
+        socket_env=("HCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
+        address_env="HCCL_IF_IP",
+        rdma_ports=False,
+    ),
+    container=Container(
+        flags=("--privileged",),
+        per_device="/dev/davinci{index}",
+        devices=DEVICES,
+        mounts=MOUNTS,
+        rdma_devices=False,
+        login_profile=PROFILE,
+    ),
+    checks=(
+        Check("gpu.model", "npu-smi info", "the hardware's NPU product names",
+              "set k3_hardware to what these nodes are"),
+        Check("gpu.count", "npu-smi info", "the hardware's NPUs per node", "a device is missing: repair the node"),
+        Check("ascend.driver", "npu-smi info", "working npu-smi",
+              "install the Ascend driver and firmware (HDK) so that npu-smi works, then reboot", fact="NpuSmiInfo"),
+        Check("ascend.health", "npu-smi info", "every NPU chip Health OK",
+              "check npu-smi info -t health -i <id> and the device log; replace or reset the NPU"),
+        Check("ascend.versions", "cat /usr/local/Ascend/driver/version.info",
+              f"driver (HDK) >= {DRIVER_RECOMMENDED} recommended; version.info and mounted paths present",
+              "install the Ascend driver and firmware (HDK)", fact="AscendVersions"),
+        Check("ascend.mounts", "ls -d " + " ".join(host for host, _ in MOUNTS),
+              "every host path the engine container bind-mounts (docker run -v) exists",
+              "install the Ascend driver (HDK) package, which puts these files there, or repair its installation"),
+        Check("ascend.network", lambda spot: _each_npu(spot, ("link", "net_health")),
+              "every NPU: link status UP, net health status Success",
+              "check the optical module, cable and switch port of the NPU and its addresses (hccn_tool -i N -ip -g, "
+              "/etc/hccn.conf)"),
+        Check("ascend.peers", lambda spot: _each_npu(spot, ("vnic", "ip")) + "  # then, from NPU i: "
+              f"{shlex.quote(HCCN)} -i i -hccs_ping -g address <NPU i of a peer>",
+              "NPU i reaches NPU i of every other host",
+              "check both ends' NPU ports, their addresses and the switch or HCCS path between them"),
+        Check("gpu.memory", "npu-smi info", "the planned nodes' NPU memory >= the variant's planning minimum",
+              "plan more nodes, or choose a smaller variant", each_node=False),
+    ),
+    site_docker_form=False,
+    no_site_docker_why="Ascend NPUs need their devices and driver mounts, not --gpus",
+    npu_peer_round=True,
+    common=COMMON,
+)

@@ -1,0 +1,201 @@
+"""What a vendor pack is: one frozen :class:`Pack` per vendor family, made of plain data.
+
+Pure (stdlib only). A pack says, for its vendor: the tool that lists the accelerators, its checks (each a
+:class:`Check`: id, the command a person runs to see what it reads, what is required, the usual fix), the
+collective/transport settings a host's facts turn into (:class:`Transport`), what the engine container gets
+(:class:`Container`) and a few switches (whether the recipes site's ``docker run`` form runs there, which
+cluster-wide probes apply). The judges of the checks, which read fact values, live at the preflight layer
+(``k3deploy/vendors/<vendor>/checks.py``).
+
+Example::
+
+    >>> c = Check("disk.shm", "df -h /dev/shm", ">= 16 GiB of /dev/shm", "enlarge /dev/shm")
+    >>> c.command_for(Spot())
+    'df -h /dev/shm'
+    >>> words_match("AMD Instinct MI300X OAM", ["AMD Instinct MI300X"]), words_match("MI300A", ["MI300X"])
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Spot:
+    """Where a check's command runs, as far as the command needs it: the node's cluster address, the model cache,
+    the router command, the planned image, the accelerators per node and the stage daemon's unit (the runbook
+    fills them from the rollout: :func:`k3deploy.model.runbook.checks.spot_for`)."""
+
+    address: str = ""
+    cache: str = "/var/lib/k3deploy/cache"
+    router_bin: str = "/usr/local/bin/vllm-router"
+    image: str = "IMAGE"
+    devices: int = 8
+    peers_unit: str = "STAGE_UNIT"
+
+
+#: a command: its text, or a function of the spot it runs on
+CommandText = str | Callable[[Spot], str]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One registered check: its id, the command a person runs to see what it reads, what is required and the
+    usual fix. ``fact``: the fact class whose ``shown_command`` is this command (the same source, named once);
+    ``where``: where a person runs the command (``control``: on the machine holding the inventory); ``each_node``:
+    every node of the plan reports it (False: one host, the router host, or the cluster as a whole)."""
+
+    id: str
+    command: CommandText
+    required: str
+    fix: str
+    fact: str = ""
+    where: Literal["node", "control"] = "node"
+    each_node: bool = True
+
+    def command_for(self, spot: Spot) -> str:
+        return self.command if isinstance(self.command, str) else self.command(spot)
+
+
+@dataclass(frozen=True)
+class Transport:
+    """The collective/transport settings derived from a host's facts.
+
+    ``socket_env``: variables set to the interface carrying the node's address (those in ``exact_socket_env`` get
+    NCCL's exact-match form ``=eth1``); ``address_env``: a variable set to that address; ``nvlink_env``: set to 1
+    where the trays talk over multi-node NVLink; ``rdma_ports``: NCCL/UCX use the host's RDMA ports (False: the
+    accelerators have their own ports); ``ucx_tls``: RC verbs plus the vendor's GPU-memory copy transport for the
+    P/D KV transfer (NIXL over UCX), None where there is none."""
+
+    socket_env: tuple[str, ...]
+    exact_socket_env: tuple[str, ...] = ()
+    address_env: str | None = None
+    nvlink_env: tuple[str, ...] = ()
+    rdma_ports: bool = True
+    ucx_tls: str | None = None
+
+
+@dataclass(frozen=True)
+class Container:
+    """What the engine container gets on this vendor's hosts, in ``docker run`` order: ``flags``, one ``--device``
+    per accelerator (``per_device`` with ``{index}``), ``devices``, the driver ``mounts`` (host, container) before
+    the model cache, and ``imex_device`` where the plan uses IMEX. ``docker_runtime``: the Docker runtime it needs
+    (with ``runtime_fix``); ``after_units`` (and ``imex_units`` with IMEX): units the engine starts after;
+    ``rdma_devices``: ``/dev/infiniband`` and memlock across nodes; ``login_profile``: ``vllm serve`` runs under
+    ``bash -lc`` with this sourced first."""
+
+    flags: tuple[str, ...] = ()
+    per_device: str | None = None
+    devices: tuple[str, ...] = ()
+    mounts: tuple[tuple[str, str], ...] = ()
+    imex_device: str | None = None
+    docker_runtime: str | None = None
+    runtime_fix: str = ""
+    after_units: tuple[str, ...] = ()
+    imex_units: tuple[str, ...] = ()
+    rdma_devices: bool = True
+    login_profile: str | None = None
+
+    def run_flags(self, gpus_per_node: int) -> list[str]:
+        """The ``docker run`` words before the volumes."""
+        out = list(self.flags)
+        if self.per_device is not None:
+            for i in range(gpus_per_node):
+                out += ["--device", self.per_device.format(index=i)]
+        for dev in self.devices:
+            out += ["--device", dev]
+        return out
+
+    def after(self, imex: bool) -> list[str]:
+        return [*self.after_units, *(self.imex_units if imex else ())]
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """A troubleshooting entry of a multi-node runbook: its heading, the guide's note it quotes (the note with all
+    of ``note_words``; ``note_default`` without one), what to do, and the script for each engine node (of its unit
+    and env file). ``nvlink_only``: only where the trays talk over multi-node NVLink."""
+
+    heading: str
+    note_words: tuple[str, ...]
+    note_default: str
+    advice: str
+    script: Callable[[str, str], str]
+    nvlink_only: bool = False
+
+
+def names_match(name: str, allowed: Sequence[str]) -> bool:
+    """A product name equals an allowed one, spaces and case aside."""
+    norm = " ".join(name.split()).casefold()
+    return any(norm == " ".join(a.split()).casefold() for a in allowed)
+
+
+def words_match(name: str, allowed: Sequence[str]) -> bool:
+    """An allowed name appears in the product name as whole words, in any case (rocm-smi prints the form factor
+    and more after the model: "AMD Instinct MI300X OAM", "AMD INSTINCT MI250 (MCM) OAM AC MBA")."""
+    have = name.casefold().split()
+    for a in allowed:
+        want = a.casefold().split()
+        if want and any(have[i:i + len(want)] == want for i in range(len(have) - len(want) + 1)):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One vendor family. ``brand``: the taxonomy's brand; ``container_key``: the plan's ``vendor``; ``tool``: what
+    lists the accelerators, ``driver_check`` reports it unreadable, with ``driver_fix``; ``name_match``: how a
+    device's product name is compared with the hardware's (``words``: as whole words; with ``pci_ids``, a device
+    whose PCI id the hardware names matches too); ``checks``: the vendor's own checks, in the order a runbook
+    lists them (the common ones follow: :mod:`k3deploy.vendors.common`); ``site_docker_form``: the recipes site's
+    ``docker run`` form runs a single node (else ``no_site_docker_why``); ``nccl_probe`` / ``npu_peer_round``: the
+    cluster-wide NCCL probe / NPU ping round applies; ``troubles``: the runbook's troubleshooting entries;
+    ``guide_notes``: (words, heading) of the guide's notes the runbook quotes for this vendor."""
+
+    name: str
+    brand: str
+    container_key: str
+    tool: str
+    driver_check: str
+    driver_fix: str
+    transport: Transport
+    container: Container
+    checks: tuple[Check, ...]
+    name_match: Literal["exact", "words"] = "exact"
+    pci_ids: bool = False
+    site_docker_form: bool = True
+    no_site_docker_why: str = ""
+    nccl_probe: bool = False
+    npu_peer_round: bool = False
+    troubles: tuple[Trouble, ...] = ()
+    guide_notes: tuple[tuple[tuple[str, ...], str], ...] = ()
+    common: tuple[Check, ...] = field(default=(), repr=False)
+
+    def check(self, check_id: str) -> Check:
+        """The registered check of this id: the vendor's own, else the common one."""
+        for c in (*self.checks, *self.common):
+            if c.id == check_id:
+                return c
+        raise KeyError(f"{check_id!r} is not a registered check of {self.name}")
+
+    def command_of(self, check_id: str) -> str:
+        """The command of a check that needs nothing of the node: the one text its fact shows (and runs)."""
+        command = self.check(check_id).command
+        if not isinstance(command, str):
+            raise TypeError(f"the command of {check_id!r} depends on the node: use Check.command_for")
+        return command
+
+    def all_checks(self) -> list[Check]:
+        """The vendor's checks, then the common ones it does not replace."""
+        own = {c.id for c in self.checks}
+        return [*self.checks, *(c for c in self.common if c.id not in own)]
+
+    def model_matches(self, name: str, device_id: str | None, allowed: Sequence[str], ids: Sequence[str]) -> bool:
+        """The device is one of the hardware's products: by PCI device id where the kernel says it (and the pack
+        reads ids), else by its product name."""
+        if self.pci_ids and device_id is not None and device_id.lower() in ids:
+            return True
+        return words_match(name, allowed) if self.name_match == "words" else names_match(name, allowed)

@@ -1,0 +1,62 @@
+"""The checks every host gets, whatever its vendor: reachability, the node's address, disk space, Docker, the RDMA
+ports, a stage daemon left behind, the router command, the image's build, the planned memory and the NCCL probe.
+
+Pure. Each is a :class:`~k3deploy.vendors.base.Check`; a pack lists them after its own
+(:meth:`~k3deploy.vendors.base.Pack.all_checks`).
+
+    >>> from k3deploy.vendors.base import Spot
+    >>> by_id = {c.id: c for c in COMMON}
+    >>> by_id["disk.cache"].command_for(Spot(cache="/data/cache"))
+    'p=/data/cache; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -h "$p"'
+    >>> by_id["network.interface"].command_for(Spot(address="10.0.0.1"))
+    "ip -o -4 addr show | grep -F ' 10.0.0.1/'"
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from k3deploy.vendors.base import Check, Spot
+
+
+def _interface(spot: Spot) -> str:
+    return f"ip -o -4 addr show | grep -F ' {spot.address}/'" if spot.address else "ip -o -4 route show default"
+
+
+def _cache(spot: Spot) -> str:
+    return f"p={shlex.quote(spot.cache)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -h \"$p\""
+
+
+COMMON: tuple[Check, ...] = (
+    Check("host.reachable", lambda spot: f"ssh {shlex.quote(spot.address or 'NODE')} true", "SSH connection",
+          "check the address, SSH key and that the node is up", where="control"),
+    Check("network.interface", _interface, "the node's address on a non-loopback interface",
+          "set k3_ip (or ssh_hostname) to the node's cluster address"),
+    Check("container.runtime", "docker version --format '{{.Server.Version}}'", "docker daemon answering",
+          "install Docker Engine and start it", fact="DockerRuntime"),
+    Check("rdma.devices", "ibv_devinfo | grep -E 'hca_id|state|link_layer'",
+          "an ACTIVE InfiniBand/RoCE port (multi-node)",
+          "install rdma-core (ibverbs-utils) or DOCA-OFED; without RDMA NCCL falls back to TCP sockets"),
+    Check("disk.images", "df -h \"$(docker info --format '{{.DockerRootDir}}')\"", "free space for container images",
+          "free space or point Docker's data-root at a larger disk"),
+    Check("disk.cache", _cache, "free space for the model weights",
+          "free space in the cache directory or set k3_model_cache to a larger disk"),
+    Check("disk.shm", "df -h /dev/shm", "size of /dev/shm",
+          "enlarge /dev/shm (mount -o remount,size=64G /dev/shm) and remove stale nccl-* segments"),
+    Check("stage.peers", lambda spot: f"systemctl show -p ActiveState -p ActiveEnterTimestamp {spot.peers_unit}",
+          "no stage daemon outside a deploy's stage", "systemctl stop the stage daemon (the next deploy stops it in "
+          "its first stage step)", fact="StagePeers"),
+    Check("router.command", lambda spot: f"test -x {shlex.quote(spot.router_bin)} && echo executable",
+          "the vllm-router command at k3_router_bin (the router unit's ExecStart)",
+          "pip install vllm-router==0.1.17 on the router host, or set k3_router_bin to where it is (or "
+          "k3_router_image to run it from an image)", each_node=False),
+    Check("image.digest", lambda spot: f"docker buildx imagetools inspect {shlex.quote(spot.image)}",
+          "the registry names the build of the image's tag (every node runs that one digest)",
+          "pin the build: k3_image: REPO@sha256:<digest>, or let the node reach the registry", each_node=False),
+    Check("gpu.memory", "k3deploy preflight INVENTORY",
+          "the planned nodes' accelerator memory >= the variant's planning minimum",
+          "plan more nodes, or choose a smaller variant", where="control", each_node=False),
+    Check("nccl.probe", "k3deploy preflight INVENTORY  # with k3_nccl_probe: true",
+          "k3_nccl_probe: a two-node NCCL all-reduce where NCCL crosses nodes",
+          "fix what the probe's NCCL log names, then rerun preflight", where="control", each_node=False),
+)

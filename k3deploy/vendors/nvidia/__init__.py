@@ -1,0 +1,130 @@
+"""NVIDIA: HGX boards (H100/H200/B200/B300, NVSwitch and Fabric Manager) and the GB200/GB300 NVL72 compute trays
+(multi-node NVLink through IMEX, Grace without nvidia_peermem, GB300's ConnectX-8 through Data Direct).
+
+Pure: the pack (:data:`PACK`) and the floors. The judges of its checks and the facts they read are
+:mod:`k3deploy.vendors.nvidia.checks` (preflight layer). The floors and statuses are module variables so a site can
+change them before calling :func:`k3deploy.preflight.checks.run_checks`:
+
+* ``DRIVER_FLOOR``: minimum Linux driver for the CUDA 13.0 image ``vllm/vllm-openai:kimi-k3``.
+* ``CTK_IMEX_CHANNELS_MIN``: Container Toolkit version that understands ``NVIDIA_IMEX_CHANNELS``.
+* ``GPUDIRECT_MISSING_STATUS``: status when DMA-BUF cannot serve GPUDirect RDMA and no nvidia_peermem stands in
+  (none on Grace) (NCCL then stages through host memory: it works, much slower, so a multi-node K3 deployment
+  treats it as a failure; set "warn" to accept it).
+
+    >>> PACK.check("container.toolkit").command
+    'nvidia-ctk --version'
+    >>> PACK.container.run_flags(4)
+    ['--gpus', 'all']
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from k3deploy.vendors.base import Check, Container, Pack, Transport, Trouble
+from k3deploy.vendors.common import COMMON
+
+DRIVER_FLOOR = "580.65.06"
+CTK_IMEX_CHANNELS_MIN = "1.17.0"
+GPUDIRECT_MISSING_STATUS: Literal["pass", "warn", "fail"] = "fail"
+
+#: hardware ids of HGX baseboards with NVSwitch, where Fabric Manager must run
+NVSWITCH_HARDWARE = frozenset({"h100", "h200", "b200", "b300"})
+#: hardware whose GPUs reach their ConnectX-8 through Data Direct (Grace has no PCIe ATS): NVIDIA's Grace Blackwell
+#: CX8 GPUDirect RDMA guide, "Platform Software and Configuration": the 6.14-nvidia and newer kernels carry the
+#: patches (``apt install linux-nvidia-64k-6.14``)
+DATA_DIRECT_HARDWARE = frozenset({"gb300"})
+DATA_DIRECT_MIN_KERNEL = "6.14"
+#: the IMEX channel an engine container gets on NVL trays used across trays
+IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
+
+FABRIC_REQUIRED = "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId, Health not Unhealthy"
+#: the fix of an IMEX domain that has not formed
+IMEX_DOMAIN_FIX = ("check that /etc/nvidia-imex/nodes_config.cfg lists every tray of the NVLink domain, the same "
+                   "file on every tray, then restart nvidia-imex on every tray (systemctl restart nvidia-imex); "
+                   "journalctl -u nvidia-imex and nvidia-imex-ctl -N show which peer does not connect")
+
+
+
+def _dmabuf_script(unit: str, env_path: str) -> str:
+    return (f"journalctl -u {shlex.quote(unit)} --no-pager | grep -m3 -E 'mlx5dv_reg_dmabuf_mr|errno 524' || true\n"
+            f"modprobe nvidia_peermem && lsmod | grep -E '^nvidia_peermem'\n"
+            f"grep -q '^NCCL_DMABUF_ENABLE=' {shlex.quote(env_path)} || "
+            f"echo 'NCCL_DMABUF_ENABLE=0' >> {shlex.quote(env_path)}\n")
+
+
+def _mnnvl_script(unit: str, env_path: str) -> str:
+    return (f"grep -E '^NCCL_(MNNVL|CUMEM|NVLS)_ENABLE=' {shlex.quote(env_path)}\n"
+            "systemctl is-active nvidia-imex; ls /dev/nvidia-caps-imex-channels\n")
+
+
+TROUBLES = (
+    Trouble("NCCL error at engine start: `mlx5dv_reg_dmabuf_mr` errno 524", ("dmabuf",),
+            "mlx5 dmabuf registration failures (errno 524): set NCCL_DMABUF_ENABLE=0 to fall back to nvidia_peermem.",
+            "Check the log for the errno and that nvidia_peermem is loaded; then add `NCCL_DMABUF_ENABLE=0` to the "
+            "env file on every node of the group and restart the group in the order of section 3.", _dmabuf_script),
+    Trouble("Multi-node NVLink (GB200/GB300)", ("MNNVL",),
+            "MNNVL: NCCL_MNNVL_ENABLE=1, NCCL_CUMEM_ENABLE=1, NCCL_NVLS_ENABLE=1.",
+            "The env files already carry these variables when the plan uses NVLink across trays; check them and the "
+            "IMEX channel on each node:", _mnnvl_script, nvlink_only=True),
+)
+
+PACK = Pack(
+    name="nvidia",
+    brand="NVIDIA",
+    container_key="nvidia",
+    tool="nvidia-smi",
+    driver_check="nvidia.driver",
+    driver_fix=f"install the NVIDIA r580 driver (>= {DRIVER_FLOOR}, open kernel modules) and reboot",
+    transport=Transport(
+        socket_env=("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
+        exact_socket_env=("NCCL_SOCKET_IFNAME",),
+        nvlink_env=("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"),
+        ucx_tls="rc,cuda_copy",
+    ),
+    container=Container(
+        flags=("--gpus", "all"),
+        imex_device=IMEX_CHANNEL,
+        docker_runtime="nvidia",
+        runtime_fix="nvidia-ctk runtime configure --runtime=docker && systemctl restart docker "
+                    "(or use CDI: --device nvidia.com/gpu=all)",
+        after_units=("nvidia-fabricmanager.service",),
+        imex_units=("nvidia-imex.service",),
+    ),
+    checks=(
+        Check("gpu.model", "nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c",
+              "the hardware's GPU product names", "set k3_hardware to what these nodes are"),
+        Check("gpu.count", "nvidia-smi -L | wc -l", "the hardware's GPUs per node",
+              "a device is missing or hidden (CUDA_VISIBLE_DEVICES, MIG, dmesg Xid errors): repair the node"),
+        Check("nvidia.driver", "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u",
+              f">= {DRIVER_FLOOR} (CUDA 13 image)",
+              f"upgrade to an r580 driver >= {DRIVER_FLOOR} (with matching Fabric Manager on NVSwitch systems) and "
+              "reboot"),
+        Check("nvidia.fabricmanager", "systemctl is-active nvidia-fabricmanager; nv-fabricmanager --version",
+              "nvidia-fabricmanager active, version = driver version",
+              "install nvidia-fabricmanager of the driver's version and enable it", fact="FabricManager"),
+        Check("nvlink.fabric", "nvidia-smi -q | grep -A6 -E '^ *Fabric'", FABRIC_REQUIRED,
+              "check the NVLink switch trays and nvidia-imex (journalctl -u nvidia-imex), then rerun preflight"),
+        Check("nvlink.domains", "nvidia-smi -q | grep -E 'ClusterUUID|CliqueId' | sort | uniq -c",
+              "one domain keeps all traffic on NVLink", "traffic between NVLink domains goes over RDMA",
+              each_node=False),
+        Check("nvidia.imex", "systemctl is-active nvidia-imex; ls /dev/nvidia-caps-imex-channels",
+              "nvidia-imex active and /dev/nvidia-caps-imex-channels/channel0 present",
+              "install and enable nvidia-imex", fact="Imex"),
+        Check("nvidia.imex.domain", "nvidia-imex-ctl -N",
+              "nvidia-imex-ctl -N: Domain State UP, every node READY, every pair C (Connected)", IMEX_DOMAIN_FIX,
+              fact="ImexDomain"),
+        Check("container.toolkit", "nvidia-ctk --version", "nvidia-container-toolkit",
+              "install nvidia-container-toolkit and run nvidia-ctk runtime configure --runtime=docker",
+              fact="NvidiaContainerToolkit"),
+        Check("rdma.gpudirect", "uname -r; lsmod | grep -E '^nvidia_peermem' || echo 'nvidia_peermem not loaded'",
+              "DMA-BUF usable", "use the NVIDIA open kernel modules on kernel >= 5.12"),
+        Check("gpu.memory", "nvidia-smi --query-gpu=memory.total --format=csv,noheader",
+              "the planned nodes' GPU memory >= the variant's planning minimum",
+              "plan more nodes, or choose a smaller variant", each_node=False),
+    ),
+    nccl_probe=True,
+    troubles=TROUBLES,
+    common=COMMON,
+)

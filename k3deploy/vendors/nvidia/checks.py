@@ -1,0 +1,411 @@
+"""NVIDIA's preflight side: the facts it reads and the judges of its checks (preflight layer).
+
+The checks' ids, commands, requirements and fixes are registered in the pure pack (:mod:`k3deploy.vendors.nvidia`,
+with the floors); the judges here compare a host's facts with them: the driver, Fabric Manager on NVSwitch boards,
+the NVLink fabric and the IMEX domain on NVL72 trays, the Container Toolkit, GPUDirect RDMA, and, once every tray
+was judged, the NVLink domains of the plan.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from k3deploy.facts import nvidia as facts_nvidia
+from k3deploy.facts import rdma
+from k3deploy.facts.base import FactError, version_at_least
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules
+from k3deploy.model.requirements import Requirements
+from k3deploy.preflight.base import (
+    CLUSTER,
+    Device,
+    FactSpec,
+    HostFacts,
+    Results,
+    Setting,
+    VendorChecks,
+    VendorRun,
+    unit_name,
+)
+from k3deploy.vendors import nvidia as vendor
+
+
+def _check_nvidia_driver(out: Results, sel: Requirements, facts: HostFacts) -> None:
+    assert isinstance(facts.gpus, list)
+    drivers = sorted({g.driver for g in facts.gpus if g.driver})
+    required = f">= {vendor.DRIVER_FLOOR} (CUDA 13 image)"
+    if not drivers:
+        out.add(facts.host, "nvidia.driver", "fail", "driver version not reported", required,
+                "run nvidia-smi on the node and repair the driver installation")
+        return
+    if len(drivers) > 1:
+        out.add(facts.host, "nvidia.driver", "fail", "mixed driver versions " + ", ".join(drivers), required,
+                "reinstall one driver version and reboot")
+        return
+    driver = drivers[0]
+    if version_at_least(driver, vendor.DRIVER_FLOOR):
+        out.add(facts.host, "nvidia.driver", "pass", driver, required)
+    else:
+        out.add(
+            facts.host, "nvidia.driver", "fail", driver, required,
+            f"upgrade to an r580 driver >= {vendor.DRIVER_FLOOR} (with matching Fabric Manager on NVSwitch "
+            f"systems) and reboot; the image {sel.image or 'of the plan'} is CUDA 13 only",
+        )
+
+
+def _check_fabric_manager(out: Results, sel: Requirements, facts: HostFacts) -> None:
+    if sel.hardware.id not in vendor.NVSWITCH_HARDWARE or facts.fabric_manager is None:
+        return
+    fm = facts.fabric_manager
+    required = vendor.PACK.check("nvidia.fabricmanager").required
+    if isinstance(fm, FactError):
+        out.error(facts.host, "nvidia.fabricmanager", fm, required,
+                  vendor.PACK.check("nvidia.fabricmanager").fix)
+        return
+    driver = None
+    if isinstance(facts.gpus, list):
+        drivers = {g.driver for g in facts.gpus if g.driver}
+        driver = drivers.pop() if len(drivers) == 1 else None
+    if fm.service != "active":
+        observed = f"service {fm.service}" + (f" ({fm.detail})" if fm.detail else "")
+        out.add(facts.host, "nvidia.fabricmanager", "fail", observed, required,
+                "systemctl enable --now nvidia-fabricmanager (without it CUDA fails with error 802 "
+                "'system not yet initialized')")
+        return
+    if fm.version is None or driver is None:
+        out.add(facts.host, "nvidia.fabricmanager", "warn", f"active, version {fm.version or 'unknown'}", required,
+                "compare nv-fabricmanager --version with the driver version by hand")
+        return
+    if fm.version != driver:
+        if version_at_least(driver, vendor.DRIVER_FLOOR):
+            fix = f"install nvidia-fabricmanager {driver} (the driver's exact version) and restart it"
+        else:  # the driver itself must move first: the Fabric Manager follows the driver being installed
+            fix = (f"after the driver upgrade to r580 (>= {vendor.DRIVER_FLOOR}), install the nvidia-fabricmanager of "
+                   "exactly that new driver version and restart it")
+        out.add(facts.host, "nvidia.fabricmanager", "fail", f"active, version {fm.version} (driver {driver})", required,
+                fix)
+        return
+    out.add(facts.host, "nvidia.fabricmanager", "pass", f"active, version {fm.version}", required)
+
+
+def no_nvlink_fabric(facts: HostFacts) -> bool:
+    """Every GPU of the host reports its NVLink fabric as N/A: no GPU of it reaches another tray over NVLink (an HGX
+    or PCIe GPU, or a GB200 NVL4 board, whose NVLink stays on the board), as opposed to a fabric that is still
+    forming (``In Progress``) or has no cluster yet."""
+    return isinstance(facts.fabric, list) and bool(facts.fabric) and all(
+        g.state is None and g.status is None and g.cluster_uuid is None for g in facts.fabric)
+
+
+def _fabric_identity(facts: HostFacts) -> tuple[str, str] | None:
+    if not isinstance(facts.fabric, list) or not facts.fabric:
+        return None
+    ids = {(g.cluster_uuid, g.clique_id) for g in facts.fabric}
+    if len(ids) != 1:
+        return None
+    uuid, clique = ids.pop()
+    if uuid is None or clique is None:
+        return None
+    return uuid, clique
+
+
+def _check_fabric_host(out: Results, sel: Requirements, facts: HostFacts) -> bool:
+    """Per-tray NVLink fabric state; True when the tray is usable for MNNVL."""
+    required = vendor.FABRIC_REQUIRED
+    fab = facts.fabric
+    if fab is None:
+        return False
+    if isinstance(fab, FactError):
+        out.error(facts.host, "nvlink.fabric", fab, required, "repair nvidia-smi on this tray")
+        return False
+    if not fab:
+        out.add(facts.host, "nvlink.fabric", "fail", "nvidia-smi -q shows no Fabric block", required,
+                f"the driver is too old to report the NVLink fabric: install r580 >= {vendor.DRIVER_FLOOR}")
+        return False
+    if no_nvlink_fabric(facts):
+        names = sorted({g.name for g in facts.gpus}) if isinstance(facts.gpus, list) else []
+        out.add(
+            facts.host, "nvlink.fabric", "fail",
+            f"no multi-node NVLink: Fabric State N/A on every GPU{' (' + ', '.join(names) + ')' if names else ''}",
+            required + f" ({unit_name(sel.hardware)}: its GPUs reach the other trays of the rack over NVLink)",
+            f"{sel.hardware.id} is the compute tray of an NVL72 rack; a board whose NVLink stays on the board (the "
+            f"GB200 NVL4: 4 GPUs, scale-out over InfiniBand/Ethernet only) cannot run this plan's multi-node NVLink "
+            "(tensor parallelism across trays, MegaMoE): use NVL72 compute trays, or check that the NVLink switch "
+            "trays and the tray's NVLink cables are up (nvidia-smi -q shows a Fabric State other than N/A)",
+        )
+        return False
+    # a fabric can be Completed/Success and still report its Health Summary Unhealthy (NVML's fabric health)
+    bad = [g for g in fab if not g.completed or not g.has_cluster or g.health == "Unhealthy"]
+    if bad:
+        shown = "; ".join(
+            f"GPU {g.gpu}: State {g.state or 'N/A'}, Status {g.status or 'N/A'}, ClusterUUID {g.cluster_uuid or 'N/A'}"
+            + (f", Health {g.health}" if g.health == "Unhealthy" else "")
+            for g in bad[:4]
+        )
+        if all(g.completed and g.has_cluster for g in bad):
+            fix = ("the tray joined the NVLink domain but its fabric health is Unhealthy: check the tray's NVLink "
+                   "links and the NVLink switch trays (nvidia-smi -q, Fabric > Health), then rerun preflight")
+        else:
+            fix = ("the tray has not joined the NVLink domain: check the NVLink switch trays and nvidia-imex "
+                   "(journalctl -u nvidia-imex); 'In Progress' usually settles within minutes, then rerun preflight")
+        out.add(facts.host, "nvlink.fabric", "fail", shown, required, fix)
+        return False
+    identity = _fabric_identity(facts)
+    if identity is None:
+        ids = sorted({f"{g.cluster_uuid}/{g.clique_id}" for g in fab})
+        out.add(facts.host, "nvlink.fabric", "fail", "GPUs disagree: " + ", ".join(ids), required,
+                "the tray's GPUs sit in different NVLink partitions: fix the partition assignment (NMX)")
+        return False
+    return True
+
+
+def _check_imex(out: Results, sel: Requirements, facts: HostFacts, trays: list[HostFacts] | None = None) -> None:
+    if not sel.mnnvl or facts.imex is None:
+        return
+    required = vendor.PACK.check("nvidia.imex").required
+    imex = facts.imex
+    if isinstance(imex, FactError):
+        out.error(facts.host, "nvidia.imex", imex, required, vendor.PACK.check("nvidia.imex").fix)
+        return
+    problems = []
+    if imex.service != "active":
+        problems.append(f"nvidia-imex {imex.service}" + (f" ({imex.detail})" if imex.detail else ""))
+    if "channel0" not in imex.channels:
+        problems.append("no channel0 in /dev/nvidia-caps-imex-channels")
+    if problems:
+        out.add(
+            facts.host, "nvidia.imex", "fail", "; ".join(problems), required,
+            "list every tray of the NVLink domain in /etc/nvidia-imex/nodes_config.cfg, "
+            "systemctl enable --now nvidia-imex, and create channel0 (module option NVreg_CreateImexChannel0=1 "
+            "survives reboots; mknod does not)",
+        )
+    else:
+        out.add(facts.host, "nvidia.imex", "pass", f"active, {', '.join(imex.channels)}", required)
+    if imex.service == "active":  # an inactive daemon is reported above: its domain cannot be read
+        _check_imex_domain(out, sel, facts, trays or [facts])
+
+
+def _tray_names(facts: HostFacts) -> set[str]:
+    return {name for name in (facts.address, facts.host) if name}
+
+
+def _check_imex_domain(out: Results, sel: Requirements, facts: HostFacts, trays: list[HostFacts]) -> None:
+    """The IMEX domain has formed: UP, every node READY and connected to every other, this plan's trays in it."""
+    domain = facts.imex_domain
+    if domain is None:
+        return
+    # the trays that must share this tray's IMEX domain: all planned trays when the plan is one NVLink domain
+    members = [t for t in trays if t.unreachable is None] if sel.one_nvlink_domain else [facts]
+    if facts not in members:
+        members.append(facts)
+    required = ("nvidia-imex-ctl -N: Domain State UP, every node READY, every pair C (Connected), "
+                f"{'these trays' if len(members) > 1 else 'this tray'} listed")
+    if isinstance(domain, FactError):
+        out.error(facts.host, "nvidia.imex.domain", domain, required,
+                  "install nvidia-imex-ctl (the nvidia-imex package) and enable the IMEX command service in "
+                  "/etc/nvidia-imex/config.cfg (NVIDIA IMEX guide, 'IMEX Service Command Service'), then restart "
+                  "nvidia-imex")
+        return
+    problems: list[str] = []
+    if domain.domain_state != "UP":
+        problems.append(f"Domain State {domain.domain_state}")
+    for node in domain.nodes:
+        if node.status != "READY":
+            problems.append(f"node #{node.index} {node.address} {node.status}")
+    bad = domain.not_connected()
+    if bad:
+        shown = ", ".join(f"#{a.index}->#{b.index if b is not None else '?'} {code}" for a, b, code in bad[:6])
+        more = f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""
+        problems.append(f"{len(bad)} of {len(domain.nodes) ** 2} links not Connected: {shown}{more}")
+    listed = {n.address for n in domain.nodes}
+    missing = [t for t in members if not _tray_names(t) & listed]
+    if missing:
+        problems.append("not in the domain: " + ", ".join(f"{t.host} ({t.address})" if t.address and t.address != t.host
+                                                          else t.host for t in missing))
+    count = f"{len(domain.nodes)} node(s)"
+    if problems:
+        out.add(facts.host, "nvidia.imex.domain", "fail", f"{count}; " + "; ".join(problems), required,
+                vendor.IMEX_DOMAIN_FIX)
+    else:
+        out.add(facts.host, "nvidia.imex.domain", "pass", f"UP, {count} READY, all connected", required)
+
+
+def _check_toolkit(out: Results, sel: Requirements, facts: HostFacts) -> None:
+    if facts.toolkit is None:
+        return
+    required = "nvidia-container-toolkit" + (f" >= {vendor.CTK_IMEX_CHANNELS_MIN}" if sel.mnnvl else "")
+    if isinstance(facts.toolkit, FactError):
+        out.error(facts.host, "container.toolkit", facts.toolkit, required,
+                  vendor.PACK.check("container.toolkit").fix)
+        return
+    version = facts.toolkit.version
+    if sel.mnnvl and not version_at_least(version, vendor.CTK_IMEX_CHANNELS_MIN):
+        out.add(facts.host, "container.toolkit", "warn", version, required,
+                "NVIDIA_IMEX_CHANNELS needs toolkit >= 1.17: upgrade it, or pass "
+                "--device /dev/nvidia-caps-imex-channels/channel0 to the container")
+        return
+    out.add(facts.host, "container.toolkit", "pass", version, required)
+
+
+def _check_gpudirect(out: Results, sel: Requirements, facts: HostFacts) -> None:
+    """GPUDirect RDMA on the host: DMA-BUF (NVIDIA's recommended path) or, on x86, the legacy nvidia_peermem. Grace
+    trays (GB200/GB300) have no nvidia_peermem; CUDA 13 deprecates the NV-P2P API nvidia_peermem is built on, so it
+    is only a fallback where DMA-BUF cannot work, never a requirement."""
+    grace = bool(getattr(sel.hardware, "nvl", False))
+    required = "DMA-BUF usable" + ("" if grace else " (nvidia_peermem only as a deprecated fallback)")
+    dmabuf, modules = facts.dmabuf, facts.modules
+    peermem = isinstance(modules, LoadedModules) and "nvidia_peermem" in modules
+    if isinstance(dmabuf, DmabufSupport) and sel.hardware.id in vendor.DATA_DIRECT_HARDWARE and \
+            not version_at_least(dmabuf.kernel.split("-")[0], vendor.DATA_DIRECT_MIN_KERNEL):
+        out.add(facts.host, "rdma.gpudirect", "fail",
+                f"kernel {dmabuf.kernel}: no Data Direct DMA-BUF for ConnectX-8",
+                f"kernel >= {vendor.DATA_DIRECT_MIN_KERNEL}-nvidia ({unit_name(sel.hardware)} with ConnectX-8: "
+                "GPUDirect "
+                "RDMA goes through the NIC's Data Direct function)",
+                "install the 6.14-nvidia kernel (apt install linux-nvidia-64k-6.14) and reboot, as NVIDIA's Grace "
+                "Blackwell CX8 GPUDirect RDMA guide says; rdma_topo topo shows each GPU's NIC and Data Direct function")
+        return
+    if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met:
+        driver = f"mlx5_ib {dmabuf.mlx5_version}" if dmabuf.mlx5_version else "inbox mlx5_ib"
+        out.add(facts.host, "rdma.gpudirect", "pass",
+                f"DMA-BUF prerequisites met (kernel {dmabuf.kernel}, open modules, {driver})", required)
+        return
+    why = "; ".join(dmabuf.reasons) if isinstance(dmabuf, DmabufSupport) else (
+        dmabuf.message(facts.host) if isinstance(dmabuf, FactError) else "not checked")
+    unknown = not isinstance(dmabuf, DmabufSupport) or dmabuf.prerequisites_met is None
+    if peermem and not grace:
+        out.add(facts.host, "rdma.gpudirect", "warn", f"nvidia_peermem loaded (DMA-BUF: {why})", required,
+                "works, but CUDA 13 deprecates the NV-P2P API nvidia_peermem uses: move to DMA-BUF (open kernel "
+                "modules, kernel >= 5.12, mlx5 driver with DMA-BUF memory regions)")
+        return
+    if unknown:
+        out.add(facts.host, "rdma.gpudirect", "warn", f"DMA-BUF prerequisites unknown: {why}", required,
+                "check that the NVIDIA open modules and mlx5_ib are loaded; set k3_nccl_probe: true to have preflight "
+                "run an NCCL all-reduce and see whether it uses GPUDirect RDMA (GDRDMA)")
+        return
+    fix = ("use the NVIDIA open kernel modules on kernel >= 5.12; otherwise NCCL stages through host memory"
+           if grace else "use the NVIDIA open kernel modules on kernel >= 5.12 (or, deprecated with CUDA 13, "
+           "modprobe nvidia-peermem and add it to /etc/modules-load.d); otherwise NCCL stages through host memory")
+    mods = "" if grace else "; " + (modules.message(facts.host) if isinstance(modules, FactError)
+                                    else "nvidia_peermem not loaded")
+    out.add(facts.host, "rdma.gpudirect", vendor.GPUDIRECT_MISSING_STATUS, f"DMA-BUF: {why}{mods}", required, fix)
+
+
+def _fabric_listed(out: Results, sel: Requirements, facts: HostFacts) -> tuple[str, str] | None:
+    """The tray's NVLink domain (ClusterUUID, CliqueId) when its fabric check passed."""
+    if not (getattr(sel.hardware, "nvl", False) and _check_fabric_host(out, sel, facts)):
+        return None
+    identity = _fabric_identity(facts)
+    assert identity is not None
+    return identity
+
+
+class NvidiaRun(VendorRun):
+    def __init__(self, requirements: Requirements, hosts: list[HostFacts]) -> None:
+        super().__init__(requirements, hosts)
+        self.fabric_ok: dict[str, tuple[str, str]] = {}
+
+    def devices_listed(self, out: Results, facts: HostFacts) -> None:
+        _check_nvidia_driver(out, self.requirements, facts)
+
+    def after_devices(self, out: Results, facts: HostFacts, listed: bool) -> None:
+        sel = self.requirements
+        if listed:
+            _check_fabric_manager(out, sel, facts)
+            identity = _fabric_listed(out, sel, facts)
+            if identity is not None:
+                self.fabric_ok[facts.host] = identity
+            _check_imex(out, sel, facts, self.hosts)
+        _check_toolkit(out, sel, facts)
+
+    def after_rdma(self, out: Results, facts: HostFacts) -> None:
+        _check_gpudirect(out, self.requirements, facts)
+
+    def cluster(self, out: Results) -> None:
+        """The NVLink domains of the trays whose fabric passed: one domain for tensor parallelism across trays, the
+        domains listed for data/expert parallelism over several."""
+        sel, hosts, fabric_ok = self.requirements, self.hosts, self.fabric_ok
+        if not getattr(sel.hardware, "nvl", False):
+            return
+        if len(fabric_ok) > 1 and not sel.one_nvlink_domain:
+            # data/expert parallelism over several NVL domains: each tray in a Completed domain; the domains listed
+            domains = Counter(fabric_ok.values())
+            for h, (uuid, clique) in fabric_ok.items():
+                out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
+                        vendor.FABRIC_REQUIRED)
+            per_domain = " + ".join(str(n) for n in domains.values())
+            out.add(CLUSTER, "nvlink.domains", "pass" if len(domains) == 1 else "warn",
+                    f"{len(domains)} NVLink domain(s) ({per_domain} trays)", "one domain keeps all traffic on NVLink",
+                    "" if len(domains) == 1 else f"{sel.strategy} runs across domains: traffic between them goes "
+                    "over RDMA")
+        elif len(fabric_ok) > 1:
+            counts = Counter(fabric_ok.values())
+            order = [h.host for h in hosts if h.host in fabric_ok]
+            top = max(counts.values())
+            # majority identity; ties go to the first host in inventory order (the head)
+            majority = next(fabric_ok[h] for h in order if counts[fabric_ok[h]] == top)
+            for h in order:
+                uuid, clique = fabric_ok[h]
+                required = f"ClusterUUID {majority[0]}, CliqueId {majority[1]} (same NVL domain as the other trays)"
+                if fabric_ok[h] == majority:
+                    out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}", required)
+                else:
+                    out.add(h, "nvlink.fabric", "fail", f"ClusterUUID {uuid}, CliqueId {clique}", required,
+                            "this tray belongs to another NVLink domain or partition: use trays of one NVL72 rack "
+                            "and partition, or plan it as a separate deployment")
+        else:
+            for h, (uuid, clique) in fabric_ok.items():
+                out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
+                        vendor.FABRIC_REQUIRED)
+
+
+class NvidiaChecks(VendorChecks):
+    pack = vendor.PACK
+
+    def facts(self, requirements: Requirements) -> list[FactSpec]:
+        sel = requirements
+        plan: list[FactSpec] = [
+            ("gpus", facts_nvidia.NvidiaGpus, {}),
+            ("toolkit", facts_nvidia.NvidiaContainerToolkit, {}),
+        ]
+        if sel.hardware.id in vendor.NVSWITCH_HARDWARE:
+            plan.append(("fabric_manager", facts_nvidia.FabricManager, {}))
+        if getattr(sel.hardware, "nvl", False):
+            plan.append(("fabric", facts_nvidia.NvlinkFabric, {}))
+            if sel.mnnvl:
+                plan += [("imex", facts_nvidia.Imex, {}), ("imex_domain", facts_nvidia.ImexDomain, {})]
+        if sel.needs_rdma:
+            plan += [
+                ("topology", facts_nvidia.GpuNicTopology, {}),
+                ("flavour", facts_nvidia.NvidiaDriverFlavour, {}),
+                ("modules", rdma.KernelModules, {}),
+                ("dmabuf", rdma.DmabufPrerequisites, {}),
+            ]
+        return plan
+
+    def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
+        if facts.gpus is None or isinstance(facts.gpus, FactError):
+            return facts.gpus
+        return [Device(g.name, g.memory_mib / 1024 if g.memory_mib is not None else None) for g in facts.gpus]
+
+    def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
+        return NvidiaRun(requirements, hosts)
+
+    def nvlink_settings(self, requirements: Requirements, facts: HostFacts) -> list[Setting]:
+        """NCCL_MNNVL_ENABLE / NCCL_CUMEM_ENABLE / NCCL_NVLS_ENABLE = 1 on GB200/GB300 NVL72 compute trays (not where
+        the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4 board does)."""
+        hw = requirements.hardware
+        if not getattr(hw, "nvl", False) or no_nvlink_fabric(facts):
+            return []
+        reason = f"{hw.id} NVL72 compute tray: multi-node NVLink through IMEX"
+        return [(key, "1", reason) for key in self.pack.transport.nvlink_env]
+
+    def rdma_settings(self, requirements: Requirements, facts: HostFacts) -> tuple[list[Setting], bool]:
+        """NCCL_DMABUF_ENABLE=0 when DMA-BUF GPUDirect RDMA is not usable; then, on x86, nvidia_peermem must be
+        loaded (CUDA 13 deprecates it, Grace has none)."""
+        dmabuf = facts.dmabuf
+        if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met is False:
+            return ([("NCCL_DMABUF_ENABLE", "0", "DMA-BUF not usable: " + "; ".join(dmabuf.reasons))],
+                    not getattr(requirements.hardware, "nvl", False))
+        return [], False
+
+
+CHECKS = NvidiaChecks()

@@ -1,0 +1,130 @@
+"""What the tests share: the repository's paths, the command-line runner, the simulated-cluster marker's test and the
+readers of a deploy's output. Fixtures live in the ``conftest.py`` files; everything else shared lives here.
+
+Every test folder imports it the same way (``tests/`` is on pytest's ``pythonpath``)::
+
+    from helpers import ROOT, k3
+
+The kinds of tests have their own folders: ``tests/unit/`` (pure, in-process: no simulated nodes), ``tests/sim/``
+(the simulator itself and the simulated nodes' tools, without a whole deploy) and ``tests/e2e/`` (deploys over SSH to
+simulated nodes). A test that needs the simulated cluster says so with ``@pytest.mark.sim`` (or ``pytestmark``);
+``tests/conftest.py`` skips it, with :func:`sim_missing`'s reason, where the cluster cannot run. Helpers of one kind
+only: :mod:`helpers.engine` (simulated engines, docker and router as host processes) and :mod:`helpers.simulated`
+(a simulated cluster's handles).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from k3deploy.facts.base import FactError
+
+T = TypeVar("T")
+
+#: the repository's root
+ROOT = Path(__file__).resolve().parents[2]
+#: the tests' root (``tests/``) and their data: real command outputs, golden outputs, pyinfra-testing fact fixtures,
+#: recipes for the linter and for the resolver
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+GOLDEN = TESTS / "golden"
+FACTS = TESTS / "facts"
+LINT_RECIPES = TESTS / "lint_recipes"
+RECIPES = TESTS / "recipes"
+#: the virtual environment's scripts, and its pyinfra
+BIN = Path(sys.executable).parent
+PYINFRA = str(BIN / "pyinfra")
+#: how the tests run the command line: this interpreter, so that no installed script is needed
+K3DEPLOY = [sys.executable, "-c", "from k3deploy.cli import main; main()"]
+
+
+def k3(*args: str, check: bool = False, cwd: Path | str = ROOT, timeout: float | None = 600,
+       env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``k3deploy ARGS`` as a user does (its own process, stdin closed, in the repository root unless ``cwd``);
+    ``env`` is added to this process's environment. ``check``: a non-zero exit fails the test, with the output."""
+    proc = subprocess.run([*K3DEPLOY, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=None if env is None else {**os.environ, **env})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"k3deploy {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def present(value: T | None) -> T:
+    """``value``, failing the test where it is None (a host without an engine, a state file that is not there).
+
+    >>> present(3)
+    3
+    """
+    assert value is not None, "expected a value, got None"
+    return value
+
+
+def read(value: T | FactError | None) -> T:
+    """A fact's value, failing the test where the fact could not be read (a FactError) or is missing."""
+    from k3deploy.facts.base import FactError
+
+    assert value is not None and not isinstance(value, FactError), f"the fact was not read: {value!r}"
+    return value
+
+
+def member(tar: tarfile.TarFile, name: str | tarfile.TarInfo) -> bytes:
+    """The bytes of a regular file in ``tar``, failing the test where it is not one."""
+    fh = tar.extractfile(name)
+    assert fh is not None, f"{name} is not a regular file of the archive"
+    return fh.read()
+
+
+def golden(name: str) -> Any:
+    """The parsed JSON file ``tests/golden/NAME``."""
+    return json.loads((GOLDEN / name).read_text())
+
+
+def sim_missing() -> str | None:
+    """Why a simulated cluster cannot run on this machine (the reason ``@pytest.mark.sim`` tests are skipped with),
+    or None when it can."""
+    if os.geteuid() != 0:
+        return "the simulated cluster needs root"
+    if shutil.which("systemd-nspawn") is None:
+        return "systemd-nspawn is not installed (systemd-container; bash .ci/install-sim.sh)"
+    if shutil.which("ssh") is None:
+        return "ssh is not installed (openssh-client; bash .ci/install-sim.sh)"
+    return None
+
+
+def deploy(inventory: str, *extra: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """Run the deploy (``pyinfra INVENTORY deploy/k3.py -y EXTRA``); pyinfra's whole output (it logs to stderr) ends
+    up in ``stdout``."""
+    return subprocess.run([PYINFRA, inventory, "deploy/k3.py", "-y", *extra], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=timeout)
+
+
+def why(proc: subprocess.CompletedProcess[str]) -> str:
+    """What a failed assertion on a run shows: its lines that name an error or a failure (a deploy's output is long
+    and the reason is rarely at its end), then the end of the output."""
+    out = proc.stdout or ""
+    keys = ("rror", "fail", "not serving", "observed", "Traceback", "refus", "timed out")
+    hits = [line for line in out.splitlines() if any(k in line for k in keys) and " | " not in line]
+    return "\n".join(["--- lines naming an error or a failure:", *hits[:60], "--- the end of the output:",
+                      out[-2500:]]) + (f"\n--- stderr:\n{proc.stderr[-1500:]}" if proc.stderr else "")
+
+
+def totals(output: str) -> tuple[int, int, int]:
+    """(success, error, no change) of the run's "Grand total" line.
+
+    >>> totals("Grand total  12  10  -  2")
+    (10, 0, 2)
+    """
+    m = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", output)
+    assert m, output[-3000:]
+    num = [0 if x == "-" else int(x) for x in m.groups()[1:]]
+    return num[0], num[1], num[2]

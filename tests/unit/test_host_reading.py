@@ -1,0 +1,97 @@
+"""What each command reads of the hosts: the typed plan per view, the typed reading it fills, and an inventory read
+with the recipe parsed once and the rollout rendered once (no hosts needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import k3deploy.model.pipeline as pipeline
+import k3deploy.recipe.schema as schema
+from k3deploy.facts.status import UnitRun
+from k3deploy.model.observed import Installed
+from k3deploy.model.pipeline import target
+from k3deploy.model.rollout import Rollout, render
+from k3deploy.runtime import views
+from k3deploy.runtime.connections import inventory_file, load_inventory
+from k3deploy.runtime.gather import gather
+from k3deploy.runtime.reading import (
+    HostPlan,
+    ReadEndpoint,
+    ReadHealth,
+    ReadLogs,
+    ReadRegistry,
+    ReadRunning,
+    ReadUnit,
+    plan_host,
+)
+
+
+@pytest.fixture(scope="module")
+def layout() -> Rollout:
+    from k3deploy.model.inventory import records_of
+
+    state = load_inventory("inventories/gb300.py")
+    return target(records_of(state.inventory), inventory_file("inventories/gb300.py")).require_layout()
+
+
+def kinds(plan: HostPlan) -> set[str]:
+    return {type(r).__name__ for r in plan.requests}
+
+
+def test_a_layout_places_the_units_without_rendering_them(layout: Rollout) -> None:
+    assert not layout.rendered and layout.hosts and all(u.unit_text == "" for u in layout.units)
+
+
+def test_each_view_asks_what_its_command_needs(layout: Rollout) -> None:
+    head, worker = layout.hosts[0], layout.hosts[1]
+    assert plan_host(layout, head, views.PREFLIGHT, resolver=head).requests == ()
+    assert [type(r) for r in plan_host(layout, head, views.RUNBOOK, resolver=head).requests] == [ReadRegistry]
+    assert plan_host(layout, worker, views.RUNBOOK, resolver=head).requests == ()
+    plan = kinds(plan_host(layout, head, views.PLAN, resolver=None))
+    assert {"ReadUnit", "ReadHealth", "ReadLock", "ReadRevisions", "ReadImage", "ReadWeights"} <= plan
+    assert not {"ReadRunning", "ReadEndpoint", "ReadLogs", "ReadRegistry"} & plan
+    status = plan_host(layout, head, views.STATUS, resolver=None)
+    assert {ReadRunning, ReadEndpoint} <= {type(r) for r in status.requests}
+    assert ReadHealth not in {type(r) for r in status.requests}
+    assert ReadEndpoint not in {type(r) for r in plan_host(layout, worker, views.STATUS, resolver=None).requests}
+    logs = [r for r in plan_host(layout, head, views.bundle(7), resolver=None).requests if isinstance(r, ReadLogs)]
+    assert logs and all(r.lines == 7 for r in logs)
+
+
+def test_the_values_land_in_a_typed_reading(layout: Rollout) -> None:
+    head = layout.hosts[0]
+    plan = plan_host(layout, head, views.STATUS, resolver=None)
+    values: dict[str, object] = {}
+    for (name, _, _), request in zip(plan.specs(), plan.requests, strict=True):
+        values[name] = (Installed(unit_sha="a" * 64) if isinstance(request, ReadUnit)
+                        else UnitRun(active="active") if isinstance(request, ReadRunning)
+                        else ("moonshotai/Kimi-K3",) if isinstance(request, ReadEndpoint) else None)
+    reading = plan.reading(values)
+    assert reading is not None and reading.host == head
+    unit = next(u.unit for u in layout.on_host(head))
+    assert reading.installed[unit].unit_sha == "a" * 64 and reading.runs[unit].active == "active"
+    assert reading.endpoint_models == ("moonshotai/Kimi-K3",)
+    assert plan.reading({}) is None   # nothing came back: the host failed, it has no reading
+
+
+def test_an_inventory_is_read_with_one_recipe_parse_and_one_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"parse": 0, "render": 0}
+    parse = schema.parse_recipe
+
+    def counted_parse(*args: Any, **kwargs: Any) -> Any:
+        calls["parse"] += 1
+        return parse(*args, **kwargs)
+
+    def counted_render(*args: Any, **kwargs: Any) -> Any:
+        calls["render"] += 1
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(schema, "parse_recipe", counted_parse)
+    monkeypatch.setattr(pipeline, "render", counted_render)
+    for view in (views.INVENTORY_ONLY, views.OFFLINE_RUNBOOK):
+        calls.update(parse=0, render=0)
+        gathered = gather("inventories/gb300.py", view)
+        assert gathered.require_rollout().rendered and calls == {"parse": 1, "render": 1}, view.name
+    assert gathered.blanks and gathered.preflight is None
