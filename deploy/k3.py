@@ -9,19 +9,19 @@ The selection and every knob come from group_vars/*.yml and the inventory (READM
 
 from k3deploy.runtime.phases import configure_phase, context, preflight_phase, smoke_phase, stage_phase, start_phase
 
-cluster = context()  # lock -> inventory -> plan -> preflight facts and checks -> rendered files -> what restarts
+run = context()  # lock -> inventory -> plan -> preflight facts and checks -> rendered files -> what restarts
 
 # 1. Preflight on every host: any failure stops here, before anything is changed.
-preflight_phase(ctx=cluster)
+preflight_phase(ctx=run)
 
-if cluster.ok:
+if run.ok:
     # 2. Stage, on every node in parallel: the image (digest verified when pinned) and the weights, once.
-    stage_phase(ctx=cluster)
+    stage_phase(ctx=run)
     # 3. Configure: env files (0600) and systemd units, written beside the live ones (a group whose member failed the
     #    stage gets none).
-    configure_phase(ctx=cluster)
+    configure_phase(ctx=run)
     # 4. Start what changed, group by group: stop, record the revision and put its files in place, head, its
     #    rendezvous port, workers, readiness; P/D pools, router. The lock is given back as the run ends.
-    start_phase(ctx=cluster)
+    start_phase(ctx=run)
     # 5. Smoke test: one short chat completion through the public endpoint.
-    smoke_phase(ctx=cluster)
+    smoke_phase(ctx=run)

@@ -1,4 +1,4 @@
-"""The phases of ``deploy/k3.py`` as pyinfra ``@deploy`` functions, and the cluster context they share.
+"""The phases of ``deploy/k3.py`` as pyinfra ``@deploy`` functions, and the context of the run they share.
 
 The context is built once per run (first host to ask; the others wait for it) by the one pipeline,
 :func:`k3deploy.runtime.gather.gather_in_run`: inventory -> variables -> plan -> preflight facts and checks ->
@@ -365,10 +365,10 @@ def _all(conditions: list[Callable[[], bool]]) -> bool:
     return all(c() for c in conditions)
 
 
-def _changed_files(cluster: Gathered, unit: UnitWork) -> list[tuple[str, str]]:
+def _changed_files(gathered: Gathered, unit: UnitWork) -> list[tuple[str, str]]:
     """``(staged, live)`` of the files of ``unit`` this run changes (what :func:`_staged` staged)."""
-    have = cluster.installed.get((unit.host, unit.unit))
-    cfg = cluster.require_rollout().vars.k3_config_dir
+    have = gathered.installed.get((unit.host, unit.unit))
+    cfg = gathered.require_rollout().vars.k3_config_dir
     return [(commands.staged_path(live, cfg), live) for live, text, sha in (
         (unit.unit_path, unit.unit_text, have.unit_sha if have else None),
         (unit.env_path, unit.env_text, have.env_sha if have else None)) if sha != sha256(text)]
@@ -379,15 +379,15 @@ def _swap(ctx: Context, groups: list[str]) -> str:
     group's revision is recorded first (copies of the files it will run: the staged ones where they change, the
     live ones where not, and its ``meta.json``), then the staged files move onto the live ones. A rollback records
     nothing: it goes back to a recorded revision."""
-    r, cluster = ctx.rollout, ctx.gathered
-    assert cluster is not None
+    r, gathered = ctx.rollout, ctx.gathered
+    assert gathered is not None
     parts = []
     pairs: list[tuple[str, str]] = []
     for group in groups:
         mine = [u for u in r.group(group) if u.host == host.name]
         if not mine:
             continue
-        changes = {live: staged for u in mine for staged, live in _changed_files(cluster, u)}
+        changes = {live: staged for u in mine for staged, live in _changed_files(gathered, u)}
         pairs += [(staged, live) for live, staged in changes.items()]
         if group in ctx.numbers:
             files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
@@ -398,14 +398,14 @@ def _swap(ctx: Context, groups: list[str]) -> str:
     return "\n".join([*(f"{{ {p}\n}}" for p in parts), swap]) if parts and swap else (swap or "\n".join(parts))
 
 
-def _revision_meta(cluster: Gathered, group: str, number: int) -> str:
+def _revision_meta(gathered: Gathered, group: str, number: int) -> str:
     """The ``meta.json`` of revision ``number`` of ``group``: what runs, from which variables, by which version."""
-    r = cluster.require_rollout()
-    first = cluster.target.resolved[cluster.target.records[0].name]
+    r = gathered.require_rollout()
+    first = gathered.target.resolved[gathered.target.records[0].name]
     variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
                  if k.startswith("k3_") and k not in PER_HOST}
     rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       variables=variables, version=version("k3deploy"), tag=cluster.pinned_tag or "")
+                       variables=variables, version=version("k3deploy"), tag=gathered.pinned_tag or "")
     return rev.to_json()
 
 
@@ -548,8 +548,8 @@ def _record(ctx: Context) -> None:
     """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (the one
     recorded at its restart, or, after a rollback, the revision it went back to). A group that restarted with files
     unchanged (a member had stopped) stays on its current revision."""
-    r, cluster = ctx.rollout, ctx.gathered
-    assert cluster is not None
+    r, gathered = ctx.rollout, ctx.gathered
+    assert gathered is not None
     # a group that did not restart records nothing on any host: no operation for it
     # (one that did, on every host, doing something on its own hosts: the last operations every host shares, so
     # that nothing of the restart runs after them)
@@ -562,16 +562,16 @@ def _record(ctx: Context) -> None:
                _if=partial(ctx.serves, group))
 
 
-def _serving_revision(cluster: Gathered, group: str, numbers: dict[str, int]) -> int | None:
+def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int]) -> int | None:
     """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run records
     (``numbers``), or, when its files did not change, the recorded revision with exactly these files (a run that was
     stopped after putting them in place left it unmarked); None: the current one already."""
-    r = cluster.require_rollout()
-    if group in cluster.rollback_to:
-        return cluster.rollback_to[group]
+    r = gathered.require_rollout()
+    if group in gathered.rollback_to:
+        return gathered.rollback_to[group]
     if group in numbers:
         return numbers[group]
-    history = cluster.history.get(group)
+    history = gathered.history.get(group)
     if history is None:
         return None
     want = {f"{u.host}:{p}": sha256(text) for u in r.group(group)
@@ -594,12 +594,12 @@ def smoke_phase(ctx: Context) -> None:
 
 
 def _after_rollback(ctx: Context) -> None:
-    cluster = ctx.gathered
-    assert cluster is not None
-    for group, number in cluster.rollback_to.items():
+    gathered = ctx.gathered
+    assert gathered is not None
+    for group, number in gathered.rollback_to.items():
         if group not in ctx.rollout.changed_groups:
             continue
-        h = cluster.history[group]
+        h = gathered.history[group]
         newest = max(h.numbers)
         wanted = (f"revision {newest}'s settings" + ("" if h.served(newest) else " (a change that never served)")
                   if newest > number else "the revision it went back to")

@@ -31,7 +31,11 @@ REVISIONS = "/etc/k3deploy/revisions/engine"
 class Run:
     """A deploy running in the background; its output is collected line by line."""
 
-    def __init__(self, sim: Sim) -> None:
+    def __init__(self, sim: Sim, pause_at: str | None = None) -> None:
+        """``pause_at``: stop the run (SIGSTOP) the moment a line matching it is printed: the operation it names has
+        begun and has not yet heard back from the nodes (pyinfra prints the line before it sends the commands)."""
+        self.pause_at = re.compile(pause_at) if pause_at else None
+        self.paused = threading.Event()
         self.proc = subprocess.Popen([PYINFRA, sim.inventory, "deploy/k3.py", "-y"], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True)
         self.lines: list[str] = []
@@ -42,6 +46,9 @@ class Run:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            if self.pause_at is not None and not self.paused.is_set() and self.pause_at.search(line):
+                self.pause()
+                self.paused.set()
             self.lines.append(line)
 
     @property
@@ -63,7 +70,8 @@ class Run:
         os.killpg(self.proc.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGCONT)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -217,14 +225,17 @@ def test_a_cut_link_ends_the_run_naming_the_node(cluster, phase, marker):
     veth = next(n["veth"] for n in json.loads((Path(sim.inventory).parent / "state.json").read_text())["nodes"]
                 if n["rank"] == 1)
     change(sim, f"cut-in-{phase}")
-    run = Run(sim)
+    run = Run(sim, pause_at=marker)
     try:
         run.wait_for(marker)
+        assert run.paused.wait(10)
         subprocess.run(["ip", "link", "set", veth, "down"], check=True)
         cut = time.monotonic()
+        run.resume()
         done = run.finish(timeout=180)
         took = time.monotonic() - cut
     finally:
+        run.resume()
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
     assert done.returncode != 0, why(done)
     assert took < 90, f"the run took {took:.0f} s to end after the cut"
@@ -232,7 +243,7 @@ def test_a_cut_link_ends_the_run_naming_the_node(cluster, phase, marker):
     assert errors, why(done)
     if phase != "start":
         # the head was not touched: the group serves what it served
-        assert started_at(sim, 0) == serving_since and runs_a_recorded_revision(sim) == before
+        assert started_at(sim, 0) == serving_since and runs_a_recorded_revision(sim) == before, why(done)
         assert "the change of engine stops here" in done.stdout and worker in done.stdout
     time.sleep(1)
     converge(sim, expect_takeover=phase == "start")
