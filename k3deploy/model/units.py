@@ -18,13 +18,11 @@ from pathlib import Path
 import jinja2
 
 from k3deploy.model.binding import BoundNode
-from k3deploy.vendors import ascend, pack_for_container
+from k3deploy.vendors import pack_for_container
 
 #: ``templates/`` of the project (shipped in the package as ``k3deploy/data/templates``)
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 
-#: the Ascend pack's driver mounts (kept under this name for the callers that list them)
-ASCEND_MOUNTS = list(ascend.MOUNTS)
 #: where the model cache is mounted in every engine container
 CONTAINER_CACHE = "/root/.cache"
 

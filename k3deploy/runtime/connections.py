@@ -13,7 +13,7 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from pyinfra.context import ctx_config, ctx_state
 from k3deploy.errors import K3Error
 from k3deploy.model.inventory import records_of
 from k3deploy.model.pipeline import Target, target
+from k3deploy.model.variables import Resolved
 
 #: pyinfra's run configuration, made as the ``pyinfra`` command line makes it (its defaults)
 _new_config: Callable[[], Config] = Config
@@ -77,34 +78,33 @@ def open_inventory(spec: str, overrides: Mapping[str, Any] | None = None) -> tup
     return state, wanted
 
 
-def apply_connector_settings(state: State, wanted: Target) -> None:
-    """The connection settings group_vars give a host (``ssh_user``, ``ssh_port``, ...), where its inventory data
-    does not set them already (the inventory's own data wins, as for every variable)."""
+def _connector_settings(state: State, wanted: Target) -> Iterator[tuple[Any, str, Any, dict[str, Any], Resolved]]:
+    """Each connection setting group_vars give a host: (host, key, value, the host's data as pyinfra merged it
+    before any of them was applied, the host's resolved variables)."""
     for host in state.inventory:
         resolved = wanted.resolved.get(host.name)
         if resolved is None:
             continue
         have = host_data(host)
         for key, value in resolved.connector.items():
-            if key not in have:
-                setattr(host.data, key, value)
+            yield host, key, value, have, resolved
+
+
+def apply_connector_settings(state: State, wanted: Target) -> None:
+    """The connection settings group_vars give a host (``ssh_user``, ``ssh_port``, ...), where its inventory data
+    does not set them already (the inventory's own data wins, as for every variable)."""
+    for host, key, value, have, _ in _connector_settings(state, wanted):
+        if key not in have:
+            setattr(host.data, key, value)
 
 
 def connector_drift(state: State, wanted: Target) -> list[str]:
     """Connection settings group_vars give a host that the running pyinfra did not connect with (it reads only
     the inventory and ``group_data/*.py``), one line each."""
-    out = []
-    for host in state.inventory:
-        resolved = wanted.resolved.get(host.name)
-        if resolved is None:
-            continue
-        have = host_data(host)
-        for key, value in resolved.connector.items():
-            if have.get(key) != value:
-                out.append(f"{host.name}: {key}={value!r} in {resolved.connector_sources[key]} is not what pyinfra "
-                           f"connected with ({have.get(key)!r}): pyinfra reads connection settings from the inventory "
-                           "and group_data/*.py (inventories/group_data/all.py bridges group_vars/all.yml)")
-    return out
+    return [f"{host.name}: {key}={value!r} in {resolved.connector_sources[key]} is not what pyinfra "
+            f"connected with ({have.get(key)!r}): pyinfra reads connection settings from the inventory "
+            "and group_data/*.py (inventories/group_data/all.py bridges group_vars/all.yml)"
+            for host, key, value, have, resolved in _connector_settings(state, wanted) if have.get(key) != value]
 
 
 # ------------------------------------------------------------------------------------ connections

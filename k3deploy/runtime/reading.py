@@ -15,7 +15,8 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from pyinfra.api.facts import FactBase
@@ -80,17 +81,23 @@ class HostReading:
 # ------------------------------------------------------------------------------------- the requests
 
 
+#: the metadata of a request's field that says where the value goes, not what the fact is asked
+WHERE = {"argument": False}
+
+
 @dataclass(frozen=True)
-class Request:
-    """One fact the rollout reads on a host, with its arguments; :meth:`keep` puts its value in the reading."""
+class Request(ABC):
+    """One fact the rollout reads on a host, with its arguments (the request's fields, by the fact's parameter
+    names; a field marked ``WHERE`` only says where the value goes); :meth:`keep` puts its value in the reading."""
 
     fact: ClassVar[type[FactBase[Any]]]
 
     def arguments(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("argument", True)}
 
+    @abstractmethod
     def keep(self, value: Any, reading: HostReading) -> None:
-        raise NotImplementedError
+        """Put the fact's value where it belongs in ``reading``."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +109,6 @@ class ReadUnit(Request):
     unit_path: str
     env_path: str
     token_path: str | None
-
-    def arguments(self) -> dict[str, Any]:
-        return {"unit": self.unit, "unit_path": self.unit_path, "env_path": self.env_path,
-                "token_path": self.token_path}
 
     def keep(self, value: Installed, reading: HostReading) -> None:
         reading.installed[self.unit] = value
@@ -119,8 +122,6 @@ class ReadRegistry(Request):
     image: str
     docker: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"image": self.image, "docker": self.docker}
 
     def keep(self, value: list[str] | None, reading: HostReading) -> None:
         reading.registry = value
@@ -147,8 +148,6 @@ class ReadImage(Request):
     image: str
     docker: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"image": self.image, "docker": self.docker}
 
     def keep(self, value: LocalImage, reading: HostReading) -> None:
         reading.image = value
@@ -162,8 +161,6 @@ class ReadWeights(Request):
     cache: str
     model: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"cache": self.cache, "model": self.model}
 
     def keep(self, value: WeightsStatus, reading: HostReading) -> None:
         reading.weights = value
@@ -176,8 +173,6 @@ class ReadRouterCommand(Request):
     fact = Executable
     path: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"path": self.path}
 
     def keep(self, value: bool, reading: HostReading) -> None:
         reading.router_command = value
@@ -190,8 +185,6 @@ class ReadRouterWorkers(Request):
     fact = RouterWorkers
     router: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"router": self.router}
 
     def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
         reading.router_workers = value
@@ -204,8 +197,6 @@ class ReadLock(Request):
     fact = DeployLock
     config_dir: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"config_dir": self.config_dir}
 
     def keep(self, value: list[str], reading: HostReading) -> None:
         reading.lock = value
@@ -216,11 +207,9 @@ class ReadRevisions(Request):
     """A group's recorded revisions on the host."""
 
     fact = Revisions
-    group: str
+    group: str = field(metadata=WHERE)
     directory: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"directory": self.directory}
 
     def keep(self, value: GroupHistory, reading: HostReading) -> None:
         reading.revisions[self.group] = value
@@ -236,8 +225,6 @@ class ReadRunning(Request):
     docker: str
     url: str | None
 
-    def arguments(self) -> dict[str, Any]:
-        return {"unit": self.unit, "container": self.container, "docker": self.docker, "url": self.url}
 
     def keep(self, value: UnitRun, reading: HostReading) -> None:
         reading.runs[self.unit] = value
@@ -250,8 +237,6 @@ class ReadEndpoint(Request):
     fact = EndpointModels
     endpoint: str
 
-    def arguments(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint}
 
     def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
         reading.endpoint_models = value
@@ -262,11 +247,9 @@ class ReadHealth(Request):
     """The HTTP code of a serving unit's ``/health``."""
 
     fact = HealthCode
-    unit: str
+    unit: str = field(metadata=WHERE)
     url: str | None
 
-    def arguments(self) -> dict[str, Any]:
-        return {"url": self.url}
 
     def keep(self, value: int | None, reading: HostReading) -> None:
         reading.health[self.unit] = value
@@ -282,8 +265,6 @@ class ReadLogs(Request):
     docker: str
     lines: int
 
-    def arguments(self) -> dict[str, Any]:
-        return {"unit": self.unit, "container": self.container, "docker": self.docker, "lines": self.lines}
 
     def keep(self, value: dict[str, str], reading: HostReading) -> None:
         reading.logs[self.unit] = value

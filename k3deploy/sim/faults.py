@@ -144,9 +144,9 @@ def _check_value(kind: str, value: str, text: str) -> str:
             raise K3Error(f"bad NPU list {value!r} in {text!r}: give hccn_tool device ids, e.g. 3 or 3,11")
         return ",".join(str(int(i)) for i in ids)
     if kind == "mount-missing":
-        from k3deploy.model.units import ASCEND_MOUNTS
+        from k3deploy.vendors.ascend import MOUNTS
 
-        hosts = {h.rstrip("/"): h for h, _ in ASCEND_MOUNTS}
+        hosts = {h.rstrip("/"): h for h, _ in MOUNTS}
         if value.rstrip("/") not in hosts:
             raise K3Error(f"bad path {value!r} in {text!r}: choose a host path the Ascend engine container "
                           f"bind-mounts: {', '.join(sorted(hosts))}")

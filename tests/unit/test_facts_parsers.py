@@ -512,13 +512,14 @@ def test_ascend_version_files():
 def test_ascend_mounted_paths_come_from_the_container_spec():
     """The paths the fact probes are the engine unit's own -v sources (hccn_tool included), not a second list;
     an empty directory (what docker -v leaves where a path was missing) is reported apart."""
-    from k3deploy.model.units import ASCEND_MOUNTS, ContainerSpec, container_argv
+    from k3deploy.model.units import ContainerSpec, container_argv
+    from k3deploy.vendors.ascend import MOUNTS
 
     spec = ContainerSpec("k3-engine", "img", "npu", "/etc/k3.env", "/var/lib/k3deploy/cache", 16)
     argv = container_argv(spec, ["vllm", "serve", "m"])
     mounted = [argv[i + 1].split(":", 1)[0] for i, a in enumerate(argv) if a == "-v"]
     probed = ascend.ascend_mount_sources()
-    assert probed == [m for m in mounted if m != spec.cache_dir] == [h for h, _ in ASCEND_MOUNTS]
+    assert probed == [m for m in mounted if m != spec.cache_dir] == [h for h, _ in MOUNTS]
     assert "/usr/local/Ascend/driver/tools/hccn_tool" in probed
     command = ascend.AscendVersions().command()
     assert all(p in command for p in probed)

@@ -95,3 +95,21 @@ def test_an_inventory_is_read_with_one_recipe_parse_and_one_render(monkeypatch: 
         gathered = gather("inventories/gb300.py", view)
         assert gathered.require_rollout().rendered and calls == {"parse": 1, "render": 1}, view.name
     assert gathered.blanks and gathered.preflight is None
+
+
+def test_each_request_asks_its_fact_by_the_facts_own_parameter_names() -> None:
+    import dataclasses
+    import inspect
+
+    from k3deploy.runtime import reading
+
+    requests = [cls for cls in vars(reading).values()
+                if isinstance(cls, type) and issubclass(cls, reading.Request) and cls is not reading.Request]
+    assert len(requests) == 13
+    for cls in requests:
+        sample = cls(**{f.name: f"<{f.name}>" for f in dataclasses.fields(cls)})
+        parameters = inspect.signature(cls.fact().command).parameters
+        assert set(sample.arguments()) <= set(parameters), cls.__name__
+    # a field that only says where the value goes is not asked of the fact
+    assert ReadHealth(unit="k3-engine", url="http://x/health").arguments() == {"url": "http://x/health"}
+    assert reading.ReadRevisions(group="engine", directory="/d").arguments() == {"directory": "/d"}
