@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from k3deploy.errors import K3Error
 from k3deploy.model.binding import HostRecord, replica_of
-from k3deploy.model.variables import MAX_ARGV, Resolved, Variables, address_error, group_vars_dirs, merge_vars
+from k3deploy.model.variables import (
+    MAX_ARGV,
+    Resolved,
+    Variables,
+    address_error,
+    group_vars_dirs,
+    merge_vars,
+    reader,
+)
 from k3deploy.recipe.plan import Plan
 
 if TYPE_CHECKING:
@@ -68,8 +76,9 @@ def variables_for(records: list[HostRecord], inventory_file: str | None,
         if not (r.data.get("k3_ip") or r.data.get("ssh_hostname") or r.name.startswith("@")):
             if why := address_error(r.name):   # the host name is its address
                 raise K3Error(f"host {r.name!r}: {why}: name the host by its address or set k3_ip")
+    read = reader()
     out = {r.name: merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ", overrides=overrides,
-                              origins=r.origins) for r in records}
+                              origins=r.origins, read=read) for r in records}
     first = out[records[0].name]
     for r in records:
         res = out[r.name]

@@ -199,6 +199,11 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             commands.serve_peers(peers_config_path(rollout), where.get(h, ""), variables.k3_stage_port,
                                  [commands.hub_dir(cache), variables.k3_stage_dir]),
             why="then the daemon"))
+        # a receiver that sends to nobody is done with the stage after its last round: it removes the image archive
+        # there (the unserve step is then only the senders' and the fetchers')
+        senders = set(plan.senders)
+        last = {h: i for i in range(plan.rounds) for h in hosts if any(plan.round_of(i, h))}
+        done_early = {h for h in last if h not in senders}
         for index in range(plan.rounds):
             name = f"Stage round {index + 1} of {plan.rounds}: from a peer"
 
@@ -212,11 +217,14 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                 if from_weights:
                     parts.append(commands.receive_weights(where[from_weights], variables.k3_stage_port, cache, model))
                     said.append(f"the weights from {from_weights}")
+                if parts and h in done_early and last[h] == index:
+                    parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
+                    said.append("then it removes the image archive (it sends to no peer)")
                 return Step(ROUND + index, name, h, bool(parts), " && ".join(parts), why=", ".join(said))
 
             each(ROUND + index, name, receive)
         each(UNSERVE, "Peers: stop serving, remove image archives", lambda h: Step(
-            UNSERVE, "Peers: stop serving, remove image archives", h, h in plan.takes_part,
+            UNSERVE, "Peers: stop serving, remove image archives", h, h in plan.takes_part and h not in done_early,
             commands.stop_serving(variables.k3_stage_dir, image_ref),
             why="stop serving and remove the image archive (the image stays loaded)"))
     verify = before_start(rollout, plan)
@@ -274,26 +282,25 @@ class HostRestart:
     stop_workers: str
     stop_heads: str
     start_heads: str
-    waits: list[str]             # one wait per rendezvous (head address, port) a worker waits for
-    start_workers: str
+    start_workers: str           # first, one wait per rendezvous (head address, port) the worker joins
     start_routers: str
 
 
 def restart(rollout: Rollout, plan: StartPlan) -> list[HostRestart]:
     """Each host's part of a restart (:class:`~k3deploy.model.rollout.StartPlan`), in the order the phases run:
-    stop routers, workers, heads; start heads; the workers wait for their head's rendezvous port; start workers;
-    (the engine groups serve); start the router."""
+    stop routers, workers, heads; start heads; the workers, each once its head's rendezvous port accepts
+    connections (one script: a wait that times out ends it); (the engine groups serve); start the router."""
     timeout = rollout.vars.k3_rendezvous_timeout
 
     def stop(units: Sequence[str]) -> str:
         return commands.stop_units(units) if units else ""
 
-    def start(units: Sequence[str]) -> str:
-        return commands.start_units(units) if units else ""
+    def start(units: Sequence[str], joins: Sequence[tuple[str, int]] = ()) -> str:
+        waits = [commands.wait_tcp(address, port, timeout) for address, port in joins]
+        return "\n".join([*waits, commands.start_units(units)]) if units else ""
 
     return [HostRestart(h.host, stop(h.routers), stop(h.workers), stop(h.heads), start(h.heads),
-                        [commands.wait_tcp(address, port, timeout) for address, port in h.joins],
-                        start(h.workers), start(h.routers)) for h in plan.hosts]
+                        start(h.workers, h.joins), start(h.routers)) for h in plan.hosts]
 
 
 def wait_serving(rollout: Rollout, unit: UnitWork) -> str:

@@ -27,7 +27,8 @@ import difflib
 import ipaddress
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -363,6 +364,19 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def reader() -> Callable[[Path], dict[str, Any]]:
+    """A group_vars reader that parses each file once (the hosts of one inventory share their files); each call
+    returns its own copy, so no host's values are another's."""
+    parsed: dict[Path, dict[str, Any]] = {}
+
+    def read(path: Path) -> dict[str, Any]:
+        if path not in parsed:
+            parsed[path] = _read_yaml(path)
+        return deepcopy(parsed[path])
+
+    return read
+
+
 def inventory_path_from_argv(argv: list[str] | None = None) -> str | None:
     """The inventory file of a ``pyinfra INVENTORY deploy/k3.py`` run (its first existing .py argument)."""
     for arg in (argv if argv is not None else sys.argv)[1:]:
@@ -458,10 +472,13 @@ class Resolved:
 
 def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterable[Path], source: str = "",
                overrides: Mapping[str, Any] | None = None, origins: Mapping[str, str] | None = None,
-               overrides_from: str = "command line") -> Resolved:
+               overrides_from: str = "command line",
+               read: Callable[[Path], dict[str, Any]] | None = None) -> Resolved:
     """Defaults < group_vars/all.yml < group_vars/<group>.yml (in order) < the inventory's data for the host <
     ``overrides``; a later directory of ``dirs`` wins over an earlier one. ``origins`` names where each key of
-    ``host_data`` came from (default: "inventory")."""
+    ``host_data`` came from (default: "inventory"); ``read`` reads a group_vars file (:func:`reader`: each file
+    once for many hosts)."""
+    read = read or _read_yaml
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     connector: dict[str, Any] = {}
@@ -475,7 +492,7 @@ def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterab
                     continue
                 where = shown_path(p)
                 files.append(where)
-                for key, value in _read_yaml(p).items():
+                for key, value in read(p).items():
                     key = str(key)
                     if key.startswith("k3_"):
                         if key not in Variables.model_fields:

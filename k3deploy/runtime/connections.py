@@ -148,8 +148,17 @@ def bound_silence(host: Any, seconds: int) -> bool:
             sock.setsockopt(level, opt, value)
         except OSError:  # not a TCP socket (a proxy command)
             return False
+    # paramiko's transport wakes every 0.1 s to look for a close or a keepalive due: on a control machine holding a
+    # rack's connections through a rollout that is most of its idle CPU; once a second is enough for both (a close
+    # from this side, or a socket the kernel shut for TCP_USER_TIMEOUT, wakes it at once)
+    sock.settimeout(WAKE_EVERY)
     _lost_is_failure(host)
     return True
+
+
+#: how often (seconds) an idle SSH transport looks for a keepalive due (see :func:`bound_silence`)
+WAKE_EVERY = 1.0
+
 
 
 def _lost_is_failure(host: Any) -> None:

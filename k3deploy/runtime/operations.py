@@ -4,9 +4,9 @@ the same scripts).
 
 Example (in a deploy file)::
 
-    from k3deploy.runtime.operations import managed_file, wait_tcp
+    from k3deploy.runtime.operations import managed_file, start_units
     managed_file(name="env file", dest="/etc/k3deploy/k3-engine.env", content="A=1\\n", mode="600", kind="env")
-    wait_tcp(name="head rendezvous port", targets=[("10.0.0.1", 29501)], timeout=300)
+    start_units(name="worker, once its head listens", units=["k3-engine.service"], joins=[("10.0.0.1", 29501)])
 """
 
 from __future__ import annotations
@@ -202,13 +202,18 @@ def write_files(files: Sequence[Written]) -> Commands:
 
 @operation()
 def stage_step(step: Step) -> Commands:
-    """One step of the stage (:func:`k3deploy.model.steps.stage`) on this host: its script, its file
-    (:func:`managed_file`; a secret read from the control machine's file only here) or its copy from the control
-    machine (:func:`from_control`); nothing where it does not apply."""
+    """One step of the stage (:func:`k3deploy.model.steps.stage`) on this host: its script, its file (a secret read
+    from the control machine's file only here: :func:`managed_file`; any other in one command, as
+    :func:`write_files` writes) or its copy from the control machine (:func:`from_control`); nothing where it does not
+    apply."""
     if not step.applies:
         host.noop("not needed on this host")
         return
-    if step.file is not None:
+    if step.file is not None and step.file.source is None:
+        # a file the stage writes for itself (the peers' daemon configuration): written as it goes, in one command
+        f = step.file
+        yield from write_files._inner(files=[Written(f.dest, f.content, f.mode, f.kind, seen=(None, None))])
+    elif step.file is not None:
         f = step.file
         content = Path(f.source).read_text() if f.source else f.content
         yield from managed_file._inner(dest=f.dest, content=content, mode=f.mode, kind=f.kind)
@@ -220,25 +225,37 @@ def stage_step(step: Step) -> Commands:
         host.noop("nothing to do here")
 
 
-@operation()
-def owner_and_mode(units: list[UnitWork], installed: Mapping[tuple[str, str], Installed]) -> Commands:
-    """Give root and their modes (:data:`~k3deploy.model.observed.UNIT_MODE`, ``ENV_MODE``) back to the unit and
-    env files of ``units`` whose owner or mode drifted, as this run read them (``installed``), content untouched:
-    nothing restarts for it."""
-    drifted = []
+def drifted(units: Sequence[UnitWork], installed: Mapping[tuple[str, str], Installed]) -> list[tuple[str, str, str]]:
+    """``(path, mode, how it drifted)`` of each unit and env file of ``units`` whose owner or mode is not root's and
+    :data:`~k3deploy.model.observed.UNIT_MODE` (``ENV_MODE``), as this run read them (``installed``)."""
+    out = []
     for u in units:
         have = installed.get((u.host, u.unit))
         for path, mode, meta in ((u.unit_path, UNIT_MODE, have.unit_meta if have else None),
                                  (u.env_path, ENV_MODE, have.env_meta if have else None)):
             drift = meta.drift(mode) if meta is not None else None
             if drift is not None:
-                drifted.append((path, mode))
-                if state.config.DIFF:
-                    host.log(f"Will give {path} its owner and mode back (content unchanged): {drift}", logger.info)
-    if not drifted:
+                out.append((path, mode, drift))
+    return out
+
+
+#: the ActiveStates of a unit that has nothing to stop ("absent": no unit file)
+STOPPED = ("inactive", "absent", "failed")
+
+
+@operation()
+def owner_and_mode(units: list[UnitWork], installed: Mapping[tuple[str, str], Installed]) -> Commands:
+    """Give root and their modes (:data:`~k3deploy.model.observed.UNIT_MODE`, ``ENV_MODE``) back to the unit and
+    env files of ``units`` whose owner or mode drifted, as this run read them (``installed``), content untouched:
+    nothing restarts for it."""
+    found = drifted(units, installed)
+    if state.config.DIFF:
+        for path, _, drift in found:
+            host.log(f"Will give {path} its owner and mode back (content unchanged): {drift}", logger.info)
+    if not found:
         host.noop("every unit and env file is root's with its mode")
         return
-    yield sh(commands.lock_down(drifted))
+    yield sh(commands.lock_down([(path, mode) for path, mode, _ in found]))
 
 
 def file_diff(kind: str, old: str | None, new: str) -> list[str]:
@@ -292,30 +309,24 @@ def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | Non
     def state_of(u: str) -> str:
         return seen[u] if seen is not None and u in seen else host.get_fact(UnitState, unit=u).active
 
-    running = [u for u in units if state_of(u) not in ("inactive", "absent", "failed")]
-    if not running:
+    up = [u for u in units if state_of(u) not in STOPPED]
+    if not up:
         host.noop("already stopped")
         return
-    yield sh(commands.stop_units(running))
+    yield sh(commands.stop_units(up))
 
 
 @operation(is_idempotent=False)
-def start_units(units: list[str], active: bool = True) -> Commands:
-    """daemon-reload, reset failure counters, enable and (re)start these units."""
+def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str, int]] = (),
+                timeout: int = 300) -> Commands:
+    """daemon-reload, reset failure counters, enable and (re)start these units; with ``joins``, first wait (up to
+    ``timeout`` seconds each) until each ``(address, port)`` accepts a TCP connection, tried from this host (no
+    payload is sent): one command, as :func:`k3deploy.model.steps.restart` writes it."""
     if not active or not units:
         host.noop("nothing to start here")
         return
-    yield sh(commands.start_units(units))
-
-
-@operation(is_idempotent=False)
-def wait_tcp(targets: list[tuple[str, int]], timeout: int = 300, interval: float = 1.0) -> Commands:
-    """Wait until each ``(address, port)`` accepts a TCP connection, tried from this host (no payload is sent)."""
-    if not targets:
-        host.noop("no rendezvous to wait for")
-        return
-    for address, port in targets:
-        yield sh(commands.wait_tcp(address, port, timeout, interval))
+    yield sh("\n".join([*(commands.wait_tcp(address, port, timeout) for address, port in joins),
+                        commands.start_units(units)]))
 
 
 @operation(is_idempotent=False)

@@ -37,9 +37,7 @@ from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, sha256
 from k3deploy.model.rollout import Rollout, StartPlan, UnitWork, mark_changes
 from k3deploy.model.staging import engines as stage_engines
-from k3deploy.model.staging import (
-    summary,
-)
+from k3deploy.model.staging import summary
 from k3deploy.model.steps import Step
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
@@ -56,7 +54,6 @@ from k3deploy.runtime.operations import (
     stage_step,
     start_units,
     stop_units,
-    wait_tcp,
     write_files,
 )
 from k3deploy.runtime.readiness import Failure, wait_group
@@ -114,18 +111,23 @@ class Context:
             out.setdefault(step.host, []).append(step)
         return out
 
-    def start_plan(self, step: int) -> StartPlan:
-        """How the groups of restart step ``step`` (:meth:`Rollout.waves`) restart, per host (worked out once)."""
-        with _lock:
-            if step not in self.plans:
-                self.plans[step] = self.rollout.start_plan(set(self.rollout.waves()[step]))
-            return self.plans[step]
+    @cached_property
+    def stage_kinds(self) -> set[int]:
+        """The kinds of stage step that apply on some host (the others are no operation)."""
+        return {step.kind for mine in self.stage_steps.values() for step in mine if step.applies}
 
     @cached_property
     def summary_host(self) -> str:
         """The host that calls every operation of the stage (see :func:`stage_phase`): the first engine host."""
         hosts = stage_engines(self.rollout) or self.rollout.hosts
         return hosts[0]
+
+    def start_plan(self, step: int) -> StartPlan:
+        """How the groups of restart step ``step`` (:meth:`Rollout.waves`) restart, per host (worked out once)."""
+        with _lock:
+            if step not in self.plans:
+                self.plans[step] = self.rollout.start_plan(set(self.rollout.waves()[step]))
+            return self.plans[step]
 
     def step_ok(self, groups: list[str], calls: list[str]) -> bool:
         """Every one of ``groups`` serves and every one of the router ``calls`` succeeded."""
@@ -286,11 +288,13 @@ def preflight_phase(ctx: Context) -> None:
 def stage_phase(ctx: Context) -> None:
     """This host's steps of the stage (:func:`k3deploy.model.steps.stage`), one operation per step kind, called
     where the step applies: a step kind runs on every host at once, in the order of the kinds (an operation's
-    identity is its kind, not its place in a host's list). The first engine host calls every kind, doing nothing
-    where it has nothing to do, so the run's summary names each step of the stage."""
+    identity is its kind, not its place in a host's list). The first engine host calls every kind that applies on
+    some host, doing nothing where it has nothing to do: pyinfra orders operations by each host's own sequence first,
+    so one host's sequence of all of them keeps the kinds in order. A kind that applies nowhere is no operation at all
+    (each operation costs the control machine a little for every host of the inventory, even those it skips)."""
     me = host.name
     for step in ctx.stage_steps.get(me, []):
-        if step.applies or me == ctx.summary_host:
+        if step.applies or (me == ctx.summary_host and step.kind in ctx.stage_kinds):
             with _kind(step.kind):
                 stage_step(name=step.name, step=step)
 
@@ -333,6 +337,8 @@ def configure_phase(ctx: Context) -> None:
     rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()
     files += _staged(ctx, [u for u in rollout.on_host(me) if u.group not in rolled])
     write_files(name=CONFIGURE, files=files)
+    # (on every host, even where nothing drifted: pyinfra orders operations by their depth in each host's own
+    # sequence first, so every host's sequence keeps the same steps at the same depths)
     owner_and_mode(name="Unit and env files: owner and mode", units=rollout.on_host(me),
                    installed=gathered.installed)
 
@@ -464,6 +470,8 @@ def start_phase(ctx: Context) -> None:
             if rolled:
                 write_files(name=f"Env file (0600), staged, systemd unit{step}", files=_staged(ctx, rolled, ready))
         # a change anywhere in a group restarts the whole group: router, workers, then heads
+        # (each host calls its stops even where its units are stopped: the starts after them must stay as deep in
+        # every host's sequence, so that no worker's start comes before its head's)
         if me.routers:
             stop_units(name="Stop routers of restarting groups", units=me.routers, seen=seen, _if=ready)
         if me.workers:
@@ -475,12 +483,11 @@ def start_phase(ctx: Context) -> None:
             script(name=f"Record the new revision, put its files in place{step}", text=swap, _if=ready)
         if me.heads:
             start_units(name=f"Start group heads{step}", units=me.heads, _if=ready)
-        if me.joins:
-            wait_tcp(name=f"Head rendezvous port accepts connections (from each worker){step}", targets=me.joins,
-                     timeout=r.vars.k3_rendezvous_timeout, _if=ready,
-                     _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
         if me.workers:
-            start_units(name=f"Start workers{step}", units=me.workers, _if=ready)
+            # one command: the wait for the head's rendezvous port (tried from this node), then the start
+            start_units(name=f"Start workers once their head's rendezvous port accepts connections{step}",
+                        units=me.workers, joins=me.joins, timeout=r.vars.k3_rendezvous_timeout, _if=ready,
+                        _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
         groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
         if groups:
             python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,

@@ -217,7 +217,7 @@ def test_a_killed_run_leaves_a_recorded_revision_and_the_next_run_converges(clus
 
 @pytest.mark.parametrize("phase, marker", [
     ("stage", IN_STAGE), ("configure", IN_CONFIGURE),
-    ("start", r"Starting operation: Start \| Head rendezvous port accepts connections")])
+    ("start", r"Starting operation: Start \| Start workers once their head")])
 def test_a_cut_link_ends_the_run_naming_the_node(cluster, phase, marker):
     sim = cluster
     before, serving_since = current(sim), started_at(sim, 0)

@@ -232,13 +232,10 @@ def restart_steps(doc: Doc, rollout: Rollout, sp: StartPlan, when: str | None, *
         per_host("Stop the heads", "stop_heads", "heads")
     doc.h(3, "Start the group heads")
     per_host("Start the group head", "start_heads", "heads")
-    waiting = [part for part in hosts if part.waits]
-    if waiting:
+    if any(h.joins for h in sp.hosts):
         doc.h(3, "Workers: wait for the head's rendezvous port, then start")
         doc.p("A worker waits, from its own node, until its head's rendezvous port accepts TCP connections (the head "
-              "listens there once it started); then all workers start.")
-        for part in waiting:
-            doc.block(part.host, "\n".join(part.waits) + "\n", when)
+              "listens there once it started), then starts.")
     per_host("Start the workers", "start_workers", "workers")
     for g in sp.engine_groups:
         doc.h(3, f"Group {g} serves")
