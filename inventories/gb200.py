@@ -1,4 +1,5 @@
-"""GB200 NVL4 trays, multi_node_tp over 4 trays (TP16: the recipe's 16-GPU floor).
+"""GB200 NVL72 compute trays (4 GPUs each; multi-node NVLink through IMEX), multi_node_tp over 4 trays (TP16: the
+recipe's 16-GPU floor).
 
 Selection and knobs: group_vars/all.yml, then group_vars/gb200.yml (the group pyinfra names after
 this file), then group_vars/head.yml / workers.yml. Replace the addresses with your nodes'.

@@ -1,4 +1,4 @@
-"""GB300 NVL4 trays, multi_node_tp over 2 trays (TP8).
+"""GB300 NVL72 compute trays (4 GPUs each; multi-node NVLink through IMEX), multi_node_tp over 2 trays (TP8).
 
 Selection and knobs: group_vars/all.yml, then group_vars/gb300.yml (the group pyinfra names after
 this file), then group_vars/head.yml / workers.yml. Replace the addresses with your nodes'.

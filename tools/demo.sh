@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the embedded default, end to end on a fresh machine (as root):
-#   set-up -> a 2-tray GB300 NVL4 simulated cluster -> `pyinfra <its inventory> deploy/k3.py`
+#   set-up -> a simulated cluster of 2 GB300 NVL72 compute trays -> `pyinfra <its inventory> deploy/k3.py`
 #   -> the recipe guide's OpenAI client answering through the deployed endpoint -> tear-down.
 # K3_DEMO_KEEP=1 keeps the cluster up afterwards (remove it with: .venv/bin/k3deploy sim down --name demo).
 set -euo pipefail

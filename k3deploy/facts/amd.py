@@ -1,4 +1,5 @@
-"""AMD facts: ROCm/amdgpu versions (``amd-smi version``, ``rocm-smi --showdriverversion``) and GPUs."""
+"""AMD facts: ROCm/amdgpu versions (``amd-smi version``, ``rocm-smi --showdriverversion``), GPUs and the amdkfd
+peer-memory interface RCCL needs for GPUDirect RDMA."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from k3deploy.facts.base import (
     Unparsable,
     sections,
 )
-from k3deploy.vendors.amd import PACK
+from k3deploy.facts.nvidia import GpuTopology
+from k3deploy.vendors.amd import KALLSYMS_GREP, PACK, PEER_MEMORY_PATHS, PEER_MEMORY_SYMBOL
 
 ROCM_HINT = "is the amdgpu driver with ROCm SMI (amd-smi / rocm-smi) installed?"
 
@@ -236,3 +238,171 @@ class AmdGpus(K3Fact[list[AmdGpu]]):
 
     def parse(self, lines: list[str]) -> list[AmdGpu]:
         return parse_amd_gpus(lines)
+
+
+# ------------------------------------------------------------------------------ amdkfd peer memory
+
+
+@dataclass(frozen=True)
+class PeerMemory(Jsonable):
+    """Where RCCL would find the amdkfd peer-memory interface: the ``memory_peers/amdkfd/version`` file (its path and
+    content) or, failing that, the first ``/proc/kallsyms`` line naming ``ib_register_peer_memory_client``."""
+
+    path: str | None = None
+    version: str | None = None
+    kallsyms: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.path is not None or self.kallsyms is not None
+
+    @property
+    def shown(self) -> str:
+        if self.path is not None:
+            return f"{self.path}" + (f" (version {self.version})" if self.version else "")
+        if self.kallsyms is not None:
+            return f"{PEER_MEMORY_SYMBOL} in /proc/kallsyms ({' '.join(self.kallsyms.split()[1:])})"
+        return f"no memory_peers/amdkfd/version, no {PEER_MEMORY_SYMBOL} in /proc/kallsyms"
+
+
+def parse_peer_memory(lines: list[str]) -> PeerMemory:
+    """Sections ``peers`` (``<path> <content>`` of each ``memory_peers/amdkfd/version`` that exists, in RCCL's
+    order) and ``kallsyms`` (``/proc/kallsyms`` lines of ``ib_register_peer_memory_client``: the exported function,
+    which a kernel's or OFED's ib_core with peer memory has).
+
+    >>> parse_peer_memory(["K3_SECTION=peers", "/sys/kernel/mm/memory_peers/amdkfd/version 1.0", "K3_SECTION=kallsyms"])
+    PeerMemory(path='/sys/kernel/mm/memory_peers/amdkfd/version', version='1.0', kallsyms=None)
+    >>> parse_peer_memory(["K3_SECTION=peers", "K3_SECTION=kallsyms",
+    ...     "0000000000000000 T ib_register_peer_memory_client       [ib_uverbs]"]).available
+    True
+    >>> parse_peer_memory(["K3_SECTION=peers", "K3_SECTION=kallsyms",
+    ...     "0000000000000000 b pfn_ib_register_peer_memory_client   [amdgpu]"]).available
+    False
+    """
+    parts = sections(lines)
+    if "peers" not in parts and "kallsyms" not in parts:
+        raise Unparsable("no 'peers' / 'kallsyms' sections")
+    for line in parts.get("peers", []):
+        path, _, version = line.strip().partition(" ")
+        if path in PEER_MEMORY_PATHS:
+            return PeerMemory(path=path, version=version.strip() or None)
+    # the function itself (``T ib_register_peer_memory_client [ib_uverbs]``), not amdgpu's own pointer to it
+    # (``b pfn_ib_register_peer_memory_client [amdgpu]``, there whenever amdgpu-dkms is loaded), which RCCL's
+    # substring search takes for it too
+    symbol = next((line.strip() for line in parts.get("kallsyms", [])
+                   if line.split()[2:3] == [PEER_MEMORY_SYMBOL] and line.split()[1] in ("T", "t")), None)
+    return PeerMemory(kallsyms=symbol)
+
+
+class AmdPeerMemory(K3Fact[PeerMemory]):
+    """The amdkfd peer-memory interface, as RCCL looks for it before it uses GPUDirect RDMA (ROCm/rccl
+    ``src/transport/net_ib.cc``, ``ncclIbGdrSupport``): ``/sys/kernel/mm/memory_peers/amdkfd/version`` (or its
+    variants under ``/sys/kernel`` and ``/sys``), else ``ib_register_peer_memory_client`` in ``/proc/kallsyms``.
+    Without either RCCL stages every transfer through host memory and says nothing above ``NCCL_DEBUG=INFO``.
+
+    ``/sys/kernel/mm/memory_peers/amdkfd/version 1.0`` → ``PeerMemory(path=..., version='1.0')``.
+    """
+
+    tool = required_binary = "grep"
+    hint = "grep is missing"
+    shown_command = PACK.command_of("rdma.gpudirect")
+
+    def command(self) -> str:
+        checks = "; ".join(f"[ -e {p} ] && echo \"{p} $(cat {p} 2>/dev/null)\"" for p in PEER_MEMORY_PATHS)
+        return (f"echo {SECTION_MARK}peers; {checks}; echo {SECTION_MARK}kallsyms; "
+                f"{KALLSYMS_GREP} 2>/dev/null; echo {EXIT_MARK}0")
+
+    def parse(self, lines: list[str]) -> PeerMemory:
+        return parse_peer_memory(lines)
+
+
+# ------------------------------------------------------------------------------ GPU/NIC topology
+
+_BDF_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+@dataclass(frozen=True)
+class PciPlace:
+    """Where a device sits on PCIe: its host bridge (``pci0000:00``), the chain of ports and devices from the root
+    port down to it (``0000:00:01.1``, ..., the device), and its NUMA node (-1: none)."""
+
+    name: str
+    host_bridge: str
+    chain: tuple[str, ...]
+    numa: int
+
+
+def _pci_place(line: str) -> PciPlace | None:
+    parts = line.split()
+    if len(parts) < 2 or not parts[1].startswith("/sys/devices/"):
+        return None
+    comps = parts[1].removeprefix("/sys/devices/").split("/")
+    bridge = next((c for c in comps if c.startswith("pci")), None)
+    if bridge is None:
+        return None
+    chain = tuple(c.lower() for c in comps[comps.index(bridge) + 1:] if _BDF_RE.match(c))
+    numa = int(parts[2]) if len(parts) > 2 and parts[2].lstrip("-").isdigit() else -1
+    return PciPlace(parts[0], bridge.lower(), chain, numa)
+
+
+def pci_relation(gpu: PciPlace, nic: PciPlace) -> str:
+    """What ``nvidia-smi topo -m`` (and NCCL/RCCL's topology) would call the path between two PCIe devices: ``PIX``
+    (the same switch port above both), ``PXB`` (a switch shared further up), ``PHB`` (only the CPU's root port or
+    host bridge shared), ``NODE`` (another host bridge of the same NUMA node), ``SYS`` (another NUMA node)."""
+    if gpu.host_bridge == nic.host_bridge:
+        common = 0
+        for a, b in zip(gpu.chain[:-1], nic.chain[:-1], strict=False):
+            if a != b:
+                break
+            common += 1
+        if common >= 2:   # a switch below the root port carries both
+            return "PIX" if gpu.chain[:-1] == nic.chain[:-1] else "PXB"
+        return "PHB"
+    return "NODE" if gpu.numa == nic.numa or -1 in (gpu.numa, nic.numa) else "SYS"
+
+
+def parse_pci_topology(lines: list[str]) -> GpuTopology:
+    """Sections ``gpus`` (``card<N> <sysfs device path> <numa node>`` per AMD GPU) and ``nics`` (``<RDMA device>
+    <sysfs device path> <numa node>``) -> each NIC's relation to each GPU, as :class:`GpuTopology` (the form of
+    ``nvidia-smi topo -m``, which the port choice reads). The paths are what AMD's system acceptance guide reads
+    with ``lspci -PP`` ("Mapping NIC to GPU NUMA Node"): a back-end NIC shares a PCIe switch with its GPU.
+
+    >>> t = parse_pci_topology(["K3_SECTION=gpus",
+    ...     "card1 /sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:05:00.0 0",
+    ...     "K3_SECTION=nics", "mlx5_0 /sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:01.0/0000:09:00.0 0",
+    ...     "mlx5_8 /sys/devices/pci0000:b8/0000:b8:01.1/0000:b9:00.0 1"])
+    >>> t.nics, t.separates
+    ({'mlx5_0': ['PXB'], 'mlx5_8': ['SYS']}, True)
+    """
+    parts = sections(lines)
+    if "gpus" not in parts and "nics" not in parts:
+        raise Unparsable("no 'gpus' / 'nics' sections")
+    gpus = [g for g in (_pci_place(line) for line in parts.get("gpus", [])) if g is not None]
+    nics = [n for n in (_pci_place(line) for line in parts.get("nics", [])) if n is not None]
+    return GpuTopology(gpus=[g.name for g in gpus], nics={n.name: [pci_relation(g, n) for g in gpus] for n in nics})
+
+
+class AmdGpuNicTopology(K3Fact[GpuTopology]):
+    """How near each RDMA device sits to the AMD GPUs on PCIe, from sysfs (``/sys/class/drm/card*/device`` of the
+    AMD GPUs, ``/sys/class/infiniband/*/device``): the relations ``nvidia-smi topo -m`` gives on NVIDIA hosts, so a
+    front-end or storage NIC (no PCIe switch shared with a GPU) stays out of ``NCCL_IB_HCA``.
+
+    ``mlx5_0`` under the switch of ``card1`` → ``PXB``; ``mlx5_8`` on the other socket's root complex → ``SYS``.
+    """
+
+    tool = ""
+    hint = "sysfs (/sys/class/drm, /sys/class/infiniband) is not readable"
+    shown_command = "readlink -f /sys/class/drm/card*/device /sys/class/infiniband/*/device"
+
+    def command(self) -> str:
+        return (
+            f"echo {SECTION_MARK}gpus; for d in /sys/class/drm/card[0-9]*; do case ${{d##*/}} in *-*) continue;; esac; "
+            "[ \"$(cat \"$d/device/vendor\" 2>/dev/null)\" = 0x1002 ] || continue; "
+            "echo \"${d##*/} $(readlink -f \"$d/device\") $(cat \"$d/device/numa_node\" 2>/dev/null)\"; done; "
+            f"echo {SECTION_MARK}nics; for d in /sys/class/infiniband/*; do [ -e \"$d/device\" ] || continue; "
+            "echo \"${d##*/} $(readlink -f \"$d/device\") $(cat \"$d/device/numa_node\" 2>/dev/null)\"; done; "
+            f"echo {EXIT_MARK}0"
+        )
+
+    def parse(self, lines: list[str]) -> GpuTopology:
+        return parse_pci_topology(lines)

@@ -470,6 +470,14 @@ _GPU_HEADER_RE = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f
 _KV_RE = re.compile(r"^(\s*)([^:]+?)\s*:\s*(.*?)\s*$")
 
 
+#: ``Health`` rows of the Fabric block (NVML's fabric health mask, decoded by nvidia-smi) whose value ``True`` means
+#: the condition holds: those that stop the fabric (fail) and those that only slow or interrupt it (warn)
+HEALTH_FAILING = ("Route Unhealthy",)
+HEALTH_DEGRADING = ("Route Recovery in progress", "Access Timeout Recovery")
+#: ``Incorrect Configuration`` values that mean none (NVML: NONE, NOT_SUPPORTED)
+_NO_MISCONFIGURATION = (None, "None")
+
+
 @dataclass(frozen=True)
 class GpuFabric(Jsonable):
     gpu: str  # PCI bus id from the "GPU 00000000:xx:00.0" header, or the block's position
@@ -477,7 +485,11 @@ class GpuFabric(Jsonable):
     status: str | None
     clique_id: str | None
     cluster_uuid: str | None
-    health: str | None = None  # Health/Summary on newer drivers
+    health: str | None = None  # Health/Summary on newer drivers: Healthy, Unhealthy, Limited Capacity
+    bandwidth: str | None = None  # Health/Bandwidth: Full, Degraded
+    #: the other Health rows that are reported (not N/A): Route Recovery in progress, Route Unhealthy, Access
+    #: Timeout Recovery (True/False), Incorrect Configuration (None, No Partition, ...)
+    conditions: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def completed(self) -> bool:
@@ -486,6 +498,36 @@ class GpuFabric(Jsonable):
     @property
     def has_cluster(self) -> bool:
         return self.cluster_uuid not in (None, ZERO_UUID)
+
+    @property
+    def health_failures(self) -> list[str]:
+        """What in the fabric health stops this GPU's NVLink: Summary Unhealthy, a route unhealthy, an incorrect
+        configuration (for example insufficient NVLinks, no partition).
+
+        >>> GpuFabric("0", "Completed", "Success", "1", "u", "Unhealthy", "Full",
+        ...           {"Route Unhealthy": "True", "Incorrect Configuration": "No Partition"}).health_failures
+        ['Health Unhealthy', 'Route Unhealthy', 'Incorrect Configuration No Partition']
+        """
+        out = [f"Health {self.health}"] if self.health == "Unhealthy" else []
+        out += [key for key in HEALTH_FAILING if self.conditions.get(key) == "True"]
+        misconfigured = self.conditions.get("Incorrect Configuration")
+        if misconfigured not in _NO_MISCONFIGURATION:
+            out.append(f"Incorrect Configuration {misconfigured}")
+        return out
+
+    @property
+    def health_degraded(self) -> list[str]:
+        """What in the fabric health slows this GPU's NVLink without stopping it: Summary Limited Capacity,
+        Bandwidth not Full (degraded: fewer NVLinks than the GPU has), a route or access-timeout recovery running.
+
+        >>> GpuFabric("0", "Completed", "Success", "1", "u", "Limited Capacity", "Degraded").health_degraded
+        ['Health Limited Capacity', 'Bandwidth Degraded']
+        """
+        out = [f"Health {self.health}"] if self.health == "Limited Capacity" else []
+        if self.bandwidth not in (None, "Full"):
+            out.append(f"Bandwidth {self.bandwidth}")
+        out += [key for key in HEALTH_DEGRADING if self.conditions.get(key) == "True"]
+        return out
 
 
 def _na(value: str) -> str | None:
@@ -548,6 +590,10 @@ def parse_fabric(lines: list[str]) -> list[GpuFabric]:
                     clique_id=_na(values.get("CliqueId", "")),
                     cluster_uuid=_na(values.get("ClusterUUID", "")),
                     health=_na(values.get("Health/Summary", "")),
+                    bandwidth=_na(values.get("Health/Bandwidth", "")),
+                    conditions={key[len("Health/"):]: value for key, value in values.items()
+                                if key.startswith("Health/") and key not in ("Health/Summary", "Health/Bandwidth")
+                                and _na(value) is not None},
                 )
             )
             continue
@@ -558,10 +604,13 @@ def parse_fabric(lines: list[str]) -> list[GpuFabric]:
 
 
 class NvlinkFabric(K3Fact[list[GpuFabric]]):
-    """Per-GPU NVLink fabric state from ``nvidia-smi -q`` (GB200/GB300 multi-node NVLink).
+    """Per-GPU NVLink fabric state from ``nvidia-smi -q``: GB200/GB300 multi-node NVLink, and on HGX boards the GPU's
+    registration with the NVSwitch fabric through Fabric Manager (``Not Started`` → ``In Progress`` → ``Completed``,
+    ``CliqueId 0`` and the zero ``ClusterUUID`` there), with the fabric's ``Health`` rows where the driver reports
+    them (``Summary``, ``Bandwidth``, ``Route Unhealthy``, ``Incorrect Configuration`` ...).
 
     MNNVL is usable when every GPU shows ``State: Completed``, ``Status: Success`` and the same
-    non-zero ``ClusterUUID`` and ``CliqueId``. A PCIe/HGX GPU shows ``N/A`` everywhere →
+    non-zero ``ClusterUUID`` and ``CliqueId``. A PCIe GPU shows ``N/A`` everywhere →
     ``GpuFabric(state=None, status=None, clique_id=None, cluster_uuid=None)``. ``[]`` means the
     driver prints no Fabric block (too old to report it).
     """
@@ -678,3 +727,63 @@ class GpuNicTopology(K3Fact[GpuTopology]):
 
     def parse(self, lines: list[str]) -> GpuTopology:
         return parse_topo(lines)
+
+
+# --------------------------------------------------------------- ConnectX-8 Data Direct functions
+
+#: the PCI id of a ConnectX-8's Data Direct function, which the kernel's ``mlx5_data_direct`` driver binds (Linux
+#: ``drivers/infiniband/hw/mlx5/data_direct.c``: ``PCI_VDEVICE(MELLANOX, 0x2100) /* ConnectX-8 Data Direct */``)
+DATA_DIRECT_PCI_ID = ("0x15b3", "0x2100")
+DATA_DIRECT_DRIVER = "mlx5_data_direct"
+
+
+@dataclass(frozen=True)
+class DataDirectFunction(Jsonable):
+    address: str  # PCI address, 0000:03:00.1
+    driver: str | None  # the driver bound to it (mlx5_data_direct); None: none bound
+
+
+def parse_data_direct(lines: list[str]) -> list[DataDirectFunction]:
+    """One line per ConnectX-8 Data Direct PCI function: ``<address> [<driver>]`` (the sysfs device directory's name,
+    then the name its ``driver`` link points to, empty when no driver is bound).
+
+    >>> [(f.address, f.driver) for f in parse_data_direct(["0000:03:00.1 mlx5_data_direct", "0002:03:00.1"])]
+    [('0000:03:00.1', 'mlx5_data_direct'), ('0002:03:00.1', None)]
+    >>> parse_data_direct([])
+    []
+    """
+    out: list[DataDirectFunction] = []
+    for raw in lines:
+        words = raw.split()
+        if not words:
+            continue
+        if len(words) > 2 or not re.fullmatch(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", words[0]):
+            raise Unparsable(f"not '<pci address> [driver]': {raw.strip()[:60]!r}")
+        out.append(DataDirectFunction(words[0], words[1] if len(words) > 1 else None))
+    return out
+
+
+class DataDirect(K3Fact[list[DataDirectFunction]]):
+    """The ConnectX-8 Data Direct PCI functions of the host (vendor ``0x15b3``, device ``0x2100`` in sysfs) and the
+    driver bound to each. GB300 trays reach their ConnectX-8 through Data Direct for GPUDirect RDMA (NVIDIA's Grace
+    Blackwell CX8 GPUDirect RDMA guide); a function bound to ``mlx5_data_direct`` shows the kernel drives it.
+
+    ``0000:03:00.1 mlx5_data_direct`` → ``[DataDirectFunction(address='0000:03:00.1', driver='mlx5_data_direct')]``;
+    no such function → ``[]``.
+    """
+
+    tool = "sysfs"
+    hint = "/sys/bus/pci is not readable"
+    shown_command = ("for d in /sys/bus/pci/devices/*; do [ \"$(cat $d/vendor)\" = 0x15b3 ] && "
+                     "[ \"$(cat $d/device)\" = 0x2100 ] && echo \"${d##*/} $(basename \"$(readlink $d/driver)\")\"; "
+                     "done")
+
+    def command(self) -> str:
+        return ("for d in /sys/bus/pci/devices/*; do "
+                f"if [ \"$(cat \"$d/vendor\" 2>/dev/null)\" = {DATA_DIRECT_PCI_ID[0]} ] && "
+                f"[ \"$(cat \"$d/device\" 2>/dev/null)\" = {DATA_DIRECT_PCI_ID[1]} ]; then "
+                "drv=$(readlink \"$d/driver\" 2>/dev/null); echo \"${d##*/} ${drv##*/}\"; fi; done; "
+                f"echo {EXIT_MARK}0")
+
+    def parse(self, lines: list[str]) -> list[DataDirectFunction]:
+        return parse_data_direct(lines)

@@ -20,6 +20,7 @@ from k3deploy.facts.base import (
     version_key,
 )
 from k3deploy.facts.nvidia import GDR_NEAREST, GpuTopology
+from k3deploy.vendors.common import dpu_model
 
 # ------------------------------------------------------------------------------- ibv_devinfo
 
@@ -44,6 +45,12 @@ class RdmaDevice(Jsonable):
     fw_ver: str | None = None
     node_guid: str | None = None
     ports: list[RdmaPort] = field(default_factory=list)
+    vendor_part_id: int | None = None  # the PCI device id (decimal): 4131 a ConnectX-8, 41692 a BlueField-3
+
+    @property
+    def dpu(self) -> str | None:
+        """The BlueField generation when this device is a DPU's NIC (by its ``vendor_part_id``), else None."""
+        return dpu_model(self.vendor_part_id)
 
 
 _FIELD_RE = re.compile(r"^\s*([A-Za-z_][^:]*?):\s*(.*?)\s*$")
@@ -88,6 +95,7 @@ def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
                     fw_ver=current.get("fw_ver"),
                     node_guid=current.get("node_guid"),
                     ports=current["ports"],
+                    vendor_part_id=current.get("part_id"),
                 )
             )
         current = None
@@ -125,6 +133,8 @@ def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
                 port["active_mtu"] = int(value.split()[0])
         elif key in ("transport", "fw_ver", "node_guid"):
             current[key] = value
+        elif key.endswith("_part_id") and value.isdigit():  # vendor_part_id: the PCI device id, in decimal
+            current["part_id"] = int(value)
     close_device()
     if not devices:
         raise Unparsable("no hca_id block")
@@ -152,12 +162,16 @@ def with_netdevs(devices: list[RdmaDevice], netdevs: dict[tuple[str, int], str])
             for d in devices]
 
 
-#: each RDMA port's network interface: the netdev of its GID 0 (RoCE), else the device's one netdev (IPoIB)
+#: each RDMA port's network interface: the netdev of its GID 0 (RoCE), else the device's one netdev (IPoIB); where
+#: sysfs has no infiniband class (a container that hides it), MLNX/DOCA-OFED's ``ibdev2netdev``
+#: (``mlx5_0 port 1 ==> ib0 (Up)``) when installed
 _NETDEV_COMMAND = (
     "for p in /sys/class/infiniband/*/ports/*; do [ -d \"$p\" ] || continue; d=${p%/ports/*}; "
     "n=$(cat \"$p/gid_attrs/ndevs/0\" 2>/dev/null); "
     "[ -n \"$n\" ] || { n=$(ls \"$d/device/net\" 2>/dev/null); case $n in *[[:space:]]*) n=;; esac; }; "
-    "echo \"${d##*/} ${p##*/} ${n:--}\"; done"
+    "echo \"${d##*/} ${p##*/} ${n:--}\"; done; "
+    "[ -d /sys/class/infiniband ] || "
+    "ibdev2netdev 2>/dev/null | awk '$2 == \"port\" && $4 == \"==>\" {print $1, $3, $5}'"
 )
 
 
@@ -228,8 +242,9 @@ def _setting_items(setting: str) -> list[str]:
 def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None,
                  setting: str | None = None, topology: GpuTopology | None = None) -> PortChoice:
     """The ports for NCCL and UCX: ``setting`` (``k3_ib_hca``: ``mlx5_0:1,mlx5_3`` = those ports, a device alone =
-    its active ports) when given; else every active port, InfiniBand only when there is an InfiniBand fabric (an
-    Ethernet port beside it is a BlueField or front-end NIC), only those whose HCA sits near a GPU when
+    its active ports) when given; else every active port but a BlueField DPU's (``vendor_part_id``; unless only
+    BlueField ports are up: BlueField-3 SuperNICs as the GPU NICs), InfiniBand only when there is an InfiniBand
+    fabric (an Ethernet port beside it is a BlueField or front-end NIC), only those whose HCA sits near a GPU when
     ``topology`` (``nvidia-smi topo -m``) tells GPU NICs from the others, and never the port that carries the
     default route (the front-end/storage network: reachable-looking ports that cannot reach the peers hang NCCL's
     init) unless it is the only one.
@@ -245,6 +260,9 @@ def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None
     '=mlx5_0:1'
     >>> choose_ports([ib, fe], "eno1", setting="mlx5_4:1").ucx_net_devices
     'mlx5_4:1'
+    >>> bf3 = RdmaDevice("mlx5_5", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet")], vendor_part_id=41692)
+    >>> choose_ports([ib, bf3]).excluded
+    [('mlx5_5', 1, 'BlueField-3 DPU (vendor_part_id 41692)')]
     """
     active = [(d.name, p) for d in devices for p in d.ports if p.active]
     if setting:
@@ -259,6 +277,10 @@ def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None
                 missing.append(item)
         return PortChoice(ports=chosen, missing=missing, from_setting=True)
     excluded: list[tuple[str, int, str]] = []
+    dpus = {d.name: f"{d.dpu} DPU (vendor_part_id {d.vendor_part_id})" for d in devices if d.dpu}
+    if any(n in dpus for n, _ in active) and not all(n in dpus for n, _ in active):
+        excluded += [(n, p.port, dpus[n]) for n, p in active if n in dpus]
+        active = [(n, p) for n, p in active if n not in dpus]
     if any(p.link_layer == "InfiniBand" for _, p in active):
         excluded += [(n, p.port, "Ethernet beside the InfiniBand fabric") for n, p in active
                      if p.link_layer != "InfiniBand"]

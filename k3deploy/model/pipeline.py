@@ -96,7 +96,8 @@ def _requirements(variables: Variables, nodes: int, recipe: Recipe) -> Requireme
     return Requirements(hardware=hw, variant=variables.k3_variant,
                         vram_minimum_gb=recipe.variant(variables.k3_variant).vram_minimum_gb, nodes=nodes,
                         strategy=variables.k3_strategy, multi_node=nodes > 1 or bool(strat and strat.multi_node),
-                        pd=bool(strat and strat.pd))
+                        pd=bool(strat and strat.pd),
+                        expert_parallel_across_nodes=bool(strat and strat.expert_parallel_across_nodes and nodes > 1))
 
 
 def requirements_of(plan: Plan, recipe: Recipe) -> Requirements:
@@ -107,7 +108,22 @@ def requirements_of(plan: Plan, recipe: Recipe) -> Requirements:
                         vram_minimum_gb=recipe.variant(plan.variant).vram_minimum_gb,
                         nodes=engines, strategy=plan.strategy, multi_node=engines > 1,
                         pd=plan.strategy == "pd_cluster",
-                        one_nvlink_domain=strat.tensor_parallel_across_nodes or strat.pd)
+                        one_nvlink_domain=strat.tensor_parallel_across_nodes or strat.pd,
+                        expert_parallel_across_nodes=expert_parallel_across_nodes(plan))
+
+
+def expert_parallel_across_nodes(plan: Plan) -> bool:
+    """An expert-parallel group of the plan spans nodes: an engine with ``--enable-expert-parallel`` in a group (the
+    nodes of a multi-node strategy, or a P/D pool) of more than one node.
+
+    >>> from k3deploy import load_recipe, resolve
+    >>> expert_parallel_across_nodes(resolve(load_recipe(), hardware="h200", strategy="multi_node_tep"))
+    True
+    >>> expert_parallel_across_nodes(resolve(load_recipe(), hardware="gb300", strategy="multi_node_tp"))
+    False
+    """
+    engines = [n for n in plan.nodes if n.role != "router"]
+    return any("--enable-expert-parallel" in n.argv and (n.pool_nodes or len(engines)) > 1 for n in engines)
 
 
 #: lint codes for argv the pinned engine's parser refuses before the engine starts

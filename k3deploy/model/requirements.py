@@ -32,6 +32,7 @@ class Requirements:
     hardware_from: str = "group_vars"   # where k3_hardware was set (a fix names it)
     image: str | None = None            # the image the plan runs (a fix names it as planned, digest and all)
     one_nvlink_domain: bool = True      # every node must sit in one NVLink domain (tensor parallelism across trays)
+    expert_parallel_across_nodes: bool = False   # an expert-parallel group spans nodes (its all-to-all crosses them)
 
     @property
     def brand(self) -> str:

@@ -323,6 +323,38 @@ def _with_iface(node: BoundNode, iface: str | None) -> BoundNode:
                      {k: fill(val, names) for k, val in node.env.items()}, node.address, node.replica)
 
 
+#: vLLM's own address (``get_ip()``): what the head advertises its message queue on to the other nodes' workers
+HOST_IP_ENV = "VLLM_HOST_IP"
+
+
+def engine_env(node: BoundNode, derived: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The env file of an engine, in layers, each over the one before:
+
+    1. the plan's env (the recipe's; its ``$IFACE_NAME`` filled);
+    2. the settings derived from the host's facts (:mod:`k3deploy.preflight.settings`): exact values the tool
+       chose, so they *replace* the plan's placeholders and catch-alls (a P/D prefill's ``UCX_NET_DEVICES=all``,
+       a prefix-match ``NCCL_SOCKET_IFNAME=eth1`` that also selects ``eth10``);
+    3. ``VLLM_HOST_IP`` = the node's cluster address (``k3_ip``): vLLM's ``get_ip()`` is ``VLLM_HOST_IP``, else the
+       address of the default route, else ``0.0.0.0``, and a multi-node head advertises its message queue on it, so
+       without it a node with no default route, or with its default route on a network the peers do not reach,
+       leaves its workers waiting for ever; ``HF_HUB_OFFLINE=1`` unless the plan says otherwise;
+    4. ``k3_extra_env``: the site's own word, last.
+
+    >>> from k3deploy.recipe.plan import NodePlan
+    >>> n = BoundNode(NodePlan(role="prefill", rank=0, argv=[], env={}), [],
+    ...               {"UCX_NET_DEVICES": "all", "NCCL_SOCKET_IFNAME": "eth1"}, "10.0.0.11")
+    >>> env = engine_env(n, {"UCX_NET_DEVICES": "mlx5_0:1", "NCCL_SOCKET_IFNAME": "=eth1"}, {"NCCL_DEBUG": "INFO"})
+    >>> env["UCX_NET_DEVICES"], env["NCCL_SOCKET_IFNAME"], env["VLLM_HOST_IP"], env["NCCL_DEBUG"]
+    ('mlx5_0:1', '=eth1', '10.0.0.11', 'INFO')
+    """
+    env = dict(node.env)
+    env.update(derived)
+    env[HOST_IP_ENV] = node.address
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(extra)
+    return env
+
+
 def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
            host_env: Mapping[str, Mapping[str, str]] | None = None) -> Rollout:
     """The rollout of a layout (:func:`lay_out`) with every unit and env file rendered: ``$IFACE_NAME`` from
@@ -354,12 +386,8 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
                               own=own if placed.watches else None)
             text = engine_unit(node, spec, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                ready_timeout=layout.ready_timeout, healing=healing)
-        env = dict(node.env)
-        if node.role != "router":
-            for k, val in (host_env or {}).get(placed.host, {}).items():
-                env.setdefault(k, val)  # derived host settings add to the plan's env, never override it
-            env.setdefault("HF_HUB_OFFLINE", "1")
-            env.update(variables.k3_extra_env)  # the site's own settings win over the plan's and the derived ones
+        env = engine_env(node, (host_env or {}).get(placed.host, {}), variables.k3_extra_env) \
+            if node.role != "router" else dict(node.env)
         units.append(replace(placed, node=node, unit_text=text, env_text=env_file_text(env)))
     return replace(layout, units=units, changed_groups=set(layout.changed_groups), rendered=True)
 

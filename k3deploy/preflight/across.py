@@ -6,7 +6,9 @@ facts are in (:func:`k3deploy.preflight.report.check` judges each host on its ow
   names, and the record of its answer (every node of the rollout runs that one digest);
 * :func:`ascend_peer_round` -- multi-node Ascend: a second round in which each host pings, from NPU i, NPU i of
   every other host;
-* :func:`nccl_probe` -- ``k3_nccl_probe``: the two-node NCCL all-reduce in the image (:mod:`k3deploy.preflight.probe`).
+* :func:`nccl_probe` -- ``k3_nccl_probe``: the two-node NCCL all-reduce in the image (:mod:`k3deploy.preflight.probe`);
+* :func:`rdma_reach_round` -- expert parallelism across nodes: each chosen RDMA port of each host reaches each chosen
+  port of the others (:mod:`k3deploy.preflight.reach`).
 
 Whether the NPU round and the NCCL probe apply is the vendor pack's answer (``npu_peer_round``, ``nccl_probe``:
 :mod:`k3deploy.vendors`), asked by :func:`_npu_peer_round_applies` and :func:`_nccl_probe_applies`.
@@ -35,6 +37,7 @@ from k3deploy.model.staging import engines
 from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts, peer_checks, peer_targets
 from k3deploy.preflight.probe import CHECK as PROBE_CHECK
 from k3deploy.preflight.probe import run_probe
+from k3deploy.preflight.reach import RdmaReach, reach_checks, reach_targets
 from k3deploy.preflight.report import PreflightReport
 from k3deploy.vendors import pack_for
 
@@ -110,6 +113,34 @@ def ascend_peer_round(state: State, hosts: list[Any], read: list[HostFacts],
 
     got = dict(zip([host.name for host in pinging], each_host(state, pinging, one), strict=True))
     return peer_checks(read, targets, got)
+
+
+def rdma_reach_round(state: State, hosts: list[Any], read: list[HostFacts], requirements: Requirements,
+                     report: PreflightReport, layout: Rollout | None = None) -> list[CheckResult]:
+    """Expert parallelism across nodes over the hosts' RDMA ports: the second round, once every host's ports are
+    chosen; each host pings, from each chosen port, each chosen port of every other host of its engine group (a
+    replica, a P/D pool: ``layout``'s groups), one command per host, all hosts at once; then ``rdma.reach`` per host
+    (:mod:`k3deploy.preflight.reach`)."""
+    if not (requirements.expert_parallel_across_nodes and requirements.needs_rdma
+            and pack_for(requirements).transport.rdma_ports):
+        return []
+    # the engine groups whose engines run expert parallelism (an all-to-all among their hosts)
+    groups = [[u.host for u in layout.group(g)] for g in layout.groups
+              if any("--enable-expert-parallel" in u.node.argv for u in layout.group(g))] if layout else None
+    targets, unknown = reach_targets(read, report.host_env(), groups)
+    if not targets:
+        return []
+    by_name = {host.name: host for host in hosts}
+    pinging = [by_name[name] for name in targets if name in by_name]
+
+    def one(host: Any) -> Any:
+        try:
+            return read_batch(state, host, [("reach", RdmaReach, {"targets": targets[host.name]})])["reach"]
+        except Exception as exc:  # a dropped connection: the check says so
+            return f"{type(exc).__name__}: {exc}"[:200]
+
+    got = dict(zip([host.name for host in pinging], each_host(state, pinging, one), strict=True))
+    return reach_checks(targets, unknown, got)
 
 
 def nccl_probe(state: State, wanted: Target, rollout: Rollout, report: PreflightReport) -> list[CheckResult]:

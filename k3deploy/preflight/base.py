@@ -13,11 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
+from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
 from k3deploy.facts.nvidia import (
+    DataDirectFunction,
     DriverFlavour,
     FabricManagerState,
     GpuFabric,
@@ -71,10 +72,12 @@ class HostFacts:
     topology: GpuTopology | FactError | None = None  # nvidia-smi topo -m: how near each HCA sits to the GPUs
     modules: LoadedModules | FactError | None = None
     dmabuf: DmabufSupport | FactError | None = None
+    data_direct: list[DataDirectFunction] | FactError | None = None  # ConnectX-8 Data Direct PCI functions (GB300)
     kernel: KernelRelease | FactError | None = None
     amd_versions: AmdSmiVersions | FactError | None = None
     rocm_driver: RocmDriver | FactError | None = None
     amd_gpus: list[AmdGpu] | FactError | None = None
+    amd_peer_memory: PeerMemory | FactError | None = None  # the amdkfd peer-memory interface RCCL uses
     npu: NpuInfo | FactError | None = None
     ascend: AscendVersionInfo | FactError | None = None
     hccn: list[NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
@@ -85,6 +88,7 @@ class HostFacts:
     interface: AddressInterface | FactError | None = None
     stage_peers: StageDaemon | FactError | None = None   # the stage's rsync daemon, when a killed run left it up
     ib_hca: str | None = None  # k3_ib_hca: the RDMA ports the site names for NCCL and UCX (not read from the host)
+    iface: str | None = None  # k3_iface: the interface the site names for NCCL/Gloo sockets (not read from the host)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

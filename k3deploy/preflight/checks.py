@@ -114,8 +114,8 @@ def _check_accelerators(out: Results, sel: Requirements, facts: HostFacts, judge
     else:
         out.add(
             facts.host, "gpu.count", "fail", f"{count} devices", f"{hw.gpu_count} per node ({hw.id})",
-            "a device is missing or hidden (CUDA_VISIBLE_DEVICES, MIG, dmesg Xid errors): repair the node, "
-            "or correct the hardware in the inventory",
+            # the vendor's own reasons (NVIDIA: hidden or MIG devices; AMD: CPX/NPS4 partitions)
+            f"{pack.check('gpu.count').fix}, or correct the hardware in the inventory",
         )
     return devices
 
@@ -181,10 +181,16 @@ def _check_rdma(out: Results, sel: Requirements, facts: HostFacts) -> bool:
                 required + ", as k3_ib_hca names them",
                 "fix k3_ib_hca (`ibv_devinfo` lists each device and port), or bring those ports up")
         return bool(choice.ports)
+    gpus = sel.hardware.gpu_count
     if choice.front_end:
         out.add(facts.host, "rdma.devices", "warn", shown + " (carries the default route)", required,
                 "the only active RDMA port is the front-end NIC: NCCL and the KV transfer share it with every other "
                 "traffic; bring up the back-end ports, or name the intended ones in k3_ib_hca")
+    elif not choice.from_setting and gpus and len(choice.ports) != gpus:
+        out.add(facts.host, "rdma.devices", "warn", f"{len(choice.ports)} ports chosen for {gpus} GPUs: {shown}",
+                required + f", one GPU NIC port per GPU ({gpus}) or k3_ib_hca",
+                "name the GPU NICs' ports in k3_ib_hca (a DPU, storage or front-end port in NCCL_IB_HCA can time "
+                "out ibv_modify_qp), or bring up the missing GPU NIC ports")
     else:
         out.add(facts.host, "rdma.devices", "pass", shown, required)
     return True

@@ -74,6 +74,7 @@ class PreflightReport:
             address = data.pop("address")
             data.pop("extra")
             data.pop("ib_hca")  # a setting, not a fact: it shows in the settings' reasons
+            data.pop("iface")  # k3_iface, likewise
             s = self.settings.get(name)
             hosts[name] = {
                 "address": address,

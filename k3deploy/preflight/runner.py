@@ -100,10 +100,11 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
 
 def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None = None,
                image_dir: str | None = None, extra: list[FactSpec] | None = None,
-               ib_hca: str | None = None) -> HostFacts:
+               ib_hca: str | None = None, iface: str | None = None) -> HostFacts:
     """Read the facts of one connected host in one command (one round trip), ``extra`` facts included (their
     values land in ``HostFacts.extra`` by name). ``ib_hca`` (``k3_ib_hca``; default: the host's inventory data)
-    names the RDMA ports the site wants NCCL and UCX to use.
+    names the RDMA ports the site wants NCCL and UCX to use, ``iface`` (``k3_iface``; the same default) the
+    interface for their sockets.
 
     A lost connection marks the host unreachable; any other error fails every fact of the host, with the reason.
     """
@@ -111,7 +112,9 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
     cdir = str(cache_dir or _host_value(host, "k3_model_cache") or DEFAULT_CACHE_DIR)
     idir = str(image_dir or _host_value(host, "k3_image_dir") or "")
     hca = ib_hca or _host_value(host, "k3_ib_hca")
-    facts = HostFacts(host=host.name, address=address, ib_hca=str(hca) if hca else None)
+    itf = iface or _host_value(host, "k3_iface")
+    facts = HostFacts(host=host.name, address=address, ib_hca=str(hca) if hca else None,
+                      iface=str(itf) if itf else None)
     plan = fact_plan(sel, address, cdir, idir)
     extra = list(extra or [])
     try:

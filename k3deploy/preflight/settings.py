@@ -3,19 +3,26 @@
 :func:`derive_settings` returns, for one host, the environment variables NCCL/Gloo/UCX/HCCL need on
 that host and a short reason for each. Which variables a vendor's engines use is its pack's
 :class:`~k3deploy.vendors.base.Transport`; the settings only its own facts tell (NVLink across trays, DMA-BUF) come
-from its preflight side (:class:`~k3deploy.preflight.base.VendorChecks`):
+from its preflight side (:class:`~k3deploy.preflight.base.VendorChecks`).
 
-* ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME``: the interface carrying the node's inventory
-  address (falls back to the default-route interface when no address is known); never ``lo``. NCCL's is the
-  exact-match form ``=eth1`` (a bare name is a prefix to NCCL: ``eth1`` also selects ``eth10``); Gloo takes
+How they reach an engine (:func:`k3deploy.model.rollout.engine_env`): they *replace* the plan's values of the same
+names (the recipe's ``$IFACE_NAME`` placeholders, which would give NCCL a prefix match, and a P/D prefill's
+``UCX_NET_DEVICES=all``), the rollout adds ``VLLM_HOST_IP`` (the node's ``k3_ip``), and ``k3_extra_env`` is applied
+last: the site's own word wins over the plan's and these. A variable not derived here keeps the plan's value.
+
+* ``NCCL_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME``: ``k3_iface`` when set, else the interface carrying the node's
+  inventory address (falls back to the default-route interface when no address is known); never ``lo``. NCCL's is
+  the exact-match form ``=eth1`` (a bare name is a prefix to NCCL: ``eth1`` also selects ``eth10``); Gloo takes
   interface names as they are.
 * ``NCCL_MNNVL_ENABLE`` / ``NCCL_CUMEM_ENABLE`` / ``NCCL_NVLS_ENABLE`` = 1 on GB200/GB300 NVL72 compute trays
   (not where the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4 board does).
 * ``NCCL_DMABUF_ENABLE=0`` when DMA-BUF GPUDirect RDMA is not usable; then, on x86, ``nvidia_peermem`` must be
   loaded (``peermem_required`` is set so the rollout can load it or refuse; CUDA 13 deprecates it, Grace has none).
 * ``NCCL_IB_HCA`` from the chosen RDMA ports (exact match: ``=mlx5_0:1,mlx5_1:1``): ``k3_ib_hca`` when set, else
-  the active ports, InfiniBand only beside an InfiniBand fabric, only HCAs PIX/PXB to a GPU where ``nvidia-smi
-  topo -m`` tells them apart, never the port of the default route (:func:`k3deploy.facts.rdma.choose_ports`).
+  the active ports, no BlueField DPU's beside other NICs (``ibv_devinfo``'s ``vendor_part_id``), InfiniBand only
+  beside an InfiniBand fabric, only HCAs PIX/PXB to a GPU where ``nvidia-smi topo -m`` tells them apart, never the
+  port of the default route (:func:`k3deploy.facts.rdma.choose_ports`); preflight warns when their number is not
+  the GPU count.
   RoCE needs no ``NCCL_IB_GID_INDEX``: NCCL picks the RoCE v2 GID.
 * P/D (NIXL over UCX, which reads no ``NCCL_*``): ``UCX_NET_DEVICES`` = the same ports (``mlx5_0:1,mlx5_1:1``) and
   ``UCX_TLS`` = RC verbs plus the vendor's GPU-memory copy transport: ``rc,cuda_copy`` on NVIDIA (the recipe's
@@ -45,13 +52,19 @@ class HostSettings:
         self.reasons[key] = reason
 
 
-def socket_interface(itf: AddressInterface) -> tuple[str | None, str]:
-    """The interface for NCCL/Gloo bootstrap sockets and why.
+def socket_interface(itf: AddressInterface | None, setting: str | None = None) -> tuple[str | None, str]:
+    """The interface for NCCL/Gloo bootstrap sockets and why: ``setting`` (``k3_iface``) when given.
 
     >>> from k3deploy.facts.host import Ipv4Address
     >>> socket_interface(AddressInterface("10.77.0.12", "eth1", "eth0", [Ipv4Address("eth1", "10.77.0.12", 24)]))
     ('eth1', 'carries 10.77.0.12')
+    >>> socket_interface(None, "bond0")
+    ('bond0', 'k3_iface')
     """
+    if setting:
+        return setting.lstrip("="), "k3_iface"
+    if itf is None:
+        return None, ""
     if itf.interface and itf.interface != "lo":
         return itf.interface, f"carries {itf.address}"
     if not itf.address and itf.default_interface and itf.default_interface != "lo":
@@ -66,7 +79,7 @@ def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
     judges = vendor_checks(sel)
     transport = judges.pack.transport
     itf = facts.interface if isinstance(facts.interface, AddressInterface) else None
-    ifname, why = socket_interface(itf) if itf else (None, "")
+    ifname, why = socket_interface(itf, facts.iface)
     if ifname:
         for key in transport.socket_env:
             if key in transport.exact_socket_env:

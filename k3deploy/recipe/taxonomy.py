@@ -113,6 +113,11 @@ class Strategy(BaseModel):
         return self.deploy_type == "pd_cluster"
 
     @property
+    def expert_parallel_across_nodes(self) -> bool:
+        """Its expert-parallel group spans every node (DEP/TEP across nodes): the all-to-all crosses them."""
+        return self.multi_node and "--enable-expert-parallel" in self.vllm_args
+
+    @property
     def tensor_parallel_across_nodes(self) -> bool:
         """Its tensor-parallel group spans every node (TP/TEP): on NVL trays that needs one NVLink domain."""
         return self.multi_node and self.parallel_flag == "--tensor-parallel-size" and \

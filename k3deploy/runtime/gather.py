@@ -38,7 +38,14 @@ from k3deploy.model.rollout import Rollout
 from k3deploy.model.runbook.blanks import Blank, offline_env
 from k3deploy.model.staging import StagePlan, stage_for
 from k3deploy.preflight import runner
-from k3deploy.preflight.across import ascend_peer_round, image_check, image_resolver, nccl_probe, router_checks
+from k3deploy.preflight.across import (
+    ascend_peer_round,
+    image_check,
+    image_resolver,
+    nccl_probe,
+    rdma_reach_round,
+    router_checks,
+)
 from k3deploy.preflight.checks import HostFacts
 from k3deploy.preflight.report import PreflightReport, check
 from k3deploy.runtime.connections import (
@@ -195,6 +202,7 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     report.results += router_checks({host: r.router_command for host, r in readings.items()
                                      if r.router_command is not None}, wanted.vars.k3_router_bin)
     report.results += ascend_peer_round(state, hosts, facts, wanted.requirements)
+    report.results += rdma_reach_round(state, hosts, facts, wanted.requirements, report, layout)
     resolution = None
     asked = next((f for f in facts if f.host == resolver and f.unreachable is None), None)
     if asked is not None and wanted.plan is not None:
@@ -237,9 +245,10 @@ def _render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Bl
     host_env: dict[str, dict[str, str]] = {}
     ifaces: dict[str, str] = {}
     for rec in wanted.records:
-        env, mine = offline_env(wanted.requirements, rec.name, rec.address)
+        iface = wanted.host_vars(rec.name).k3_iface
+        env, mine = offline_env(wanted.requirements, rec.name, rec.address, iface)
         host_env[rec.name] = env
-        ifaces[rec.name] = wanted.vars.k3_iface or next(b.token for b in mine if b.name == "IFACE")
+        ifaces[rec.name] = iface or next(b.token for b in mine if b.name == "IFACE")
         blanks += mine
     return desired_rollout(wanted, ifaces=ifaces, host_env=host_env), blanks
 

@@ -402,6 +402,13 @@ def _up_locked(
         doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, faults, time_scale, cluster_uuid)
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
         network.prepare_net(nd, br, subnet, shaping["cluster_mbps"])
+        if doc.get("rails"):  # the GPU NICs, one subnet per rail, in the cluster's fabric namespace
+            network.prepare_rails(name, nd.rank, nd.netns, doc["rails"])
+        route = _default_route(node_faults)
+        if route is not None:  # fault default-route: none, or on a front-end network
+            network.set_default_route(nd.netns, subnet, nd.rank, route)
+        if doc.get("management"):  # fault imex-mgmt: a second network IMEX binds to
+            network.add_management(name, nd.rank, nd.netns, doc["management"]["interface"], doc["management"]["ip"])
         proc = processes.spawn(name, nd)
         procs[nd.name] = proc
         st = processes.proc_stat(proc.pid)
@@ -630,6 +637,7 @@ def _down_locked(name: str, state: dict[str, Any] | None) -> None:
         network.remove_node_net(r)
         processes.remove_nspawn_leftovers(r["name"])
     _stop_outside(name, state.get("outside"))
+    network.remove_rails(name)
     network.remove_bridge(state)
     # 5. cgroups, then the state directory
     processes.remove_cgroups(cg_roots)
@@ -878,8 +886,9 @@ def set_faults(
                 _apply_faults(state, rec, before, after, everyone)
                 rec["faults"] = [fault_text(f) for f in after]
                 save_state(state)
-            if any(f.kind == "npu-link-down" for _, before, after in plan for f in [*before, *after]):
-                for rec in state["nodes"]:  # the peers' view of the downed NPU ports (simulated hccn_tool pings)
+            # the peers' view of the downed NPU ports (simulated hccn_tool pings), of the IMEX addresses (imex-mgmt)
+            if any(f.kind in ("npu-link-down", "imex-mgmt") for _, before, after in plan for f in [*before, *after]):
+                for rec in state["nodes"]:
                     if all(r is not rec for r, _, _ in plan):
                         mine = [parse_fault(t) for t in rec.get("faults", [])]
                         _apply_faults(state, rec, mine, mine, everyone)
@@ -907,6 +916,11 @@ def _apply_cluster_faults(state: dict[str, Any], add: list[sim_faults.ClusterFau
         outside.clear_cut(d)
     out["faults"] = faults
     save_state(state)
+
+
+def _default_route(faults: list[sim_faults.Fault]) -> str | None:
+    """What fault ``default-route`` leaves the node's default route (None: the usual one, via the bridge)."""
+    return next((f.value for f in faults if f.kind == "default-route"), None)
 
 
 def _parse_clear(text: str) -> _Clear:
@@ -939,6 +953,9 @@ def _apply_faults(
         cluster_uuid=state["cluster_uuid"],
     )
     rootfs.install_tools(nd / "merged", doc)
+    mm_files = profiles.sysfs_mm_files(doc)
+    if mm_files is not None:  # the folder the node has bound over its /sys/kernel/mm (AMD's peer memory)
+        profiles.write_sysfs_mm(nd / processes.SYSFS_MM_DIR, mm_files)
     had = {f.kind for f in before}
     has = {f.kind for f in after}
     root = nd / "merged"
@@ -948,6 +965,16 @@ def _apply_faults(
     elif "disk-full" in had - has:
         for rel in DISK_DIRS:
             rootfs.clear_disk(root / rel)
+    if ("imex-mgmt" in had) != ("imex-mgmt" in has):
+        mgmt = doc.get("management") or {"interface": profiles.MANAGEMENT_INTERFACE}
+        if "imex-mgmt" in has:
+            network.add_management(state["name"], rec["rank"], rec["netns"], mgmt["interface"], mgmt["ip"])
+        else:
+            network.remove_management(rec["netns"], mgmt["interface"])
+    if ("rail-only" in had) != ("rail-only" in has) and doc.get("rails"):
+        network.set_rail_only(rec["netns"], doc["rails"], "rail-only" in has)
+    if _default_route(before) != _default_route(after):
+        network.set_default_route(rec["netns"], state["subnet"], rec["rank"], _default_route(after))
     if ("sshd-down" in had) != ("sshd-down" in has):
         pid1 = node_init_pid(rec)
         if pid1 is None:

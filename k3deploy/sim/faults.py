@@ -22,15 +22,32 @@ FAULT_KINDS: dict[str, str] = {
     "no-dmabuf": "DMA-BUF memory registration fails (errno 524), as with an mlx5 kernel driver without DMA-BUF memory "
                  "regions (nothing on the host shows it); NCCL needs NCCL_DMABUF_ENABLE=0 + nvidia_peermem",
     "no-peermem": "the nvidia_peermem kernel module is not loaded",
-    "fabric": "fabric=STATE: the NVLink fabric State is STATE (N/A, Not Started, In Progress, Completed)",
+    "no-peer-memory": "the node has no amdkfd peer-memory interface (no /sys/kernel/mm/memory_peers/amdkfd/version, "
+                      "no ib_register_peer_memory_client): RCCL stages GPU transfers through host memory (AMD)",
+    "fabric": "fabric=STATE: the NVLink fabric State is STATE (N/A, Not Started, In Progress, Completed); on HGX "
+              "boards the GPUs' NVSwitch fabric registration stays at STATE while Fabric Manager is active",
+    "fabric-health": "fabric-health=CONDITION: every GPU's fabric Health reports CONDITION: degraded-bandwidth "
+                     "(Bandwidth Degraded, Summary Limited Capacity), route-unhealthy or no-partition (Summary "
+                     "Unhealthy) (GB200/GB300 trays, HGX boards)",
     "cluster-uuid": "cluster-uuid=UUID: the NVLink fabric reports ClusterUUID UUID",
     "imex-peer-down": "nvidia-imex-ctl -N on the node shows one peer of its IMEX domain UNAVAILABLE and not "
                       "connected, the domain DEGRADED (GB200/GB300, 2+ nodes)",
+    "imex-mgmt": "the node runs IMEX on a management network: a second interface mgmt0 (192.168.<subnet>.<host>/24), "
+                 "and every tray's nodes_config.cfg lists the node by that address (GB200/GB300)",
     "npu-link-down": "npu-link-down=N[,M...]: the network port of NPU N (hccn_tool device id) is down: "
                      "'link status: DOWN', 'net health status: Fault'; hccn_tool pings from it and to it (from the "
                      "other nodes) lose every packet (Ascend)",
     "mount-missing": "mount-missing=PATH: PATH, a host path the engine container bind-mounts (e.g. "
                      "/usr/local/Ascend/driver/tools/hccn_tool), is not on the node (Ascend)",
+    "rail-only": "the node's GPU NICs hang off rail switches with no spine: its port i reaches port i of the other "
+                 "nodes and no other port, and no other port reaches it (one subnet per rail)",
+    "spectrum-x": "the tray sits on a Spectrum-X RoCE fabric: its GPU NICs (ConnectX-8 SuperNICs on GB300) report "
+                  "link_layer Ethernet, like its BlueField-3 DPU beside them, so only vendor_part_id tells the DPU "
+                  "apart (GB200/GB300)",
+    "default-route": "default-route=none|front-end: the node has no default route (an air-gapped site), or has it on "
+                     "a front-end interface fe0 (198.51.100.<11+rank>/24) the other nodes do not reach; vLLM's "
+                     "get_ip() then gives 0.0.0.0 or that address, and a head without VLLM_HOST_IP advertises its "
+                     "message queue there: its workers wait for ever",
     "disk-full": "the image/weights directory and docker's data directory are nearly full",
     "sshd-down": "sshd is not running: the node is unreachable over ssh",
     "engine-crash": "the vLLM engine exits 1 shortly after start",
@@ -44,11 +61,16 @@ CLUSTER_FAULT_KINDS: dict[str, str] = {
 }
 
 #: kinds that need ``=VALUE``
-VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "cluster-uuid", "engine-slow",
-                         "npu-link-down", "mount-missing"})
+VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "fabric-health", "cluster-uuid", "engine-slow",
+                         "npu-link-down", "mount-missing", "default-route"})
 
 #: fabric states nvidia-smi prints (NVML: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED)
 FABRIC_STATES = ("N/A", "Not Started", "In Progress", "Completed")
+#: fabric health conditions the simulated nvidia-smi prints (its HEALTH_CONDITIONS)
+FABRIC_HEALTH = ("degraded-bandwidth", "route-unhealthy", "no-partition")
+
+#: what fault ``default-route`` leaves a node (:func:`k3deploy.sim.network.set_default_route`)
+DEFAULT_ROUTES = ("none", "front-end")
 
 _DRIVER_RE = re.compile(r"^\d+(\.\d+){1,2}$")
 
@@ -132,6 +154,14 @@ def _check_value(kind: str, value: str, text: str) -> str:
             if value.lower() == state.lower():
                 return state
         raise K3Error(f"bad fabric state {value!r} in {text!r}: choose one of {', '.join(FABRIC_STATES)}")
+    if kind == "fabric-health":
+        if value.lower() not in FABRIC_HEALTH:
+            raise K3Error(f"bad fabric health {value!r} in {text!r}: choose one of {', '.join(FABRIC_HEALTH)}")
+        return value.lower()
+    if kind == "default-route":
+        if value.lower() not in DEFAULT_ROUTES:
+            raise K3Error(f"bad default route {value!r} in {text!r}: choose one of {', '.join(DEFAULT_ROUTES)}")
+        return value.lower()
     if kind == "cluster-uuid":
         try:
             return str(_uuid.UUID(value))

@@ -94,6 +94,35 @@ def _veth_netns(netns: str, veth: str, br: str, ip: str) -> None:
     run([*ns, "link", "set", "lo", "up"])
 
 
+#: the front-end network of fault ``default-route=front-end`` (TEST-NET-2, RFC 5737: no node routes to it)
+FRONT_END_NET = "198.51.100"
+FRONT_END_IF = "fe0"
+
+
+def set_default_route(netns: str, subnet: str, rank: int, mode: str | None) -> None:
+    """The node's default route (fault ``default-route``): via the bridge on ``eth0`` (None, as :func:`prepare_net`
+    sets it), none at all (``none``: an air-gapped site), or on a front-end interface ``fe0`` (``front-end``:
+    ``198.51.100.<11+rank>/24``, a veth pair inside the node whose other end answers nothing, so no peer reaches
+    it). The cluster's own /24 stays on ``eth0`` either way; vLLM's ``get_ip()`` (the address of the default route
+    unless ``VLLM_HOST_IP`` is set, else ``0.0.0.0``) follows from it."""
+    ns = ["ip", "-n", netns]
+    has_fe = run([*ns, "link", "show", FRONT_END_IF], check=False).returncode == 0
+    if mode == "front-end":
+        if not has_fe:
+            run([*ns, "link", "add", FRONT_END_IF, "type", "veth", "peer", "name", FRONT_END_IF + "p"])
+            run([*ns, "addr", "add", f"{FRONT_END_NET}.{11 + rank}/24", "dev", FRONT_END_IF])
+            run([*ns, "link", "set", FRONT_END_IF + "p", "up"])
+            run([*ns, "link", "set", FRONT_END_IF, "up"])
+        run([*ns, "route", "replace", "default", "via", f"{FRONT_END_NET}.1", "dev", FRONT_END_IF])
+        return
+    if has_fe:
+        run([*ns, "link", "del", FRONT_END_IF], check=False)
+    if mode == "none":
+        run([*ns, "route", "del", "default"], check=False)
+    else:
+        run([*ns, "route", "replace", "default", "via", f"{subnet}.1", "dev", "eth0"])
+
+
 def outside_names(name: str) -> tuple[str, str]:
     """(network namespace, host-side veth) of cluster ``name``'s outside."""
     return f"{name}-out", f"{name}-vo"
@@ -111,6 +140,29 @@ def shape(netns: str, dev: str, mbps: float) -> None:
     burst = max(256 * 1024, int(rate_bytes / 200))  # 5 ms at the rate; enough for GSO segments
     run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{max(1, int(mbps * 1000))}kbit",
          "burst", str(burst), "latency", "50ms"])
+
+
+def management_veth(name: str, rank: int) -> str:
+    """The host side of node ``rank``'s management interface (fault ``imex-mgmt``)."""
+    return f"{name}-m{rank}"
+
+
+def add_management(name: str, rank: int, netns: str, interface: str, ip: str) -> None:
+    """A second network in the node: ``interface`` (a veth whose host side is on no bridge) with ``ip``/24, as a
+    tray's management port that IMEX may bind to. Idempotent; it goes with the namespace."""
+    ns = ["ip", "-n", netns]
+    if Path(f"/run/netns/{netns}").exists() and run([*ns, "link", "show", interface], check=False).returncode == 0:
+        return
+    host = management_veth(name, rank)
+    run(["ip", "link", "add", host, "type", "veth", "peer", "name", interface, "netns", netns])
+    run(["ip", "link", "set", host, "up"])
+    run([*ns, "addr", "add", f"{ip}/24", "dev", interface])
+    run([*ns, "link", "set", interface, "up"])
+
+
+def remove_management(netns: str, interface: str) -> None:
+    """Delete the node's management interface (its host side goes with it)."""
+    run(["ip", "-n", netns, "link", "del", interface], check=False)
 
 
 def remove_outside_net(netns: str, veth: str) -> None:
@@ -140,3 +192,71 @@ def ssh_banner(ip: str, timeout: float = 0.3) -> bool:
             return s.recv(8).startswith(b"SSH-")
     except OSError:
         return False
+
+
+# ----------------------------------------------------------------------------------------------------- rails
+
+#: rail i of a cluster is ``10.<RAIL_BASE + i>.<c>.0/24`` (``<c>``: the cluster subnet's third octet); the spine's leg
+#: on each rail is ``.1``
+RAIL_BASE = 200
+
+
+def fabric_netns(name: str) -> str:
+    """The namespace holding cluster ``name``'s GPU fabric: one bridge per rail (``r<i>``), and the spine."""
+    return f"{name}-fabric"
+
+
+def _ensure_rail(name: str, rail: int, prefix: str) -> None:
+    fab = fabric_netns(name)
+    if not Path(f"/run/netns/{fab}").exists():
+        run(["ip", "netns", "add", fab])
+        run(["ip", "-n", fab, "link", "set", "lo", "up"])
+        # the spine routes between the rails: forwarding in the fabric's own namespace only
+        run(["ip", "netns", "exec", fab, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    if run(["ip", "-n", fab, "link", "show", f"r{rail}"], check=False).returncode != 0:
+        run(["ip", "-n", fab, "link", "add", f"r{rail}", "type", "bridge"])
+        run(["ip", "-n", fab, "addr", "add", f"{prefix}.1/24", "dev", f"r{rail}"])
+        run(["ip", "-n", fab, "link", "set", f"r{rail}", "up"])
+
+
+def prepare_rails(name: str, rank: int, netns: str, rails: dict[str, Any]) -> None:
+    """The node's GPU NIC interfaces (``rails["ports"]``: ``{"netdev", "rail", "address"}``), each a veth whose other
+    end is on its rail's bridge in the fabric namespace, ``<address>/24`` on it; then its routes to the other rails
+    (:func:`set_rail_only`)."""
+    ns = ["ip", "-n", netns]
+    fab = fabric_netns(name)
+    for port in rails["ports"]:
+        prefix = port["address"].rpartition(".")[0]
+        _ensure_rail(name, int(port["rail"]), prefix)
+        leg = f"n{rank}r{port['rail']}"
+        run([*ns, "link", "add", port["netdev"], "type", "veth", "peer", "name", leg, "netns", fab])
+        run(["ip", "-n", fab, "link", "set", leg, "master", f"r{port['rail']}", "up"])
+        run([*ns, "addr", "add", f"{port['address']}/24", "dev", port["netdev"]])
+        run([*ns, "link", "set", port["netdev"], "up"])
+    set_rail_only(netns, rails, bool(rails.get("rail_only")))
+
+
+def set_rail_only(netns: str, rails: dict[str, Any], on: bool) -> None:
+    """Off: each GPU NIC reaches the other rails through the spine (a route per other rail, via its own rail's
+    ``.1``). On (fault ``rail-only``): no such route, and the node drops what arrives on one rail from another
+    (strict reverse-path filter), as on a fabric of rail switches without a spine: port i reaches port i only."""
+    ns = ["ip", "-n", netns]
+    ports = rails["ports"]
+    for port in ports:
+        prefix = port["address"].rpartition(".")[0]
+        for other in ports:
+            if other is port:
+                continue
+            dest = other["address"].rpartition(".")[0] + ".0/24"
+            route = [dest, "via", f"{prefix}.1", "dev", port["netdev"], "metric", str(100 + int(port["rail"]))]
+            run([*ns, "route", "del" if on else "replace", *route], check=False)
+        run(["ip", "netns", "exec", netns, "sysctl", "-qw",
+             f"net.ipv4.conf.{port['netdev']}.rp_filter={1 if on else 0}"])
+    if not on:
+        run(["ip", "netns", "exec", netns, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0"])
+
+
+def remove_rails(name: str) -> None:
+    """Delete the cluster's fabric namespace (the nodes' rail veths go with it)."""
+    if Path(f"/run/netns/{fabric_netns(name)}").exists():
+        run(["ip", "netns", "del", fabric_netns(name)], check=False)

@@ -156,6 +156,10 @@ def node_memory(state: dict[str, Any], rec: dict[str, Any]) -> int | None:
 # --------------------------------------------------------------------------- start
 
 
+#: the node directory's folder bound over the node's /sys/kernel/mm (:func:`k3deploy.sim.profiles.sysfs_mm_files`)
+SYSFS_MM_DIR = "sys-kernel-mm"
+
+
 def spawn(cluster: str, nd: NodeLayout, append_log: bool = False) -> subprocess.Popen[bytes]:
     """Start ``systemd-nspawn --boot`` for the node inside the node's own cgroups.
 
@@ -192,8 +196,14 @@ def spawn(cluster: str, nd: NodeLayout, append_log: bool = False) -> subprocess.
     # placeholder device nodes (GPUs, IMEX channel, RDMA) so that existence checks see a real node's /dev
     cfg_path = nd.merged / profiles.NODE_CONFIG_PATH.lstrip("/")
     if cfg_path.is_file():
-        for dev in profiles.device_nodes(json.loads(cfg_path.read_text())):
+        config = json.loads(cfg_path.read_text())
+        for dev in profiles.device_nodes(config):
             cmd.append(f"--bind-ro=/dev/null:{dev}")
+        # what the node's kernel shows under /sys/kernel/mm (AMD: the amdkfd peer-memory interface), bound over it
+        mm_files = profiles.sysfs_mm_files(config)
+        if mm_files is not None:
+            profiles.write_sysfs_mm(nd.dir / SYSFS_MM_DIR, mm_files)
+            cmd.append(f"--bind-ro={nd.dir / SYSFS_MM_DIR}:{profiles.SYSFS_MM}")
     with open(nd.dir / "console.log", "ab" if append_log else "wb") as log:
         return subprocess.Popen(
             cmd,

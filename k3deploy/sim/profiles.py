@@ -200,6 +200,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         if rank >= domain:
             cluster_uuid = str(_uuid.uuid5(_uuid.NAMESPACE_URL, f"k3sim/{cluster_uuid}/domain{rank // domain}"))
         fabric = {"state": "Completed", "status": "Success", "cluster_uuid": cluster_uuid, "clique_id": 32766}
+    # HGX: each GPU's registration with the NVSwitch fabric by Fabric Manager (nvidia-smi -q's Fabric block)
+    nvswitch: dict[str, Any] | None = {"state": "Completed", "status": "Success"} if prof.get("fabricmanager") else None
     missing: list[str] = []
     modules_unloaded: list[str] = []
     dmabuf = vendor == "nvidia" and prof.get("kernel_module") == "open"
@@ -208,9 +210,10 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     links_down: list[int] = []
     paths_missing: list[str] = []
     extra_load = 0.0
+    rdma = [dict(d) for d in prof["rdma"]]
     for f in mine:
         nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid",
-                                 "imex-peer-down")
+                                 "imex-peer-down", "fabric-health", "imex-mgmt")
         if nvidia_only and vendor != "nvidia":
             raise K3Error(f"fault {str(f)!r} applies to NVIDIA hardware only, not {hardware!r}: "
                           "drop it or pick an NVIDIA profile")
@@ -226,14 +229,25 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             dmabuf = False
         elif f.kind == "no-peermem":
             modules_unloaded.append("nvidia_peermem")
-        elif f.kind in ("fabric", "cluster-uuid"):
-            if fabric is None:
-                raise K3Error(f"fault {str(f)!r} needs NVLink-fabric hardware (gb200, gb300), not {hardware!r}")
+        elif f.kind in ("fabric", "fabric-health") and fabric is None and nvswitch is not None:
+            # HGX: the GPUs stuck in a registration state (Fabric Manager active), or their fabric health degraded
             if f.kind == "fabric":
+                nvswitch.update(state=_value(f), status="Success" if f.value == "Completed" else "N/A")
+            else:
+                nvswitch["condition"] = _value(f)
+        elif f.kind in ("fabric", "cluster-uuid", "fabric-health"):
+            if fabric is None:
+                raise K3Error(f"fault {str(f)!r} needs NVLink-fabric hardware (gb200, gb300, or an HGX board with "
+                              f"NVSwitch for fabric, fabric-health), not {hardware!r}")
+            if f.kind == "fabric-health":
+                fabric["condition"] = _value(f)
+            elif f.kind == "fabric":
                 fabric["state"] = _value(f)
                 fabric["status"] = "Success" if f.value == "Completed" else "N/A"
             else:
                 fabric["cluster_uuid"] = _value(f)
+        elif f.kind == "imex-mgmt" and not prof.get("imex"):
+            raise K3Error(f"fault {str(f)!r} needs IMEX hardware (gb200, gb300), not {hardware!r}")
         elif f.kind == "imex-peer-down":
             if not prof.get("imex"):
                 raise K3Error(f"fault {str(f)!r} needs IMEX hardware (gb200, gb300), not {hardware!r}")
@@ -247,11 +261,22 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                 links_down = sorted({int(i) for i in _value(f).split(",")})
             else:
                 paths_missing.append(_value(f))
+        elif f.kind == "rail-only":
+            if not any(d.get("gpu") is not None for d in rdma):
+                raise K3Error(f"fault {str(f)!r} needs GPU NICs on rails, which {hardware!r} has not")
+        elif f.kind == "spectrum-x":
+            if prof.get("fabric") != "nvl":
+                raise K3Error(f"fault {str(f)!r} needs Grace trays with a BlueField-3 (gb200, gb300), not {hardware!r}")
+            # RoCE: the GPU NICs' ports are Ethernet (no LIDs); the BlueField-3 beside them already is
+            rdma = [{**d, "link_layer": "Ethernet", "sm_lid": 0, "port_lid": 0} if d.get("gpu") is not None else d
+                    for d in rdma]
+        elif f.kind == "no-peer-memory" and vendor != "amd":
+            raise K3Error(f"fault {str(f)!r} applies to AMD hardware only, not {hardware!r}")
         elif f.kind == "engine-crash":
             crash = True
         elif f.kind == "engine-slow":
             extra_load += float(_value(f))
-        # disk-full and sshd-down are applied by the cluster itself (mounts, services)
+        # disk-full, sshd-down and default-route are applied by the cluster itself (mounts, services, routes)
     bus, uuids = _gpu_ids(prof, count, name, cluster_uuid)
     gpu: dict[str, Any] = {"product": product, "count": count, "memory_mib": prof["memory_mib"],
                            "bus_ids": bus, "uuids": uuids, "power_w": prof.get("power_w", 0)}
@@ -271,8 +296,10 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "load_seconds": round(NOMINAL_LOAD_SECONDS * time_scale, 3),
         "gpu": gpu,
         "driver": {"version": driver},
-        "rdma": [dict(d) for d in prof["rdma"]],
+        "rdma": _rail_netdevs(rdma),
+        **({"rails": rails} if (rails := _rails(rdma, ip, any(f.kind == "rail-only" for f in mine))) else {}),
         "fabric": fabric,
+        **({"nvswitch": nvswitch} if nvswitch is not None else {}),
         "dmabuf": dmabuf,
         "modules_unloaded": modules_unloaded,
         "tools_missing": missing,
@@ -288,9 +315,15 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         config["nvidia_ctk"] = {"version": prof["ctk_version"],
                                 "runtime_version": prof["container_runtime_version"]}
         if prof.get("imex"):
-            config["imex"] = _imex_domain(hardware, rank, nodes, ip, imex_down)
+            # the trays that run IMEX on their management network (fault imex-mgmt): listed by that address
+            mgmt = {f.rank for f in faults if f.kind == "imex-mgmt"}
+            config["imex"] = _imex_domain(hardware, rank, nodes, ip, imex_down, mgmt)
+            if rank in mgmt:
+                config["management"] = {"interface": MANAGEMENT_INTERFACE, "ip": management_address(ip)}
     elif vendor == "amd":
-        config["rocm"] = {"version": prof["rocm"], "amdsmi": prof["amdsmi"]}
+        config["rocm"] = {"version": prof["rocm"], "amdsmi": prof["amdsmi"],
+                          # amdgpu-dkms with a peer-memory RDMA stack: /sys/kernel/mm/memory_peers/amdkfd/version
+                          "peer_memory": bool(prof["rdma"]) and not any(f.kind == "no-peer-memory" for f in mine)}
     else:
         # the other nodes' downed ports: the simulated hccn_tool -ping/-hccs_ping to NPU N of rank R fails on them
         peers_down = {str(f.rank): sorted({int(i) for i in _value(f).split(",")}) for f in faults
@@ -303,11 +336,48 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     return config
 
 
-def _imex_domain(hardware: str, rank: int, nodes: int, ip: str, peer_down: bool) -> dict[str, Any]:
+#: the second interface of a tray that runs IMEX on its management network (fault ``imex-mgmt``)
+MANAGEMENT_INTERFACE = "mgmt0"
+
+
+def management_address(ip: str) -> str:
+    """The management-network address of the node at cluster address ``ip``: ``192.168.<subnet's third octet>.<the
+    same host number>`` (inside the node's own network namespace, so it meets no other network).
+
+    >>> management_address("10.77.5.12")
+    '192.168.5.12'
+    """
+    prefix, _, last = ip.rpartition(".")
+    return f"192.168.{prefix.rpartition('.')[2]}.{last}"
+
+
+def _rail_netdevs(rdma: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each GPU NIC's network interface (the IPoIB ``ib<i>``, or a RoCE netdev ``ens<i+1>f0np0``), as
+    ``ibdev2netdev`` names it."""
+    return [{**d, "netdev": f"ib{d['gpu']}" if d["link_layer"] == "InfiniBand" else f"ens{d['gpu'] + 1}f0np0"}
+            if d.get("gpu") is not None else d for d in rdma]
+
+
+def _rails(rdma: list[dict[str, Any]], ip: str, rail_only: bool) -> dict[str, Any] | None:
+    """The node's GPU NICs on the cluster's rails: GPU NIC i on rail i, ``10.<200 + i>.<c>.<d>/24`` for the node's
+    ``<a>.<b>.<c>.<d>`` (one subnet per rail, :mod:`k3deploy.sim.network`), reaching the other rails through the
+    spine unless ``rail_only``. None without GPU NICs or a cluster address."""
+    parts = ip.split(".")
+    gpu_nics = [d for d in _rail_netdevs(rdma) if d.get("gpu") is not None]
+    if len(parts) != 4 or not all(p.isdigit() for p in parts) or not gpu_nics:
+        return None
+    ports = [{"netdev": d["netdev"], "rail": d["gpu"], "address": f"10.{200 + d['gpu']}.{parts[2]}.{parts[3]}"}
+             for d in gpu_nics]
+    return {"ports": ports, "rail_only": rail_only}
+
+
+def _imex_domain(hardware: str, rank: int, nodes: int, ip: str, peer_down: bool,
+                 mgmt: set[int] | None = None) -> dict[str, Any]:
     """What ``nvidia-imex-ctl -N`` of this tray reports: the trays of its NVLink domain (its rack: the ranks
     ``domain * k`` to ``domain * (k + 1) - 1``, addressed as the cluster lays nodes out, ``<subnet>.<11 + rank>``),
     in ``nodes_config.cfg`` order, all connected; under ``imex-peer-down`` one peer (the next tray, or the one
-    before for the last) is down."""
+    before for the last) is down. A tray in ``mgmt`` (fault ``imex-mgmt``: IMEX bound to its management network, as
+    NVIDIA's IMEX guide allows with ``BIND_INTERFACE_IP``) is listed by its management address."""
     domain = (hardware_profiles()[hardware].nvl_domain or nodes) if hardware in hardware_profiles() else nodes
     first = rank // domain * domain
     ranks = list(range(first, min(nodes, first + domain)))
@@ -315,13 +385,18 @@ def _imex_domain(hardware: str, rank: int, nodes: int, ip: str, peer_down: bool)
     if not last.isdigit():  # not a cluster address (a unit test's placeholder): the tray alone
         return {"nodes": [ip], "down": []}
     base = int(last) - rank
+
+    def address(r: int) -> str:
+        cluster = f"{prefix}.{base + r}"
+        return management_address(cluster) if r in (mgmt or set()) else cluster
+
     down: list[str] = []
     if peer_down:
         if len(ranks) < 2:
             raise K3Error(f"fault {rank}:imex-peer-down needs a peer in the tray's NVLink domain")
         peer = rank + 1 if rank + 1 in ranks else rank - 1
-        down.append(f"{prefix}.{base + peer}")
-    return {"nodes": [f"{prefix}.{base + r}" for r in ranks], "down": down}
+        down.append(address(peer))
+    return {"nodes": [address(r) for r in ranks], "down": down}
 
 
 def _tool_files() -> list[str]:
@@ -421,6 +496,34 @@ def install_node_tools(root: str | Path, config: dict[str, Any]) -> list[str]:
     tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(tmp, cfg)
     return installed
+
+
+#: where the simulated node's /sys/kernel/mm comes from (nspawn binds a directory over it: sysfs is read-only)
+SYSFS_MM = "/sys/kernel/mm"
+
+
+def sysfs_mm_files(config: dict[str, Any]) -> dict[str, str] | None:
+    """Files (relative to ``/sys/kernel/mm``) a real node of this configuration has there and the simulated one
+    must show: on AMD the amdkfd peer-memory interface's version (amdgpu's peer-memory bridge registers as
+    ``amdkfd``, version ``1.0``, and ib_core's peer memory shows it as ``memory_peers/amdkfd/version``), none under
+    the ``no-peer-memory`` fault. None: the node's /sys/kernel/mm stays the kernel's (no directory is bound)."""
+    if config.get("vendor") != "amd":
+        return None
+    return {"memory_peers/amdkfd/version": "1.0\n"} if config.get("rocm", {}).get("peer_memory") else {}
+
+
+def write_sysfs_mm(directory: Path, files: dict[str, str]) -> None:
+    """Make ``directory`` (bound over the node's /sys/kernel/mm) hold exactly ``files``; the directory itself stays
+    (a running node has it bound: a fault added or cleared shows at once)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for child in directory.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    for rel, text in files.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_text(text)
 
 
 def device_nodes(config: dict[str, Any]) -> list[str]:

@@ -18,6 +18,24 @@ import shlex
 
 from k3deploy.vendors.base import Check, Spot
 
+#: the NICs of NVIDIA BlueField DPUs by ``ibv_devinfo``'s ``vendor_part_id`` (the PCI device id, in decimal; pci.ids:
+#: 15b3:a2d2, a2d6, a2dc, a2d9): north-south, storage or management ports beside a node's GPU NICs (a GB300
+#: Spectrum-X tray: ConnectX-8 SuperNICs and a BlueField-3, all RoCE). An extra RoCE port in ``NCCL_IB_HCA`` is a
+#: known cause of ``ibv_modify_qp`` timeouts. (BlueField-3 SuperNICs, where they are the GPU NICs, report 41692 too:
+#: the port choice leaves BlueField ports out only when other ports remain.)
+DPU_PART_IDS: dict[int, str] = {
+    0xA2D2: "BlueField", 0xA2D6: "BlueField-2", 0xA2DC: "BlueField-3", 0xA2D9: "BlueField-3 Lx",
+}
+
+
+def dpu_model(part_id: int | None) -> str | None:
+    """The BlueField generation of an RDMA device's ``vendor_part_id``, None for any other NIC.
+
+    >>> dpu_model(41692), dpu_model(4131), dpu_model(None)
+    ('BlueField-3', None, None)
+    """
+    return DPU_PART_IDS.get(part_id) if part_id is not None else None
+
 
 def _interface(spot: Spot) -> str:
     return f"ip -o -4 addr show | grep -F ' {spot.address}/'" if spot.address else "ip -o -4 route show default"
@@ -37,6 +55,10 @@ COMMON: tuple[Check, ...] = (
     Check("rdma.devices", "ibv_devinfo | grep -E 'hca_id|state|link_layer'",
           "an ACTIVE InfiniBand/RoCE port (multi-node)",
           "install rdma-core (ibverbs-utils) or DOCA-OFED; without RDMA NCCL falls back to TCP sockets"),
+    Check("rdma.reach", "ping -c 2 -W 2 -I <port netdev> <peer port address>  # each chosen port to each peer's",
+          "expert parallelism across nodes: each chosen RDMA port reaches each chosen port of the other nodes",
+          "connect the rails (a spine, or routes between the rail subnets), or choose a strategy without expert "
+          "parallelism across nodes"),
     Check("disk.images", "df -h \"$(docker info --format '{{.DockerRootDir}}')\"", "free space for container images",
           "free space or point Docker's data-root at a larger disk"),
     Check("disk.cache", _cache, "free space for the model weights",

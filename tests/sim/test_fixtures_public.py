@@ -102,6 +102,19 @@ def test_fabric_completed_but_unhealthy_gb200():
     assert gpu.completed and gpu.has_cluster
 
 
+def test_hgx_h100_fabric_registered_and_the_simulated_hgx_block(tmp_path):
+    """A real HGX H100 (driver 565.57.01): registered with the NVSwitch fabric, CliqueId 0, the zero ClusterUUID,
+    Health > Bandwidth N/A; the simulated HGX board prints the same block."""
+    real = lines("nvidia/smi-q-h100-hgx-fabric-completed.txt")
+    (gpu,) = run(nvidia.NvlinkFabric, real)
+    assert (gpu.state, gpu.status, gpu.clique_id, gpu.has_cluster, gpu.bandwidth) == (
+        "Completed", "Success", "0", False, None)
+    assert _fabric_keys(real) == ["State", "Status", "CliqueId", "ClusterUUID", "Health/Bandwidth"]
+    sim = simulated("usr/bin/nvidia-smi", ["-q"], tmp_path, "h100")
+    assert _fabric_keys(sim) == _fabric_keys(real)
+    assert {(g.state, g.status, g.clique_id) for g in run(nvidia.NvlinkFabric, sim)} == {("Completed", "Success", "0")}
+
+
 def test_fabric_completed_with_insufficient_resources():
     (gpu,) = run(nvidia.NvlinkFabric, lines("nvidia/smi-q-fabric-insufficient-resources.txt"))
     assert (gpu.state, gpu.status, gpu.clique_id) == ("Completed", "Insufficient Resources", "0")
@@ -129,11 +142,17 @@ def _fabric_keys(output: list[str]) -> list[str]:
     return out
 
 
+#: the Health rows after Summary and Bandwidth of a real GB300 tray (driver 580.173.02; NVIDIA/k8s-test-infra,
+#: tests/e2e/go/assertions/nvidiasmi/fabric_health.go, HealthyFabricBlock; Partition Assigned, N/A there, left out)
+GB300_HEALTH_ROWS = ["Health/Route Recovery in progress", "Health/Route Unhealthy", "Health/Access Timeout Recovery",
+                     "Health/Incorrect Configuration"]
+
+
 def test_simulated_fabric_block_has_the_real_gb200_keys(tmp_path):
-    real = _fabric_keys(lines("nvidia/smi-q-fabric-unhealthy-gb200.txt"))
+    real = _fabric_keys(lines("nvidia/smi-q-fabric-unhealthy-gb200.txt"))  # grep -C3: cut after Bandwidth
     assert real == ["State", "Status", "CliqueId", "ClusterUUID", "Health/Summary", "Health/Bandwidth"]
     sim = simulated("usr/bin/nvidia-smi", ["-q"], tmp_path, "gb200")
-    assert _fabric_keys(sim) == real
+    assert _fabric_keys(sim) == real + GB300_HEALTH_ROWS
     fabric = run(nvidia.NvlinkFabric, sim)
     assert len(fabric) == 4 and all(g.completed and g.has_cluster and g.health == "Healthy" for g in fabric)
 

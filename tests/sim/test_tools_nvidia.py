@@ -121,11 +121,37 @@ def test_bad_field_and_missing_format_fail_like_nvidia_smi(tmp_path):
     assert smi(cfg, "--query-gpu=name").returncode != 0
 
 
-def test_q_fabric_block_of_a_pcie_hopper_is_the_real_na_block(tmp_path):
+def test_q_fabric_block_of_an_hgx_hopper_is_the_real_registered_block(tmp_path):
+    """An HGX H100/H200's GPU registered with the NVSwitch fabric (tests/fixtures/nvidia/smi-q-h100-hgx-fabric-
+    completed.txt, a real HGX H100); a GPU outside any fabric (fault fabric=N/A) prints the real N/A block."""
+    real = (Path(__file__).parents[1] / "fixtures/nvidia/smi-q-h100-hgx-fabric-completed.txt").read_text()
+    block = "\n".join(real.splitlines()[4:11])
     res = smi(node(tmp_path, "h200"), "-q", "-i", "0")
-    assert REAL_NA_FABRIC in res.stdout
+    assert block in res.stdout
     assert "Driver Version                            : 580.126.09" in res.stdout
     assert "CUDA Version                              : 13.0" in res.stdout
+    assert REAL_NA_FABRIC in smi(node(tmp_path, "h200", "0:fabric=N/A", name="na"), "-q", "-i", "0").stdout
+
+
+def test_hgx_fabric_fault_leaves_the_gpus_in_progress_with_fabric_manager_running(tmp_path):
+    """NVSentinel #883/#889: the service active and of the driver's version, the GPUs In Progress."""
+    cfg = node(tmp_path, "b200", "0:fabric=In Progress", name="stuck")
+    gpus = q_blocks(smi(cfg, "-q").stdout)
+    assert len(gpus) == 8 and {(g["Fabric/State"], g["Fabric/Status"]) for g in gpus} == {("In Progress", "N/A")}
+    assert tool(cfg, "usr/bin/nv-fabricmanager", "--version").stdout.strip() == \
+        "Fabric Manager version is : 580.126.09"
+    assert "/usr/bin/nv-fabricmanager" not in excluded_paths(cfg)
+
+
+def test_fabric_health_fault_degrades_every_gpu_of_the_tray(tmp_path):
+    slow = q_blocks(smi(node(tmp_path, "gb300", "0:fabric-health=degraded-bandwidth", name="slow"), "-q").stdout)
+    assert {(g["Fabric/Health/Summary"], g["Fabric/Health/Bandwidth"]) for g in slow} == {
+        ("Limited Capacity", "Degraded")}
+    ok = q_blocks(smi(node(tmp_path, "gb300", name="ok"), "-q").stdout)
+    assert {(g["Fabric/Health/Summary"], g["Fabric/Health/Bandwidth"], g["Fabric/Health/Incorrect Configuration"])
+            for g in ok} == {("Healthy", "Full", "None")}
+    hgx = q_blocks(smi(node(tmp_path, "h200", "0:fabric-health=no-partition", name="hgx"), "-q").stdout)
+    assert {g["Fabric/Health/Incorrect Configuration"] for g in hgx} == {"No Partition"}
 
 
 def test_q_fabric_on_gb300_trays_is_completed_with_one_cluster_uuid(tmp_path):
@@ -209,6 +235,7 @@ def test_faults_only_touch_their_own_part_of_the_config(tmp_path):
         "1:no-peermem": {"modules_unloaded", "faults"},
         "1:fabric=Not Started": {"fabric", "faults"},
         f"1:cluster-uuid={UUID.replace('8f', '9f')}": {"fabric", "faults"},
+        "1:fabric-health=route-unhealthy": {"fabric", "faults"},
         "1:engine-crash": {"engine", "faults"},
         "1:engine-slow=5": {"engine", "faults"},
         "1:disk-full": {"faults"},
@@ -311,3 +338,20 @@ def test_topo_matrix_places_the_nics_as_real_machines_do(tmp_path):
     grace = parse_topo(tool(node(tmp_path, "gb300", name="gb"), "usr/bin/nvidia-smi", "topo", "-m").stdout.splitlines())
     assert {grace.nearest(n) for n in grace.nics} == {"SYS"} and len(grace.gpus) == 4
     assert tool(node(tmp_path, "h200", name="x"), "usr/bin/nvidia-smi", "topo", "-x").returncode == 2
+
+
+def test_imex_mgmt_fault_lists_the_tray_by_its_management_address(tmp_path):
+    """IMEX bound to a second network (NVIDIA's IMEX guide: BIND_INTERFACE_IP): the tray gets mgmt0, and every
+    tray's nodes_config.cfg (nvidia-imex-ctl -N) names it by that address."""
+    faults = [parse_fault("1:imex-mgmt")]
+    one = node_config("gb300", 1, 2, "node2", "10.77.5.12", faults, 0.01, UUID)
+    other = node_config("gb300", 0, 2, "node1", "10.77.5.11", faults, 0.01, UUID)
+    assert one["management"] == {"interface": "mgmt0", "ip": "192.168.5.12"}
+    assert "management" not in other
+    assert one["imex"]["nodes"] == other["imex"]["nodes"] == ["10.77.5.11", "192.168.5.12"]
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(one))
+    listed = tool({**one, "_path": str(path)}, "usr/bin/nvidia-imex-ctl", "-N").stdout
+    assert "Node #1   - 192.168.5.12" in listed and "Domain State: UP" in listed
+    with pytest.raises(Exception, match="needs IMEX hardware"):
+        node_config("h200", 0, 2, "node1", "10.77.5.11", [parse_fault("0:imex-mgmt")], 0.01, UUID)

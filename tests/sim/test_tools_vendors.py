@@ -229,8 +229,8 @@ def test_node_config_shape_and_scaling():
         node_config("b900", 0, 1, "n", "ip", [], 0.01, UUID)
     with pytest.raises(K3Error, match="NVIDIA hardware only"):
         node_config("mi355x", 0, 1, "n", "ip", [parse_fault("0:no-peermem")], 0.01, UUID)
-    with pytest.raises(K3Error, match="gb200, gb300"):
-        node_config("h200", 0, 1, "n", "ip", [parse_fault("0:fabric=Completed")], 0.01, UUID)
+    with pytest.raises(K3Error, match="gb200, gb300"):  # HGX boards take fabric= (their NVSwitch registration)
+        node_config("h200", 0, 1, "n", "ip", [parse_fault(f"0:cluster-uuid={UUID}")], 0.01, UUID)
 
 
 def test_excluded_paths_leave_out_other_vendors_tools(tmp_path):
@@ -347,8 +347,8 @@ def test_the_tool_cache_answers_image_inspect_and_ls_while_the_image_store_is_un
 
 def test_parse_fault_accepts_every_kind():
     samples = {"driver": "=570.86.15", "gpu-count": "=7", "gpu-model": "=NVIDIA H100",
-               "fabric": "=In Progress", "cluster-uuid": f"={UUID}", "engine-slow": "=5", "npu-link-down": "=3",
-               "mount-missing": "=/usr/local/dcmi"}
+               "fabric": "=In Progress", "fabric-health": "=degraded-bandwidth", "cluster-uuid": f"={UUID}", "engine-slow": "=5", "npu-link-down": "=3",
+               "mount-missing": "=/usr/local/dcmi", "default-route": "=front-end"}
     for kind in FAULT_KINDS:
         fault = parse_fault(f"2:{kind}{samples.get(kind, '')}")
         assert fault == Fault(2, kind, samples[kind][1:] if kind in samples else None)

@@ -71,8 +71,14 @@ def imex_domain(addresses: list[str], state: str = "UP", status: dict[int, str] 
 TRAYS = [f"10.77.0.{11 + i}" for i in range(3)]
 
 
+def ib_ports(n: int) -> list[RdmaDevice]:
+    """A node's GPU NICs, one InfiniBand port each (one per GPU)."""
+    return [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)]) for i in range(n)]
+
+
 def gb300_host(name: str, address: str) -> HostFacts:
     facts = common(name, address)
+    facts["rdma"] = ib_ports(4)
     # GB300 + ConnectX-8: Data Direct needs the 6.14-nvidia kernel (NVIDIA's Grace Blackwell CX8 GPUDirect RDMA guide)
     facts["dmabuf"] = DmabufSupport("6.14.0-1007-nvidia-64k", True, True, True, True, [], "25.04-0.6.1")
     return HostFacts(
@@ -87,7 +93,7 @@ def gb300_host(name: str, address: str) -> HostFacts:
 
 def h200_host(name: str, address: str) -> HostFacts:
     return HostFacts(
-        **common(name, address),
+        **{**common(name, address), "rdma": ib_ports(8)},
         gpus=[NvidiaGpu("NVIDIA H200", 143771, "580.126.09") for _ in range(8)],
         toolkit=ToolkitVersion("1.17.8"),
         fabric_manager=FabricManagerState("active", "580.126.09"),
@@ -546,7 +552,7 @@ def test_settings_for_gb300_trays():
         "NCCL_MNNVL_ENABLE": "1",
         "NCCL_CUMEM_ENABLE": "1",
         "NCCL_NVLS_ENABLE": "1",
-        "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+        "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1",
     }
     assert not s.peermem_required
 
@@ -669,7 +675,8 @@ def test_the_rdma_port_of_the_default_route_is_not_given_to_nccl_or_ucx():
     assert s.env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
     assert "mlx5_4:1 (eno1 carries the default route)" in s.reasons["NCCL_IB_HCA"]
     rdma = _result(run_checks(sel("h200", 2), [host, h200_host("h200-1", "10.0.0.2")]), "h200-0", "rdma.devices")
-    assert rdma.status == "pass" and "not mlx5_4:1" in rdma.observed
+    # two GPU NIC ports left for eight GPUs: a warning, the left-out port named
+    assert rdma.status == "warn" and "not mlx5_4:1" in rdma.observed and "2 ports chosen for 8 GPUs" in rdma.observed
 
 
 def test_a_single_rdma_port_on_the_default_route_is_kept_with_a_warning():
@@ -683,7 +690,7 @@ def test_a_single_rdma_port_on_the_default_route_is_kept_with_a_warning():
 def test_roce_only_nodes_get_no_gid_index_advice():
     # NCCL picks the RoCE v2 GID itself (NCCL_IB_GID_INDEX defaults to -1: automatic)
     host = h200_host("h200-0", "10.0.0.1")
-    host.rdma = [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 4096)]) for i in range(2)]
+    host.rdma = [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 4096)]) for i in range(8)]
     results = run_checks(sel("h200", 2), [host, h200_host("h200-1", "10.0.0.2")])
     rdma = _result(results, "h200-0", "rdma.devices")
     assert rdma.status == "pass" and "GID" not in rdma.fix + rdma.observed

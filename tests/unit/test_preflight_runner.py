@@ -47,7 +47,9 @@ def responses(address: str, fabric: str = "nvidia/smi-q-gb300-completed.txt") ->
         "nvidia-ctk --version": fixture("nvidia/nvidia-ctk-version.txt") + ok,
         "systemctl is-active nvidia-imex": fixture("nvidia/imex-active.txt") + ok,
         "nvidia-imex-ctl -N": imex_domain(TRAYS) + ok,
-        "ibv_devinfo": fixture("rdma/ibv_devinfo-mlx5_0.txt") + ok,
+        # a tray's four GPU NICs (one per GPU): the one-HCA fixture, renamed mlx5_0..mlx5_3
+        "ibv_devinfo": [line.replace("mlx5_0", f"mlx5_{i}") for i in range(4)
+                        for line in fixture("rdma/ibv_devinfo-mlx5_0.txt")] + ok,
         "lsmod": fixture("rdma/lsmod-peermem.txt") + ok,
         "/proc/driver/nvidia/version": fixture("nvidia/proc-version-open-aarch64.txt") + ok,
         "uname -r": ["6.14.0-1007-nvidia-64k", *ok],
@@ -101,7 +103,7 @@ def test_fake_gb300_trays_all_pass_in_process(tmp_path):
     bad = [(r.host, r.check, r.observed) for r in report.results if r.status != "pass"]
     assert bad == [] and report.exit_code == 0
     assert report.settings["@fake/gb300-1"].env["NCCL_SOCKET_IFNAME"] == "=enP6p3s0f0np0"
-    assert report.settings["@fake/gb300-1"].env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert report.settings["@fake/gb300-1"].env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
     assert report.settings["@fake/gb300-1"].env["NCCL_MNNVL_ENABLE"] == "1"
 
 

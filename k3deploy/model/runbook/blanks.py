@@ -41,16 +41,31 @@ HCA_COMMAND = ("ibv_devinfo | awk '/hca_id:/ {d=$2} /port:/ {p=$2} "
                "/PORT_ACTIVE/ {printf \"%s%s:%s\", s, d, p; s=\",\"}' | sed 's/^/=/'")
 
 
-def offline_env(req: Requirements, host: str, address: str) -> tuple[dict[str, str], list[Blank]]:
+def offline_env(req: Requirements, host: str, address: str,
+                iface_setting: str | None = None) -> tuple[dict[str, str], list[Blank]]:
     """The env settings the rollout derives from a node's facts (the vendor pack's
-    :class:`~k3deploy.vendors.base.Transport`), as blanks (and the blanks themselves)."""
+    :class:`~k3deploy.vendors.base.Transport`), as blanks (and the blanks themselves); the socket interface is
+    ``iface_setting`` (``k3_iface``) when given, in NCCL's exact-match form (``=NAME``) where the pack says so.
+
+    >>> from k3deploy.recipe.taxonomy import hardware
+    >>> need = Requirements(hardware()["h200"], "default", None, nodes=2, multi_node=True)
+    >>> env, _ = offline_env(need, "n1", "10.0.0.11")
+    >>> env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]
+    ('=@IFACE_n1@', '@IFACE_n1@')
+    >>> offline_env(need, "n1", "10.0.0.11", "bond0")[0]["NCCL_SOCKET_IFNAME"]
+    '=bond0'
+    """
     transport = pack_for(req).transport
     blanks: list[Blank] = []
     env: dict[str, str] = {}
     iface = Blank(host, "IFACE", f"the interface carrying {address}", interface_command(address))
-    blanks.append(iface)
+    if iface_setting:
+        name = iface_setting.lstrip("=")
+    else:
+        blanks.append(iface)
+        name = iface.token
     for key in transport.socket_env:
-        env[key] = iface.token
+        env[key] = ("=" if key in transport.exact_socket_env else "") + name
     if transport.address_env:
         env[transport.address_env] = address
     if req.mnnvl:

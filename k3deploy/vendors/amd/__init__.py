@@ -2,9 +2,17 @@
 PCI device id where the kernel names it, else by product name as words.
 
 Pure: the pack (:data:`PACK`) and the floors. The judges and the facts they read are
-:mod:`k3deploy.vendors.amd.checks` (preflight layer). ``ROCM_HOST_MIN``: host ROCm userspace floor (None: the
-ROCm image brings its own ROCm); a module variable a site can change before calling
-:func:`k3deploy.preflight.checks.run_checks`.
+:mod:`k3deploy.vendors.amd.checks` (preflight layer). Module variables a site can change before calling
+:func:`k3deploy.preflight.checks.run_checks`:
+
+* ``AMDGPU_FLOOR``: the oldest amdgpu kernel driver the ROCm 7 image runs on. ROCm supports its user space with the
+  kernel driver of two releases either side (ROCm's "User and kernel-space support matrix"); the image's ROCm 7.0
+  user space thus needs the driver of ROCm 6.3 or newer, whose amdgpu-dkms module is 6.10.x (ROCm 6.4: 6.12.x,
+  ROCm 7.0: 6.14.x). Every node of a group runs one amdgpu version (RCCL across nodes).
+* ``ROCM_HOST_MIN``: host ROCm userspace floor (None: the ROCm image brings its own ROCm).
+* ``GPUDIRECT_MISSING_STATUS``: status when RCCL would find no amdkfd peer-memory interface on a multi-node host
+  (it then stages every transfer through host memory, silently: it works, much slower, so a multi-node K3
+  deployment treats it as a failure; set "warn" to accept it).
 
     >>> PACK.transport.ucx_tls, PACK.model_matches("AMD Instinct MI300X OAM", None, ["AMD Instinct MI300X"], [])
     ('rc,rocm_copy', True)
@@ -12,10 +20,45 @@ ROCm image brings its own ROCm); a module variable a site can change before call
 
 from __future__ import annotations
 
+from typing import Literal
+
 from k3deploy.vendors.base import Check, Container, Pack, Transport
 from k3deploy.vendors.common import COMMON
 
+AMDGPU_FLOOR = "6.10"
 ROCM_HOST_MIN: str | None = None
+GPUDIRECT_MISSING_STATUS: Literal["pass", "warn", "fail"] = "fail"
+
+#: where RCCL finds the amdkfd peer-memory interface (ROCm/rccl src/transport/net_ib.cc, ncclIbGdrSupport: the
+#: directory moved with the kernel's ib_peer_mem), and the symbol it looks for in /proc/kallsyms otherwise (a kernel
+#: whose own ib_core carries peer memory)
+PEER_MEMORY_PATHS = ("/sys/kernel/mm/memory_peers/amdkfd/version", "/sys/kernel/memory_peers/amdkfd/version",
+                     "/sys/memory_peers/amdkfd/version")
+PEER_MEMORY_SYMBOL = "ib_register_peer_memory_client"
+#: the exported function (``T``), not amdgpu's own ``pfn_ib_register_peer_memory_client`` pointer
+KALLSYMS_GREP = f"grep -m1 -w -E '[Tt] {PEER_MEMORY_SYMBOL}' /proc/kallsyms"
+
+#: the fix of a GPU count that differs from the hardware's: a partitioned GPU shows as several devices
+GPU_COUNT_FIX = ("a GPU is missing, or the GPUs are partitioned (CPX compute or NPS4 memory partitions show each GPU "
+                 "as several devices): set SPX and NPS1 (amd-smi set --memory-partition NPS1; amd-smi set "
+                 "--compute-partition SPX), or repair the node (dmesg | grep amdgpu)")
+
+
+def driver_fix(floor: str) -> str:
+    """The fix of an amdgpu below ``floor`` (or unreadable)."""
+    return (f"install amdgpu-dkms with amdgpu >= {floor} (ROCm 6.3's is 6.10.x, 6.4's 6.12.x, 7.0's 6.14.x) and "
+            "reboot (the ROCm image brings its own ROCm; the host needs the kernel driver)")
+
+
+GROUP_FIX = ("install the same amdgpu-dkms version on every node of the group (apt install amdgpu-dkms=<version> or "
+             "amdgpu-install of one ROCm release) and reboot the nodes that differ")
+GPUDIRECT_FIX = ("install amdgpu-dkms with a peer-memory capable RDMA stack (the NIC vendor's OFED/DOCA or a kernel "
+                 "whose ib_core exports ib_register_peer_memory_client) and reboot; otherwise RCCL stages every "
+                 "transfer through host memory")
+
+
+def _peer_memory_command() -> str:
+    return "; ".join([*(f"cat {path}" for path in PEER_MEMORY_PATHS), KALLSYMS_GREP])
 
 PACK = Pack(
     name="amd",
@@ -36,14 +79,18 @@ PACK = Pack(
     checks=(
         Check("gpu.model", "rocm-smi --showproductname", "the hardware's GPU product names or PCI device ids",
               "set k3_hardware to what these nodes are"),
-        Check("gpu.count", "rocm-smi --showproductname", "the hardware's GPUs per node",
-              "a device is missing or hidden: repair the node"),
-        Check("rocm.driver", "rocm-smi --showdriverversion", "amdgpu kernel driver",
-              "install amdgpu-dkms (the ROCm image brings its own ROCm; the host needs the kernel driver)"),
+        Check("gpu.count", "rocm-smi --showproductname", "the hardware's GPUs per node", GPU_COUNT_FIX),
+        Check("rocm.driver", "cat /sys/module/amdgpu/version || rocm-smi --showdriverversion",
+              f"amdgpu kernel driver >= {AMDGPU_FLOOR} (ROCm 7 image)", driver_fix(AMDGPU_FLOOR)),
+        Check("rocm.driver.group", "cat /sys/module/amdgpu/version || rocm-smi --showdriverversion",
+              "one amdgpu version on every node of the group", GROUP_FIX, each_node=False),
         Check("rocm.version", "amd-smi version", "host ROCm userspace: none needed (the image brings ROCm)",
               "install the ROCm version named on the host", fact="AmdSmiVersion"),
         Check("rocm.devices", "rocm-smi --showmeminfo vram", "working rocm-smi",
               "install the amdgpu driver (amdgpu-dkms) and ROCm SMI, then reboot"),
+        Check("rdma.gpudirect", _peer_memory_command(),
+              "the amdkfd peer-memory interface RCCL uses for GPUDirect RDMA (multi-node)", GPUDIRECT_FIX,
+              fact="AmdPeerMemory"),
         Check("gpu.memory", "rocm-smi --showmeminfo vram",
               "the planned nodes' GPU memory >= the variant's planning minimum",
               "plan more nodes, or choose a smaller variant", each_node=False),

@@ -1,34 +1,44 @@
 """AMD's preflight side: the facts it reads and the judges of its checks (preflight layer): the amdgpu kernel
-driver and, where a site asks for one, the host's ROCm userspace. Ids, commands and floors: :mod:`k3deploy.vendors.amd`.
+driver (its floor, one version across the group), where a site asks for one the host's ROCm userspace, and on
+multi-node hosts the amdkfd peer-memory interface RCCL's GPUDirect RDMA needs. Ids, commands and floors:
+:mod:`k3deploy.vendors.amd`.
 """
 
 from __future__ import annotations
 
 from k3deploy.facts import amd as facts_amd
-from k3deploy.facts.amd import AmdSmiVersions, RocmDriver
+from k3deploy.facts.amd import AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.base import GIB, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
+from k3deploy.preflight.base import CLUSTER, GIB, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
 from k3deploy.vendors import amd as vendor
+
+
+def amdgpu_version(facts: HostFacts) -> str | None:
+    """The host's amdgpu kernel driver version: the loaded module's (or rocm-smi's), else amd-smi's."""
+    if isinstance(facts.rocm_driver, RocmDriver):
+        return facts.rocm_driver.driver
+    versions = facts.amd_versions
+    if isinstance(versions, AmdSmiVersions) and versions.amdgpu:
+        return versions.amdgpu
+    return None
 
 
 def _check_rocm(out: Results, facts: HostFacts) -> None:
     versions = facts.amd_versions
     floor = f", host ROCm >= {vendor.ROCM_HOST_MIN}" if vendor.ROCM_HOST_MIN else ""
-    required = vendor.PACK.check("rocm.driver").required + floor
-    if isinstance(facts.rocm_driver, RocmDriver):
-        driver = facts.rocm_driver.driver
-    elif isinstance(versions, AmdSmiVersions) and versions.amdgpu:
-        driver = versions.amdgpu
-    else:
-        driver = None
+    required = f"amdgpu >= {vendor.AMDGPU_FLOOR} (ROCm 7 image)" + floor
+    driver = amdgpu_version(facts)
     if driver is None:
         err = facts.rocm_driver if isinstance(facts.rocm_driver, FactError) else None
         observed = err.message(facts.host) if err else "amdgpu driver version not reported"
-        out.add(facts.host, "rocm.driver", "fail", observed, required,
-                vendor.PACK.check("rocm.driver").fix)
+        out.add(facts.host, "rocm.driver", "fail", observed, required, vendor.driver_fix(vendor.AMDGPU_FLOOR))
+    elif not version_at_least(driver, vendor.AMDGPU_FLOOR):
+        out.add(facts.host, "rocm.driver", "fail", f"amdgpu {driver}", required, vendor.driver_fix(vendor.AMDGPU_FLOOR))
+    else:
+        out.add(facts.host, "rocm.driver", "pass", f"amdgpu {driver}", required)
+    if driver is None:
         return
-    out.add(facts.host, "rocm.driver", "pass", f"amdgpu {driver}", required)
     rocm = versions.rocm if isinstance(versions, AmdSmiVersions) else None
     if vendor.ROCM_HOST_MIN and (rocm is None or not version_at_least(rocm, vendor.ROCM_HOST_MIN)):
         out.add(facts.host, "rocm.version", "fail", f"host ROCm {rocm or 'N/A'}", f">= {vendor.ROCM_HOST_MIN}",
@@ -39,9 +49,54 @@ def _check_rocm(out: Results, facts: HostFacts) -> None:
         out.add(facts.host, "rocm.version", "pass", f"host ROCm {rocm}", vendor.ROCM_HOST_MIN or "none")
 
 
+def _check_peer_memory(out: Results, facts: HostFacts) -> None:
+    """``rdma.gpudirect``: RCCL uses GPUDirect RDMA only where it finds the amdkfd peer-memory interface; without it
+    every transfer between nodes is staged through host memory, and nothing says so."""
+    peer = facts.amd_peer_memory
+    if peer is None:
+        return
+    check = vendor.PACK.check("rdma.gpudirect")
+    if isinstance(peer, FactError):
+        out.error(facts.host, "rdma.gpudirect", peer, check.required, check.fix)
+    elif isinstance(peer, PeerMemory) and peer.available:
+        out.add(facts.host, "rdma.gpudirect", "pass", peer.shown, check.required)
+    else:
+        out.add(facts.host, "rdma.gpudirect", vendor.GPUDIRECT_MISSING_STATUS, peer.shown + ": RCCL stages "
+                "through host memory", check.required, check.fix)
+
+
 class AmdRun(VendorRun):
+    def after_rdma(self, out: Results, facts: HostFacts) -> None:
+        _check_peer_memory(out, facts)
+
     def last(self, out: Results, facts: HostFacts) -> None:
         _check_rocm(out, facts)
+
+    def cluster(self, out: Results) -> None:
+        """``rocm.driver.group``: one amdgpu version on every node of a multi-node group (RCCL across nodes, as
+        NVIDIA's driver and Fabric Manager must match); the nodes that differ from the most common version fail."""
+        drivers = {h.host: amdgpu_version(h) for h in self.hosts if h.unreachable is None}
+        known = {h: v for h, v in drivers.items() if v is not None}
+        if len(self.hosts) < 2 or len(known) < 2:
+            return
+        check = vendor.PACK.check("rocm.driver.group")
+        counts: dict[str, int] = {}
+        for version in known.values():
+            counts[version] = counts.get(version, 0) + 1
+        if len(counts) == 1:
+            out.add(CLUSTER, "rocm.driver.group", "pass", f"amdgpu {next(iter(counts))} on {len(known)} nodes",
+                    check.required)
+            return
+        order = list(known)
+        top = max(counts.values())
+        # the most common version; a tie goes to the first host in inventory order (the head)
+        majority = next(known[h] for h in order if counts[known[h]] == top)
+        shown = "; ".join(f"amdgpu {v} on {', '.join(h for h in order if known[h] == v)}" for v in counts)
+        for host in order:
+            if known[host] != majority:
+                out.add(host, "rocm.driver.group", "fail", f"amdgpu {known[host]} (the group's other nodes: "
+                        f"{majority})", f"amdgpu {majority}, as on the other nodes", check.fix)
+        out.add(CLUSTER, "rocm.driver.group", "fail", shown, check.required, check.fix)
 
 
 class AmdChecks(VendorChecks):
@@ -52,6 +107,8 @@ class AmdChecks(VendorChecks):
             ("amd_gpus", facts_amd.AmdGpus, {}),
             ("amd_versions", facts_amd.AmdSmiVersion, {}),
             ("rocm_driver", facts_amd.RocmDriverVersion, {}),
+            *([("amd_peer_memory", facts_amd.AmdPeerMemory, {}), ("topology", facts_amd.AmdGpuNicTopology, {})]
+              if requirements.needs_rdma else []),
         ]
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:

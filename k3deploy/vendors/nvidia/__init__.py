@@ -36,10 +36,30 @@ NVSWITCH_HARDWARE = frozenset({"h100", "h200", "b200", "b300"})
 #: patches (``apt install linux-nvidia-64k-6.14``)
 DATA_DIRECT_HARDWARE = frozenset({"gb300"})
 DATA_DIRECT_MIN_KERNEL = "6.14"
+#: the kernel flavour that carries the Data Direct patches (``6.14.0-1007-nvidia-64k``), and its package
+DATA_DIRECT_FLAVOUR = "nvidia"
+DATA_DIRECT_KERNEL_PACKAGE = "apt install linux-nvidia-64k-6.14"
 #: the IMEX channel an engine container gets on NVL trays used across trays
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 
-FABRIC_REQUIRED = "every GPU: State Completed, Status Success, one ClusterUUID and CliqueId, Health not Unhealthy"
+FABRIC_REQUIRED = ("every GPU: State Completed, Status Success, one ClusterUUID and CliqueId, Health not Unhealthy "
+                   "(no route unhealthy, no incorrect configuration), Bandwidth Full")
+#: what an HGX board's GPUs must show: each registered with the NVSwitch fabric by Fabric Manager
+NVSWITCH_FABRIC_REQUIRED = ("every GPU: Fabric State Completed, Status Success (registered with the NVSwitch fabric "
+                            "by Fabric Manager), Health not Unhealthy")
+#: the fix of GPUs that have not finished joining the NVSwitch fabric (Not Started / In Progress) while Fabric Manager
+#: may well be active: NVIDIA/NVSentinel issues 883 and 889 (stuck after a Fabric Manager failure), and on NVLink5
+#: (B200/B300) with FABRIC_MODE=1 the GPUs stay In Progress until a partition holding them is activated
+#: (NVIDIA/gpu-driver-container pull request 909)
+NVSWITCH_FABRIC_FIX = ("the GPUs have not joined the NVSwitch fabric, so CUDA fails at engine start: read "
+                       "journalctl -u nvidia-fabricmanager, then systemctl restart nvidia-fabricmanager and rerun "
+                       "preflight; with FABRIC_MODE=1 in /usr/share/nvidia/nvswitch/fabricmanager.cfg (shared NVSwitch "
+                       "virtualization) activate the fabric partition that holds these GPUs, or set FABRIC_MODE=0, "
+                       "restart Fabric Manager and reset the GPUs (nvidia-smi -r)")
+#: the fix of a fabric whose health reports degraded bandwidth (fewer NVLinks than the GPU has) or a recovery
+FABRIC_DEGRADED_FIX = ("the NVLink fabric works at reduced capacity (NCCL all-reduce over NVLink is slower): check "
+                       "the GPUs' NVLinks (nvidia-smi nvlink -s shows each link's speed, nvidia-smi -q > Fabric > "
+                       "Health) and the NVLink switch trays or baseboard, or accept the reduced bandwidth")
 #: the fix of an IMEX domain that has not formed
 IMEX_DOMAIN_FIX = ("check that /etc/nvidia-imex/nodes_config.cfg lists every tray of the NVLink domain, the same "
                    "file on every tray, then restart nvidia-imex on every tray (systemctl restart nvidia-imex); "
@@ -104,8 +124,10 @@ PACK = Pack(
         Check("nvidia.fabricmanager", "systemctl is-active nvidia-fabricmanager; nv-fabricmanager --version",
               "nvidia-fabricmanager active, version = driver version",
               "install nvidia-fabricmanager of the driver's version and enable it", fact="FabricManager"),
-        Check("nvlink.fabric", "nvidia-smi -q | grep -A6 -E '^ *Fabric'", FABRIC_REQUIRED,
+        Check("nvlink.fabric", "nvidia-smi -q | grep -A12 -E '^ *Fabric'", FABRIC_REQUIRED,
               "check the NVLink switch trays and nvidia-imex (journalctl -u nvidia-imex), then rerun preflight"),
+        Check("nvswitch.fabric", "nvidia-smi -q | grep -A12 -E '^ *Fabric'", NVSWITCH_FABRIC_REQUIRED,
+              NVSWITCH_FABRIC_FIX),
         Check("nvlink.domains", "nvidia-smi -q | grep -E 'ClusterUUID|CliqueId' | sort | uniq -c",
               "one domain keeps all traffic on NVLink", "traffic between NVLink domains goes over RDMA",
               each_node=False),

@@ -13,6 +13,7 @@ from collections import Counter
 from k3deploy.facts import nvidia as facts_nvidia
 from k3deploy.facts import rdma
 from k3deploy.facts.base import FactError, version_at_least
+from k3deploy.facts.host import AddressInterface
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
@@ -132,17 +133,21 @@ def _check_fabric_host(out: Results, sel: Requirements, facts: HostFacts) -> boo
             "trays and the tray's NVLink cables are up (nvidia-smi -q shows a Fabric State other than N/A)",
         )
         return False
-    # a fabric can be Completed/Success and still report its Health Summary Unhealthy (NVML's fabric health)
-    bad = [g for g in fab if not g.completed or not g.has_cluster or g.health == "Unhealthy"]
+    # a fabric can be Completed/Success and still report its health Unhealthy, a route unhealthy or an incorrect
+    # configuration such as insufficient NVLinks (NVML's fabric health mask)
+    unjoined = [g for g in fab if not g.completed or not g.has_cluster]
+    bad = unjoined + [g for g in fab if g.completed and g.has_cluster and g.health_failures]
     if bad:
         shown = "; ".join(
             f"GPU {g.gpu}: State {g.state or 'N/A'}, Status {g.status or 'N/A'}, ClusterUUID {g.cluster_uuid or 'N/A'}"
-            + (f", Health {g.health}" if g.health == "Unhealthy" else "")
+            + "".join(f", {reason}" for reason in g.health_failures)
             for g in bad[:4]
         )
-        if all(g.completed and g.has_cluster for g in bad):
-            fix = ("the tray joined the NVLink domain but its fabric health is Unhealthy: check the tray's NVLink "
-                   "links and the NVLink switch trays (nvidia-smi -q, Fabric > Health), then rerun preflight")
+        if not unjoined:
+            reasons = sorted({reason for g in bad for reason in g.health_failures})
+            fix = (f"the tray joined the NVLink domain but its fabric health is Unhealthy ({', '.join(reasons)}): "
+                   "check the tray's NVLink links and the NVLink switch trays (nvidia-smi -q, Fabric > Health; "
+                   "Incorrect Configuration names what is wrong), then rerun preflight")
         else:
             fix = ("the tray has not joined the NVLink domain: check the NVLink switch trays and nvidia-imex "
                    "(journalctl -u nvidia-imex); 'In Progress' usually settles within minutes, then rerun preflight")
@@ -155,6 +160,60 @@ def _check_fabric_host(out: Results, sel: Requirements, facts: HostFacts) -> boo
                 "the tray's GPUs sit in different NVLink partitions: fix the partition assignment (NMX)")
         return False
     return True
+
+
+def fabric_degraded(facts: HostFacts) -> str:
+    """The GPUs whose fabric health reports reduced capacity (Limited Capacity, Bandwidth Degraded, a recovery
+    running), as shown in a result; "" when none does."""
+    slow = [g for g in facts.fabric if g.health_degraded] if isinstance(facts.fabric, list) else []
+    more = f" (+{len(slow) - 4} more)" if len(slow) > 4 else ""
+    return "; ".join(f"GPU {g.gpu}: {', '.join(g.health_degraded)}" for g in slow[:4]) + more
+
+
+def _check_nvswitch_fabric(out: Results, sel: Requirements, facts: HostFacts) -> None:
+    """HGX boards: every GPU registered with the NVSwitch fabric (State Completed, Status Success). Fabric Manager can
+    be active, of the driver's version, and the GPUs still In Progress (after a Fabric Manager failure, or with
+    FABRIC_MODE=1 until their partition is activated): CUDA then fails at engine start."""
+    if sel.hardware.id not in vendor.NVSWITCH_HARDWARE or facts.fabric is None:
+        return
+    required = vendor.NVSWITCH_FABRIC_REQUIRED
+    fab = facts.fabric
+    if isinstance(fab, FactError):
+        out.error(facts.host, "nvswitch.fabric", fab, required, "repair nvidia-smi on this node")
+        return
+    if not fab:
+        out.add(facts.host, "nvswitch.fabric", "warn", "nvidia-smi -q shows no Fabric block", required,
+                f"the driver is too old to report the GPUs' fabric registration: install r580 >= "
+                f"{vendor.DRIVER_FLOOR}")
+        return
+    if no_nvlink_fabric(facts):
+        out.add(facts.host, "nvswitch.fabric", "warn", f"Fabric State N/A on all {len(fab)} GPU(s)", required,
+                f"{unit_name(sel.hardware)} GPUs sit on NVSwitch and report their registration: check that this node "
+                "is that board (an NVSwitch-less or PCIe board does not match k3_hardware) and that "
+                "nvidia-fabricmanager runs")
+        return
+    unjoined = [g for g in fab if not g.completed]
+    if unjoined:
+        states = Counter(f"State {g.state or 'N/A'}, Status {g.status or 'N/A'}" for g in unjoined)
+        shown = "; ".join(f"{n} GPU(s) {state}" for state, n in states.items())
+        first = ", ".join(g.gpu for g in unjoined[:4]) + (" ..." if len(unjoined) > 4 else "")
+        out.add(facts.host, "nvswitch.fabric", "fail",
+                f"{len(unjoined)} of {len(fab)} GPU(s) not registered with the NVSwitch fabric: {shown} ({first})",
+                required, vendor.NVSWITCH_FABRIC_FIX)
+        return
+    failing = [g for g in fab if g.health_failures]
+    if failing:
+        shown = "; ".join(f"GPU {g.gpu}: {', '.join(g.health_failures)}" for g in failing[:4])
+        out.add(facts.host, "nvswitch.fabric", "fail", shown, required,
+                "the NVSwitch fabric reports these GPUs unhealthy: check their NVLinks and the baseboard "
+                "(nvidia-smi -q > Fabric > Health, nvidia-smi nvlink -s, journalctl -u nvidia-fabricmanager)")
+        return
+    slow = fabric_degraded(facts)
+    if slow:
+        out.add(facts.host, "nvswitch.fabric", "warn", f"registered, degraded: {slow}", required,
+                vendor.FABRIC_DEGRADED_FIX)
+        return
+    out.add(facts.host, "nvswitch.fabric", "pass", f"{len(fab)} GPU(s) Completed, Success", required)
 
 
 def _check_imex(out: Results, sel: Requirements, facts: HostFacts, trays: list[HostFacts] | None = None) -> None:
@@ -184,7 +243,13 @@ def _check_imex(out: Results, sel: Requirements, facts: HostFacts, trays: list[H
 
 
 def _tray_names(facts: HostFacts) -> set[str]:
-    return {name for name in (facts.address, facts.host) if name}
+    """What ``nodes_config.cfg`` may call this tray: its inventory name, its cluster address, and every address of
+    its interfaces (NVIDIA's IMEX guide lets a site run IMEX on another network, e.g. the management network, with
+    ``BIND_INTERFACE_IP`` / ``NETWORK_INTERFACE``)."""
+    names = {name for name in (facts.address, facts.host) if name}
+    if isinstance(facts.interface, AddressInterface):
+        names |= {a.address for a in facts.interface.addresses if a.interface != "lo"}
+    return names
 
 
 def _check_imex_domain(out: Results, sel: Requirements, facts: HostFacts, trays: list[HostFacts]) -> None:
@@ -239,10 +304,55 @@ def _check_toolkit(out: Results, sel: Requirements, facts: HostFacts) -> None:
     version = facts.toolkit.version
     if sel.mnnvl and not version_at_least(version, vendor.CTK_IMEX_CHANNELS_MIN):
         out.add(facts.host, "container.toolkit", "warn", version, required,
-                "NVIDIA_IMEX_CHANNELS needs toolkit >= 1.17: upgrade it, or pass "
-                "--device /dev/nvidia-caps-imex-channels/channel0 to the container")
+                f"the engine unit already passes the IMEX channel itself (--device {vendor.IMEX_CHANNEL}), which "
+                f"this toolkit honours; upgrade it to >= {vendor.CTK_IMEX_CHANNELS_MIN} (apt install "
+                "nvidia-container-toolkit) only where containers outside k3deploy ask for the channel through "
+                "NVIDIA_IMEX_CHANNELS")
         return
     out.add(facts.host, "container.toolkit", "pass", version, required)
+
+
+def _check_data_direct(out: Results, sel: Requirements, facts: HostFacts, dmabuf: DmabufSupport) -> bool:
+    """GB300 + ConnectX-8: GPUDirect RDMA goes through the NIC's Data Direct function, which needs the ``-nvidia``
+    kernel flavour >= 6.14 (or its backports): a stock 6.14 has the version and not the patches, and NCCL falls back
+    to host memory. Passes on the flavour or on a Data Direct function bound to ``mlx5_data_direct``; a kernel that
+    only has the version is a warning (``k3_nccl_probe`` shows whether NCCL uses GPUDirect RDMA). True when it
+    reported the host (the DMA-BUF prerequisites are then not reported again)."""
+    kernel = dmabuf.kernel
+    required = (f"the -nvidia kernel >= {vendor.DATA_DIRECT_MIN_KERNEL} (or a ConnectX-8 Data Direct function bound to "
+                f"{facts_nvidia.DATA_DIRECT_DRIVER}): {unit_name(sel.hardware)} with ConnectX-8 reaches GPU memory "
+                "through the NIC's Data Direct function")
+    fix = (f"install the {vendor.DATA_DIRECT_MIN_KERNEL}-nvidia kernel ({vendor.DATA_DIRECT_KERNEL_PACKAGE}) and "
+           "reboot, as NVIDIA's Grace Blackwell CX8 GPUDirect RDMA guide says; rdma_topo topo shows each GPU's NIC "
+           "and Data Direct function")
+    functions = facts.data_direct if isinstance(facts.data_direct, list) else []
+    bound = [f for f in functions if f.driver == facts_nvidia.DATA_DIRECT_DRIVER]
+    flavour = vendor.DATA_DIRECT_FLAVOUR in kernel.split("-")[1:]
+    recent = version_at_least(kernel.split("-")[0], vendor.DATA_DIRECT_MIN_KERNEL)
+    if not recent and not bound:
+        out.add(facts.host, "rdma.gpudirect", "fail", f"kernel {kernel}: no Data Direct DMA-BUF for ConnectX-8",
+                required, fix)
+        return True
+    if dmabuf.prerequisites_met is not True or (flavour and not bound):
+        return False  # the DMA-BUF prerequisites decide (and report the -nvidia flavour's kernel)
+    if bound:
+        shown = ", ".join(f.address for f in bound[:4]) + (" ..." if len(bound) > 4 else "")
+        out.add(facts.host, "rdma.gpudirect", "pass",
+                f"kernel {kernel}; Data Direct function(s) {shown} bound to {facts_nvidia.DATA_DIRECT_DRIVER}",
+                required)
+        return True
+    if isinstance(facts.data_direct, FactError):
+        seen = f"Data Direct functions not read ({facts.data_direct.message(facts.host)})"
+    elif functions:
+        seen = f"Data Direct function(s) {', '.join(f.address for f in functions[:4])} bound to no driver"
+    else:
+        seen = "no Data Direct PCI function (15b3:2100) seen"
+    out.add(facts.host, "rdma.gpudirect", "warn",
+            f"kernel {kernel}: the version only, not the -{vendor.DATA_DIRECT_FLAVOUR} flavour; {seen}", required,
+            f"a stock kernel of that version lacks the Data Direct patches and NCCL then stages through host memory: "
+            f"set k3_nccl_probe: true to have preflight run an NCCL all-reduce and show whether it uses GPUDirect RDMA "
+            f"(GDRDMA), or {fix}")
+    return True
 
 
 def _check_gpudirect(out: Results, sel: Requirements, facts: HostFacts) -> None:
@@ -254,14 +364,7 @@ def _check_gpudirect(out: Results, sel: Requirements, facts: HostFacts) -> None:
     dmabuf, modules = facts.dmabuf, facts.modules
     peermem = isinstance(modules, LoadedModules) and "nvidia_peermem" in modules
     if isinstance(dmabuf, DmabufSupport) and sel.hardware.id in vendor.DATA_DIRECT_HARDWARE and \
-            not version_at_least(dmabuf.kernel.split("-")[0], vendor.DATA_DIRECT_MIN_KERNEL):
-        out.add(facts.host, "rdma.gpudirect", "fail",
-                f"kernel {dmabuf.kernel}: no Data Direct DMA-BUF for ConnectX-8",
-                f"kernel >= {vendor.DATA_DIRECT_MIN_KERNEL}-nvidia ({unit_name(sel.hardware)} with ConnectX-8: "
-                "GPUDirect "
-                "RDMA goes through the NIC's Data Direct function)",
-                "install the 6.14-nvidia kernel (apt install linux-nvidia-64k-6.14) and reboot, as NVIDIA's Grace "
-                "Blackwell CX8 GPUDirect RDMA guide says; rdma_topo topo shows each GPU's NIC and Data Direct function")
+            _check_data_direct(out, sel, facts, dmabuf):
         return
     if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met:
         driver = f"mlx5_ib {dmabuf.mlx5_version}" if dmabuf.mlx5_version else "inbox mlx5_ib"
@@ -303,6 +406,16 @@ class NvidiaRun(VendorRun):
         super().__init__(requirements, hosts)
         self.fabric_ok: dict[str, tuple[str, str]] = {}
 
+    def _tray_passed(self, out: Results, host: str, observed: str, required: str) -> None:
+        """A tray whose fabric passed: a warning instead when its fabric health reports reduced capacity."""
+        facts = next((h for h in self.hosts if h.host == host), None)
+        slow = fabric_degraded(facts) if facts is not None else ""
+        if slow:
+            out.add(host, "nvlink.fabric", "warn", f"{observed}; degraded: {slow}", required,
+                    vendor.FABRIC_DEGRADED_FIX)
+        else:
+            out.add(host, "nvlink.fabric", "pass", observed, required)
+
     def devices_listed(self, out: Results, facts: HostFacts) -> None:
         _check_nvidia_driver(out, self.requirements, facts)
 
@@ -310,6 +423,7 @@ class NvidiaRun(VendorRun):
         sel = self.requirements
         if listed:
             _check_fabric_manager(out, sel, facts)
+            _check_nvswitch_fabric(out, sel, facts)
             identity = _fabric_listed(out, sel, facts)
             if identity is not None:
                 self.fabric_ok[facts.host] = identity
@@ -329,8 +443,7 @@ class NvidiaRun(VendorRun):
             # data/expert parallelism over several NVL domains: each tray in a Completed domain; the domains listed
             domains = Counter(fabric_ok.values())
             for h, (uuid, clique) in fabric_ok.items():
-                out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
-                        vendor.FABRIC_REQUIRED)
+                self._tray_passed(out, h, f"Completed; ClusterUUID {uuid}, CliqueId {clique}", vendor.FABRIC_REQUIRED)
             per_domain = " + ".join(str(n) for n in domains.values())
             out.add(CLUSTER, "nvlink.domains", "pass" if len(domains) == 1 else "warn",
                     f"{len(domains)} NVLink domain(s) ({per_domain} trays)", "one domain keeps all traffic on NVLink",
@@ -346,15 +459,14 @@ class NvidiaRun(VendorRun):
                 uuid, clique = fabric_ok[h]
                 required = f"ClusterUUID {majority[0]}, CliqueId {majority[1]} (same NVL domain as the other trays)"
                 if fabric_ok[h] == majority:
-                    out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}", required)
+                    self._tray_passed(out, h, f"Completed; ClusterUUID {uuid}, CliqueId {clique}", required)
                 else:
                     out.add(h, "nvlink.fabric", "fail", f"ClusterUUID {uuid}, CliqueId {clique}", required,
                             "this tray belongs to another NVLink domain or partition: use trays of one NVL72 rack "
                             "and partition, or plan it as a separate deployment")
         else:
             for h, (uuid, clique) in fabric_ok.items():
-                out.add(h, "nvlink.fabric", "pass", f"Completed; ClusterUUID {uuid}, CliqueId {clique}",
-                        vendor.FABRIC_REQUIRED)
+                self._tray_passed(out, h, f"Completed; ClusterUUID {uuid}, CliqueId {clique}", vendor.FABRIC_REQUIRED)
 
 
 class NvidiaChecks(VendorChecks):
@@ -367,8 +479,10 @@ class NvidiaChecks(VendorChecks):
             ("toolkit", facts_nvidia.NvidiaContainerToolkit, {}),
         ]
         if sel.hardware.id in vendor.NVSWITCH_HARDWARE:
-            plan.append(("fabric_manager", facts_nvidia.FabricManager, {}))
-        if getattr(sel.hardware, "nvl", False):
+            # Fabric Manager, and each GPU's registration with the NVSwitch fabric (it can stay In Progress while the
+            # service is active)
+            plan += [("fabric_manager", facts_nvidia.FabricManager, {}), ("fabric", facts_nvidia.NvlinkFabric, {})]
+        elif getattr(sel.hardware, "nvl", False):
             plan.append(("fabric", facts_nvidia.NvlinkFabric, {}))
             if sel.mnnvl:
                 plan += [("imex", facts_nvidia.Imex, {}), ("imex_domain", facts_nvidia.ImexDomain, {})]
@@ -379,6 +493,8 @@ class NvidiaChecks(VendorChecks):
                 ("modules", rdma.KernelModules, {}),
                 ("dmabuf", rdma.DmabufPrerequisites, {}),
             ]
+            if sel.hardware.id in vendor.DATA_DIRECT_HARDWARE:
+                plan.append(("data_direct", facts_nvidia.DataDirect, {}))
         return plan
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:

@@ -4,6 +4,11 @@ Reads the real ``vllm serve`` argv and reproduces what a deploy tool can observe
 
 - ``--nnodes`` ranks rendezvous at ``--master-addr:--master-port`` (torch TCPStore); rank 0 waits for
   every rank up to the process-group timeout, other ranks retry connecting for that long;
+- then, where a DP group spans nodes, its leader (rank 0 of the group) advertises its message queue on vLLM's
+  ``get_ip()`` (``VLLM_HOST_IP``, else the address of the default route, else ``0.0.0.0``) and the group's other
+  nodes connect to it there, retrying for ever as ZeroMQ does: a queue advertised on an address they cannot reach
+  (``0.0.0.0``, a front-end network) leaves them waiting, and the head's API server times out
+  (``VLLM_ENGINE_READY_TIMEOUT_S``);
 - DP engines (``--data-parallel-address`` / ``--data-parallel-rpc-port``) say HELLO to the head and
   give up after the 5-minute handshake window; the head waits for every remote engine without bound;
 - the API port is bound early but only listened on once the world has joined and weights are
@@ -287,6 +292,34 @@ def parse_len(text: str | None) -> int:
         return 1048576
 
 
+# ----------------------------------------------------------------------------- the node's address
+
+def get_ip(env: dict) -> str:
+    """vLLM's ``get_ip()`` (``vllm/utils/network_utils.py``): ``VLLM_HOST_IP``, else the source address of the
+    route to a public address (a UDP socket's connect: nothing is sent), IPv4 then IPv6, else ``0.0.0.0`` with a
+    warning. So without ``VLLM_HOST_IP`` it is the address of the default route's interface."""
+    if "HOST_IP" in env and "VLLM_HOST_IP" not in env:
+        log("WARNING", "network_utils.py:52", "The environment variable HOST_IP is deprecated and ignored, as it is "
+            "often used by Docker and other software to interact with the container's network stack. Please use "
+            "VLLM_HOST_IP instead to set the IP address for vLLM processes to communicate with each other.")
+    host_ip = env.get("VLLM_HOST_IP", "")
+    if host_ip:
+        return host_ip
+    for family, target in ((socket.AF_INET, ("8.8.8.8", 80)), (socket.AF_INET6, ("2001:4860:4860::8888", 80))):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(target)  # Doesn't need to be reachable
+                return str(s.getsockname()[0])
+        except OSError:
+            pass
+    with _log_lock:
+        sys.stderr.write("/usr/local/lib/python3.12/dist-packages/vllm/utils/network_utils.py:79: UserWarning: "
+                         "Failed to get the IP address, using 0.0.0.0 by default.The value can be set by the "
+                         "environment variable VLLM_HOST_IP or HOST_IP.\n")
+        sys.stderr.flush()
+    return "0.0.0.0"
+
+
 # ----------------------------------------------------------------------------- the engine
 
 class Engine:
@@ -359,6 +392,9 @@ class Engine:
             self.rdv_addr, self.rdv_port = a["master_addr"], a["master_port"]
             self.expected_peers = a["nnodes"] - 1
             self.dp_local = dp_local
+            # vLLM: nnodes_within_dp nodes per DP group; node_rank_within_dp 0 leads it (its message queue)
+            self.nnodes_within_dp = max(1, a["nnodes"] // a["dp"])
+            self.mq_readers = self.nnodes_within_dp - 1 if a["node_rank"] % self.nnodes_within_dp == 0 else 0
         else:
             if a["hybrid_lb"] and a["dp_local"] is None:
                 raise EngineFailure("ValueError", "--data-parallel-hybrid-lb requires --data-parallel-size-local")
@@ -477,6 +513,7 @@ class Engine:
         srv.settimeout(0.1)
         self.rdv_srv = srv
         self.peers: dict[str, dict] = {}
+        self.peer_conns: dict[str, socket.socket] = {}
         self.world_done = threading.Event()
         self.loaded_peers: set[str] = set()
         self.peer_lock = threading.Lock()
@@ -513,6 +550,7 @@ class Engine:
         key = hello["key"]
         with self.peer_lock:
             self.peers[key] = hello
+            self.peer_conns[key] = conn
             self.peer_socks.append(conn)
             complete = self._world_complete()
         if self.torch_mode:
@@ -523,8 +561,9 @@ class Engine:
                 f"{hello['start'] + hello['local'] - 1} connected from {hello['name']}")
         if complete:
             with self.peer_lock:
-                for s in self.peer_socks:
-                    _send(s, {"type": "go"})
+                for k_, p in self.peers.items():  # each with the queue address of its DP group's leader
+                    _send(self.peer_conns[k_], {"type": "go", "mq": self._leader_mq(p["node_rank"])
+                                                if self.torch_mode else None})
             self.world_done.set()
         # after the world formed: watch for the peer going away
         while not self.stop.is_set():
@@ -535,6 +574,7 @@ class Engine:
                 elif not self.stop.is_set():
                     with self.peer_lock:
                         self.peers.pop(key, None)
+                        self.peer_conns.pop(key, None)
                         if conn in self.peer_socks:
                             self.peer_socks.remove(conn)
                 return
@@ -641,7 +681,7 @@ class Engine:
         hello = {"mode": "torch" if self.torch_mode else "dp", "name": self.node,
                  "key": f"{self.node}/{os.getpid()}", "headless": a["headless"], "dp": a["dp"],
                  "world": self.world, "nnodes": a["nnodes"], "node_rank": a["node_rank"],
-                 "start": getattr(self, "dp_start", 0), "local": self.dp_local}
+                 "start": getattr(self, "dp_start", 0), "local": self.dp_local, "mq": getattr(self, "mq_addr", None)}
         sock = self._connect_until(deadline, nominal)
         if sock is None:
             return
@@ -675,6 +715,7 @@ class Engine:
             if msg["type"] == "error":
                 raise EngineFailure(msg["exc"], msg["msg"])
             if msg["type"] == "go":
+                self.mq_leader_addr = msg.get("mq")
                 break
         self.head_sock = sock
         self.peer_socks.append(sock)
@@ -721,6 +762,7 @@ class Engine:
 
     def run(self) -> None:
         a = self.a
+        self.t0 = time.monotonic()
         log("INFO", "utils.py:253", f"non-default args: {{'model': '{a['model']}', 'tensor_parallel_size': "
             f"{a['tp']}, 'data_parallel_size': {a['dp']}, 'nnodes': {a['nnodes']}, 'node_rank': {a['node_rank']}}}")
         self.topology()
@@ -741,11 +783,14 @@ class Engine:
         remote = (self.torch_mode and a["nnodes"] > 1) or (self.dp_mode and (
             not self.is_head or self.expected_remote_engines > 0))
         if self.torch_mode:
-            if self.is_head:
-                log("INFO", "multiproc_executor.py:168", f"DP group leader: node_rank=0, node_rank_within_dp=0, "
-                    f"master_addr={a['master_addr']}, mq_connect_ip={a['master_addr']} (local), world_size="
-                    f"{self.world}, local_world_size={self.local_gpus}")
-            else:
+            if a["node_rank"] % self.nnodes_within_dp == 0:
+                self.mq_ip = get_ip(self.env)
+                log("INFO", "multiproc_executor.py:168", f"DP group leader: node_rank={a['node_rank']}, "
+                    f"node_rank_within_dp=0, master_addr={a['master_addr']}, mq_connect_ip={self.mq_ip} (local), "
+                    f"world_size={self.world}, local_world_size={self.local_gpus}")
+                if self.mq_readers:
+                    self.open_mq()
+            if not self.is_head:
                 log("INFO", "serve.py:224", f"Launching vLLM (v{VERSION}) headless multiproc executor, with head "
                     f"node address {a['master_addr']}:{a['master_port']} for torch.distributed process group.")
         elif self.dp_mode and self.is_head:
@@ -771,6 +816,10 @@ class Engine:
                 return
         if remote:
             self.nccl_init()
+        if remote and self.torch_mode:
+            self.mq_ready()
+            if self.stop.is_set():
+                return
         # weight load / compile / graph capture
         missing = missing_shard(a["model"])
         if missing:
@@ -782,11 +831,7 @@ class Engine:
         if waits_ready and load > ready_timeout:
             if not self.sleep(ready_timeout):
                 return
-            nominal = int(float(self.env.get("VLLM_ENGINE_READY_TIMEOUT_S") or DEFAULT_READY_TIMEOUT_S))
-            raise EngineFailure("TimeoutError", "Timed out waiting for engine core processes to start. This is "
-                                "often caused by slow weight loading for large models. Waited "
-                                f"{nominal}s (configured by VLLM_ENGINE_READY_TIMEOUT_S). To increase the timeout, "
-                                "set the environment variable: VLLM_ENGINE_READY_TIMEOUT_S=<seconds>")
+            raise self.ready_timeout()
         if not self.sleep(load):
             return
         log("INFO", "default_loader.py:308", f"Loading weights took {load:.2f} seconds")
@@ -806,6 +851,82 @@ class Engine:
         if not self.serves_http:
             log("INFO", "core.py:1130", "Engine core is ready; this node serves no API (headless).")
         self.stop.wait()
+
+    def ready_timeout(self) -> EngineFailure:
+        nominal = int(float(self.env.get("VLLM_ENGINE_READY_TIMEOUT_S") or DEFAULT_READY_TIMEOUT_S))
+        return EngineFailure("TimeoutError", "Timed out waiting for engine core processes to start. This is "
+                             "often caused by slow weight loading for large models. Waited "
+                             f"{nominal}s (configured by VLLM_ENGINE_READY_TIMEOUT_S). To increase the timeout, "
+                             "set the environment variable: VLLM_ENGINE_READY_TIMEOUT_S=<seconds>")
+
+    # -- the DP group's message queue (vLLM: MultiprocExecutor's rpc_broadcast_mq, a ZeroMQ XPUB for remote readers)
+    def open_mq(self) -> None:
+        """Bind the queue for the group's other nodes on ``get_ip()``, as ``MessageQueue`` binds
+        ``tcp://{connect_ip}:{port}`` and hands that address to the readers."""
+        ip = self.mq_ip
+        with socket.socket() as probe:  # get_open_port()
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            srv.bind((ip, port))
+        except OSError as exc:
+            srv.close()
+            raise EngineFailure("zmq.error.ZMQError", f"{exc.strerror} (addr='tcp://{ip}:{port}')") from exc
+        srv.listen(64)
+        srv.settimeout(0.1)
+        self.mq_srv = srv
+        self.mq_addr = f"{ip}:{port}"
+        self.mq_subscribers = 0
+        threading.Thread(target=self._mq_accept, daemon=True).start()
+
+    def _mq_accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.mq_srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.peer_socks.append(conn)
+                self.mq_subscribers += 1
+
+    def _leader_mq(self, node_rank: int) -> str | None:
+        """The queue address the leader of ``node_rank``'s DP group advertised (head side)."""
+        leader = node_rank - node_rank % self.nnodes_within_dp
+        if leader == node_rank:
+            return None
+        if leader == 0:
+            return getattr(self, "mq_addr", None)
+        return next((p.get("mq") for p in self.peers.values() if p["node_rank"] == leader), None)
+
+    def mq_ready(self) -> None:
+        """``MessageQueue.wait_until_ready``: a leader waits for every reader of its group to subscribe (the head
+        until its API server's ready timeout), a reader connects to its leader's advertised address for ever."""
+        if self.mq_readers:
+            deadline = self.t0 + self.s(float(self.env.get("VLLM_ENGINE_READY_TIMEOUT_S") or DEFAULT_READY_TIMEOUT_S))
+            while self.mq_subscribers < self.mq_readers:
+                if self.is_head and time.monotonic() >= deadline:
+                    raise self.ready_timeout()
+                if not self.sleep(0.05):
+                    return
+            return
+        addr = getattr(self, "mq_leader_addr", None)
+        if not addr:
+            return
+        host, _, port = addr.rpartition(":")
+        while not self.stop.is_set():
+            if host not in ("0.0.0.0", "::", ""):  # the unspecified address is this node: no leader's queue here
+                try:
+                    sock = socket.create_connection((host, int(port)), timeout=0.5)
+                except OSError:
+                    pass
+                else:
+                    self.peer_socks.append(sock)
+                    return
+            self.sleep(0.2)
 
     def shutdown(self) -> None:
         for s in self.peer_socks:
