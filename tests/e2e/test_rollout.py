@@ -40,6 +40,13 @@ def test_strategies_serve(sim_factory, name, hardware, nodes, strategy, layout, 
         state = sim.ssh(rank, "systemctl is-active k3-engine.service k3-engine-prefill.service "
                               "k3-engine-decode.service 2>/dev/null | grep -c '^active'")
         assert state.stdout.strip() == "1", (rank, state.stdout)
+        # its env file: vLLM's own address is the node's cluster address; the transport settings are the exact ones
+        # derived from its facts, not the recipe's catch-alls
+        env = sim.ssh(rank, "cat /etc/k3deploy/k3-engine*.env").stdout
+        assert f"VLLM_HOST_IP={sim.info['nodes'][rank]['ip']}\n" in env, env
+        assert "UCX_NET_DEVICES=all\n" not in env and all(
+            line.startswith("NCCL_SOCKET_IFNAME==") for line in env.splitlines()
+            if line.startswith("NCCL_SOCKET_IFNAME=")), env
 
 
 def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
