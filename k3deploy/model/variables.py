@@ -197,6 +197,11 @@ class Variables(BaseModel):
         "Preflight runs, before anything changes, a two-node NCCL all-reduce in the plan's image on the planned nodes "
         "(in pairs, `NCCL_DEBUG=INFO`, the derived NCCL settings) and fails a node whose NCCL transport is not "
         "GPUDirect RDMA (`via NET/IB/<n>/GDRDMA`). The image must be on the nodes already (it pulls nothing)."))
+    k3_rdma_reach: bool = Field(False, description=(
+        "With expert parallelism across nodes (DeepEP's all-to-all crosses rails), preflight pings each chosen RDMA "
+        "port of each node from each chosen port of the other nodes of its group (one command per host) and fails "
+        "the pairs that do not answer (`rdma.reach`): a rail-only fabric. Off by default, as `k3_nccl_probe`: a group "
+        "of N nodes with P ports each sends (N-1)·P² pings from every node."))
     # timing
     k3_engine_ready_timeout: int | None = Field(None, gt=0, description=(
         "Seconds an engine may take to serve; default: the plan's VLLM_ENGINE_READY_TIMEOUT_S (600 if unset)."))

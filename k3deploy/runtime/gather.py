@@ -202,7 +202,8 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     report.results += router_checks({host: r.router_command for host, r in readings.items()
                                      if r.router_command is not None}, wanted.vars.k3_router_bin)
     report.results += ascend_peer_round(state, hosts, facts, wanted.requirements)
-    report.results += rdma_reach_round(state, hosts, facts, wanted.requirements, report, layout)
+    if wanted.vars.k3_rdma_reach:
+        report.results += rdma_reach_round(state, hosts, facts, wanted.requirements, report, layout)
     resolution = None
     asked = next((f for f in facts if f.host == resolver and f.unreachable is None), None)
     if asked is not None and wanted.plan is not None:

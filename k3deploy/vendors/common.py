@@ -56,7 +56,8 @@ COMMON: tuple[Check, ...] = (
           "an ACTIVE InfiniBand/RoCE port (multi-node)",
           "install rdma-core (ibverbs-utils) or DOCA-OFED; without RDMA NCCL falls back to TCP sockets"),
     Check("rdma.reach", "ping -c 2 -W 2 -I <port netdev> <peer port address>  # each chosen port to each peer's",
-          "expert parallelism across nodes: each chosen RDMA port reaches each chosen port of the other nodes",
+          "with k3_rdma_reach: true and expert parallelism across nodes: each chosen RDMA port reaches each chosen "
+          "port of the other nodes",
           "connect the rails (a spine, or routes between the rail subnets), or choose a strategy without expert "
           "parallelism across nodes"),
     Check("disk.images", "df -h \"$(docker info --format '{{.DockerRootDir}}')\"", "free space for container images",

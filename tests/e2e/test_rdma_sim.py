@@ -41,6 +41,7 @@ def test_a_spectrum_x_tray_keeps_its_bluefield_out_of_nccl_ib_hca():
 
 def test_expert_parallelism_across_a_rail_only_node_fails_naming_the_cross_rail_pairs():
     sim = Sim("e26h3b", "gb300", 3, "--strategy", "multi_node_tep", "--fault", "1:rail-only")
+    sim.set_vars("k3_rdma_reach: true\n")   # the reachability round is opt-in
     try:
         routes = sim.ssh(0, "ip -o -4 addr show ib1; ibdev2netdev")
         rc, report = preflight(sim.inventory)
@@ -62,6 +63,7 @@ def test_expert_parallelism_across_a_rail_only_node_fails_naming_the_cross_rail_
 
 def test_no_reach_round_without_expert_parallelism_across_nodes():
     sim = Sim("e26h3c", "gb300", 2, "--strategy", "multi_node_tp", "--fault", "1:rail-only")
+    sim.set_vars("k3_rdma_reach: true\n")   # the reachability round is opt-in
     try:
         rc, report = preflight(sim.inventory)
     finally:
@@ -74,6 +76,7 @@ def test_p_d_pools_are_checked_each_within_itself():
     """h200 P/D, two prefill and two decode nodes (TEP and DEP pools): the all-to-all runs within a pool, so a
     rail-only prefill node fails its pool and the decode pool passes."""
     sim = Sim("e26h3d", "h200", 4, "--layout", "pd:2,2", "--fault", "0:rail-only")
+    sim.set_vars("k3_rdma_reach: true\n")   # the reachability round is opt-in
     try:
         rc, report = preflight(sim.inventory)
     finally:
