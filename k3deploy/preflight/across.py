@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pyinfra.api.facts import FactBase
 from pyinfra.api.state import State
 
 from k3deploy.facts import ascend
@@ -102,17 +103,7 @@ def ascend_peer_round(state: State, hosts: list[Any], read: list[HostFacts],
     targets = peer_targets(read)
     if not targets:
         return []
-    by_name = {host.name: host for host in hosts}
-    pinging = [by_name[name] for name in targets if name in by_name]
-
-    def one(host: Any) -> Any:
-        try:
-            return read_batch(state, host, [("peers", ascend.HccnPing, {"targets": targets[host.name]})])["peers"]
-        except Exception as exc:  # a dropped connection: the check says so
-            return f"{type(exc).__name__}: {exc}"[:200]
-
-    got = dict(zip([host.name for host in pinging], each_host(state, pinging, one), strict=True))
-    return peer_checks(read, targets, got)
+    return peer_checks(read, targets, _ping_round(state, hosts, targets, ascend.HccnPing))
 
 
 def rdma_reach_round(state: State, hosts: list[Any], read: list[HostFacts], requirements: Requirements,
@@ -130,17 +121,22 @@ def rdma_reach_round(state: State, hosts: list[Any], read: list[HostFacts], requ
     targets, unknown = reach_targets(read, report.host_env(), groups)
     if not targets:
         return []
+    return reach_checks(targets, unknown, _ping_round(state, hosts, targets, RdmaReach))
+
+
+def _ping_round(state: State, hosts: list[Any], targets: dict[str, Any], fact: type[FactBase[Any]]) -> dict[str, Any]:
+    """A second round's pings: ``fact`` with each host's ``targets``, one command per host, all hosts at once; per
+    host its value, or why it could not be read (a dropped connection: the check says so)."""
     by_name = {host.name: host for host in hosts}
     pinging = [by_name[name] for name in targets if name in by_name]
 
     def one(host: Any) -> Any:
         try:
-            return read_batch(state, host, [("reach", RdmaReach, {"targets": targets[host.name]})])["reach"]
-        except Exception as exc:  # a dropped connection: the check says so
+            return read_batch(state, host, [("pings", fact, {"targets": targets[host.name]})])["pings"]
+        except Exception as exc:
             return f"{type(exc).__name__}: {exc}"[:200]
 
-    got = dict(zip([host.name for host in pinging], each_host(state, pinging, one), strict=True))
-    return reach_checks(targets, unknown, got)
+    return dict(zip([host.name for host in pinging], each_host(state, pinging, one), strict=True))
 
 
 def nccl_probe(state: State, wanted: Target, rollout: Rollout, report: PreflightReport) -> list[CheckResult]:

@@ -4,21 +4,13 @@ peer-memory interface on both nodes; `1:driver=6.0.0` fails that node (below the
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from helpers import k3
+from helpers import k3, preflight
 
 pytestmark = pytest.mark.sim
 
 NAME = "e26h4a"
-
-
-def preflight(inventory: str) -> tuple[int, dict]:
-    proc = k3("preflight", inventory, "--json", check=False)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def results(report: dict) -> dict[tuple[str, str], dict]:

@@ -4,11 +4,9 @@ passes with GPUDirect RDMA and fails the node whose GPUDirect RDMA is broken (no
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from helpers import k3
+from helpers import k3, preflight
 
 pytestmark = pytest.mark.sim
 
@@ -20,12 +18,6 @@ def pair():
     sim = Sim("e8p", "b300", 2)
     yield sim
     sim.down()
-
-
-def preflight(inventory: str) -> tuple[int, dict]:
-    proc = k3("preflight", inventory, "--json", check=False)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def result(report: dict, host: str, check: str) -> dict:

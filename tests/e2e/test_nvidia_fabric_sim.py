@@ -4,25 +4,12 @@ bandwidth (finding 7), and an IMEX domain formed on the trays' management networ
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from helpers import k3
+from helpers import preflight, result
 from helpers.simulated import Sim
 
 pytestmark = pytest.mark.sim
-
-
-def preflight(inventory: str) -> tuple[int, dict]:
-    proc = k3("preflight", inventory, "--json", check=False)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def result(report: dict, host: str, check: str) -> dict:
-    (hit,) = [r for r in report["hosts"][host]["results"] if r["check"] == check]
-    return hit
 
 
 def test_hgx_gpus_in_progress_fail_preflight_though_fabric_manager_is_active():

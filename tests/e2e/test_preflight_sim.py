@@ -3,11 +3,9 @@ injected fault fails the right node with the right check, and only that node."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from helpers import k3
+from helpers import k3, preflight
 
 pytestmark = pytest.mark.sim
 
@@ -22,12 +20,6 @@ FAULTS = [
     ("disk-full", "disk.cache"),
     ("sshd-down", "host.reachable"),
 ]
-
-
-def preflight(inventory: str) -> tuple[int, dict]:
-    proc = k3("preflight", inventory, "--json", check=False)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def failing(report: dict) -> dict[str, set[str]]:

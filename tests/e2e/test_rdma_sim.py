@@ -4,25 +4,12 @@ on rail switches without a spine under expert parallelism across nodes (finding 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from helpers import k3
+from helpers import k3, preflight, result
 from helpers.simulated import Sim
 
 pytestmark = pytest.mark.sim
-
-
-def preflight(inventory: str) -> tuple[int, dict]:
-    proc = k3("preflight", inventory, "--json", check=False)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def result(report: dict, host: str, check: str) -> dict:
-    (hit,) = [r for r in report["hosts"][host]["results"] if r["check"] == check]
-    return hit
 
 
 def test_a_spectrum_x_tray_keeps_its_bluefield_out_of_nccl_ib_hca():

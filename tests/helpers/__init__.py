@@ -108,6 +108,19 @@ def deploy(inventory: str, *extra: str, timeout: int = 300) -> subprocess.Comple
                           stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=timeout)
 
 
+def preflight(inventory: str) -> tuple[int, dict]:
+    """``k3deploy preflight INVENTORY --json``: its exit code (0 or 1) and its report."""
+    proc = k3("preflight", inventory, "--json", check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def result(report: dict, host: str, check: str) -> dict:
+    """The one result of ``check`` on ``host`` in a preflight report."""
+    (hit,) = [r for r in report["hosts"][host]["results"] if r["check"] == check]
+    return hit
+
+
 def why(proc: subprocess.CompletedProcess[str]) -> str:
     """What a failed assertion on a run shows: its lines that name an error or a failure (a deploy's output is long
     and the reason is rarely at its end), then the end of the output."""
