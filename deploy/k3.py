@@ -4,7 +4,7 @@
     pyinfra inventories/gb300.py deploy/k3.py --dry --diff # review first
     pyinfra inventories/gb300.py deploy/k3.py -y --data k3_rollback=true
 
-The selection and every knob come from group_vars/*.yml and the inventory (README: Variables).
+The selection and every knob come from group_vars/*.yml and the inventory (docs/variables.md).
 """
 
 from k3deploy.runtime.phases import configure_phase, context, preflight_phase, smoke_phase, stage_phase, start_phase

@@ -12,19 +12,21 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``recipe/`` -- the recipe engine (pure)
     recipe/schema.py (the recipe YAML as a typed model), recipe/taxonomy.py (hardware profiles, strategies),
-    recipe/offering.py (what a recipe offers where, recommendations), recipe/rules.py (the recipes builder's merge
+    recipe/offering.py (what a recipe offers where, recommendations, did-you-mean), recipe/fit.py (the
+    strategies that fit a node count or P/D pools, the sizes that fit), recipe/rules.py (the recipes builder's merge
     rules), recipe/images.py (the image of a selection), recipe/resolve.py (a selection -> plan),
     recipe/plan.py (Plan, NodePlan), recipe/fixes.py (what the pinned engine needs to start),
     recipe/catalog.py (the pinned engine's flags and env), recipe/lint/ (findings, one rule per code),
     recipe/argv.py (values read back from an argv as vLLM's parser reads them), recipe/printing.py (commands
-    printed as the recipes site prints them).
+    printed as the recipes site prints them), recipe/compact.py (many nodes printed once: what they share, then
+    each node's differences).
 
 ``vendors/`` -- the vendor packs (pure), one place per vendor family
     vendors/base.py (Pack, Check, Transport, Container: what a pack is), vendors/common.py (the checks every host
     gets), vendors/nvidia/ (HGX and NVL72 trays), vendors/amd/ (Instinct), vendors/ascend/ (A2/A3): each a pure
     ``__init__`` (its pack: check ids with command, requirement and fix; transport settings; container devices,
     mounts and flags; floors) and vendors/<family>/checks.py (the facts it reads and its judges: preflight layer);
-    vendors/table.py (the README's table of what preflight checks per vendor, generated from the registry).
+    vendors/table.py (docs/requirements.md's table of what preflight checks per vendor, generated from the registry).
 
     model/variables.py (every knob, group_vars merged), model/inventory.py (host records, roles, the plan of an
     inventory), model/requirements.py (what a plan asks of its hosts), model/binding.py (placeholders filled per

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
-from k3deploy.model.revisions import GroupHistory, masked_variables
+from k3deploy.model.revisions import GroupHistory, changes, masked_variables
 from k3deploy.model.secrets import secret_values
 
 
@@ -19,9 +19,11 @@ from k3deploy.model.secrets import secret_values
 @click.argument("inventory")
 @json_option
 def history(inventory: str, as_json: bool) -> None:
-    """List each group's revisions: number, when, image, what was deployed, the variables that differed from
-    their defaults (with the file that set them; secrets masked), which revision runs now, and whether each can be
-    restored: only a revision every host of the group holds (its directory, with its unit and env files) can;
+    """List each group's revisions: number, when, image, what was deployed, what changed since the revision
+    before it (image, selection, each variable changed with the file that sets it; the first revision: the variables
+    that differed from their defaults; secrets masked; --json has every variable too), which revision runs now, and
+    whether each can be restored: only a revision every host of the group holds (its directory, with its unit
+    and env files) can;
     otherwise the hosts that lack it are named. Read-only.
 
     \b
@@ -48,14 +50,14 @@ def history(inventory: str, as_json: bool) -> None:
         if not h.revisions:
             console.print(f"group {g}: no revision recorded yet (the first rollout that restarts it records one)")
             continue
-        table = Table("rev", "created", "image", "deployed", "variables", "restorable", title=f"group {g}",
-                      title_justify="left")
+        table = Table("rev", "created", "image", "deployed", "changed since the revision before", "restorable",
+                      title=f"group {g}", title_justify="left")
         for n in h.numbers:
             rev = shown(h, n, values)
             mark = f"{n} (current)" if n == h.current else str(n) if rev["served"] else f"{n} (never served)"
             image = rev["image"] + (f"\n(tag {rev['tag']})" if rev["tag"] else "")
             table.add_row(mark, rev["created"], image, rev["summary"] + (f"; {rev['note']}" if rev["note"] else ""),
-                          "\n".join(f"{k} = {v}" for k, v in sorted(rev["variables"].items())),
+                          "\n".join(rev["changes"]),
                           "yes" if rev["restorable"] else f"no: {', '.join(rev['missing_on'])} "
                           f"{'lacks' if len(rev['missing_on']) == 1 else 'lack'} its files")
         console.print(table)
@@ -73,4 +75,9 @@ def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, An
     rev["variables"] = masked_variables(rev["variables"], values)
     rev["restorable"], rev["missing_on"] = history.restorable(number), history.lacking(number)
     rev["served"] = history.served(number)
+    older = [n for n in history.numbers if n < number]
+    previous = history.revisions[max(older)] if older else None
+    rev["changes"] = changes(previous, history.revisions[number], values)
+    rev["since"] = max(older) if older else None
     return rev
+

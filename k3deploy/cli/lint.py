@@ -17,13 +17,19 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 @click.option("--hardware", "-H", metavar="ID", default=None, help="Only this hardware id.")
 @click.option("--strategy", "-s", metavar="ID", default=None, help="Only this strategy.")
 @click.option("--variant", "-v", metavar="ID", default=None, help="Only this variant.")
+@click.option("--nodes", "-n", type=int, default=None,
+              help="Lint each selection at this node count, as resolve --nodes resolves it (strategies that do not "
+                   "take it are left out).")
+@click.option("--prefill-nodes", type=int, default=None, help="pd_cluster: nodes in the prefill pool.")
+@click.option("--decode-nodes", type=int, default=None, help="pd_cluster: nodes in the decode pool.")
 @click.option("--inventory", metavar="FILE", default=None,
               help="Lint what this inventory deploys: its plan with k3_extra_args, every node's final argv and env.")
 @recipe_option
 @json_option
 @click.pass_context
-def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant: str | None,
-         inventory: str | None, recipe_path: str | None, as_json: bool) -> None:
+def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant: str | None, nodes: int | None,
+         prefill_nodes: int | None, decode_nodes: int | None, inventory: str | None, recipe_path: str | None,
+         as_json: bool) -> None:
     """Lint every offered selection (variant x hardware x strategy, default features and each opt-in
     feature on) against vLLM's flags, env vars and backends, the hardware and the memory plan.
 
@@ -32,18 +38,23 @@ def lint(ctx: click.Context, hardware: str | None, strategy: str | None, variant
     Examples:
       k3deploy lint
       k3deploy lint --hardware h200 --json
+      k3deploy lint --hardware gb300 --nodes 3
       k3deploy lint --inventory inventories/gb300.py
     """
     from k3deploy import load_recipe
     from k3deploy.recipe.lint import lint_recipe
 
     if inventory is not None:
-        if hardware or strategy or variant or recipe_path:
-            raise K3Error("--inventory cannot be combined with --hardware/--strategy/--variant/--recipe: the "
-                          "selection comes from the inventory's variables")
+        if hardware or strategy or variant or recipe_path or (nodes or prefill_nodes or decode_nodes) is not None:
+            raise K3Error("--inventory cannot be combined with --hardware/--strategy/--variant/--nodes/--recipe: "
+                          "the selection comes from the inventory's variables")
         ctx.exit(_lint_inventory(inventory, as_json))
 
-    report = lint_recipe(load_recipe(recipe_path), hardware_id=hardware, strategy=strategy, variant=variant)
+    for name, value in (("--nodes", nodes), ("--prefill-nodes", prefill_nodes), ("--decode-nodes", decode_nodes)):
+        if value is not None and value < 1:
+            raise K3Error(f"{name} must be ≥ 1, got {value}")
+    report = lint_recipe(load_recipe(recipe_path), hardware_id=hardware, strategy=strategy, variant=variant,
+                         nodes=nodes, prefill_nodes=prefill_nodes, decode_nodes=decode_nodes)
     if as_json:
         echo_json(report.to_dict())
     else:
@@ -89,6 +100,12 @@ def _lint_inventory(inventory: str, as_json: bool) -> int:
     t = read_cluster("lint", inventory, view=INVENTORY_ONLY).target
     plan = t.require_plan()
     found = lint_plan(t.recipe, plan)
+    if t.vars.k3_extra_args:   # what k3_extra_args bring is blamed on the file that set them, not the recipe
+        from k3deploy.model.pipeline import extra_args_findings
+
+        theirs = {(f.severity, f.code, f.message, f.fix): f for f in
+                  extra_args_findings(t.records, t.vars, plan, t.source("k3_extra_args"), t.recipe)}
+        found = [theirs.get((f.severity, f.code, f.message, f.fix), f) for f in found]
     errors = sum(f.severity == "error" for f in found)
     if as_json:
         echo_json({"inventory": inventory, "findings": [f.to_dict() for f in found], "errors": errors})

@@ -55,14 +55,15 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     require_reachable(gathered)
     rollout = gathered.require_rollout()
     report = build(rollout, gathered.installed, gathered.helpers)
+    report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
-    report.notes += revision_notes(gathered) + image_notes(gathered)
+    report.notes += [f"warning: {w}" for w in rollout.plan.warnings]   # as the deploy logs them
+    report.notes += revision_notes(gathered, report.has_changes) + image_notes(gathered)
     report.notes += [f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock "
                      f"{inventory} --run ID)" for line in gathered.lock_lines()]
-    report.staging = staging_lines(gathered)
     t = gathered.target
     first = t.resolved[t.records[0].name]
     if as_json:
@@ -110,15 +111,19 @@ def image_notes(gathered: Gathered) -> list[str]:
             f"{res.pinned}"]
 
 
-def revision_notes(gathered: Gathered) -> list[str]:
+def revision_notes(gathered: Gathered, changes: bool = True) -> list[str]:
     """What the plan means for each group's revisions: a rollback previewed, or a group running an older
-    revision than the variables describe."""
+    revision than the newest it served: the variables ask for the newer settings (``changes``: the plan has
+    changes), or they were set back and describe what runs (no changes)."""
     notes = []
     for group, h in gathered.history.items():
         if group in gathered.rollback_to:
             notes.append(f"group {group}: a rollback from revision {h.current} to revision "
                          f"{gathered.rollback_to[group]} (pyinfra INVENTORY deploy/k3.py -y --data "
                          f"k3_rollback={gathered.rollback_to[group]} applies it)")
+        elif h.current is not None and h.newest_served is not None and h.current < h.newest_served and not changes:
+            notes.append(f"group {group} runs revision {h.current}, rolled back from {h.newest_served}; the "
+                         "variables describe it, so a deploy keeps it")
         elif h.current is not None and h.newest_served is not None and h.current < h.newest_served:
             notes.append(f"group {group} runs revision {h.current}, rolled back from {h.newest_served}: the "
                          "variables still ask for the newer settings, so the changes above take it forward again")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -17,7 +18,34 @@ from k3deploy.errors import K3Error
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
-def render_table(report: Any) -> None:
+def settings_lines(settings: Mapping[str, Any], extra_env: Mapping[str, str]) -> list[str]:
+    """The settings derived per host as the lines each engine's env file gets (``NAME=value``, as written):
+    ``k3_extra_env`` applied last, as the rollout applies it (:func:`k3deploy.model.rollout.engine_env`).
+
+    >>> from k3deploy.preflight.settings import HostSettings
+    >>> s = HostSettings("n1", {"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_IB_HCA": "=mlx5_0:1"})
+    >>> title, line = settings_lines({"n1": s}, {"NCCL_IB_HCA": "mlx5_1"})
+    >>> print(line)
+      n1: NCCL_SOCKET_IFNAME==eth0 NCCL_IB_HCA=mlx5_1 (k3_extra_env; derived: =mlx5_0:1)
+    """
+    rows = [(h, s) for h, s in settings.items() if s.env]
+    if not rows:
+        return []
+    out = ["Derived settings, as each engine's env file gets them (NAME=value; a value that starts with = is NCCL's "
+           "exact-name match: NCCL_SOCKET_IFNAME==eth0 is the interface eth0, not eth0*):"]
+    for host, s in rows:
+        words = []
+        for k, v in s.env.items():
+            if k in extra_env and extra_env[k] != v:
+                words.append(f"{k}={extra_env[k]} (k3_extra_env; derived: {v})")
+            else:
+                words.append(f"{k}={v}")
+        extra = "  (nvidia_peermem required)" if s.peermem_required else ""
+        out.append(f"  {host}: {' '.join(words)}{extra}")
+    return out
+
+
+def render_table(report: Any, extra_env: Mapping[str, str] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -42,13 +70,8 @@ def render_table(report: Any) -> None:
             table.add_row(host if i == 0 else "", r.check, f"[{_STYLE[r.status]}]{r.status.upper()}[/]",
                           r.observed, r.required, r.fix)
     console.print(table)
-    settings = [(h, s) for h, s in report.settings.items() if s.env]
-    if settings:
-        console.print("[bold]Derived settings[/] (handed to the rollout):")
-        for host, s in settings:
-            env = " ".join(f"{k}={v}" for k, v in s.env.items())
-            extra = "  (nvidia_peermem required)" if s.peermem_required else ""
-            console.print(f"  {host}: {env}{extra}", highlight=False, soft_wrap=True)
+    for line in settings_lines(report.settings, extra_env or {}):
+        console.print(line, highlight=False, soft_wrap=True)
     counts = {"pass": 0, "warn": 0, "fail": 0}
     for r in report.results:
         counts[r.status] += 1
@@ -103,6 +126,6 @@ def preflight(inventory: str, hardware: str | None, strategy: str | None, varian
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:
-        render_table(report)
+        render_table(report, t.vars.k3_extra_env)
     if report.exit_code:
         sys.exit(report.exit_code)

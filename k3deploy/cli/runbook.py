@@ -54,7 +54,8 @@ def runbook(inventory: str, output: str, fmt: str | None, offline: bool) -> None
     rows: list[Any] = gathered.preflight.results if gathered.preflight else []
     doc = build(r, Context(inventory=inventory, preflight=rows, addresses=gathered.addresses, ssh=gathered.ssh,
                            brand=str(hardware()[r.plan.hardware].brand), guide=gathered.target.recipe.guide,
-                           version=version("k3deploy"), blanks=list(gathered.blanks), tag=gathered.pinned_tag))
+                           version=version("k3deploy"), blanks=list(gathered.blanks), tag=gathered.pinned_tag,
+                           files_dir=str(target.resolve().parent / f"{target.stem}-files")))
     text = to_html(doc) if fmt == "html" else to_markdown(doc)
     try:
         target.write_text(text, encoding="utf-8")

@@ -55,7 +55,8 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Split the nodes into this many replicas (engine groups behind one router): k3_replica per host.")
 @click.option("--strategy", "-s", default=None, metavar="ID",
-              help="Serving strategy written to the cluster's group_vars (default: the recipe's recommendation).")
+              help="Serving strategy written to the cluster's group_vars (default: the recommended strategy that fits "
+                   "--nodes; 'none': write none and check no size, for preflight of any size).")
 @click.option("--uplink-mbps", type=float, default=400.0, show_default=True,
               help="Rate of the uplink to the simulated outside (registries, hub), Mbit/s, shared by all nodes.")
 @click.option("--cluster-mbps", type=float, default=4000.0, show_default=True,

@@ -25,21 +25,39 @@ def _uptime(seconds: float | None) -> str:
 
 
 def _image_cell(image: str | None, image_id: str | None) -> str:
-    """The image a unit runs, for the table: a build pinned by digest as its repository and short digest (the 12
-    hex digits docker shows), then the local image id."""
+    """The image a unit runs, for the table, each digest labelled: a build pinned by digest as its repository and
+    ``digest`` (the registry's manifest digest, 12 hex digits as docker shows them), then ``local id`` (the id of
+    the image on the host, ``docker images --no-trunc``).
+
+    >>> print(_image_cell("vllm/vllm-openai@sha256:" + "a" * 64, "sha256:" + "b" * 64))
+    vllm/vllm-openai
+    digest sha256:aaaaaaaaaaaa
+    local id sha256:bbbbbbbbbbbb
+    """
     lines = [image or "-"]
     if image and "@sha256:" in image:
         repo, _, digest = image.partition("@")
-        lines = [repo, f"@{digest[:19]}"]
-    return "\n".join(lines + ([image_id[:19]] if image_id else []))
+        lines = [repo, f"digest {digest[:19]}"]
+    return "\n".join(lines + ([f"local id {image_id[:19]}"] if image_id else []))
 
 
-def read_status(inventory: str) -> tuple[ClusterStatus, list[str]]:
-    """The status of the inventory's cluster, and the deployment lock's holders (one line each)."""
-    from k3deploy.runtime.views import STATUS
+def read_status(inventory: str) -> tuple[ClusterStatus, list[str], list[str]]:
+    """The status of the inventory's cluster, the deployment lock's holders (one line each) and, for each group in
+    a crash loop, the member whose engine keeps exiting with its last journal line (the logs are read, once more,
+    only then)."""
+    from k3deploy.model.status import crash_loops
+    from k3deploy.runtime.views import STATUS, bundle
 
     gathered = read_cluster("status", inventory, view=STATUS)
-    return status_of(gathered), gathered.lock_lines()
+    st = status_of(gathered)
+    if any(u.verdict == "crash-loop" for g in st.groups for u in g.units):
+        logs = read_cluster("status", inventory, view=bundle(CRASH_LOG_LINES)).logs
+        return st, gathered.lock_lines(), crash_loops(st, logs)
+    return st, gathered.lock_lines(), []
+
+
+#: the journal lines read of a unit in a crash loop (its last line of its own among them)
+CRASH_LOG_LINES = 40
 
 
 def status_of(gathered: Gathered) -> ClusterStatus:
@@ -49,7 +67,7 @@ def status_of(gathered: Gathered) -> ClusterStatus:
     rollout = gathered.require_rollout()
     down = set(gathered.preflight.unreachable()) if gathered.preflight else set()
     return assess(rollout, served_model(rollout), gathered.runs, gathered.installed, gathered.endpoint_models, down,
-                  time.time())
+                  time.time(), gathered.history)
 
 
 def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
@@ -64,11 +82,18 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
         for u in g.units:
             table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active, str(u.restarts), _uptime(u.uptime_s),
                           _image_cell(u.image, u.image_id),
-                          {True: "yes", False: "[red]no[/]", None: "-"}[u.matches_plan],
+                          {True: "yes", False: "[red]no[/] (below)", None: "-"}[u.matches_plan],
                           "-" if u.health is None else str(u.health),
                           "-" if u.models is None else ", ".join(u.models) or "(none)",
                           f"[{colour.get(u.verdict, 'red')}]{u.verdict}[/]")
         console.print(table)
+        for u in g.units:
+            if u.why:
+                console.print(f"{u.host} {u.unit}: as planned: no: {u.why}", highlight=False, soft_wrap=True)
+    if any(u.image_id for g in st.groups for u in g.units):
+        console.print("image: the reference each unit runs (digest: the registry's, of the build it was pinned to); "
+                      "local id: the image's id on that host (docker images --no-trunc)", highlight=False,
+                      soft_wrap=True)
     listed = "does not answer" if st.endpoint_models is None else "lists " + (", ".join(st.endpoint_models) or
                                                                                "no model")
     console.print(f"cluster: [{colour.get(st.verdict, 'red')}]{st.verdict}[/]; endpoint {st.endpoint} {listed}"
@@ -95,11 +120,13 @@ def status(inventory: str, as_json: bool, watch: float | None) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     while True:
-        st, lock = read_status(inventory)
+        st, lock, loops = read_status(inventory)
         if as_json:
-            echo_json({**st.to_dict(), "lock": lock})
+            echo_json({**st.to_dict(), "lock": lock, "crash_loops": loops})
         else:
             show(st, console)
+            for line in loops:
+                console.print(f"[red]{line}[/]", highlight=False, soft_wrap=True)
             for line in lock:
                 console.print(f"[yellow]{line}[/]: a change is under way (or a run was killed: k3deploy unlock)")
         if watch is None:

@@ -481,8 +481,15 @@ def logs(unit: str, container: str | None, docker: str, lines: int = 25) -> str:
     script = (f"echo {shlex.quote(f'--- journalctl -u {unit} (last {lines} lines)')}; "
               f"journalctl -u {shlex.quote(unit)} -n {lines} --no-pager 2>&1 | tail -n {lines}")
     if container:
+        # the unit runs its container with --rm: once the engine exited it is gone, and docker's "No such
+        # container" would read as a second fault; say what it means instead
+        gone = (f"(no container {container} now: the unit runs it with --rm, so it is removed when the engine "
+                "exits; what the engine wrote is in the journal above)")
         script += (f"; echo {shlex.quote(f'--- {docker} logs --tail {lines} {container}')}; "
-                   f"{shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1 | tail -n {lines}")
+                   f"if k3_out=$({shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1); then "
+                   f"printf '%s\\n' \"$k3_out\" | tail -n {lines}; else case \"$k3_out\" in "
+                   f"*'No such container'*) echo {shlex.quote(gone)};; "
+                   f"*) printf '%s\\n' \"$k3_out\" | tail -n {lines};; esac; fi")
     return script
 
 

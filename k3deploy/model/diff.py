@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,13 +157,30 @@ def parse_env(text: str | None) -> dict[str, str]:
 
 
 def line_diff(old: list[str], new: list[str]) -> list[tuple[str, str]]:
-    """(``+``/``-``, line) for each line removed or added, in order."""
-    out: list[tuple[str, str]] = []
+    """(``+``/``-``, line) for each line removed or added, in order; a line both removed and added (a flag that
+    only changed its place) is one (``moved``, line) where it is added.
+
+    >>> line_diff(["--a 1", "--b 2", "--c"], ["--b 2", "--a 1", "--c", "--d"])
+    [('moved', '--b 2'), ('+', '--d')]
+    """
+    raw: list[tuple[str, str]] = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
         if tag in ("replace", "delete"):
-            out += [("-", x) for x in old[i1:i2]]
+            raw += [("-", x) for x in old[i1:i2]]
         if tag in ("replace", "insert"):
-            out += [("+", x) for x in new[j1:j2]]
+            raw += [("+", x) for x in new[j1:j2]]
+    removed = Counter(x for op, x in raw if op == "-")
+    added = Counter(x for op, x in raw if op == "+")
+    skip, mark = removed & added, removed & added
+    out: list[tuple[str, str]] = []
+    for op, x in raw:
+        if op == "-" and skip[x] > 0:
+            skip[x] -= 1
+        elif op == "+" and mark[x] > 0:
+            mark[x] -= 1
+            out.append(("moved", x))
+        else:
+            out.append((op, x))
     return out
 
 
@@ -254,7 +272,7 @@ def change_lines(changes: list[dict[str, Any]], indent: str = "") -> list[str]:
         if c["kind"] == "image":
             out.append(f"{indent}image: {_show(c['from'])} -> {_show(c['to'])}")
         elif c["kind"] in ("argv", "unit"):
-            out.append(f"{indent}{c['op']} {c['line']}")
+            out.append(f"{indent}> {c['line']} (moved)" if c["op"] == "moved" else f"{indent}{c['op']} {c['line']}")
         elif c["kind"] == "env":
             if c["op"] == "~":
                 out.append(f"{indent}~ {c['name']}: {c['from']} -> {c['to']}")

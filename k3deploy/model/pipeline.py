@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,8 +29,9 @@ from k3deploy.model.binding import HostRecord
 from k3deploy.model.inventory import engine_count, plan_for, variables_for, with_roles
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.rollout import Rollout, lay_out, render
-from k3deploy.model.variables import Resolved, Variables
-from k3deploy.recipe import load_recipe
+from k3deploy.model.variables import Resolved, Variables, shown_path
+from k3deploy.recipe import fit, load_recipe
+from k3deploy.recipe.fit import did_you_mean
 from k3deploy.recipe.offering import hardware_profile
 from k3deploy.recipe.plan import Plan
 from k3deploy.recipe.schema import Recipe
@@ -91,7 +93,8 @@ def _requirements(variables: Variables, nodes: int, recipe: Recipe) -> Requireme
                              f"{', '.join(recipe.variants)}")
     known = strategies()
     if variables.k3_strategy is not None and variables.k3_strategy not in known:
-        raise SelectionError(f"unknown strategy {variables.k3_strategy!r}: choose one of {', '.join(sorted(known))}")
+        raise SelectionError(f"unknown strategy {variables.k3_strategy!r}: choose one of {', '.join(sorted(known))}"
+                             + did_you_mean(variables.k3_strategy, known))
     strat = known.get(variables.k3_strategy) if variables.k3_strategy else None
     return Requirements(hardware=hw, variant=variables.k3_variant,
                         vram_minimum_gb=recipe.variant(variables.k3_variant).vram_minimum_gb, nodes=nodes,
@@ -130,25 +133,46 @@ def expert_parallel_across_nodes(plan: Plan) -> bool:
 ARGV_CODES = frozenset({"flag-unknown", "flag-value", "arg-positional"})
 
 
-def check_extra_args(records: list[HostRecord], variables: Variables, plan: Plan, source: str, recipe: Recipe) -> None:
-    """Refuse ``k3_extra_args`` that the pinned engine would not start with: one word holding a flag and its value,
-    or an argv error (unknown flag, bad value, stray word) that the plan without them does not have."""
+def extra_args_findings(records: list[HostRecord], variables: Variables, plan: Plan, source: str,
+                        recipe: Recipe) -> list[Any]:
+    """The lint findings ``k3_extra_args`` bring: those of ``plan`` that the plan without them does not have, each
+    attributed to the variable and the file that set it (``source``), not to a recipe key."""
+    from dataclasses import replace as with_path
+
     from k3deploy.recipe.lint import lint_plan
 
+    def unplaced(f: Any) -> tuple[str, str, str, str]:
+        return (f.severity, f.code, f.message, f.fix)
+
+    before = {unplaced(f) for f in lint_plan(recipe, plan_for(records, variables.model_copy(
+        update={"k3_extra_args": []}), recipe))}
+    return [with_path(f, path=f"k3_extra_args ({source})") for f in lint_plan(recipe, plan)
+            if unplaced(f) not in before]
+
+
+def check_extra_args(records: list[HostRecord], variables: Variables, plan: Plan, source: str,
+                     recipe: Recipe) -> list[str]:
+    """Refuse ``k3_extra_args`` that the pinned engine would not start with: one word holding a flag and its value,
+    or an argv error (unknown flag, bad value, stray word) that the plan without them does not have. Returns the
+    warnings they bring (an abbreviated flag, a deprecated one, ...), one line each naming the file that set them.
+
+    >>> args = {"k3_hardware": "gb300", "k3_extra_args": ["--max-num-seq", "64"]}
+    >>> hosts = [HostRecord("n1", ("head",), {**args, "k3_ip": "10.0.0.1"}),
+    ...          HostRecord("n2", ("workers",), {**args, "k3_ip": "10.0.0.2"})]
+    >>> target(hosts, None).plan.warnings  # doctest: +ELLIPSIS
+    ['k3_extra_args (inventory): --max-num-seq is an abbreviation argparse expands to --max-num-seqs: write...']
+    """
     for item in variables.k3_extra_args:
         if item.startswith("-") and any(c.isspace() for c in item.split("=", 1)[0].strip()):
             words = item.split(None, 1)
             raise K3Error(f"k3_extra_args ({source}): {item!r} is one argv word holding a space, which vLLM does "
                           f"not split: write it as two items, {words!r}")
-
-    def argv_errors(candidate: Plan) -> list[Any]:
-        return [f for f in lint_plan(recipe, candidate) if f.severity == "error" and f.code in ARGV_CODES]
-
-    before = {f.key for f in argv_errors(plan_for(records, variables.model_copy(update={"k3_extra_args": []}), recipe))}
-    new = [f for f in argv_errors(plan) if f.key not in before]
+    found = extra_args_findings(records, variables, plan, source, recipe)
+    new = [f for f in found if f.severity == "error" and f.code in ARGV_CODES]
     if new:
         more = f" (and {len(new) - 1} more: k3deploy lint --inventory)" if len(new) > 1 else ""
         raise K3Error(f"k3_extra_args ({source}): {new[0].message}: {new[0].fix}{more}")
+    return [f"k3_extra_args ({source}): {f.message}: {f.fix}" for f in found if f.severity == "warning"]
 
 
 def check_control_files(variables: Variables, source: Callable[[str], str]) -> None:
@@ -173,6 +197,48 @@ def check_control_files(variables: Variables, source: Callable[[str], str]) -> N
                       "give the models--ORG--NAME directory that `hf download` filled")
 
 
+#: the fix ``resolve`` names in its own terms (command-line flags), cut off where an inventory's hosts fix the sizes
+_CLI_FIX = re.compile(r": (use|pass|give) [^:]*$")
+
+
+def in_inventory(exc: SelectionError, records: list[HostRecord], variables: Variables, recipe: Recipe,
+                 first: Resolved, inventory_file: str | None) -> SelectionError:
+    """A selection that does not fit an inventory's hosts, said in the inventory's terms: the variable and the file
+    that sets it, the group to add hosts to, and which strategies fit these hosts (not ``resolve``'s flags)."""
+    engines = engine_count(records) or len(records)
+    hw = str(variables.k3_hardware)
+    variant = variables.k3_variant
+    src = first.source("k3_strategy")
+    if src == "default":
+        where = (shown_path(Path(inventory_file).resolve().parent / "group_vars" / "all.yml") if inventory_file
+                 else "group_vars/all.yml next to the inventory")
+    else:
+        where = src
+    groups = {g for r in records for g in r.groups}
+    pools = {g: len([r for r in records if g in r.groups]) for g in ("prefill", "decode")}
+    reason = _CLI_FIX.sub("", str(exc))
+    reason = re.sub(r"--(prefill-|decode-)?nodes (\d+)", lambda m: f"{m.group(2)} host(s) in "
+                    + (f"`{m.group(1)[:-1]}`" if m.group(1) else "the engine groups"), reason)
+    if "prefill" in groups or "decode" in groups or variables.k3_strategy == "pd_cluster":
+        p, d = pools["prefill"], pools["decode"]
+        smallest = fit.pd_sizes(recipe, hw, max(p, 1), max(d, 1), variant)
+        if smallest is None:
+            return SelectionError(f"{reason}; no P/D pools of {hw} fit up to 16 nodes: set k3_strategy in {where}")
+        adds = [f"{n - have} host(s) to `{g}`" for g, n, have in (("prefill", smallest[0], p),
+                                                                   ("decode", smallest[1], d)) if n > have]
+        fix = (f"add {' and '.join(adds)} in {inventory_file or 'the inventory'}" if adds else
+               f"set k3_strategy in {where}")
+        return SelectionError(f"{reason}: {fix} (pools of {smallest[0]} prefill and {smallest[1]} decode hosts fit)")
+    fitting = fit.fitting(recipe, hw, engines, variant)
+    hosts = f"{engines} engine host{'s' if engines != 1 else ''} (head + workers)"
+    if fitting:
+        return SelectionError(f"{reason}; strategies that fit this inventory's {hosts}: {', '.join(fitting)}: set "
+                              f"`k3_strategy: {fitting[0]}` in {where}")
+    sizes = fit.sizes_text(fit.sizes_that_fit(recipe, hw, variant))
+    return SelectionError(f"{reason}: no strategy of {recipe.slug} fits this inventory's {hosts} of {hw}; sizes "
+                          f"that fit: {sizes}: add hosts to `workers` in {inventory_file or 'the inventory'}")
+
+
 def target(records: list[HostRecord], inventory_file: str | None,
            overrides: Mapping[str, Any] | None = None) -> Target:
     """Variables, requirements and plan of an inventory's hosts, the recipe read once and the plan laid out on the
@@ -186,14 +252,25 @@ def target(records: list[HostRecord], inventory_file: str | None,
     check_control_files(variables, resolved[recs[0].name].source)
     recipe = load_recipe(variables.k3_recipe)
     hw_from = resolved[recs[0].name].source("k3_hardware")
-    base = replace(_requirements(variables, engine_count(recs) or len(recs), recipe), hardware_from=hw_from)
     try:
-        plan = plan_for(recs, variables, recipe)
+        base = replace(_requirements(variables, engine_count(recs) or len(recs), recipe), hardware_from=hw_from)
+    except SelectionError as exc:
+        key = next((k for k in ("hardware", "variant", "strategy") if str(exc).startswith(f"unknown {k}")), None)
+        if key is None:
+            raise
+        raise SelectionError(f"k3_{key} ({resolved[recs[0].name].source(f'k3_{key}')}): {exc}") from None
+    try:
+        try:
+            plan = plan_for(recs, variables, recipe)
+        except SelectionError as exc:
+            raise in_inventory(exc, recs, variables, recipe, resolved[recs[0].name], inventory_file) from None
         layout = lay_out(plan, recs, variables)  # ranks, groups and counts checked before any fact
     except K3Error as exc:
         return Target(inventory_file, recs, variables, recipe, base, None, str(exc), resolved)
     if variables.k3_extra_args:
-        check_extra_args(recs, variables, plan, resolved[recs[0].name].source("k3_extra_args"), recipe)
+        for line in check_extra_args(recs, variables, plan, resolved[recs[0].name].source("k3_extra_args"), recipe):
+            if line not in plan.warnings:
+                plan.warnings.append(line)   # shown by the deploy, plan and resolve with the plan's own warnings
     need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image)
     return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -172,6 +173,60 @@ def revision_for(r: Any, group: str, number: int, *, created: str, variables: di
     return Revision(group=group, number=number, created=created, image=plan.image, summary=summary,
                     variables=masked_variables(variables, secret_values(r.vars.k3_extra_env)), files=files,
                     version=version, note=note, tag=tag)
+
+
+_VALUE_FROM = re.compile(r"^(?P<value>.*) \((?P<source>[^()]*)\)$", re.S)
+
+
+def _split(recorded: str) -> tuple[str, str]:
+    """A recorded variable ``"<value> (<file>)"`` -> (value, file); a value without its file -> (value, "")."""
+    m = _VALUE_FROM.match(recorded)
+    return (m["value"], m["source"]) if m else (recorded, "")
+
+
+def changes(previous: Revision | None, rev: Revision, values: list[str] | None = None) -> list[str]:
+    """What revision ``rev`` changed since ``previous`` (the revision recorded before it; None: the first one),
+    one line each: the image, the selection, each variable set, changed or back to its default (with the file
+    that sets it now), the tool's version. The first revision lists the variables it was deployed with. Values are
+    compared as recorded and shown with secrets masked (:func:`masked_variables`, ``values``: the secrets' values).
+
+    >>> one = Revision(group="engine", number=1, created="t", image="img:1", summary="gb300 x 2",
+    ...                variables={"k3_strategy": "'multi_node_tp' (group_vars/all.yml)"}, version="0.1")
+    >>> two = Revision(group="engine", number=2, created="t", image="img:1", summary="gb300 x 2", version="0.1",
+    ...                variables={"k3_strategy": "'multi_node_tp' (group_vars/all.yml)",
+    ...                           "k3_extra_args": "['--max-num-seqs', '64'] (group_vars/all.yml)"})
+    >>> changes(one, two)
+    ["k3_extra_args: default -> ['--max-num-seqs', '64'] (group_vars/all.yml)"]
+    >>> changes(two, one)
+    ["k3_extra_args: back to its default (was ['--max-num-seqs', '64'])"]
+    >>> changes(None, one)
+    ["k3_strategy = 'multi_node_tp' (group_vars/all.yml)"]
+    """
+    now_shown = masked_variables(rev.variables, values)
+    if previous is None:
+        return [f"{k} = {v}" for k, v in sorted(now_shown.items())] or ["every variable at its default"]
+    was_shown = masked_variables(previous.variables, values)
+    out = []
+    if previous.image != rev.image:
+        out.append(f"image {previous.image} -> {rev.image}")
+    if previous.summary != rev.summary:
+        out.append(f"{previous.summary} -> {rev.summary}")
+    for k in sorted(set(previous.variables) | set(rev.variables)):
+        (old, was), (new, now) = _split(was_shown.get(k, "")), _split(now_shown.get(k, ""))
+        if k in rev.variables and k in previous.variables and old == new and \
+                _split(previous.variables[k])[0] != _split(rev.variables[k])[0]:
+            out.append(f"{k}: a secret's value changed (masked)" + (f" ({now})" if now else ""))
+        elif k not in rev.variables:
+            out.append(f"{k}: back to its default (was {old})")
+        elif k not in previous.variables:
+            out.append(f"{k}: default -> {new}" + (f" ({now})" if now else ""))
+        elif old != new:
+            out.append(f"{k}: {old} -> {new}" + (f" ({now})" if now else ""))
+        elif was != now:
+            out.append(f"{k}: same value, now set in {now or 'default'} (was {was or 'default'})")
+    if previous.version != rev.version and previous.version and rev.version:
+        out.append(f"k3deploy {previous.version} -> {rev.version}")
+    return out or ["no change of image, selection or variables (the same files, deployed again)"]
 
 
 def masked_variables(variables: dict[str, str], values: list[str] | None = None) -> dict[str, str]:

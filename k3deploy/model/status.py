@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from k3deploy.model.images import shown
 from k3deploy.model.observed import Installed
+from k3deploy.model.revisions import GroupHistory
 from k3deploy.model.rollout import Rollout
 from k3deploy.model.variables import Variables
 
@@ -102,6 +103,7 @@ class UnitReport:
     url: str | None
     health: int | None
     models: list[str] | None
+    why: str | None = None        # why it does not run as planned (matches_plan False), one line
 
 
 @dataclass
@@ -142,10 +144,68 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def not_planned_why(unit: Any, have: Installed, history: GroupHistory | None) -> str:
+    """Why ``unit`` (a rendered unit) does not run its planned files: a recorded revision it runs (after a rollback,
+    the variables asking for newer settings), files missing, or files that differ from the plan.
+
+    >>> from k3deploy.model.revisions import Revision
+    >>> class U: host, unit_path, env_path = "n1", "/etc/u.service", "/etc/u.env"
+    >>> rev = Revision("engine", 1, "t", "img", "s", files={"n1:/etc/u.service": "a", "n1:/etc/u.env": "b"})
+    >>> h = GroupHistory("engine", {1: rev, 2: Revision("engine", 2, "t", "img", "s")}, current=1, marked={1, 2})
+    >>> not_planned_why(U(), Installed(unit_sha="a", env_sha="b"), h)  # doctest: +ELLIPSIS
+    'runs revision 1, rolled back from 2: the variables ask for other settings (k3deploy plan INVENTORY ...'
+    """
+    if have.unit_sha is None or have.env_sha is None:
+        return "its unit or env file is missing: a deploy installs it (k3deploy plan INVENTORY shows it)"
+    numbers = sorted(history.revisions, reverse=True) if history else []
+    for n in sorted(numbers, key=lambda n: n != (history.current if history else None)):   # the current first
+        assert history is not None
+        files = history.revisions[n].files
+        if (files.get(f"{unit.host}:{unit.unit_path}"), files.get(f"{unit.host}:{unit.env_path}")) == \
+                (have.unit_sha, have.env_sha):
+            newest = history.newest_served
+            back = f", rolled back from {newest}" if newest is not None and newest > n else ""
+            return (f"runs revision {n}{back}: the variables ask for other settings (k3deploy plan INVENTORY "
+                    "shows them; a deploy applies them, or set the variables back)")
+    return ("its unit or env file differs from the plan (the variables changed since the deploy, or a file was "
+            "edited on the host): k3deploy plan INVENTORY shows how")
+
+
+def crash_loops(st: ClusterStatus, logs: Mapping[tuple[str, str], Mapping[str, str]]) -> list[str]:
+    """One line per group in a crash loop: the member whose engine keeps exiting (the most restarts) and the last
+    line its process wrote to the journal (``logs``: per (host, unit) its ``journal`` and ``container`` tail).
+
+    >>> u = UnitReport("n2", "k3-engine", "engine", 1, "worker", "crash-loop", "activating", 5, None, None, None,
+    ...                False, None, None, None)
+    >>> st = ClusterStatus("http://x", "m", None, [GroupReport("engine", "down", [u])], [])
+    >>> crash_loops(st, {("n2", "k3-engine"): {"journal": "t n2 docker[9]: ValueError: bad\\n"
+    ...                                                   "t n2 systemd[1]: k3-engine.service: Failed\\n"}})
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ["group engine: n2's engine keeps exiting (k3-engine, restarted 5 times); its last journal line:
+      't n2 docker[9]: ValueError: bad' (more: journalctl -u k3-engine on n2, or k3deploy bundle INVENTORY)"]
+    """
+    out = []
+    for g in st.groups:
+        looping = [u for u in g.units if u.verdict == "crash-loop"]
+        if not looping:
+            continue
+        worst = max(looping, key=lambda u: u.restarts)
+        text = logs.get((worst.host, worst.unit), {})
+        lines = [x for x in text.get("journal", "").splitlines() if x.strip()]
+        own = [x for x in lines if " systemd[" not in x] or [x for x in text.get("container", "").splitlines()
+                                                              if x.strip()] or lines
+        last = f"; its last journal line: {own[-1].strip()[:300]!r}" if own else ""
+        out.append(f"group {g.name}: {worst.host}'s {worst.role if worst.role != 'worker' else 'engine'} keeps "
+                   f"exiting ({worst.unit}, restarted {worst.restarts} times){last} (more: journalctl -u "
+                   f"{worst.unit} on {worst.host}, or k3deploy bundle INVENTORY)")
+    return out
+
+
 def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
            installed: Mapping[tuple[str, str], Installed], endpoint_models: tuple[str, ...] | None,
-           unreachable: set[str], now: float) -> ClusterStatus:
-    """The status of every unit, group and the cluster from what the hosts reported (``runs``: per (host, unit))."""
+           unreachable: set[str], now: float, history: Mapping[str, GroupHistory] | None = None) -> ClusterStatus:
+    """The status of every unit, group and the cluster from what the hosts reported (``runs``: per (host, unit));
+    ``history``: each group's revisions, to say why a unit does not run as planned."""
     groups = []
     for name in rollout.groups:
         reports = []
@@ -165,7 +225,8 @@ def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
                              window_s=rollout.vars.k3_crash_loop_window),
                 run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
                 round(now - run.since, 1) if run.since else None, shown(run.image), run.image_id, matches, u.serves,
-                run.health, list(run.models) if run.models is not None else None))
+                run.health, list(run.models) if run.models is not None else None,
+                None if matches else not_planned_why(u, have, (history or {}).get(u.group))))
         serving = [x for x in reports if x.url and x.verdict == "serving"]
         if all(x.verdict in UP for x in reports):
             verdict = "serving"

@@ -6,8 +6,8 @@ for each group of the host (in inventory order), then the inventory's own data f
 ``group_vars/`` is looked up next to the inventory file, then one level above it (the project layout
 ``inventories/x.py`` + ``group_vars/``); the directory next to the inventory wins. The working directory plays no
 part. Keys that are not ``k3_*`` must be pyinfra's connection settings (``ssh_user``, ``ssh_port``, ``_sudo``, ...):
-they pass through to the connections k3deploy opens. The README's variable table is generated from this model
-(``python -m k3deploy.model.variables``) and a test keeps them equal.
+they pass through to the connections k3deploy opens. The variable table of docs/variables.md is generated from this
+model (``python -m k3deploy.model.variables``) and a test keeps them equal.
 
 Every value is checked here, before anything reads a host: addresses and host names (``k3_ip``,
 ``k3_router_host``, ``ssh_hostname``) are IP addresses or RFC 1123 host names; paths on the nodes are absolute
@@ -501,8 +501,8 @@ def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterab
                     key = str(key)
                     if key.startswith("k3_"):
                         if key not in Variables.model_fields:
-                            raise K3Error(f"{where}: unknown variable {key!r}{_closest(key)}: fix its name (README: "
-                                          "Variables lists them)")
+                            raise K3Error(f"{where}: unknown variable {key!r}{_closest(key)}: fix its name "
+                                          "(docs/variables.md lists them)")
                         merged[key], sources[key] = value, where
                     elif is_connector_setting(key):
                         _check_connector(key, value, where)

@@ -21,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyinfra.api.facts import FactBase
@@ -51,6 +51,23 @@ def _npu_peer_round_applies(requirements: Requirements) -> bool:
 def _nccl_probe_applies(requirements: Requirements, engine_hosts: list[str]) -> bool:
     """A pack whose engines talk NCCL (NVIDIA), over RDMA across at least two engine nodes."""
     return pack_for(requirements).nccl_probe and requirements.needs_rdma and len(engine_hosts) >= 2
+
+
+#: checks only a run that reads what the hosts run makes (the deploy, ``plan``), not ``k3deploy preflight``: the
+#: deploy counts them apart, so that its count of the preflight's checks is the one ``k3deploy preflight`` prints
+BEYOND_PREFLIGHT = ("image.digest", "router.command")
+
+
+def preflight_count(results: Sequence[CheckResult]) -> str:
+    """How many checks passed, counted as ``k3deploy preflight`` counts them, then those the run adds by name.
+
+    >>> r = [CheckResult("a", "disk.shm", "pass", "", ""), CheckResult("a", "image.digest", "pass", "", "")]
+    >>> preflight_count(r), preflight_count(r[:1])
+    ('1 checks (as k3deploy preflight counts them) and image.digest', '1 checks')
+    """
+    extra = sorted({r.check for r in results if r.check in BEYOND_PREFLIGHT})
+    same = len([r for r in results if r.check not in BEYOND_PREFLIGHT])
+    return f"{same} checks" + (f" (as k3deploy preflight counts them) and {', '.join(extra)}" if extra else "")
 
 
 def router_checks(executable: Mapping[str, bool], path: str) -> list[CheckResult]:

@@ -1,8 +1,8 @@
 """Deliberate, documented changes k3deploy makes to the builder's commands before deploying them.
 
 The builder's output is reproduced exactly by :func:`k3deploy.resolve`; :func:`deployable` then applies the
-few changes the pinned engine needs to start at all, each recorded in ``plan.warnings`` and listed in the
-README. The rollout, ``k3deploy plan``, the runbook and ``resolve --inventory`` all deploy this version.
+few changes the pinned engine needs to start at all, each recorded in ``plan.warnings`` and listed in
+docs/layout.md. The rollout, ``k3deploy plan``, the runbook and ``resolve --inventory`` all deploy this version.
 
 1. ``multi_node_tp_dp`` (and any plan whose workers carry ``--data-parallel-start-rank`` while the head runs
    neither hybrid nor external load balancing): vLLM 0.33.0 refuses such workers ("Remote engine N must use

@@ -11,8 +11,9 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from math import ceil
 from typing import Any
 
@@ -36,6 +37,26 @@ from k3deploy.recipe.taxonomy import HardwareProfile, Strategy, hardware, strate
 # What a recipe offers
 
 
+def _norm(text: str) -> str:
+    return text.strip().lower().replace("-", "_")
+
+
+def near(value: str, choices: Iterable[str]) -> str | None:
+    """The choice ``value`` most likely meant: the same up to case and ``-``/``_``, else a close spelling."""
+    options = list(choices)
+    for c in options:
+        if _norm(c) == _norm(value):
+            return c
+    close = difflib.get_close_matches(_norm(value), [_norm(c) for c in options], n=1, cutoff=0.6)
+    return next((c for c in options if close and _norm(c) == close[0]), None)
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` or ``""``."""
+    hit = near(value, choices)
+    return f" (did you mean {hit!r}?)" if hit is not None and hit != value else ""
+
+
 def listing(items: Sequence[str]) -> str:
     return ", ".join(items) if items else "(none)"
 
@@ -45,7 +66,8 @@ def hardware_profile(hw_id: str) -> HardwareProfile:
     known = hardware()
     hw = known.get(hw_id)
     if hw is None:
-        raise SelectionError(f"unknown hardware {hw_id!r}: choose one of {listing(sorted(known))}")
+        raise SelectionError(f"unknown hardware {hw_id!r}: choose one of {listing(sorted(known))}"
+                             + did_you_mean(hw_id, known))
     return hw
 
 
@@ -57,6 +79,14 @@ def precision_ok(variant: Variant, hw: HardwareProfile) -> bool:
     if (variant.precision or "").lower() in ("nvfp4", "fp4"):
         return hw.brand == "NVIDIA" and "blackwell" in hw.generations
     return True
+
+
+def unknown_hardware(recipe: Recipe, hw_id: str) -> SelectionError:
+    """The error for a hardware id the taxonomy does not know, listing the ids the recipe runs on (``options`` and
+    ``resolve`` say the same) with a did-you-mean."""
+    offered = sorted({h for v in recipe.variants for h in hardware_for_variant(recipe, v)})
+    return SelectionError(f"unknown hardware {hw_id!r}: {recipe.slug} runs on {listing(offered)}"
+                          + did_you_mean(hw_id, offered))
 
 
 def hardware_for_variant(recipe: Recipe, variant_key: str) -> list[str]:
@@ -194,8 +224,8 @@ def offering(recipe: Recipe, *, hardware_id: str | None = None, variant: str | N
     if variant is not None and variant not in recipe.variants:
         raise SelectionError(
             f"unknown variant {variant!r} in recipe {recipe.slug}: choose one of {listing(list(recipe.variants))}")
-    if hardware_id is not None:
-        hardware_profile(hardware_id)
+    if hardware_id is not None and hardware_id not in hardware():
+        raise unknown_hardware(recipe, hardware_id)
     variants = [variant] if variant else list(recipe.variants)
     out: dict[str, Any] = {"recipe": recipe.slug, "model": recipe.model.model_id,
                            "default_hardware": pick_default_hardware(recipe, variants[0]), "variants": {},

@@ -18,6 +18,7 @@ from k3deploy.errors import SelectionError
 from k3deploy.recipe.argv import int_value
 from k3deploy.recipe.images import resolve_image
 from k3deploy.recipe.offering import (
+    did_you_mean,
     hardware_for_variant,
     hardware_profile,
     listing,
@@ -26,6 +27,7 @@ from k3deploy.recipe.offering import (
     recommended,
     strategies_on,
     strategy_nodes,
+    unknown_hardware,
 )
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.rules import PoolSpec, default_features, min_gpus_for_strategy, synthesize
@@ -76,8 +78,7 @@ def resolve(
     ``extra_args`` are appended where the recipes site puts its "Advanced" arguments (before features).
     """
     if hardware not in hardware_profiles():
-        offered = sorted({h for v in recipe.variants for h in hardware_for_variant(recipe, v)})
-        raise SelectionError(f"unknown hardware {hardware!r}: {recipe.slug} runs on {listing(offered)}")
+        raise unknown_hardware(recipe, hardware)
     hw = hardware_profile(hardware)
     if variant not in recipe.variants:
         raise SelectionError(
@@ -93,7 +94,8 @@ def resolve(
         strategy, _ = recommended(recipe, variant, hw)
     known = strategies()
     if strategy not in known:
-        raise SelectionError(f"unknown strategy {strategy!r}: choose one of {listing(sorted(known))}")
+        raise SelectionError(f"unknown strategy {strategy!r}: choose one of {listing(sorted(known))}"
+                             + did_you_mean(strategy, known))
     if strategy not in offered_here:
         raise SelectionError(
             f"strategy {strategy} is not offered on {hw.id} by {recipe.slug}: choose one of {listing(offered_here)}")
@@ -148,8 +150,54 @@ def resolve(
         NodePlan(role="head" if r == 0 else "worker", rank=r, argv=argv, env=dict(syn.env), port=_port(argv, 8000))
         for r, argv in enumerate(syn.argvs)
     ]
+    warnings += size_notes(recipe, plan_nodes)
     return Plan(recipe=recipe.slug, model=syn.model_id, hardware=hw.id, strategy=strategy, variant=variant,
                 features=applied, image=img, vendor=hw.vendor, nodes=plan_nodes, warnings=warnings)
+
+
+def size_notes(recipe: Recipe, nodes: list[NodePlan]) -> list[str]:
+    """A tensor-parallel size that is not a power of two (12 from 3 trays of 4 GPUs) is unusual for a model: whether
+    the dimensions the recipe gives divide by it (routed experts over the expert-parallel ranks), and the one it
+    does not give (attention heads: vLLM refuses a TP size that does not divide ``num_attention_heads``).
+
+    >>> from k3deploy import load_recipe
+    >>> (note,) = size_notes(load_recipe(), [NodePlan(role="head", rank=0, argv=["vllm", "serve", "m",
+    ...     "--tensor-parallel-size", "12", "--enable-expert-parallel"])])
+    >>> note[:112]
+    '--tensor-parallel-size 12 is an unusual size for the model: its 896 routed experts over 12 expert-parallel ranks'
+    >>> "do not divide (74.67 each" in note and "divides num_attention_heads" in note
+    True
+    """
+    import re
+
+    from k3deploy.recipe.argv import has_flag
+
+    extra = recipe.model.model_extra or {}
+    m = re.search(r"of (\d+) routed", str(extra.get("active_parameters", "")))
+    experts = int(m.group(1)) if m else None
+    out: list[str] = []
+    for node in nodes:
+        tp = int_value(node.argv, "--tensor-parallel-size", "-tp", default=1) or 1
+        dp = int_value(node.argv, "--data-parallel-size", "-dp", default=1) or 1
+        ep = has_flag(node.argv, "--enable-expert-parallel")
+        if node.role == "router" or tp & (tp - 1) == 0:
+            continue
+        parts = []
+        if experts is not None and ep:
+            ranks = tp * dp
+            parts.append(f"its {experts} routed experts over {ranks} expert-parallel ranks "
+                         + ("divide evenly" if experts % ranks == 0 else
+                            f"do not divide ({experts / ranks:.2f} each: some ranks hold one more)"))
+        elif experts is not None:
+            parts.append(f"its {experts} routed experts are not split by count (no expert parallelism): each "
+                         f"expert's weights are split {tp} ways")
+        parts.append(f"the recipe does not give its attention-head count: vLLM refuses to start unless {tp} "
+                     "divides num_attention_heads (the model's config.json): check it, or choose a node count "
+                     "that gives a power-of-two size")
+        line = f"--tensor-parallel-size {tp} is an unusual size for the model: {'; '.join(parts)}"
+        if line not in out:
+            out.append(line)
+    return out
 
 
 def scale_warnings(strat: Strategy, hw: HardwareProfile, groups: dict[str, int]) -> list[str]:
@@ -218,6 +266,7 @@ def _resolve_pd(recipe: Recipe, variant: str, strat: Strategy, hw: HardwareProfi
     plan_nodes = by_role["prefill"] + by_role["decode"]
     plan_nodes.append(NodePlan(role="router", rank=0, argv=router, env={}))
     warnings += scale_warnings(strat, hw, {f"the {role} pool": n for role, n in pools.items()})
+    warnings += size_notes(recipe, plan_nodes)
     return Plan(recipe=recipe.slug, model=plan_nodes[0].argv[2], hardware=hw.id, strategy=strat.id, variant=variant,
                 features=applied, image=img, vendor=hw.vendor, nodes=plan_nodes, warnings=warnings)
 

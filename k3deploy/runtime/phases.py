@@ -41,6 +41,7 @@ from k3deploy.model.staging import summary
 from k3deploy.model.steps import Step
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
+from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import oporder
 from k3deploy.runtime.connections import connector_drift
@@ -234,6 +235,9 @@ def _build(state: Any) -> Context:
     if dry_run():
         for line in gathered.lock_lines():
             logger.warning(f"k3deploy: {line}: a run now would be refused")
+    # the plan's warnings (k3_extra_args ones name their file) before the preflight's verdict: they hold either way
+    for w in gathered.target.plan.warnings if gathered.target.plan is not None else []:
+        logger.warning(f"k3deploy: {w}")
     report = gathered.preflight
     assert report is not None
     failing = report.failures_by_host()
@@ -248,14 +252,12 @@ def _build(state: Any) -> Context:
     r = gathered.require_rollout()
     for line in connector_drift(state, gathered.target):
         logger.warning(f"k3deploy: {line}")
-    logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {len(report.results)} checks; "
+    logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {preflight_count(report.results)}; "
                 f"plan {r.plan.hardware} x {len(r.hosts)}, {r.plan.strategy}, image {r.plan.image}")
     res = gathered.resolution
     if res is not None and gathered.pinned_tag is not None:
         logger.info(f"--> k3deploy: image {res.image} is {res.digest} in the registry (asked from {res.host}): "
                     "every node runs that build")
-    for w in r.plan.warnings:
-        logger.warning(f"k3deploy: {w}")
     for line in summary(gathered.stage) if gathered.stage is not None else []:
         logger.info(f"--> k3deploy: stage {line}")
     mark_changes(r, gathered.installed)
@@ -542,13 +544,50 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
         if failure.host == host.name:
             for line in failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
-            logger.error(f"[{host.name}] group {g} is stopped; it runs no half-started version. The revisions it "
-                         f"ran before: k3deploy history INVENTORY (roll back with --data k3_rollback=true)")
+            changed = ctx.gathered is None or not _starts_served_revision(ctx.gathered, g)
+            logger.error(f"[{host.name}] {failure_advice(g, failure.host, changed)}")
             ok = False
         else:
             logger.warning(f"[{host.name}] group {g} stopped because {failure.unit.node.role} rank "
                            f"{failure.unit.rank} on {failure.host} failed (reported there)")
     return ok
+
+
+def _starts_served_revision(gathered: Gathered, group: str) -> bool:
+    """This run starts the group with exactly the files of the revision it last served (its ``current`` one): a
+    failure then has its cause on a node, not in the settings."""
+    from k3deploy.model.revisions import runs
+
+    h = gathered.history.get(group)
+    rev = h.revisions.get(h.current) if h is not None and h.current is not None else None
+    if rev is None:
+        return False
+    now: dict[str, str | None] = {}
+    for u in gathered.require_rollout().group(group):
+        now[f"{u.host}:{u.unit_path}"], now[f"{u.host}:{u.env_path}"] = sha256(u.unit_text), sha256(u.env_text)
+    return runs(rev, now)
+
+
+def failure_advice(group: str, host: str, changed: bool) -> str:
+    """What to do about a group that failed to serve: when this run changed its files, the revisions it ran before
+    (a rollback); when it did not (it restarted the revision it last served), the cause is on the node, where a
+    rollback would not help. Both explain the ``Error: executed 0 commands`` pyinfra prints next.
+
+    >>> "k3_rollback" in failure_advice("engine", "n2", changed=False)
+    False
+    >>> "k3_rollback=true" in failure_advice("engine", "n2", changed=True)
+    True
+    """
+    head = f"group {group} is stopped; it runs no half-started version. "
+    noise = (" (pyinfra reports this step next as 'Error: executed 0 commands': the step is this readiness check, "
+             "which runs no command of its own)")
+    if changed:
+        return head + ("It was starting other files than those of the revision it last served; if that change "
+                       "caused it, the revisions it ran before are in k3deploy history INVENTORY (roll back with "
+                       "--data k3_rollback=true)" + noise)
+    return head + (f"It was starting the files of the revision it last served, so the cause is on "
+                   f"{host}, not in the settings: see its journal above, k3deploy preflight INVENTORY and k3deploy "
+                   "bundle INVENTORY; a rollback would not help" + noise)
 
 
 def _record(ctx: Context) -> None:

@@ -48,6 +48,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from k3deploy.errors import K3Error
+from k3deploy.recipe import fit
+from k3deploy.recipe.fit import did_you_mean
 from k3deploy.recipe.taxonomy import strategies
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import faults as sim_faults
@@ -204,6 +206,54 @@ def check_host() -> None:
 # --------------------------------------------------------------------------- up
 
 
+#: ``--strategy none``: write no strategy, check no size (a cluster for preflight or the simulator's own tools)
+NO_STRATEGY = "none"
+
+
+def choose_strategy(hardware: str, nodes: int, pools: dict[str, int] | None,
+                    strategy: str | None) -> tuple[str, bool]:
+    """The strategy a cluster of ``nodes`` nodes (per replica) of ``hardware`` deploys as created, and whether an
+    unset ``k3_strategy`` deploys it too (the recipe's recommendation for the hardware): the recommended strategy
+    that fits, or ``strategy`` when it fits; with P/D pools pd_cluster when the pools fit. SimError naming the sizes
+    that fit otherwise."""
+    from k3deploy.recipe import load_recipe
+    from k3deploy.recipe.offering import recommended
+    from k3deploy.recipe.taxonomy import hardware as profiles_of
+
+    if strategy == NO_STRATEGY:
+        return ("pd_cluster", False) if pools else ("", False)
+    recipe = load_recipe(None)
+    picked, implicit = _choose(recipe, hardware, nodes, pools, strategy)
+    rec, _ = recommended(recipe, fit.variant_for(recipe, hardware), profiles_of()[hardware])
+    return picked, implicit and picked == rec
+
+
+def _choose(recipe: Any, hardware: str, nodes: int, pools: dict[str, int] | None,
+            strategy: str | None) -> tuple[str, bool]:
+    if pools:
+        p, d = pools["prefill"], pools["decode"]
+        if fit.pd_fits(recipe, hardware, p, d):
+            return "pd_cluster", strategy is None
+        smallest = fit.pd_sizes(recipe, hardware, p, d)
+        hint = (f"pools that fit: --layout pd:{smallest[0]},{smallest[1]} --nodes {sum(smallest)}" if smallest
+                else "no P/D pools fit")
+        raise SimError(f"--layout pd:{p},{d} does not fit pd_cluster on {hardware} ({recipe.slug}): {hint} "
+                       "(k3deploy options --hardware " + hardware + " lists the recipe's pool sizes)")
+    fitting = fit.fitting(recipe, hardware, nodes)
+    if strategy is None:
+        if fitting:
+            return fitting[0], True
+        sizes = fit.sizes_text(fit.sizes_that_fit(recipe, hardware))
+        raise SimError(f"no strategy of {recipe.slug} runs on {nodes} node{'s' if nodes != 1 else ''} of {hardware}: "
+                       f"give --nodes of a size that fits: {sizes}")
+    if strategy in fitting:
+        return strategy, False
+    fix = (f"strategies that fit {nodes} node{'s' if nodes != 1 else ''}: {', '.join(fitting)}" if fitting else
+           f"sizes that fit: {fit.sizes_text(fit.sizes_that_fit(recipe, hardware))}")
+    raise SimError(f"--strategy {strategy} does not run on {nodes} node{'s' if nodes != 1 else ''} of {hardware} "
+                   f"({recipe.slug}): {fix}")
+
+
 Progress = Callable[[str], None]
 
 
@@ -228,25 +278,29 @@ def up(
 
     ``pd_layout`` ``"pd:P,D"`` writes an inventory with groups prefill (P nodes), decode (D nodes) and router
     (the first prefill node) instead of head and workers. ``strategy`` goes into the cluster's group_vars
-    (``pd_cluster`` with a P/D layout). The outside serves images of ``image_mb`` MiB and checkpoints of
-    ``weights_mb`` MiB over an uplink of ``uplink_mbps`` Mbit/s; nodes send to each other at ``cluster_mbps``.
+    (``pd_cluster`` with a P/D layout; none given: the recommended strategy that fits the node count, see
+    :func:`choose_strategy`; ``"none"``: none written, no size checked). The outside serves images of
+    ``image_mb`` MiB and checkpoints of ``weights_mb`` MiB over an uplink of ``uplink_mbps`` Mbit/s; nodes send
+    to each other at ``cluster_mbps``.
     ``faults`` may hold cluster faults (``outside-cut=MB``) next to node faults. ``replicas`` R > 1 splits the
     nodes into R replicas of ``nodes / R`` (``k3_replica`` per host, one head each, ranks within the replica).
     """
     say = progress or (lambda _m: None)
     validate_name(name)
     pools = parse_layout(pd_layout, nodes)
-    if strategy is not None and strategy not in strategies():
-        raise SimError(f"unknown strategy {strategy!r}: choose one of {', '.join(sorted(strategies()))}")
+    if strategy is not None and strategy != NO_STRATEGY and strategy not in strategies():
+        raise SimError(f"unknown strategy {strategy!r}: choose one of {', '.join(sorted(strategies()))}"
+                       + did_you_mean(strategy, strategies()))
     if replicas < 1 or nodes % replicas:
         raise SimError(f"bad --replicas {replicas}: give a number >= 1 that divides --nodes {nodes}")
     if pools and replicas > 1:
         raise SimError("--replicas with --layout pd:P,D: a P/D cluster has no replicas; drop one of them")
-    if pools and strategy not in (None, "pd_cluster"):
+    if pools and strategy not in (None, "pd_cluster", NO_STRATEGY):
         raise SimError(f"--strategy {strategy} with --layout pd:P,D: a P/D layout is pd_cluster; drop one of them")
     hw_ids = hardware_ids()
     if hardware not in hw_ids:
-        raise SimError(f"unknown hardware {hardware!r}: choose one of {', '.join(hw_ids)}")
+        raise SimError(f"unknown hardware {hardware!r}: choose one of {', '.join(hw_ids)}"
+                       + did_you_mean(hardware, hw_ids))
     if not 1 <= nodes <= MAX_NODES:
         raise SimError(f"bad node count {nodes}: the simulation runs 1 to {MAX_NODES} nodes")
     if not time_scale > 0:
@@ -267,6 +321,15 @@ def up(
     no_uuid = "00000000-0000-0000-0000-000000000000"
     for nd in layout(name, subnet, nodes):  # profile and fault errors surface before anything is created
         node_config(hardware, nd.rank, nodes, nd.name, nd.ip, parsed, time_scale, no_uuid)
+    asked = strategy
+    strategy, strategy_default = choose_strategy(hardware, nodes // replicas, pools, strategy)
+    per = nodes // replicas
+    strategy_note = (f"strategy: none written (--strategy {NO_STRATEGY})" if asked == NO_STRATEGY else
+                     f"strategy: pd_cluster (--layout {pd_layout}: pools of {pools['prefill']} prefill and "
+                     f"{pools['decode']} decode nodes fit)" if pools else
+                     f"strategy: {strategy} ({'as asked; it fits' if asked else 'the recommended strategy that fits'}"
+                     f" {per} node{'s' if per != 1 else ''} of {hardware}; set k3_strategy in "
+                     f"{state_dir(name) / 'group_vars' / 'all.yml'} to change it)")
     if boot_timeout is None:
         boot_timeout = float(os.environ.get("K3SIM_BOOT_TIMEOUT", "90"))
     check_host()
@@ -296,7 +359,7 @@ def up(
             shaping = {"uplink_mbps": float(uplink_mbps), "cluster_mbps": float(cluster_mbps),
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
-                                strategy, shaping, cluster_faults, replicas)
+                                strategy, shaping, cluster_faults, replicas, strategy_default)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -309,6 +372,7 @@ def up(
         finally:
             os.umask(umask)
         say(f"{nodes} node(s) up in {time.monotonic() - started:.1f} s")
+        say(strategy_note)
         return result
 
 
@@ -327,6 +391,7 @@ def _up_locked(
     shaping: dict[str, float] | None = None,
     cluster_faults: list[sim_faults.ClusterFault] | None = None,
     replicas: int = 1,
+    strategy_default: bool = False,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -350,6 +415,7 @@ def _up_locked(
         "pools": pools,
         "replicas": replicas,
         "strategy": "pd_cluster" if pools else strategy,
+        "strategy_default": strategy_default,
         "key": str(sdir / "id_ed25519"),
         "known_hosts": str(sdir / "known_hosts"),
         "cgroups": [str(cg) for cg in processes.cluster_cgroups(name)],
@@ -446,6 +512,7 @@ def summary(state: dict[str, Any]) -> dict[str, Any]:
         "name": state["name"],
         "inventory": state["inventory"],
         "nodes": [{"name": r["name"], "ip": r["ip"], "rank": r["rank"]} for r in state["nodes"]],
+        "strategy": state.get("strategy"),
     }
     out = state.get("outside")
     if out:

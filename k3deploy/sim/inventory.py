@@ -75,6 +75,10 @@ def write_inventory(state: dict[str, Any]) -> None:
              f"k3_hardware: {state['hardware']}"]
     if pools:
         lines.append("k3_strategy: pd_cluster")
+    elif state.get("strategy") and state.get("strategy_default"):
+        # the recipe's recommendation, which fits these nodes: an unset k3_strategy deploys it too
+        lines.append(f"# k3_strategy: {state['strategy']}  (the recommended strategy for these nodes; set it to "
+                     "deploy another)")
     elif state.get("strategy"):
         lines.append(f"k3_strategy: {state['strategy']}")
     if state["hardware"] == "ascend_910c":

@@ -1,7 +1,7 @@
 """What preflight checks, per vendor, as one Markdown table generated from the checks' own registry (each pack's
-:class:`~k3deploy.vendors.base.Check` list and the common ones, :mod:`k3deploy.vendors.common`): the README's table
-is this output (``python -m k3deploy.vendors.table``; ``--write README.md`` replaces it between its markers), and a
-test keeps the two equal, so the table cannot drift from the checks.
+:class:`~k3deploy.vendors.base.Check` list and the common ones, :mod:`k3deploy.vendors.common`): the table of
+docs/requirements.md is this output (``python -m k3deploy.vendors.table``; ``--write docs/requirements.md`` replaces
+it between its markers), and a test keeps the two equal, so the table cannot drift from the checks.
 
 Pure. One row per check and wording: a check every vendor runs alike is one row (``every vendor``, listed first); a
 check whose command, requirement or fix differs per vendor (``gpu.count``, ``rdma.gpudirect``) is one row per

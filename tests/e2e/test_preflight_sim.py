@@ -93,7 +93,7 @@ ASCEND_FAULTS = [
 def a3_pair():
     from helpers.simulated import Sim
 
-    sim = Sim("e4n", "ascend_910c", 2)
+    sim = Sim("e4n", "ascend_910c", 2, "--strategy", "none")  # a pair: below every strategy's size, preflight only
     yield sim
     sim.down()
 

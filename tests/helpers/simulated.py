@@ -130,7 +130,7 @@ def endpoint_of(output: str) -> str:
 
 def openai_client(endpoint: str, model: str = "moonshotai/Kimi-K3") -> str:
     """A chat completion through ``endpoint`` with the OpenAI client (``tools/chat.py``): its output."""
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), endpoint, model],
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "chat.py"), endpoint, "--model", model],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Generated text: " in proc.stdout

@@ -1,15 +1,16 @@
-"""The README's table of what preflight checks, per vendor, is the one generated from the checks' registry (so it
-cannot drift from the checks), and that table names every registered check of every vendor with its fix."""
+"""The table of what preflight checks, per vendor (docs/requirements.md), is the one generated from the checks'
+registry (so it cannot drift from the checks), and that table names every registered check of every vendor with its
+fix."""
 
 from helpers import ROOT
 from k3deploy.vendors import PACKS
 from k3deploy.vendors.table import BEGIN, END, markdown_table, replace_in, rows
 
 
-def test_the_readme_lists_what_preflight_checks_per_vendor_as_generated():
-    readme = (ROOT / "README.md").read_text()
-    between = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert between == markdown_table(), "regenerate: python -m k3deploy.vendors.table --write README.md"
+def test_the_requirements_doc_lists_what_preflight_checks_per_vendor_as_generated():
+    doc = (ROOT / "docs" / "requirements.md").read_text()
+    between = doc.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert between == markdown_table(), "regenerate: python -m k3deploy.vendors.table --write docs/requirements.md"
 
 
 def test_every_registered_check_of_every_vendor_has_a_row_with_its_fix():

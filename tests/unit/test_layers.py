@@ -201,9 +201,9 @@ def test_module_map_lists_every_package_and_module():
     assert missing == []
 
 
-def test_readme_layout_matches_the_tree():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_layout_matches_the_tree():
+    doc = (ROOT / "docs" / "layout.md").read_text()
+    section = doc.split("## Layout", 1)[1].split("\n## ", 1)[0]
     pkg = Path(k3deploy.__file__).parent
     for sub in sorted(p for p in pkg.iterdir() if (p / "__init__.py").is_file()):
         assert f"k3deploy/{sub.name}/" in section, sub.name

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import LINT_RECIPES, ROOT, k3, present
 from k3deploy import load_recipe, resolve
-from k3deploy.errors import K3Error
+from k3deploy.errors import K3Error, SelectionError
 from k3deploy.recipe.catalog import load_catalog
 from k3deploy.recipe.lint import Finding, check_image, lint_plan, lint_recipe, parse_argv
 
@@ -338,3 +338,28 @@ def test_dotted_config_keys_of_upstream_recipes_are_accepted(name):
     assert [g.finding for g in report.groups if g.finding.code.startswith("flag-")] == []
     spec = [g for g in report.groups if g.finding.code == "spec-decoding-pp"]
     assert all("(configured)" not in g.finding.message for g in spec)
+
+
+def test_lint_narrowed_to_hardware_speaks_of_that_selection_only():
+    from k3deploy.recipe.lint import lint_recipe
+
+    report = lint_recipe(load_recipe(), hardware_id="gb300")
+    text = " ".join(f"{g.finding.message} {g.finding.fix} {g.finding.path}" for g in report.groups)
+    assert "rocm" not in text, text           # the AMD image of the guide is not gb300's
+    assert "rocm" in " ".join(g.finding.message for g in lint_recipe(load_recipe(), hardware_id="mi355x").groups)
+    (dp,) = [g.finding for g in report.groups if g.finding.code == "dp-endpoints"]
+    assert "the deploy puts a vllm-router in front of them" in dp.message and "nothing to do" in dp.fix
+
+
+def test_lint_takes_the_sizes_resolve_takes():
+    from k3deploy.recipe.lint import lint_recipe
+
+    report = lint_recipe(load_recipe(), hardware_id="gb300", nodes=3)
+    assert report.checked and {s.nodes for s in report.checked} == {"3"}, report.checked
+    assert all(s.strategy != "pd_cluster" for s in report.checked)
+    with pytest.raises(SelectionError, match=r"no selection for hardware gb300 at --nodes 1 \(multi_node_tp needs"):
+        lint_recipe(load_recipe(), hardware_id="gb300", nodes=1)
+    proc = k3("lint", "--hardware", "gb300", "--nodes", "3")
+    assert proc.returncode == 0 and "selections checked" in proc.stdout, proc.stderr
+    bad = k3("lint", "--hardware", "gb300", "--nodes", "0")
+    assert bad.returncode == 2 and "--nodes must be ≥ 1, got 0" in bad.stderr

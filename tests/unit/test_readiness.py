@@ -187,3 +187,30 @@ def test_headless_members_add_no_round_once_the_head_serves(tmp_path):
     hosts = {"n0": Host(tmp_path, "n0", [RUNNING], ["000", "200"]), "n1": Host(tmp_path, "n1", [RUNNING])}
     assert wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock) is None
     assert hosts["n0"].polls == 2 and hosts["n1"].polls == 1 and abs(clock.t - 0.2) < 1e-9
+
+
+def test_a_container_removed_with_its_engine_is_explained_not_reported_as_a_fault(tmp_path):
+    import subprocess
+
+    from k3deploy.model.commands import logs
+
+    docker = tmp_path / "docker"
+    docker.write_text('#!/bin/sh\necho "Error response from daemon: No such container: $4" >&2; exit 1\n')
+    docker.chmod(0o755)
+    out = subprocess.run(["sh", "-c", logs("k3-engine.service", "k3-engine", str(docker), 5)], capture_output=True,
+                         text=True).stdout
+    assert "No such container" not in out and "(no container k3-engine now: the unit runs it with --rm" in out, out
+    docker.write_text('#!/bin/sh\necho "Cannot connect to the Docker daemon" >&2; exit 1\n')
+    out = subprocess.run(["sh", "-c", logs("k3-engine.service", "k3-engine", str(docker), 5)], capture_output=True,
+                         text=True).stdout
+    assert "Cannot connect to the Docker daemon" in out   # any other answer is shown as it is
+
+
+def test_a_failure_of_unchanged_files_does_not_suggest_a_rollback():
+    from k3deploy.runtime.phases import failure_advice
+
+    node = failure_advice("engine", "n2", changed=False)
+    assert "k3_rollback" not in node and "the cause is on n2, not in the settings" in node
+    assert "'Error: executed 0 commands'" in node      # pyinfra's line that follows is explained
+    change = failure_advice("engine", "n2", changed=True)
+    assert "--data k3_rollback=true" in change and "'Error: executed 0 commands'" in change

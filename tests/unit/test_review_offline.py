@@ -117,6 +117,24 @@ def test_lint_inventory_lints_what_the_inventory_deploys(tmp_path):
     assert data["errors"] == 0 and all(f["severity"] != "error" for f in data["findings"])
 
 
+def test_an_abbreviated_flag_in_k3_extra_args_is_warned_with_its_file(tmp_path):
+    inv = layout(tmp_path, SELECTION + 'k3_strategy: multi_node_tp\nk3_extra_args: ["--max-num-seq", "64"]\n')
+    needle = ("k3_extra_args (group_vars/all.yml): --max-num-seq is an abbreviation argparse expands to "
+              "--max-num-seqs: write --max-num-seqs in full")
+    resolved = k3("resolve", "--inventory", str(inv), cwd=tmp_path)
+    assert resolved.returncode == 0 and f"warning: {needle}" in resolved.stderr, resolved.stderr
+    # lint --inventory blames the file that set it, not a recipe key
+    linted = k3("lint", "--inventory", str(inv), "--json", cwd=tmp_path)
+    found = [f for f in json.loads(linted.stdout)["findings"] if f["code"] == "flag-abbrev"]
+    assert [f["path"] for f in found] == ["k3_extra_args (group_vars/all.yml)"], found
+    # the deploy says so even when it stops at the preflight (@fake hosts have no GPU), before its verdict
+    run = pyinfra_run(layout(tmp_path / "fake", SELECTION + 'k3_strategy: multi_node_tp\n'
+                             'k3_extra_args: ["--max-num-seq", "64"]\n', hosts=FAKE.replace("RANK", "1")), "--dry")
+    said = [line for line in run.stdout.splitlines() if "is an abbreviation" in line]
+    assert len(said) == 1 and "k3deploy: k3_extra_args (" in said[0] and needle.split(" (", 1)[1] in said[0], said
+    assert run.stdout.index(said[0]) < run.stdout.index("preflight failed"), run.stdout[-3000:]
+
+
 def test_k3_extra_env_is_applied_last_and_validated(tmp_path):
     from k3deploy.runtime.gather import gather
     from k3deploy.runtime.views import INVENTORY_ONLY
@@ -166,6 +184,26 @@ def test_a_refused_run_says_why_once_and_exits_non_zero(tmp_path, all_yml, rank,
 
 
 # ----------------------------------------------------------------------------------------- revisions
+
+
+def test_history_shows_what_each_revision_changed_since_the_one_before():
+    from k3deploy.cli.history import shown
+    from k3deploy.model.revisions import GroupHistory, Revision
+
+    common = {f"k3_setting_{i}": f"'{i}' (group_vars/all.yml)" for i in range(12)}
+    one = Revision(group="engine", number=1, created="t1", image="img@sha256:1", summary="gb300 x 2",
+                   variables={**common, "k3_extra_env": "{'MY_API_KEY': 's3cr3t'} (group_vars/all.yml)"})
+    two = Revision(group="engine", number=2, created="t2", image="img@sha256:2", summary="gb300 x 2",
+                   variables={**common, "k3_extra_env": "{'MY_API_KEY': 'n3w'} (group_vars/all.yml)",
+                              "k3_extra_args": "['--max-num-seqs', '64'] (group_vars/site.yml)"})
+    h = GroupHistory("engine", {1: one, 2: two}, current=2, hosts=["n1"], held={1: ["n1"], 2: ["n1"]})
+    first, second = shown(h, 1, ["s3cr3t", "n3w"]), shown(h, 2, ["s3cr3t", "n3w"])
+    assert len(first["changes"]) == 13 and first["since"] is None     # the first: what it was deployed with
+    assert second["since"] == 1 and second["changes"] == [
+        "image img@sha256:1 -> img@sha256:2",
+        "k3_extra_args: default -> ['--max-num-seqs', '64'] (group_vars/site.yml)",
+        "k3_extra_env: a secret's value changed (masked) (group_vars/all.yml)"], second["changes"]
+    assert "s3cr3t" not in str(first) + str(second) and "n3w" not in str(first) + str(second)
 
 
 def test_revisions_are_recorded_listed_and_chosen(tmp_path):
@@ -253,3 +291,18 @@ def test_files_on_the_control_machine_are_checked_before_anything_else(tmp_path)
     (tmp_path / "ok").mkdir()
     inv = layout(tmp_path / "ok", SELECTION + "k3_strategy: multi_node_tp\n" + f"k3_hf_token_file: {token}\n")
     assert k3("resolve", "--inventory", str(inv), cwd=tmp_path).returncode == 0
+
+
+def test_plan_after_a_rollback_says_the_variables_ask_for_newer_settings_only_when_they_do():
+    from types import SimpleNamespace
+
+    from k3deploy.cli.plan import revision_notes
+    from k3deploy.model.revisions import GroupHistory, Revision
+
+    revs = {n: Revision("engine", n, "t", "img", "s") for n in (1, 2)}
+    gathered = SimpleNamespace(history={"engine": GroupHistory("engine", revs, current=1, marked={1, 2})},
+                               rollback_to={})
+    (pending,) = revision_notes(gathered, True)   # type: ignore[arg-type]
+    assert "runs revision 1, rolled back from 2: the variables still ask for the newer settings" in pending
+    (none,) = revision_notes(gathered, False)   # type: ignore[arg-type]
+    assert "still ask" not in none and "runs revision 1, rolled back from 2; the variables describe it" in none

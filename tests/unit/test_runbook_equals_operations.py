@@ -132,6 +132,7 @@ def script_of(command: StringCommand) -> str:
     return argv[2]
 
 
+SHARED = re.compile(r"^cat > (?P<path>\S+) <<'(?P<tag>K3_SHARED_EOF_*)'\n(?P<content>.*?)(?P=tag)$", re.M | re.S)
 HEREDOC = re.compile(r"^cat >> \"\$t\" <<'(?P<tag>K3_EOF_*)'\n(?P<content>.*?)(?P=tag)\nchmod (?P<mode>\d+) \"\$t\" "
                      r"&& chown 0:0 \"\$t\" && mv -f \"\$t\" (?P<dest>\S+)$", re.M | re.S)
 
@@ -183,15 +184,22 @@ def compare(r: Rollout, gathered: Gathered, monkeypatch: pytest.MonkeyPatch) -> 
     book: dict[str, list[str]] = {}
     book_files: dict[str, dict[str, str]] = {}
     book_copies: dict[str, set[tuple[str, str]]] = {}
+    shared: dict[str, str] = {}   # files written once on the control machine, copied to each node
     for b in runbook:
         if b.node == "control":
+            written = SHARED.search(b.text)
+            if written:
+                shared[written["path"]] = written["content"]
+                continue
             argv = shlex.split(b.text)
             if argv[0] == "rsync":
                 where, dest = argv[-1].split(":", 1)
                 book_copies.setdefault(where.split("@")[-1], set()).add((argv[-2], dest))
-            else:   # the token: from the control machine's file over ssh, into a 0600 file
-                assert argv[-2] == "<" and "install -m 0600 /dev/stdin" in argv[-3], b.text
-                book_files.setdefault(argv[1].split("@")[-1], {})[argv[-3].split()[-1]] = f"<{argv[-1]}>"
+            else:   # the token or a shared file: from the control machine's file over ssh, into place
+                assert argv[-2] == "<" and re.search(r"install (-o 0 -g 0 )?-m 0[67][05][05] /dev/stdin", argv[-3]), \
+                    b.text
+                book_files.setdefault(argv[1].split("@")[-1], {})[argv[-3].split()[-1]] = \
+                    shared.get(argv[-1], f"<{argv[-1]}>")
             continue
         found = HEREDOC.findall(b.text)
         if found:

@@ -97,3 +97,17 @@ def test_the_simulated_timeouts_stretch_with_the_nodes_sharing_the_machine():
     rack = node_config("gb300", 0, 72, "n0", "10.77.0.11", [], 0.01, "u")
     assert small["timeout_scale"] == 0.01 and rack["timeout_scale"] == 0.18
     assert small["load_seconds"] == rack["load_seconds"]  # the engines' own load time is not stretched
+
+
+def test_an_unusual_size_for_the_model_gets_a_note_on_whether_its_dimensions_divide():
+    from k3deploy import load_recipe
+
+    recipe = load_recipe()
+    three = resolve(recipe, hardware="gb300", nodes=3)          # TP 12 from 3 trays of 4 GPUs
+    (note,) = [w for w in three.warnings if "unusual size" in w]
+    assert note.startswith("--tensor-parallel-size 12 is an unusual size for the model")
+    assert "896 routed experts are not split by count" in note and "divides num_attention_heads" in note
+    pd = resolve(recipe, hardware="gb300", strategy="pd_cluster", prefill_nodes=3, decode_nodes=4)
+    assert any("896 routed experts over 12 expert-parallel ranks do not divide (74.67 each" in w for w in pd.warnings)
+    assert not [w for w in resolve(recipe, hardware="gb300", nodes=2).warnings if "unusual size" in w]   # TP 8
+    assert not [w for w in resolve(recipe, hardware="gb300", nodes=4).warnings if "unusual size" in w]

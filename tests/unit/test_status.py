@@ -105,3 +105,47 @@ def test_the_status_fact_reads_a_unit_that_is_not_installed():
                                  "K3_NRestarts=0", "K3_ActiveEnterTimestamp=", "K3_IMAGE=", "K3_HEALTH=000",
                                  "K3_MODELS="])
     assert run.active == "absent" and run.since is None and run.health == 0 and run.models is None
+
+
+def test_a_unit_not_as_planned_says_why(rollout):
+    from k3deploy.model.revisions import GroupHistory, Revision
+
+    runs, installed = healthy(rollout)
+    head = next(u for u in rollout.units if u.rank == 0)
+    old = {f"{head.host}:{head.unit_path}": "u1", f"{head.host}:{head.env_path}": "e1"}
+    history = {head.group: GroupHistory(head.group, {1: Revision(head.group, 1, "t", "img", "s", files=old),
+                                                     2: Revision(head.group, 2, "t", "img", "s")},
+                                        current=1, marked={1, 2})}
+    installed[(head.host, head.unit)] = Installed(unit_sha="u1", env_sha="e1", active="active")
+    st = assess(rollout, MODEL, runs, installed, (MODEL,), set(), now=1060.0, history=history)
+    (unit,) = [u for g in st.groups for u in g.units if u.host == head.host]
+    assert unit.matches_plan is False and unit.why is not None
+    assert unit.why.startswith("runs revision 1, rolled back from 2: the variables ask for other settings"), unit.why
+    installed[(head.host, head.unit)] = Installed(unit_sha="x", env_sha="y", active="active")
+    st = assess(rollout, MODEL, runs, installed, (MODEL,), set(), now=1060.0, history=history)
+    assert "differs from the plan" in next(u.why or "" for g in st.groups for u in g.units if u.host == head.host)
+    assert all(u.why is None for g in st.groups for u in g.units if u.host != head.host)
+
+
+def test_a_crash_loop_points_at_the_member_whose_engine_keeps_exiting(rollout):
+    from k3deploy.model.status import crash_loops
+
+    runs, installed = healthy(rollout)
+    worker = next(u for u in rollout.units if u.rank == 1)
+    runs[(worker.host, worker.unit)] = UnitRun("activating", "auto-restart", 6, None, None, None, None, None)
+    st = assess(rollout, MODEL, runs, installed, None, set(), now=1060.0)
+    journal = (f"2026-12-05T05:00:00+0000 {worker.host} docker[812]: RuntimeError: NCCL error: unhandled system "
+               f"error\n2026-12-05T05:00:01+0000 {worker.host} systemd[1]: {worker.unit}.service: Main process "
+               "exited, code=exited, status=1/FAILURE\n")
+    (line,) = crash_loops(st, {(worker.host, worker.unit): {"journal": journal, "container": ""}})
+    assert f"{worker.host}'s engine keeps exiting ({worker.unit}, restarted 6 times)" in line, line
+    assert "RuntimeError: NCCL error: unhandled system error" in line and "Main process exited" not in line
+    runs, installed = healthy(rollout)
+    assert crash_loops(assess(rollout, MODEL, runs, installed, (MODEL,), set(), now=1060.0), {}) == []
+
+
+def test_status_labels_its_two_image_digests():
+    from k3deploy.cli.status import _image_cell
+
+    cell = _image_cell("vllm/vllm-openai@sha256:" + "a" * 64, "sha256:" + "b" * 64).splitlines()
+    assert cell == ["vllm/vllm-openai", "digest sha256:aaaaaaaaaaaa", "local id sha256:bbbbbbbbbbbb"]

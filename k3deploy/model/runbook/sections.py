@@ -64,6 +64,8 @@ class Context:
     tag: str | None = None                # the tag the pinned image was resolved from (None: not resolved)
     stage: StagePlan | None = None        # how the artifacts reach the nodes (None: a fresh cluster, holding none)
     images: Mapping[str, LocalImage] = field(default_factory=dict)   # host -> what it holds of the image
+    #: where the control machine keeps the files several nodes get alike (written once, copied to each node)
+    files_dir: str = "k3-runbook-files"
 
 
 def title(doc: Doc, rollout: Rollout, context: Context) -> None:
@@ -104,7 +106,7 @@ def prerequisites(doc: Doc, rollout: Rollout, ctx: Context) -> None:
     if ctx.blanks and not ctx.preflight:
         doc.p("Each node must pass the checks `k3deploy preflight` runs; this runbook was written offline, so "
               "nothing was read yet: run these on each node (or `k3deploy preflight INVENTORY` once the nodes "
-              "answer) and compare with the requirements in the README.")
+              "answer) and compare with the table of docs/requirements.md (what each check requires, per vendor).")
         pack = pack_for(ctx.brand)
         wanted = ["network.interface", "disk.cache", *(x.id for x in pack.all_checks() if x.each_node)]
         for h in rollout.hosts:
@@ -179,16 +181,48 @@ def stage(doc: Doc, rollout: Rollout, context: Context) -> None:
             doc.block(h, step.script + "\n")
 
 
+def shared_file_write(path: str, content: str) -> str:
+    """The control machine's block that writes a file several nodes get alike, once (not root-owned: it is a
+    source, copied into place on each node)."""
+    tag = "K3_SHARED_EOF"
+    while tag in content.splitlines():
+        tag += "_"
+    return (f"install -d -m 0755 {shlex.quote(path.rsplit('/', 1)[0] or '/')}\n"
+            f"cat > {shlex.quote(path)} <<'{tag}'\n{content}{tag}\n")
+
+
+def shared_file_copy(ssh: list[str], source: str, dest: str, mode: str) -> str:
+    """The control machine's block that puts a shared file (:func:`shared_file_write`) in place on one node."""
+    directory = dest.rsplit("/", 1)[0] or "/"
+    remote = (f"install -d -m 0755 {shlex.quote(directory)} && install -o 0 -g 0 -m {mode} /dev/stdin "
+              f"{shlex.quote(dest)}")
+    return f"{shlex.join(ssh)} {shlex.quote(remote)} < {shlex.quote(source)}\n"
+
+
 def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
     doc.h(2, "3. Configure each node")
     doc.p("Write the env file (0600) and the systemd unit. Nothing is started yet.")
+    helpers = [h for h in rollout.hosts if steps.helper(rollout, h).applies]
+    shared: str | None = None
+    first = steps.helper(rollout, helpers[0]).file if helpers else None
+    if len(helpers) > 1 and first is not None:
+        shared = f"{context.files_dir.rstrip('/')}/{first.dest.rsplit('/', 1)[-1]}"
+        doc.p(f"The engine units' node-side helper `{GROUP_MEMBER}` (watches a member's group head, backs crash "
+              "loops off; see docs/operating.md, *Self-healing groups*) is the same file on the "
+              f"{len(helpers)} engine nodes: write it once on the control machine, at `{shared}`; each node's "
+              "section below copies it into place.")
+        doc.block(CONTROL, shared_file_write(shared, first.content))
     for h in rollout.hosts:
         mine = rollout.on_host(h)
         doc.h(3, h)
         helper = steps.helper(rollout, h)
-        if helper.applies and helper.file is not None:
+        if helper.applies and helper.file is not None and shared is not None:
+            doc.p(f"Copy the shared `{shared}` to `{helper.file.dest}` on {h} (0{helper.file.mode}).")
+            doc.block(CONTROL, shared_file_copy(context.ssh.get(h, ["ssh", h]), shared, helper.file.dest,
+                                                "0" + helper.file.mode))
+        elif helper.applies and helper.file is not None:
             doc.p(f"The engine units' node-side helper `{GROUP_MEMBER}` (watches a member's group head, backs crash "
-                  "loops off; see the README, *Self-healing groups*).")
+                  "loops off; see docs/operating.md, *Self-healing groups*).")
             doc.block(h, commands.install_file(helper.file.dest, helper.file.content, "0" + helper.file.mode) + "\n")
         for u in mine:
             env, unit = steps.unit_files(rollout, u, staged=False)

@@ -90,10 +90,31 @@ def image_path(recipe: Recipe, plan: Plan, hw: HardwareProfile) -> str:
     return "builder: default image"
 
 
-def recipe_image_findings(recipe: Recipe) -> list[Finding]:
+def image_vendor(ref: str) -> str | None:
+    """The vendor an image reference is for: its repository's, or that of the known repository it misspells
+    (None: neither).
+
+    >>> image_vendor("vllm/vllm-openai_rocm:kimi-k3"), image_vendor("vllm/vllm-openai:v1"), image_vendor("x/y")
+    ('amd', 'nvidia', None)
+    """
+    import difflib
+
+    repo = repo_of(ref)
+    if repo in KNOWN_REPOSITORIES:
+        return KNOWN_REPOSITORIES[repo]
+    near = difflib.get_close_matches(repo, list(KNOWN_REPOSITORIES), n=1, cutoff=0.9)
+    return KNOWN_REPOSITORIES[near[0]] if near else None
+
+
+def recipe_image_findings(recipe: Recipe, vendors: set[str] | None = None) -> list[Finding]:
     """Image names written anywhere in the recipe (``docker_image`` keys, the guide) and in k3deploy's own
-    pins, checked for the repository form. Guide mentions are warnings: the guide is read, not run."""
+    pins, checked for the repository form. Guide mentions are warnings: the guide is read, not run. ``vendors``:
+    only images for these vendors (and those of no known vendor), e.g. those of the hardware a lint selected."""
     out: list[Finding] = []
+
+    def wanted(ref: str, vendor: str | None = None) -> bool:
+        vendor = vendor or image_vendor(ref)
+        return vendors is None or vendor is None or vendor in vendors
 
     def walk(node: Any, path: str) -> None:
         if isinstance(node, dict):
@@ -101,7 +122,8 @@ def recipe_image_findings(recipe: Recipe) -> list[Finding]:
                 p = f"{path}.{k}" if path else str(k)
                 if k == "docker_image":
                     for ref, rp in _image_refs(v, p):
-                        out.extend(check_image(ref, rp, pin_info=False))
+                        if wanted(ref):
+                            out.extend(check_image(ref, rp, pin_info=False))
                 elif isinstance(v, (dict, list)) and k != "guide":
                     walk(v, p)
         elif isinstance(node, list):
@@ -112,12 +134,14 @@ def recipe_image_findings(recipe: Recipe) -> list[Finding]:
     seen = set()
     for m in _GUIDE_IMAGE.finditer(recipe.guide or ""):
         ref = m.group(1).rstrip(".")
-        if ref in seen:
+        if ref in seen or not wanted(ref):
             continue
         seen.add(ref)
         out.extend(f for f in check_image(ref, "guide", severity="warning", pin_info=False))
     for slug, per_vendor in (pinned_images() or {}).items():
         for vendor, ref in (per_vendor or {}).items():
+            if not wanted(str(ref), str(vendor)):
+                continue
             out.extend(check_image(str(ref), f"images.yaml:{slug}.{vendor}", vendor=vendor, pin_info=False))
     return out
 

@@ -110,8 +110,9 @@ def dp_endpoints(ctx: PlanContext) -> None:
     for pool in _dp_pools(ctx):
         if pool.head_lb and len(pool.members) > 1 and pool.name != "decode":
             head = pool.head
-            ctx.add("info", "hybrid/external-LB data parallel: every node serves "
-                    "its own API port, so clients need a load balancer or router in front",
-                    "put a load balancer in front of all nodes, or use internal LB (workers --headless, no "
-                    "--data-parallel-hybrid-lb) for one endpoint",
+            ctx.add("info", "hybrid/external-LB data parallel: every node serves its own API port; the deploy "
+                    "puts a vllm-router in front of them (k3_front_hybrid_lb, on by default), so clients get one "
+                    "endpoint",
+                    "nothing to do for a k3deploy deploy; run by hand, put a load balancer in front of all nodes, "
+                    "or use internal LB (workers --headless, no --data-parallel-hybrid-lb) for one endpoint",
                     ctx.arg_path(head.node, head.layout.args.get("--data-parallel-hybrid-lb")), head.role)

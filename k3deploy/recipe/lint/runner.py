@@ -3,6 +3,8 @@ matrix, identical findings grouped across selections)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from k3deploy.errors import SelectionError
 from k3deploy.recipe.catalog import Catalog, load_catalog
 from k3deploy.recipe.lint.context import PlanContext
@@ -62,8 +64,11 @@ def _nodes_label(plan: Plan) -> str:
 
 
 def lint_recipe(recipe: Recipe, *, hardware_id: str | None = None, strategy: str | None = None,
-                variant: str | None = None) -> LintReport:
-    """Lint every offered selection (optionally narrowed) and group identical findings."""
+                variant: str | None = None, nodes: int | None = None, prefill_nodes: int | None = None,
+                decode_nodes: int | None = None) -> LintReport:
+    """Lint every offered selection (optionally narrowed) and group identical findings. Sizes (``nodes``; P/D:
+    ``prefill_nodes``, ``decode_nodes``) resolve each selection as ``resolve`` does at that size; a strategy that
+    does not take the size is left out unless it was asked for (then its refusal is the finding)."""
     from k3deploy.recipe.offering import hardware_for_variant, strategies_on
     from k3deploy.recipe.resolve import resolve
 
@@ -78,6 +83,7 @@ def lint_recipe(recipe: Recipe, *, hardware_id: str | None = None, strategy: str
     cat, router = load_catalog("vllm"), load_catalog("vllm-router")
     groups: dict[tuple[str, str, str | None, str, str], Group] = {}
     checked: list[Selection] = []
+    refusals: list[str] = []   # of strategies left out for a size they do not take
 
     def record(finding: Finding, sel: Selection | None) -> None:
         g = groups.get(finding.key)
@@ -96,10 +102,18 @@ def lint_recipe(recipe: Recipe, *, hardware_id: str | None = None, strategy: str
             for s in strategies_on(recipe, hw):
                 if strategy is not None and s != strategy:
                     continue
+                pd = strategies()[s].pd
+                size: dict[str, Any] = ({"prefill_nodes": prefill_nodes, "decode_nodes": decode_nodes} if pd
+                                        else {"nodes": nodes})
+                if (nodes is not None and pd) or (not pd and (prefill_nodes or decode_nodes) is not None):
+                    continue   # the sizes given are another kind of strategy's
                 for feats, extra in feature_sets(recipe, vk, hw, s):
                     try:
-                        plan = resolve(recipe, hardware=hw_id, strategy=s, variant=vk, features=feats)
+                        plan = resolve(recipe, hardware=hw_id, strategy=s, variant=vk, features=feats, **size)
                     except SelectionError as exc:
+                        if strategy is None and any(v is not None for v in size.values()):
+                            refusals.append(str(exc))
+                            break   # this strategy does not take the size asked for
                         sel = Selection(hw_id, s, vk, tuple(feats), extra, "")
                         checked.append(sel)
                         for f in run("selection", SelectionContext(exc)):
@@ -112,8 +126,14 @@ def lint_recipe(recipe: Recipe, *, hardware_id: str | None = None, strategy: str
     if not checked:
         what = ", ".join(f"{k} {v}" for k, v in (("hardware", hardware_id), ("strategy", strategy),
                                                    ("variant", variant)) if v) or "the recipe"
-        raise SelectionError(f"{recipe.slug} offers no selection for {what}: see k3deploy options for what it offers")
-    for f in recipe_image_findings(recipe):
+        sized = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in (
+            ("nodes", nodes), ("prefill_nodes", prefill_nodes), ("decode_nodes", decode_nodes)) if v is not None)
+        why = f" ({refusals[0]})" if refusals else ""
+        raise SelectionError(f"{recipe.slug} offers no selection for {what}{' at ' + sized if sized else ''}{why}: "
+                             "see k3deploy options for what it offers")
+    # the recipe's own images: those of the selected hardware's vendors when the lint was narrowed to hardware
+    vendors = {hw_all[s.hardware].vendor for s in checked} if hardware_id is not None else None
+    for f in recipe_image_findings(recipe, vendors):
         record(f, None)
     ordered = sorted(groups.values(), key=lambda g: order(g.finding))
     return LintReport(recipe=recipe.slug, groups=ordered, checked=checked)
