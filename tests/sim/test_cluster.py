@@ -178,7 +178,8 @@ def test_base_mirror_follows_the_hosts_apt_sources(tmp_path, monkeypatch):
 
 @pytest.mark.sim
 def test_up_json_and_inventory(gb300):
-    assert set(gb300) == {"name", "inventory", "nodes", "outside"}
+    assert set(gb300) == {"name", "inventory", "nodes", "outside", "strategy"}
+    assert gb300["strategy"] == "multi_node_tp"   # the recommended strategy fits 2 trays
     assert gb300["name"] == "tgb300"
     assert gb300["outside"]["ip"] == gb300["nodes"][0]["ip"].rsplit(".", 1)[0] + ".254"
     assert [n["rank"] for n in gb300["nodes"]] == [0, 1]
