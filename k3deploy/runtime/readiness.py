@@ -53,19 +53,26 @@ class Probe:
     observed: str = ""
 
 
-#: the command line of :func:`run`: the script comes on stdin, read whole before any of it runs (so no command of
-#: it can read the rest as its input), never as an argument (one argument may not exceed 128 KiB)
+#: the command line of :func:`run` for a long script: the script comes on stdin, read whole before any of it runs (so
+#: no command of it can read the rest as its input), as one argument may not exceed 128 KiB
 FROM_STDIN = """sh -c 'eval "$(cat)"'"""
+
+#: scripts up to this many bytes go as the argument of ``sh -c`` (a poll's probe: a few hundred bytes); stdin is the
+#: empty, closed channel input either way
+AS_ARGUMENT = 64 * 1024
 
 
 def run(hosts: Mapping[str, Any], name: str, script: str) -> tuple[bool, str]:
-    """Run a script on a host over its own connection, the script on stdin (shown with ``-vv``, like the
-    operations' commands)."""
+    """Run a script on a host over its own connection (shown with ``-vv``, like the operations' commands): a short
+    one as the argument of ``sh -c`` (one message to the node), a long one on stdin (:data:`FROM_STDIN`)."""
     h = hosts[name]
     shown = bool(getattr(getattr(h, "state", None), "print_input", False))
     if shown:
-        logger.info(f"[{name}] >>> sh -c {shlex.quote(script)}")   # as sh runs it (the script arrives on stdin)
-    ok, out = h.run_shell_command(FROM_STDIN, print_output=False, print_input=False, _stdin=script)
+        logger.info(f"[{name}] >>> sh -c {shlex.quote(script)}")
+    if len(script.encode()) <= AS_ARGUMENT:
+        ok, out = h.run_shell_command(f"sh -c {shlex.quote(script)}", print_output=False, print_input=False)
+    else:
+        ok, out = h.run_shell_command(FROM_STDIN, print_output=False, print_input=False, _stdin=script)
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
     return bool(ok), text
 
