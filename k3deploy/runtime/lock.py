@@ -211,6 +211,17 @@ class Lock:
 
         connector.disconnect = disconnect
 
+    def release_text(self, name: str) -> str:
+        """The command that gives the lock back on host ``name``, for a run's last operation there to end with (see
+        :meth:`given_back`)."""
+        return commands.lock_release(self.config_dirs[name], self.record.run)
+
+    def given_back(self, name: str) -> None:
+        """The lock was given back on host ``name`` by a run's last operation there: nothing left to do as its
+        connection closes."""
+        if name in self.taken:
+            self.taken.remove(name)
+
     def release_on(self, h: Any) -> bool:
         """Give the lock back on one host over its open connection (the run's last step)."""
         ok = run_on(h, commands.lock_release(self.config_dirs[h.name], self.record.run), timeout=20)[0]

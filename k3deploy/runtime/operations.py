@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api.command import FileUploadCommand, PyinfraCommand, RsyncCommand, StringCommand
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, PyinfraCommand, RsyncCommand, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.api.state import StateStage
 from pyinfra.context import host, state
@@ -163,14 +163,19 @@ class Written:
 
 
 @operation()
-def write_files(files: Sequence[Written]) -> Commands:
+def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]] = ()) -> Commands:
     """Write every one of ``files`` whose content differs, all in one command: the script
     (:func:`~k3deploy.model.commands.write_from_stdin`) is the command line, the contents come on its stdin (never
     in argv, never in a log), each into a new root-only file of a random name put in place as :func:`managed_file`
-    does. A file up to date whose owner or mode drifted gets them back. ``--diff`` shows each change as
-    :func:`managed_file` does."""
+    does. A file up to date whose owner or mode drifted gets them back, as do the files of ``restore`` (``(path,
+    mode, how it drifted)``, e.g. :func:`drifted`'s live unit and env files), content untouched. ``--diff`` shows
+    each change as :func:`managed_file` does."""
     todo: list[Written] = []
     drifted: list[tuple[str, str]] = []
+    for path, mode, how in restore:
+        drifted.append((path, mode))
+        if state.config.DIFF:
+            host.log(f"Will give {path} its owner and mode back (content unchanged): {how}", logger.info)
     for f in files:
         if f.when is not None and not f.when():
             continue
@@ -243,21 +248,6 @@ def drifted(units: Sequence[UnitWork], installed: Mapping[tuple[str, str], Insta
 STOPPED = ("inactive", "absent", "failed")
 
 
-@operation()
-def owner_and_mode(units: list[UnitWork], installed: Mapping[tuple[str, str], Installed]) -> Commands:
-    """Give root and their modes (:data:`~k3deploy.model.observed.UNIT_MODE`, ``ENV_MODE``) back to the unit and
-    env files of ``units`` whose owner or mode drifted, as this run read them (``installed``), content untouched:
-    nothing restarts for it."""
-    found = drifted(units, installed)
-    if state.config.DIFF:
-        for path, _, drift in found:
-            host.log(f"Will give {path} its owner and mode back (content unchanged): {drift}", logger.info)
-    if not found:
-        host.noop("every unit and env file is root's with its mode")
-        return
-    yield sh(commands.lock_down([(path, mode) for path, mode, _ in found]))
-
-
 def file_diff(kind: str, old: str | None, new: str) -> list[str]:
     """What changes in a file, for ``--diff``: per flag for units, per variable for env files."""
     if kind == "unit":
@@ -270,12 +260,15 @@ def file_diff(kind: str, old: str | None, new: str) -> list[str]:
 
 
 @operation(is_idempotent=False)
-def script(text: str, active: bool = True) -> Commands:
-    """Run one script of :mod:`k3deploy.model.commands` on this host (nothing when ``active`` is false)."""
+def script(text: str, active: bool = True, then: Callable[[str], None] | None = None) -> Commands:
+    """Run one script of :mod:`k3deploy.model.commands` on this host (nothing when ``active`` is false); ``then``
+    is called on the control machine with the host's name once the script succeeded."""
     if not active or not text:
         host.noop("nothing to do here")
         return
     yield sh(text)
+    if then is not None:
+        yield FunctionCommand(then, (host.name,), {})
 
 
 @operation(is_idempotent=False)

@@ -49,7 +49,7 @@ from k3deploy.runtime.gather import Gathered, gather_in_run
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
     Written,
-    owner_and_mode,
+    drifted,
     script,
     smoke,
     stage_step,
@@ -326,7 +326,8 @@ def _kind(kind: int) -> Iterator[None]:
 @deploy("Configure")
 def configure_phase(ctx: Context) -> None:
     """This host's files, all in one operation (one command): the engine units' helper and, for each unit, the next
-    env file (0600) and systemd unit, staged (:func:`_staged`); then owner and mode given back where they drifted."""
+    env file (0600) and systemd unit, staged (:func:`_staged`); owner and mode given back to the live ones where
+    they drifted."""
     rollout, gathered = ctx.rollout, ctx.gathered
     assert gathered is not None
     me = host.name
@@ -338,11 +339,9 @@ def configure_phase(ctx: Context) -> None:
     # stops leaves the replicas after it on the files they run
     rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()
     files += _staged(ctx, [u for u in rollout.on_host(me) if u.group not in rolled])
-    write_files(name=CONFIGURE, files=files)
-    # (on every host, even where nothing drifted: pyinfra orders operations by their depth in each host's own
+    # (on every host, even where nothing is written: pyinfra orders operations by their depth in each host's own
     # sequence first, so every host's sequence keeps the same steps at the same depths)
-    owner_and_mode(name="Unit and env files: owner and mode", units=rollout.on_host(me),
-                   installed=gathered.installed)
+    write_files(name=CONFIGURE, files=files, restore=drifted(rollout.on_host(me), gathered.installed))
 
 
 #: the configure phase's operation (a rolling change's steps name theirs after it)
@@ -600,12 +599,21 @@ def _record(ctx: Context) -> None:
     # (one that did, on every host, doing something on its own hosts: the last operations every host shares, so
     # that nothing of the restart runs after them)
     here = {u.group for u in r.on_host(host.name)}
-    for _, group in _turns([g for g in r.groups if g in r.changed_groups]):
+    changed = [g for g in r.groups if g in r.changed_groups]
+    marked = [g for g in changed if g in here and ctx.marks.get(g) is not None]
+    # nothing runs on a host after its last mark but the smoke test (on the first unit's host): the other hosts give
+    # the deployment lock back with it, in the same command (where the mark does not run, as the connection closes)
+    lock = ctx.lock
+    give_back = lock is not None and host.name != r.units[0].host and host.name in lock.taken and bool(marked)
+    for _, group in _turns(changed):
         number = ctx.marks.get(group)
         text = (commands.set_current(revisions_dir(r.vars.k3_config_dir, group), number)
                 if group in here and number is not None else "")
+        last = give_back and group == marked[-1]
+        if last and lock is not None:
+            text = f"{text} && {{ {lock.release_text(host.name)}; }}"
         script(name=f"Mark the revision of group {group} current", text=text, active=bool(text),
-               _if=partial(ctx.serves, group))
+               then=lock.given_back if last and lock is not None else None, _if=partial(ctx.serves, group))
 
 
 def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int]) -> int | None:

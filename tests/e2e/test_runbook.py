@@ -132,11 +132,16 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
                          r"if \[ -n \"\$TMPDIR\" \].*|IFS= read -r n && .* mv -f \"\$t\" \S+ \) \|\| exit 1)$", re.S)
     # the deploy also keeps what it starts as the group's revision 1 (k3deploy history; the runbook's rollback
     # section restores from those) before it moves the staged files into place, and marks it current once it
-    # serves: bookkeeping with the time it ran, not a bring-up step
+    # serves (a node other than the smoke test's gives the deployment lock back in that command, its last):
+    # bookkeeping with the time it ran, not a bring-up step
     revision = re.compile(r"^(\{ umask 077 && install -d -m 0700 \S+/revisions/\S+ .*meta\.json.* && mv -f \S+ \S+|"
-                          r"echo \d+ > \S+/revisions/\S+/current && \{ \[ ! -d \S+ \] \|\| touch \S+/served; \})$", re.S)
+                          r"echo \d+ > \S+/revisions/\S+/current && \{ \[ ! -d \S+ \] \|\| touch \S+/served; \}"
+                          r"(?: && \{ if grep -qF .* \S+/deploy\.lock 2>/dev/null; then .*; fi; true; \})?)$", re.S)
     ran = {h: sorted(s for s in scripts if not uploads.match(s) and not revision.match(s)) for h, scripts in ops.items()}
     assert all(any(revision.match(s) for s in scripts) for scripts in ops.values())  # on every node of the group
+    # the lock goes back with the mark on every node but the smoke test's (the first), whose lock goes as it ends
+    gives_back = {h for h, scripts in ops.items() if any("/current" in s and "deploy.lock" in s for s in scripts)}
+    assert gives_back == set(ops) - {sorted(ops)[0]}, gives_back
     assert all(ran.values()) and set(ran) == set(runbook)
     for h, scripts in ran.items():
         for s in scripts:
