@@ -25,6 +25,7 @@ from k3deploy.model.commands import (
     endpoint_models,
     health_code,
     lock_read,
+    lock_take,
     router_workers,
     unit_logs,
     unit_status,
@@ -143,6 +144,25 @@ class HealthCode(FactBase[int]):
     @staticmethod
     def default() -> int:
         return 0
+
+
+class TakeLock(FactBase["list[str]"]):
+    """This run takes the deployment lock on the host (:func:`~k3deploy.model.commands.lock_take`), in the command
+    that reads the host: ``K3_LOCK=taken``, or ``K3_LOCK=held`` and the holder's record.
+
+        >>> TakeLock().process(["K3_LOCK=taken", ""])
+        ['K3_LOCK=taken']
+    """
+
+    def command(self, config_dir: str, record: str) -> str:
+        return lock_take(config_dir, record)
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line.strip()]
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
 
 
 class DeployLock(FactBase["list[str]"]):

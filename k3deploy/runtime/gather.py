@@ -56,8 +56,8 @@ from k3deploy.runtime.connections import (
     open_inventory,
     ssh_argv,
 )
-from k3deploy.runtime.lock import LockRecord, held_summary, read_locks
-from k3deploy.runtime.reading import HostReading, plan_host, read_hosts
+from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
+from k3deploy.runtime.reading import HostReading, TakeLockThere, plan_host, read_hosts
 from k3deploy.runtime.views import DEPLOY, View
 
 # ------------------------------------------------------------------------------------------ gathered
@@ -167,24 +167,27 @@ def gather(spec: str, view: View, overrides: Mapping[str, Any] | None = None) ->
 
 
 def gather_in_run(state: State, inventory_spec: str | None,
-                  before_read: Callable[[Target], None] | None = None) -> Gathered:
+                  before_read: Callable[[Target], Lock | None] | None = None) -> Gathered:
     """The deploy's reading of a running ``pyinfra INVENTORY deploy/k3.py`` (:data:`~k3deploy.runtime.views.DEPLOY`;
     hosts already connected by pyinfra; each gets :func:`~k3deploy.runtime.connections.bound_silence`).
-    ``before_read(target)`` runs once the variables are known and before any host is read (the deployment lock is
-    taken there)."""
+    ``before_read(target)`` runs once the variables are known and before any host is read: the deployment lock is
+    taken there on the first host, and on every other host by the command that reads it, before what it reads
+    (:meth:`~k3deploy.runtime.lock.Lock.settle`, once every host answered: :class:`~k3deploy.runtime.lock.LockHeld`
+    where another run holds it)."""
     wanted = target(records_of(state.inventory), inventory_file(inventory_spec))
     for host in state.inventory:
         if host.connected:
             bound_silence(host, wanted.host_vars(host.name).k3_link_timeout)
-    if before_read is not None:
-        before_read(wanted)
-    return read_and_render(state, wanted, DEPLOY, connect_first=False)
+    lock = before_read(wanted) if before_read is not None else None
+    return read_and_render(state, wanted, DEPLOY, connect_first=False, lock=lock)
 
 
-def read_and_render(state: State, wanted: Target, view: View, *, connect_first: bool) -> Gathered:
+def read_and_render(state: State, wanted: Target, view: View, *, connect_first: bool,
+                    lock: Lock | None = None) -> Gathered:
     """What ``view`` reads of the inventory's hosts (nothing for a view that reads no host), checked, and the rollout
     rendered once with each host's derived settings; then, for a view that reads what is installed, each group's
-    history, a rollback's files and the stage."""
+    history, a rollback's files and the stage. With ``lock``, each host's command takes it first (see
+    :func:`gather_in_run`)."""
     if view.needs_plan:
         wanted.require_plan()
     hosts = list(state.inventory)
@@ -197,7 +200,13 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     layout = wanted.layout   # which unit runs where: all the reading needs (the rollout is rendered once, below)
     resolver = image_resolver(layout) if layout is not None and (view.installed or view.pins_image) else None
     plans = {h.name: plan_host(layout, h.name, view, resolver) for h in hosts} if layout is not None else {}
+    if lock is not None:
+        for name, plan in plans.items():
+            if (take := lock.request(name)) is not None:
+                plans[name] = plan.taking_lock(TakeLockThere(*take))
     facts, readings = read_hosts(state, hosts, wanted, plans, connect_first=connect_first)
+    if lock is not None:
+        lock.settle({host: r.lock_taken for host, r in readings.items()})
     report = check(wanted.requirements, facts)
     report.results += router_checks({host: r.router_command for host, r in readings.items()
                                      if r.router_command is not None}, wanted.vars.k3_router_bin)

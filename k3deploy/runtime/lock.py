@@ -152,43 +152,76 @@ class Lock:
         self.taken: list[str] = []
         self.notes: list[str] = []      # stale locks taken over, for the run's log
 
-    def _take_one(self, name: str) -> tuple[str, LockRecord | None, str]:
-        """``("taken" | "held" | "error", holder, detail)`` for one host; a stale holder is broken once."""
+    def _answer(self, ok: bool, lines: list[str]) -> tuple[str, LockRecord | None, str]:
+        """``("taken" | "held" | "error", holder, detail)`` from what :func:`commands.lock_take` printed."""
+        marks = [x for x in lines if x.startswith(commands.LOCK_MARK)]
+        if not ok or not marks:
+            return "error", None, " ".join(lines)[-300:] or "no answer"
+        if marks[0] == f"{commands.LOCK_MARK}taken":
+            return "taken", None, ""
+        rest = lines[lines.index(marks[0]) + 1:]
+        holder = LockRecord.parse("\n".join(rest))
+        if holder is not None and holder.run == self.record.run:
+            return "taken", None, ""
+        return "held", holder, "\n".join(rest)[:300]
+
+    def _take_one(self, name: str, answer: list[str] | None = None) -> tuple[str, LockRecord | None, str]:
+        """``("taken" | "held" | "error", holder, detail)`` for one host (``answer``: what taking it printed there
+        already, in the command that read the host); a stale holder is broken once."""
         d = self.config_dirs[name]
-        for _ in range(2):
-            ok, lines = run_on(self.hosts[name], commands.lock_take(d, self.record.line()))
-            marks = [x for x in lines if x.startswith(commands.LOCK_MARK)]
-            if not ok or not marks:
-                return "error", None, " ".join(lines)[-300:] or "no answer"
-            if marks[0] == f"{commands.LOCK_MARK}taken":
-                return "taken", None, ""
-            rest = lines[lines.index(marks[0]) + 1:]
-            holder = LockRecord.parse("\n".join(rest))
-            if holder is not None and holder.run == self.record.run:
-                return "taken", None, ""
+        holder = None
+        for attempt in range(2):
+            ok, lines = ((bool(answer), answer) if attempt == 0 and answer is not None
+                         else run_on(self.hosts[name], commands.lock_take(d, self.record.line())))
+            what, holder, detail = self._answer(ok, lines)
+            if what != "held":
+                return what, holder, detail
             why = stale(holder) if holder is not None else None
             if holder is None or why is None:
-                return "held", holder, "\n".join(rest)[:300]
+                return "held", holder, detail
             run_on(self.hosts[name], commands.lock_release(d, holder.run))
             self.notes.append(f"{name}: took over the stale lock of {holder.describe()}: {why}")
         return "held", holder, ""
 
     def acquire(self) -> None:
         """Take the lock on every host, or raise :class:`LockHeld` (released again where it was taken)."""
+        self.take_first()
+        self.settle({})
+
+    def take_first(self) -> None:
+        """Take the lock on the first host alone, or raise :class:`LockHeld`: of two runs started at once over the
+        same hosts, the one that gets the first host goes on; the other is refused having taken nothing else."""
         names = list(self.hosts)
         if not names:
             return
-        first = [(names[0], self._take_one(names[0]))]
-        results = first if first[0][1][0] != "taken" else first + list(zip(
-            names[1:], each_host(self.state, [self.hosts[n] for n in names[1:]],
-                                 lambda h: self._take_one(h.name)), strict=True))
-        self.taken = [n for n, (what, _, _) in results if what == "taken"]
-        refused = [(n, holder, detail) for n, (what, holder, detail) in results if what != "taken"]
-        if not refused:
-            for n in self.taken:   # given back over each host's own connection as pyinfra closes it
-                self._before_disconnect(self.hosts[n])
-            atexit.register(self.release)   # and where that did not happen (a run that died on the way)
+        result = self._take_one(names[0])
+        if result[0] == "taken":
+            self.taken = [names[0]]
             return
+        self._refuse([(names[0], result[1], result[2])])
+
+    def request(self, name: str) -> tuple[str, str] | None:
+        """``(config_dir, record)`` for the command that reads host ``name`` to take the lock there first (None: it
+        is taken there already, or the host is not this lock's)."""
+        if name not in self.hosts or name in self.taken:
+            return None
+        return self.config_dirs[name], self.record.line()
+
+    def settle(self, answers: Mapping[str, list[str] | None]) -> None:
+        """The lock on every other host: from what taking it printed there (``answers``, by host; a host without one
+        is asked now), or raise :class:`LockHeld` (released again where it was taken)."""
+        rest = [n for n in self.hosts if n not in self.taken]
+        results = list(zip(rest, each_host(self.state, [self.hosts[n] for n in rest],
+                                           lambda h: self._take_one(h.name, answers.get(h.name))), strict=True))
+        self.taken += [n for n, (what, _, _) in results if what == "taken"]
+        refused = [(n, holder, detail) for n, (what, holder, detail) in results if what != "taken"]
+        if refused:
+            self._refuse(refused)
+        for n in self.taken:   # given back over each host's own connection as pyinfra closes it
+            self._before_disconnect(self.hosts[n])
+        atexit.register(self.release)   # and where that did not happen (a run that died on the way)
+
+    def _refuse(self, refused: list[tuple[str, LockRecord | None, str]]) -> None:
         self.release()
         name, holder, detail = refused[0]
         if holder is not None:

@@ -207,17 +207,22 @@ def dry_run(argv: list[str] | None = None) -> bool:
     return "--dry" in args or ("--json" in args and not yes)
 
 
-def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock]) -> None:
-    """Before any host is read (so before the revision numbers are chosen): the deployment lock on every host
-    (:mod:`k3deploy.runtime.lock`); ``--dry`` takes none and names a held one."""
+def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock]) -> Lock | None:
+    """Before any host is read (so before the revision numbers are chosen): the deployment lock
+    (:mod:`k3deploy.runtime.lock`) on the first host; on the others the command that reads them takes it first
+    (:func:`~k3deploy.runtime.gather.gather_in_run`). ``--dry`` takes none and names a held one."""
     # pyinfra's @fake hosts (tests of the deploy's own logic) answer scripted facts only: nothing there to lock
     hosts = {h.name: h for h in state.inventory if h.connected and type(h.connector).__name__ != "FakeConnector"}
     dirs = {n: target.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
-        return
+        return None
     lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY"))
-    lock.acquire()
     holder.append(lock)
+    lock.take_first()
+    return lock
+
+
+def _lock_taken(lock: Lock) -> None:
     for note in lock.notes:
         logger.warning(f"k3deploy: {note}")
     logger.info(f"--> k3deploy: deployment lock taken on {len(lock.taken)} host(s) (run {lock.record.run})")
@@ -232,6 +237,8 @@ def _build(state: Any) -> Context:
         return _refuse([], str(exc) if isinstance(exc, LockHeld) else f"{exc}; nothing was changed", exc.exit_code,
                        held[0] if held else None)
     lock = held[0] if held else None
+    if lock is not None:
+        _lock_taken(lock)
     if dry_run():
         for line in gathered.lock_lines():
             logger.warning(f"k3deploy: {line}: a run now would be refused")

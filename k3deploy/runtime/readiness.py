@@ -113,8 +113,9 @@ def stop_group(hosts: Mapping[str, Any], units: list[UnitWork]) -> None:
         run(hosts, u.host, commands.stop_units([u.unit]))
 
 
-#: while a group's head does not serve yet, its other members are polled every this many rounds only
-MEMBERS_EVERY = 4
+#: while a group's head does not serve yet, its other members are polled every this many rounds only (a member
+#: that fails is seen within this many poll intervals; the head, which needs every member, does not serve meanwhile)
+MEMBERS_EVERY = 8
 
 
 def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str = "start",
@@ -125,7 +126,7 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     No member of a group serves before every rank has joined, the head included: until the head serves, each round
     polls the head and, every :data:`MEMBERS_EVERY` rounds, the other members (a member that failed or restarted is
     seen there; one that is lost also fails its head); from then on every unit, every round. A group of N members
-    so costs its nodes about N/4 probes a round while the engines start, not N. The round after the one in which
+    so costs its nodes about N/8 probes a round while the engines start, not N. The round after the one in which
     the head first serves comes at once: members that serve an API of their own (hybrid load balancing) serve with
     it."""
     units = rollout.group(group)

@@ -38,6 +38,7 @@ from k3deploy.facts.status import (
     EndpointModels,
     HealthCode,
     RouterWorkers,
+    TakeLock,
     UnitLogs,
     UnitRun,
     UnitRuntime,
@@ -71,6 +72,7 @@ class HostReading:
     router_command: bool | None = None         # k3_router_bin is an executable (a router host without its image)
     router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas)
     lock: list[str] | None = None              # the deployment lock's record there (empty: free)
+    lock_taken: list[str] | None = None        # this run taking the lock there (:class:`TakeLockThere`)
     runs: dict[str, UnitRun] = field(default_factory=dict)           # unit -> as it runs (the view's ``running``)
     endpoint_models: tuple[str, ...] | None = None   # what the public endpoint lists (its first host; ``running``)
     health: dict[str, int | None] = field(default_factory=dict)      # unit -> its /health code (``health``)
@@ -203,6 +205,19 @@ class ReadLock(Request):
 
 
 @dataclass(frozen=True)
+class TakeLockThere(Request):
+    """This run takes the deployment lock (:meth:`k3deploy.runtime.lock.Lock.settle` judges the answer): the first
+    request of the host's command, so that what the command reads after it is read under the lock."""
+
+    fact = TakeLock
+    config_dir: str
+    record: str
+
+    def keep(self, value: list[str], reading: HostReading) -> None:
+        reading.lock_taken = value
+
+
+@dataclass(frozen=True)
 class ReadRevisions(Request):
     """A group's recorded revisions on the host."""
 
@@ -283,6 +298,10 @@ class HostPlan:
     def specs(self) -> list[tuple[str, type[FactBase[Any]], dict[str, Any]]]:
         """The requests as the facts batch takes them: ``(name, fact, arguments)``, named by position."""
         return [(self._name(i, request), request.fact, request.arguments()) for i, request in enumerate(self.requests)]
+
+    def taking_lock(self, request: TakeLockThere) -> HostPlan:
+        """This plan, the lock taken first (instead of only reading who holds it)."""
+        return HostPlan(self.host, (request, *(r for r in self.requests if not isinstance(r, ReadLock))))
 
     def reading(self, values: dict[str, Any]) -> HostReading | None:
         """The host's reading from the batch's values by name (None: they did not come back, the host failed)."""

@@ -68,3 +68,56 @@ def test_a_dry_run_is_told_from_its_arguments():
     assert not dry_run(["pyinfra", "inv.py", "deploy/k3.py", "--json", "-y"])
     assert not dry_run(["pyinfra", "inv.py", "deploy/k3.py", "-vy"])
     assert not dry_run(["pyinfra", "inv.py", "deploy/k3.py"])               # asks, then changes
+
+
+class _LocalHost:
+    """A host whose commands run under this machine's sh (what the lock runs through ``run_shell_command``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.commands: list[str] = []
+
+    def run_shell_command(self, command: str, **_: object) -> tuple[bool, object]:
+        self.commands.append(command)
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        return proc.returncode == 0, type("Out", (), {"stdout_lines": proc.stdout.splitlines()})()
+
+
+def _lock(tmp_path, run: LockRecord):
+    from pyinfra.api import Config, Inventory, State
+
+    from k3deploy.runtime.lock import Lock
+
+    hosts = {n: _LocalHost(n) for n in ("n0", "n1", "n2")}
+    state = State()
+    state.init(Inventory(([], {})), Config())
+    return Lock(state, hosts, {n: str(tmp_path / n) for n in hosts}, run), hosts
+
+
+def test_the_lock_is_taken_on_the_first_host_alone_then_from_what_each_host_read_printed(tmp_path):
+    from k3deploy.runtime.lock import LockHeld
+
+    mine = this_run("inv.py")
+    lock, hosts = _lock(tmp_path, mine)
+    lock.take_first()
+    assert lock.taken == ["n0"] and (tmp_path / "n0" / "deploy.lock").exists()
+    assert lock.request("n0") is None and lock.request("n1") == (str(tmp_path / "n1"), mine.line())
+    # each other host took it in the command that read it: the answers are judged, nothing more runs there
+    answers = {n: sh(lock_take(str(tmp_path / n), mine.line())) for n in ("n1", "n2")}
+    lock.settle(answers)
+    assert sorted(lock.taken) == ["n0", "n1", "n2"] and hosts["n1"].commands == hosts["n2"].commands == []
+
+    # another live run holds n2: the run is refused naming it, and gives the lock back where it took it
+    other = replace(this_run("inv.py"), run="otherrun0001")
+    second, hosts2 = _lock(tmp_path / "second", mine)
+    sh(lock_take(str(tmp_path / "second" / "n2"), other.line()))
+    second.take_first()
+    answers = {n: sh(lock_take(str(tmp_path / "second" / n), mine.line())) for n in ("n1", "n2")}
+    try:
+        second.settle(answers)
+        raise AssertionError("settle took a lock another run holds")
+    except LockHeld as exc:
+        assert "on n2" in str(exc) and "otherrun0001" in str(exc) and "nothing was changed" in str(exc)
+    assert second.taken == []
+    assert not (tmp_path / "second" / "n0").exists() and not (tmp_path / "second" / "n1").exists()
+    assert LockRecord.parse("\n".join(sh(lock_read(str(tmp_path / "second" / "n2"))))) == other
