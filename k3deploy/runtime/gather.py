@@ -191,7 +191,7 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
     ssh = {h.name: ssh_argv(host_data(h), addresses[h.name]) for h in hosts}
     if not view.reads_hosts:
-        rollout, blanks = _render_offline(wanted, view)
+        rollout, blanks = render_offline(wanted, view)
         return Gathered(target=wanted, rollout=rollout, addresses=addresses, ssh=ssh, blanks=blanks)
 
     layout = wanted.layout   # which unit runs where: all the reading needs (the rollout is rendered once, below)
@@ -235,7 +235,7 @@ def _render(wanted: Target, report: PreflightReport) -> Rollout | None:
     return desired_rollout(wanted, ifaces=ifaces, host_env=report.host_env())
 
 
-def _render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Blank]]:
+def render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Blank]]:
     """The rollout from the inventory alone; with ``view.blanks`` each node's derived settings are named blanks,
     each with the command that finds it (an offline runbook)."""
     if wanted.plan is None:
