@@ -50,7 +50,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     its typed reading),
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
     runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply),
-    runtime/lock.py (the deployment lock: one run at a time changes a cluster).
+    runtime/lock.py (the deployment lock: one run at a time changes a cluster), runtime/launchers.py (what starts
+    the groups: systemd units or, with k3_launcher: slurm, one Slurm batch job per group).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
