@@ -18,10 +18,11 @@ if run.ok:
     # 2. Stage, on every node in parallel: the image (digest verified when pinned) and the weights, once.
     stage_phase(ctx=run)
     # 3. Configure: env files (0600) and systemd units, written beside the live ones (a group whose member failed the
-    #    stage gets none).
+    #    stage gets none). k3_launcher: slurm: env files, launch scripts and, on the submit host, batch scripts.
     configure_phase(ctx=run)
     # 4. Start what changed, group by group: stop, record the revision and put its files in place, head, its
-    #    rendezvous port, workers, readiness; P/D pools, router. The lock is given back as the run ends.
+    #    rendezvous port, workers, readiness; P/D pools, router. k3_launcher: slurm: cancel the group's job, submit
+    #    its new one (the job starts head, then workers), readiness. The lock is given back as the run ends.
     start_phase(ctx=run)
     # 5. Smoke test: one short chat completion through the public endpoint.
     smoke_phase(ctx=run)

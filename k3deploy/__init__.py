@@ -39,7 +39,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     model/revisions.py (numbered revisions per group, for history and rollback), model/staging.py (the image and
     the weights over the uplink once, then node to node), model/images.py (a tag resolved to one digest per
     rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
-    group and cluster), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout).
+    group and cluster), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
+    model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
+    the sbatch/squeue/scancel/sacct commands).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
@@ -48,7 +50,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     its typed reading),
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
     runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply),
-    runtime/lock.py (the deployment lock: one run at a time changes a cluster).
+    runtime/lock.py (the deployment lock: one run at a time changes a cluster), runtime/launchers.py (what starts
+    the groups: systemd units or, with k3_launcher: slurm, one Slurm batch job per group).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
@@ -67,13 +70,14 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 ``sim/`` -- the simulated cluster (see its own module map)
     sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,
     sim/host.py, sim/base.py (the cached base root), sim/profiles.py, sim/faults.py, sim/outside.py (the simulated
-    registries and hub), sim/router.py (the real vllm-router the router hosts run); sim/node_tools (the tools inside
-    the nodes).
+    registries and hub), sim/router.py (the real vllm-router the router hosts run), sim/slurm.py (a real Slurm in a
+    cluster, sim up --slurm); sim/node_tools (the tools inside the nodes).
 
 ``cli/`` -- the ``k3deploy`` commands
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
     cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
-    cli/unlock.py (who holds the deployment lock; break a dead run's), cli/sim.py, cli/common.py (options defined
+    cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
+    that submit themselves), cli/sim.py, cli/common.py (options defined
     once and composed).
 """
 

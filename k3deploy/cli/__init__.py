@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "status": "k3deploy.cli.status:status", "bundle": "k3deploy.cli.bundle:bundle",
     "unlock": "k3deploy.cli.unlock:unlock",
     "verify": "k3deploy.cli.verify:verify",
+    "export": "k3deploy.cli.export:export",
 }
 
 #: commands that reach no host unless given ``--inventory``: their process is not patched for gevent

@@ -63,8 +63,22 @@ def read_cluster(command: str, inventory: str, **kwargs: Any) -> Any:
     from k3deploy.runtime.gather import gather
 
     try:
-        return gather(inventory, **kwargs)
+        gathered = gather(inventory, **kwargs)
     except K3Error:
         raise
     except Exception as exc:  # never a traceback for the user
         raise K3Error(f"{command} could not run: {type(exc).__name__}: {exc}") from None
+    if command in NOT_ON_SLURM and getattr(gathered.target.vars, "k3_launcher", "systemd") == "slurm":
+        raise K3Error(f"k3_launcher: slurm: k3deploy {command} is not built yet (it reads systemd units); "
+                      f"{NOT_ON_SLURM[command]}")
+    return gathered
+
+
+#: the commands that read the systemd units only: with ``k3_launcher: slurm`` they say so instead of a wrong answer
+NOT_ON_SLURM = {
+    "plan": "the deploy submits a group's job when squeue on k3_slurm_submit_host shows none with its planned "
+            "--comment (squeue -o '%i %j %T %k %N')",
+    "status": "squeue -o '%i %j %T %k %N' on k3_slurm_submit_host shows each group's job, with its revision",
+    "bundle": "each step's output is <k3_slurm_dir>/<group>/<job id>/<node>.out on its node",
+    "runbook": "k3deploy export slurm INVENTORY -o DIR writes the batch and launch scripts, with their README",
+}

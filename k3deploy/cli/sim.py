@@ -65,11 +65,14 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
               help="Size of every checkpoint the simulated hub serves (its shards), MiB.")
 @click.option("--image-mb", type=float, default=8.0, show_default=True,
               help="Size of the layers of every image the simulated registries serve, MiB.")
-@click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes, outside} as JSON.")
+@click.option("--slurm", is_flag=True,
+              help="Run a real Slurm in the cluster (Debian's 22.05): slurmctld on the rank-0 node (the submit host), "
+                   "munged and slurmd on every node, partition k3; the group_vars select k3_launcher: slurm.")
+@click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes, outside[, slurm]} as JSON.")
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
     layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
-    image_mb: float, as_json: bool, replicas: int,
+    image_mb: float, as_json: bool, replicas: int, slurm: bool,
 ) -> None:
     """Create and boot a simulated cluster and its simulated outside (registries and model hub at <subnet>.254,
     behind a shaped uplink); prints its pyinfra inventory."""
@@ -88,6 +91,7 @@ def up_cmd(
         weights_mb=weights_mb,
         image_mb=image_mb,
         replicas=replicas,
+        slurm=slurm,
     )
     if as_json:
         click.echo(json.dumps(res))
@@ -97,6 +101,9 @@ def up_cmd(
     if res.get("outside"):
         click.echo(f"outside: {res['outside']['ip']} ({', '.join(res['outside']['names'])}), uplink "
                    f"{uplink_mbps:g} Mbit/s, node to node {cluster_mbps:g} Mbit/s")
+    if res.get("slurm"):
+        sl = res["slurm"]
+        click.echo(f"slurm: slurmctld on {sl['controller']} (the submit host), partition {sl['partition']}")
     click.echo(f"inventory: {res['inventory']}")
     click.echo(f"try: pyinfra {res['inventory']} exec -y -- hostname")
 
@@ -124,7 +131,8 @@ def down_cmd(name: str, all_: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def status_cmd(name: str | None, as_json: bool) -> None:
     """List simulated clusters and whether each node runs and answers on SSH; the outside's address, rates and
-    bytes served (--json: outside_bytes, artifact_bytes, uplink_mbps, cluster_mbps, outside)."""
+    bytes served (--json: outside_bytes, artifact_bytes, uplink_mbps, cluster_mbps, outside); for a --slurm cluster,
+    sinfo's nodes and squeue's jobs (--json: slurm)."""
     if name is not None:
         sim.validate_name(name)
     if os.geteuid() != 0:
@@ -154,6 +162,14 @@ def status_cmd(name: str | None, as_json: bool) -> None:
                        f"{c['uplink_mbps']:g} Mbit/s, node to node {c['cluster_mbps']:g} Mbit/s, served "
                        f"{c['outside_bytes'] / 2**20:.1f} MiB (one node's artifacts: {c['artifact_bytes'] / 2**20:.1f}"
                        f" MiB)  faults: {faults}")
+        sl = c.get("slurm")
+        if sl:
+            click.echo(f"  slurm            controller {sl['controller']}, partition {sl['partition']}"
+                       + (f"  error: {sl['error']}" if sl.get("error") else ""))
+            for n in sl["nodes"]:
+                click.echo(f"    {n['name']:<16} {n['partition']:<6} {n['state']}")
+            for j in sl["jobs"]:
+                click.echo(f"    job {j['id']:<8} {j['name']:<20} {j['state']:<10} {j['nodelist'] or j['reason']}")
 
 
 @sim_group.command("fault")

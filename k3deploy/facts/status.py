@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
@@ -30,6 +31,7 @@ from k3deploy.model.commands import (
     unit_logs,
     unit_status,
 )
+from k3deploy.model.slurm import QueuedJob, parse_queue, queue
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -181,3 +183,42 @@ class DeployLock(FactBase["list[str]"]):
     @staticmethod
     def default() -> list[str]:
         return []
+
+
+#: the line :class:`SlurmQueue`'s command prints first when ``squeue`` answered (its lines follow), and when it
+#: failed (its error follows)
+SQUEUE_OK, SQUEUE_FAILED = "K3_SQUEUE", "K3_SQUEUE_FAILED"
+
+
+@dataclass(frozen=True)
+class SlurmQueueReading:
+    """What the submit host's ``squeue`` holds of k3deploy's jobs; ``error``: squeue failed (what it said)."""
+
+    jobs: tuple[QueuedJob, ...] = ()
+    error: str | None = None
+
+
+class SlurmQueue(FactBase[SlurmQueueReading]):
+    """This user's jobs of these names in the Slurm queue (:func:`k3deploy.model.slurm.queue`), read on the submit
+    host (``k3_launcher: slurm``).
+
+        >>> SlurmQueue().process([SQUEUE_OK, "41 k3-engine RUNNING k3deploy:engine:0123 n[0-1]"]).jobs[0].id
+        '41'
+        >>> SlurmQueue().process([SQUEUE_FAILED, "squeue: error: Unable to contact slurm controller"]).error
+        'squeue: error: Unable to contact slurm controller'
+    """
+
+    def command(self, names: Sequence[str]) -> str:
+        return (f"if k3_q=$({queue(list(names))} 2>&1); then echo {SQUEUE_OK}; printf '%s\\n' \"$k3_q\"; "
+                f"else echo {SQUEUE_FAILED}; printf '%s\\n' \"$k3_q\" | tail -n 3; fi")
+
+    def process(self, output: list[str]) -> SlurmQueueReading:
+        if output and output[0].strip() == SQUEUE_FAILED:
+            return SlurmQueueReading(error=" ".join(x.strip() for x in output[1:] if x.strip()) or "no output")
+        if not output or output[0].strip() != SQUEUE_OK:
+            return SlurmQueueReading(error=" ".join(x.strip() for x in output if x.strip())[:300] or "no output")
+        return SlurmQueueReading(tuple(parse_queue("\n".join(output[1:]))))
+
+    @staticmethod
+    def default() -> SlurmQueueReading:
+        return SlurmQueueReading(error="squeue gave no answer")

@@ -380,6 +380,16 @@ def write_from_stdin(files: Sequence[tuple[str, str]], nonce: str) -> str:
     return "\n".join(parts)
 
 
+def make_dirs(paths: Sequence[str], mode: str = "0755") -> str:
+    """Create ``paths`` (and their parents), root's and ``mode``.
+
+        >>> make_dirs(["/var/lib/k3deploy/slurm"])
+        'mkdir -p -m 0755 /var/lib/k3deploy/slurm && chown 0:0 /var/lib/k3deploy/slurm'
+    """
+    q = " ".join(shlex.quote(p) for p in paths)
+    return f"mkdir -p -m {shlex.quote(mode)} {q} && chown 0:0 {q}"
+
+
 def lock_down(files: Sequence[tuple[str, str]]) -> str:
     """Give each ``(path, mode)`` that is a plain file root as owner and ``mode`` (its content stays)."""
     return " && ".join(f"{{ [ ! -f {q} ] || [ -L {q} ] || {{ chown 0:0 {q} && chmod {mode} {q}; }}; }}"
@@ -473,6 +483,62 @@ def probe(unit: str, url: str | None, model: str | None) -> str:
         listed = " ".join(f"-e {shlex.quote(p)}" for p in (f'"id":{json.dumps(model)}', f'"id": {json.dumps(model)}'))
         lines.append(f"curl -s -m 5 {shlex.quote(url + '/v1/models')} | grep -qF {listed} || exit {PROBE_STARTING}")
     return "; ".join(lines)
+
+
+def probe_job(job: str, url: str | None, model: str | None) -> str:
+    """One poll of a unit launched by Slurm (``k3_launcher: slurm``), from its own node: its group's job ``job`` (by
+    name) must be running; then as :func:`probe` (``url``: ``/health`` 200 and, with ``model``, ``/v1/models`` lists
+    it; no ``url``: the job running). Exit 0: serving; 1: failed (the job left the queue or is ending, or ``/health``
+    answers 503), with what was observed on stdout; 2: still starting (pending, or squeue did not answer).
+
+        >>> "--name=k3-engine" in probe_job("k3-engine", None, None)
+        True
+    """
+    j = shlex.quote(job)
+    lines = [
+        f"state=$(squeue -h -u \"$(id -un)\" --name={j} -o %T 2>/dev/null) || exit {PROBE_STARTING}",
+        "state=$(printf '%s\\n' \"$state\" | head -n 1)",
+        f"case \"$state\" in RUNNING) ;; PENDING|CONFIGURING|REQUEUED|REQUEUE_HOLD) exit {PROBE_STARTING};; "
+        f"'') echo 'job '{j}' is no longer in the Slurm queue: it ended'; exit {PROBE_FAILED};; "
+        f"*) echo 'job '{j}\" is $state\"; exit {PROBE_FAILED};; esac",
+    ]
+    if not url:
+        return "; ".join(lines)
+    health = shlex.quote(url + "/health")
+    lines += [
+        f"code=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health} || true)",
+        f"if [ \"$code\" = 503 ]; then echo {shlex.quote(f'GET {url}/health -> 503 (engine dead)')}; "
+        f"exit {PROBE_FAILED}; fi",
+        f"[ \"$code\" = 200 ] || exit {PROBE_STARTING}",
+    ]
+    if model:
+        listed = " ".join(f"-e {shlex.quote(p)}" for p in (f'"id":{json.dumps(model)}', f'"id": {json.dumps(model)}'))
+        lines.append(f"curl -s -m 5 {shlex.quote(url + '/v1/models')} | grep -qF {listed} || exit {PROBE_STARTING}")
+    return "; ".join(lines)
+
+
+def step_logs(output: str, container: str | None, docker: str, lines: int = 25) -> str:
+    """The tail of a Slurm step's output (on its own node: ``k3deploy.model.slurm.step_output``) and of its
+    container's log (``k3_launcher: slurm``'s :func:`logs`)."""
+    lines = int(lines)
+    o = shlex.quote(output)
+    script = (f"echo {shlex.quote(f'--- {output} (the step output, last {lines} lines)')}; "
+              f"tail -n {lines} {o} 2>&1")
+    if container:
+        gone = (f"(no container {container} now: its launch script runs it with --rm, so it is removed when the "
+                "engine exits; what the engine wrote is in the step output above)")
+        script += (f"; echo {shlex.quote(f'--- {docker} logs --tail {lines} {container}')}; "
+                   f"if k3_out=$({shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1); then "
+                   f"printf '%s\\n' \"$k3_out\" | tail -n {lines}; else case \"$k3_out\" in "
+                   f"*'No such container'*) echo {shlex.quote(gone)};; "
+                   f"*) printf '%s\\n' \"$k3_out\" | tail -n {lines};; esac; fi")
+    return script
+
+
+def step_ended(job_output: str) -> str:
+    """The line a Slurm job's batch script wrote when its first step ended (which node, its exit code), from the
+    job's own output on its first node; nothing when there is none."""
+    return f"grep -ho 'the step on [^ ]* ended with exit code [0-9]*' {shlex.quote(job_output)} 2>/dev/null | tail -n 1"
 
 
 def logs(unit: str, container: str | None, docker: str, lines: int = 25) -> str:

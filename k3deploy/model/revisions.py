@@ -158,18 +158,21 @@ def runs(rev: Revision, installed: dict[str, str | None]) -> bool:
 
 
 def revision_for(r: Any, group: str, number: int, *, created: str, variables: dict[str, str], version: str,
-                 note: str = "", tag: str = "") -> Revision:
+                 note: str = "", tag: str = "", files: dict[str, str] | None = None) -> Revision:
     """The record of what a group runs now (``r`` a :class:`k3deploy.model.rollout.Rollout`): its image is the
-    exact build (``REPO@sha256:...`` once ``tag`` was resolved), so a rollback goes back to that build."""
+    exact build (``REPO@sha256:...`` once ``tag`` was resolved), so a rollback goes back to that build. ``files``:
+    ``host:path -> sha256`` of the files it runs where they are not its units' unit and env files (another
+    launcher's)."""
     plan = r.plan
     units = r.group(group)
     engines = len({u.host for u in r.units if u.group != "router"})
     summary = (f"{plan.hardware} x {engines}, {plan.strategy}, variant {plan.variant}, "
                f"features {','.join(plan.features) or '-'}")
-    files = {}
-    for u in units:
-        files[f"{u.host}:{u.unit_path}"] = sha256(u.unit_text)
-        files[f"{u.host}:{u.env_path}"] = sha256(u.env_text)
+    if files is None:
+        files = {}
+        for u in units:
+            files[f"{u.host}:{u.unit_path}"] = sha256(u.unit_text)
+            files[f"{u.host}:{u.env_path}"] = sha256(u.env_text)
     return Revision(group=group, number=number, created=created, image=plan.image, summary=summary,
                     variables=masked_variables(variables, secret_values(r.vars.k3_extra_env)), files=files,
                     version=version, note=note, tag=tag)

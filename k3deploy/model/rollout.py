@@ -355,36 +355,45 @@ def engine_env(node: BoundNode, derived: Mapping[str, str], extra: Mapping[str, 
     return env
 
 
+def unit_container(layout: Rollout, placed: UnitWork) -> ContainerSpec | None:
+    """The container a unit runs, as every launcher runs it (the systemd unit, a Slurm job's launch script): the
+    plan's image for an engine; for the router ``k3_router_image``, or None (``k3_router_bin`` on the host)."""
+    plan, variables = layout.plan, layout.vars
+    if placed.node.role == "router":
+        if not variables.k3_router_image:
+            return None
+        return ContainerSpec(name=placed.container, image=variables.k3_router_image, vendor="none",
+                             env_file=placed.env_path, cache_dir=variables.k3_model_cache, gpus_per_node=0,
+                             docker=variables.k3_docker)
+    hw = hardware()[plan.hardware]
+    multi = len([n for n in plan.nodes if n.role != "router"]) > 1
+    return ContainerSpec(name=placed.container, image=run_ref(plan.image), vendor=plan.vendor,
+                         env_file=placed.env_path, cache_dir=variables.k3_model_cache, gpus_per_node=hw.gpu_count,
+                         rdma=multi, imex=hw.nvl, docker=variables.k3_docker)
+
+
 def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
            host_env: Mapping[str, Mapping[str, str]] | None = None) -> Rollout:
     """The rollout of a layout (:func:`lay_out`) with every unit and env file rendered: ``$IFACE_NAME`` from
     ``ifaces`` and the settings derived from each host's facts (``host_env``) where they are known. The layout is
     left as it is."""
     plan, variables = layout.plan, layout.vars
-    hw = hardware()[plan.hardware]
-    multi = len([n for n in plan.nodes if n.role != "router"]) > 1
     units: list[UnitWork] = []
     for placed in layout.units:
         node = _with_iface(placed.node, (ifaces or {}).get(placed.host))
-        spec = ContainerSpec(name=placed.container, image=run_ref(plan.image), vendor=plan.vendor,
-                             env_file=placed.env_path, cache_dir=variables.k3_model_cache, gpus_per_node=hw.gpu_count,
-                             rdma=multi, imex=hw.nvl, docker=variables.k3_docker)
+        box = unit_container(layout, placed)
         if node.role == "router":
-            box = None
-            if variables.k3_router_image:
-                box = ContainerSpec(name=placed.container, image=variables.k3_router_image, vendor="none",
-                                    env_file=placed.env_path, cache_dir=variables.k3_model_cache, gpus_per_node=0,
-                                    docker=variables.k3_docker)
             text = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                image=plan.image, ready_timeout=layout.ready_timeout, container=box,
                                router_bin=variables.k3_router_bin)
         else:
+            assert box is not None   # every engine runs in a container
             own = _http(node)
             healing = Healing(unit=placed.unit, restart_sec=variables.k3_restart_sec,
                               max_delay=variables.k3_restart_max_delay, watch=placed.watches,
                               grace=variables.k3_heal_grace, interval=variables.k3_heal_interval,
                               own=own if placed.watches else None)
-            text = engine_unit(node, spec, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+            text = engine_unit(node, box, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                ready_timeout=layout.ready_timeout, healing=healing)
         env = engine_env(node, (host_env or {}).get(placed.host, {}), variables.k3_extra_env) \
             if node.role != "router" else dict(node.env)

@@ -212,8 +212,8 @@ def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: s
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, spec.image),
         argv=container_argv(spec, node.argv),
-        cleanup=[spec.docker, "rm", "-f", spec.name],
-        stop=[spec.docker, "stop", "-t", "60", spec.name],
+        cleanup=cleanup_argv(spec),
+        stop=stop_argv(spec),
         after=" ".join(["network-online.target", "docker.service", *_after_fabric(spec)]),
         requires="docker.service",
         mounts_for=systemd_path(spec.cache_dir),
@@ -221,6 +221,16 @@ def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: s
         restart_sec=h.restart_sec,
         start_pre=h.start_pre(), start_post=h.start_post(), stop_post=h.stop_post(),
     ))
+
+
+def cleanup_argv(spec: ContainerSpec) -> list[str]:
+    """What runs before an engine container starts: a leftover container of its name removed (every launcher)."""
+    return [spec.docker, "rm", "-f", spec.name]
+
+
+def stop_argv(spec: ContainerSpec) -> list[str]:
+    """How an engine container is stopped (every launcher): ``docker stop``, the engine given 60 s to exit."""
+    return [spec.docker, "stop", "-t", "60", spec.name]
 
 
 def _after_fabric(spec: ContainerSpec) -> list[str]:
@@ -236,18 +246,22 @@ def systemd_path(path: str) -> str:
     return path.replace("%", "%%")
 
 
+def router_argv(node: BoundNode, container: ContainerSpec | None, router_bin: str) -> list[str]:
+    """The command a router runs (every launcher): the plan's ``vllm-router`` argv in ``container``, or with
+    ``router_bin`` (its absolute path on the host) without one."""
+    if container is not None:
+        return container_argv(container, node.argv)
+    return [router_bin if node.argv[0] == "vllm-router" else node.argv[0], *node.argv[1:]]
+
+
 def router_unit(node: BoundNode, *, model: str, strategy: str, hardware: str, image: str, ready_timeout: int,
                 container: ContainerSpec | None = None, router_bin: str = "/usr/local/bin/vllm-router") -> str:
     """The systemd unit of a vllm-router: ``router_bin`` on the host (the plan's ``vllm-router`` argv with the
     command's absolute path), or in ``container`` when given (the plan's ``image`` is named in the summary)."""
-    if container is not None:
-        argv = container_argv(container, node.argv)
-    else:
-        argv = [router_bin if node.argv[0] == "vllm-router" else node.argv[0], *node.argv[1:]]
     return render_unit(UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, image),
-        argv=argv,
+        argv=router_argv(node, container, router_bin),
         cleanup=["/bin/true"],
         stop=["/bin/true"],  # then systemd stops the process itself (SIGTERM to the unit's cgroup)
         after="network-online.target" + (" docker.service" if container is not None else ""),

@@ -53,8 +53,15 @@ MAX_TEXT = 4096
 MAX_MODEL_NAME = 256
 #: the most characters of one node's engine argv (its words and a separator each)
 MAX_ARGV = 65536
+#: a Slurm partition, account or QoS name (a comma-separated list of them where Slurm takes several)
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+#: a Slurm time limit (``--time``): MINUTES, MINUTES:SECONDS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or unlimited
+SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:unlimited|infinite)")
+#: a ``--gres`` value: NAME[:TYPE][:COUNT], several comma-separated, or empty (none)
+SLURM_GRES = re.compile(r"([A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)*(,[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)*)*)?")
 #: the variables that are paths on the nodes
-NODE_PATHS = ("k3_config_dir", "k3_model_cache", "k3_stage_dir", "k3_image_dir", "k3_router_bin")
+NODE_PATHS = ("k3_config_dir", "k3_model_cache", "k3_stage_dir", "k3_image_dir", "k3_router_bin",
+              "k3_slurm_dir")
 
 
 def is_address(value: str) -> bool:
@@ -233,6 +240,41 @@ class Variables(BaseModel):
         "or more is shown as `crash-loop` until it has run this many seconds (a run that lasts is taken as fixed)."))
     k3_smoke_test: bool = Field(True, description=(
         "Send one short chat completion through the public endpoint after the rollout."))
+    # launcher: systemd units (default) or Slurm batch jobs (docs/slurm.md)
+    k3_launcher: Literal["systemd", "slurm"] = Field("systemd", description=(
+        "What starts the engines: `systemd` = one unit per node (`k3_unit_name`); `slurm` = each engine group (each "
+        "replica, each P/D pool) and the router becomes a Slurm batch job submitted from `k3_slurm_submit_host`, "
+        "running the same containers (docs/slurm.md)."))
+    k3_slurm_submit_host: str | None = Field(None, description=(
+        "With `k3_launcher: slurm`: the inventory host (a login or controller node) on which `sbatch`, `squeue`, "
+        "`scancel` and `sacct` run, over SSH like every host. Required with slurm."))
+    k3_slurm_partition: str | None = Field(None, description=(
+        "Slurm partition of the jobs (`--partition`); default: the site's default partition."))
+    k3_slurm_account: str | None = Field(None, description=(
+        "Slurm account of the jobs (`--account`); default: the user's default account."))
+    k3_slurm_qos: str | None = Field(None, description="Slurm QoS of the jobs (`--qos`); default: the site's.")
+    k3_slurm_time: str | None = Field(None, description=(
+        "Time limit of the jobs (`--time`: MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED); default: the partition's. "
+        "A job that reaches it ends and is resubmitted like a failed one."))
+    k3_slurm_exclusive: Literal["node", "user"] = Field("node", description=(
+        "`node` = `--exclusive` (no other job on a job's nodes); `user` = `--exclusive=user` (only this user's jobs: "
+        "k3deploy's own jobs may share a node, e.g. the router beside a P/D pool)."))
+    k3_slurm_gres: str = Field("gpu:{gpus_per_node}", description=(
+        "`--gres` of each engine job (`{gpus_per_node}` = the hardware's GPUs per node); `\"\"` = no `--gres` (a "
+        "site without GPU GRES). The router's job asks for none."))
+    k3_slurm_dir: str = Field("/var/lib/k3deploy/slurm", description=(
+        "Directory for the batch scripts (on `k3_slurm_submit_host`) and the jobs' and steps' output "
+        "(`<dir>/<group>/<job id>/<node>.out` on each node)."))
+    k3_slurm_segment: bool = Field(False, description=(
+        "Render `#SBATCH --segment=<nodes of the group>`: the group's nodes in one block of the site's "
+        "topology/block plugin (an NVL72 rack). Needs Slurm >= 23.11 (`k3_slurm_version`)."))
+    k3_slurm_version: str = Field("22.05", description=(
+        "The site's Slurm version (`sinfo -V`), MAJOR.MINOR: what the job scripts may use (22.05 is Debian 12's)."))
+    k3_slurm_resubmit_max: int = Field(3, ge=0, description=(
+        "Node-failure policy: how many times in a row a group's job that ended (a failed step, a failed node, the "
+        "time limit) is resubmitted before the run gives up (0: never)."))
+    k3_slurm_resubmit_backoff: int = Field(30, gt=0, description=(
+        "Seconds before the first resubmission of an ended job, doubled each time after."))
     # per host / per run
     k3_ip: str | None = Field(None, description=(
         "Per host: its address on the cluster network (fills `$HEAD_IP`, `$PREFILL_NODE_n`, ...); default: "
@@ -319,6 +361,46 @@ class Variables(BaseModel):
         if value is not None and (not value.startswith("/") or ".." in value.split("/")):
             raise ValueError(f"{_shown(value)} is not an absolute path without '..' on the nodes: give one such as "
                              "/var/lib/k3deploy")
+        return value
+
+    @field_validator("k3_slurm_submit_host")
+    @classmethod
+    def _submit_host(cls, value: str | None) -> str | None:
+        if value is not None and not is_address(value):
+            raise ValueError(f"{_shown(value)} is not an inventory host name (RFC 1123: letters, digits, - and .): "
+                             "give the name of the login or controller host in the inventory")
+        return value
+
+    @field_validator("k3_slurm_partition", "k3_slurm_account", "k3_slurm_qos")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_NAME.fullmatch(value):
+            raise ValueError(f"{_shown(value)} is not a Slurm name (letters, digits, _ . - and commas between "
+                             "several): give one as `sinfo`/`sacctmgr` list it")
+        return value
+
+    @field_validator("k3_slurm_time")
+    @classmethod
+    def _slurm_time(cls, value: str | None) -> str | None:
+        if value is not None and not SLURM_TIME.fullmatch(value):
+            raise ValueError(f"{_shown(value)} is not a Slurm time limit: give MINUTES, HH:MM:SS, D-HH:MM:SS or "
+                             "UNLIMITED (e.g. 7-00:00:00)")
+        return value
+
+    @field_validator("k3_slurm_gres")
+    @classmethod
+    def _slurm_gres(cls, value: str) -> str:
+        if not SLURM_GRES.fullmatch(value.replace("{gpus_per_node}", "1")):
+            raise ValueError(f"{_shown(value)} is not a --gres value: give NAME[:TYPE]:COUNT (e.g. gpu:4 or "
+                             "gpu:{gpus_per_node}), or \"\" for none")
+        return value
+
+    @field_validator("k3_slurm_version")
+    @classmethod
+    def _slurm_version(cls, value: str) -> str:
+        if not re.fullmatch(r"\d{2}\.\d{1,2}(\.\d+)?", value):
+            raise ValueError(f"{_shown(value)} is not a Slurm version: give MAJOR.MINOR as `sinfo -V` prints it "
+                             "(e.g. 23.11)")
         return value
 
     @field_validator("k3_unit_name")

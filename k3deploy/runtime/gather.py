@@ -27,7 +27,7 @@ from pyinfra.facts.files import File, FileContents
 
 from k3deploy.errors import K3Error
 from k3deploy.facts.rollout import WeightsStatus
-from k3deploy.facts.status import UnitRun
+from k3deploy.facts.status import SlurmQueueReading, UnitRun
 from k3deploy.model import images as image_pins
 from k3deploy.model.images import LocalImage, Resolution
 from k3deploy.model.inventory import records_of
@@ -124,6 +124,12 @@ class Gathered:
         """host -> the deployment lock held there."""
         return read_locks({host: r.lock for host, r in self.readings.items() if r.lock is not None})
 
+    @cached_property
+    def slurm_queue(self) -> SlurmQueueReading | None:
+        """k3deploy's jobs in the Slurm queue, as ``k3_slurm_submit_host`` read them (None: not asked, or that host
+        could not be read)."""
+        return next((r.slurm_queue for r in self.readings.values() if r.slurm_queue is not None), None)
+
     def lock_lines(self) -> list[str]:
         """One line per run that holds the deployment lock on some host (none when it is free everywhere)."""
         return held_summary(self.locks)
@@ -194,7 +200,7 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     addresses = {h.name: str(h.data.get("ssh_hostname") or h.name) for h in hosts}
     ssh = {h.name: ssh_argv(host_data(h), addresses[h.name]) for h in hosts}
     if not view.reads_hosts:
-        rollout, blanks = _render_offline(wanted, view)
+        rollout, blanks = render_offline(wanted, view)
         return Gathered(target=wanted, rollout=rollout, addresses=addresses, ssh=ssh, blanks=blanks)
 
     layout = wanted.layout   # which unit runs where: all the reading needs (the rollout is rendered once, below)
@@ -244,7 +250,7 @@ def _render(wanted: Target, report: PreflightReport) -> Rollout | None:
     return desired_rollout(wanted, ifaces=ifaces, host_env=report.host_env())
 
 
-def _render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Blank]]:
+def render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Blank]]:
     """The rollout from the inventory alone; with ``view.blanks`` each node's derived settings are named blanks,
     each with the command that finds it (an offline runbook)."""
     if wanted.plan is None:
@@ -281,6 +287,9 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None
         order = list(dict.fromkeys(u.host for u in rollout.group(group)))
         gathered.history[group] = combine(group, [(h, by_host[h]) for h in order if h in by_host])
     wanted = gathered.target
+    if wanted.vars.k3_rollback is not False and wanted.vars.k3_launcher == "slurm":
+        raise K3Error("k3_launcher: slurm: k3_rollback is not built yet (each job's --comment names the revision it "
+                      "runs, squeue -o %k shows it): to go back, put the earlier settings in group_vars and run again")
     if wanted.vars.k3_rollback is not False:
         gathered.rollback_to = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
                                                  gathered.installed)

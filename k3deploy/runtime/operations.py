@@ -26,7 +26,7 @@ from pyinfra.api.command import FileUploadCommand, FunctionCommand, PyinfraComma
 from pyinfra.api.operation import operation
 from pyinfra.api.state import StateStage
 from pyinfra.context import host, state
-from pyinfra.facts.files import FileContents
+from pyinfra.facts.files import Directory, FileContents
 
 from k3deploy.facts.rollout import FileOnHost, SmokeAnswer, UnitState
 from k3deploy.model import commands
@@ -203,6 +203,16 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
         script = commands.write_from_stdin([(f.dest, f.mode) for f in todo], secrets.token_hex(16))
         payload = "".join(f"{len(f.content.encode())}\n{f.content}" for f in todo)
         yield StringCommand("sh", "-c", shlex.quote(script), _stdin=payload)
+
+
+@operation()
+def directories(paths: Sequence[str], mode: str = "0755") -> Commands:
+    """Create the directories of ``paths`` that are missing (root's, ``mode``), with their parents."""
+    missing = [p for p in paths if not host.get_fact(Directory, path=p)]
+    if not missing:
+        host.noop("every directory is there")
+        return
+    yield sh(commands.make_dirs(missing, mode))
 
 
 @operation()

@@ -33,9 +33,10 @@ from pyinfra.operations import python
 
 from k3deploy.errors import K3Error
 from k3deploy.model import commands, steps
+from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, sha256
-from k3deploy.model.rollout import Rollout, StartPlan, UnitWork, mark_changes
+from k3deploy.model.rollout import Rollout, StartPlan, UnitWork
 from k3deploy.model.staging import engines as stage_engines
 from k3deploy.model.staging import summary
 from k3deploy.model.steps import Step
@@ -46,9 +47,11 @@ from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import oporder
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.gather import Gathered, gather_in_run
+from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
     Written,
+    directories,
     drifted,
     script,
     smoke,
@@ -88,6 +91,7 @@ class Context:
     metas: dict[str, str] = field(default_factory=dict)    # group -> that revision's meta.json
     marks: dict[str, int] = field(default_factory=dict)    # group -> the revision marked current once it serves
     plans: dict[int, StartPlan] = field(default_factory=dict)   # restart step -> how its groups restart, per host
+    launcher: Systemd | Slurm = field(default_factory=Systemd)   # what starts the groups (k3_launcher), chosen once
 
     @property
     def rollout(self) -> Rollout:
@@ -257,6 +261,10 @@ def _build(state: Any) -> Context:
         return _refuse(lines, "preflight failed: nothing was changed (the reasons are above; k3deploy preflight "
                               "INVENTORY shows every check)", 1, lock)
     r = gathered.require_rollout()
+    try:
+        launcher = launcher_for(gathered, [h.name for h in state.inventory])
+    except K3Error as exc:
+        return _refuse([], f"{exc}; nothing was changed", exc.exit_code, lock)
     for line in connector_drift(state, gathered.target):
         logger.warning(f"k3deploy: {line}")
     logger.info(f"--> k3deploy: preflight passed on {len(report.hosts)} host(s), {preflight_count(report.results)}; "
@@ -267,7 +275,7 @@ def _build(state: Any) -> Context:
                     "every node runs that build")
     for line in summary(gathered.stage) if gathered.stage is not None else []:
         logger.info(f"--> k3deploy: stage {line}")
-    mark_changes(r, gathered.installed)
+    launcher.changes(r, gathered)
     for group, number in gathered.rollback_to.items():
         current = gathered.history[group].current if group in gathered.history else None
         if group not in r.changed_groups:
@@ -275,12 +283,16 @@ def _build(state: Any) -> Context:
         logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
     # the groups whose files change record a new revision, numbered under the lock (no other run records one of
     # these groups until this one ends); worked out once for the run, not per host
-    changing = {g for g in r.changed_groups if any(_changed_files(gathered, u) for u in r.group(g))}
+    # (the launcher's files, written in place: a group changes files unless its current revision records them; None:
+    # the units' staged files)
+    files = {g: launcher.revision_files(g) for g in r.changed_groups}
+    changing = {g for g in r.changed_groups if (any(_changed_files(gathered, u) for u in r.group(g))
+                                                if files[g] is None else not _recorded(gathered, g, files[g]))}
     numbers = {g: (gathered.history.get(g) or GroupHistory(g)).next_number() for g in changing
                if g not in gathered.rollback_to}
-    metas = {g: _revision_meta(gathered, g, n) for g, n in numbers.items()}
-    marks = {g: n for g in r.changed_groups if (n := _serving_revision(gathered, g, numbers)) is not None}
-    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks)
+    metas = {g: _revision_meta(gathered, g, n, files[g]) for g, n in numbers.items()}
+    marks = {g: n for g in r.changed_groups if (n := _serving_revision(gathered, g, numbers, files[g])) is not None}
+    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, launcher=launcher)
 
 
 # ------------------------------------------------------------------------------------------------ phases
@@ -334,7 +346,10 @@ def _kind(kind: int) -> Iterator[None]:
 def configure_phase(ctx: Context) -> None:
     """This host's files, all in one operation (one command): the engine units' helper and, for each unit, the next
     env file (0600) and systemd unit, staged (:func:`_staged`); owner and mode given back to the live ones where
-    they drifted."""
+    they drifted. With ``k3_launcher: slurm`` its Slurm files instead (:func:`_configure_jobs`)."""
+    if ctx.launcher.batch:
+        _configure_jobs(ctx)
+        return
     rollout, gathered = ctx.rollout, ctx.gathered
     assert gathered is not None
     me = host.name
@@ -353,6 +368,25 @@ def configure_phase(ctx: Context) -> None:
 
 #: the configure phase's operation (a rolling change's steps name theirs after it)
 CONFIGURE = "Env file (0600), staged, systemd unit, group member helper"
+
+
+def _configure_jobs(ctx: Context) -> None:
+    """``k3_launcher: slurm``: this host's files (:func:`k3deploy.model.slurm.host_files`): on each node its env
+    files (0600) and launch scripts and its groups' output directories, on the submit host the batch scripts; in
+    place at once (a running job keeps the files it started with: sbatch copied its batch script, each step's shell
+    and container read theirs when they started). Not for a group with a member that failed an earlier step."""
+    launcher = ctx.launcher
+    assert isinstance(launcher, Slurm)
+    mine = launcher.files(host.name)
+    if mine is None:
+        return
+    directories(name="Slurm output and batch script directories", paths=[ctx.rollout.vars.k3_config_dir, *mine.dirs])
+    groups = {p: u.group for u in ctx.rollout.on_host(host.name)
+              for p in (u.env_path, slurm_model.launch_path(ctx.rollout, u))}
+    write_files(name="Env files (0600), launch scripts, batch scripts", files=[
+        Written(f.path, f.text, f.mode, "env" if f.mode == "0600" else "text",
+                when=partial(ctx.intact, [groups[f.path]]) if f.path in groups else None)
+        for f in mine.files])
 
 
 def _staged(ctx: Context, units: list[UnitWork], when: Callable[[], bool] | None = None) -> list[Written]:
@@ -412,14 +446,21 @@ def _swap(ctx: Context, groups: list[str]) -> str:
     return "\n".join([*(f"{{ {p}\n}}" for p in parts), swap]) if parts and swap else (swap or "\n".join(parts))
 
 
-def _revision_meta(gathered: Gathered, group: str, number: int) -> str:
+def _recorded(gathered: Gathered, group: str, files: dict[str, str] | None) -> bool:
+    """``group``'s current revision records exactly ``files`` (``host:path -> sha256``)."""
+    h = gathered.history.get(group)
+    rev = h.revisions.get(h.current) if h is not None and h.current is not None else None
+    return rev is not None and rev.files == files
+
+
+def _revision_meta(gathered: Gathered, group: str, number: int, files: dict[str, str] | None = None) -> str:
     """The ``meta.json`` of revision ``number`` of ``group``: what runs, from which variables, by which version."""
     r = gathered.require_rollout()
     first = gathered.target.resolved[gathered.target.records[0].name]
     variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
                  if k.startswith("k3_") and k not in PER_HOST}
     rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       variables=variables, version=version("k3deploy"), tag=gathered.pinned_tag or "")
+                       variables=variables, version=version("k3deploy"), tag=gathered.pinned_tag or "", files=files)
     return rev.to_json()
 
 
@@ -429,7 +470,10 @@ def start_phase(ctx: Context) -> None:
     called on the hosts it has something to do on (its units, its rendezvous, the router's host), so a tray pays
     for its own part only; pyinfra runs each operation on all its hosts at once, in the order of the calls (the
     operations every host shares, the configure phase's and a roll's router calls, keep the phases and the steps
-    of a roll apart)."""
+    of a roll apart). With ``k3_launcher: slurm`` the groups' jobs instead (:func:`_start_jobs`)."""
+    if ctx.launcher.batch:
+        _start_jobs(ctx)
+        return
     r = ctx.rollout
     gathered = ctx.gathered
     assert gathered is not None
@@ -512,6 +556,83 @@ def start_phase(ctx: Context) -> None:
     _record(ctx)
 
 
+def _start_jobs(ctx: Context) -> None:
+    """``k3_launcher: slurm``: the restart as the systemd path orders it (one step, or with replicas one per wave
+    behind the router), each group's units replaced by its job: on the submit host the restarting groups' jobs are
+    cancelled and the engine groups' submitted (the job starts the head, waits for its rendezvous port from each
+    worker's node, starts the workers), then the readiness gate polls each unit from its node; the router's job is
+    submitted once the engine groups serve. A group whose gate fails has its job cancelled (no half group)."""
+    launcher = ctx.launcher
+    assert isinstance(launcher, Slurm)
+    r = ctx.rollout
+    name = host.name
+    submits = name == launcher.submit_host
+    waves = r.waves()
+    router = next((u for u in r.units if u.group == "router"), None)
+    missing = r.missing_from_router()
+    if not waves and not missing:
+        host.noop("every group's job runs the planned revision: nothing is submitted")
+    if missing and router is not None and name == router.host:
+        urls = r.serving_urls(missing)
+        script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
+               text=commands.router_add(router.serves or "", urls, r.ready_timeout), active=bool(urls))
+    for i, wave in _turns(waves):
+        plan = ctx.start_plan(i)
+        earlier = [g for w in waves[:i] for g in w]
+        rolling = r.rolling and router is not None
+        begins = partial(ctx.begins, i, list(wave))
+        go = partial(_all, [partial(ctx.step_ok, earlier, [f"add {j}" for j in range(i)] if rolling else []),
+                            begins])
+        ready = partial(_all, [partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]),
+                               begins]) if rolling else go
+        step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
+        urls = r.serving_urls(wave)
+        if rolling and router is not None:
+            python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
+                        key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
+                        _if=partial(_both, name == router.host, go))
+            draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
+            if draining:
+                script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
+                    commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
+                    _if=ready, _timeout=r.vars.k3_drain_timeout + r.vars.k3_link_timeout)
+        keep = [commands.record_revision(revisions_dir(r.vars.k3_config_dir, g), ctx.numbers[g],
+                                         [(p, p.rsplit("/", 1)[-1]) for u in r.group(g) if u.host == name
+                                          for p in launcher.kept(u)], ctx.metas[g])
+                for g in wave if g in ctx.numbers and any(u.host == name for u in r.group(g))]
+        if keep:
+            # record_revision ends with a here-document: each in its own block, on lines of its own
+            script(name=f"Record the new revision (launch scripts, env files){step}",
+                   text="\n".join(f"{{ {k}\n}}" for k in keep), _if=ready)
+        if submits:
+            python.call(name=f"Cancel the restarting groups' jobs, submit the engine groups' jobs{step}",
+                        function=_submit, ctx=ctx, stop=list(wave), start=list(plan.engine_groups), _if=ready)
+        groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
+        if groups:
+            python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
+                        _if=ready)
+        engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
+                                [*(f"add {j}" for j in range(i)), f"remove {i}"] if rolling else [])
+        if rolling and router is not None:
+            python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
+                        key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout),
+                        _if=partial(_both, name == router.host, engines_serve))
+        elif "router" in wave and router is not None:
+            if submits:
+                python.call(name="Submit the router's job", function=_submit, ctx=ctx, stop=[], start=["router"],
+                            _if=engines_serve)
+            if name == router.host:
+                python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"], _if=engines_serve)
+    _record(ctx)
+
+
+def _submit(state: Any, host: Any, ctx: Context, stop: list[str], start: list[str]) -> bool:
+    """On the submit host: cancel the jobs of ``stop``, submit those of ``start`` (:meth:`Slurm.resubmit`)."""
+    launcher = ctx.launcher
+    assert isinstance(launcher, Slurm)
+    return launcher.resubmit({h.name: h for h in state.inventory}, stop, start)
+
+
 def _router_call(state: Any, host: Any, ctx: Context, key: str, text: str) -> bool:
     """Run a router call (take replicas out, put them back) on the router's host; the roll goes on only if it
     succeeded (``ctx.router_calls[key]``)."""
@@ -543,7 +664,7 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
             if first:
                 ctx.gates[g] = gevent.event.AsyncResult()
         if first:
-            ctx.gates[g].set(wait_group(ctx.rollout, g, hosts))
+            ctx.gates[g].set(wait_group(ctx.rollout, g, hosts, control=ctx.launcher.control))
         failure: Failure | None = ctx.gates[g].get()
         if failure is None:
             continue
@@ -551,7 +672,8 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
             for line in failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
             changed = ctx.gathered is None or not _starts_served_revision(ctx.gathered, g)
-            logger.error(f"[{host.name}] {failure_advice(g, failure.host, changed)}")
+            advice = ctx.launcher.advice(g, failure.host) or failure_advice(g, failure.host, changed)
+            logger.error(f"[{host.name}] {advice}")
             ok = False
         else:
             logger.warning(f"[{host.name}] group {g} stopped because {failure.unit.node.role} rank "
@@ -623,7 +745,8 @@ def _record(ctx: Context) -> None:
                then=lock.given_back if last and lock is not None else None, _if=partial(ctx.serves, group))
 
 
-def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int]) -> int | None:
+def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int],
+                      files: dict[str, str] | None = None) -> int | None:
     """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run records
     (``numbers``), or, when its files did not change, the recorded revision with exactly these files (a run that was
     stopped after putting them in place left it unmarked); None: the current one already."""
@@ -635,8 +758,8 @@ def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int]) -
     history = gathered.history.get(group)
     if history is None:
         return None
-    want = {f"{u.host}:{p}": sha256(text) for u in r.group(group)
-            for p, text in ((u.unit_path, u.unit_text), (u.env_path, u.env_text))}
+    want = files if files is not None else {f"{u.host}:{p}": sha256(text) for u in r.group(group)
+                                            for p, text in ((u.unit_path, u.unit_text), (u.env_path, u.env_text))}
     same = [n for n, rev in history.revisions.items() if rev.files == want]
     return max(same) if same and max(same) != history.current else None
 

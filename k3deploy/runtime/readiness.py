@@ -14,7 +14,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import gevent
 from pyinfra import logger
@@ -87,8 +87,10 @@ def probe_script(work: UnitWork, model: str) -> str:
     return commands.probe(work.unit, work.serves, None if work.group == "router" else served_model(work, model))
 
 
-def probe(hosts: Mapping[str, Any], work: UnitWork, model: str) -> Probe:
-    ok, text = run(hosts, work.host, f"( {probe_script(work, model)} ); echo {PROBE_MARK}$?")
+def probe(hosts: Mapping[str, Any], work: UnitWork, model: str, script: str | None = None) -> Probe:
+    """One poll of ``work`` on its node: :func:`probe_script` (its systemd unit), or ``script`` (another launcher's)."""
+    text_of = probe_script(work, model) if script is None else script
+    ok, text = run(hosts, work.host, f"( {text_of} ); echo {PROBE_MARK}$?")
     lines = text.splitlines()
     rc = lines[-1][len(PROBE_MARK):] if lines and lines[-1].startswith(PROBE_MARK) else ""
     observed = "\n".join(lines[:-1]).strip()
@@ -113,6 +115,26 @@ def stop_group(hosts: Mapping[str, Any], units: list[UnitWork]) -> None:
         run(hosts, u.host, commands.stop_units([u.unit]))
 
 
+class GroupControl(Protocol):
+    """What the gate asks of the launcher that started a group (the systemd units when none is given: :func:`probe`,
+    :func:`logs`, :func:`stop_group`)."""
+
+    def probe_script(self, work: UnitWork, model: str) -> str:
+        """One poll of a unit, run on its node (exit codes of :func:`k3deploy.model.commands.probe`)."""
+
+    def label(self, work: UnitWork) -> str:
+        """How the progress lines name a unit (the systemd path names its unit)."""
+
+    def logs(self, hosts: Mapping[str, Any], work: UnitWork, docker: str) -> str:
+        """What the failure report shows of a unit that failed."""
+
+    def culprit(self, hosts: Mapping[str, Any], units: list[UnitWork], seen: UnitWork) -> UnitWork:
+        """The unit that caused the failure ``seen`` observed (a launcher that ends a group whole knows which)."""
+
+    def stop(self, hosts: Mapping[str, Any], units: list[UnitWork]) -> None:
+        """Stop the whole group (no half group)."""
+
+
 #: while a group's head does not serve yet, its other members are polled every this many rounds only (a member
 #: that fails is seen within this many poll intervals; the head, which needs every member, does not serve meanwhile)
 MEMBERS_EVERY = 8
@@ -120,7 +142,7 @@ MEMBERS_EVERY = 8
 
 def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str = "start",
                sleep: Callable[[float], None] = time.sleep,
-               clock: Callable[[], float] = time.monotonic) -> Failure | None:
+               clock: Callable[[], float] = time.monotonic, control: GroupControl | None = None) -> Failure | None:
     """Poll a started group until every serving unit is healthy; on failure stop the group and report.
 
     No member of a group serves before every rank has joined, the head included: until the head serves, each round
@@ -128,7 +150,7 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     seen there; one that is lost also fails its head); from then on every unit, every round. A group of N members
     so costs its nodes about N/8 probes a round while the engines start, not N. The round after the one in which
     the head first serves comes at once: members that serve an API of their own (hybrid load balancing) serve with
-    it."""
+    it. ``control``: the launcher's probe, logs and stop (default: the systemd units')."""
     units = rollout.group(group)
     head = units[0]   # the group's units by rank: its head first
     deadline = clock() + rollout.deadline
@@ -145,7 +167,9 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
         polled = [u for u in units if u is head or head_serves or rounds % MEMBERS_EVERY == 0]
         rounds += 1
         # one poll of each of these units, all hosts at once (each over its own connection)
-        jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model) for u in polled}
+        jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model,
+                                     None if control is None else control.probe_script(u, rollout.plan.model))
+                for u in polled}
         gevent.joinall(list(jobs.values()))
         for u in polled:
             job = jobs[key(u)]
@@ -153,11 +177,18 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
             if result.status == "ready" and key(u) not in ready:
                 ready.add(key(u))
                 if u.serves:
-                    logger.info(f"[{u.host}] {u.unit} serves at {u.serves}")
+                    logger.info(f"[{u.host}] {u.unit if control is None else control.label(u)} serves at {u.serves}")
             elif result.status == "failed":
-                fail = Failure(u, phase, result.observed, "the engine keeps running and serves",
-                               logs(hosts, u, docker))
-                stop_group(hosts, units)
+                if control is None:
+                    fail = Failure(u, phase, result.observed, "the engine keeps running and serves",
+                                   logs(hosts, u, docker))
+                    stop_group(hosts, units)
+                    return fail
+                culprit = control.culprit(hosts, units, u)
+                observed = result.observed if culprit is u else f"{result.observed} (seen from {u.host})"
+                fail = Failure(culprit, phase, observed, "the engine keeps running and serves",
+                               control.logs(hosts, culprit, docker))
+                control.stop(hosts, units)
                 return fail
         if all(key(u) in ready for u in units if u.serves):
             return None
@@ -168,8 +199,11 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
                                          f" and /v1/models listing {served_model(u, rollout.plan.model)!r}")
             fail = Failure(u, phase, f"{u.serves} not serving after {rollout.deadline}s ({what} required)",
                            f"healthy within the deadline (k3_rollout_deadline={rollout.deadline})",
-                           logs(hosts, u, docker))
-            stop_group(hosts, units)
+                           logs(hosts, u, docker) if control is None else control.logs(hosts, u, docker))
+            if control is None:
+                stop_group(hosts, units)
+            else:
+                control.stop(hosts, units)
             return fail
         if head_serves or key(head) not in ready:   # else the head just served: poll its members now
             sleep(interval)

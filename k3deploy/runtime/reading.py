@@ -38,6 +38,8 @@ from k3deploy.facts.status import (
     EndpointModels,
     HealthCode,
     RouterWorkers,
+    SlurmQueue,
+    SlurmQueueReading,
     TakeLock,
     UnitLogs,
     UnitRun,
@@ -48,6 +50,7 @@ from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
 from k3deploy.model.rollout import Rollout
+from k3deploy.model.slurm import job_name
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
@@ -78,6 +81,7 @@ class HostReading:
     health: dict[str, int | None] = field(default_factory=dict)      # unit -> its /health code (``health``)
     logs: dict[str, dict[str, str]] = field(default_factory=dict)    # unit -> journal, container log (``log_lines``)
     registry: list[str] | None = None          # the registry's answer for the image's tag (the resolving host)
+    slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
 
 
 # ------------------------------------------------------------------------------------- the requests
@@ -285,6 +289,17 @@ class ReadLogs(Request):
         reading.logs[self.unit] = value
 
 
+@dataclass(frozen=True)
+class ReadSlurmQueue(Request):
+    """k3deploy's jobs (by name) in the Slurm queue, on the submit host (``k3_launcher: slurm``)."""
+
+    fact = SlurmQueue
+    names: tuple[str, ...]
+
+    def keep(self, value: SlurmQueueReading, reading: HostReading) -> None:
+        reading.slurm_queue = value
+
+
 # ----------------------------------------------------------------------------------------- the plan
 
 
@@ -320,7 +335,8 @@ class HostPlan:
 
 def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> HostPlan:
     """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
-    image's digests there, the weights, the lock and the revisions of every group with a unit here; on ``resolver``
+    image's digests there, the weights, the lock and the revisions of every group with a unit here; on
+    ``k3_slurm_submit_host`` (``k3_launcher: slurm``) the groups' jobs in the Slurm queue; on ``resolver``
     the digest the registry gives for the image's tag (also in a view that reads nothing installed but pins the
     image); with ``running`` each unit as it runs and, on the first host, what the endpoint lists; else with
     ``health`` whether each serving unit's ``/health`` answers; with ``log_lines`` each unit's logs."""
@@ -341,6 +357,8 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
         out.append(ReadRouterCommand(variables.k3_router_bin))
     if len(layout.replicas) > 1:   # which replicas the router sends requests to
         out += [ReadRouterWorkers(u.serves) for u in mine if u.group == "router" and u.serves]
+    if variables.k3_launcher == "slurm" and host == variables.k3_slurm_submit_host:   # the groups' jobs
+        out.append(ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups)))
     out.append(ReadLock(variables.k3_config_dir))
     out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
             for g in layout.groups if any(u.host == host for u in layout.group(g))]

@@ -20,6 +20,8 @@ Modules:
 - :mod:`k3deploy.sim.inventory`: the pyinfra inventory and ``group_vars`` of a cluster.
 - :mod:`k3deploy.sim.host`: :class:`~k3deploy.sim.host.SimError`, running host commands, atomic writes.
 - :mod:`k3deploy.sim.base`: builds and caches the base root (``k3deploy sim base``).
+- :mod:`k3deploy.sim.slurm`: a real Slurm in a cluster (``sim up --slurm``): slurm.conf, gres.conf, the munge key,
+  the units per node, sinfo/squeue read on the controller.
 - :mod:`k3deploy.sim.profiles` / :mod:`k3deploy.sim.faults`: hardware profiles and fault specs (node faults
   ``RANK:KIND[=VALUE]``, cluster faults ``KIND=VALUE``).
 - :mod:`k3deploy.cli.sim`: the ``k3deploy sim`` commands.

@@ -1,7 +1,9 @@
 """The shared, read-only base root of the simulated nodes.
 
 The base is a Debian 12 (bookworm) ``debootstrap --variant=minbase`` root with systemd, dbus,
-OpenSSH server, Python 3 (with its standard library), procps, iproute2, curl and rsync. It is built once and
+OpenSSH server, Python 3 (with its standard library), procps, iproute2, curl and rsync, and Debian's Slurm 22.05
+(slurmd, slurmctld, slurm-client, munge) with its units disabled: only ``sim up --slurm`` enables them, per node
+(:mod:`k3deploy.sim.slurm`). It is built once and
 cached under ``/var/cache/k3deploy/base-<id>``, where ``<id>`` hashes everything that decides its
 content (suite, variant, package list, build steps). Nodes mount it as the lower layer of an
 overlayfs and never modify it. Building takes about a minute and needs a Debian mirror; every later
@@ -44,9 +46,17 @@ PACKAGES = (
     "rsync",
     "ca-certificates",
     "less",
+    # Slurm for `sim up --slurm`: in the one base (not a second one) so that a fresh machine builds one root;
+    # their units are disabled below and enabled per node (k3deploy.sim.slurm)
+    "munge",
+    "slurmd",
+    "slurmctld",
+    "slurm-client",
 )
+#: units the packages above enable on install; the base disables them (a cluster without --slurm runs none)
+DISABLED_UNITS = ("munge.service", "slurmd.service", "slurmctld.service")
 #: bump when the post-install steps below change, so that caches are rebuilt
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2
 MARKER = ".k3deploy-base.json"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
@@ -109,6 +119,7 @@ def base_id() -> str:
         "packages": sorted(PACKAGES),
         "format": BUILD_FORMAT,
         "sshd": SSHD_DROPIN,
+        "disabled": sorted(DISABLED_UNITS),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -221,6 +232,14 @@ def _post_install(root: Path) -> None:
             for entry in d.iterdir():
                 if entry.is_file() and entry.name not in ("lock",):
                     entry.unlink()
+    # Slurm and munge start only on the nodes of a cluster made with --slurm (k3deploy.sim.slurm enables them per
+    # node); no key is shared by every cluster built from this base: each such cluster writes its own
+    for wants in (root / "etc/systemd/system").glob("*.wants"):
+        for unit in DISABLED_UNITS:
+            with contextlib.suppress(FileNotFoundError):
+                (wants / unit).unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (root / "etc/munge/munge.key").unlink()
     # units that only cost boot time or fail inside a container
     for unit in ("e2scrub_reap.service", "apt-daily.timer", "apt-daily-upgrade.timer"):
         link = root / "etc/systemd/system" / unit

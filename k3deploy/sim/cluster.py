@@ -55,6 +55,7 @@ from k3deploy.sim import base as sim_base
 from k3deploy.sim import faults as sim_faults
 from k3deploy.sim import network, outside, processes, profiles, rootfs
 from k3deploy.sim import router as sim_router
+from k3deploy.sim import slurm as sim_slurm
 from k3deploy.sim.host import COMMAND_PACKAGES, SimError, ensure_inotify, run
 from k3deploy.sim.inventory import parse_layout, write_inventory
 from k3deploy.sim.network import bridge_name, default_subnet, validate_subnet
@@ -273,6 +274,7 @@ def up(
     weights_mb: float = 8.0,
     image_mb: float = 8.0,
     replicas: int = 1,
+    slurm: bool = False,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -284,6 +286,9 @@ def up(
     to each other at ``cluster_mbps``.
     ``faults`` may hold cluster faults (``outside-cut=MB``) next to node faults. ``replicas`` R > 1 splits the
     nodes into R replicas of ``nodes / R`` (``k3_replica`` per host, one head each, ranks within the replica).
+    ``slurm``: the nodes run a real Slurm (:mod:`k3deploy.sim.slurm`): slurmctld on rank 0, munged and slurmd on
+    every node, partition ``k3``; returns once every node's slurmd has registered (sinfo: idle, unless a fault
+    keeps a node out; the result's ``slurm``).
     """
     say = progress or (lambda _m: None)
     validate_name(name)
@@ -349,6 +354,10 @@ def up(
         else:
             subnet = network.free_subnet(name, subnet)
         base = sim_base.ensure_base(say)
+        if slurm:
+            sim_slurm.check_base(base)
+            if shutil.which("unshare") is None:  # a node's own boot clock (processes.spawn)
+                raise SimError("unshare not found: install the util-linux package (apt-get install util-linux)")
         running_nodes = sum(len(st.get("nodes", [])) for other in list_names() if other != name
                             if (st := load_state(other)) is not None)
         ensure_inotify(nodes + running_nodes, say)
@@ -359,7 +368,7 @@ def up(
             shaping = {"uplink_mbps": float(uplink_mbps), "cluster_mbps": float(cluster_mbps),
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
-                                strategy, shaping, cluster_faults, replicas, strategy_default)
+                                strategy, shaping, cluster_faults, replicas, strategy_default, slurm)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -392,6 +401,7 @@ def _up_locked(
     cluster_faults: list[sim_faults.ClusterFault] | None = None,
     replicas: int = 1,
     strategy_default: bool = False,
+    slurm: bool = False,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -445,7 +455,18 @@ def _up_locked(
             "pid_start": None,
         },
     }
+    slurm_files: tuple[str, str, bytes] | None = None
+    if slurm:  # recorded before anything of it is made; all of it lives in the nodes' roots
+        cpus = os.cpu_count() or 1  # what each node's slurmd finds: the nodes share the host's CPUs
+        prof = profiles.profile(hardware)
+        gpus = int(prof["gpus"])
+        state["slurm"] = sim_slurm.record(state, cpus, gpus)
+        slurm_files = (sim_slurm.render_conf(name, [(nd.name, nd.ip) for nd in nodes], cpus, gpus),
+                       sim_slurm.render_gres(sim_slurm.gpu_files(str(prof.get("vendor", "nvidia")), gpus)),
+                       sim_slurm.new_key())
     save_state(state)
+    if slurm_files is not None:
+        (sdir / "slurm.conf").write_text(slurm_files[0])
 
     key = sdir / "id_ed25519"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"k3deploy-sim-{name}", "-f", str(key)])
@@ -467,6 +488,8 @@ def _up_locked(
         node_faults = [f for f in faults if f.rank == nd.rank]
         doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, faults, time_scale, cluster_uuid)
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
+        if slurm_files is not None:
+            sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0)
         network.prepare_net(nd, br, subnet, shaping["cluster_mbps"])
         if doc.get("rails"):  # the GPU NICs, one subnet per rail, in the cluster's fabric namespace
             network.prepare_rails(name, nd.rank, nd.netns, doc["rails"])
@@ -475,7 +498,7 @@ def _up_locked(
             network.set_default_route(nd.netns, subnet, nd.rank, route)
         if doc.get("management"):  # fault imex-mgmt: a second network IMEX binds to
             network.add_management(name, nd.rank, nd.netns, doc["management"]["interface"], doc["management"]["ip"])
-        proc = processes.spawn(name, nd)
+        proc = processes.spawn(name, nd, own_uptime=slurm)
         procs[nd.name] = proc
         st = processes.proc_stat(proc.pid)
         rec["pid"], rec["pid_start"] = proc.pid, st[1] if st else None
@@ -486,6 +509,9 @@ def _up_locked(
     say(f"booting {n} node(s) of {hardware} ({name}, {subnet}.0/24)")
     _wait_ready(state, nodes, faults, boot_timeout)
     _wait_outside(state)
+    if slurm_files is not None and not any(f.rank == 0 and f.kind == "sshd-down" for f in faults):
+        say("waiting for every node's slurmd to register with slurmctld")
+        sim_slurm.wait_registered(_ssh_base(state), nodes[0].ip, [nd.name for nd in nodes], boot_timeout)
     state["phase"] = "up"
     state["up_at"] = time.time()
     save_state(state)
@@ -517,6 +543,9 @@ def summary(state: dict[str, Any]) -> dict[str, Any]:
     out = state.get("outside")
     if out:
         res["outside"] = {"ip": out["ip"], "port": out["port"], "names": list(outside.HOSTS)}
+    sl = state.get("slurm")
+    if sl:
+        res["slurm"] = {k: sl[k] for k in ("controller", "submit_host", "partition")}
     return res
 
 
@@ -753,9 +782,21 @@ def status(name: str | None = None) -> list[dict[str, Any]]:
                 "inventory": st.get("inventory"),
                 "nodes": nodes,
                 **(ext or {}),
+                **({"slurm": _slurm_status(st, nodes)} if st.get("slurm") else {}),
             }
         )
     return out
+
+
+def _slurm_status(st: dict[str, Any], nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Slurm side of a --slurm cluster: controller, submit host, partition, and sinfo's nodes and squeue's jobs
+    read on the controller over SSH (``error`` where it does not answer)."""
+    sl = st["slurm"]
+    res: dict[str, Any] = {k: sl.get(k) for k in ("controller", "submit_host", "partition", "version")}
+    head = next((n for n in nodes if n["name"] == sl["controller"]), None)
+    if head is None or not head["ssh"]:
+        return {**res, "nodes": [], "jobs": [], "error": f"the controller {sl['controller']} does not answer on SSH"}
+    return {**res, **sim_slurm.query(_ssh_base(st), head["ip"])}
 
 
 def _outside_status(st: dict[str, Any]) -> dict[str, Any] | None:
@@ -870,7 +911,7 @@ def reboot(
                            f"'k3deploy sim down --name {name}' and up again")
         umask = os.umask(0o022)
         try:
-            proc = processes.spawn(name, nd, append_log=True)
+            proc = processes.spawn(name, nd, append_log=True, own_uptime=bool(state.get("slurm")))
         finally:
             os.umask(umask)
         st = processes.proc_stat(proc.pid)

@@ -83,6 +83,17 @@ def write_inventory(state: dict[str, Any]) -> None:
         lines.append(f"k3_strategy: {state['strategy']}")
     if state["hardware"] == "ascend_910c":
         lines.append("k3_variant: ascend_w4a8")
+    if state.get("slurm"):
+        sl = state["slurm"]
+        lines += ["# the engines run as Slurm jobs of the cluster's own Slurm (sim up --slurm), not as systemd units",
+                  "k3_launcher: slurm",
+                  "# slurmctld runs on the rank-0 node: jobs are submitted (sbatch, squeue, scancel) there over SSH",
+                  f"k3_slurm_submit_host: {sl['submit_host']}",
+                  "# the one partition of the simulated Slurm, over every node",
+                  f"k3_slurm_partition: {sl['partition']}"]
+        if pools:
+            lines += ["# the router runs on the first prefill node beside its engine: k3deploy's jobs share nodes",
+                      "k3_slurm_exclusive: user"]
     lines.append("k3_poll_interval: 0.5")
     # the simulated engines start in seconds: groups heal and crash loops back off on the same scale
     lines += ["k3_restart_sec: 2", "k3_heal_grace: 3", "k3_heal_interval: 1", "k3_restart_max_delay: 30",

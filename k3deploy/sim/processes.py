@@ -160,10 +160,13 @@ def node_memory(state: dict[str, Any], rec: dict[str, Any]) -> int | None:
 SYSFS_MM_DIR = "sys-kernel-mm"
 
 
-def spawn(cluster: str, nd: NodeLayout, append_log: bool = False) -> subprocess.Popen[bytes]:
+def spawn(cluster: str, nd: NodeLayout, append_log: bool = False, own_uptime: bool = False) -> subprocess.Popen[bytes]:
     """Start ``systemd-nspawn --boot`` for the node inside the node's own cgroups.
 
-    ``append_log``: add to the node's ``console.log`` instead of starting it afresh (a reboot).
+    ``append_log``: add to the node's ``console.log`` instead of starting it afresh (a reboot). ``own_uptime``: the
+    node's processes live in a time namespace of their own whose boot clock starts at this boot (``uptime``,
+    ``sysinfo()``), so that what asks a node when it booted sees a reboot (slurmd reports it to slurmctld, which
+    then ends the jobs the node lost).
     """
     cgs = node_cgroups(cluster, nd.name)
     for cg in cgs:
@@ -204,8 +207,11 @@ def spawn(cluster: str, nd: NodeLayout, append_log: bool = False) -> subprocess.
         if mm_files is not None:
             profiles.write_sysfs_mm(nd.dir / SYSFS_MM_DIR, mm_files)
             cmd.append(f"--bind-ro={nd.dir / SYSFS_MM_DIR}:{profiles.SYSFS_MM}")
+    if own_uptime:  # unshare execs nspawn (same PID); nspawn's children, the node, get the new time namespace
+        up = Path("/proc/uptime").read_text().split()[0].split(".")[0]
+        cmd = ["unshare", "--time", f"--boottime=-{up}", *cmd]
     with open(nd.dir / "console.log", "ab" if append_log else "wb") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -214,6 +220,11 @@ def spawn(cluster: str, nd: NodeLayout, append_log: bool = False) -> subprocess.
             preexec_fn=enter_cgroups,
             close_fds=True,
         )
+    # the node's PID is checked by its name (ours()): return once unshare has become systemd-nspawn
+    deadline = time.monotonic() + 10
+    while own_uptime and comm(proc.pid) == "unshare" and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
 
 
 def console_tail(nd: NodeLayout) -> str:

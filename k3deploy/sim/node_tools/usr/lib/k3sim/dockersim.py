@@ -519,7 +519,9 @@ def all_containers():
     out = []
     for cid in sorted(os.listdir(base)):
         meta = read_json(os.path.join(base, cid, "config.json"))
-        if meta:
+        if meta and _gone(meta):
+            remove(meta)
+        elif meta:
             out.append(refresh(meta))
     out.sort(key=lambda m: m["Created"], reverse=True)
     return out
@@ -540,6 +542,15 @@ def refresh(meta):
         st.update(Running=False, Status="exited", ExitCode=st.get("ExitCode") or 137, Pid=0,
                   FinishedAt=st.get("FinishedAt") or now_iso())
     return meta
+
+
+def _gone(meta):
+    """A ``--rm`` container whose process has exited and whose supervisor could not remove it (killed with it, as
+    a Slurm step's SIGKILL kills both): real dockerd removes an AutoRemove container when it exits, whatever became
+    of the client, so it is gone here too."""
+    st = meta["State"]
+    return meta["HostConfig"].get("AutoRemove") and st["Running"] and not pid_alive(st["Pid"]) and \
+        not pid_alive(meta.get("_supervisor") or 0)
 
 
 def find_container(ident):
@@ -819,6 +830,7 @@ class Supervisor:
                 "executable file not found in $PATH: unknown.", 127)
         st = self.meta["State"]
         st.update(Running=True, Status="running", Pid=proc.pid, StartedAt=now_iso())
+        self.meta["_supervisor"] = os.getpid()  # not docker's: kept out of inspect
         save(self.meta)
 
         def forward(signum, frame):
@@ -827,8 +839,23 @@ class Supervisor:
             except OSError:
                 pass
 
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, forward)
+        if self.attached:
+            # real `docker run` without -t proxies signals (--sig-proxy, default true): the CLI catches every signal
+            # it can and sends it to the container (ForwardAllSignals skips SIGCHLD, SIGPIPE and SIGURG), so a
+            # `systemctl stop` or a Slurm cancel (SIGCONT, SIGTERM to the step) reaches the engine through the
+            # client. SIGKILL cannot be proxied: real docker's container (a child of containerd-shim) outlives a
+            # killed client, where this one, the client's child, is killed with it by whatever kills the client's
+            # process tree (a unit's cgroup, Slurm's proctrack)
+            skip = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGPIPE, signal.SIGURG, signal.SIGSEGV,
+                    signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGTRAP, signal.SIGSYS}
+            sigs = [s_ for s_ in signal.valid_signals() if s_ not in skip]
+        else:
+            sigs = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]
+        for sig in sigs:
+            try:
+                signal.signal(sig, forward)
+            except (OSError, ValueError):
+                pass
         pumps = [threading.Thread(target=self._pump, args=(proc.stdout, "stdout",
                                                             sys.stdout if self.attached else None)),
                  threading.Thread(target=self._pump, args=(proc.stderr, "stderr",
@@ -1142,7 +1169,7 @@ def cmd_inspect(argv):
     for ident in argv:
         m = find_container(ident) if kind != "image" else None
         if m is not None:
-            found.append(m)
+            found.append({k_: v for k_, v in m.items() if not k_.startswith("_")})
             continue
         img = find_image(ident) if kind != "container" else None
         if img is not None:

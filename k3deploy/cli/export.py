@@ -1,0 +1,249 @@
+"""``k3deploy export slurm``: the Slurm batch jobs of an inventory (or of a selection, host names as placeholders),
+for sites that submit their jobs themselves (docs/slurm.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from k3deploy.cli.common import echo_json, json_option, selection_kwargs, selection_options
+from k3deploy.errors import K3Error
+
+#: ``--option`` -> the variable it sets (for this export only)
+SLURM_OPTIONS = {"partition": "k3_slurm_partition", "account": "k3_slurm_account", "qos": "k3_slurm_qos",
+                 "time_limit": "k3_slurm_time", "exclusive": "k3_slurm_exclusive", "gres": "k3_slurm_gres",
+                 "slurm_version": "k3_slurm_version", "slurm_dir": "k3_slurm_dir"}
+
+
+@click.group("export")
+def export() -> None:
+    """Write what a site runs by itself, from the same rollout the deploy runs."""
+
+
+@export.command("slurm")
+@click.argument("inventory", required=False)
+@selection_options
+@click.option("-o", "--output", "output", required=True, metavar="DIR",
+              help="Directory to write into (created; files already there are replaced).")
+@click.option("--partition", default=None, help="k3_slurm_partition: the jobs' partition.")
+@click.option("--account", default=None, help="k3_slurm_account: the jobs' account.")
+@click.option("--qos", default=None, help="k3_slurm_qos: the jobs' QoS.")
+@click.option("--time", "time_limit", default=None, metavar="LIMIT", help="k3_slurm_time: the jobs' time limit.")
+@click.option("--exclusive", type=click.Choice(["node", "user"]), default=None,
+              help="k3_slurm_exclusive: node (--exclusive) or user (--exclusive=user).")
+@click.option("--gres", default=None, help="k3_slurm_gres of the engine jobs ('' for none).")
+@click.option("--slurm-version", default=None, metavar="X.Y", help="k3_slurm_version: the site's Slurm version.")
+@click.option("--slurm-dir", default=None, metavar="PATH", help="k3_slurm_dir on the nodes.")
+@click.option("--segment", is_flag=True, default=None,
+              help="k3_slurm_segment: request each group's nodes in one topology block (--segment; Slurm >= 23.11 "
+                   "with topology/block, e.g. an NVL72 rack; give --slurm-version).")
+@json_option
+def export_slurm(inventory: str | None, output: str, as_json: bool, recipe_path: str | None, segment: bool | None,
+                 **params: Any) -> None:
+    """Write the Slurm batch scripts of INVENTORY (or of a selection: --hardware H [--strategy S --nodes N ...]),
+    one per group, with each node's launch script and env file and a README.txt saying where each goes and the
+    submit order. Nothing is contacted.
+
+    From an inventory the scripts name its hosts (Slurm node names = inventory host names) and its group_vars set
+    the k3_slurm_* variables (the options here override them); what the deploy would read from each node (its
+    cluster interface, RDMA ports) is a named blank, listed in README.txt with the command that finds it. From a
+    selection the hosts are placeholders (@NODE0@, @PREFILL0@, ...): replace each with a node name.
+
+    \b
+    Examples:
+      k3deploy export slurm inventories/gb300.py -o slurm-gb300
+      k3deploy export slurm --hardware gb300 --strategy multi_node_tp --nodes 2 -o slurm-gb300 --partition gpu
+      k3deploy export slurm --hardware gb300 --nodes 18 -o rack --segment --slurm-version 24.05
+    """
+    overrides: dict[str, Any] = {var: params.pop(opt) for opt, var in SLURM_OPTIONS.items()
+                                 if params.get(opt) is not None}
+    for opt in SLURM_OPTIONS:
+        params.pop(opt, None)
+    if segment:
+        overrides["k3_slurm_segment"] = True
+    if inventory is not None:
+        given = [f"--{k.replace('_', '-')}" for k, v in {**params, "recipe": recipe_path}.items()
+                 if v not in (None, "default")]
+        if given:
+            raise K3Error(f"{', '.join(given)} cannot be combined with an inventory: the selection comes from the "
+                          "inventory's group_vars (k3_hardware, k3_strategy, ...)")
+        rollout, blanks, source = _from_inventory(inventory, overrides)
+        tokens: dict[str, str] = {}
+    else:
+        rollout, blanks, source, tokens = _from_selection(params, recipe_path, overrides)
+    written = _write(rollout, blanks, source, Path(output), tokens)
+    if as_json:
+        echo_json(written)
+        return
+    click.echo(f"wrote {len(written['files'])} file(s) to {output}: {len(written['jobs'])} job(s) "
+               f"({', '.join(j['name'] for j in written['jobs'])}); submit order and placement in "
+               f"{written['readme']}")
+
+
+def _from_inventory(inventory: str, overrides: dict[str, Any]) -> tuple[Any, list[Any], str]:
+    from k3deploy.cli.common import read_cluster
+    from k3deploy.runtime.views import OFFLINE_RUNBOOK
+
+    gathered = read_cluster("export slurm", inventory, view=OFFLINE_RUNBOOK, overrides=overrides)
+    return gathered.require_rollout(), list(gathered.blanks), inventory
+
+
+def placeholder(role: str, rank: int) -> str:
+    """The placeholder of a node's name in an export from a selection; its address is :func:`address_placeholder`.
+
+    >>> placeholder("prefill", 1), placeholder("worker", 2), address_placeholder("@NODE2@")
+    ('@PREFILL1@', '@NODE2@', '@NODE2_IP@')
+    """
+    return f"@{role.upper() if role in ('prefill', 'decode') else 'NODE'}{rank}@"
+
+
+def address_placeholder(name: str) -> str:
+    return f"{name[:-1]}_IP@"
+
+
+def _stand_in(name: str) -> str:
+    """A valid address standing for a placeholder node's address while the rollout renders (RFC 2606's .invalid);
+    every written file shows :func:`address_placeholder` instead."""
+    return f"k3-ip-{name.strip('@').lower()}.invalid"
+
+
+def _from_selection(params: dict[str, Any], recipe_path: str | None,
+                    overrides: dict[str, Any]) -> tuple[Any, list[Any], str, dict[str, str]]:
+    from k3deploy import load_recipe
+    from k3deploy import resolve as do_resolve
+    from k3deploy.model.binding import HostRecord
+    from k3deploy.model.pipeline import target
+    from k3deploy.runtime.gather import render_offline
+    from k3deploy.runtime.views import OFFLINE_RUNBOOK
+
+    kwargs = selection_kwargs(params)
+    plan = do_resolve(load_recipe(recipe_path), **kwargs)
+    data: dict[str, Any] = {"k3_hardware": plan.hardware, "k3_strategy": plan.strategy, "k3_variant": plan.variant,
+                            "k3_features": list(plan.features)}
+    if kwargs.get("image"):
+        data["k3_image"] = kwargs["image"]
+    if recipe_path:
+        data["k3_recipe"] = recipe_path
+    records: list[HostRecord] = []
+    if plan.strategy == "pd_cluster":
+        pools = {r: [n for n in plan.nodes if n.role == r] for r in ("prefill", "decode")}
+        if any(n.pool_nodes == 0 for ns in pools.values() for n in ns):
+            records.append(HostRecord(placeholder("node", 0), ("prefill", "decode", "router"), {**data, "rank": 0}))
+        else:
+            for role, nodes in pools.items():
+                for n in nodes:
+                    groups = (role, "router") if role == "prefill" and n.rank == 0 else (role,)
+                    records.append(HostRecord(placeholder(role, n.rank), groups, {**data, "rank": n.rank}))
+    else:
+        engines = [n for n in plan.nodes if n.role != "router"]
+        records = [HostRecord(placeholder("node", n.rank), ("head",) if n.rank == 0 else ("workers",),
+                              {**data, "rank": n.rank}) for n in engines]
+    records = [HostRecord(r.name, r.groups, {**r.data, "k3_ip": _stand_in(r.name)}) for r in records]
+    wanted = target(records, None, overrides)
+    rollout, blanks = render_offline(wanted, OFFLINE_RUNBOOK)
+    if rollout is None:
+        wanted.require_plan()
+        raise K3Error("no rollout")  # unreachable: a target with a plan renders one
+    shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kwargs.items() if v not in (None, "default", []))
+    tokens = {_stand_in(r.name): address_placeholder(r.name) for r in records}
+    return rollout, blanks, f"the selection {shown}", tokens
+
+
+def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict[str, str]) -> dict[str, Any]:
+    """Write every job's batch script, each node's launch scripts and env files (no secret: each secret-named value
+    is a placeholder, filled on the node from a 0600 file) and README.txt into ``out``; what was written."""
+    from k3deploy.model import slurm
+    from k3deploy.model.runbook.blanks import secret_file, secret_token, without_secrets
+
+    jobs = slurm.jobs(rollout)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise K3Error(f"-o {out}: cannot create it: {exc.strerror}: choose a writable path") from None
+    files: list[dict[str, Any]] = []
+    secrets: dict[str, list[str]] = {}
+
+    def put(rel: str, text: str, mode: int, host: str | None, dest: str | None) -> None:
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_shown(text, tokens), encoding="utf-8")
+        os.chmod(path, mode)
+        files.append({"file": str(path), "host": host, "path": dest, "mode": f"{mode:04o}"})
+
+    for job in jobs:
+        put(f"{job.name}.sbatch", job.script, 0o644, None, job.path)
+    for hf in slurm.host_files(rollout, submit_host=None):
+        for f in hf.files:
+            text = f.text
+            if f.mode == "0600":
+                text, hidden = without_secrets(text)
+                if hidden:
+                    secrets.setdefault(hf.host, []).extend(f"{n} in {f.path}" for n in hidden)
+            put(f"nodes/{hf.host}{f.path}", text, int(f.mode, 8), hf.host, f.path)
+    v = rollout.vars
+    lines = [f"Slurm batch jobs of {rollout.plan.model} ({rollout.plan.strategy} on {rollout.plan.hardware}), "
+             f"written by `k3deploy export slurm` from {source}.", "",
+             "1. On each node, put its files in place (as root): nodes/<node>/<path> goes to <path> with the mode it "
+             "has here, and create the directories of the jobs' output:"]
+    for hf in slurm.host_files(rollout, submit_host=None):
+        placed = ", ".join(f"{f.path} ({f.mode})" for f in hf.files)
+        lines.append(f"   {hf.host}: mkdir -p {' '.join(hf.dirs)}; {placed}")
+    lines += ["   The launch scripts run the same containers as the systemd units of `pyinfra INVENTORY deploy/k3.py`; "
+              "stage the image and the weights on the nodes first (the deploy's stage, or the runbook's).", ""]
+    step = 2
+    if any(h.startswith("@") for h in rollout.hosts):
+        lines.append(f"{step}. Replace each host placeholder in every file: "
+                     + ", ".join(f"{h} with its Slurm node name and {address_placeholder(h)} with its address on the "
+                                 "cluster network" for h in rollout.hosts) + "; and rename nodes/<placeholder>.")
+        lines.append("")
+        step += 1
+    if blanks:
+        lines.append(f"{step}. Fill the blanks: what the deploy reads from each node is written as a token; replace "
+                     "each on its node with what the command prints there:")
+        lines += [f"   {b.token} ({b.host}: {b.what}): {b.command}" for b in blanks]
+        lines.append("")
+        step += 1
+    if secrets:
+        lines.append(f"{step}. Secrets are not written here: for each, write its value on the node to its own 0600 "
+                     "file and put it in the env file in place of its placeholder:")
+        for host, names in secrets.items():
+            for item in names:
+                name = item.split(" ", 1)[0]
+                lines.append(f"   {host}: {item} = {secret_token(name)} (value in "
+                             f"{secret_file(v.k3_config_dir, name)})")
+        lines.append("")
+        step += 1
+    lines.append(f"{step}. Submit, in this order, from a host where sbatch runs (sbatch --parsable FILE):")
+    engine_jobs = [j for j in jobs if j.group != "router"]
+    for j in engine_jobs:
+        lines.append(f"   {j.name}.sbatch  (group {j.group}: {', '.join(j.nodes)}; revision {j.revision})")
+    router = next((j for j in jobs if j.group == "router"), None)
+    if router is not None:
+        pools = "the P/D pools" if rollout.plan.strategy == "pd_cluster" else "the engine groups"
+        lines.append(f"   then, once {pools} serve (GET /health answers 200 on "
+                     f"{', '.join(rollout.serving_urls([j.group for j in engine_jobs]))}):")
+        lines.append(f"   {router.name}.sbatch  (router on {', '.join(router.nodes)})")
+    lines += ["", f"The public endpoint: {rollout.endpoint}.",
+              f"Each job writes {v.k3_slurm_dir}/<group>/<job id>.out on its batch host (which step ended, with its "
+              f"exit code) and each node's step {v.k3_slurm_dir}/<group>/<job id>/<node>.out on that node. A step "
+              "that ends ends its job (no half group). The jobs ask for --requeue: a failed node makes Slurm "
+              "requeue the whole group; a job that ended otherwise is resubmitted by you (the deploy does it with "
+              "backoff).",
+              f"squeue -u $USER --name={','.join(j.name for j in jobs)} -o '{slurm.QUEUE_FORMAT}' shows the jobs; "
+              "the comment (%k) is the revision each runs. docs/slurm.md of k3deploy says more."]
+    readme = out / "README.txt"
+    readme.write_text(_shown("\n".join(lines) + "\n", tokens), encoding="utf-8")
+    return {"dir": str(out), "readme": str(readme), "endpoint": _shown(rollout.endpoint, tokens),
+            "jobs": [{"name": j.name, "group": j.group, "nodes": list(j.nodes), "file": str(out / f"{j.name}.sbatch"),
+                      "revision": j.revision, "comment": j.comment} for j in jobs],
+            "submit_order": [j.name for j in jobs], "files": files,
+            "blanks": [{"token": b.token, "host": b.host, "what": b.what, "command": b.command} for b in blanks]}
+
+
+def _shown(text: str, tokens: dict[str, str]) -> str:
+    for stand_in, token in tokens.items():
+        text = text.replace(stand_in, token)
+    return text

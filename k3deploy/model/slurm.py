@@ -1,0 +1,531 @@
+"""The Slurm launcher (``k3_launcher: slurm``), pure: a rendered rollout as Slurm batch jobs, and the commands that
+submit, find, cancel and account for them (docs/slurm.md).
+
+Each group of the rollout (each replica's engine group, each P/D pool, the router) becomes one batch job on its
+planned nodes (``--nodelist``: Slurm node names are the inventory's host names). Inside the job one step per node
+runs that node's *launch script* (``<k3_config_dir>/<container>.launch``): the same container the systemd unit runs,
+built from the same :class:`~k3deploy.model.units.ContainerSpec` and :func:`~k3deploy.model.units.container_argv`
+(:func:`~k3deploy.model.rollout.unit_container`), after the same pre-step (a leftover container of its name
+removed), and stopped on SIGTERM as the unit's ``ExecStop`` stops it. The head's step starts first; each worker's
+step waits from its own node for the head's rendezvous port (:func:`k3deploy.model.commands.wait_tcp`, the wait the
+systemd path runs) and then starts; the first step that ends ends the job (no half group), naming its node, its exit
+code and its output. The templates (``templates/k3-slurm-job.sbatch.j2``, ``templates/k3-slurm-launch.sh.j2``)
+hold no logic.
+
+Each job carries its revision in ``--comment`` (``k3deploy:<group>:<hash>``: a hash of its batch script, launch
+scripts and env files), which ``squeue``'s ``%k`` shows: a job that runs with the planned comment is left alone.
+
+Node-failure policy: jobs are submitted with ``--requeue`` (a node that fails under a running job makes Slurm
+requeue the whole job: the group is recreated on its nodes once they are back, what LWS calls
+RecreateGroupAfterStart) and ``--open-mode=append`` (the outputs of earlier runs are kept). A job that ends on its
+own (a failed step, the time limit) is not requeued by Slurm; the deploy resubmits it, at most
+``k3_slurm_resubmit_max`` times, after :func:`resubmit_delay` seconds.
+
+Example::
+
+    >>> job_name("engine-r1", "k3-engine"), job_name("router", "site-a")
+    ('k3-engine-r1', 'site-a-router')
+    >>> comment("prefill", "0123456789abcdef")
+    'k3deploy:prefill:0123456789abcdef'
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from k3deploy.errors import K3Error
+from k3deploy.model.commands import wait_tcp
+from k3deploy.model.rollout import Rollout, UnitWork, sha256, unit_container
+from k3deploy.model.units import cleanup_argv, container_argv, render_template, router_argv, stop_argv
+from k3deploy.recipe.taxonomy import hardware
+
+BATCH_TEMPLATE = "k3-slurm-job.sbatch.j2"
+LAUNCH_TEMPLATE = "k3-slurm-launch.sh.j2"
+#: the job name prefix with the default ``k3_unit_name``
+JOB_PREFIX = "k3"
+DEFAULT_UNIT_NAME = "k3-engine"
+#: the first Slurm release with ``--segment`` (topology/block)
+SEGMENT_SINCE = (23, 11)
+#: what a squeue line holds (``%i %j %T %k %N``: job id, name, state, comment, nodes)
+QUEUE_FORMAT = "%i %j %T %k %N"
+#: seconds the batch script gives the other steps to stop (their containers' ``docker stop -t 60``) after one ended
+STOP_GRACE = 90
+#: the exit code of a launch script stopped by SIGTERM
+STOPPED = 143
+MANAGED = "Managed by k3deploy: do not edit; re-run the deploy (or `k3deploy export slurm`) instead."
+
+
+def job_name(group: str, unit_name: str = DEFAULT_UNIT_NAME) -> str:
+    """The job name of a group: ``k3-<group>``, or ``<k3_unit_name>-<group>`` where the site named its units (two
+    deployments on one Slurm cluster keep apart)."""
+    return f"{JOB_PREFIX if unit_name == DEFAULT_UNIT_NAME else unit_name}-{group}"
+
+
+def comment(group: str, revision: str) -> str:
+    """The job's ``--comment``: what squeue's ``%k`` shows of the revision it runs."""
+    return f"k3deploy:{group}:{revision}"
+
+
+def launch_path(rollout: Rollout, unit: UnitWork) -> str:
+    """Where a unit's launch script lives on its node: beside its env file in ``k3_config_dir``.
+
+    >>> from types import SimpleNamespace as N
+    >>> launch_path(N(vars=N(k3_config_dir="/etc/k3deploy/")), N(container="k3-engine-prefill"))
+    '/etc/k3deploy/k3-engine-prefill.launch'
+    """
+    return f"{rollout.vars.k3_config_dir.rstrip('/')}/{unit.container}.launch"
+
+
+def group_dir(rollout: Rollout, group: str) -> str:
+    """The group's directory under ``k3_slurm_dir``, on each of its nodes: the job's output (``<job id>.out``) and
+    one directory per job with each node's step output."""
+    return f"{rollout.vars.k3_slurm_dir.rstrip('/')}/{group}"
+
+
+def step_output(rollout: Rollout, group: str, job_id: str, host: str) -> str:
+    """The output of ``host``'s step in job ``job_id`` of ``group``, on that host.
+
+    >>> from types import SimpleNamespace as N
+    >>> step_output(N(vars=N(k3_slurm_dir="/var/lib/k3deploy/slurm")), "engine", "42", "n1")
+    '/var/lib/k3deploy/slurm/engine/42/n1.out'
+    """
+    return f"{group_dir(rollout, group)}/{job_id}/{host}.out"
+
+
+def job_output(rollout: Rollout, group: str, job_id: str) -> str:
+    """The batch script's own output (which step ended, with what), on the job's first node."""
+    return f"{group_dir(rollout, group)}/{job_id}.out"
+
+
+def script_path(rollout: Rollout, group: str) -> str:
+    """Where the group's batch script lives on ``k3_slurm_submit_host``."""
+    return f"{rollout.vars.k3_slurm_dir.rstrip('/')}/{job_name(group, rollout.vars.k3_unit_name)}.sbatch"
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """``"23.11"`` or ``"23.11.4"`` -> ``(23, 11)``.
+
+    >>> version_tuple("23.11.4") >= SEGMENT_SINCE, version_tuple("22.05") >= SEGMENT_SINCE
+    (True, False)
+    """
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def check(rollout: Rollout) -> None:
+    """Refuse a plan Slurm cannot run as planned (:class:`K3Error`, one line with the fix): ``--segment`` on a Slurm
+    older than 23.11; a host in two groups while each job takes its nodes whole (``k3_slurm_exclusive: node``: the
+    second job would wait for ever); two engine groups on one host both asking for its GPUs."""
+    v = rollout.vars
+    if v.k3_slurm_segment and version_tuple(v.k3_slurm_version) < SEGMENT_SINCE:
+        raise K3Error(f"k3_slurm_segment: true needs Slurm >= 23.11 (topology/block), k3_slurm_version is "
+                      f"{v.k3_slurm_version}: set k3_slurm_version to the site's version (`sinfo -V`) or "
+                      "k3_slurm_segment: false")
+    groups_of: dict[str, list[str]] = {}
+    for u in rollout.units:
+        if u.group not in groups_of.setdefault(u.host, []):
+            groups_of[u.host].append(u.group)
+    for host, groups in groups_of.items():
+        if len(groups) < 2:
+            continue
+        if v.k3_slurm_exclusive == "node":
+            if "router" in groups:
+                other = next(g for g in groups if g != "router")
+                raise K3Error(f"k3_slurm_exclusive: node: the router's host {host} is also a node of group {other}, "
+                              "and a job that takes its nodes whole (--exclusive) leaves no room for the other: set "
+                              "`k3_slurm_exclusive: user` (k3deploy's jobs may share a node) or put the router on "
+                              "another host")
+            raise K3Error(f"k3_slurm_exclusive: node: host {host} runs groups {' and '.join(groups)}, and a job that "
+                          "takes its nodes whole (--exclusive) leaves no room for the other: set "
+                          "`k3_slurm_exclusive: user` or give each group hosts of its own")
+        engines = [g for g in groups if g != "router"]
+        if len(engines) > 1 and gres(rollout, engines[0]):
+            raise K3Error(f"k3_slurm_gres: host {host} runs engine groups {' and '.join(engines)}, and each job asks "
+                          f"for all its GPUs (--gres={gres(rollout, engines[0])}): give each group hosts of its own, "
+                          "or set `k3_slurm_gres: \"\"`")
+
+
+def check_submit(rollout: Rollout, inventory_hosts: Sequence[str]) -> str:
+    """The submit host of a deploy through Slurm (``k3_slurm_submit_host``, an inventory host), after :func:`check`;
+    raises :class:`K3Error` when it is not set or not in the inventory."""
+    check(rollout)
+    host = rollout.vars.k3_slurm_submit_host
+    if host is None:
+        raise K3Error("k3_launcher: slurm needs k3_slurm_submit_host: set it to the inventory name of the login or "
+                      "controller host where sbatch runs")
+    if host not in inventory_hosts:
+        raise K3Error(f"k3_slurm_submit_host: {host} is not a host of the inventory: add it (it is reached over SSH "
+                      f"like every host) or name one of {', '.join(inventory_hosts)}")
+    return host
+
+
+# ---------------------------------------------------------------------------------------------- launch scripts
+
+
+def launch_script(rollout: Rollout, unit: UnitWork) -> str:
+    """The script a unit's Slurm step runs on its node: the unit's container (same argv as its ``ExecStart=``),
+    after the unit's pre-step, stopped on SIGTERM as the unit's ``ExecStop`` stops it; a router run from
+    ``k3_router_bin`` (no container) is exec'd, and Slurm's SIGTERM reaches it as systemd's does."""
+    spec = unit_container(rollout, unit)
+    where = f"{unit.node.role} rank {unit.rank} of group {unit.group} on {unit.host}"
+    comments = [f"{where}: {rollout.plan.model} ({rollout.plan.strategy} on {rollout.plan.hardware}).",
+                f"The Slurm launcher's form of the systemd unit {unit.unit}: the same command, the same env file "
+                f"({unit.env_path})."]
+    if spec is None:
+        argv = router_argv(unit.node, None, rollout.vars.k3_router_bin)
+        body = ["# Slurm stops the step with SIGTERM (scancel, the end of the job), as systemd stops the unit.",
+                f"exec {shlex.join(argv)}"]
+    else:
+        argv = container_argv(spec, unit.node.argv) if unit.node.role != "router" else \
+            router_argv(unit.node, spec, rollout.vars.k3_router_bin)
+        body = [
+            "# A container of this name left by an earlier run is removed first (the unit's ExecStartPre=-).",
+            f"{shlex.join(cleanup_argv(spec))} >/dev/null 2>&1 || true",
+            "# Slurm stops a step with SIGTERM, then SIGKILL after KillWait: a `docker run` client killed so would",
+            "# leave its container running, so the container is stopped here as the unit's ExecStop= stops it.",
+            f"stop_container() {{ {shlex.join(stop_argv(spec))} >/dev/null; }}",
+            f"trap 'stop_container; wait \"$run\"; exit {STOPPED}' TERM INT HUP",
+            f"{shlex.join(argv)} &",
+            "run=$!",
+            'wait "$run"',
+        ]
+    return render_template(LAUNCH_TEMPLATE, managed=MANAGED, comments=comments, body=body)
+
+
+def launch_argv(script: str) -> list[str]:
+    """The command a launch script runs (its container's ``docker run``, or the router's ``exec``), read back.
+
+    >>> launch_argv("x\\nexec /usr/local/bin/vllm-router --port 30000\\n")
+    ['/usr/local/bin/vllm-router', '--port', '30000']
+    """
+    for line in script.splitlines():
+        if line.startswith("exec "):
+            return shlex.split(line)[1:]
+        if line.endswith(" &") and not line.startswith("#"):
+            return shlex.split(line)[:-1]
+    raise ValueError("no command in the launch script")
+
+
+# ---------------------------------------------------------------------------------------------- batch scripts
+
+
+def gres(rollout: Rollout, group: str) -> str:
+    """The ``--gres`` of a group's job ("" for the router's, or with ``k3_slurm_gres: ""``)."""
+    if group == "router" or not rollout.vars.k3_slurm_gres:
+        return ""
+    gpus = hardware()[rollout.plan.hardware].gpu_count
+    return rollout.vars.k3_slurm_gres.replace("{gpus_per_node}", str(gpus))
+
+
+def sbatch_options(rollout: Rollout, group: str) -> list[str]:
+    """The ``#SBATCH`` options of a group's job, without its ``--comment`` (the revision covers them)."""
+    v = rollout.vars
+    nodes = [u.host for u in rollout.group(group)]
+    out = [f"--job-name={job_name(group, v.k3_unit_name)}", f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}",
+           "--ntasks-per-node=1", "--exclusive" if v.k3_slurm_exclusive == "node" else "--exclusive=user"]
+    if gres(rollout, group):
+        out.append(f"--gres={gres(rollout, group)}")
+    for flag, value in (("partition", v.k3_slurm_partition), ("account", v.k3_slurm_account),
+                        ("qos", v.k3_slurm_qos), ("time", v.k3_slurm_time)):
+        if value:
+            out.append(f"--{flag}={value}")
+    if v.k3_slurm_segment:
+        out.append(f"--segment={len(nodes)}")
+    out += [f"--output={group_dir(rollout, group)}/%j.out", "--open-mode=append", "--requeue"]
+    return out
+
+
+def _step(rollout: Rollout, unit: UnitWork) -> tuple[list[str], str]:
+    """A unit's step: what it does, in words, and its srun line."""
+    host = shlex.quote(unit.host)
+    # %N: the file is opened on the step's own node (a plain path would be written by srun, on the batch host)
+    srun = f"srun --nodes=1 --ntasks=1 -w {host} --output=\"$out\"/%N.out --open-mode=append"
+    launch = shlex.quote(launch_path(rollout, unit))
+    if unit.join is None:
+        what = [f"{unit.host}: {unit.node.role} rank {unit.rank} ({unit.unit} under systemd) runs its launch script."]
+        return what, f"{srun} {launch}"
+    address, port = unit.join
+    wait = wait_tcp(address, port, rollout.vars.k3_rendezvous_timeout)
+    what = [f"{unit.host}: {unit.node.role} rank {unit.rank} waits, from its own node, until the head's rendezvous "
+            f"port {address}:{port} accepts TCP",
+            f"(at most k3_rendezvous_timeout = {rollout.vars.k3_rendezvous_timeout}s), then runs its launch script."]
+    return what, f"{srun} bash -c {shlex.quote(f'{wait} && exec {launch}')}"
+
+
+def _batch(rollout: Rollout, group: str, revision: str | None) -> str:
+    units = rollout.group(group)
+    v = rollout.vars
+    options = sbatch_options(rollout, group)
+    if revision is not None:
+        options.insert(-3, f"--comment={comment(group, revision)}")
+    head = units[0]
+    nodes = [u.host for u in units]
+    summary = (f"Group {group} of {rollout.plan.model} ({rollout.plan.strategy} on {rollout.plan.hardware}): "
+               f"{len(units)} node(s), head {head.host}.")
+    steps: list[dict[str, object]] = []
+    for u in units:
+        what, line = _step(rollout, u)
+        steps.append({"comment": what, "command": line, "node": shlex.quote(u.host)})
+    fail = (f"k3deploy: group {group}: the step on $node ended with exit code $rc (its output: $node:$out/$node.out); "
+            "stopping the group's other steps")
+    return render_template(
+        BATCH_TEMPLATE, managed=MANAGED, summary=summary, options=options,
+        out=shlex.quote(group_dir(rollout, group)), nodes=len(nodes),
+        mkdir_fail=shlex.quote(f"k3deploy: group {group}: cannot create the step output directory ") + '"$out"'
+        + shlex.quote(f" on {', '.join(nodes)}"),
+        steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, submit_note=(
+            "Submitted by the deploy from k3_slurm_submit_host (or by hand: sbatch --parsable THIS_FILE); "
+            f"the launch scripts and env files must be on the nodes ({v.k3_config_dir})."))
+
+
+def revision(rollout: Rollout, group: str) -> str:
+    """The group's revision: 16 hex digits of the hash of what its job runs (its batch script's options and steps,
+    each node's launch script and env file). It changes when any of them does, and only then."""
+    parts = [_batch(rollout, group, None)]
+    for u in rollout.group(group):
+        parts += [launch_path(rollout, u), launch_script(rollout, u), u.env_path, u.env_text]
+    return sha256("\0".join(parts))[:16]
+
+
+def batch_script(rollout: Rollout, group: str) -> str:
+    """The group's batch script: its ``#SBATCH`` options (``--comment`` carrying :func:`revision`), then the steps."""
+    return _batch(rollout, group, revision(rollout, group))
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One group's batch job, as the deploy submits it."""
+
+    group: str
+    name: str                       # --job-name
+    nodes: tuple[str, ...]          # --nodelist, the head first
+    path: str                       # the batch script on the submit host
+    script: str
+    revision: str
+    comment: str                    # --comment: what squeue's %k shows while it runs
+
+
+def jobs(rollout: Rollout) -> list[SlurmJob]:
+    """Every group's job in submit order: the engine groups (replicas in order; P/D: prefill, decode), then the
+    router (once they serve). Raises :class:`K3Error` for a plan Slurm cannot run (:func:`check`)."""
+    check(rollout)
+    out = []
+    for g in rollout.groups:
+        rev = revision(rollout, g)
+        out.append(SlurmJob(group=g, name=job_name(g, rollout.vars.k3_unit_name),
+                            nodes=tuple(u.host for u in rollout.group(g)), path=script_path(rollout, g),
+                            script=_batch(rollout, g, rev), revision=rev, comment=comment(g, rev)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- files per host
+
+
+@dataclass(frozen=True)
+class NodeFile:
+    path: str
+    text: str
+    mode: str                       # octal, e.g. "0755"
+
+
+@dataclass(frozen=True)
+class HostFiles:
+    """What one host needs before a job runs there: directories, then files."""
+
+    host: str
+    dirs: tuple[str, ...]
+    files: tuple[NodeFile, ...]
+
+
+def host_files(rollout: Rollout, submit_host: str | None) -> list[HostFiles]:
+    """Per host, the files the Slurm launcher writes: on each node its launch scripts (0755) and env files (0600,
+    as the systemd path writes them) and the directories of its groups' outputs; on ``submit_host``
+    (:func:`check_submit`; None: no batch script is placed) the batch scripts (0644). Hosts in inventory order, the
+    submit host last when it runs no unit."""
+    submit = submit_host
+    out: dict[str, tuple[list[str], list[NodeFile]]] = {}
+    for u in rollout.units:
+        dirs, files = out.setdefault(u.host, ([], []))
+        if group_dir(rollout, u.group) not in dirs:
+            dirs.append(group_dir(rollout, u.group))
+        files += [NodeFile(u.env_path, u.env_text, "0600"), NodeFile(launch_path(rollout, u),
+                                                                     launch_script(rollout, u), "0755")]
+    if submit is not None:
+        dirs, files = out.setdefault(submit, ([], []))
+        if rollout.vars.k3_slurm_dir not in dirs:
+            dirs.append(rollout.vars.k3_slurm_dir)
+        files += [NodeFile(j.path, j.script, "0644") for j in jobs(rollout)]
+    return [HostFiles(h, tuple(d), tuple(f)) for h, (d, f) in out.items()]
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+_ME = '-u "$(id -un)"'
+
+
+def _names(names: Sequence[str]) -> str:
+    return shlex.quote(",".join(names))
+
+
+def submit(job: SlurmJob) -> str:
+    """Submit a group's job; prints its job id (``--parsable``: ``ID`` or ``ID;CLUSTER``).
+
+    >>> submit(SlurmJob("engine", "k3-engine", ("n0",), "/var/lib/k3deploy/slurm/k3-engine.sbatch", "", "r", "c"))
+    'sbatch --parsable /var/lib/k3deploy/slurm/k3-engine.sbatch'
+    """
+    return f"sbatch --parsable {shlex.quote(job.path)}"
+
+
+def queue(names: Sequence[str]) -> str:
+    """This user's jobs of these names that Slurm still holds (pending, running, completing), one line each:
+    ``JOBID NAME STATE COMMENT NODES`` (:func:`parse_queue`).
+
+    >>> queue(["k3-engine", "k3-router"])
+    'squeue -h -u "$(id -un)" --name=k3-engine,k3-router -o \\'%i %j %T %k %N\\''
+    """
+    return f"squeue -h {_ME} --name={_names(names)} -o {shlex.quote(QUEUE_FORMAT)}"
+
+
+def cancel(names: Sequence[str], timeout: int) -> str:
+    """Stop this user's jobs of these names and wait until Slurm holds none of them (exit 1 naming them otherwise).
+
+    A running job is stopped as the batch script stops a group: SIGTERM to its steps only (``scancel --signal=TERM``
+    without ``--full``: each launch script stops its container as the unit's ``ExecStop`` does, the batch script sees
+    its steps end and exits); a pending one is cancelled. One still queued after ``timeout`` seconds is cancelled
+    outright (Slurm: SIGTERM to everything, SIGKILL after KillWait), and waited for 60 s more."""
+    each = [shlex.quote(n) for n in names]
+    signal = " ; ".join(f"scancel {_ME} --name={n} --state=PENDING ; scancel {_ME} --name={n} --state=RUNNING "
+                        "--signal=TERM" for n in each)
+    hard = " ; ".join(f"scancel {_ME} --name={n}" for n in each)
+    late = shlex.quote(f"jobs {', '.join(names)} still in the queue after {int(timeout) + 60}s: ") + '"$left"'
+    left = f"left=$(squeue -h {_ME} --name={_names(names)} -o '%i %j %T')"
+    return (f"{{ {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
+            f"while {left}; [ -n \"$left\" ]; do "
+            f"if [ $(date +%s) -ge $end ]; then if [ $hard = 1 ]; then echo {late} >&2; exit 1; fi; "
+            f"{{ {hard} ; }} 2>/dev/null; hard=1; end=$(( $(date +%s) + 60 )); fi; sleep 1; done")
+
+
+def accounting(names: Sequence[str], since: str = "now-7days") -> str:
+    """This user's jobs of these names that ended since ``since`` (``sacct``: id, name, state, exit code, nodes,
+    end), one ``|``-separated line each (:func:`parse_accounting`)."""
+    return (f"sacct -n -P -X {_ME} --name={_names(names)} -S {shlex.quote(since)} "
+            "-o JobID,JobName,State,ExitCode,NodeList,End")
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: str
+    name: str
+    state: str                      # PENDING, RUNNING, COMPLETING, ...
+    comment: str                    # the revision it runs (:func:`comment`)
+    nodes: str                      # Slurm's node list (compressed: n[0-1])
+
+
+def parse_queue(text: str) -> list[QueuedJob]:
+    """The lines of :func:`queue`.
+
+    >>> parse_queue("41 k3-engine RUNNING k3deploy:engine:0123 n[0-1]\\n42 k3-router PENDING (null) \\n")
+    [QueuedJob(id='41', name='k3-engine', state='RUNNING', comment='k3deploy:engine:0123', nodes='n[0-1]'), \
+QueuedJob(id='42', name='k3-router', state='PENDING', comment='', nodes='')]
+    """
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 3:
+            continue
+        note = words[3] if len(words) > 3 and words[3] != "(null)" else ""
+        out.append(QueuedJob(words[0], words[1], words[2], note, words[4] if len(words) > 4 else ""))
+    return out
+
+
+#: the states of a job that holds (or will hold) its nodes: a job in one of them with the planned comment is kept
+ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                    "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the deploy does with one group's job, from what the queue holds."""
+
+    group: str
+    action: str                     # keep | submit (none queued) | replace (cancel the queued ones, then submit)
+    cancel: tuple[str, ...]         # job ids of this group's name to cancel first
+    why: str
+
+
+def decide(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob]) -> list[Decision]:
+    """Per planned job, in submit order: ``keep`` when exactly one job of its name is queued, active (:data:`ACTIVE`)
+    and carries the planned comment (nothing changed: a re-run submits nothing); ``submit`` when none of its name is
+    queued; else ``replace`` (a job of another revision, an ended one, or several of one name).
+
+    >>> job = SlurmJob("engine", "k3-engine", ("n0",), "/d/k3-engine.sbatch", "", "ab", "k3deploy:engine:ab")
+    >>> [d.action for d in decide([job], [QueuedJob("7", "k3-engine", "RUNNING", "k3deploy:engine:ab", "n0")])]
+    ['keep']
+    >>> decide([job], [QueuedJob("7", "k3-engine", "RUNNING", "k3deploy:engine:00", "n0")])[0].cancel
+    ('7',)
+    >>> decide([job], [])[0].action
+    'submit'
+    """
+    out = []
+    for job in planned:
+        mine = [q for q in queued if q.name == job.name]
+        ids = tuple(q.id for q in mine)
+        if not mine:
+            out.append(Decision(job.group, "submit", (), "no job of this name is queued"))
+        elif len(mine) == 1 and mine[0].comment == job.comment and mine[0].state in ACTIVE:
+            why = f"job {mine[0].id} {mine[0].state} runs revision {job.revision}"
+            out.append(Decision(job.group, "keep", (), why))
+        else:
+            seen = ", ".join(f"{q.id} {q.state} {q.comment or '(no comment)'}" for q in mine)
+            out.append(Decision(job.group, "replace", ids, f"queued: {seen}; planned: {job.comment}"))
+    return out
+
+
+def changed_groups(rollout: Rollout, queued: Sequence[QueuedJob], failing: Sequence[str] = ()) -> set[str]:
+    """The groups whose job must be (re)submitted (what :func:`k3deploy.model.rollout.mark_changes` is to the systemd
+    launcher): every group that :func:`decide` does not keep, and the ``failing`` ones (a kept job whose serving
+    nodes do not answer ``/health``); the router too when an engine group it fronts changes and there are no
+    replicas (replicas roll behind a router that keeps serving). Sets ``rollout.changed_groups``."""
+    changed = {d.group for d in decide(jobs(rollout), queued) if d.action != "keep"} | set(failing)
+    if changed - {"router"} and "router" in rollout.groups and len(rollout.replicas) <= 1:
+        changed.add("router")
+    rollout.changed_groups = changed
+    return changed
+
+
+@dataclass(frozen=True)
+class EndedJob:
+    id: str
+    name: str
+    state: str                      # COMPLETED, FAILED, NODE_FAIL, TIMEOUT, CANCELLED by N, ...
+    exit_code: str                  # CODE:SIGNAL
+    nodes: str
+    end: str
+
+
+def parse_accounting(text: str) -> list[EndedJob]:
+    """The lines of :func:`accounting`.
+
+    >>> parse_accounting("41|k3-engine|FAILED|1:0|n[0-1]|2026-12-05T07:00:00\\n")
+    [EndedJob(id='41', name='k3-engine', state='FAILED', exit_code='1:0', nodes='n[0-1]', end='2026-12-05T07:00:00')]
+    """
+    out = []
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) >= 6:
+            out.append(EndedJob(*f[:6]))
+    return out
+
+
+def resubmit_delay(rollout: Rollout, attempt: int) -> int | None:
+    """Seconds before resubmission number ``attempt`` (1, 2, ...) of a group's ended job: ``k3_slurm_resubmit_backoff``,
+    doubled each time; None past ``k3_slurm_resubmit_max`` (the run gives up and reports the job's output)."""
+    v = rollout.vars
+    if attempt < 1 or attempt > v.k3_slurm_resubmit_max:
+        return None
+    return int(v.k3_slurm_resubmit_backoff * 2 ** (attempt - 1))

@@ -1,0 +1,102 @@
+"""``k3deploy export slurm``: the batch scripts, launch scripts and env files of an inventory or of a selection, as
+files a site submits itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from helpers import k3
+
+
+def _export(*args: str) -> subprocess.CompletedProcess[str]:
+    return k3("export", "slurm", *args, timeout=300)
+
+
+def _all_text(out: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted(out.rglob("*")) if p.is_file())
+
+
+def _sbatch(path: Path) -> list[str]:
+    return [line.removeprefix("#SBATCH ") for line in path.read_text().splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_export_from_an_inventory_names_its_hosts_and_follows_its_group_vars(tmp_path):
+    site = tmp_path / "site"
+    (site / "group_vars").mkdir(parents=True)
+    (site / "inventory.py").write_text(
+        'head = [("gpu01", {"ssh_hostname": "10.1.0.1", "k3_ip": "10.1.0.1"})]\n'
+        'workers = [("gpu02", {"ssh_hostname": "10.1.0.2", "k3_ip": "10.1.0.2", "rank": 1})]\n')
+    (site / "group_vars" / "all.yml").write_text(
+        "k3_hardware: gb300\nk3_strategy: multi_node_tp\nk3_iface: eth1\nk3_slurm_partition: gpu\n"
+        "k3_launcher: slurm\nk3_slurm_submit_host: gpu01\n"
+        "k3_extra_env:\n  SITE_API_TOKEN: s3cr3t-value\n")
+    out = tmp_path / "out"
+    proc = _export(str(site / "inventory.py"), "-o", str(out), "--json", "--time", "1-00:00:00")
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads(proc.stdout)
+    assert written["submit_order"] == ["k3-engine"]
+    assert written["jobs"][0]["nodes"] == ["gpu01", "gpu02"]
+    placed = {(f["host"], f["path"]): f["mode"] for f in written["files"]}
+    assert placed == {("gpu01", "/etc/k3deploy/k3-engine.env"): "0600", ("gpu01", "/etc/k3deploy/k3-engine.launch"): "0755",
+                      ("gpu02", "/etc/k3deploy/k3-engine.env"): "0600", ("gpu02", "/etc/k3deploy/k3-engine.launch"): "0755",
+                      (None, "/var/lib/k3deploy/slurm/k3-engine.sbatch"): "0644"}
+    for f in written["files"]:
+        assert Path(f["file"]).is_file() and oct(Path(f["file"]).stat().st_mode & 0o777) == "0o" + f["mode"][1:]
+    lines = _sbatch(out / "k3-engine.sbatch")
+    for line in ("--nodelist=gpu01,gpu02", "--partition=gpu", "--time=1-00:00:00", "--exclusive", "--gres=gpu:4",
+                 f"--comment={written['jobs'][0]['comment']}"):
+        assert line in lines
+    env = (out / "nodes" / "gpu02" / "etc" / "k3deploy" / "k3-engine.env").read_text()
+    assert "VLLM_HOST_IP=10.1.0.2" in env and "SITE_API_TOKEN=@SECRET_SITE_API_TOKEN@" in env
+    text = _all_text(out)
+    assert "s3cr3t-value" not in text and "s3cr3t-value" not in proc.stdout
+    assert "/etc/k3deploy/secrets/SITE_API_TOKEN" in (out / "README.txt").read_text()
+    launch = out / "nodes" / "gpu01" / "etc" / "k3deploy" / "k3-engine.launch"
+    for script in (out / "k3-engine.sbatch", launch):
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_export_from_a_selection_writes_placeholders_and_the_submit_order(tmp_path):
+    out = tmp_path / "pd"
+    proc = _export("--hardware", "b300", "--strategy", "pd_cluster", "--prefill-nodes", "1", "--decode-nodes", "2",
+                   "-o", str(out), "--exclusive", "user", "--json")
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads(proc.stdout)
+    assert written["submit_order"] == ["k3-prefill", "k3-decode", "k3-router"]
+    assert written["endpoint"] == "http://@PREFILL0_IP@:30000"
+    assert [j["nodes"] for j in written["jobs"]] == [["@PREFILL0@"], ["@DECODE0@", "@DECODE1@"], ["@PREFILL0@"]]
+    readme = (out / "README.txt").read_text()
+    order = [readme.index(f"{name}.sbatch  (") for name in written["submit_order"]]
+    assert order == sorted(order) and "once the P/D pools serve" in readme
+    text = _all_text(out)
+    assert ".invalid" not in text
+    assert "VLLM_HOST_IP=@DECODE1_IP@" in (out / "nodes" / "@DECODE1@" / "etc" / "k3deploy" / "k3-engine-decode.env"
+                                           ).read_text()
+    assert "--exclusive=user" in _sbatch(out / "k3-router.sbatch")
+    for script in [*out.glob("*.sbatch"), *out.rglob("*.launch")]:
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
+
+
+def test_export_refuses_what_slurm_cannot_run_in_one_line(tmp_path):
+    proc = _export("--hardware", "b300", "--strategy", "pd_cluster", "-o", str(tmp_path / "a"))
+    assert proc.returncode == 2
+    assert "@PREFILL0@" in proc.stderr and "k3_slurm_exclusive: user" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = _export("--hardware", "gb300", "--strategy", "multi_node_tp", "--nodes", "2", "-o", str(tmp_path / "b"),
+                   "--segment")
+    assert proc.returncode == 2 and "k3_slurm_version" in proc.stderr and "23.11" in proc.stderr
+    proc = _export("inventories/gb300.py", "--hardware", "h200", "-o", str(tmp_path / "c"))
+    assert proc.returncode == 2 and "--hardware" in proc.stderr
+    proc = _export("--hardware", "gb300", "-o", str(tmp_path / "d"), "--time", "soon")
+    assert proc.returncode == 2 and "'soon'" in proc.stderr and "D-HH:MM:SS" in proc.stderr
+
+
+def test_export_segment_requests_the_groups_nodes_in_one_block(tmp_path):
+    out = tmp_path / "rack"
+    proc = _export("--hardware", "gb300", "--strategy", "multi_node_tp", "--nodes", "2", "-o", str(out), "--segment",
+                   "--slurm-version", "24.05")
+    assert proc.returncode == 0, proc.stderr
+    assert "--segment=2" in _sbatch(out / "k3-engine.sbatch")
+    assert "wrote 5 file(s)" in proc.stdout
