@@ -41,7 +41,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
     group and cluster), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
     model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
-    the sbatch/squeue/scancel/sacct commands).
+    the sbatch/squeue/scancel/sacct commands), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
+    pod template per role running the plan's argv, per-node values from LWS).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),

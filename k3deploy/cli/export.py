@@ -100,6 +100,15 @@ def placeholder(role: str, rank: int) -> str:
     return f"@{role.upper() if role in ('prefill', 'decode') else 'NODE'}{rank}@"
 
 
+def replica_placeholder(replica: int, rank: int) -> str:
+    """The placeholder of an engine node of replica ``replica`` (replica 0's are :func:`placeholder`'s).
+
+    >>> replica_placeholder(0, 1), replica_placeholder(2, 0)
+    ('@NODE1@', '@R2NODE0@')
+    """
+    return placeholder("node", rank) if replica == 0 else f"@R{replica}NODE{rank}@"
+
+
 def address_placeholder(name: str) -> str:
     return f"{name[:-1]}_IP@"
 
@@ -110,8 +119,8 @@ def _stand_in(name: str) -> str:
     return f"k3-ip-{name.strip('@').lower()}.invalid"
 
 
-def _from_selection(params: dict[str, Any], recipe_path: str | None,
-                    overrides: dict[str, Any]) -> tuple[Any, list[Any], str, dict[str, str]]:
+def _from_selection(params: dict[str, Any], recipe_path: str | None, overrides: dict[str, Any],
+                    replicas: int = 1) -> tuple[Any, list[Any], str, dict[str, str]]:
     from k3deploy import load_recipe
     from k3deploy import resolve as do_resolve
     from k3deploy.model.binding import HostRecord
@@ -139,8 +148,9 @@ def _from_selection(params: dict[str, Any], recipe_path: str | None,
                     records.append(HostRecord(placeholder(role, n.rank), groups, {**data, "rank": n.rank}))
     else:
         engines = [n for n in plan.nodes if n.role != "router"]
-        records = [HostRecord(placeholder("node", n.rank), ("head",) if n.rank == 0 else ("workers",),
-                              {**data, "rank": n.rank}) for n in engines]
+        records = [HostRecord(replica_placeholder(r, n.rank), ("head",) if n.rank == 0 else ("workers",),
+                              {**data, "rank": n.rank, **({"k3_replica": r} if replicas > 1 else {})})
+                   for r in range(replicas) for n in engines]
     records = [HostRecord(r.name, r.groups, {**r.data, "k3_ip": _stand_in(r.name)}) for r in records]
     wanted = target(records, None, overrides)
     rollout, blanks = render_offline(wanted, OFFLINE_RUNBOOK)
@@ -148,6 +158,11 @@ def _from_selection(params: dict[str, Any], recipe_path: str | None,
         wanted.require_plan()
         raise K3Error("no rollout")  # unreachable: a target with a plan renders one
     shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kwargs.items() if v not in (None, "default", []))
+    if replicas > 1:
+        if plan.strategy == "pd_cluster":
+            raise K3Error(f"--replicas {replicas}: pd_cluster has no replicas (its pools scale with --prefill-nodes "
+                          "and --decode-nodes): leave --replicas out")
+        shown += f" --replicas {replicas}"
     tokens = {_stand_in(r.name): address_placeholder(r.name) for r in records}
     return rollout, blanks, f"the selection {shown}", tokens
 
@@ -247,3 +262,140 @@ def _shown(text: str, tokens: dict[str, str]) -> str:
     for stand_in, token in tokens.items():
         text = text.replace(stand_in, token)
     return text
+
+
+#: ``--option`` -> the variable it sets (for this export only)
+KUBERNETES_OPTIONS = {"iface": "k3_iface", "secret": "k3_k8s_secret", "cache_pvc": "k3_k8s_cache_pvc",
+                      "topology_key": "k3_k8s_topology_key", "rdma_resource": "k3_k8s_rdma_resource",
+                      "max_unavailable": "k3_max_unavailable"}
+
+
+#: checks of the bare-metal path that a Kubernetes site does not need: no Docker daemon or data root (the kubelet's
+#: runtime runs the pods), no stage daemon, no router binary on a host, and /dev/shm is the pod's own memory emptyDir
+NOT_ON_KUBERNETES = ("container.runtime", "disk.images", "stage.peers", "router.command", "disk.shm")
+
+
+@export.command("kubernetes")
+@click.argument("inventory", required=False)
+@selection_options
+@click.option("--replicas", type=click.IntRange(min=1), default=None,
+              help="From a selection: engine groups behind a router (one LeaderWorkerSet, replicas: N).")
+@click.option("-o", "--output", "output", required=True, metavar="DIR",
+              help="Directory to write into (created; files already there are replaced).")
+@click.option("--iface", default=None, metavar="NAME",
+              help="k3_iface: the cluster interface on every node (NCCL/GLOO); default: a blank named in README.txt.")
+@click.option("--secret", default=None, metavar="NAME", help="k3_k8s_secret: the Secret holding HF_TOKEN.")
+@click.option("--cache-pvc", default=None, metavar="NAME",
+              help="k3_k8s_cache_pvc: a PVC for the model cache (default: hostPath k3_model_cache).")
+@click.option("--topology-key", default=None, metavar="LABEL", help="k3_k8s_topology_key (NVL trays).")
+@click.option("--rdma-resource", default=None, metavar="NAME", help="k3_k8s_rdma_resource (an RDMA device plugin's).")
+@click.option("--max-unavailable", type=click.IntRange(min=1), default=None,
+              help="k3_max_unavailable: groups a rolling update takes down at once.")
+@click.option("--pod-network", is_flag=True, default=None,
+              help="k3_k8s_host_network: false (engine pods on the pod network instead of the node's).")
+@json_option
+def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_path: str | None,
+                      replicas: int | None, pod_network: bool | None, **params: Any) -> None:
+    """Write the Kubernetes manifests of INVENTORY (or of a selection: --hardware H [--strategy S --nodes N
+    --replicas R ...]): a LeaderWorkerSet per engine pool (and the ComputeDomain of NVL trays), the router's
+    Deployment, the public Service, one YAML file each, and README.txt (what to create first, the preflight checks
+    the site runs itself). `kubectl apply -f DIR` takes them. Nothing is contacted.
+
+    \b
+    Examples:
+      k3deploy export kubernetes inventories/gb300.py -o k8s-gb300
+      k3deploy export kubernetes --hardware b300 --strategy multi_node_dep --nodes 2 --replicas 2 -o k8s --iface eth1
+      k3deploy export kubernetes --hardware b300 --strategy pd_cluster --prefill-nodes 1 --decode-nodes 2 -o k8s-pd
+    """
+    overrides: dict[str, Any] = {var: params.pop(opt) for opt, var in KUBERNETES_OPTIONS.items()
+                                 if params.get(opt) is not None}
+    for opt in KUBERNETES_OPTIONS:
+        params.pop(opt, None)
+    if pod_network:
+        overrides["k3_k8s_host_network"] = False
+    if inventory is not None:
+        given = [f"--{k.replace('_', '-')}" for k, v in {**params, "recipe": recipe_path, "replicas": replicas}.items()
+                 if v not in (None, "default")]
+        if given:
+            raise K3Error(f"{', '.join(given)} cannot be combined with an inventory: the selection comes from the "
+                          "inventory's group_vars (k3_hardware, k3_strategy, ...) and its replicas from k3_replica")
+        rollout, blanks, source = _from_inventory(inventory, overrides)
+        tokens: dict[str, str] = {}
+    else:
+        rollout, blanks, source, tokens = _from_selection(params, recipe_path, overrides, replicas or 1)
+    written = _write_kubernetes(rollout, blanks, source, Path(output), tokens)
+    if as_json:
+        echo_json(written)
+        return
+    click.echo(f"wrote {len(written['files'])} file(s) to {output}: "
+               f"{', '.join(o['kind'] + ' ' + o['name'] for o in written['objects'])}; "
+               f"kubectl apply -f {output} (first read {written['readme']})")
+
+
+def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
+                      tokens: dict[str, str]) -> dict[str, Any]:
+    import yaml
+
+    from k3deploy.model import kubernetes
+    from k3deploy.vendors import pack_for_container
+
+    shared = {b.token: f"@{b.name}@" for b in blanks}
+    objects = kubernetes.manifests(rollout, shared)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise K3Error(f"-o {out}: cannot create it: {exc.strerror}: choose a writable path") from None
+    files: list[dict[str, Any]] = []
+    for i, obj in enumerate(objects):
+        path = out / kubernetes.file_name(i, obj)
+        path.write_text(_shown(yaml.safe_dump(obj, sort_keys=False, width=120), tokens), encoding="utf-8")
+        files.append({"file": str(path), "kind": obj["kind"], "name": obj["metadata"]["name"],
+                      "apiVersion": obj["apiVersion"]})
+    v = rollout.vars
+    plan = rollout.plan
+    kinds = {o["kind"] for o in objects}
+    lines = [f"Kubernetes manifests of {plan.model} ({plan.strategy} on {plan.hardware}), written by "
+             f"`k3deploy export kubernetes` from {source}; plan revision {kubernetes.plan_revision(rollout)}.", "",
+             "1. The cluster needs: the LeaderWorkerSet controller (kubernetes-sigs/lws, API "
+             "leaderworkerset.x-k8s.io/v1)"
+             + (", the NVIDIA DRA driver with ComputeDomains (resource.nvidia.com)" if "ComputeDomain" in kinds
+                else "")
+             + ", and the accelerators' device plugin on every node.",
+             f"2. Create the Secret the pods read the Hugging Face token from (never written here): kubectl create "
+             f"secret generic {v.k3_k8s_secret} --from-file=HF_TOKEN=<file holding the token>"
+             + " (and one key per secret-named value of k3_extra_env)."]
+    step = 3
+    cache = (f"the PVC {v.k3_k8s_cache_pvc}" if v.k3_k8s_cache_pvc else
+             f"{v.k3_model_cache} on every node (hostPath)")
+    lines.append(f"{step}. Put the weights in {cache}: the pods run with HF_HUB_OFFLINE=1 as the units do (the "
+                 "deploy's stage does it over SSH; or set HF_HUB_OFFLINE: '0' in k3_extra_env to download).")
+    step += 1
+    if shared:
+        lines.append(f"{step}. Fill the blanks (the same on every node of a pool; or export again with --iface):")
+        seen: set[str] = set()
+        for b in blanks:
+            if shared[b.token] not in seen:
+                seen.add(shared[b.token])
+                lines.append(f"   {shared[b.token]} ({b.what}): {b.command}")
+        step += 1
+    lines.append(f"{step}. kubectl apply -f {out}   (in file order: "
+                 + ", ".join(f"{f['kind']} {f['name']}" for f in files) + ")")
+    step += 1
+    pack = pack_for_container(plan.vendor)
+    if pack is not None:
+        lines += ["", "Preflight: where the site lets k3deploy reach the nodes over SSH, `k3deploy preflight "
+                  "INVENTORY` runs every check below; where it does not, the site runs them itself on each node "
+                  "before the "
+                  "pods start (Kubernetes checks none of them):"]
+        for c in pack.all_checks():
+            if c.where == "node" and c.id not in NOT_ON_KUBERNETES:
+                lines.append(f"   {c.id}: {c.required}")
+    lines += ["", f"The public endpoint: Service {files[-1]['name']} (ClusterIP; expose it as the site does).",
+              "LeaderWorkerSet recreates a whole group when one of its pods fails once the group has started "
+              "(RecreateGroupAfterStart); workers wait for the head's rendezvous port in an init container. "
+              "docs/kubernetes.md of k3deploy says more."]
+    readme = out / "README.txt"
+    readme.write_text(_shown("\n".join(lines) + "\n", tokens), encoding="utf-8")
+    return {"dir": str(out), "readme": str(readme), "revision": kubernetes.plan_revision(rollout),
+            "objects": [{"kind": f["kind"], "name": f["name"]} for f in files], "files": files,
+            "blanks": sorted(set(shared.values()))}

@@ -275,6 +275,24 @@ class Variables(BaseModel):
         "time limit) is resubmitted before the run gives up (0: never)."))
     k3_slurm_resubmit_backoff: int = Field(30, gt=0, description=(
         "Seconds before the first resubmission of an ended job, doubled each time after."))
+    # Kubernetes export (`k3deploy export kubernetes`, docs/kubernetes.md)
+    k3_k8s_host_network: bool = Field(True, description=(
+        "Kubernetes export: engine pods use the node's network (`hostNetwork`), as the units' `--network host`: "
+        "NCCL/GLOO/UCX see the node's interfaces and RDMA ports under the names the plan sets; false: the pod "
+        "network (only where the CNI carries RDMA, e.g. SR-IOV/Multus, added by the site)."))
+    k3_k8s_rdma_resource: str | None = Field(None, description=(
+        "Kubernetes export, multi-node: the extended resource of the site's RDMA device plugin (e.g. "
+        "`rdma/rdma_shared_device_a`), one per engine pod; default: the node's `/dev/infiniband` as a hostPath "
+        "volume (the pod also needs access to those devices, e.g. a privileged runtime class)."))
+    k3_k8s_cache_pvc: str | None = Field(None, description=(
+        "Kubernetes export: a PersistentVolumeClaim (ReadWriteMany) holding the model cache; default: the node's "
+        "`k3_model_cache` directory as a hostPath volume, as on bare metal."))
+    k3_k8s_secret: str = Field("k3deploy-secrets", description=(
+        "Kubernetes export: the Secret the pods read `HF_TOKEN` (key `HF_TOKEN`, optional) and every secret-named "
+        "env value (key = its name) from, by reference; no value is written into a manifest."))
+    k3_k8s_topology_key: str = Field("nvidia.com/gpu.clique", description=(
+        "Kubernetes export, NVL trays (GB200/GB300): the node label whose value is one NVLink domain; each group is "
+        "kept inside one (`leaderworkerset.sigs.k8s.io/exclusive-topology`)."))
     # per host / per run
     k3_ip: str | None = Field(None, description=(
         "Per host: its address on the cluster network (fills `$HEAD_IP`, `$PREFILL_NODE_n`, ...); default: "

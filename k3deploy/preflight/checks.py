@@ -43,7 +43,7 @@ from k3deploy.vendors import pack_for
 from k3deploy.vendors.amd.checks import CHECKS as AMD_CHECKS
 from k3deploy.vendors.ascend.checks import CHECKS as ASCEND_CHECKS
 from k3deploy.vendors.ascend.checks import peer_checks, peer_targets
-from k3deploy.vendors.common import COMMON
+from k3deploy.vendors.common import COMMON, SHM_MIN_GIB
 from k3deploy.vendors.nvidia.checks import CHECKS as NVIDIA_CHECKS
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "run_checks", "summarize", "vendor_checks",
 ]
 
-SHM_MIN_GIB = 16.0
 IMAGE_DISK_MIN_GIB = 100.0
 CACHE_DISK_FACTOR = 1.0
 

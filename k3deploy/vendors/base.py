@@ -85,7 +85,13 @@ class Container:
     the model cache, and ``imex_device`` where the plan uses IMEX. ``docker_runtime``: the Docker runtime it needs
     (with ``runtime_fix``); ``after_units`` (and ``imex_units`` with IMEX): units the engine starts after;
     ``rdma_devices``: ``/dev/infiniband`` and memlock across nodes; ``login_profile``: ``vllm serve`` runs under
-    ``bash -lc`` with this sourced first."""
+    ``bash -lc`` with this sourced first.
+
+    On Kubernetes (:mod:`k3deploy.model.kubernetes`): ``k8s_resource`` is the extended resource the vendor's device
+    plugin advertises (one per accelerator), ``k8s_capabilities`` the Linux capabilities the ``docker run`` flags
+    add, ``k8s_privileged`` a privileged container (as ``--privileged``), ``k8s_unconfined`` no seccomp profile (as
+    ``--security-opt seccomp=unconfined``), ``k8s_imex_api`` the API of the DRA
+    driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one."""
 
     flags: tuple[str, ...] = ()
     per_device: str | None = None
@@ -98,6 +104,11 @@ class Container:
     imex_units: tuple[str, ...] = ()
     rdma_devices: bool = True
     login_profile: str | None = None
+    k8s_resource: str | None = None
+    k8s_capabilities: tuple[str, ...] = ()
+    k8s_privileged: bool = False
+    k8s_unconfined: bool = False
+    k8s_imex_api: str | None = None
 
     def run_flags(self, gpus_per_node: int) -> list[str]:
         """The ``docker run`` words before the volumes."""

@@ -18,6 +18,10 @@ import shlex
 
 from k3deploy.vendors.base import Check, Spot
 
+#: ``/dev/shm`` size (GiB) below which NCCL/PyTorch shared memory runs out: the ``disk.shm`` check's floor, and the
+#: size of the memory ``emptyDir`` a Kubernetes pod gets as its ``/dev/shm`` (:mod:`k3deploy.model.kubernetes`)
+SHM_MIN_GIB = 16.0
+
 #: the NICs of NVIDIA BlueField DPUs by ``ibv_devinfo``'s ``vendor_part_id`` (the PCI device id, in decimal; pci.ids:
 #: 15b3:a2d2, a2d6, a2dc, a2d9): north-south, storage or management ports beside a node's GPU NICs (a GB300
 #: Spectrum-X tray: ConnectX-8 SuperNICs and a BlueField-3, all RoCE). An extra RoCE port in ``NCCL_IB_HCA`` is a

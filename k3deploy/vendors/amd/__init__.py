@@ -75,6 +75,9 @@ PACK = Pack(
     container=Container(
         flags=("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--cap-add", "SYS_PTRACE",
                "--security-opt", "seccomp=unconfined"),
+        k8s_resource="amd.com/gpu",
+        k8s_capabilities=("SYS_PTRACE",),
+        k8s_unconfined=True,
     ),
     checks=(
         Check("gpu.model", "rocm-smi --showproductname", "the hardware's GPU product names or PCI device ids",

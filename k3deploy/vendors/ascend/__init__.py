@@ -68,6 +68,8 @@ PACK = Pack(
         mounts=MOUNTS,
         rdma_devices=False,
         login_profile=PROFILE,
+        k8s_resource="huawei.com/Ascend910",
+        k8s_privileged=True,
     ),
     checks=(
         Check("gpu.model", "npu-smi info", "the hardware's NPU product names",

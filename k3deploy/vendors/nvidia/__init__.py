@@ -111,6 +111,8 @@ PACK = Pack(
                     "(or use CDI: --device nvidia.com/gpu=all)",
         after_units=("nvidia-fabricmanager.service",),
         imex_units=("nvidia-imex.service",),
+        k8s_resource="nvidia.com/gpu",
+        k8s_imex_api="resource.nvidia.com/v1beta1",
     ),
     checks=(
         Check("gpu.model", "nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c",

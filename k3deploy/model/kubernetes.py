@@ -1,0 +1,497 @@
+"""The Kubernetes form of a rollout, pure: LeaderWorkerSet manifests running the plan's exact argv (docs/kubernetes.md).
+
+Each engine group becomes one ``LeaderWorkerSet`` (``leaderworkerset.x-k8s.io/v1``): the rollout's replicas (the
+groups ``engine-r0`` .. ``engine-r<R-1>``, identical but for their hosts) are one LWS with ``replicas: R``; a P/D
+plan's pools are two LWS (``<name>-prefill``, ``<name>-decode``), each of one group. ``size`` is the group's node
+count; ``restartPolicy: RecreateGroupAfterStart`` (a failed pod recreates its group, but not while the group is
+still starting, pulling its image: lws#726); ``startupPolicy: LeaderCreated`` (the workers start beside the head:
+a multi-node head cannot be ready before its workers joined, so ``LeaderReady`` would wait for ever); a rolling
+update takes ``k3_max_unavailable`` groups at a time (``maxSurge: 0``: a group holds whole nodes).
+
+Per-node values come from LWS, by Kubernetes' own ``$(NAME)`` expansion of a container's command, args and env:
+the head's address as seen by the workers is ``$(LWS_LEADER_ADDRESS)``, a node's own address ``$(K3_POD_IP)``
+(the pod's IP, from the downward API: with ``hostNetwork`` the node's), a worker's index ``$(LWS_WORKER_INDEX)``
+where a flag's value is the node's rank (``--node-rank``), the group's size ``$(LWS_GROUP_SIZE)`` (``--nnodes``).
+A value that is a multiple of the index (the data-parallel start rank: ``--data-parallel-start-rank`` = index x
+``--data-parallel-size-local``) needs arithmetic, which only a shell does: that role's command is then
+``/bin/sh -c 'exec vllm serve ... "$((LWS_WORKER_INDEX * 8 + 0))" ...'``, every other word quoted as it is (on
+Ascend the pack's login shell, ``bash -lc``, as the unit runs it). Which words are per node is read off the rollout
+itself (:func:`role_template`): each worker rank's argv is compared with the others' and with the head's, and a value
+that is not the same linear function of the rank on every worker is refused.
+A literal ``$`` of the plan is written ``$$`` (Kubernetes' escape); :func:`expand` is the kubelet's expansion, which
+the tests apply to get back each node's argv.
+
+Workers wait for the head's rendezvous port before their engine starts (the order vLLM needs), in an init container
+running :func:`k3deploy.model.commands.wait_tcp`, the wait every other launcher runs. The serving containers have a
+startup probe sized to the plan's ready timeout, readiness on ``/v1/models`` and liveness on ``/health``; a headless
+worker is ready when its head's ``/health`` answers (not long before: aws-do-eks#79).
+
+Example::
+
+    >>> expand("--node-rank $(LWS_WORKER_INDEX) $$HOME $(UNKNOWN)", {"LWS_WORKER_INDEX": "2"})
+    '--node-rank 2 $HOME $(UNKNOWN)'
+    >>> label_value("moonshotai/Kimi-K3")
+    'moonshotai.Kimi-K3'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from k3deploy.errors import K3Error
+from k3deploy.model.commands import wait_tcp
+from k3deploy.model.rollout import Rollout, UnitWork
+from k3deploy.model.secrets import is_secret
+from k3deploy.model.units import CONTAINER_CACHE
+from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors import pack_for_container
+from k3deploy.vendors.base import Pack
+from k3deploy.vendors.common import SHM_MIN_GIB
+
+Obj = dict[str, Any]
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+#: the LWS annotation that keeps each group inside one topology domain (one value of the topology key)
+EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+#: the labels LWS puts on its pods
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+WORKER_INDEX = "LWS_WORKER_INDEX"
+GROUP_SIZE = "LWS_GROUP_SIZE"
+#: the flags whose value is the number of nodes in the group (written ``$(LWS_GROUP_SIZE)`` where it is the LWS size)
+GROUP_SIZE_FLAGS = ("--nnodes",)
+#: the pod's own IP (downward API ``status.podIP``), every per-node address of the plan
+POD_IP = "K3_POD_IP"
+HF_TOKEN = "HF_TOKEN"
+#: seconds a stopping engine gets (the units' ``docker stop -t 60``)
+STOP_GRACE = 60
+PROBE_PERIOD = 10
+LABEL_PREFIX = "k3deploy.io"
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+#: the longest engine name: its pods are ``<name>-<group>-<index>`` and a pod's host name is one DNS label (63)
+MAX_NAME = 40
+_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' expansion of a command, an argument or an env value: ``$(NAME)`` -> its value where ``NAME`` is
+    defined (else left as it is), ``$$`` -> ``$``."""
+    def one(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env[name] if name in env else m.group(0)
+
+    return _REF.sub(one, text)
+
+
+def escape(text: str) -> str:
+    """A literal text in a command, argument or env value: ``$`` written ``$$`` so that Kubernetes leaves it."""
+    return text.replace("$", "$$")
+
+
+def ref(name: str) -> str:
+    return f"$({name})"
+
+
+def label_value(text: str) -> str:
+    """A label value (63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends) naming ``text``."""
+    value = re.sub(r"[^A-Za-z0-9._-]", ".", text)[:63].strip("._-")
+    return value or "none"
+
+
+def plan_revision(rollout: Rollout) -> str:
+    """A hash of the plan (image, and every node's argv and env): the ``revision`` label of every object."""
+    plan = rollout.plan
+    data = {"image": plan.image, "nodes": [[n.role, n.rank, n.argv, sorted(n.env.items())] for n in plan.nodes],
+            "strategy": plan.strategy, "hardware": plan.hardware}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------- per-node values
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A word that is ``scale * LWS_WORKER_INDEX + offset`` on each worker."""
+
+    scale: int
+    offset: int
+
+    def shell(self) -> str:
+        return f'"$$(({WORKER_INDEX} * {self.scale} + {self.offset}))"'
+
+    @property
+    def plain(self) -> bool:
+        return self.scale == 1 and self.offset == 0
+
+
+Word = str | Derived
+
+
+def _address(address: str) -> re.Pattern[str]:
+    return re.compile(r"(?<![A-Za-z0-9.-])" + re.escape(address) + r"(?![A-Za-z0-9.-])")
+
+
+def substituted(text: str, unit: UnitWork, head: UnitWork, tokens: Mapping[str, str]) -> str:
+    """``text`` of ``unit`` with its per-node addresses as LWS references: the head's address (on a worker)
+    ``$(LWS_LEADER_ADDRESS)``, its own ``$(K3_POD_IP)``; the site's shared blanks (``tokens``) in place of each
+    node's own."""
+    out = escape(text)
+    for old, new in tokens.items():
+        out = out.replace(escape(old), new)
+    if unit.rank > 0:
+        out = _address(head.node.address).sub(ref(LEADER_ADDRESS), out)
+    return _address(unit.node.address).sub(ref(POD_IP), out)
+
+
+def _flag_values(argv: Sequence[str]) -> dict[str, str]:
+    return {argv[i - 1]: argv[i] for i in range(1, len(argv)) if argv[i - 1].startswith("--")}
+
+
+def _int(text: str) -> int | None:
+    return int(text) if re.fullmatch(r"-?\d+", text) else None
+
+
+def role_template(units: Sequence[UnitWork], head: UnitWork, tokens: Mapping[str, str]) -> list[Word]:
+    """The one argv of the pods of ``units`` (the head alone, or every worker rank of a group): each word with its
+    per-node addresses as LWS references (:func:`substituted`), and each integer flag value that follows the rank
+    as :class:`Derived` (read off the ranks, the head's value of the flag, 0 where it has none, as rank 0's).
+    Raises :class:`K3Error` when the nodes differ otherwise."""
+    words = [[substituted(a, u, head, tokens) for a in u.node.argv] for u in units]
+    first = words[0]
+    if any(len(w) != len(first) for w in words):
+        raise K3Error(f"group {units[0].group}: the workers' argv differ in length; one pod template cannot run them")
+    if units[0].rank == 0:
+        return list(first)
+    head_flags = _flag_values(head.node.argv)
+    out: list[Word] = []
+    for i, word in enumerate(first):
+        values = [_int(w[i]) for w in words]
+        flag = first[i - 1] if i else ""
+        same = all(w[i] == word for w in words)
+        if not flag.startswith("--") or any(v is None for v in values):
+            if not same:
+                raise K3Error(f"group {units[0].group}: argv word {i} ({flag} {word}) differs between workers and "
+                              "follows no rank: one pod template cannot run them")
+            out.append(word)
+            continue
+        ranks = [u.rank for u in units]
+        ints = [v for v in values if v is not None]
+        base = _int(head_flags.get(flag, "0"))
+        if len(ints) > 1 and same and flag not in head_flags:
+            out.append(word)            # a workers-only flag with one value on every worker
+            continue
+        if same and base == ints[0] and flag in head_flags:
+            out.append(word)            # the same on every node
+            continue
+        offset = base if base is not None else 0
+        scale = (ints[0] - offset) // ranks[0] if ranks[0] else 0
+        if any(scale * r + offset != v for r, v in zip(ranks, ints, strict=True)):
+            raise K3Error(f"group {units[0].group}: {flag} is {', '.join(map(str, ints))} on ranks "
+                          f"{', '.join(map(str, ranks))}, not a multiple of the rank: one pod template cannot run them")
+        out.append(Derived(scale, offset))
+    return out
+
+
+def command(words: Sequence[Word], profile: str | None) -> tuple[list[str], list[str]]:
+    """``(command, args)`` of a container running ``words``: exec form where Kubernetes' expansion does it all, else
+    a shell (``profile``: the pack's login shell, ``bash -lc``, as the unit runs it; arithmetic: ``/bin/sh -c``)."""
+    if profile is None and all(isinstance(w, str) or w.plain for w in words):
+        plain = [w if isinstance(w, str) else ref(WORKER_INDEX) for w in words]
+        return [plain[0]], plain[1:]
+    script = " ".join(shlex.quote(w) if isinstance(w, str) else w.shell() for w in words)
+    if profile is not None:
+        return ["bash", "-lc", escape(profile) + "exec " + script], []
+    return ["/bin/sh", "-c", "exec " + script], []
+
+
+# ---------------------------------------------------------------------------------------------- the objects
+
+
+def env_of(text: str) -> dict[str, str]:
+    """An env file's settings (``NAME=value`` per line)."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+@dataclass(frozen=True)
+class Names:
+    base: str
+
+    def lws(self, pool: str) -> str:
+        return self.base if pool == "engine" else f"{self.base}-{pool}"
+
+    @property
+    def router(self) -> str:
+        return f"{self.base}-router"
+
+    @property
+    def api(self) -> str:
+        return f"{self.base}-api"
+
+    def pod(self, pool: str, replica: int, rank: int) -> str:
+        """A pod's DNS name in the namespace (LWS's headless service is named after the LWS)."""
+        lws = self.lws(pool)
+        return f"{lws}-{replica}.{lws}" if rank == 0 else f"{lws}-{replica}-{rank}.{lws}"
+
+
+def check(rollout: Rollout) -> Names:
+    """The object names of a rollout; raises :class:`K3Error` where ``k3_unit_name`` is not a DNS label."""
+    base = rollout.vars.k3_unit_name
+    if not DNS_LABEL.fullmatch(base) or len(base) > MAX_NAME:
+        raise K3Error(f"k3_unit_name: {base!r} cannot name Kubernetes objects: set a lowercase name of letters, "
+                      f"digits and '-' (at most {MAX_NAME} characters), e.g. k3-engine")
+    for name in (rollout.vars.k3_k8s_secret, rollout.vars.k3_k8s_cache_pvc):
+        if name is not None and not DNS_LABEL.fullmatch(name):
+            raise K3Error(f"{name!r} is not a Kubernetes object name: give k3_k8s_secret and k3_k8s_cache_pvc "
+                          "lowercase names of letters, digits and '-'")
+    return Names(base)
+
+
+def pools(rollout: Rollout) -> list[tuple[str, list[list[UnitWork]]]]:
+    """The LWS of a rollout: ``(pool, groups)`` with each group's units by rank (replicas: one group each)."""
+    engines = [g for g in rollout.groups if g != "router"]
+    if rollout.plan.strategy == "pd_cluster":
+        return [(g, [rollout.group(g)]) for g in engines]
+    return [("engine", [rollout.group(g) for g in engines])]
+
+
+def labels(rollout: Rollout, names: Names, component: str, revision: str) -> dict[str, str]:
+    plan = rollout.plan
+    return {"app.kubernetes.io/name": label_value(plan.model), "app.kubernetes.io/instance": names.base,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/managed-by": "k3deploy",
+            f"{LABEL_PREFIX}/strategy": plan.strategy, f"{LABEL_PREFIX}/hardware": label_value(plan.hardware),
+            f"{LABEL_PREFIX}/variant": label_value(plan.variant), f"{LABEL_PREFIX}/revision": revision}
+
+
+def _port(unit: UnitWork) -> int | None:
+    return int(unit.serves.rsplit(":", 1)[1]) if unit.serves else None
+
+
+def _http_probe(path: str, port: int, failures: int) -> Obj:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": PROBE_PERIOD, "failureThreshold": failures}
+
+
+def _leader_health(port: int) -> str:
+    """A headless worker's readiness: its head's ``/health`` answers (python3: every engine image has it)."""
+    return ("import os, urllib.request; urllib.request.urlopen('http://' + os.environ['LWS_LEADER_ADDRESS'] + "
+            f"':{port}/health', timeout=5)")
+
+
+def _env(rollout: Rollout, unit: UnitWork, head: UnitWork, tokens: Mapping[str, str]) -> list[Obj]:
+    secret = rollout.vars.k3_k8s_secret
+    out: list[Obj] = [{"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    env = env_of(unit.env_text)
+    for name, value in env.items():
+        if is_secret(name):
+            out.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}})
+        else:
+            out.append({"name": name, "value": substituted(value, unit, head, tokens)})
+    if HF_TOKEN not in env:
+        out.append({"name": HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": secret, "key": HF_TOKEN,
+                                                                     "optional": True}}})
+    return out
+
+
+def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, size: int, pack: Pack | None, names: Names,
+         pool: str, tokens: Mapping[str, str], meta: dict[str, str]) -> Obj:
+    """The pod template of ``units`` (the head, or the workers) of one group of ``size`` nodes."""
+    v = rollout.vars
+    unit = units[0]
+    hw = hardware()[rollout.plan.hardware]
+    multi = len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
+    box = pack.container if pack is not None else None
+    words = role_template(units, head, tokens)
+    words = [ref(GROUP_SIZE) if i and words[i - 1] in GROUP_SIZE_FLAGS and w == str(size) else w
+             for i, w in enumerate(words)]
+    cmd, args = command(words, box.login_profile if box else None)
+    mounts: list[Obj] = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CONTAINER_CACHE}]
+    volumes: list[Obj] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{int(SHM_MIN_GIB)}Gi"}},
+        {"name": "cache", **({"persistentVolumeClaim": {"claimName": v.k3_k8s_cache_pvc}} if v.k3_k8s_cache_pvc
+                             else {"hostPath": {"path": v.k3_model_cache, "type": "DirectoryOrCreate"}})},
+    ]
+    for i, (host_path, inside) in enumerate(box.mounts if box else ()):
+        volumes.append({"name": f"driver-{i}", "hostPath": {"path": host_path}})
+        mounts.append({"name": f"driver-{i}", "mountPath": inside, "readOnly": True})
+    limits: dict[str, Any] = {}
+    if box is not None and box.k8s_resource:
+        limits[box.k8s_resource] = hw.gpu_count
+    caps = list(box.k8s_capabilities if box else ())
+    rdma = multi and box is not None and box.rdma_devices
+    if rdma:
+        caps.append("IPC_LOCK")   # the units' --cap-add IPC_LOCK --ulimit memlock=-1: locks memory without limit
+        if v.k3_k8s_rdma_resource:
+            limits[v.k3_k8s_rdma_resource] = 1
+        else:
+            volumes.append({"name": "infiniband", "hostPath": {"path": "/dev/infiniband"}})
+            mounts.append({"name": "infiniband", "mountPath": "/dev/infiniband"})
+    security: Obj = {}
+    if caps:
+        security["capabilities"] = {"add": caps}
+    if box is not None and box.k8s_privileged:
+        security["privileged"] = True
+    if box is not None and box.k8s_unconfined:
+        security["seccompProfile"] = {"type": "Unconfined"}
+    container: Obj = {"name": "engine", "image": rollout.plan.image, "command": cmd}
+    if args:
+        container["args"] = args
+    container["env"] = _env(rollout, unit, head, tokens)
+    port = _port(unit)
+    head_port = _port(head)
+    if port is not None:
+        container["ports"] = [{"name": "http", "containerPort": port}]
+        container["startupProbe"] = _http_probe("/v1/models", port, -(-rollout.ready_timeout // PROBE_PERIOD))
+        container["readinessProbe"] = _http_probe("/v1/models", port, 3)
+        container["livenessProbe"] = _http_probe("/health", port, 6)
+    elif head_port is not None:
+        container["readinessProbe"] = {"exec": {"command": ["python3", "-c", _leader_health(head_port)]},
+                                       "periodSeconds": PROBE_PERIOD, "failureThreshold": 3}
+    if limits:
+        container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
+    if security:
+        container["securityContext"] = security
+    container["volumeMounts"] = mounts
+    spec: Obj = {"terminationGracePeriodSeconds": STOP_GRACE}
+    if v.k3_k8s_host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"   # the pods' and services' names resolve
+    if unit.join is not None:
+        wait = wait_tcp("K3LEADER", unit.join[1], v.k3_rendezvous_timeout)
+        spec["initContainers"] = [{"name": "wait-rendezvous", "image": rollout.plan.image, "command": [
+            "bash", "-c", escape(wait).replace("K3LEADER", ref(LEADER_ADDRESS))]}]
+    spec["containers"] = [container]
+    if hw.nvl and multi and box is not None and box.k8s_imex_api:
+        spec["resourceClaims"] = [{"name": "imex-channel", "resourceClaimTemplateName": _claim(names, pool)}]
+        container["resources"] = {**container.get("resources", {}), "claims": [{"name": "imex-channel"}]}
+    spec["volumes"] = volumes
+    return {"metadata": {"labels": dict(meta)}, "spec": spec}
+
+
+def _claim(names: Names, pool: str) -> str:
+    return f"{names.lws(pool)}-imex-channel"
+
+
+def lws(rollout: Rollout, pool: str, groups: Sequence[Sequence[UnitWork]], names: Names, revision: str,
+        tokens: Mapping[str, str]) -> list[Obj]:
+    """The LeaderWorkerSet of one pool (with its ComputeDomain where the trays share an NVLink domain)."""
+    pack = pack_for_container(rollout.plan.vendor)
+    units = list(groups[0])
+    head = units[0]
+    size = len(units)
+    for other in groups[1:]:
+        if len(other) != size:
+            raise K3Error(f"the replicas of {pool} differ in size ({size} and {len(other)} nodes): give every "
+                          "replica the same number of hosts")
+    meta = {**labels(rollout, names, pool, revision), f"{LABEL_PREFIX}/pool": pool}
+    role = f"{LABEL_PREFIX}/role"
+    leader = _pod(rollout, [head], head, size, pack, names, pool, tokens, {**meta, role: "leader"})
+    worker = _pod(rollout, units[1:], head, size, pack, names, pool, tokens, {**meta, role: "worker"}) \
+        if size > 1 else leader
+    hw = hardware()[rollout.plan.hardware]
+    out: list[Obj] = []
+    annotations = {f"{LABEL_PREFIX}/model": rollout.plan.model}
+    if hw.nvl and size > 1:
+        annotations[EXCLUSIVE_TOPOLOGY] = rollout.vars.k3_k8s_topology_key
+    multi = len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
+    if hw.nvl and multi and pack is not None and pack.container.k8s_imex_api:
+        out.append({"apiVersion": pack.container.k8s_imex_api, "kind": "ComputeDomain",
+                    "metadata": {"name": f"{names.lws(pool)}-imex", "labels": dict(meta)},
+                    "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": _claim(names, pool)}}}})
+    out.append({
+        "apiVersion": LWS_API, "kind": "LeaderWorkerSet",
+        "metadata": {"name": names.lws(pool), "labels": dict(meta), "annotations": annotations},
+        "spec": {
+            "replicas": len(groups),
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
+                "maxUnavailable": rollout.vars.k3_max_unavailable, "maxSurge": 0}},
+            "leaderWorkerTemplate": {"size": size, "restartPolicy": "RecreateGroupAfterStart",
+                                     **({"leaderTemplate": leader} if size > 1 else {}), "workerTemplate": worker},
+        },
+    })
+    return out
+
+
+def router(rollout: Rollout, names: Names, revision: str) -> Obj:
+    """The router's Deployment: the rollout's router argv, each engine URL as its pod's DNS name."""
+    unit = rollout.group("router")[0]
+    urls: dict[str, str] = {}
+    for pool, groups in pools(rollout):
+        for replica, units in enumerate(groups):
+            for u in units:
+                port = _port(u)
+                if u.serves and port is not None:
+                    urls[u.serves] = f"http://{names.pod(pool, replica, u.rank)}:{port}"
+    argv = [escape(a) for a in unit.node.argv]
+    argv = [urls.get(a, a) for a in argv]
+    port = rollout.vars.k3_router_port
+    meta = labels(rollout, names, "router", revision)
+    container: Obj = {"name": "router", "image": rollout.vars.k3_router_image or rollout.plan.image,
+                      "command": argv[:1], "args": argv[1:], "ports": [{"name": "http", "containerPort": port}],
+                      "readinessProbe": _http_probe("/health", port, 3),
+                      "livenessProbe": _http_probe("/health", port, 6)}
+    wait: Obj = {"name": "wait-engines", "image": container["image"],
+                 "command": ["python3", "-c", escape(_engines_serve(sorted(urls.values())))]}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": names.router, "labels": dict(meta)},
+            "spec": {"replicas": 1, "selector": {"matchLabels": _selector(names, "router")},
+                     "template": {"metadata": {"labels": dict(meta)},
+                                  "spec": {"initContainers": [wait], "containers": [container]}}}}
+
+
+def _engines_serve(urls: Sequence[str]) -> str:
+    """The router's init container: until every engine it fronts answers ``/health`` (the order of every launcher:
+    the router starts once the engine groups serve)."""
+    return ("import time, urllib.request\n"
+            f"urls = {list(urls)!r}\n"
+            "while urls:\n"
+            "    try:\n"
+            "        urllib.request.urlopen(urls[0] + '/health', timeout=5)\n"
+            "        print('serving:', urls.pop(0), flush=True)\n"
+            "    except Exception:\n"
+            "        time.sleep(5)\n")
+
+
+def _selector(names: Names, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": names.base, "app.kubernetes.io/component": component}
+
+
+def service(rollout: Rollout, names: Names, revision: str) -> Obj:
+    """The public endpoint: the router, or the engine group's head."""
+    if "router" in rollout.groups:
+        selector, port = _selector(names, "router"), rollout.vars.k3_router_port
+    else:
+        head = rollout.group(rollout.groups[0])[0]
+        selector = {LWS_NAME_LABEL: names.lws("engine"), LWS_INDEX_LABEL: "0"}
+        port = _port(head) or 8000
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": names.api, "labels": labels(rollout, names, "api", revision)},
+            "spec": {"type": "ClusterIP", "selector": selector,
+                     "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]}}
+
+
+def manifests(rollout: Rollout, tokens: Mapping[str, str] | None = None) -> list[Obj]:
+    """Every object of the rollout, in apply order: ComputeDomains, LeaderWorkerSets, the router's Deployment, the
+    public Service. ``tokens``: a node's blank -> the one blank its pool's pod template carries."""
+    names = check(rollout)
+    revision = plan_revision(rollout)
+    out: list[Obj] = []
+    for pool, groups in pools(rollout):
+        out += lws(rollout, pool, groups, names, revision, tokens or {})
+    if "router" in rollout.groups:
+        out.append(router(rollout, names, revision))
+    out.append(service(rollout, names, revision))
+    return out
+
+
+def file_name(index: int, obj: Obj) -> str:
+    """The file of an object: apply order, kind and name."""
+    return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
