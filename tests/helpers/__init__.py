@@ -59,6 +59,18 @@ def k3(*args: str, check: bool = False, cwd: Path | str = ROOT, timeout: float |
     return proc
 
 
+def two_tray_site(tmp_path: Path, group_vars: str) -> Path:
+    """A site's inventory of two trays (gpu01 head, gpu02 worker) with ``group_vars`` as its
+    ``group_vars/all.yml``; its path."""
+    site = tmp_path / "site"
+    (site / "group_vars").mkdir(parents=True)
+    (site / "inventory.py").write_text(
+        'head = [("gpu01", {"ssh_hostname": "10.1.0.1", "k3_ip": "10.1.0.1"})]\n'
+        'workers = [("gpu02", {"ssh_hostname": "10.1.0.2", "k3_ip": "10.1.0.2", "rank": 1})]\n')
+    (site / "group_vars" / "all.yml").write_text(group_vars)
+    return site / "inventory.py"
+
+
 def present(value: T | None) -> T:
     """``value``, failing the test where it is None (a host without an engine, a state file that is not there).
 

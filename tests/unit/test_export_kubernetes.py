@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers import k3
+from helpers import k3, two_tray_site
 
 
 def _export(*args: str) -> subprocess.CompletedProcess[str]:
@@ -20,16 +20,11 @@ def _all_text(out: Path) -> str:
 
 
 def test_export_from_an_inventory_follows_its_group_vars(tmp_path):
-    site = tmp_path / "site"
-    (site / "group_vars").mkdir(parents=True)
-    (site / "inventory.py").write_text(
-        'head = [("gpu01", {"ssh_hostname": "10.1.0.1", "k3_ip": "10.1.0.1"})]\n'
-        'workers = [("gpu02", {"ssh_hostname": "10.1.0.2", "k3_ip": "10.1.0.2", "rank": 1})]\n')
-    (site / "group_vars" / "all.yml").write_text(
+    inventory = two_tray_site(tmp_path, (
         "k3_hardware: gb300\nk3_strategy: multi_node_tp\nk3_iface: eth1\nk3_k8s_cache_pvc: kimi-cache\n"
-        "k3_extra_env:\n  SITE_API_TOKEN: s3cr3t-value\n")
+        "k3_extra_env:\n  SITE_API_TOKEN: s3cr3t-value\n"))
     out = tmp_path / "out"
-    proc = _export(str(site / "inventory.py"), "-o", str(out), "--json", "--secret", "site-secrets")
+    proc = _export(str(inventory), "-o", str(out), "--json", "--secret", "site-secrets")
     assert proc.returncode == 0, proc.stderr
     written = json.loads(proc.stdout)
     assert [(o["kind"], o["name"]) for o in written["objects"]] == [

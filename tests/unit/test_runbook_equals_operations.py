@@ -24,7 +24,8 @@ from pyinfra.api.command import FileUploadCommand, FunctionCommand, RsyncCommand
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from k3deploy.errors import K3Error
+from helpers.clusters import FAMILIES, STRATEGIES, smallest_rollout
+from helpers.clusters import records as cluster_records
 from k3deploy.facts.rollout import SmokeAnswer
 from k3deploy.model import commands, steps
 from k3deploy.model.binding import HostRecord
@@ -39,36 +40,15 @@ from k3deploy.runtime import phases, readiness
 from k3deploy.runtime.gather import Gathered
 from k3deploy.runtime.reading import HostReading
 
+
 #: per vendor family, its hardware in order of preference (the first that offers a strategy runs it)
-FAMILIES = {"NVIDIA": ["gb300", "h200"], "AMD": ["mi300x"], "Ascend": ["ascend_910c"]}
-STRATEGIES = sorted(p.stem for p in (Path(steps.__file__).parents[1] / "data" / "strategies").glob("*.yaml"))
-
-
-def records(hardware: str, strategy: str, nodes: int, token: str | None,
-            **extra: str) -> list[HostRecord]:
-    data = {"k3_hardware": hardware, "k3_strategy": strategy, **({"k3_hf_token_file": token} if token else {}), **extra,
-            **({"k3_variant": "ascend_w4a8"} if hardware.startswith("ascend") else {})}
-    if strategy == "pd_cluster":
-        prefill = max(1, nodes // 2)
-        return ([HostRecord(f"p{i}", ("prefill", "router") if i == 0 else ("prefill",),
-                            {**data, "k3_ip": f"192.0.2.{10 + i}", "rank": i}) for i in range(prefill)]
-                + [HostRecord(f"d{i}", ("decode",), {**data, "k3_ip": f"192.0.2.{50 + i}", "rank": i})
-                   for i in range(nodes - prefill)])
-    return [HostRecord(f"n{i}", ("head",) if i == 0 else ("workers",), {**data, "k3_ip": f"192.0.2.{10 + i}",
-                                                                          "rank": i}) for i in range(nodes)]
+def records(hardware: str, strategy: str, nodes: int, token: str | None, **extra: str) -> list[HostRecord]:
+    return cluster_records(hardware, strategy, nodes, **({"k3_hf_token_file": token} if token else {}), **extra)
 
 
 def rollout_of(hardware: list[str], strategy: str, token: str | None = None, **extra: str) -> Rollout | None:
     """The smallest cluster of the family's first hardware that offers ``strategy`` (None: none offers it)."""
-    for hw in hardware:
-        for nodes in range(1, 9):
-            try:
-                wanted = target(records(hw, strategy, nodes, token, **extra), None)
-            except K3Error:   # a strategy the recipe does not offer on this hardware
-                break
-            if wanted.plan is not None:
-                return desired_rollout(wanted)
-    return None
+    return smallest_rollout(hardware, strategy, **({"k3_hf_token_file": token} if token else {}), **extra)
 
 
 #: every strategy x vendor family the recipe offers (kimi-k3 offers no single_node_dep or single_node_tep anywhere)

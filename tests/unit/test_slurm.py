@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.clusters import FAMILIES, STRATEGIES, records, smallest_rollout
 from k3deploy.errors import K3Error
 from k3deploy.model import commands, slurm
 from k3deploy.model.binding import HostRecord
@@ -23,41 +24,16 @@ from k3deploy.model.diff import exec_start, split_exec
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import Rollout
 
+
 #: per vendor family, its hardware in order of preference (the first that offers a strategy runs it)
-FAMILIES = {"NVIDIA": ["gb300", "h200"], "AMD": ["mi300x"], "Ascend": ["ascend_910c"]}
-STRATEGIES = sorted(p.stem for p in (Path(slurm.__file__).parents[1] / "data" / "strategies").glob("*.yaml"))
-
-
-def records(hardware: str, strategy: str, nodes: int, **extra: object) -> list[HostRecord]:
-    data = {"k3_hardware": hardware, "k3_strategy": strategy, **extra,
-            **({"k3_variant": "ascend_w4a8"} if hardware.startswith("ascend") else {})}
-    if strategy == "pd_cluster":
-        prefill = max(1, nodes // 2)
-        return ([HostRecord(f"p{i}", ("prefill", "router") if i == 0 else ("prefill",),
-                            {**data, "k3_ip": f"192.0.2.{10 + i}", "rank": i}) for i in range(prefill)]
-                + [HostRecord(f"d{i}", ("decode",), {**data, "k3_ip": f"192.0.2.{50 + i}", "rank": i})
-                   for i in range(nodes - prefill)])
-    return [HostRecord(f"n{i}", ("head",) if i == 0 else ("workers",),
-                       {**data, "k3_ip": f"192.0.2.{10 + i}", "rank": i}) for i in range(nodes)]
-
-
 def rollout_of(hardware: list[str], strategy: str, **extra: object) -> Rollout | None:
     """The smallest cluster of the family's first hardware that offers ``strategy`` (None: none offers it); where a
     router shares a host with an engine group (P/D: the first prefill host; a front router: the head's host) its jobs
     share nodes (``k3_slurm_exclusive: user``)."""
-    for hw in hardware:
-        for nodes in range(1, 9):
-            try:
-                wanted = target(records(hw, strategy, nodes, **extra), None)
-            except K3Error:
-                break
-            if wanted.plan is not None:
-                r = desired_rollout(wanted)
-                if "router" in r.groups and "k3_slurm_exclusive" not in extra:
-                    r = desired_rollout(target(records(hw, strategy, nodes, **extra, k3_slurm_exclusive="user"),
-                                               None))
-                return r
-    return None
+    r = smallest_rollout(hardware, strategy, **extra)
+    if r is not None and "router" in r.groups and "k3_slurm_exclusive" not in extra:
+        r = smallest_rollout(hardware, strategy, **extra, k3_slurm_exclusive="user")
+    return r
 
 
 OFFERED = [(family, strategy) for family, hardware in FAMILIES.items() for strategy in STRATEGIES
