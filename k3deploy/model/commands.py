@@ -455,6 +455,22 @@ def wait_tcp(address: str, port: int, timeout: int, interval: float = 1.0) -> st
             f"echo {shlex.quote(f'rendezvous {where} open')}")
 
 
+def _serving(url: str, model: str | None) -> list[str]:
+    """The part of a probe that asks the endpoint: ``/health`` 200 (503: failed) and, with ``model``, ``/v1/models``
+    listing it."""
+    health = shlex.quote(url + "/health")
+    lines = [
+        f"code=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health} || true)",
+        f"if [ \"$code\" = 503 ]; then echo {shlex.quote(f'GET {url}/health -> 503 (engine dead)')}; "
+        f"exit {PROBE_FAILED}; fi",
+        f"[ \"$code\" = 200 ] || exit {PROBE_STARTING}",
+    ]
+    if model:
+        listed = " ".join(f"-e {shlex.quote(p)}" for p in (f'"id":{json.dumps(model)}', f'"id": {json.dumps(model)}'))
+        lines.append(f"curl -s -m 5 {shlex.quote(url + '/v1/models')} | grep -qF {listed} || exit {PROBE_STARTING}")
+    return lines
+
+
 def probe(unit: str, url: str | None, model: str | None) -> str:
     """One poll of a started unit. Exit 0: serving (``url``: ``/health`` 200 and, with ``model``, ``/v1/models``
     lists it; no ``url``: running); 1: failed, with what was observed on stdout; 2: still starting.
@@ -472,17 +488,7 @@ def probe(unit: str, url: str | None, model: str | None) -> str:
     if not url:
         lines.append(f"[ \"$ActiveState\" = active ] || exit {PROBE_STARTING}")
         return "; ".join(lines)
-    health = shlex.quote(url + "/health")
-    lines += [
-        f"code=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health} || true)",
-        f"if [ \"$code\" = 503 ]; then echo {shlex.quote(f'GET {url}/health -> 503 (engine dead)')}; "
-        f"exit {PROBE_FAILED}; fi",
-        f"[ \"$code\" = 200 ] || exit {PROBE_STARTING}",
-    ]
-    if model:
-        listed = " ".join(f"-e {shlex.quote(p)}" for p in (f'"id":{json.dumps(model)}', f'"id": {json.dumps(model)}'))
-        lines.append(f"curl -s -m 5 {shlex.quote(url + '/v1/models')} | grep -qF {listed} || exit {PROBE_STARTING}")
-    return "; ".join(lines)
+    return "; ".join(lines + _serving(url, model))
 
 
 def probe_job(job: str, url: str | None, model: str | None) -> str:
@@ -504,17 +510,7 @@ def probe_job(job: str, url: str | None, model: str | None) -> str:
     ]
     if not url:
         return "; ".join(lines)
-    health = shlex.quote(url + "/health")
-    lines += [
-        f"code=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health} || true)",
-        f"if [ \"$code\" = 503 ]; then echo {shlex.quote(f'GET {url}/health -> 503 (engine dead)')}; "
-        f"exit {PROBE_FAILED}; fi",
-        f"[ \"$code\" = 200 ] || exit {PROBE_STARTING}",
-    ]
-    if model:
-        listed = " ".join(f"-e {shlex.quote(p)}" for p in (f'"id":{json.dumps(model)}', f'"id": {json.dumps(model)}'))
-        lines.append(f"curl -s -m 5 {shlex.quote(url + '/v1/models')} | grep -qF {listed} || exit {PROBE_STARTING}")
-    return "; ".join(lines)
+    return "; ".join(lines + _serving(url, model))
 
 
 def step_logs(output: str, container: str | None, docker: str, lines: int = 25) -> str:
