@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from helpers import deploy, k3, totals, why
+from helpers.clients import Client
 from helpers.simulated import Sim, endpoint_of, openai_client
 
 pytestmark = pytest.mark.sim
@@ -142,39 +140,6 @@ def test_pd_pools_before_the_router_under_slurm(sim_factory):
     again = deploy(sim.inventory)
     assert again.returncode == 0 and "submitted on" not in again.stdout, why(again)
     assert jobs(sim) == queued
-
-
-class Client:
-    """Chat completions through the endpoint, back to back from two threads, until stopped; every failure kept."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.url = endpoint.rstrip("/") + "/v1/chat/completions"
-        self.body = json.dumps({"model": "moonshotai/Kimi-K3", "max_tokens": 16,
-                                "messages": [{"role": "user", "content": "Say hello."}]}).encode()
-        self.ok = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            req = urllib.request.Request(self.url, data=self.body, headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    json.loads(resp.read())
-                self.ok += 1
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                self.failures.append(repr(exc))
-
-    def __enter__(self) -> Client:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
 
 
 def test_replicas_roll_one_job_at_a_time_behind_the_routers_job(sim_factory):
