@@ -147,8 +147,9 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
 
     No member of a group serves before every rank has joined, the head included: until the head serves, each round
     polls the head and, every :data:`MEMBERS_EVERY` rounds, the other members (a member that failed or restarted is
-    seen there; one that is lost also fails its head); from then on every unit, every round. A group of N members
-    so costs its nodes about N/8 probes a round while the engines start, not N. The round after the one in which
+    seen there; one that is lost also fails its head); from then on every unit that does not serve yet, every round,
+    and those that do every :data:`MEMBERS_EVERY` rounds (one that fails is still seen). A group of N members so costs
+    its nodes about N/8 probes a round while the engines start, not N. The round after the one in which
     the head first serves comes at once: members that serve an API of their own (hybrid load balancing) serve with
     it. ``control``: the launcher's probe, logs and stop (default: the systemd units')."""
     units = rollout.group(group)
@@ -164,7 +165,8 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     rounds = 0
     while True:
         head_serves = not head.serves or key(head) in ready
-        polled = [u for u in units if u is head or head_serves or rounds % MEMBERS_EVERY == 0]
+        polled = [u for u in units
+                  if u is head or rounds % MEMBERS_EVERY == 0 or (head_serves and key(u) not in ready)]
         rounds += 1
         # one poll of each of these units, all hosts at once (each over its own connection)
         jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model,

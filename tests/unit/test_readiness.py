@@ -214,3 +214,19 @@ def test_a_failure_of_unchanged_files_does_not_suggest_a_rollback():
     assert "'Error: executed 0 commands'" in node      # pyinfra's line that follows is explained
     change = failure_advice("engine", "n2", changed=True)
     assert "--data k3_rollback=true" in change and "'Error: executed 0 commands'" in change
+
+
+def test_once_the_head_serves_a_member_that_serves_is_not_asked_again_every_round(tmp_path):
+    plan = resolve(load_recipe(), hardware="b300", strategy="multi_node_dep", nodes=3)
+    hosts_ = [HostRecord("n0", ("head",), {"k3_ip": "10.0.0.1"})] + [
+        HostRecord(f"n{i}", ("workers",), {"k3_ip": f"10.0.0.{i + 1}"}) for i in (1, 2)]
+    r = plan_rollout(plan, hosts_, Variables(k3_hardware="b300", k3_poll_interval=0.2, k3_rollout_deadline=30,
+                                             k3_docker="docker"))
+    assert all(u.serves for u in r.group("engine"))   # hybrid load balancing: every member serves its own API
+    clock = Clock()
+    hosts = {"n0": Host(tmp_path, "n0", [RUNNING], ["000", "200"]),
+             "n1": Host(tmp_path, "n1", [RUNNING], ["000", "200"]),               # serves with the head
+             "n2": Host(tmp_path, "n2", [RUNNING], ["000", "000", "000", "000", "200"])}   # three rounds later
+    assert wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock) is None
+    assert hosts["n2"].polls == 5        # rounds 1, 3, 4, 5 and 6: every round once the head serves
+    assert hosts["n1"].polls == 2        # rounds 1 and 3: serving, it waits for the next 8th round
