@@ -8,6 +8,7 @@ import json
 import os
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +52,10 @@ def secret_values(gathered: Gathered) -> list[str]:
 def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list[str]) -> dict[str, str]:
     """The bundle's files by path: the tool's version, variables, plan, status, preflight, and per host its facts
     and what the rollout read there, and per unit its unit and env files (as installed), journal and container
-    log."""
-    from k3deploy.cli.plan import staging_lines
+    log. Under ``k3_launcher: slurm``: per unit its launch script instead of a unit file and its step output in its
+    group's newest job (and the job's own output, on its batch host) instead of a journal; the submit host's
+    ``squeue`` in ``slurm/``."""
+    from k3deploy.cli.plan import jobs_plan, staging_lines
     from k3deploy.cli.status import status_of
     from k3deploy.model.diff import build
 
@@ -60,30 +63,72 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
     t = gathered.target
     first = t.resolved[t.records[0].name]
     secrets = list(secrets) + secret_values(gathered)
-    plan = build(r, gathered.installed, gathered.helpers)
-    plan.staging = staging_lines(gathered)
+    batch = r.vars.k3_launcher == "slurm"
+
+    def plan() -> dict[str, Any]:
+        report = jobs_plan(gathered) if batch else build(r, gathered.installed, gathered.helpers)
+        report.staging = staging_lines(gathered)
+        return report.to_dict()
+
+    def either(what: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Under Slurm the plan and the status need the submit host's queue: where it could not be read the
+        bundle says why instead (a bundle is most wanted when something is broken)."""
+        try:
+            return what()
+        except K3Error as exc:
+            if not batch:
+                raise
+            return {"error": str(exc)}
+
     files = {
         "VERSION": f"k3deploy {version}\ncollected {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
                    f"inventory {inventory}\n",
         "variables.json": _json({"group_vars": first.files, "variables": first.listing()}),
-        "plan.json": _json(plan.to_dict()),
-        "status.json": _json(status_of(gathered).to_dict()),
+        "plan.json": _json(either(plan)),
+        "status.json": _json(either(lambda: status_of(gathered).to_dict())),
         "preflight.json": _json(gathered.preflight.to_dict() if gathered.preflight else None),
     }
     for f in gathered.facts:
         files[f"hosts/{f.host}/facts.json"] = _json(f)
     for host, reading in gathered.readings.items():
         files[f"hosts/{host}/read.json"] = _json(reading)
+    if batch:
+        files.update(slurm_files(gathered))
     for u in r.units:
         have = gathered.installed.get((u.host, u.unit))
-        base = f"hosts/{u.host}/{u.unit}"
+        base = f"hosts/{u.host}/{u.container if batch else u.unit}"   # (under Slurm no systemd unit: its container)
         if have is not None and have.unit_text is not None:
-            files[f"{base}.unit"] = have.unit_text
+            files[f"{base}.launch" if batch else f"{base}.unit"] = have.unit_text
         if have is not None and have.env_text is not None:
             files[f"{base}.env"] = have.env_text
-        for kind, text in gathered.logs.get((u.host, u.unit), {}).items():
-            files[f"{base}.{kind}.log"] = text
+        logs = gathered.logs.get((u.host, u.unit), {})
+        job = logs.get("job", "").strip()
+        for kind, text in logs.items():
+            if kind == "job":
+                continue
+            # under Slurm: the step output and the job's own output, named by the job they come from
+            files[f"{base}.{kind}-{job or 'none'}.log" if kind in ("step", "batch") else f"{base}.{kind}.log"] = text
     return {path: scrub(text, secrets) for path, text in files.items()}
+
+
+def slurm_files(gathered: Gathered) -> dict[str, str]:
+    """``k3_launcher: slurm``: the submit host's ``squeue`` as the run read it (``slurm/squeue.txt``: one line per
+    job, ``JOBID NAME STATE COMMENT NODES``) and per group its job with the planned one (``slurm/jobs.json``)."""
+    from k3deploy.model import slurm
+
+    r = gathered.require_rollout()
+    queue = gathered.slurm_queue
+    planned = slurm.jobs(r)
+    lines = [f"# squeue on {r.vars.k3_slurm_submit_host}: {slurm.queue([j.name for j in planned])}"]
+    if queue is None or queue.error is not None:
+        lines.append(f"# squeue failed: {queue.error if queue is not None else 'not read'}")
+    else:
+        lines += [f"{q.id} {q.name} {q.state} {q.comment or '(null)'} {q.nodes}" for q in queue.jobs]
+    held = slurm.group_jobs(planned, queue.jobs if queue is not None else ())
+    jobs = {j.group: {"planned": {"name": j.name, "nodes": list(j.nodes), "comment": j.comment, "script": j.path},
+                      "queued": {**dataclasses.asdict(held[j.group]), "shown": held[j.group].shown()}}
+            for j in planned}
+    return {"slurm/squeue.txt": "\n".join(lines) + "\n", "slurm/jobs.json": _json(jobs)}
 
 
 @click.command("bundle")

@@ -76,9 +76,5 @@ def read_cluster(command: str, inventory: str, **kwargs: Any) -> Any:
 
 #: the commands that read the systemd units only: with ``k3_launcher: slurm`` they say so instead of a wrong answer
 NOT_ON_SLURM = {
-    "plan": "the deploy submits a group's job when squeue on k3_slurm_submit_host shows none with its planned "
-            "--comment (squeue -o '%i %j %T %k %N')",
-    "status": "squeue -o '%i %j %T %k %N' on k3_slurm_submit_host shows each group's job, with its revision",
-    "bundle": "each step's output is <k3_slurm_dir>/<group>/<job id>/<node>.out on its node",
     "runbook": "k3deploy export slurm INVENTORY -o DIR writes the batch and launch scripts, with their README",
 }

@@ -19,6 +19,7 @@ import click
 from k3deploy.errors import K3Error
 
 if TYPE_CHECKING:
+    from k3deploy.model.diff import PlanReport
     from k3deploy.runtime.gather import Gathered
 
 EXIT_CHANGES = 3
@@ -42,7 +43,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
       k3deploy plan inventories/gb300.py --json | jq .restart_order
     """
     from k3deploy.cli.common import read_cluster
-    from k3deploy.model.diff import build, render_text
+    from k3deploy.model.diff import build, render_jobs_text, render_text
     from k3deploy.runtime.gather import require_reachable
     from k3deploy.runtime.views import PLAN
 
@@ -54,7 +55,8 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     gathered = read_cluster("plan", inventory, view=PLAN, overrides={"k3_rollback": wanted})
     require_reachable(gathered)
     rollout = gathered.require_rollout()
-    report = build(rollout, gathered.installed, gathered.helpers)
+    slurm = rollout.vars.k3_launcher == "slurm"
+    report = jobs_plan(gathered) if slurm else build(rollout, gathered.installed, gathered.helpers)
     report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
@@ -79,13 +81,27 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         click.echo(f"Variables (group_vars merged, lowest first: {', '.join(first.files) or 'none'}):")
         for line in first.lines():
             click.echo(f"  {line}")
-        click.echo(render_text(report, rollout), nl=False)
+        click.echo((render_jobs_text if slurm else render_text)(report, rollout), nl=False)
     if failures:
         click.echo("error: preflight fails on " + ", ".join(sorted(failures))
                    + ": the rollout would stop before changing anything; fix the nodes (k3deploy preflight "
                    f"{inventory}) and rerun", err=True)
         sys.exit(2)
     return report.exit_code
+
+
+def jobs_plan(gathered: Gathered) -> PlanReport:
+    """``k3_launcher: slurm``: the plan of each group's job (keep, submit, replace), decided as the deploy decides
+    it (:func:`k3deploy.runtime.launchers.launcher_for`, from the queue the submit host read), and each unit's
+    launch script and env file changes (:func:`k3deploy.model.diff.build_jobs`)."""
+    from k3deploy.model.diff import build_jobs
+    from k3deploy.runtime.launchers import Slurm, launcher_for
+
+    rollout = gathered.require_rollout()
+    launcher = launcher_for(gathered, [r.name for r in gathered.target.records])
+    assert isinstance(launcher, Slurm)   # k3_launcher: slurm
+    changed = launcher.changes(rollout, gathered)
+    return build_jobs(rollout, gathered.installed, list(launcher.jobs.values()), list(launcher.queued), changed)
 
 
 def staging_lines(gathered: Gathered) -> list[str]:

@@ -12,6 +12,7 @@ import click
 from k3deploy.cli.common import echo_json, json_option, read_cluster
 
 if TYPE_CHECKING:
+    from k3deploy.model.slurm import GroupJob
     from k3deploy.model.status import ClusterStatus
     from k3deploy.runtime.gather import Gathered
 
@@ -67,20 +68,46 @@ def status_of(gathered: Gathered) -> ClusterStatus:
     rollout = gathered.require_rollout()
     down = set(gathered.preflight.unreachable()) if gathered.preflight else set()
     return assess(rollout, served_model(rollout), gathered.runs, gathered.installed, gathered.endpoint_models, down,
-                  time.time(), gathered.history)
+                  time.time(), gathered.history, jobs=group_jobs_of(gathered))
+
+
+def group_jobs_of(gathered: Gathered) -> dict[str, GroupJob] | None:
+    """``k3_launcher: slurm``: each group's job as the submit host's ``squeue`` shows it (None: systemd units).
+    Raises :class:`K3Error` (one line, the fix) where the submit host is not set, not in the inventory, or its
+    squeue failed."""
+    from k3deploy.errors import K3Error
+    from k3deploy.model import slurm
+
+    rollout = gathered.require_rollout()
+    if rollout.vars.k3_launcher != "slurm":
+        return None
+    submit = slurm.check_submit(rollout, [r.name for r in gathered.target.records])
+    if submit in (gathered.preflight.unreachable() if gathered.preflight else []):
+        raise K3Error(f"k3_slurm_submit_host {submit} is unreachable, so the Slurm queue cannot be read: check "
+                      f"that it answers over SSH (ssh {submit} squeue)")
+    queue = gathered.slurm_queue
+    if queue is None or queue.error is not None:
+        raise K3Error(f"k3_slurm_submit_host {submit}: squeue failed "
+                      f"({queue.error if queue is not None else 'not read'}): check that Slurm's commands work "
+                      f"there (ssh {submit} squeue)")
+    return slurm.group_jobs(slurm.jobs(rollout), queue.jobs)
 
 
 def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
     from rich.table import Table
 
     colour = {"serving": "green", "running": "green", "degraded": "yellow", "starting": "yellow"}
+    slurm = st.launcher == "slurm"
     for g in st.groups:
-        table = Table("host", "unit", "role", "state", "restarts", "up", "image", "as planned", "/health",
-                      "/v1/models", "verdict", title=f"group {g.name}: [{colour.get(g.verdict, 'red')}]{g.verdict}"
-                      f"[/]" + {True: " (in the router)", False: " [red](not in the router)[/]", None: ""}[g.in_router],
+        job = f"; {g.job.shown()} ({g.job.name})" if g.job is not None else ""
+        table = Table("host", "unit", "role", "job" if slurm else "state", "restarts", "up", "image", "as planned",
+                      "/health", "/v1/models", "verdict",
+                      title=f"group {g.name}: [{colour.get(g.verdict, 'red')}]{g.verdict}[/]{job}"
+                      + {True: " (in the router)", False: " [red](not in the router)[/]", None: ""}[g.in_router],
                       title_justify="left")
         for u in g.units:
-            table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active, str(u.restarts), _uptime(u.uptime_s),
+            table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active,
+                          "n/a" if u.restarts is None else str(u.restarts), "n/a" if slurm else _uptime(u.uptime_s),
                           _image_cell(u.image, u.image_id),
                           {True: "yes", False: "[red]no[/] (below)", None: "-"}[u.matches_plan],
                           "-" if u.health is None else str(u.health),
@@ -90,6 +117,10 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
         for u in g.units:
             if u.why:
                 console.print(f"{u.host} {u.unit}: as planned: no: {u.why}", highlight=False, soft_wrap=True)
+    if slurm:
+        console.print("k3_launcher: slurm: each group runs as one Slurm job (job: squeue on k3_slurm_submit_host; "
+                      "a job gone from the queue is 'no job'); restarts and up are systemd's, n/a here: a job "
+                      "restarts whole, as a new job or requeued (docs/slurm.md)", highlight=False, soft_wrap=True)
     if any(u.image_id for g in st.groups for u in g.units):
         console.print("image: the reference each unit runs (digest: the registry's, of the build it was pinned to); "
                       "local id: the image's id on that host (docker images --no-trunc)", highlight=False,

@@ -25,6 +25,7 @@ from pyinfra.api.facts import FactBase
 from k3deploy.model.commands import (
     endpoint_models,
     health_code,
+    job_logs,
     lock_read,
     lock_take,
     router_workers,
@@ -113,9 +114,19 @@ class RouterWorkers(FactBase["tuple[str, ...] | None"]):
 
 
 class UnitLogs(FactBase[dict[str, str]]):
-    """The tail of a unit's journal and of its container's log: ``{"journal": ..., "container": ...}``."""
+    """The tail of a unit's journal and of its container's log: ``{"journal": ..., "container": ...}``. Under
+    ``k3_launcher: slurm`` (``group_dir``: its group's directory under ``k3_slurm_dir``, ``host``: this node) no
+    journal but the id of the group's newest job here, the tail of this node's step output in it (and of the job's
+    own output, on its batch host): ``{"job": ..., "step": ..., "batch": ..., "container": ...}``.
 
-    def command(self, unit: str, container: str, docker: str = "docker", lines: int = 300) -> str:
+        >>> UnitLogs().process(["K3_LOG=job", "42", "K3_LOG=step", "INFO up", "K3_LOG=container", "x"])
+        {'job': '42\\n', 'step': 'INFO up\\n', 'container': 'x\\n'}
+    """
+
+    def command(self, unit: str, container: str, docker: str = "docker", lines: int = 300,
+                group_dir: str | None = None, host: str | None = None) -> str:
+        if group_dir is not None and host is not None:
+            return job_logs(group_dir, host, container, docker, lines)
         return unit_logs(unit, container, docker, lines)
 
     def process(self, output: list[str]) -> dict[str, str]:

@@ -531,6 +531,23 @@ def step_logs(output: str, container: str | None, docker: str, lines: int = 25) 
     return script
 
 
+def job_logs(group_dir: str, host: str, container: str, docker: str, lines: int) -> str:
+    """What ``k3deploy bundle`` reads of a unit launched by Slurm (``k3_launcher: slurm``), each after a marker line:
+    the id of the group's newest job on this node (its newest step output directory under ``group_dir``), the tail
+    of this node's step output in that job, of the job's own output (on its batch host, the job's first node) and of
+    the container's log.
+
+        >>> "K3_LOG=step" in job_logs("/var/lib/k3deploy/slurm/engine", "n1", "k3-engine", "docker", 5)
+        True
+    """
+    n, d = int(lines), shlex.quote(group_dir.rstrip("/"))
+    return (f"k3_d=$(ls -1td {d}/*/ 2>/dev/null | head -n 1); k3_d=${{k3_d%/}}; echo K3_LOG=job; "
+            "[ -n \"$k3_d\" ] && echo \"${k3_d##*/}\"; "
+            f"echo K3_LOG=step; [ -n \"$k3_d\" ] && tail -n {n} \"$k3_d\"/{shlex.quote(host)}.out 2>&1; "
+            f"if [ -n \"$k3_d\" ] && [ -f \"$k3_d.out\" ]; then echo K3_LOG=batch; tail -n {n} \"$k3_d.out\"; fi; "
+            f"echo K3_LOG=container; {shlex.quote(docker)} logs --tail {n} {shlex.quote(container)} 2>&1; true")
+
+
 def step_ended(job_output: str) -> str:
     """The line a Slurm job's batch script wrote when its first step ended (which node, its exit code), from the
     job's own output on its first node; nothing when there is none."""

@@ -22,6 +22,7 @@ from typing import Any
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.secrets import mask_value
+from k3deploy.model.slurm import QueuedJob, SlurmJob, decide, launch_argv, launch_path, launch_script
 from k3deploy.model.units import GROUP_MEMBER, group_member_text
 
 #: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
@@ -226,6 +227,7 @@ class PlanReport:
     staging: list[str] = field(default_factory=list)   # what the stage still has to bring (empty: nothing)
     steps: list[list[str]] = field(default_factory=list)  # a rolling change: the replicas restarted in each step
     router_missing: list[str] = field(default_factory=list)  # replicas that serve but the router leaves out
+    jobs: list[dict[str, Any]] | None = None   # k3_launcher: slurm: per group, what happens to its job (None: systemd)
 
     @property
     def has_changes(self) -> bool:
@@ -238,9 +240,12 @@ class PlanReport:
         return 3 if self.has_changes else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hosts": [h.to_dict() for h in self.hosts], "restart_order": self.restart_order,
-                "endpoint": self.endpoint, "changes_pending": self.has_changes, "notes": self.notes,
-                "staging": self.staging, "rolling_steps": self.steps, "router_missing": self.router_missing}
+        out = {"hosts": [h.to_dict() for h in self.hosts], "restart_order": self.restart_order,
+               "endpoint": self.endpoint, "changes_pending": self.has_changes, "notes": self.notes,
+               "staging": self.staging, "rolling_steps": self.steps, "router_missing": self.router_missing}
+        if self.jobs is not None:
+            out["launcher"], out["jobs"] = "slurm", self.jobs
+        return out
 
 
 def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
@@ -365,6 +370,145 @@ def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
     notes += [f"{g} serves but the router leaves it out: the run puts it back into the router" for g in missing]
     return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint, notes=notes,
                       steps=rollout.waves() if rollout.rolling else [], router_missing=missing)
+
+
+# ------------------------------------------------------------------------------ the plan under Slurm
+
+
+def _launch_argv(text: str | None) -> list[str] | None:
+    try:
+        return launch_argv(text) if text else None
+    except ValueError:
+        return None
+
+
+def launch_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+    """A launch script's changes as people read them: the image, the command one flag per line, the other lines
+    (kind ``launch``).
+
+    >>> old = "#!/bin/bash\\nexec /usr/local/bin/vllm-router --port 30000\\n"
+    >>> [c["line"] for c in launch_file_changes(old, old.replace("30000", "30001"))]
+    ['--port 30000', '--port 30001']
+    """
+    changes: list[dict[str, Any]] = []
+    old_argv, new_argv = _launch_argv(old_text), _launch_argv(new_text)
+    old_image, new_image = image_of(old_argv), image_of(new_argv)
+    if old_image != new_image:
+        changes.append({"kind": "image", "from": old_image, "to": new_image})
+    for op, line in line_diff(argv_lines(old_argv), argv_lines(new_argv)):
+        if line.startswith("image ") and old_image != new_image:
+            continue
+        changes.append({"kind": "argv", "op": op, "line": line})
+
+    def others(text: str | None) -> list[str]:   # every line but the command's
+        return [ln for ln in (text or "").splitlines()
+                if not (ln.startswith("exec ") or (ln.endswith(" &") and not ln.startswith("#")))]
+
+    for op, line in line_diff(others(old_text), others(new_text)):
+        changes.append({"kind": "launch", "op": op, "line": line})
+    return changes
+
+
+def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed], jobs: list[SlurmJob],
+               queued: list[QueuedJob], changed: set[str]) -> PlanReport:
+    """The plan under ``k3_launcher: slurm``: per unit its launch script and env file against what its node holds
+    (``installed``: under Slurm a unit's file is its launch script), per group what happens to its job (keep,
+    submit, or replace: the queued job ids cancelled first), from the queue the submit host read (``queued``) and
+    the groups the deploy would resubmit (``changed``: :meth:`k3deploy.runtime.launchers.Slurm.changes`)."""
+    order = rollout.restart_order()
+    decisions = {d.group: d for d in decide(jobs, queued)}
+    rows: list[dict[str, Any]] = []
+    for job in jobs:
+        d = decisions[job.group]
+        mine = [q for q in queued if q.name == job.name]
+        action, why = d.action, d.why
+        if job.group in changed and action == "keep":
+            action = "replace"
+            why = (f"{why}, but the engine groups it fronts are resubmitted" if job.group == "router" else
+                   f"{why}, but a serving node of the group does not answer /health")
+        rows.append({"group": job.group, "job": job.name, "action": action if job.group in changed else "keep",
+                     "cancel": [q.id for q in mine] if action == "replace" else [],
+                     "queued": [{"id": q.id, "state": q.state, "comment": q.comment} for q in mine],
+                     "nodes": list(job.nodes), "comment": job.comment, "why": why})
+    reasons = {r["group"]: r["why"] for r in rows}
+    hosts: dict[str, HostPlan] = {}
+    for u in rollout.units:
+        have = installed.get((u.host, u.unit), Installed())
+        hp = hosts.get(u.host)
+        if hp is None:
+            hp = hosts[u.host] = HostPlan(host=u.host, role=u.node.role, rank=u.rank)
+        script, path = launch_script(rollout, u), launch_path(rollout, u)
+        if have.unit_sha != sha256(script):
+            if have.unit_text is None:
+                hp.changes.append({"kind": "file", "unit": u.unit, "path": path, "op": "create"})
+            hp.changes += [{**c, "unit": u.unit} for c in launch_file_changes(have.unit_text, script)]
+        if have.env_sha != sha256(u.env_text):
+            if have.env_text is None:
+                hp.changes.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
+            hp.changes += [{**c, "unit": u.unit} for c in env_file_changes(have.env_text, u.env_text)]
+        key = f"{u.host}:{u.unit}"
+        if key in order:
+            hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
+                               "group": u.group, "reason": reasons.get(u.group, "its group's job is resubmitted")})
+    notes = [rollout.how_changes_roll()]
+    missing = rollout.missing_from_router()
+    notes += [f"{g} serves but the router leaves it out: the run puts it back into the router" for g in missing]
+    return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint, notes=notes,
+                      steps=rollout.waves() if rollout.rolling else [], router_missing=missing, jobs=rows)
+
+
+def render_jobs_text(report: PlanReport, rollout: Rollout) -> str:
+    """The plan under Slurm for people: per host its units' launch script and env changes, then per group what
+    happens to its job on ``k3_slurm_submit_host``, in submit order."""
+    lines: list[str] = []
+    for hp in report.hosts:
+        lines.append(f"{hp.host}: {hp.role} rank {hp.rank}")
+        for u in rollout.on_host(hp.host):
+            mine = [c for c in hp.changes if c["unit"] == u.unit]
+            lines.append(f"  {u.unit} ({u.node.role} rank {u.rank}, group {u.group}; its job's step)")
+            image = next((c for c in mine if c["kind"] == "image"), None)
+            planned = image_of(_launch_argv(launch_script(rollout, u)))
+            if image is not None:
+                lines += change_lines([image], "    ")
+            elif planned:
+                lines.append(f"    image: {planned} (unchanged)")
+            for c in mine:
+                if c["kind"] == "file":
+                    lines.append(f"    {'new' if c['op'] == 'create' else 'changed'} file: {c['path']}")
+            for kind, title in (("argv", "argv:"), ("launch", f"launch script {launch_path(rollout, u)}:"),
+                                ("env", f"env {u.env_path}:")):
+                some = [c for c in mine if c["kind"] == kind]
+                if some:
+                    lines.append(f"    {title}")
+                    lines += change_lines([{**c, "kind": "unit"} if kind == "launch" else c for c in some], "      ")
+            if not mine:
+                lines.append("    no changes")
+    lines += ["", f"Jobs, on {rollout.vars.k3_slurm_submit_host} (in submit order):"]
+    for row in report.jobs or []:
+        queued = ", ".join(f"job {q['id']} {q['state']}" for q in row["queued"]) or "none queued"
+        if row["action"] == "keep":
+            lines.append(f"  {row['group']}: keep {queued} ({row['job']}, {row['comment']})")
+        elif row["action"] == "submit":
+            lines.append(f"  {row['group']}: submit {row['job']} on {','.join(row['nodes'])} ({row['comment']}): "
+                         f"{row['why']}")
+        else:
+            lines.append(f"  {row['group']}: replace: cancel job {', '.join(row['cancel'])}, then submit "
+                         f"{row['job']} on {','.join(row['nodes'])} ({row['comment']}): {row['why']}")
+    if report.steps:
+        lines.append("Replica by replica behind the router (the endpoint keeps serving): "
+                     + "; ".join(f"step {i}: {', '.join(w)}" for i, w in enumerate(report.steps, 1)))
+    lines.append("")
+    if report.staging:
+        lines.append("Stage (before any job is submitted):")
+        lines += [f"  {line}" for line in report.staging]
+        lines.append("")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    n_hosts = len([h for h in report.hosts if h.changes])
+    n_jobs = len([r for r in report.jobs or [] if r["action"] != "keep"])
+    lines.append(f"Plan: {n_hosts} of {len(report.hosts)} host(s) change, {n_jobs} job(s) submitted."
+                 if report.has_changes else "No changes: every group's job runs the planned revision.")
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------ rendering

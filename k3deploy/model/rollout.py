@@ -68,6 +68,7 @@ class UnitWork:
     join: tuple[str, int] | None    # (head address, port) a worker waits for before starting
     container: str
     watches: str | None = None      # the group head's address:port a healing member watches (k3_heal)
+    launch_text: str | None = None  # k3_launcher: slurm: a restored revision's launch script (None: rendered)
 
     @property
     def is_group_head(self) -> bool:

@@ -170,7 +170,10 @@ def check_submit(rollout: Rollout, inventory_hosts: Sequence[str]) -> str:
 def launch_script(rollout: Rollout, unit: UnitWork) -> str:
     """The script a unit's Slurm step runs on its node: the unit's container (same argv as its ``ExecStart=``),
     after the unit's pre-step, stopped on SIGTERM as the unit's ``ExecStop`` stops it; a router run from
-    ``k3_router_bin`` (no container) is exec'd, and Slurm's SIGTERM reaches it as systemd's does."""
+    ``k3_router_bin`` (no container) is exec'd, and Slurm's SIGTERM reaches it as systemd's does. A rollback's
+    unit carries the launch script its revision kept (``launch_text``), which is then the script."""
+    if unit.launch_text is not None:
+        return unit.launch_text
     spec = unit_container(rollout, unit)
     where = f"{unit.node.role} rank {unit.rank} of group {unit.group} on {unit.host}"
     comments = [f"{where}: {rollout.plan.model} ({rollout.plan.strategy} on {rollout.plan.hardware}).",
@@ -529,3 +532,57 @@ def resubmit_delay(rollout: Rollout, attempt: int) -> int | None:
     if attempt < 1 or attempt > v.k3_slurm_resubmit_max:
         return None
     return int(v.k3_slurm_resubmit_backoff * 2 ** (attempt - 1))
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """A group's job as the submit host's ``squeue`` shows it (``k3deploy status``): Slurm keeps no record of a
+    job that left the queue here (``sacct`` needs accounting), so a job gone from the queue is ``no job``."""
+
+    name: str                       # the job name the group's job is submitted with
+    id: str | None                  # None: no job of that name in the queue
+    state: str                      # squeue's state (RUNNING, PENDING, ...), or "no job"
+    planned: bool | None            # its --comment is the planned revision (None: no job)
+
+    @property
+    def active(self) -> str:
+        """The job's state as a systemd ActiveState, for the status verdicts: ``RUNNING`` is active, a job on its
+        way to running (pending, configuring, requeued) activating, anything else (ending, no job) inactive.
+
+        >>> GroupJob("k3-engine", "7", "RUNNING", True).active, GroupJob("k3-engine", None, NO_JOB, None).active
+        ('active', 'inactive')
+        """
+        if self.state == "RUNNING":
+            return "active"
+        return "activating" if self.state in STARTING else "inactive"
+
+    def shown(self) -> str:
+        """One cell: ``job 7 RUNNING``, ``job 7 RUNNING (another revision)``, ``no job``."""
+        if self.id is None:
+            return NO_JOB
+        return f"job {self.id} {self.state}" + ("" if self.planned else " (another revision)")
+
+
+NO_JOB = "no job"
+#: the states of a job on its way to running
+STARTING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"})
+
+
+def group_jobs(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob]) -> dict[str, GroupJob]:
+    """Per group, its job in the queue: the newest of its name (several: a replacement on its way).
+
+    >>> job = SlurmJob("engine", "k3-engine", ("n0",), "/d/k3-engine.sbatch", "", "ab", "k3deploy:engine:ab")
+    >>> group_jobs([job], [QueuedJob("7", "k3-engine", "RUNNING", "k3deploy:engine:ab", "n0")])["engine"].shown()
+    'job 7 RUNNING'
+    >>> group_jobs([job], [])["engine"].shown()
+    'no job'
+    """
+    out = {}
+    for job in planned:
+        mine = sorted((q for q in queued if q.name == job.name), key=lambda q: int(q.id) if q.id.isdigit() else 0)
+        if not mine:
+            out[job.group] = GroupJob(job.name, None, NO_JOB, None)
+        else:
+            q = mine[-1]
+            out[job.group] = GroupJob(job.name, q.id, q.state, q.comment == job.comment)
+    return out

@@ -30,6 +30,7 @@ from k3deploy.model.images import shown
 from k3deploy.model.observed import Installed
 from k3deploy.model.revisions import GroupHistory
 from k3deploy.model.rollout import Rollout
+from k3deploy.model.slurm import GroupJob, launch_path, launch_script
 from k3deploy.model.variables import Variables
 
 UP = ("serving", "running")
@@ -94,8 +95,8 @@ class UnitReport:
     rank: int
     role: str
     verdict: str
-    active: str
-    restarts: int
+    active: str                   # systemd's state (under Slurm: the group's job's, as squeue shows it)
+    restarts: int | None          # by systemd (None under Slurm: a job restarts whole, it keeps no count)
     uptime_s: float | None
     image: str | None
     image_id: str | None
@@ -112,6 +113,7 @@ class GroupReport:
     verdict: str
     units: list[UnitReport] = field(default_factory=list)
     in_router: bool | None = None   # a replica: whether the router sends it requests (None: no replicas/unknown)
+    job: GroupJob | None = None     # k3_launcher: slurm: the group's job in the queue (None: systemd units)
 
 
 @dataclass
@@ -121,6 +123,7 @@ class ClusterStatus:
     endpoint_models: list[str] | None
     groups: list[GroupReport]
     unreachable: list[str]
+    launcher: str = "systemd"       # k3_launcher: what starts the groups
 
     @property
     def verdict(self) -> str:
@@ -134,19 +137,26 @@ class ClusterStatus:
         return 0 if self.verdict == "serving" else 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "endpoint": self.endpoint, "model": self.model,
-                "endpoint_models": self.endpoint_models, "unreachable": self.unreachable,
-                "groups": [{"name": g.name, "verdict": g.verdict, "in_router": g.in_router,
-                            "units": [asdict(u) for u in g.units]} for g in self.groups]}
+        groups: list[dict[str, Any]] = [{"name": g.name, "verdict": g.verdict, "in_router": g.in_router,
+                                         "units": [asdict(u) for u in g.units]} for g in self.groups]
+        out: dict[str, Any] = {"verdict": self.verdict, "endpoint": self.endpoint, "model": self.model,
+                               "endpoint_models": self.endpoint_models, "unreachable": self.unreachable,
+                               "groups": groups}
+        if self.launcher != "systemd":   # the systemd output stays as it was
+            out["launcher"] = self.launcher
+            for g, d in zip(self.groups, groups, strict=True):
+                d["job"] = None if g.job is None else {**asdict(g.job), "shown": g.job.shown()}
+        return out
 
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def not_planned_why(unit: Any, have: Installed, history: GroupHistory | None) -> str:
+def not_planned_why(unit: Any, have: Installed, history: GroupHistory | None, unit_path: str | None = None) -> str:
     """Why ``unit`` (a rendered unit) does not run its planned files: a recorded revision it runs (after a rollback,
-    the variables asking for newer settings), files missing, or files that differ from the plan.
+    the variables asking for newer settings), files missing, or files that differ from the plan. ``unit_path``:
+    the unit's file where it is not its systemd unit (under Slurm its launch script).
 
     >>> from k3deploy.model.revisions import Revision
     >>> class U: host, unit_path, env_path = "n1", "/etc/u.service", "/etc/u.env"
@@ -155,19 +165,21 @@ def not_planned_why(unit: Any, have: Installed, history: GroupHistory | None) ->
     >>> not_planned_why(U(), Installed(unit_sha="a", env_sha="b"), h)  # doctest: +ELLIPSIS
     'runs revision 1, rolled back from 2: the variables ask for other settings (k3deploy plan INVENTORY ...'
     """
+    what = "unit" if unit_path is None else "launch script"
+    path = unit.unit_path if unit_path is None else unit_path
     if have.unit_sha is None or have.env_sha is None:
-        return "its unit or env file is missing: a deploy installs it (k3deploy plan INVENTORY shows it)"
+        return f"its {what} or env file is missing: a deploy installs it (k3deploy plan INVENTORY shows it)"
     numbers = sorted(history.revisions, reverse=True) if history else []
     for n in sorted(numbers, key=lambda n: n != (history.current if history else None)):   # the current first
         assert history is not None
         files = history.revisions[n].files
-        if (files.get(f"{unit.host}:{unit.unit_path}"), files.get(f"{unit.host}:{unit.env_path}")) == \
+        if (files.get(f"{unit.host}:{path}"), files.get(f"{unit.host}:{unit.env_path}")) == \
                 (have.unit_sha, have.env_sha):
             newest = history.newest_served
             back = f", rolled back from {newest}" if newest is not None and newest > n else ""
             return (f"runs revision {n}{back}: the variables ask for other settings (k3deploy plan INVENTORY "
                     "shows them; a deploy applies them, or set the variables back)")
-    return ("its unit or env file differs from the plan (the variables changed since the deploy, or a file was "
+    return (f"its {what} or env file differs from the plan (the variables changed since the deploy, or a file was "
             "edited on the host): k3deploy plan INVENTORY shows how")
 
 
@@ -189,7 +201,7 @@ def crash_loops(st: ClusterStatus, logs: Mapping[tuple[str, str], Mapping[str, s
         looping = [u for u in g.units if u.verdict == "crash-loop"]
         if not looping:
             continue
-        worst = max(looping, key=lambda u: u.restarts)
+        worst = max(looping, key=lambda u: u.restarts or 0)
         text = logs.get((worst.host, worst.unit), {})
         lines = [x for x in text.get("journal", "").splitlines() if x.strip()]
         own = [x for x in lines if " systemd[" not in x] or [x for x in text.get("container", "").splitlines()
@@ -203,21 +215,37 @@ def crash_loops(st: ClusterStatus, logs: Mapping[tuple[str, str], Mapping[str, s
 
 def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
            installed: Mapping[tuple[str, str], Installed], endpoint_models: tuple[str, ...] | None,
-           unreachable: set[str], now: float, history: Mapping[str, GroupHistory] | None = None) -> ClusterStatus:
+           unreachable: set[str], now: float, history: Mapping[str, GroupHistory] | None = None,
+           jobs: Mapping[str, GroupJob] | None = None) -> ClusterStatus:
     """The status of every unit, group and the cluster from what the hosts reported (``runs``: per (host, unit));
-    ``history``: each group's revisions, to say why a unit does not run as planned."""
+    ``history``: each group's revisions, to say why a unit does not run as planned. ``jobs`` (``k3_launcher:
+    slurm``): each group's job in the queue, which stands for its units' systemd state (:attr:`GroupJob.active`),
+    and a unit runs as planned when its launch script and env file are the planned ones."""
     groups = []
     for name in rollout.groups:
         reports = []
+        job = jobs.get(name) if jobs is not None else None
         for u in rollout.group(name):
             run = runs.get((u.host, u.unit))
             if u.host in unreachable or run is None:
-                reports.append(UnitReport(u.host, u.unit, u.group, u.rank, u.node.role, "unreachable", "unknown", 0,
-                                          None, None, None, None, u.serves, None, None))
+                reports.append(UnitReport(u.host, u.unit, u.group, u.rank, u.node.role, "unreachable", "unknown",
+                                          None if jobs is not None else 0, None, None, None, None, u.serves, None,
+                                          None))
                 continue
             have = installed.get((u.host, u.unit), Installed())
-            matches = have.unit_sha == _sha(u.unit_text) and have.env_sha == _sha(u.env_text)
+            own = launch_path(rollout, u) if jobs is not None else None
+            matches = have.unit_sha == _sha(launch_script(rollout, u) if own else u.unit_text) and \
+                have.env_sha == _sha(u.env_text)
             listed = None if run.models is None else model in run.models
+            why = None if matches else not_planned_why(u, have, (history or {}).get(u.group), own)
+            if jobs is not None:
+                active = job.active if job is not None else "inactive"
+                reports.append(UnitReport(
+                    u.host, u.unit, u.group, u.rank, u.node.role,
+                    unit_verdict(active=active, serves=u.serves is not None, health=run.health, listed=listed),
+                    job.shown() if job is not None else "no job", None, None, shown(run.image), run.image_id,
+                    matches, u.serves, run.health, list(run.models) if run.models is not None else None, why))
+                continue
             reports.append(UnitReport(
                 u.host, u.unit, u.group, u.rank, u.node.role,
                 unit_verdict(active=run.active, serves=u.serves is not None, health=run.health, listed=listed,
@@ -225,8 +253,7 @@ def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
                              window_s=rollout.vars.k3_crash_loop_window),
                 run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
                 round(now - run.since, 1) if run.since else None, shown(run.image), run.image_id, matches, u.serves,
-                run.health, list(run.models) if run.models is not None else None,
-                None if matches else not_planned_why(u, have, (history or {}).get(u.group))))
+                run.health, list(run.models) if run.models is not None else None, why))
         serving = [x for x in reports if x.url and x.verdict == "serving"]
         if all(x.verdict in UP for x in reports):
             verdict = "serving"
@@ -234,6 +261,7 @@ def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
             verdict = "degraded"
         else:
             verdict = "down"
-        groups.append(GroupReport(name, verdict, reports, rollout.in_router(name)))
+        groups.append(GroupReport(name, verdict, reports, rollout.in_router(name), job))
     at_endpoint = list(endpoint_models) if endpoint_models is not None else None
-    return ClusterStatus(rollout.endpoint, model, at_endpoint, groups, sorted(unreachable))
+    return ClusterStatus(rollout.endpoint, model, at_endpoint, groups, sorted(unreachable),
+                         "systemd" if jobs is None else "slurm")

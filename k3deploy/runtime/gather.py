@@ -34,8 +34,9 @@ from k3deploy.model.inventory import records_of
 from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import Target, desired_rollout, target
 from k3deploy.model.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
-from k3deploy.model.rollout import Rollout
+from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.runbook.blanks import Blank, offline_env
+from k3deploy.model.slurm import launch_path
 from k3deploy.model.staging import StagePlan, stage_for
 from k3deploy.preflight import runner
 from k3deploy.preflight.across import (
@@ -287,9 +288,6 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None
         order = list(dict.fromkeys(u.host for u in rollout.group(group)))
         gathered.history[group] = combine(group, [(h, by_host[h]) for h in order if h in by_host])
     wanted = gathered.target
-    if wanted.vars.k3_rollback is not False and wanted.vars.k3_launcher == "slurm":
-        raise K3Error("k3_launcher: slurm: k3_rollback is not built yet (each job's --comment names the revision it "
-                      "runs, squeue -o %k shows it): to go back, put the earlier settings in group_vars and run again")
     if wanted.vars.k3_rollback is not False:
         gathered.rollback_to = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
                                                  gathered.installed)
@@ -305,12 +303,20 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                       installed: Mapping[tuple[str, str], Installed]) -> dict[str, int]:
     """A rollback: every unit's desired files become those of its group's revision (for ``True`` the previous
     one, or the current one when the hosts run an unrecorded, failed change, or, with replicas, when a roll stopped
-    on any replica; else number ``wanted``), read from the revision directories on the hosts."""
+    on any replica; else number ``wanted``), read from the revision directories on the hosts. With ``k3_launcher:
+    slurm`` a unit's files are its launch script (``launch_text``: what its job's step runs) and its env file, as
+    the revisions keep them; the group's job is then rendered from them."""
     hosts = {h.name: h for h in state.inventory}
+    batch = rollout.vars.k3_launcher == "slurm"
+
+    def own(unit: UnitWork) -> tuple[str, str]:
+        """The unit's own file (its systemd unit, or under Slurm its launch script) and the attribute holding it."""
+        return (launch_path(rollout, unit), "launch_text") if batch else (unit.unit_path, "unit_text")
+
     now: dict[str, str | None] = {}
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
-        now[f"{u.host}:{u.unit_path}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
+        now[f"{u.host}:{own(u)[0]}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
     out: dict[str, int] = {}
     runs_current: dict[str, bool] = {}
     for group in rollout.groups:
@@ -343,9 +349,10 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                           "shows which revisions every host of the group holds): pick a revision they all hold")
         for u in rollout.group(group):
             if (u.host, u.unit) in keep:
-                u.unit_text, u.env_text = keep[(u.host, u.unit)]   # it runs that revision: keep it
+                setattr(u, own(u)[1], keep[(u.host, u.unit)][0])   # it runs that revision: keep it
+                u.env_text = keep[(u.host, u.unit)][1]
                 continue
-            for attr, path in (("unit_text", u.unit_path), ("env_text", u.env_path)):
+            for attr, path in ((own(u)[1], own(u)[0]), ("env_text", u.env_path)):
                 kept = f"{d}/{path.rsplit('/', 1)[-1]}"
                 lines = get_fact(state, hosts[u.host], FileContents, kwargs={"path": kept}, apply_failed_hosts=False)
                 if lines is None and get_fact(state, hosts[u.host], File, kwargs={"path": kept},

@@ -23,6 +23,7 @@ from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.slurm import HostFiles, QueuedJob, SlurmJob
 from k3deploy.runtime.gather import Gathered
 from k3deploy.runtime.readiness import GroupControl, run
+from k3deploy.runtime.reading import HostReading
 
 #: seconds a cancelled job is given to stop its steps (their containers' ``docker stop -t 60``, the batch script's
 #: grace) before Slurm is told to end it outright (:func:`k3deploy.model.slurm.cancel`)
@@ -74,7 +75,7 @@ class Slurm:
         running = {q.name for q in self.queued if q.state == "RUNNING"}
         failing = []
         for g, job in self.jobs.items():
-            codes = [gathered.readings[u.host].health.get(u.unit) for u in rollout.group(g)
+            codes = [_health(gathered.readings[u.host], u.unit) for u in rollout.group(g)
                      if u.serves and u.host in gathered.readings]
             if job.name in running and any(code != 200 for code in codes):
                 failing.append(g)
@@ -142,6 +143,15 @@ class Slurm:
         (logger.warning if ok else logger.error)(
             f"[{self.submit_host}] job {', '.join(names)} cancelled" if ok else
             f"[{self.submit_host}] cannot cancel {', '.join(names)}: {out.strip() or 'scancel failed'}")
+
+
+def _health(reading: HostReading, unit: str) -> int | None:
+    """The ``/health`` code a host read of a serving unit: asked on its own (the deploy, ``plan``) or with how the
+    unit runs (``status``, ``bundle``); None: not asked."""
+    if unit in reading.health:
+        return reading.health[unit]
+    run = reading.runs.get(unit)
+    return run.health if run is not None else None
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
 from k3deploy.model.rollout import Rollout
-from k3deploy.model.slurm import job_name
+from k3deploy.model.slurm import group_dir, job_name, launch_path
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
@@ -276,13 +276,16 @@ class ReadHealth(Request):
 
 @dataclass(frozen=True)
 class ReadLogs(Request):
-    """The tail of a unit's journal and of its container's log."""
+    """The tail of a unit's journal and of its container's log (under Slurm: its step output in its group's newest
+    job, ``group_dir`` and ``host`` set, instead of a journal)."""
 
     fact = UnitLogs
     unit: str
     container: str
     docker: str
     lines: int
+    group_dir: str | None = None
+    host: str | None = None
 
 
     def keep(self, value: dict[str, str], reading: HostReading) -> None:
@@ -346,8 +349,10 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
         return HostPlan(host, (registry,) if view.pins_image and host == resolver else ())
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
-    out: list[Request] = [ReadUnit(u.unit, u.unit_path, u.env_path, token if u.group != "router" else None)
-                          for u in mine]
+    # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
+    slurm = variables.k3_launcher == "slurm"
+    out: list[Request] = [ReadUnit(u.unit, launch_path(layout, u) if slurm else u.unit_path, u.env_path,
+                                   token if u.group != "router" else None) for u in mine]
     if host == resolver:
         out.append(registry)
     if any(u.group != "router" for u in mine):
@@ -368,8 +373,9 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
             out.append(ReadEndpoint(layout.endpoint))
     elif view.health:
         out += [ReadHealth(u.unit, u.serves) for u in mine if u.serves]
-    if view.log_lines:
-        out += [ReadLogs(u.unit, u.container, variables.k3_docker, view.log_lines) for u in mine]
+    if view.log_lines:   # (under Slurm the step output of each unit's job, not a journal)
+        out += [ReadLogs(u.unit, u.container, variables.k3_docker, view.log_lines,
+                         group_dir(layout, u.group) if slurm else None, host if slurm else None) for u in mine]
     return HostPlan(host, tuple(out))
 
 

@@ -94,6 +94,10 @@ def write_inventory(state: dict[str, Any]) -> None:
         if pools:
             lines += ["# the router runs on the first prefill node beside its engine: k3deploy's jobs share nodes",
                       "k3_slurm_exclusive: user"]
+        elif state.get("replicas", 1) > 1 or (state.get("strategy") == "multi_node_dep" and len(recs) > 1):
+            lines += ["# the router in front of the replicas (or of the hybrid-LB nodes) runs on the first head's "
+                      "node beside its engine: k3deploy's jobs share nodes",
+                      "k3_slurm_exclusive: user"]
     lines.append("k3_poll_interval: 0.5")
     # the simulated engines start in seconds: groups heal and crash loops back off on the same scale
     lines += ["k3_restart_sec: 2", "k3_heal_grace: 3", "k3_heal_interval: 1", "k3_restart_max_delay: 30",

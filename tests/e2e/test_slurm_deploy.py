@@ -1,13 +1,17 @@
 """`pyinfra <inventory> deploy/k3.py` with ``k3_launcher: slurm`` on a simulated cluster under a real Slurm (``sim up
 --slurm``: slurmctld on the rank-0 node, the submit host): each group one batch job, a re-run submits nothing, a change
-cancels and resubmits, a failing worker fails its job with its own output in the report; P/D pools before the router;
-replicas roll one job at a time behind the router's job."""
+cancels and resubmits, ``status`` reads each group's job, a rollback resubmits the group from its revision's files, a
+failing worker fails its job with its own output in the report; P/D pools before the router; replicas roll one job at
+a time behind the router's job."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +45,23 @@ def history(sim: Sim) -> tuple[int | None, list[int]]:
     return got["current"], [r["number"] for r in got["revisions"]]
 
 
-def test_multi_node_tp_under_slurm(sim_factory):
+def status(sim: Sim) -> tuple[int, dict]:
+    """``k3deploy status --json``: its exit code and what it says."""
+    got = k3("status", sim.inventory, "--json")
+    assert got.returncode in (0, 1), got.stdout + got.stderr
+    return got.returncode, json.loads(got.stdout)
+
+
+def bundled(sim: Sim, tmp: Path) -> dict[str, str]:
+    """``k3deploy bundle``: its files by path."""
+    out = tmp / "bundle.tar.gz"
+    k3("bundle", sim.inventory, "-o", str(out), check=True)
+    with tarfile.open(out) as tar:
+        return {m.name.removeprefix("k3deploy-bundle/"): (tar.extractfile(m) or io.BytesIO()).read().decode()
+                for m in tar.getmembers() if m.isfile()}
+
+
+def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     sim = sim_factory("sdtp", "gb300", 2, "--slurm")
     sim.set_vars("k3_strategy: multi_node_tp\n")
     head, worker = (n["name"] for n in sim.info["nodes"])
@@ -70,6 +90,23 @@ def test_multi_node_tp_under_slurm(sim_factory):
         out = sim.ssh(rank, f"cat /var/lib/k3deploy/slurm/engine/{job}/{sim.info['nodes'][rank]['name']}.out")
         assert out.returncode == 0, out.stderr
     assert history(sim) == (1, [1])
+    # status reads the job from the submit host's squeue beside each node's /health
+    code, st = status(sim)
+    assert code == 0 and st["verdict"] == "serving" and st["launcher"] == "slurm", st
+    (group,) = st["groups"]
+    assert group["verdict"] == "serving" and group["job"]["id"] == job and group["job"]["planned"], group
+    assert [(u["host"], u["active"], u["restarts"], u["matches_plan"]) for u in group["units"]] == [
+        (head, f"job {job} RUNNING", None, True), (worker, f"job {job} RUNNING", None, True)]
+    table = k3("status", sim.inventory)
+    assert table.returncode == 0 and f"job {job} RUNNING" in table.stdout and "n/a" in table.stdout, table.stdout
+    # the bundle: squeue's view and each node's step output of the running job
+    files = bundled(sim, tmp_path)
+    assert any(line.startswith(f"{job} k3-engine RUNNING {comment}") for line in files["slurm/squeue.txt"].splitlines())
+    assert json.loads(files["slurm/jobs.json"])["engine"]["queued"]["id"] == job
+    for node in (head, worker):
+        assert {f"hosts/{node}/k3-engine.step-{job}.log", f"hosts/{node}/k3-engine.launch"} <= set(files), sorted(files)
+    assert f"hosts/{head}/k3-engine.batch-{job}.log" in files   # the job's own output, on its batch host
+    assert json.loads(files["status.json"])["verdict"] == "serving"
     kept = sim.ssh(1, "ls /etc/k3deploy/revisions/engine/1").stdout.split()
     assert kept == ["k3-engine.env", "k3-engine.launch", "meta.json", "served"], kept
     batch = sim.ssh(0, "cat /var/lib/k3deploy/slurm/k3-engine.sbatch").stdout
@@ -83,8 +120,19 @@ def test_multi_node_tp_under_slurm(sim_factory):
     assert "submitted on" not in again.stdout and "cancelled" not in again.stdout
     assert engine_job(sim) == (job, comment)
 
+    # the plan of a re-run: every job kept
+    plan = k3("plan", sim.inventory)
+    assert plan.returncode == 0 and f"engine: keep job {job} RUNNING" in plan.stdout, plan.stdout
+
     # a change: the old job is cancelled, the new one submitted with the new revision, and it serves
     sim.set_vars('k3_extra_args: ["--max-num-seqs", "4"]\n')
+    plan = k3("plan", sim.inventory, "--json")
+    assert plan.returncode == 3, plan.stdout + plan.stderr
+    (row,) = json.loads(plan.stdout)["jobs"]
+    assert (row["action"], row["cancel"]) == ("replace", [job]), row
+    text = k3("plan", sim.inventory).stdout
+    assert f"engine: replace: cancel job {job}, then submit k3-engine on {head},{worker}" in text, text
+    assert "+ --max-num-seqs 4" in text
     changed = deploy(sim.inventory)
     assert changed.returncode == 0, why(changed)
     assert f"cancelled job {job} (k3-engine, {comment})" in changed.stdout
@@ -100,16 +148,38 @@ def test_multi_node_tp_under_slurm(sim_factory):
         if not jobs(sim):
             break
         sim.ssh(0, "sleep 1")
+    code, st = status(sim)
+    assert code == 1 and st["verdict"] == "down", st
+    (group,) = st["groups"]
+    assert group["verdict"] == "down" and group["job"]["id"] is None and group["job"]["shown"] == "no job", group
+    assert {u["active"] for u in group["units"]} == {"no job"}
     back = deploy(sim.inventory)
     assert back.returncode == 0, why(back)
     job3, comment3 = engine_job(sim)
     assert job3 != job2 and comment3 == comment2
+    code, st = status(sim)
+    assert code == 0 and st["verdict"] == "serving" and st["groups"][0]["job"]["id"] == job3, st
     assert history(sim) == (2, [1, 2])   # the same files: no new revision
 
-    # a rollback is not built yet under Slurm: one line, exit 2, nothing changed
+    # a rollback: revision 1's launch scripts and env files back on every node, its job resubmitted from them
+    preview = k3("plan", sim.inventory, "--rollback", "previous")
+    assert preview.returncode == 3 and "a rollback from revision 2 to revision 1" in preview.stdout, preview.stdout
+    assert f"engine: replace: cancel job {job3}" in preview.stdout and "- --max-num-seqs 4" in preview.stdout
     rollback = deploy(sim.inventory, "--data", "k3_rollback=true")
-    assert rollback.returncode == 2 and "k3_launcher: slurm: k3_rollback is not built yet" in rollback.stdout
-    assert engine_job(sim) == (job3, comment3)
+    assert rollback.returncode == 0, why(rollback)
+    assert "rollback of group engine from revision 2 to revision 1" in rollback.stdout
+    assert f"cancelled job {job3} (k3-engine, {comment3})" in rollback.stdout
+    job4, comment4 = engine_job(sim)
+    assert job4 != job3 and comment4 == comment   # revision 1's files: revision 1's comment
+    for rank in (0, 1):
+        now = sim.ssh(rank, "cat /etc/k3deploy/k3-engine.env /etc/k3deploy/k3-engine.launch").stdout
+        kept = sim.ssh(rank, "cat /etc/k3deploy/revisions/engine/1/k3-engine.env "
+                             "/etc/k3deploy/revisions/engine/1/k3-engine.launch").stdout
+        assert now == kept and "--max-num-seqs" not in now
+    assert history(sim) == (1, [1, 2])
+    code, st = status(sim)
+    assert code == 0 and st["verdict"] == "serving" and st["groups"][0]["job"]["id"] == job4, st
+    openai_client(endpoint_of(first.stdout))
 
     # a change whose worker crashes: the job ends whole, the report names the worker with its own step output
     k3("sim", "fault", "--name", sim.name, "1:engine-crash", check=True)
@@ -144,7 +214,8 @@ def test_pd_pools_before_the_router_under_slurm(sim_factory):
 
 def test_replicas_roll_one_job_at_a_time_behind_the_routers_job(sim_factory):
     sim = sim_factory("sdrep", "gb300", 4, "--replicas", "2", "--slurm")
-    sim.set_vars("k3_slurm_exclusive: user\n")   # the router's job shares the first replica's head
+    # sim up writes it: the router's job shares the first replica's head
+    assert "k3_slurm_exclusive: user" in sim.group_vars.read_text()
     first = deploy(sim.inventory)
     assert first.returncode == 0, why(first)
     before = {j[1]: j[0] for j in jobs(sim)}

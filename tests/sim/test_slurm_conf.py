@@ -107,3 +107,17 @@ def test_the_base_root_has_slurm_with_its_units_disabled():
     assert not set(wants) & set(sim_base.DISABLED_UNITS)
     assert not (path / "etc/munge/munge.key").exists()  # each cluster writes its own
     assert set(json.loads((path / sim_base.MARKER).read_text())["packages"]) >= {"slurmd", "slurmctld", "munge"}
+
+
+def test_inventory_of_replicas_or_hybrid_lb_lets_the_front_router_share_the_heads_node(tmp_path):
+    st = {**_state(tmp_path, None), "replicas": 3}
+    write_inventory(st)
+    gv = yaml.safe_load((tmp_path / "group_vars" / "all.yml").read_text())
+    assert gv["k3_slurm_exclusive"] == "user" and gv["k3_launcher"] == "slurm"
+    st = {**_state(tmp_path, None), "strategy": "multi_node_dep"}
+    write_inventory(st)
+    text = (tmp_path / "group_vars" / "all.yml").read_text()
+    assert yaml.safe_load(text)["k3_slurm_exclusive"] == "user"
+    lines = text.splitlines()
+    i = next(n for n, ln in enumerate(lines) if ln.startswith("k3_slurm_exclusive:"))
+    assert lines[i - 1].startswith("# ") and "router" in lines[i - 1]
