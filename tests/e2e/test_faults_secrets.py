@@ -84,6 +84,9 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
         "preflight": [[inv], [inv, "--json"]],
         "verify": [[inv], [inv, "--json"]],
         "unlock": [[inv], [inv, "--json"]],
+        "export": [["slurm", inv, "-o", str(tmp_path / "slurm")], ["slurm", inv, "-o", str(tmp_path / "slurm"), "--json"],
+                   ["kubernetes", inv, "-o", str(tmp_path / "k8s")],
+                   ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--json"]],
     }
     assert set(runs) | set(NOT_RUN) == set(COMMANDS), "a new command: add it to runs (or NOT_RUN with a reason)"
     seen = dict(deployed.outputs)
@@ -92,8 +95,8 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
             proc = k3(command, *args, check=False)
             assert proc.returncode in (0, 3), (command, args, proc.stdout[-2000:], proc.stderr[-2000:])
             seen[f"k3deploy {command} {' '.join(args)}"] = proc.stdout + proc.stderr
-    for path in (md, html, offline):
-        seen[path.name] = path.read_text()
+    for path in (md, html, offline, *(f for d in ("slurm", "k8s") for f in (tmp_path / d).rglob("*") if f.is_file())):
+        seen[str(path.relative_to(tmp_path))] = path.read_text()
     with tarfile.open(bundle) as tar:
         for m in tar.getmembers():
             if m.isfile():
