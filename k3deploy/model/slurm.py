@@ -18,8 +18,8 @@ scripts and env files), which ``squeue``'s ``%k`` shows: a job that runs with th
 Node-failure policy: jobs are submitted with ``--requeue`` (a node that fails under a running job makes Slurm
 requeue the whole job: the group is recreated on its nodes once they are back, what LWS calls
 RecreateGroupAfterStart) and ``--open-mode=append`` (the outputs of earlier runs are kept). A job that ends on its
-own (a failed step, the time limit) is not requeued by Slurm; the deploy resubmits it, at most
-``k3_slurm_resubmit_max`` times, after :func:`resubmit_delay` seconds.
+own (a failed step, the time limit) is not requeued by Slurm: the run that started it fails naming the node, and the
+next run submits it again.
 
 Example::
 
@@ -523,15 +523,6 @@ def parse_accounting(text: str) -> list[EndedJob]:
         if len(f) >= 6:
             out.append(EndedJob(*f[:6]))
     return out
-
-
-def resubmit_delay(rollout: Rollout, attempt: int) -> int | None:
-    """Seconds before resubmission number ``attempt`` (1, 2, ...) of a group's ended job: ``k3_slurm_resubmit_backoff``,
-    doubled each time; None past ``k3_slurm_resubmit_max`` (the run gives up and reports the job's output)."""
-    v = rollout.vars
-    if attempt < 1 or attempt > v.k3_slurm_resubmit_max:
-        return None
-    return int(v.k3_slurm_resubmit_backoff * 2 ** (attempt - 1))
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ class Variables(BaseModel):
     k3_slurm_qos: str | None = Field(None, description="Slurm QoS of the jobs (`--qos`); default: the site's.")
     k3_slurm_time: str | None = Field(None, description=(
         "Time limit of the jobs (`--time`: MINUTES, HH:MM:SS, D-HH:MM:SS or UNLIMITED); default: the partition's. "
-        "A job that reaches it ends and is resubmitted like a failed one."))
+        "A job that reaches it ends like a failed one: the next run submits it again."))
     k3_slurm_exclusive: Literal["node", "user"] = Field("node", description=(
         "`node` = `--exclusive` (no other job on a job's nodes); `user` = `--exclusive=user` (only this user's jobs: "
         "k3deploy's own jobs may share a node, e.g. the router beside a P/D pool)."))
@@ -270,11 +270,6 @@ class Variables(BaseModel):
         "topology/block plugin (an NVL72 rack). Needs Slurm >= 23.11 (`k3_slurm_version`)."))
     k3_slurm_version: str = Field("22.05", description=(
         "The site's Slurm version (`sinfo -V`), MAJOR.MINOR: what the job scripts may use (22.05 is Debian 12's)."))
-    k3_slurm_resubmit_max: int = Field(3, ge=0, description=(
-        "Node-failure policy: how many times in a row a group's job that ended (a failed step, a failed node, the "
-        "time limit) is resubmitted before the run gives up (0: never)."))
-    k3_slurm_resubmit_backoff: int = Field(30, gt=0, description=(
-        "Seconds before the first resubmission of an ended job, doubled each time after."))
     # Kubernetes export (`k3deploy export kubernetes`, docs/kubernetes.md)
     k3_k8s_host_network: bool = Field(True, description=(
         "Kubernetes export: engine pods use the node's network (`hostNetwork`), as the units' `--network host`: "

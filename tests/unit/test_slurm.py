@@ -157,8 +157,8 @@ def test_the_revision_changes_with_what_the_group_runs_and_only_then():
         job = slurm.jobs(_rollout(**changed))[0]
         assert job.revision != base.revision, changed
         assert job.comment == f"k3deploy:engine:{job.revision}"
-    # the submit host and the resubmit policy are not what the job runs
-    assert slurm.jobs(_rollout(k3_slurm_submit_host="login1", k3_slurm_resubmit_max=5))[0].revision == base.revision
+    # the submit host is not what the job runs
+    assert slurm.jobs(_rollout(k3_slurm_submit_host="login1"))[0].revision == base.revision
 
 
 def test_the_router_beside_a_pool_is_refused_with_whole_node_jobs():
@@ -210,7 +210,6 @@ def test_the_commands_the_runtime_runs_on_the_submit_host_are_valid_sh():
     for text in (slurm.submit(job), slurm.queue([job.name]), slurm.cancel([job.name, "k3-router"], 60),
                  slurm.accounting([job.name])):
         assert subprocess.run(["sh", "-n", "-c", text], capture_output=True).returncode == 0, text
-    assert [slurm.resubmit_delay(r, n) for n in range(5)] == [None, 30, 60, 120, None]
 
 
 # ---------------------------------------------------------------------------------------------- a real run
