@@ -521,13 +521,7 @@ def step_logs(output: str, container: str | None, docker: str, lines: int = 25) 
     script = (f"echo {shlex.quote(f'--- {output} (the step output, last {lines} lines)')}; "
               f"tail -n {lines} {o} 2>&1")
     if container:
-        gone = (f"(no container {container} now: its launch script runs it with --rm, so it is removed when the "
-                "engine exits; what the engine wrote is in the step output above)")
-        script += (f"; echo {shlex.quote(f'--- {docker} logs --tail {lines} {container}')}; "
-                   f"if k3_out=$({shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1); then "
-                   f"printf '%s\\n' \"$k3_out\" | tail -n {lines}; else case \"$k3_out\" in "
-                   f"*'No such container'*) echo {shlex.quote(gone)};; "
-                   f"*) printf '%s\\n' \"$k3_out\" | tail -n {lines};; esac; fi")
+        script += "; " + _container_log(container, docker, lines, "its launch script runs it", "the step output")
     return script
 
 
@@ -560,16 +554,21 @@ def logs(unit: str, container: str | None, docker: str, lines: int = 25) -> str:
     script = (f"echo {shlex.quote(f'--- journalctl -u {unit} (last {lines} lines)')}; "
               f"journalctl -u {shlex.quote(unit)} -n {lines} --no-pager 2>&1 | tail -n {lines}")
     if container:
-        # the unit runs its container with --rm: once the engine exited it is gone, and docker's "No such
-        # container" would read as a second fault; say what it means instead
-        gone = (f"(no container {container} now: the unit runs it with --rm, so it is removed when the engine "
-                "exits; what the engine wrote is in the journal above)")
-        script += (f"; echo {shlex.quote(f'--- {docker} logs --tail {lines} {container}')}; "
-                   f"if k3_out=$({shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1); then "
-                   f"printf '%s\\n' \"$k3_out\" | tail -n {lines}; else case \"$k3_out\" in "
-                   f"*'No such container'*) echo {shlex.quote(gone)};; "
-                   f"*) printf '%s\\n' \"$k3_out\" | tail -n {lines};; esac; fi")
+        script += "; " + _container_log(container, docker, lines, "the unit runs it", "the journal")
     return script
+
+
+def _container_log(container: str, docker: str, lines: int, runs_it: str, where: str) -> str:
+    """The tail of a container's log. Its launcher runs it with ``--rm`` (``runs_it``): once the engine exited it is
+    gone, and docker's "No such container" would read as a second fault; it says what it means instead (what the
+    engine wrote is in ``where``, shown above)."""
+    gone = (f"(no container {container} now: {runs_it} with --rm, so it is removed when the engine exits; what the "
+            f"engine wrote is in {where} above)")
+    return (f"echo {shlex.quote(f'--- {docker} logs --tail {lines} {container}')}; "
+            f"if k3_out=$({shlex.quote(docker)} logs --tail {lines} {shlex.quote(container)} 2>&1); then "
+            f"printf '%s\\n' \"$k3_out\" | tail -n {lines}; else case \"$k3_out\" in "
+            f"*'No such container'*) echo {shlex.quote(gone)};; "
+            f"*) printf '%s\\n' \"$k3_out\" | tail -n {lines};; esac; fi")
 
 
 def wait_ready(unit: str, url: str | None, model: str | None, timeout: int, container: str | None, docker: str,
