@@ -248,11 +248,9 @@ class PlanReport:
         return out
 
 
-def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
-    """A unit file's changes as people read them: the image, the container argv one flag per line, the other
-    unit lines."""
+def _argv_changes(old_argv: list[str] | None, new_argv: list[str] | None) -> list[dict[str, Any]]:
+    """The container command's changes: the image (kind ``image``), then the flags one per line (kind ``argv``)."""
     changes: list[dict[str, Any]] = []
-    old_argv, new_argv = exec_start(old_text), exec_start(new_text)
     old_image, new_image = image_of(old_argv), image_of(new_argv)
     if old_image != new_image:
         changes.append({"kind": "image", "from": old_image, "to": new_image})
@@ -260,6 +258,13 @@ def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any
         if line.startswith("image ") and old_image != new_image:
             continue  # shown as the image change
         changes.append({"kind": "argv", "op": op, "line": line})
+    return changes
+
+
+def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+    """A unit file's changes as people read them: the image, the container argv one flag per line, the other
+    unit lines."""
+    changes = _argv_changes(exec_start(old_text), exec_start(new_text))
     for op, line in line_diff(_unit_other_lines(old_text), _unit_other_lines(new_text)):
         changes.append({"kind": "unit", "op": op, "line": line})
     return changes
@@ -390,15 +395,7 @@ def launch_file_changes(old_text: str | None, new_text: str) -> list[dict[str, A
     >>> [c["line"] for c in launch_file_changes(old, old.replace("30000", "30001"))]
     ['--port 30000', '--port 30001']
     """
-    changes: list[dict[str, Any]] = []
-    old_argv, new_argv = _launch_argv(old_text), _launch_argv(new_text)
-    old_image, new_image = image_of(old_argv), image_of(new_argv)
-    if old_image != new_image:
-        changes.append({"kind": "image", "from": old_image, "to": new_image})
-    for op, line in line_diff(argv_lines(old_argv), argv_lines(new_argv)):
-        if line.startswith("image ") and old_image != new_image:
-            continue
-        changes.append({"kind": "argv", "op": op, "line": line})
+    changes = _argv_changes(_launch_argv(old_text), _launch_argv(new_text))
 
     def others(text: str | None) -> list[str]:   # every line but the command's
         return [ln for ln in (text or "").splitlines()
