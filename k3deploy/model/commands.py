@@ -712,6 +712,24 @@ def record_revision(directory: str, number: int, files: Sequence[tuple[str, str]
             f"install -m 0600 /dev/stdin {d}/meta.json <<'{tag}'\n{meta}{tag}")
 
 
+def then(*scripts: str) -> str:
+    r"""One script running ``scripts`` one after the other, each only once the one before it succeeded (else the
+    script ends with that one's status); a script may end with a here-document, whose end tag stands alone on its
+    line. Empty scripts are left out.
+
+    >>> print(then("cat > /tmp/x <<'E'\nhi\nE", "", "echo done"))
+    { cat > /tmp/x <<'E'
+    hi
+    E
+    } || exit
+    echo done
+    >>> then("", "echo done")
+    'echo done'
+    """
+    *first, last = [s for s in scripts if s] or [""]
+    return "".join(f"{{ {s}\n}} || exit\n" for s in first) + last
+
+
 def staged_path(live: str, config_dir: str) -> str:
     """Where the configure phase writes the next version of the live file ``live`` (a unit or env file): beside
     the live files, in ``<k3_config_dir>/next/``, under the live file's own name. The restart step moves it into

@@ -422,11 +422,12 @@ def _changed_files(gathered: Gathered, unit: UnitWork) -> list[tuple[str, str]]:
         (unit.env_path, unit.env_text, have.env_sha if have else None)) if sha != sha256(text)]
 
 
-def _swap(ctx: Context, groups: list[str]) -> str:
-    """This host's part of putting ``groups``' new files in place, once their units are stopped: each changing
-    group's revision is recorded first (copies of the files it will run: the staged ones where they change, the
-    live ones where not, and its ``meta.json``), then the staged files move onto the live ones. A rollback records
-    nothing: it goes back to a recorded revision."""
+def _swap(ctx: Context, groups: list[str]) -> list[str]:
+    """This host's part of putting ``groups``' new files in place, once their units are stopped, as scripts to run
+    one after the other (:func:`k3deploy.model.commands.then`): each changing group's revision is recorded first
+    (copies of the files it will run: the staged ones where they change, the live ones where not, and its
+    ``meta.json``), then the staged files move onto the live ones. A rollback records nothing: it goes back to a
+    recorded revision."""
     r, gathered = ctx.rollout, ctx.gathered
     assert gathered is not None
     parts = []
@@ -441,9 +442,8 @@ def _swap(ctx: Context, groups: list[str]) -> str:
             files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
             parts.append(commands.record_revision(revisions_dir(r.vars.k3_config_dir, group), ctx.numbers[group],
                                                   files, ctx.metas[group]))
-    swap = commands.swap_in(pairs)
-    # record_revision ends with a here-document: the swap goes on the line after it
-    return "\n".join([*(f"{{ {p}\n}}" for p in parts), swap]) if parts and swap else (swap or "\n".join(parts))
+    # the files move only once every record is kept
+    return [*parts, commands.swap_in(pairs)] if pairs else parts
 
 
 def _recorded(gathered: Gathered, group: str, files: dict[str, str] | None) -> bool:
@@ -531,14 +531,19 @@ def start_phase(ctx: Context) -> None:
         if me.heads:
             stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, seen=seen, _if=ready)
         swap = _swap(ctx, list(wave))
-        if swap:
-            script(name=f"Record the new revision, put its files in place{step}", text=swap, _if=ready)
+        # a host that only starts workers records and swaps in the same command as its start (its units are
+        # stopped, and nothing reads its files before then); the operation stays, doing nothing, so that every
+        # host's start is as deep in its sequence as the heads' starts
+        with_start = bool(me.workers) and not me.heads
+        script(name=f"Record the new revision, put its files in place{step}",
+               text="" if with_start else commands.then(*swap), _if=ready)
         if me.heads:
             start_units(name=f"Start group heads{step}", units=me.heads, _if=ready)
         if me.workers:
-            # one command: the wait for the head's rendezvous port (tried from this node), then the start
+            # one command: (the swap,) the wait for the head's rendezvous port (tried from this node), the start
             start_units(name=f"Start workers once their head's rendezvous port accepts connections{step}",
-                        units=me.workers, joins=me.joins, timeout=r.vars.k3_rendezvous_timeout, _if=ready,
+                        units=me.workers, joins=me.joins, timeout=r.vars.k3_rendezvous_timeout,
+                        first=swap if with_start else [], _if=ready,
                         _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
         groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
         if groups:

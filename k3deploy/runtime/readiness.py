@@ -135,9 +135,13 @@ class GroupControl(Protocol):
         """Stop the whole group (no half group)."""
 
 
-#: while a group's head does not serve yet, its other members are polled every this many rounds only (a member
-#: that fails is seen within this many poll intervals; the head, which needs every member, does not serve meanwhile)
+#: while a group's head does not serve yet, its other members are polled every this many rounds only, and no more
+#: often than every :data:`MEMBERS_SECONDS` (a member that fails is seen within that time; the head, which needs
+#: every member, does not serve meanwhile)
 MEMBERS_EVERY = 8
+#: the shortest time between two polls of a group's members that do not serve yet (with a short poll interval, a
+#: large group would otherwise cost its nodes a probe each every few seconds)
+MEMBERS_SECONDS = 8.0
 
 
 def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str = "start",
@@ -146,12 +150,14 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     """Poll a started group until every serving unit is healthy; on failure stop the group and report.
 
     No member of a group serves before every rank has joined, the head included: until the head serves, each round
-    polls the head and, every :data:`MEMBERS_EVERY` rounds, the other members (a member that failed or restarted is
-    seen there; one that is lost also fails its head); from then on every unit that does not serve yet, every round,
-    and those that do every :data:`MEMBERS_EVERY` rounds (one that fails is still seen). A group of N members so costs
-    its nodes about N/8 probes a round while the engines start, not N. The round after the one in which
-    the head first serves comes at once: members that serve an API of their own (hybrid load balancing) serve with
-    it. ``control``: the launcher's probe, logs and stop (default: the systemd units')."""
+    polls the head and, every :data:`MEMBERS_EVERY` rounds but no more often than every :data:`MEMBERS_SECONDS`, the
+    other members (a member that failed or restarted is seen there; one that is lost also fails its head; the first
+    such round comes one period after the start); from then on every unit that does not serve yet, every round, and
+    those that do every period (one that fails is still seen). A group of N members so costs its nodes about one
+    probe per member and period while the engines start, not N a round. The head serving means every rank joined: a
+    member that serves no API of its own needs no poll then. The round after the one in which the head first serves
+    comes at once: members that serve an API of their own (hybrid load balancing) serve with it. ``control``: the
+    launcher's probe, logs and stop (default: the systemd units')."""
     units = rollout.group(group)
     head = units[0]   # the group's units by rank: its head first
     deadline = clock() + rollout.deadline
@@ -162,20 +168,32 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     def key(work: UnitWork) -> str:
         return f"{work.unit}@{work.host}"
 
-    rounds = 0
-    while True:
-        head_serves = not head.serves or key(head) in ready
-        polled = [u for u in units
-                  if u is head or rounds % MEMBERS_EVERY == 0 or (head_serves and key(u) not in ready)]
-        rounds += 1
-        # one poll of each of these units, all hosts at once (each over its own connection)
+    def poll(some: list[UnitWork]) -> dict[str, Probe]:
+        """One poll of each of ``some``, all hosts at once (each over its own connection)."""
         jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model,
                                      None if control is None else control.probe_script(u, rollout.plan.model))
-                for u in polled}
+                for u in some}
         gevent.joinall(list(jobs.values()))
+        return {k: job.value if job.successful() else Probe("failed", f"the probe raised {job.exception!r}")
+                for k, job in jobs.items()}
+
+    period = max(MEMBERS_EVERY * interval, MEMBERS_SECONDS)
+    members_due = clock() + period
+    while True:
+        head_serves = not head.serves or key(head) in ready
+        members = clock() >= members_due
+        if members:
+            members_due = clock() + period
+        polled = [u for u in units if u is head or members or (head_serves and key(u) not in ready)]
+        results = poll(polled)
+        if any(p.status == "failed" for p in results.values()):
+            # a member that died takes its head down with it: the members not polled this round are polled now,
+            # and a failed member is named before its head
+            rest = [u for u in units if key(u) not in results]
+            results.update(poll(rest))
+            polled = sorted(polled + rest, key=lambda u: u is head)
         for u in polled:
-            job = jobs[key(u)]
-            result = job.value if job.successful() else Probe("failed", f"the probe raised {job.exception!r}")
+            result = results[key(u)]
             if result.status == "ready" and key(u) not in ready:
                 ready.add(key(u))
                 if u.serves:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, k3, why
+from helpers import PYINFRA, ROOT, k3, parts, why
 from k3deploy.model.runbook import blocks
 
 pytestmark = pytest.mark.sim
@@ -94,7 +94,7 @@ def _executed(log: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
                 except ValueError:
                     break
             if script is not None:
-                out.setdefault(m["host"], set()).add(script)
+                out.setdefault(m["host"], set()).update(parts(script))
         return out
 
     return parse(before), parse(after)
@@ -134,7 +134,8 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
     # section restores from those) before it moves the staged files into place, and marks it current once it
     # serves (a node other than the smoke test's gives the deployment lock back in that command, its last):
     # bookkeeping with the time it ran, not a bring-up step
-    revision = re.compile(r"^(\{ umask 077 && install -d -m 0700 \S+/revisions/\S+ .*meta\.json.* && mv -f \S+ \S+|"
+    revision = re.compile(r"^(umask 077 && install -d -m 0700 \S+/revisions/\S+ .*meta\.json.*|"
+                          r"\{ \[ -f \S+ \].* && mv -f \S+ \S+|"
                           r"echo \d+ > \S+/revisions/\S+/current && \{ \[ ! -d \S+ \] \|\| touch \S+/served; \}"
                           r"(?: && \{ if grep -qF .* \S+/deploy\.lock 2>/dev/null; then .*; fi; true; \})?)$", re.S)
     ran = {h: sorted(s for s in scripts if not uploads.match(s) and not revision.match(s)) for h, scripts in ops.items()}

@@ -96,6 +96,18 @@ def member(tar: tarfile.TarFile, name: str | tarfile.TarInfo) -> bytes:
     return fh.read()
 
 
+def parts(script: str) -> list[str]:
+    r"""The scripts one command runs one after the other (:func:`k3deploy.model.commands.then`), in order.
+
+    >>> parts("{ a <<'E'\nx\nE\n} || exit\n{ b\n} || exit\nc")
+    ["a <<'E'\nx\nE", 'b', 'c']
+    >>> parts("c")
+    ['c']
+    """
+    *first, rest = script.split("\n} || exit\n")
+    return [p.removeprefix("{ ") for p in first] + [rest]
+
+
 def golden(name: str) -> Any:
     """The parsed JSON file ``tests/golden/NAME``."""
     return json.loads((GOLDEN / name).read_text())

@@ -24,6 +24,7 @@ from pyinfra.api.command import FileUploadCommand, FunctionCommand, RsyncCommand
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
+from helpers import parts
 from helpers.clusters import FAMILIES, STRATEGIES, smallest_rollout
 from helpers.clusters import records as cluster_records
 from k3deploy.facts.rollout import SmokeAnswer
@@ -151,11 +152,11 @@ def compare(r: Rollout, gathered: Gathered, monkeypatch: pytest.MonkeyPatch) -> 
                     files.setdefault(host, {})[shlex.split(m[1])[0]] = pending.getvalue().decode()
                     pending = None
                 elif not text.startswith("umask 022 && mkdir -p") or "&& : >" not in text:   # managed_file's new_temp
-                    scripts.setdefault(host, set()).add(text)
+                    scripts.setdefault(host, set()).update(parts(text))
             else:
                 assert isinstance(cmd, FunctionCommand), cmd   # the gates and the router calls
     # the revision bookkeeping (revision recorded, then marked current once the group serves) is the deploy's own
-    revision = re.compile(r"^(\{ umask 077 && install -d -m 0700 \S+/revisions/.*|echo \d+ > \S+/revisions/.*)$", re.S)
+    revision = re.compile(r"^(umask 077 && install -d -m 0700 \S+/revisions/.*|echo \d+ > \S+/revisions/.*)$", re.S)
     swaps = {h: {s for s in texts if revision.match(s) or s.startswith("{ [ -f ")} for h, texts in scripts.items()}
     scripts = {h: texts - swaps[h] for h, texts in scripts.items()}
     assert all(swaps.get(h) for h in r.hosts), "every host records its group's revision and puts its files in place"
