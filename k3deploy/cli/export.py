@@ -244,9 +244,10 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     lines += ["", f"The public endpoint: {rollout.endpoint}.",
               f"Each job writes {v.k3_slurm_dir}/<group>/<job id>.out on its batch host (which step ended, with its "
               f"exit code) and each node's step {v.k3_slurm_dir}/<group>/<job id>/<node>.out on that node. A step "
-              "that ends ends its job (no half group). The jobs ask for --requeue: a failed node makes Slurm "
-              "requeue the whole group; a job that ended otherwise is resubmitted by you (the deploy's next run does "
-              "it).",
+              "that ends ends its job (no half group); once its group served, the job requeues itself instead "
+              f"(scontrol requeue, at most k3_slurm_requeue_max = {v.k3_slurm_requeue_max} times: a failed node, a "
+              "dead engine) and Slurm starts it again on the same nodes after its requeue delay. A job that ended "
+              "otherwise is resubmitted by you (the deploy's next run does it).",
               f"squeue -u $USER --name={','.join(j.name for j in jobs)} -o '{slurm.QUEUE_FORMAT}' shows the jobs; "
               "the comment (%k) is the revision each runs. docs/slurm.md of k3deploy says more."]
     readme = out / "README.txt"

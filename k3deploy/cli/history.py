@@ -47,9 +47,10 @@ def history(inventory: str, as_json: bool) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     if gathered.target.vars.k3_launcher == "slurm":
-        console.print("k3_launcher: slurm: each revision keeps the group's launch scripts and env files; rolling back "
-                      "to one (k3_rollback) is not built yet. Each group's job carries its revision hash in its "
-                      "--comment, k3deploy:<group>:<hash> (squeue -o '%i %j %T %k %N' on k3_slurm_submit_host)")
+        console.print("k3_launcher: slurm: each revision keeps the group's launch scripts and env files (k3_rollback "
+                      "puts them back and submits the group's job again). Each group's job carries its revision hash "
+                      "in its --comment, k3deploy:<group>:<hash> (squeue -o '%i %j %T %k %N' on "
+                      "k3_slurm_submit_host)")
     for g, h in groups.items():
         if not h.revisions:
             console.print(f"group {g}: no revision recorded yet (the first rollout that restarts it records one)")

@@ -15,11 +15,12 @@ hold no logic.
 Each job carries its revision in ``--comment`` (``k3deploy:<group>:<hash>``: a hash of its batch script, launch
 scripts and env files), which ``squeue``'s ``%k`` shows: a job that runs with the planned comment is left alone.
 
-Node-failure policy: jobs are submitted with ``--requeue`` (a node that fails under a running job makes Slurm
-requeue the whole job: the group is recreated on its nodes once they are back, what LWS calls
-RecreateGroupAfterStart) and ``--open-mode=append`` (the outputs of earlier runs are kept). A job that ends on its
-own (a failed step, the time limit) is not requeued by Slurm: the run that started it fails naming the node, and the
-next run submits it again.
+Node-failure policy (what LWS calls RecreateGroupAfterStart): jobs are submitted with ``--requeue`` and
+``--open-mode=append`` (the outputs of earlier runs are kept); once a group served (the batch script watches its
+head's ``/health``), a step that ends (a node that failed, an engine that died) makes the job requeue itself, at most
+``k3_slurm_requeue_max`` times: Slurm starts it again, whole, on the same nodes after its requeue delay. A step that
+ends before the group served, or past that limit, ends the job: the run that started it fails naming the node, and
+the next run submits it again.
 
 Example::
 
@@ -276,12 +277,24 @@ def _batch(rollout: Rollout, group: str, revision: str | None) -> str:
         steps.append({"comment": what, "command": line, "node": shlex.quote(u.host)})
     fail = (f"k3deploy: group {group}: the step on $node ended with exit code $rc (its output: $node:$out/$node.out); "
             "stopping the group's other steps")
+    requeue = (f"k3deploy: group {group} served before the step ended: the job requeues itself (restart "
+               f"$(( restarts + 1 )) of {v.k3_slurm_requeue_max}; Slurm starts it again on the same nodes after its "
+               "requeue delay)")
+    served_comment = [
+        "Recreate after start: once the group served (its head answered /health), a step that ends makes the job",
+        "requeue itself: Slurm starts it again, whole, on the same nodes, after its requeue delay (AuthInfo",
+        f"cred_expire, 120 s by default), at most k3_slurm_requeue_max = {v.k3_slurm_requeue_max} times. Before it",
+        "served, or past that, the job ends: the deploy's gate or the next run reports it."]
     return render_template(
         BATCH_TEMPLATE, managed=MANAGED, summary=summary, options=options,
         out=shlex.quote(group_dir(rollout, group)), nodes=len(nodes),
         mkdir_fail=shlex.quote(f"k3deploy: group {group}: cannot create the step output directory ") + '"$out"'
         + shlex.quote(f" on {', '.join(nodes)}"),
-        steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, submit_note=(
+        steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, requeue=f'"{requeue}"', requeue_max=v.k3_slurm_requeue_max,
+        health=shlex.quote(head.serves + "/health") if head.serves else "", poll=max(1, round(v.k3_poll_interval)),
+        served_comment=served_comment if head.serves else [
+            "The group's head serves no HTTP: the job never requeues itself; a step that ends ends the job."],
+        submit_note=(
             "Submitted by the deploy from k3_slurm_submit_host (or by hand: sbatch --parsable THIS_FILE); "
             f"the launch scripts and env files must be on the nodes ({v.k3_config_dir})."))
 

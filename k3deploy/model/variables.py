@@ -270,6 +270,10 @@ class Variables(BaseModel):
         "topology/block plugin (an NVL72 rack). Needs Slurm >= 23.11 (`k3_slurm_version`)."))
     k3_slurm_version: str = Field("22.05", description=(
         "The site's Slurm version (`sinfo -V`), MAJOR.MINOR: what the job scripts may use (22.05 is Debian 12's)."))
+    k3_slurm_requeue_max: int = Field(3, ge=0, le=100, description=(
+        "Times a group's job requeues itself when a step ends after the group served (a node failed, an engine "
+        "died): Slurm starts it again, whole, on the same nodes after its requeue delay. 0: never; the next deploy "
+        "run submits it again."))
     # Kubernetes export (`k3deploy export kubernetes`, docs/kubernetes.md)
     k3_k8s_host_network: bool = Field(True, description=(
         "Kubernetes export: engine pods use the node's network (`hostNetwork`), as the units' `--network host`: "

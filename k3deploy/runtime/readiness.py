@@ -186,9 +186,9 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
             members_due = clock() + period
         polled = [u for u in units if u is head or members or (head_serves and key(u) not in ready)]
         results = poll(polled)
-        if any(p.status == "failed" for p in results.values()):
+        if control is None and any(p.status == "failed" for p in results.values()):
             # a member that died takes its head down with it: the members not polled this round are polled now,
-            # and a failed member is named before its head
+            # and a failed member is named before its head (a launcher's own control names the culprit itself)
             rest = [u for u in units if key(u) not in results]
             results.update(poll(rest))
             polled = sorted(polled + rest, key=lambda u: u is head)

@@ -40,6 +40,9 @@ DefaultTimeoutStopSec={KILL_WAIT * 2}s
 """
 UNITS_ALL = ("munge.service", "slurmd.service")
 UNITS_CONTROLLER = ("slurmctld.service",)
+#: the job credential's lifetime in the simulated cluster, which is also how long a requeued job waits before it
+#: starts again (slurm.conf(5), AuthInfo cred_expire; Slurm's default is 120 s)
+CRED_EXPIRE = 10
 
 
 def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus: int) -> str:
@@ -62,6 +65,8 @@ def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus:
         f"ClusterName={cluster}",
         f"SlurmctldHost={head}({head_ip})",
         "AuthType=auth/munge",
+        f"# a requeued job starts again after {CRED_EXPIRE} s (default 120 s): a node failure test need not wait",
+        f"AuthInfo=cred_expire={CRED_EXPIRE}",
         "CredType=cred/munge",
         "SlurmUser=slurm",
         "SlurmctldPort=6817",

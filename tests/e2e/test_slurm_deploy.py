@@ -11,12 +11,14 @@ import json
 import re
 import tarfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from helpers import deploy, k3, totals, why
 from helpers.clients import Client
+from helpers.engine import wait_for
 from helpers.simulated import Sim, endpoint_of, openai_client
 
 pytestmark = pytest.mark.sim
@@ -50,6 +52,21 @@ def status(sim: Sim) -> tuple[int, dict]:
     got = k3("status", sim.inventory, "--json")
     assert got.returncode in (0, 1), got.stdout + got.stderr
     return got.returncode, json.loads(got.stdout)
+
+
+def engine_job_now(sim: Sim) -> tuple[str, str] | None:
+    """The engine group's job id and comment while it runs; None while it does not."""
+    queued = jobs(sim)
+    return (queued[0][0], queued[0][3]) if [(j[1], j[2]) for j in queued] == [("k3-engine", "RUNNING")] else None
+
+
+def serves(endpoint: str) -> bool:
+    """The endpoint lists its model (``/v1/models``), asked once."""
+    try:
+        with urllib.request.urlopen(f"{endpoint}/v1/models", timeout=5) as r:
+            return b"Kimi-K3" in r.read()
+    except OSError:
+        return False
 
 
 def bundled(sim: Sim, tmp: Path) -> dict[str, str]:
@@ -180,6 +197,24 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     code, st = status(sim)
     assert code == 0 and st["verdict"] == "serving" and st["groups"][0]["job"]["id"] == job4, st
     openai_client(endpoint_of(first.stdout))
+
+    # a node that fails under the running job (rebooted: its step ends with it): the job, which served, requeues
+    # itself, and Slurm starts it again, whole, on the same nodes after its requeue delay; no command of ours runs
+    served = f"/var/lib/k3deploy/slurm/engine/{job4}/served"
+    assert wait_for(lambda: sim.ssh(0, f"test -e {served}").returncode == 0, 30, 1), "the job never saw its group serve"
+    t0 = time.monotonic()
+    k3("sim", "reboot", "--name", sim.name, "1", check=True)
+    again_serving = wait_for(lambda: engine_job_now(sim) == (job4, comment4) and
+                             "Restarts=1" in sim.ssh(0, f"scontrol show job {job4}").stdout and
+                             serves(endpoint_of(first.stdout)), 180, 1)
+    took = time.monotonic() - t0
+    assert again_serving, (jobs(sim), sim.ssh(0, f"tail -5 /var/lib/k3deploy/slurm/engine/{job4}.out").stdout)
+    print(f"node failure under the job -> serving again (requeued, same nodes): {took:.1f} s")
+    out = sim.ssh(0, f"cat /var/lib/k3deploy/slurm/engine/{job4}.out").stdout
+    assert "group engine served before the step ended: the job requeues itself (restart 1 of 3;" in out, out
+    openai_client(endpoint_of(first.stdout))
+    code, st = status(sim)
+    assert code == 0 and st["verdict"] == "serving" and st["groups"][0]["job"]["id"] == job4, st
 
     # a change whose worker crashes: the job ends whole, the report names the worker with its own step output
     k3("sim", "fault", "--name", sim.name, "1:engine-crash", check=True)

@@ -95,3 +95,13 @@ def test_export_segment_requests_the_groups_nodes_in_one_block(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "--segment=2" in _sbatch(out / "k3-engine.sbatch")
     assert "wrote 5 file(s)" in proc.stdout
+
+
+def test_the_runbook_of_a_slurm_site_is_refused_naming_export_slurm(tmp_path):
+    inventory = two_tray_site(tmp_path, "k3_hardware: gb300\nk3_strategy: multi_node_tp\nk3_iface: eth1\n"
+                                        "k3_launcher: slurm\nk3_slurm_submit_host: gpu01\n")
+    out = tmp_path / "runbook.md"
+    proc = k3("runbook", str(inventory), "-o", str(out), "--offline")
+    assert proc.returncode == 2 and not out.exists(), proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "k3_launcher: slurm" in line and f"k3deploy export slurm {inventory} -o DIR" in line

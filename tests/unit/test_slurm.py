@@ -282,6 +282,7 @@ def test_a_batch_script_starts_the_worker_after_the_heads_port_and_fails_whole_w
     _stub(cfg / "k3-engine.launch", LAUNCH)
     _stub(bin_dir / "srun", SRUN)
     _stub(bin_dir / "scancel", SCANCEL)
+    _stub(bin_dir / "scontrol", SCONTROL)
     script = tmp_path / "job.sbatch"
     script.write_text(job.script)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "K3_TEST_LOG": str(log),
@@ -291,6 +292,7 @@ def test_a_batch_script_starts_the_worker_after_the_heads_port_and_fails_whole_w
     events = [line for line in log.read_text().splitlines() if not line.startswith(("srun", "scancel"))]
     assert "scancel --signal=TERM 77" in log.read_text()
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "scontrol" not in log.read_text()   # it never served: no requeue, the deploy's gate reports it
     # the worker's step started only once the head's port was open, and the head's step was stopped
     assert events == ["n0 listening", "n1 started", "n0 stopped"], events
     step_out = out_dir / "engine" / "77"
@@ -300,6 +302,55 @@ def test_a_batch_script_starts_the_worker_after_the_heads_port_and_fails_whole_w
     assert (f"group engine: the step on n1 ended with exit code 1 (its output: n1:{step_out}/n1.out); stopping "
             "the group's other steps") in proc.stderr
     assert time.monotonic() - t0 < 60
+
+
+#: the head serves at once (the job's watcher asks /health with curl); scontrol as the job calls it to requeue itself
+CURL_OK = "#!/bin/sh\nexit 0\n"
+SCONTROL = r"""#!/bin/bash
+echo "scontrol $*" >> "$K3_TEST_LOG"
+"""
+
+#: the head runs until stopped; the worker ends once the job has seen the group serve
+LAUNCH_AFTER_SERVING = r"""#!/bin/bash
+case $SLURMD_NODENAME in
+n0)
+  trap 'echo "n0 stopped" >> "$K3_TEST_LOG"; exit 143' TERM
+  sleep 120 & wait;;
+n1)
+  for _ in $(seq 300); do [ -e "$K3_TEST_SERVED" ] && break; sleep 0.1; done
+  echo "n1 lost"
+  exit 1;;
+esac
+"""
+
+
+@pytest.mark.parametrize("restarts, requeued", [(None, True), ("2", True), ("3", False)])
+def test_a_job_that_served_requeues_itself_when_a_step_ends_up_to_the_limit(tmp_path, restarts, requeued):
+    cfg, out_dir, bin_dir, log = tmp_path / "cfg", tmp_path / "slurm", tmp_path / "bin", tmp_path / "log"
+    for d in (cfg, out_dir / "engine", bin_dir):
+        d.mkdir(parents=True)
+    r = _rollout(k3_config_dir=str(cfg), k3_slurm_dir=str(out_dir), k3_poll_interval=0.2)
+    r = replace(r, units=[replace(u, join=None) for u in r.units])   # no rendezvous wait here
+    (job,) = slurm.jobs(r)
+    assert "k3_slurm_requeue_max = 3 times" in job.script
+    _stub(cfg / "k3-engine.launch", LAUNCH_AFTER_SERVING)
+    for name, text in (("srun", SRUN), ("scancel", SCANCEL), ("curl", CURL_OK), ("scontrol", SCONTROL)):
+        _stub(bin_dir / name, text)
+    script = tmp_path / "job.sbatch"
+    script.write_text(job.script)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "K3_TEST_LOG": str(log),
+           "K3_TEST_SERVED": str(out_dir / "engine" / "77" / "served"),
+           **({"SLURM_RESTART_COUNT": restarts} if restarts else {})}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    ran = log.read_text()
+    assert "n0 stopped" in ran   # the group's other steps are stopped either way: no half group
+    assert "the step on n1 ended with exit code 1" in proc.stderr   # the watcher's end is not a step's
+    if requeued:
+        assert proc.returncode == 0 and "scontrol requeue 77" in ran, (proc.stderr, ran)
+        assert (f"group engine served before the step ended: the job requeues itself (restart "
+                f"{int(restarts or 0) + 1} of 3;") in proc.stderr
+    else:
+        assert proc.returncode == 1 and "scontrol" not in ran, (proc.stderr, ran)
 
 
 def _queued(job: slurm.SlurmJob, comment: str | None = None, state: str = "RUNNING") -> slurm.QueuedJob:
