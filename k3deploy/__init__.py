@@ -39,7 +39,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     model/revisions.py (numbered revisions per group, for history and rollback), model/staging.py (the image and
     the weights over the uplink once, then node to node), model/images.py (a tag resolved to one digest per
     rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
-    group and cluster), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
+    group and cluster), model/health.py (hardware-health events: XID, ECC, row remap, NVLink, NPU health, and
+    which are fatal), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
     model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
     the sbatch/squeue/scancel/sacct commands), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
     pod template per role running the plan's argv, per-node values from LWS).
@@ -57,6 +58,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
+    facts/health.py (what the vendors' hardware-health facts share: the quarantine record),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
     run, the public endpoint), facts/parallel.py (every host at once).
 

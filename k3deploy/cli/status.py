@@ -13,7 +13,7 @@ from k3deploy.cli.common import echo_json, json_option, read_cluster
 
 if TYPE_CHECKING:
     from k3deploy.model.slurm import GroupJob
-    from k3deploy.model.status import ClusterStatus
+    from k3deploy.model.status import ClusterStatus, NodeHealth
     from k3deploy.runtime.gather import Gathered
 
 
@@ -67,8 +67,19 @@ def status_of(gathered: Gathered) -> ClusterStatus:
 
     rollout = gathered.require_rollout()
     down = set(gathered.preflight.unreachable()) if gathered.preflight else set()
-    return assess(rollout, served_model(rollout), gathered.runs, gathered.installed, gathered.endpoint_models, down,
-                  time.time(), gathered.history, jobs=group_jobs_of(gathered))
+    st = assess(rollout, served_model(rollout), gathered.runs, gathered.installed, gathered.endpoint_models, down,
+                time.time(), gathered.history, jobs=group_jobs_of(gathered))
+    st.nodes = node_health(gathered)
+    return st
+
+
+def node_health(gathered: Gathered) -> list[NodeHealth]:
+    """Each reachable host's hardware health and quarantine record, as its facts read them (the facts command of
+    the status view reads them with the rest)."""
+    from k3deploy.model.status import NodeHealth
+
+    hosts = gathered.preflight.hosts if gathered.preflight else []
+    return [NodeHealth(h.host, h.health, h.quarantined) for h in hosts if h.unreachable is None and h.health_read]
 
 
 def group_jobs_of(gathered: Gathered) -> dict[str, GroupJob] | None:
@@ -94,6 +105,7 @@ def group_jobs_of(gathered: Gathered) -> dict[str, GroupJob] | None:
 
 
 def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
+    from rich.markup import escape
     from rich.table import Table
 
     colour = {"serving": "green", "running": "green", "degraded": "yellow", "starting": "yellow"}
@@ -125,6 +137,13 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
         console.print("image: the reference each unit runs (digest: the registry's, of the build it was pinned to); "
                       "local id: the image's id on that host (docker images --no-trunc)", highlight=False,
                       soft_wrap=True)
+    sick = [n for n in st.nodes if not n.ok]
+    if st.nodes and not sick:
+        console.print(f"health: [green]ok[/] on every node ({len(st.nodes)}): no XID, ECC, row-remap or link event",
+                      highlight=False)
+    for n in sick:
+        console.print(f"health: [{'red' if n.fatal or n.quarantined else 'yellow'}]{escape(n.line())}[/]",
+                      highlight=False, soft_wrap=True)
     listed = "does not answer" if st.endpoint_models is None else "lists " + (", ".join(st.endpoint_models) or
                                                                                "no model")
     console.print(f"cluster: [{colour.get(st.verdict, 'red')}]{st.verdict}[/]; endpoint {st.endpoint} {listed}"
@@ -138,7 +157,8 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
               help="Show the status again every SECONDS until interrupted (Ctrl-C).")
 def status(inventory: str, as_json: bool, watch: float | None) -> None:
     """Per host and unit: state, restarts, uptime, image, whether it runs the planned files, /health and
-    /v1/models; per group and for the cluster: serving, degraded or down, and the public endpoint.
+    /v1/models; per group and for the cluster: serving, degraded or down, and the public endpoint; per node its
+    hardware health (XID, ECC, row-remap, link events; a fatal one: must not serve) and its quarantine.
 
     Exit code: 0 serving, 1 degraded or down, 2 bad input.
 

@@ -16,7 +16,9 @@ from k3deploy.facts.base import (
     Unparsable,
     sections,
 )
+from k3deploy.facts.health import QUARANTINE_SECTION, HealthReading, health_command, parse_quarantine, section
 from k3deploy.facts.nvidia import GpuTopology
+from k3deploy.model.health import HealthEvent
 from k3deploy.vendors.amd import KALLSYMS_GREP, PACK, PEER_MEMORY_PATHS, PEER_MEMORY_SYMBOL
 
 ROCM_HINT = "is the amdgpu driver with ROCm SMI (amd-smi / rocm-smi) installed?"
@@ -406,3 +408,70 @@ class AmdGpuNicTopology(K3Fact[GpuTopology]):
 
     def parse(self, lines: list[str]) -> GpuTopology:
         return parse_pci_topology(lines)
+
+
+# ------------------------------------------------------------------------------ hardware health
+
+_AMD_GPU_RE = re.compile(r"^GPU:\s*(?P<index>\d+)\s*$")
+_AMD_COUNT_RE = re.compile(r"^\s*(?P<key>TOTAL_(?:UN)?CORRECTABLE_COUNT|TOTAL_DEFERRED_COUNT):\s*(?P<value>\S+)\s*$")
+
+
+def parse_amd_ecc(lines: list[str]) -> list[HealthEvent]:
+    """``amd-smi metric --ecc``: per GPU the RAS error counts since the driver loaded. An uncorrectable error is
+    fatal (the data on that GPU cannot be trusted until the node reboots and the driver retires the page); a deferred
+    one (poisoned data the driver has contained, its page to be retired) is shown, not fatal; correctable ones are
+    not events.
+
+    >>> out = parse_amd_ecc(["GPU: 0", "    ECC:", "        TOTAL_CORRECTABLE_COUNT: 5",
+    ...     "        TOTAL_UNCORRECTABLE_COUNT: 2", "        TOTAL_DEFERRED_COUNT: 0", "GPU: 1", "    ECC:",
+    ...     "        TOTAL_UNCORRECTABLE_COUNT: N/A"])
+    >>> [(e.device, e.kind, e.code, e.fatal, e.text) for e in out]
+    [('GPU 0', 'ras', 'uncorrectable=2', True, 'TOTAL_UNCORRECTABLE_COUNT: 2')]
+    """
+    events: list[HealthEvent] = []
+    device: str | None = None
+    for raw in lines:
+        gpu = _AMD_GPU_RE.match(raw.strip())
+        if gpu:
+            device = f"GPU {gpu.group('index')}"
+            continue
+        count = _AMD_COUNT_RE.match(raw)
+        if device is None or count is None or not count.group("value").isdigit() or not int(count.group("value")):
+            continue
+        key, value = count.group("key"), int(count.group("value"))
+        if key == "TOTAL_UNCORRECTABLE_COUNT":
+            events.append(HealthEvent(device, "ras", f"uncorrectable={value}", raw.strip(), True))
+        elif key == "TOTAL_DEFERRED_COUNT":
+            events.append(HealthEvent(device, "ras", f"deferred={value}", raw.strip(), False))
+    return events
+
+
+def parse_amd_health(lines: list[str]) -> HealthReading:
+    """The sections of :class:`AmdHealth`: ``ecc`` and ``quarantine``.
+
+    >>> parse_amd_health(["K3_SECTION=ecc", "GPU: 3", "    ECC:", "        TOTAL_UNCORRECTABLE_COUNT: 1",
+    ...                   "K3_SECTION=quarantine"]).health.summary()
+    'ECC uncorrectable=1 on GPU 3'
+    """
+    parts = sections(lines)
+    return HealthReading(tuple(parse_amd_ecc(parts.get("ecc", []))),
+                         parse_quarantine(parts.get(QUARANTINE_SECTION, [])))
+
+
+class AmdHealth(K3Fact[HealthReading]):
+    """Uncorrectable and deferred ECC (RAS) errors per GPU (``amd-smi metric --ecc``) and the node's quarantine
+    record (``<k3_config_dir>/quarantine``), in one command; a tool that fails adds nothing.
+
+    ``TOTAL_UNCORRECTABLE_COUNT: 2`` under ``GPU: 0`` → ``HealthEvent(device='GPU 0', kind='ras',
+    code='uncorrectable=2', fatal=True)``.
+    """
+
+    tool = "amd-smi"
+    hint = "is the AMD GPU driver with amd-smi installed?"
+    shown_command = PACK.command_of("hardware.health")
+
+    def command(self, config_dir: str = "/etc/k3deploy") -> str:
+        return health_command([section("ecc", "amd-smi metric --ecc")], config_dir)
+
+    def parse(self, lines: list[str]) -> HealthReading:
+        return parse_amd_health(lines)

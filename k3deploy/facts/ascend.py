@@ -9,6 +9,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3deploy.facts.base import EXIT_MARK, FACT_TIMEOUT_S, SECTION_MARK, Jsonable, K3Fact, Unparsable, sections
+from k3deploy.facts.health import (
+    HEALTH_TOOL_TIMEOUT_S,
+    QUARANTINE_SECTION,
+    HealthReading,
+    health_command,
+    parse_quarantine,
+)
+from k3deploy.model.health import HealthEvent
 from k3deploy.vendors.ascend import PACK
 
 NPU_HINT = "is the Ascend driver (HDK) with npu-smi installed?"
@@ -419,3 +427,82 @@ class HccnPing(K3Fact[list[NpuPing]]):
 
     def parse(self, lines: list[str]) -> list[NpuPing]:
         return parse_pings(lines)
+
+
+# ------------------------------------------------------------------------------ hardware health
+
+#: ``npu-smi info -t health`` states (Huawei's npu-smi reference): OK, Warning (minor alarm), Alarm (major), Critical
+#: (urgent), UNKNOWN (the device does not exist or did not start); the ones that keep a node from serving
+NPU_FATAL_STATES = frozenset({"Alarm", "Critical", "UNKNOWN"})
+#: the chips whose Health in the ``npu-smi info`` table is not OK, one ``<npu id> <chip id>`` line each (an NPU row
+#: ``| 0     Ascend910 | OK | ...`` is followed by its chip row ``| 0     0 | 0000:9D:00.0 | ...``): only those are
+#: asked for their error code, so a healthy node costs one npu-smi call
+_NPU_CHIPS = ("npu-smi info | awk -F'|' 'NF > 3 { split($2, a, \" \"); "
+              "if (a[1] ~ /^[0-9]+$/ && a[2] !~ /^[0-9]+$/) { npu = a[1]; h = $3; gsub(/ /, \"\", h) } "
+              "else if (a[1] ~ /^[0-9]+$/ && a[2] ~ /^[0-9]+$/ && h != \"\") { if (h != \"OK\") print npu, a[1]; "
+              "h = \"\" } }'")
+_NPU_CHIP_MARK = "K3_NPU="
+
+
+def parse_npu_health(lines: list[str]) -> list[HealthEvent]:
+    """``npu-smi info -t health -i N -c C`` for each chip not OK in the ``npu-smi info`` table, each answer after a
+    ``K3_NPU=N C`` line: ``Health Status`` (OK, Warning, Alarm, Critical, UNKNOWN), ``Error Code`` and ``Error
+    Information``. Warning is shown, not fatal.
+
+    >>> out = parse_npu_health(["K3_NPU=3 0", "        Health Status                  : Critical",
+    ...     "        Error Code                     : 80E18005", "        Error Information              : HBM ECC",
+    ...     "K3_NPU=3 1", "        Health Status                  : OK"])
+    >>> [(e.device, e.code, e.fatal) for e in out]
+    [('NPU 3 chip 0', 'Critical 80E18005', True)]
+    """
+    events: list[HealthEvent] = []
+    chips: list[tuple[str, dict[str, str]]] = []
+    for raw in lines:
+        line = raw.strip()
+        if line.startswith(_NPU_CHIP_MARK):
+            npu, _, chip = line[len(_NPU_CHIP_MARK):].partition(" ")
+            chips.append((f"NPU {npu} chip {chip or '0'}", {}))
+            continue
+        key, sep, value = line.partition(":")
+        if sep and chips:
+            chips[-1][1][key.strip()] = value.strip()
+    for device, fields in chips:
+        state = fields.get("Health Status") or fields.get("Health")
+        if state is None or state == "OK":
+            continue
+        code = fields.get("Error Code", "NA")
+        text = "; ".join(f"{key} : {fields[key]}" for key in ("Health Status", "Error Code", "Error Information")
+                         if key in fields)
+        events.append(HealthEvent(device, "npu-health", state + ("" if code in ("NA", "") else f" {code}"), text,
+                                  state in NPU_FATAL_STATES))
+    return events
+
+
+def parse_ascend_health(lines: list[str]) -> HealthReading:
+    """The sections of :class:`AscendHealth`: ``npu`` and ``quarantine``."""
+    parts = sections(lines)
+    return HealthReading(tuple(parse_npu_health(parts.get("npu", []))),
+                         parse_quarantine(parts.get(QUARANTINE_SECTION, [])))
+
+
+class AscendHealth(K3Fact[HealthReading]):
+    """Each NPU chip that is not OK in the ``npu-smi info`` table, with its health state and error code (``npu-smi
+    info -t health -i N -c C``), and the node's quarantine record (``<k3_config_dir>/quarantine``), in one
+    command.
+
+    ``Health Status : Critical`` + ``Error Code : 80E18005`` → ``HealthEvent(device='NPU 3 chip 0',
+    kind='npu-health', code='Critical 80E18005', fatal=True)``.
+    """
+
+    tool = "npu-smi"
+    hint = NPU_HINT
+    shown_command = PACK.command_of("hardware.health")
+
+    def command(self, config_dir: str = "/etc/k3deploy") -> str:
+        t = HEALTH_TOOL_TIMEOUT_S
+        return health_command([f"echo {SECTION_MARK}npu; timeout {t} {_NPU_CHIPS} | while read i c; do "
+                               f"echo {_NPU_CHIP_MARK}$i $c; timeout {t} npu-smi info -t health -i $i -c $c 2>&1; "
+                               "done"], config_dir)
+
+    def parse(self, lines: list[str]) -> HealthReading:
+        return parse_ascend_health(lines)

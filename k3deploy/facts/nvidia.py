@@ -16,6 +16,15 @@ from k3deploy.facts.base import (
     first_line,
     sections,
 )
+from k3deploy.facts.health import (
+    HEALTH_TOOL_TIMEOUT_S,
+    QUARANTINE_SECTION,
+    HealthReading,
+    health_command,
+    parse_quarantine,
+    section,
+)
+from k3deploy.model.health import HealthEvent, xid_event
 from k3deploy.vendors.nvidia import PACK
 
 DRIVER_HINT = "is the NVIDIA driver installed?"
@@ -787,3 +796,241 @@ class DataDirect(K3Fact[list[DataDirectFunction]]):
 
     def parse(self, lines: list[str]) -> list[DataDirectFunction]:
         return parse_data_direct(lines)
+
+
+# ------------------------------------------------------------------------------ hardware health
+
+_XID_RE = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-9A-Fa-f])?\): "
+                     r"(?P<code>\d+)\b")
+_OFF_BUS_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})")
+_SMI_GPU_RE = re.compile(r"^GPU\s+(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\.[0-9A-Fa-f]\s*$")
+_NVLINK_GPU_RE = re.compile(r"^GPU (?P<index>\d+): ")
+_NVLINK_LINK_RE = re.compile(r"^\s*Link (?P<link>\d+): (?P<state>.+?)\s*$")
+#: the kernel log lines the health fact keeps: XID events, and the driver's multi-line "fallen off the bus"
+KERNEL_LOG_PATTERN = "NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus"
+#: what reads them (as the ``hardware.health`` check shows it)
+KERNEL_LOG_COMMAND = f"dmesg | grep -E '{KERNEL_LOG_PATTERN}'"
+#: the most kernel log lines kept (the newest): a GPU in trouble repeats its XID
+KERNEL_LOG_LINES = 400
+
+
+def pci_key(address: str) -> tuple[int, int, int]:
+    """Domain, bus and device of a PCI address, whatever its width: the kernel log's ``0000:1b:00``, nvidia-smi's
+    ``00000000:1B:00.0``.
+
+    >>> pci_key("00000008:01:00.0") == pci_key("0008:01:00")
+    True
+    """
+    domain, bus, rest = address.split(":")[:3]
+    return int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+
+
+def gpu_names(lines: list[str]) -> dict[tuple[int, int, int], str]:
+    """``nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader`` -> each GPU's PCI address -> ``GPU <index>``.
+
+    >>> gpu_names(["0, 00000008:01:00.0", "No devices were found"])
+    {(8, 1, 0): 'GPU 0'}
+    """
+    out: dict[tuple[int, int, int], str] = {}
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].count(":") == 2:
+            out[pci_key(parts[1])] = f"GPU {parts[0]}"
+    return out
+
+
+def _device(pci: str, names: dict[tuple[int, int, int], str]) -> str:
+    """``GPU <index>`` where ``names`` knows the address, else ``GPU dddd:bb:dd`` (the kernel log's form, whichever
+    form the tool printed).
+
+        >>> _device("00000000:1B:00.0", {}), _device("0000:1b:00", {(0, 27, 0): "GPU 4"})
+        ('GPU 0000:1b:00', 'GPU 4')
+    """
+    try:
+        key = pci_key(pci)
+    except ValueError:
+        return f"GPU {pci}"
+    return names.get(key, "GPU {:04x}:{:02x}:{:02x}".format(*key))
+
+
+def parse_xid_log(lines: list[str], names: dict[tuple[int, int, int], str]) -> list[HealthEvent]:
+    """XID events in the kernel log (``dmesg``, or ``journalctl -k -b``), each on the GPU it names (by index where
+    ``names`` knows its PCI address); the driver's multi-line "The NVIDIA GPU ... has fallen off the bus" without an
+    XID counts as XID 79 (as NVIDIA's NVSentinel and leptonai/gpud read it).
+
+    >>> line = ("[ 1843.308145] NVRM: Xid (PCI:0008:01:00): 79, pid='<unknown>', name=<unknown>, "
+    ...         "GPU has fallen off the bus.")
+    >>> e = parse_xid_log([line], {(8, 1, 0): "GPU 0"})[0]
+    >>> e.device, e.code, e.fatal, e.text[:25]
+    ('GPU 0', '79', True, 'NVRM: Xid (PCI:0008:01:00')
+    >>> [e.code for e in parse_xid_log(["[ 1.0] NVRM: The NVIDIA GPU 0000:b3:00.0", "  NVRM: (PCI ID: 10de:26b5) ...",
+    ...  "  NVRM: fallen off the bus and is not responding to commands."], {})]
+    ['79']
+    """
+    events: list[HealthEvent] = []
+    off_bus: str | None = None
+    for raw in lines:
+        line = raw.strip()
+        match = _XID_RE.search(line)
+        if match:
+            text = line[match.start():]
+            events.append(xid_event(_device(match.group("pci"), names), match.group("code"), text))
+            continue
+        gpu = _OFF_BUS_GPU_RE.search(line)
+        if gpu:
+            off_bus = gpu.group("pci")
+        elif off_bus is not None and "fallen off the bus" in line:
+            events.append(xid_event(_device(off_bus, names), "79", f"NVRM: The NVIDIA GPU {off_bus} ... "
+                                    + line[line.find("NVRM:"):].removeprefix("NVRM: ")))
+            off_bus = None
+    return events
+
+
+def _count(value: str) -> int:
+    return int(value) if value.isdigit() else 0
+
+
+def parse_ecc_remap(lines: list[str], names: dict[tuple[int, int, int], str]) -> list[HealthEvent]:
+    """``nvidia-smi -q -d ECC,ROW_REMAPPER``: per GPU, the uncorrectable ECC errors since the driver loaded (the
+    ``Volatile`` DRAM and SRAM counters: a GPU reset clears them), the aggregate SRAM threshold (NVIDIA's field
+    diagnostic's RMA threshold), a pending row remap or page retirement (applied by a GPU reset) and a row remapping
+    failure (the GPU is out of spare rows: RMA).
+
+    >>> out = parse_ecc_remap(["GPU 00000000:1B:00.0", "    ECC Errors", "        Volatile",
+    ...     "            DRAM Uncorrectable            : 2", "        Aggregate",
+    ...     "            DRAM Uncorrectable            : 7", "    Remapped Rows",
+    ...     "        Pending                           : Yes",
+    ...     "        Remapping Failure Occurred        : No"], {(0, 27, 0): "GPU 0"})
+    >>> [(e.device, e.kind, e.code, e.fatal) for e in out]
+    [('GPU 0', 'ecc', 'uncorrectable=2', True), ('GPU 0', 'row-remap', 'pending', True)]
+    """
+    events: list[HealthEvent] = []
+    device: str | None = None
+    block: list[str] = []            # the enclosing block headers, outermost first, by indent
+    indents: list[int] = []
+    uncorrectable: list[str] = []
+    volatile = 0
+    found: list[HealthEvent] = []    # the GPU's other events, after its ECC errors
+
+    def flush() -> None:
+        nonlocal volatile, uncorrectable, found
+        if device is not None and volatile:
+            events.append(HealthEvent(device, "ecc", f"uncorrectable={volatile}", "; ".join(uncorrectable), True))
+        events.extend(found)
+        volatile, uncorrectable, found = 0, [], []
+
+    for raw in lines:
+        if not raw.strip():
+            continue
+        header = _SMI_GPU_RE.match(raw.rstrip())
+        if header:
+            flush()
+            device, block, indents = _device(header.group("pci"), names), [], []
+            continue
+        if device is None:
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        while indents and indents[-1] >= indent:
+            indents.pop()
+            block.pop()
+        key, sep, value = raw.strip().partition(":")
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            block.append(key)
+            indents.append(indent)
+            continue
+        where = "/".join(block)
+        text = raw.strip()
+        if where == "ECC Errors/Volatile" and "Uncorrectable" in key and _count(value):
+            volatile += _count(value)
+            uncorrectable.append(f"Volatile {' '.join(text.split())}")
+        elif where == "ECC Errors/Aggregate" and key == "SRAM Threshold Exceeded" and value == "Yes":
+            found.append(HealthEvent(device, "ecc", "SRAM threshold exceeded", " ".join(text.split()), True))
+        elif where == "Remapped Rows" and key == "Pending" and value == "Yes":
+            found.append(HealthEvent(device, "row-remap", "pending", " ".join(text.split()), True))
+        elif where == "Remapped Rows" and key == "Remapping Failure Occurred" and value == "Yes":
+            found.append(HealthEvent(device, "row-remap", "failure", " ".join(text.split()), True))
+        elif where == "Retired Pages" and key == "Pending Page Blacklist" and value == "Yes":
+            found.append(HealthEvent(device, "row-remap", "page retirement pending", " ".join(text.split()), True))
+    flush()
+    return events
+
+
+def parse_nvlink_status(lines: list[str], fatal: bool) -> list[HealthEvent]:
+    """``nvidia-smi nvlink -s``: each link of each GPU with its speed, ``<inactive>`` for a link that is down; a GPU
+    whose links are all down makes NVML say so instead. ``fatal``: the GPUs reach the other trays over these links
+    (an NVL72 compute tray), so one down cuts the tray off the NVLink domain's full bandwidth.
+
+    >>> out = parse_nvlink_status(["GPU 0: NVIDIA GB300 (UUID: GPU-1)", "\\t Link 0: 50 GB/s",
+    ...                            "\\t Link 3: <inactive>"], fatal=True)
+    >>> [(e.device, e.code, e.fatal, e.text) for e in out]
+    [('GPU 0', 'link 3 inactive', True, 'GPU 0: Link 3: <inactive>')]
+    """
+    events: list[HealthEvent] = []
+    device: str | None = None
+    for raw in lines:
+        line = raw.strip()
+        gpu = _NVLINK_GPU_RE.match(line)
+        if gpu:
+            device = f"GPU {gpu.group('index')}"
+            continue
+        if device is None:
+            continue
+        if "all links are inActive" in line or "all links are inactive" in line:
+            events.append(HealthEvent(device, "nvlink", "all links inactive", f"{device}: {line}", fatal))
+            continue
+        link = _NVLINK_LINK_RE.match(line)
+        if link and "inactive" in link.group("state").lower():
+            events.append(HealthEvent(device, "nvlink", f"link {link.group('link')} inactive",
+                                      f"{device}: {line}", fatal))
+    return events
+
+
+def parse_nvidia_health(lines: list[str]) -> HealthReading:
+    """The sections of :class:`NvidiaHealth`: ``nvl`` (1 on an NVL72 compute tray), ``gpus``, ``kernel``, ``ecc``,
+    ``nvlink``, ``quarantine``.
+
+    >>> r = parse_nvidia_health(["K3_SECTION=nvl", "1", "K3_SECTION=gpus", "0, 00000008:01:00.0",
+    ...     "K3_SECTION=kernel", "[ 5.1] NVRM: Xid (PCI:0008:01:00): 48, pid=0, name=x, An uncorrectable double bit",
+    ...     "K3_SECTION=quarantine"])
+    >>> r.health.summary(), r.quarantined
+    ('XID 48 on GPU 0 (double-bit ECC error)', None)
+    """
+    parts = sections(lines)
+    names = gpu_names(parts.get("gpus", []))
+    nvl = first_line(parts.get("nvl", [])) == "1"
+    events = [*parse_xid_log(parts.get("kernel", []), names), *parse_ecc_remap(parts.get("ecc", []), names),
+              *parse_nvlink_status(parts.get("nvlink", []), nvl)]
+    return HealthReading(tuple(dict.fromkeys(events)), parse_quarantine(parts.get(QUARANTINE_SECTION, [])))
+
+
+class NvidiaHealth(K3Fact[HealthReading]):
+    """What says a GPU or link is failing, and the node's quarantine record, in one command: XID events in the kernel
+    log since boot (``dmesg``; ``journalctl -k -b`` where dmesg is not allowed), uncorrectable ECC errors and row
+    remapping (``nvidia-smi -q -d ECC,ROW_REMAPPER``), NVLink links down (``nvidia-smi nvlink -s``), and
+    ``<k3_config_dir>/quarantine``. Each tool runs under ``timeout``; a tool that fails adds nothing.
+
+    ``NVRM: Xid (PCI:0008:01:00): 79, ... GPU has fallen off the bus.`` →
+    ``HealthEvent(device='GPU 0', kind='xid', code='79', fatal=True)``.
+    """
+
+    tool = "nvidia-smi"
+    hint = DRIVER_HINT
+    shown_command = PACK.command_of("hardware.health")
+
+    def command(self, config_dir: str = "/etc/k3deploy", nvl: bool = False) -> str:
+        # the kernel log since boot: dmesg, or where it may not read the ring buffer, the journal's kernel messages
+        # (a function named dmesg, so that the command shown runs as it is written)
+        t = HEALTH_TOOL_TIMEOUT_S
+        kernel = (f"dmesg() {{ timeout {t} dmesg 2>/dev/null || timeout {t} journalctl -k -b --no-pager "
+                  f"-o short-monotonic 2>/dev/null; }}; {KERNEL_LOG_COMMAND} | tail -n {KERNEL_LOG_LINES}")
+        return health_command([
+            f"echo {SECTION_MARK}nvl; echo {1 if nvl else 0}",
+            section("gpus", "nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader"),
+            f"echo {SECTION_MARK}kernel; {kernel}",
+            section("ecc", "nvidia-smi -q -d ECC,ROW_REMAPPER"),
+            section("nvlink", "nvidia-smi nvlink -s"),
+        ], config_dir)
+
+    def parse(self, lines: list[str]) -> HealthReading:
+        return parse_nvidia_health(lines)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from k3deploy.model.health import Health
 from k3deploy.model.images import shown
 from k3deploy.model.observed import Installed
 from k3deploy.model.revisions import GroupHistory
@@ -116,6 +117,41 @@ class GroupReport:
     job: GroupJob | None = None     # k3_launcher: slurm: the group's job in the queue (None: systemd units)
 
 
+@dataclass(frozen=True)
+class NodeHealth:
+    """One host's hardware health as its tools report it, and its quarantine record's reason (None: none).
+
+    >>> from k3deploy.model.health import HealthEvent
+    >>> sick = NodeHealth("n2", Health((HealthEvent("GPU 0", "xid", "79", "NVRM: Xid ...", True),)))
+    >>> sick.line(), sick.fatal
+    ('n2: XID 79 on GPU 0 (fallen off the bus): must not serve', True)
+    >>> NodeHealth("n1", Health(), "XID 79 on GPU 0").line()
+    'n1: ok; quarantined (XID 79 on GPU 0): runs nothing until released'
+    """
+
+    host: str
+    health: Health = Health()
+    quarantined: str | None = None
+
+    @property
+    def fatal(self) -> bool:
+        return bool(self.health.fatal)
+
+    @property
+    def ok(self) -> bool:
+        return not self.health.events and self.quarantined is None
+
+    def line(self) -> str:
+        out = f"{self.host}: {self.health.summary()}" + (": must not serve" if self.fatal else "")
+        if self.quarantined is not None:
+            out += f"; quarantined ({self.quarantined}): runs nothing until released"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "health": self.health.summary(), "fatal": self.fatal,
+                "events": self.health.as_dicts(), "quarantined": self.quarantined}
+
+
 @dataclass
 class ClusterStatus:
     endpoint: str
@@ -124,6 +160,7 @@ class ClusterStatus:
     groups: list[GroupReport]
     unreachable: list[str]
     launcher: str = "systemd"       # k3_launcher: what starts the groups
+    nodes: list[NodeHealth] = field(default_factory=list)   # each host's hardware health (read with its facts)
 
     @property
     def verdict(self) -> str:
@@ -142,6 +179,8 @@ class ClusterStatus:
         out: dict[str, Any] = {"verdict": self.verdict, "endpoint": self.endpoint, "model": self.model,
                                "endpoint_models": self.endpoint_models, "unreachable": self.unreachable,
                                "groups": groups}
+        if self.nodes:
+            out["nodes"] = [n.to_dict() for n in self.nodes]
         if self.launcher != "systemd":   # the systemd output stays as it was
             out["launcher"] = self.launcher
             for g, d in zip(self.groups, groups, strict=True):

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError
+from k3deploy.facts.health import HealthReading
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
 from k3deploy.facts.nvidia import (
     DataDirectFunction,
@@ -30,6 +31,7 @@ from k3deploy.facts.nvidia import (
 )
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice
 from k3deploy.facts.rollout import StageDaemon
+from k3deploy.model.health import Health
 from k3deploy.model.requirements import Requirements
 from k3deploy.vendors import Pack
 
@@ -40,6 +42,8 @@ Status = Literal["pass", "warn", "fail"]
 
 #: a fact to read on a host: (attribute of HostFacts, fact class, arguments)
 FactSpec = tuple[str, type[Any], dict[str, Any]]
+#: the fact plan's name of the hardware-health fact (:meth:`VendorChecks.health`; :meth:`HostFacts.keep`)
+HEALTH = "health"
 #: a derived setting: (variable, value, why)
 Setting = tuple[str, str, str]
 
@@ -87,9 +91,33 @@ class HostFacts:
     shm: DiskSpace | FactError | None = None
     interface: AddressInterface | FactError | None = None
     stage_peers: StageDaemon | FactError | None = None   # the stage's rsync daemon, when a killed run left it up
+    #: what the host's tools say is failing (``health_read``: the health fact was read; ``health_error``: it could
+    #: not be), and the reason of its quarantine record (``<k3_config_dir>/quarantine``; None: not quarantined)
+    health: Health = Health()
+    quarantined: str | None = None
+    health_read: bool = False
+    health_error: FactError | None = None
     ib_hca: str | None = None  # k3_ib_hca: the RDMA ports the site names for NCCL and UCX (not read from the host)
     iface: str | None = None  # k3_iface: the interface the site names for NCCL/Gloo sockets (not read from the host)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def keep(self, attr: str, value: Any) -> None:
+        """Set the fact ``attr`` to what was read: the health fact's reading fills :attr:`health` and
+        :attr:`quarantined` (its error, :attr:`health_error`); any other fact its own field.
+
+            >>> f = HostFacts("n1")
+            >>> f.keep(HEALTH, HealthReading((), "XID 79 on GPU 0"))
+            >>> f.health_read, f.quarantined, f.health.summary()
+            (True, 'XID 79 on GPU 0', 'ok')
+        """
+        if attr != HEALTH:
+            setattr(self, attr, value)
+            return
+        self.health_read = True
+        if isinstance(value, HealthReading):
+            self.health, self.quarantined = value.health, value.quarantined
+        elif isinstance(value, FactError):
+            self.health_error = value
 
 
 @dataclass(frozen=True)
@@ -167,6 +195,11 @@ class VendorChecks:
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
         """The host's accelerators; None when they were not read."""
+        return None
+
+    def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
+        """The vendor's hardware-health fact (named :data:`HEALTH`), reading the quarantine record in
+        ``config_dir`` too; None: the vendor reads none."""
         return None
 
     def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:

@@ -43,7 +43,8 @@ from k3deploy.vendors import pack_for
 from k3deploy.vendors.amd.checks import CHECKS as AMD_CHECKS
 from k3deploy.vendors.ascend.checks import CHECKS as ASCEND_CHECKS
 from k3deploy.vendors.ascend.checks import peer_checks, peer_targets
-from k3deploy.vendors.common import COMMON, SHM_MIN_GIB
+from k3deploy.vendors.base import Spot
+from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE, SHM_MIN_GIB
 from k3deploy.vendors.nvidia.checks import CHECKS as NVIDIA_CHECKS
 
 __all__ = [
@@ -250,6 +251,35 @@ def _check_stage_leftover(out: Results, facts: HostFacts) -> None:
             "stops it in its first stage step)")
 
 
+def _check_health(out: Results, judges: VendorChecks, facts: HostFacts) -> None:
+    """``node.quarantine``: the node carries a quarantine record (the deploy quarantined it for a fatal health event;
+    it runs nothing until the operator releases it). ``hardware.health``: the vendor's health fact reports no fatal
+    event (each fatal one named: its device, the event, the tool's line, and what to do)."""
+    if facts.quarantined is not None:
+        rule = _COMMON["node.quarantine"]
+        out.add(facts.host, "node.quarantine", "fail", f"quarantined: {facts.quarantined}", rule.required,
+                rule.fix.replace("NODE", facts.host))
+    if not facts.health_read:
+        return
+    check = judges.pack.check("hardware.health")
+    if facts.health_error is not None:
+        out.add(facts.host, "hardware.health", "warn", facts.health_error.message(facts.host), check.required,
+                f"run `{check.command_for(Spot())}` on {facts.host} and read it")
+        return
+    fatal = facts.health.fatal
+    if fatal:
+        shown = "; ".join(f"{e.title()}: {e.text}" for e in fatal[:4])
+        more = f" (+{len(fatal) - 4} more)" if len(fatal) > 4 else ""
+        fix = " ".join(f"{fix[0].upper()}{fix[1:]}." for fix in facts.health.fixes())
+        out.add(facts.host, "hardware.health", "fail", shown + more, check.required,
+                f"{facts.host} must not serve: {QUARANTINE_NOTE}. {fix}")
+    elif facts.health.events:
+        out.add(facts.host, "hardware.health", "warn", facts.health.summary(), check.required,
+                "not fatal: the node serves; watch whether the events repeat (k3deploy status shows them)")
+    else:
+        out.add(facts.host, "hardware.health", "pass", "no fatal event", check.required)
+
+
 # ------------------------------------------------------------------------------------- entry
 
 
@@ -266,6 +296,7 @@ def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
                     _COMMON["host.reachable"].fix)
             memory[facts.host] = None
             continue
+        _check_health(out, judges, facts)
         devices = _check_accelerators(out, sel, facts, judges, run)
         if devices is not None:
             sizes = [d.memory_gib for d in devices if d.memory_gib is not None]

@@ -43,6 +43,9 @@ from k3deploy.preflight.checks import HostFacts, vendor_checks  # noqa: E402
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
 #: DockerRootDir unless ``k3_image_dir`` names a directory
 DEFAULT_CACHE_DIR = "/var/lib/k3deploy/cache"
+#: where the deploy keeps its records on a node (``k3_config_dir`` overrides it): the health fact reads the quarantine
+#: record there
+DEFAULT_CONFIG_DIR = "/etc/k3deploy"
 
 
 def _host_value(host: Any, key: str) -> Any:
@@ -74,12 +77,17 @@ def host_address(host: Any) -> str:
 
 # ------------------------------------------------------------------------------ fact plan
 
-def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -> list[FactSpec]:
+def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str,
+              config_dir: str = DEFAULT_CONFIG_DIR) -> list[FactSpec]:
     """Which facts to read on a host of this selection (attribute of HostFacts, fact, arguments): the vendor pack's
-    (:meth:`k3deploy.preflight.base.VendorChecks.facts`), the RDMA ports where its engines use them, then the
-    common ones."""
+    (:meth:`k3deploy.preflight.base.VendorChecks.facts`), its hardware health with the quarantine record in
+    ``config_dir`` (:meth:`~k3deploy.preflight.base.VendorChecks.health`), the RDMA ports where its engines use
+    them, then the common ones."""
     judges = vendor_checks(sel)
     plan: list[FactSpec] = judges.facts(sel)
+    health = judges.health(sel, config_dir)
+    if health is not None:
+        plan.append(health)
     if sel.needs_rdma and judges.pack.transport.rdma_ports:
         plan.append(("rdma", rdma.RdmaDevices, {}))
     plan += [
@@ -100,7 +108,7 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str) -
 
 def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None = None,
                image_dir: str | None = None, extra: list[FactSpec] | None = None,
-               ib_hca: str | None = None, iface: str | None = None) -> HostFacts:
+               ib_hca: str | None = None, iface: str | None = None, config_dir: str | None = None) -> HostFacts:
     """Read the facts of one connected host in one command (one round trip), ``extra`` facts included (their
     values land in ``HostFacts.extra`` by name). ``ib_hca`` (``k3_ib_hca``; default: the host's inventory data)
     names the RDMA ports the site wants NCCL and UCX to use, ``iface`` (``k3_iface``; the same default) the
@@ -115,7 +123,8 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
     itf = iface or _host_value(host, "k3_iface")
     facts = HostFacts(host=host.name, address=address, ib_hca=str(hca) if hca else None,
                       iface=str(itf) if itf else None)
-    plan = fact_plan(sel, address, cdir, idir)
+    config = str(config_dir or _host_value(host, "k3_config_dir") or DEFAULT_CONFIG_DIR)
+    plan = fact_plan(sel, address, cdir, idir, config)
     extra = list(extra or [])
     try:
         with ctx_state.use(state), ctx_host.use(host):
@@ -126,12 +135,11 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
     except Exception as exc:  # a dropped SSH channel, a timeout: every fact of this host failed
         reason = f"{type(exc).__name__}: {exc}"[:200]
         for attr, cls, _ in plan:
-            setattr(facts, attr, FactError(kind="failed", tool=cls.tool, command=cls.shown_command,
-                                           first_line=reason))
+            facts.keep(attr, FactError(kind="failed", tool=cls.tool, command=cls.shown_command, first_line=reason))
         facts.unreachable = None if plan else reason
         return facts
     for attr, _, _ in plan:
-        setattr(facts, attr, got[attr])
+        facts.keep(attr, got[attr])
     for name, _, _ in extra:
         facts.extra[name] = got[name]
     return facts
@@ -149,15 +157,18 @@ CAPTURE_FACTS: list[tuple[type[K3Fact[Any]], dict[str, Any]]] = [
     (nvidia.ImexDomain, {}),
     (nvidia.NvlinkFabric, {}),
     (nvidia.GpuNicTopology, {}),
+    (nvidia.NvidiaHealth, {}),
     (rdma.RdmaDevices, {}),
     (rdma.KernelModules, {}),
     (rdma.DmabufPrerequisites, {}),
     (amd.AmdSmiVersion, {}),
     (amd.RocmDriverVersion, {}),
     (amd.AmdGpus, {}),
+    (amd.AmdHealth, {}),
     (ascend.NpuSmiInfo, {}),
     (ascend.AscendVersions, {}),
     (ascend.HccnNetwork, {"devices": 16}),
+    (ascend.AscendHealth, {}),
     (hostfacts.KernelVersion, {}),
     (hostfacts.DockerRuntime, {}),
     (hostfacts.ImageStoreFree, {}),

@@ -397,7 +397,8 @@ def read_hosts(state: State, hosts: list[Any], wanted: Target, plans: dict[str, 
                 return HostFacts(host=host.name, address=runner.host_address(host), unreachable=reason), None
         plan = plans.get(host.name) or HostPlan(host.name)
         facts = runner.host_facts(state, host, requirements, variables.k3_model_cache, variables.k3_image_dir,
-                                  plan.specs() or None, ib_hca=mine.k3_ib_hca, iface=mine.k3_iface)
+                                  plan.specs() or None, ib_hca=mine.k3_ib_hca, iface=mine.k3_iface,
+                                  config_dir=variables.k3_config_dir)
         reading = plan.reading(facts.extra) if plan.requests else None
         facts.extra = {"weights": reading.weights} if reading is not None and reading.weights is not None else {}
         return facts, reading

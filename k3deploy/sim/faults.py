@@ -50,6 +50,15 @@ FAULT_KINDS: dict[str, str] = {
                      "message queue there: its workers wait for ever",
     "disk-full": "the image/weights directory and docker's data directory are nearly full",
     "sshd-down": "sshd is not running: the node is unreachable over ssh",
+    "xid": "xid=CODE[:GPU]: the kernel log (dmesg) shows XID CODE on GPU GPU (default 0) as the NVIDIA driver prints "
+           "it, e.g. 79 (fallen off the bus), 48 (double-bit ECC), 95 (uncontained ECC), 74 (NVLink) (NVIDIA)",
+    "ecc": "ecc=KIND[:GPU]: GPU GPU (default 0) reports ECC errors: uncorrectable (volatile DRAM uncorrectable, a "
+           "pending row remap), correctable, pending-remap, remap-failure (nvidia-smi -q -d ECC,ROW_REMAPPER), on AMD "
+           "uncorrectable, correctable or deferred (amd-smi metric --ecc)",
+    "nvlink-down": "nvlink-down=LINK[:GPU]: NVLink link LINK of GPU GPU (default 0) is <inactive> in nvidia-smi nvlink "
+                   "-s (NVIDIA boards with NVLink)",
+    "npu-health": "npu-health=NPU[:STATE]: both chips of NPU NPU report Health STATE (Warning, Alarm, Critical; "
+                  "default Critical) with an error code in npu-smi info -t health and the npu-smi info table (Ascend)",
     "engine-crash": "the vLLM engine exits 1 shortly after start",
     "engine-slow": "engine-slow=SECONDS: weight loading takes SECONDS longer (wall-clock, not scaled)",
 }
@@ -62,7 +71,12 @@ CLUSTER_FAULT_KINDS: dict[str, str] = {
 
 #: kinds that need ``=VALUE``
 VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "fabric-health", "cluster-uuid", "engine-slow",
-                         "npu-link-down", "mount-missing", "default-route"})
+                         "npu-link-down", "mount-missing", "default-route", "xid", "ecc", "nvlink-down", "npu-health"})
+
+#: ECC error kinds the simulated tools report (fault ``ecc``); AMD's amd-smi knows the first three
+ECC_KINDS = ("uncorrectable", "correctable", "deferred", "pending-remap", "remap-failure")
+#: NPU chip health states of ``npu-smi info -t health`` a fault can set (fault ``npu-health``)
+NPU_STATES = ("Warning", "Alarm", "Critical")
 
 #: fabric states nvidia-smi prints (NVML: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED)
 FABRIC_STATES = ("N/A", "Not Started", "In Progress", "Completed")
@@ -181,6 +195,8 @@ def _check_value(kind: str, value: str, text: str) -> str:
             raise K3Error(f"bad path {value!r} in {text!r}: choose a host path the Ascend engine container "
                           f"bind-mounts: {', '.join(sorted(hosts))}")
         return value.rstrip("/")
+    if kind in ("xid", "ecc", "nvlink-down", "npu-health"):
+        return _health_value(kind, value, text)
     if kind == "engine-slow":
         try:
             seconds = float(value)
@@ -189,6 +205,37 @@ def _check_value(kind: str, value: str, text: str) -> str:
         if not 0 <= seconds <= 86400:
             raise K3Error(f"bad engine-slow value {value!r} in {text!r}: give extra load seconds, e.g. 5")
     return value
+
+
+def _health_value(kind: str, value: str, text: str) -> str:
+    """``WHAT[:WHERE]`` of the health faults, checked and normalised (WHERE, when given: the GPU's index, or the NPU's
+    state): ``xid=79``, ``ecc=uncorrectable:2``, ``nvlink-down=3:1``, ``npu-health=5:Alarm``.
+
+        >>> _health_value("xid", "079", "1:xid=079"), _health_value("npu-health", "3:alarm", "t")
+        ('79', '3:Alarm')
+    """
+    what, _, where = value.partition(":")
+    what, where = what.strip(), where.strip()
+    if kind == "npu-health":
+        state = next((s for s in NPU_STATES if s.lower() == (where or "Critical").lower()), None)
+        if not what.isdigit() or int(what) > 63 or state is None:
+            raise K3Error(f"bad NPU health {value!r} in {text!r}: write NPU[:STATE], STATE one of "
+                          f"{', '.join(NPU_STATES)}, e.g. 3:Critical")
+        return f"{int(what)}" + (f":{state}" if where else "")
+    if where and (not where.isdigit() or int(where) > 63):
+        raise K3Error(f"bad GPU index {where!r} in {text!r}: give the GPU's index (nvidia-smi -L), e.g. {what}:0")
+    gpu = f":{int(where)}" if where else ""
+    if kind == "xid":
+        if not what.isdigit() or not 1 <= int(what) <= 999:
+            raise K3Error(f"bad XID {what!r} in {text!r}: give the XID code, e.g. 79 (fallen off the bus)")
+        return f"{int(what)}{gpu}"
+    if kind == "ecc":
+        if what.lower() not in ECC_KINDS:
+            raise K3Error(f"bad ECC kind {what!r} in {text!r}: choose one of {', '.join(ECC_KINDS)}")
+        return f"{what.lower()}{gpu}"
+    if not what.isdigit() or int(what) > 17:
+        raise K3Error(f"bad NVLink link {what!r} in {text!r}: give a link number from 0 to 17")
+    return f"{int(what)}{gpu}"
 
 
 def check_ranks(faults: list[Fault], nodes: int) -> None:

@@ -272,6 +272,16 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                     for d in rdma]
         elif f.kind == "no-peer-memory" and vendor != "amd":
             raise K3Error(f"fault {str(f)!r} applies to AMD hardware only, not {hardware!r}")
+        elif f.kind in ("xid", "nvlink-down") and vendor != "nvidia":
+            raise K3Error(f"fault {str(f)!r} applies to NVIDIA hardware only, not {hardware!r}")
+        elif f.kind == "nvlink-down" and fabric is None and nvswitch is None:
+            raise K3Error(f"fault {str(f)!r} needs GPUs with NVLink (an NVL tray or an HGX board), not {hardware!r}")
+        elif f.kind == "npu-health" and vendor != "ascend":
+            raise K3Error(f"fault {str(f)!r} applies to Ascend hardware only, not {hardware!r}")
+        elif f.kind == "ecc" and (vendor == "ascend" or (vendor == "amd" and _value(f).partition(":")[0] not in
+                                                         ("uncorrectable", "correctable", "deferred"))):
+            raise K3Error(f"fault {str(f)!r} does not apply to {hardware!r}: NVIDIA GPUs report every ECC kind, AMD "
+                          "GPUs uncorrectable, correctable and deferred")
         elif f.kind == "engine-crash":
             crash = True
         elif f.kind == "engine-slow":
@@ -307,6 +317,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "engine": {"crash": crash, "extra_load_seconds": extra_load},
         "docker_data_dir": DOCKER_DATA_DIR,
         "faults": [str(f) for f in mine],
+        "health": _health(mine, count),
     }
     if vendor == "nvidia":
         config["driver"].update(cuda_version=cuda_for_driver(driver), kernel_module=prof["kernel_module"],
@@ -334,6 +345,34 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                             # a SuperPoD (A3) mainboard runs -hccs_ping; others answer that they do not support it
                             "hccs_ping": prof.get("hccs_ping", True)}
     return config
+
+
+def _health(faults: list[Fault], gpus: int) -> dict[str, list[dict[str, Any]]]:
+    """What the node's tools report as failing (faults ``xid``, ``ecc``, ``nvlink-down``, ``npu-health``): the kernel
+    log's XIDs, each GPU's ECC errors and links down, each NPU's health (the simulated ``dmesg``, ``nvidia-smi``,
+    ``amd-smi`` and ``npu-smi`` read it).
+
+        >>> _health([Fault(1, "xid", "79"), Fault(1, "npu-health", "3:Alarm")], 4)
+        {'xid': [{'code': 79, 'gpu': 0}], 'ecc': [], 'nvlink_down': [], 'npu': [{'npu': 3, 'state': 'Alarm'}]}
+    """
+    out: dict[str, list[dict[str, Any]]] = {"xid": [], "ecc": [], "nvlink_down": [], "npu": []}
+    for f in faults:
+        if f.kind not in ("xid", "ecc", "nvlink-down", "npu-health"):
+            continue
+        what, _, where = _value(f).partition(":")
+        if f.kind == "npu-health":
+            out["npu"].append({"npu": int(what), "state": where or "Critical"})
+            continue
+        where = where or "0"
+        if int(where) >= max(gpus, 1):
+            raise K3Error(f"fault {str(f)!r} names GPU {where}, but the node has {gpus}: use 0 to {gpus - 1}")
+        if f.kind == "xid":
+            out["xid"].append({"code": int(what), "gpu": int(where)})
+        elif f.kind == "ecc":
+            out["ecc"].append({"kind": what, "gpu": int(where)})
+        else:
+            out["nvlink_down"].append({"link": int(what), "gpu": int(where)})
+    return out
 
 
 #: the second interface of a tray that runs IMEX on its management network (fault ``imex-mgmt``)
@@ -424,7 +463,7 @@ def excluded_paths(config: dict[str, Any]) -> list[str]:
 
 
 #: tools whose output depends only on node.json (and the module state): answered from a cache in the node
-CACHED_TOOLS = frozenset({"nvidia-smi", "nvidia-ctk", "ibv_devinfo", "nv-fabricmanager", "amd-smi", "rocm-smi",
+CACHED_TOOLS = frozenset({"nvidia-smi", "nvidia-ctk", "ibv_devinfo", "nv-fabricmanager", "amd-smi", "rocm-smi", "dmesg",
                           "modinfo", "lsmod", "docker", "hccn_tool", "nvidia-imex-ctl"})
 
 

@@ -26,7 +26,8 @@ from typing import Literal
 @dataclass(frozen=True)
 class Spot:
     """Where a check's command runs, as far as the command needs it: the node's cluster address, the model cache,
-    the router command, the planned image, the accelerators per node and the stage daemon's unit (the runbook
+    the router command, the planned image, the accelerators per node, the stage daemon's unit and the deploy's
+    records (``k3_config_dir``) (the runbook
     fills them from the rollout: :func:`k3deploy.model.runbook.checks.spot_for`)."""
 
     address: str = ""
@@ -35,6 +36,7 @@ class Spot:
     image: str = "IMAGE"
     devices: int = 8
     peers_unit: str = "STAGE_UNIT"
+    config_dir: str = "/etc/k3deploy"
 
 
 #: a command: its text, or a function of the spot it runs on

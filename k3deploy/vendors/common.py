@@ -49,6 +49,10 @@ def _cache(spot: Spot) -> str:
     return f"p={shlex.quote(spot.cache)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -h \"$p\""
 
 
+#: what happens to a node with a fatal hardware-health event (each pack's ``hardware.health`` fix says it)
+QUARANTINE_NOTE = ("the deploy quarantines it and gives its place to a spare where the inventory has one "
+                   "(docs/health.md)")
+
 COMMON: tuple[Check, ...] = (
     Check("host.reachable", lambda spot: f"ssh {shlex.quote(spot.address or 'NODE')} true", "SSH connection",
           "check the address, SSH key and that the node is up", where="control"),
@@ -70,6 +74,10 @@ COMMON: tuple[Check, ...] = (
           "free space in the cache directory or set k3_model_cache to a larger disk"),
     Check("disk.shm", "df -h /dev/shm", "size of /dev/shm",
           "enlarge /dev/shm (mount -o remount,size=64G /dev/shm) and remove stale nccl-* segments"),
+    Check("node.quarantine", lambda spot: f"cat {spot.config_dir}/quarantine",
+          "no quarantine record: the deploy quarantines a node with a fatal hardware-health event",
+          "repair or replace the node's hardware, then release it (k3deploy spares INVENTORY --release NODE): it "
+          "comes back as a spare"),
     Check("stage.peers", lambda spot: f"systemctl show -p ActiveState -p ActiveEnterTimestamp {spot.peers_unit}",
           "no stage daemon outside a deploy's stage", "systemctl stop the stage daemon (the next deploy stops it in "
           "its first stage step)", fact="StagePeers"),

@@ -61,7 +61,7 @@ def cluster(hw: str, nodes: int, faults: list[str], tmp_path, variant="default",
         facts = HostFacts(host=f"node{rank}", address=ip)
         for attr, cls, kwargs in fact_plan(sel, ip, "/var/lib/k3deploy/cache", "/var/lib/docker"):
             if attr not in NODE_LEVEL:
-                setattr(facts, attr, run_fact(cls, kwargs, env))
+                facts.keep(attr, run_fact(cls, kwargs, env))
         facts.disk_images = DiskSpace("/var/lib/docker", "/dev/nvme0n1", 4096 * GIB, 3000 * GIB, "/")
         facts.disk_cache = DiskSpace("/var/lib/k3deploy", "/dev/nvme0n1", 4096 * GIB, 3000 * GIB, "/")
         facts.shm = DiskSpace("/dev/shm", "tmpfs", 64 * GIB, 64 * GIB, "/dev/shm")
@@ -103,6 +103,12 @@ def test_healthy_gb300_pair_passes(tmp_path):
         ("h200", "1:driver=570.86.15", [("node1", "nvidia.driver"), ("node1", "nvidia.fabricmanager")]),
         # without nvidia-smi the node's memory is unknown and one H200 node cannot hold the checkpoint
         ("h200", "1:no-nvidia-smi", [("cluster", "gpu.memory"), ("node1", "nvidia.driver")]),
+        # hardware health: a fatal event refuses that node; one that is not fatal only warns
+        ("gb300", "0:xid=95:3", [("node0", "hardware.health")]),
+        ("gb300", "1:xid=13", []),
+        ("gb300", "1:ecc=uncorrectable", [("node1", "hardware.health")]),
+        ("gb300", "1:ecc=remap-failure:2", [("node1", "hardware.health")]),
+        ("gb300", "1:nvlink-down=3", [("node1", "hardware.health")]),
     ],
 )
 def test_injected_fault_fails_the_right_node(hw, fault, expected, tmp_path):
@@ -171,3 +177,56 @@ def test_healthy_mi355x_and_ascend(tmp_path):
     results = run_checks(sel, hosts)
     assert failures(results) == []
     assert [r.observed for r in results if r.check == "gpu.count" and r.host == "node0"] == ["16"]
+
+
+def test_xid_79_names_the_node_the_gpu_the_event_and_the_fix(tmp_path):
+    sel, hosts = cluster("gb300", 2, ["1:xid=79"], tmp_path)
+    (bad,) = [r for r in run_checks(sel, hosts) if r.check == "hardware.health" and r.status == "fail"]
+    assert bad.host == "node1"
+    assert bad.observed == ("XID 79 on GPU 0 (fallen off the bus): NVRM: Xid (PCI:0008:01:00): 79, "
+                            "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    assert bad.fix.startswith("node1 must not serve: the deploy quarantines it and gives its place to a spare")
+    assert "reseat or replace the GPU or tray" in bad.fix
+    assert hosts[1].health.summary() == "XID 79 on GPU 0 (fallen off the bus)"
+    assert hosts[0].health.summary() == "ok"
+
+
+def test_not_fatal_events_warn_and_show(tmp_path):
+    sel, hosts = cluster("h200", 2, ["1:nvlink-down=3:5", "1:ecc=correctable"], tmp_path)
+    (warn,) = [r for r in run_checks(sel, hosts) if r.check == "hardware.health" and r.host == "node1"]
+    assert (warn.status, warn.observed) == ("warn", "NVLink link 3 inactive on GPU 5 (not fatal)")
+
+
+def test_amd_and_ascend_health_faults(tmp_path):
+    sel, hosts = cluster("mi355x", 2, ["0:ecc=uncorrectable:6", "1:ecc=deferred"], tmp_path)
+    assert [f for f in failures(run_checks(sel, hosts)) if f[1] == "hardware.health"] == [("node0", "hardware.health")]
+    assert [h.health.summary() for h in hosts] == ["ECC uncorrectable=2 on GPU 6",
+                                                   "ECC deferred=1 on GPU 0 (not fatal)"]
+    sel, hosts = cluster("ascend_910c", 2, ["1:npu-health=3", "0:npu-health=2:Warning"], tmp_path,
+                         variant="ascend_w4a8", vram=1711.0)
+    results = run_checks(sel, hosts)
+    # the table's Health column fails ascend.health for any state but OK; only Alarm and Critical are fatal
+    assert failures(results) == [("node0", "ascend.health"), ("node1", "ascend.health"), ("node1", "hardware.health")]
+    assert hosts[1].health.summary() == ("NPU health Critical 80E18008 on NPU 3 chip 0; "
+                                         "NPU health Critical 80E18008 on NPU 3 chip 1")
+    assert hosts[0].health.summary() == ("NPU health Warning 80CB8009 on NPU 2 chip 0 (not fatal); "
+                                         "NPU health Warning 80CB8009 on NPU 2 chip 1 (not fatal)")
+
+
+def test_the_quarantine_record_is_read_with_the_health(tmp_path):
+    config = sim_profiles.node_config("gb300", 0, 2, "node0", "10.77.0.11", [], 1.0, UUID)
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, K3SIM_NODE_CONFIG=str(path),
+               PATH=f"{TOOLS}/usr/bin:{TOOLS}/usr/local/bin:{os.environ['PATH']}")
+    kwargs = {"config_dir": str(tmp_path), "nvl": True}
+    assert run_fact(nvidia.NvidiaHealth, kwargs, env).quarantined is None
+    (tmp_path / "quarantine").write_text(json.dumps({"reason": "XID 79 on GPU 0 (fallen off the bus)",
+                                                     "events": [], "when": "2026-12-05T10:00:00Z"}))
+    facts = HostFacts(host="node0")
+    facts.keep("health", run_fact(nvidia.NvidiaHealth, kwargs, env))
+    assert facts.quarantined == "XID 79 on GPU 0 (fallen off the bus)"
+    sel, _ = cluster("gb300", 2, [], tmp_path)
+    results = [r for r in run_checks(sel, [facts]) if r.check == "node.quarantine"]
+    assert [(r.status, r.observed) for r in results] == [("fail", "quarantined: XID 79 on GPU 0 (fallen off the bus)")]
+    assert "k3deploy spares INVENTORY --release node0" in results[0].fix

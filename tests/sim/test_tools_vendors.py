@@ -348,7 +348,8 @@ def test_the_tool_cache_answers_image_inspect_and_ls_while_the_image_store_is_un
 def test_parse_fault_accepts_every_kind():
     samples = {"driver": "=570.86.15", "gpu-count": "=7", "gpu-model": "=NVIDIA H100",
                "fabric": "=In Progress", "fabric-health": "=degraded-bandwidth", "cluster-uuid": f"={UUID}", "engine-slow": "=5", "npu-link-down": "=3",
-               "mount-missing": "=/usr/local/dcmi", "default-route": "=front-end"}
+               "mount-missing": "=/usr/local/dcmi", "default-route": "=front-end", "xid": "=79", "ecc": "=uncorrectable:1",
+               "nvlink-down": "=3", "npu-health": "=5:Alarm"}
     for kind in FAULT_KINDS:
         fault = parse_fault(f"2:{kind}{samples.get(kind, '')}")
         assert fault == Fault(2, kind, samples[kind][1:] if kind in samples else None)
@@ -367,6 +368,11 @@ def test_parse_fault_accepts_every_kind():
     ("1:disk-full=yes", ["takes no value"]),
     ("1:npu-link-down=eth3", ["bad NPU list 'eth3'"]),
     ("1:mount-missing=/usr/lib", ["bad path '/usr/lib'", "/usr/local/Ascend/driver/tools/hccn_tool"]),
+    ("1:xid=fell", ["bad XID 'fell'", "79"]),
+    ("1:ecc=double", ["bad ECC kind 'double'", "uncorrectable", "remap-failure"]),
+    ("1:nvlink-down=18", ["bad NVLink link '18'", "0 to 17"]),
+    ("1:npu-health=3:Broken", ["bad NPU health '3:Broken'", "Critical"]),
+    ("1:xid=79:gpu1", ["bad GPU index 'gpu1'"]),
 ])
 def test_bad_faults_name_the_text_and_the_fix(text, words):
     with pytest.raises(K3Error) as info:

@@ -14,7 +14,8 @@ def spot_for(rollout: Rollout, address: str) -> Spot:
     profile = hardware().get(rollout.plan.hardware)
     return Spot(address=address, cache=rollout.vars.k3_model_cache, router_bin=rollout.vars.k3_router_bin,
                 image=rollout.plan.image,
-                devices=int(profile.gpu_count) if profile is not None else 8, peers_unit=PEERS_UNIT)
+                devices=int(profile.gpu_count) if profile is not None else 8, peers_unit=PEERS_UNIT,
+                config_dir=rollout.vars.k3_config_dir)
 
 
 def check_command(pack: Pack, check: str, spot: Spot) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Literal
 
 from k3deploy.vendors.base import Check, Container, Pack, Transport
-from k3deploy.vendors.common import COMMON
+from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 AMDGPU_FLOOR = "6.10"
 ROCM_HOST_MIN: str | None = None
@@ -97,6 +97,12 @@ PACK = Pack(
         Check("gpu.memory", "rocm-smi --showmeminfo vram",
               "the planned nodes' GPU memory >= the variant's planning minimum",
               "plan more nodes, or choose a smaller variant", each_node=False),
+        Check("hardware.health", "amd-smi metric --ecc",
+              "no uncorrectable ECC (RAS) error on any GPU since the driver loaded (deferred errors are shown, not "
+              "fatal)",
+              "the node must not serve: drain it: " + QUARANTINE_NOTE + "; reboot it so that the "
+              "driver retires the bad pages (amd-smi bad-pages lists them), and replace the GPU if the errors come "
+              "back", fact="AmdHealth"),
     ),
     guide_notes=((("AMD",), "AMD MoE path"),),
     name_match="words",

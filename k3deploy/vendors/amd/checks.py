@@ -10,7 +10,7 @@ from k3deploy.facts import amd as facts_amd
 from k3deploy.facts.amd import AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.base import CLUSTER, GIB, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
+from k3deploy.preflight.base import CLUSTER, GIB, HEALTH, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
 from k3deploy.vendors import amd as vendor
 
 
@@ -120,6 +120,9 @@ class AmdChecks(VendorChecks):
 
     def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
         return AmdRun(requirements, hosts)
+
+    def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
+        return (HEALTH, facts_amd.AmdHealth, {"config_dir": config_dir})
 
 
 CHECKS = AmdChecks()

@@ -23,7 +23,7 @@ import shlex
 from typing import Literal
 
 from k3deploy.vendors.base import Check, Container, Pack, Spot, Transport
-from k3deploy.vendors.common import COMMON
+from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 DRIVER_RECOMMENDED = "25.5"
 NETWORK_STATUS: Literal["pass", "warn", "fail"] = "fail"
@@ -95,6 +95,12 @@ PACK = Pack(
               "check both ends' NPU ports, their addresses and the switch or HCCS path between them"),
         Check("gpu.memory", "npu-smi info", "the planned nodes' NPU memory >= the variant's planning minimum",
               "plan more nodes, or choose a smaller variant", each_node=False),
+        Check("hardware.health", "npu-smi info; npu-smi info -t health -i $i -c $c",
+              "no NPU chip in Health Status Alarm, Critical or UNKNOWN (chip c of NPU i, for each chip whose Health "
+              "in npu-smi info is not OK; Warning is shown, not fatal)",
+              "the node must not serve: drain it: " + QUARANTINE_NOTE + "; look the error code up in "
+              "the product's black-box error code list, reset the NPU (npu-smi set -t reset -i N -c 0) or reboot, "
+              "and replace it if the alarm comes back", fact="AscendHealth"),
     ),
     site_docker_form=False,
     no_site_docker_why="Ascend NPUs need their devices and driver mounts, not --gpus",

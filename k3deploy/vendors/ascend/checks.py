@@ -12,7 +12,7 @@ from k3deploy.facts import ascend as facts_ascend
 from k3deploy.facts.ascend import NpuInfo
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.base import CheckResult, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
+from k3deploy.preflight.base import HEALTH, CheckResult, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
 from k3deploy.vendors import ascend as vendor
 
 
@@ -176,6 +176,9 @@ class AscendChecks(VendorChecks):
 
     def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
         return AscendRun(requirements, hosts)
+
+    def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
+        return (HEALTH, facts_ascend.AscendHealth, {"config_dir": config_dir})
 
 
 CHECKS = AscendChecks()

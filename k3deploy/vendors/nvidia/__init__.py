@@ -23,7 +23,7 @@ import shlex
 from typing import Literal
 
 from k3deploy.vendors.base import Check, Container, Pack, Transport, Trouble
-from k3deploy.vendors.common import COMMON
+from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 DRIVER_FLOOR = "580.65.06"
 CTK_IMEX_CHANNELS_MIN = "1.17.0"
@@ -65,6 +65,52 @@ IMEX_DOMAIN_FIX = ("check that /etc/nvidia-imex/nodes_config.cfg lists every tra
                    "file on every tray, then restart nvidia-imex on every tray (systemctl restart nvidia-imex); "
                    "journalctl -u nvidia-imex and nvidia-imex-ctl -N show which peer does not connect")
 
+#: NVIDIA XID codes (https://docs.nvidia.com/deploy/xid-errors/) -> (what it means, fatal). Fatal: the GPU or its
+#: memory cannot be trusted until the node is drained and the GPU reset or replaced (docs/health.md says why each).
+XID_CODES: dict[str, tuple[str, bool]] = {
+    "13": ("graphics engine exception", False),
+    "31": ("GPU memory page fault", False),
+    "43": ("GPU stopped processing", False),
+    "45": ("preemptive cleanup", False),
+    "48": ("double-bit ECC error", True),
+    "61": ("internal micro-controller breakpoint", True),
+    "62": ("internal micro-controller halt", True),
+    "63": ("ECC page retirement or row remap recorded", False),
+    "64": ("ECC page retirement or row remap failure", True),
+    "74": ("NVLink error", True),
+    "79": ("fallen off the bus", True),
+    "92": ("high single-bit ECC error rate", False),
+    "94": ("contained ECC error", False),
+    "95": ("uncontained ECC error", True),
+    "109": ("context switch timeout", False),
+    "119": ("GSP RPC timeout", True),
+    "120": ("GSP error", True),
+    "140": ("unrecovered ECC error", True),
+    # NVLink5 (Blackwell, GB200/GB300 trays): the line says whether the error is Fatal or Nonfatal
+    "144": ("NVLink SAW error", True),
+    "145": ("NVLink RLW error", True),
+    "146": ("NVLink TLW error", True),
+    "147": ("NVLink TREX error", True),
+    "148": ("NVLink NVLPW control error", True),
+    "149": ("NVLink NETIR error", True),
+    "150": ("NVLink MSE error", True),
+}
+#: the NVLink5 XIDs, fatal only where their line says ``Fatal`` (leptonai/gpud pull request 1174: the driver prints
+#: ``Nonfatal`` for the others)
+NVLINK5_XIDS = frozenset({"144", "145", "146", "147", "148", "149", "150"})
+
+#: what the health fact reads, as a person runs it (docs/health.md: which events are fatal and why)
+HEALTH_COMMAND = ("dmesg | grep -E 'NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus'; "
+                  "nvidia-smi -q -d ECC,ROW_REMAPPER; nvidia-smi nvlink -s")
+HEALTH_REQUIRED = ("no fatal GPU event: no XID " + ", ".join(c for c, (_, fatal) in XID_CODES.items()
+                                                     if fatal and c not in NVLINK5_XIDS)
+                   + " in the kernel log since boot (nor an NVLink5 XID " + min(NVLINK5_XIDS) + "-" + max(NVLINK5_XIDS)
+                   + " the driver calls Fatal), no uncorrectable ECC error since the driver loaded, no pending or "
+                   "failed row remap, every NVLink link up on NVL72 trays")
+HEALTH_FIX = ("the node must not serve: drain it: " + QUARANTINE_NOTE + "; then reset the GPU "
+              "(nvidia-smi -r -i N) or reboot for a pending remap or an ECC/XID event, reseat or replace the GPU or "
+              "tray for XID 79, a row remapping failure or a link that stays down; the kernel log keeps an XID until "
+              "the next boot")
 
 
 def _dmabuf_script(unit: str, env_path: str) -> str:
@@ -147,6 +193,7 @@ PACK = Pack(
         Check("gpu.memory", "nvidia-smi --query-gpu=memory.total --format=csv,noheader",
               "the planned nodes' GPU memory >= the variant's planning minimum",
               "plan more nodes, or choose a smaller variant", each_node=False),
+        Check("hardware.health", HEALTH_COMMAND, HEALTH_REQUIRED, HEALTH_FIX, fact="NvidiaHealth"),
     ),
     nccl_probe=True,
     troubles=TROUBLES,

@@ -18,6 +18,7 @@ from k3deploy.facts.rdma import DmabufSupport, LoadedModules
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
     CLUSTER,
+    HEALTH,
     Device,
     FactSpec,
     HostFacts,
@@ -504,6 +505,11 @@ class NvidiaChecks(VendorChecks):
 
     def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
         return NvidiaRun(requirements, hosts)
+
+    def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
+        """XID events, ECC and row remapping, NVLink links; a link down is fatal on an NVL72 compute tray."""
+        nvl = bool(getattr(requirements.hardware, "nvl", False))
+        return (HEALTH, facts_nvidia.NvidiaHealth, {"config_dir": config_dir, "nvl": nvl})
 
     def nvlink_settings(self, requirements: Requirements, facts: HostFacts) -> list[Setting]:
         """NCCL_MNNVL_ENABLE / NCCL_CUMEM_ENABLE / NCCL_NVLS_ENABLE = 1 on GB200/GB300 NVL72 compute trays (not where
