@@ -43,7 +43,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     which are fatal), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
     model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
     the sbatch/squeue/scancel/sacct commands), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
-    pod template per role running the plan's argv, per-node values from LWS).
+    pod template per role running the plan's argv, per-node values from LWS), model/watch.py (the watch loop's
+    decision from each group's state over time: nothing, wait, repair or back off; its systemd unit).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
@@ -80,7 +81,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
     cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
-    that submit themselves), cli/sim.py, cli/common.py (options defined
+    that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
+    systemd unit), cli/__main__.py (``python -m k3deploy.cli``), cli/sim.py, cli/common.py (options defined
     once and composed).
 """
 

@@ -238,6 +238,18 @@ class Variables(BaseModel):
     k3_crash_loop_window: int = Field(120, ge=0, description=(
         "`k3deploy status`: an engine unit that serves no HTTP (a group member) and that systemd restarted 3 times "
         "or more is shown as `crash-loop` until it has run this many seconds (a run that lasts is taken as fixed)."))
+    # day 2: the watch loop, `k3deploy watch INVENTORY --repair` (docs/watch.md)
+    k3_watch_grace: int = Field(300, ge=0, description=(
+        "`k3deploy watch --repair`: seconds a group may not serve before the loop runs the deploy to repair it (a "
+        "group whose members are all starting gets at least the engine's ready timeout); longer than self-healing "
+        "takes (`k3_heal_grace` + `k3_restart_sec` + a rendezvous), shorter than a lost tray should cost."))
+    k3_watch_interval: int = Field(30, ge=1, description=(
+        "`k3deploy watch`: seconds between two looks at the groups (one status read: one command per host)."))
+    k3_watch_backoff: int = Field(300, ge=1, description=(
+        "`k3deploy watch --repair`: seconds to wait after a repair that did not bring a group back before the next; "
+        "doubled after each further one, up to `k3_watch_backoff_max`."))
+    k3_watch_backoff_max: int = Field(3600, ge=1, description=(
+        "`k3deploy watch --repair`: the longest wait between two repairs of a group that stays down."))
     k3_smoke_test: bool = Field(True, description=(
         "Send one short chat completion through the public endpoint after the rollout."))
     # launcher: systemd units (default) or Slurm batch jobs (docs/slurm.md)
