@@ -42,7 +42,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     group and cluster), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
     model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
     the sbatch/squeue/scancel/sacct commands), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
-    pod template per role running the plan's argv, per-node values from LWS).
+    pod template per role running the plan's argv, per-node values from LWS), model/spares.py (hot spares: a lost
+    member's rank given to a spare, the substitutions and quarantines the nodes record), model/health.py (hardware
+    health events, and which are fatal).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
@@ -58,7 +60,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
-    run, the public endpoint), facts/parallel.py (every host at once).
+    run, the public endpoint), facts/parallel.py (every host at once), facts/spares.py (a node's spare records).
 
 ``preflight/`` -- host checks
     preflight/base.py (host facts, results, what a vendor's preflight side provides),
@@ -78,8 +80,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
     cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
-    that submit themselves), cli/sim.py, cli/common.py (options defined
-    once and composed).
+    that submit themselves), cli/spares.py (the spares, the quarantined nodes, a release), cli/sim.py,
+    cli/common.py (options defined once and composed).
 """
 
 from __future__ import annotations

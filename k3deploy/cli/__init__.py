@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "unlock": "k3deploy.cli.unlock:unlock",
     "verify": "k3deploy.cli.verify:verify",
     "export": "k3deploy.cli.export:export",
+    "spares": "k3deploy.cli.spares:spares",
 }
 
 #: commands that reach no host unless given ``--inventory``: their process is not patched for gevent
