@@ -44,7 +44,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
     the sbatch/squeue/scancel/sacct commands), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
     pod template per role running the plan's argv, per-node values from LWS), model/watch.py (the watch loop's
-    decision from each group's state over time: nothing, wait, repair or back off; its systemd unit).
+    decision from each group's state over time: nothing, wait, repair or back off; its systemd unit),
+    model/spares.py (hot spares: a lost member's rank given to a spare, the substitutions and quarantines the nodes
+    record).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
@@ -61,7 +63,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
     facts/health.py (what the vendors' hardware-health facts share: the quarantine record),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
-    run, the public endpoint), facts/parallel.py (every host at once).
+    run, the public endpoint), facts/parallel.py (every host at once), facts/spares.py (a node's spare records).
 
 ``preflight/`` -- host checks
     preflight/base.py (host facts, results, what a vendor's preflight side provides),
@@ -82,8 +84,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
     that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
-    systemd unit), cli/__main__.py (``python -m k3deploy.cli``), cli/sim.py, cli/common.py (options defined
-    once and composed).
+    systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/__main__.py (``python -m
+    k3deploy.cli``), cli/sim.py, cli/common.py (options defined once and composed).
 """
 
 from __future__ import annotations

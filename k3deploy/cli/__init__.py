@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "verify": "k3deploy.cli.verify:verify",
     "export": "k3deploy.cli.export:export",
     "watch": "k3deploy.cli.watch:watch",
+    "spares": "k3deploy.cli.spares:spares",
 }
 
 #: commands that reach no host unless given ``--inventory``: their process is not patched for gevent

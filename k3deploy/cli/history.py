@@ -37,10 +37,14 @@ def history(inventory: str, as_json: bool) -> None:
     require_reachable(gathered)
     groups = {g: h for g, h in gathered.history.items()}
     values = secret_values(gathered.target.vars.k3_extra_env)
+    subs = gathered.spares.substitutions if gathered.spares is not None else []
+    fresh = set(gathered.spares.new) if gathered.spares is not None else set()
     if as_json:
         echo_json({"inventory": inventory, "groups": {
             g: {"current": h.current, "hosts": h.hosts,
-                "revisions": [shown(h, n, values) for n in h.numbers]} for g, h in groups.items()}})
+                "revisions": [shown(h, n, values) for n in h.numbers],
+                "substitutions": [{**s.as_dict(), "new": s in fresh} for s in subs if s.group == g]}
+            for g, h in groups.items()}})
         return
     from rich.console import Console
     from rich.table import Table
@@ -52,6 +56,9 @@ def history(inventory: str, as_json: bool) -> None:
                       "in its --comment, k3deploy:<group>:<hash> (squeue -o '%i %j %T %k %N' on "
                       "k3_slurm_submit_host)")
     for g, h in groups.items():
+        for sub in (s for s in subs if s.group == g):   # who stands in for whom, from the nodes' records
+            new = " (new: the next deploy run makes it)" if sub in fresh else ""
+            console.print(f"substitution: {sub.line()}{new}", highlight=False, soft_wrap=True)
         if not h.revisions:
             console.print(f"group {g}: no revision recorded yet (the first rollout that restarts it records one)")
             continue

@@ -53,6 +53,9 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
             raise K3Error(f"--rollback {rollback}: use 'previous' or a revision number (k3deploy history {inventory})")
         wanted = True if rollback == "previous" else int(rollback)
     gathered = read_cluster("plan", inventory, view=PLAN, overrides={"k3_rollback": wanted})
+    if gathered.spares is not None and gathered.spares.unfilled:
+        raise K3Error("; ".join(u.line() for u in gathered.spares.unfilled) + ": a deploy now is refused; bring "
+                      f"the node back or add a spare (k3deploy spares {inventory})")
     require_reachable(gathered)
     rollout = gathered.require_rollout()
     slurm = rollout.vars.k3_launcher == "slurm"
@@ -63,7 +66,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     for host, rows in failures.items():
         report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
     report.notes += [f"warning: {w}" for w in rollout.plan.warnings]   # as the deploy logs them
-    report.notes += revision_notes(gathered, report.has_changes) + image_notes(gathered)
+    report.notes += revision_notes(gathered, report.has_changes) + image_notes(gathered) + spare_notes(gathered)
     report.notes += [f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock "
                      f"{inventory} --run ID)" for line in gathered.lock_lines()]
     t = gathered.target
@@ -76,6 +79,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         res = gathered.resolution
         data["image"] = {"image": rollout.plan.image, "tag": res.image if res else None,
                          "digest": res.digest if res else None, "resolved_on": res.host if res else None}
+        data["spares"] = gathered.spares.to_dict() if gathered.spares is not None else None
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(f"Variables (group_vars merged, lowest first: {', '.join(first.files) or 'none'}):")
@@ -116,6 +120,12 @@ def staging_lines(gathered: Gathered) -> list[str]:
         if not status.verified:
             lines.append(f"{host}: weights {status.describe()}")
     return lines
+
+
+def spare_notes(gathered: Gathered) -> list[str]:
+    """Who stands in for whom: each substitution in effect (a new one: the deploy makes it, restarting the group),
+    each lost member no spare replaces, each host that runs nothing, the spares standing by."""
+    return [f"spares: {line}" for line in gathered.spares.lines()] if gathered.spares is not None else []
 
 
 def image_notes(gathered: Gathered) -> list[str]:

@@ -1,4 +1,4 @@
-"""``k3deploy sim``: the simulated cluster (up, down, status, fault, reboot, base)."""
+"""``k3deploy sim``: the simulated cluster (up, down, status, fault, reboot, power, push, base)."""
 
 from __future__ import annotations
 
@@ -68,11 +68,14 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 @click.option("--slurm", is_flag=True,
               help="Run a real Slurm in the cluster (Debian's 22.05): slurmctld on the rank-0 node (the submit host), "
                    "munged and slurmd on every node, partition k3; the group_vars select k3_launcher: slurm.")
+@click.option("--spares", type=int, default=0, show_default=True,
+              help="Add this many nodes of the same hardware after the engine nodes, in the inventory group spares "
+                   "(they stand by for a lost node: docs/spares.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes, outside[, slurm]} as JSON.")
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
     layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
-    image_mb: float, as_json: bool, replicas: int, slurm: bool,
+    image_mb: float, as_json: bool, replicas: int, slurm: bool, spares: int,
 ) -> None:
     """Create and boot a simulated cluster and its simulated outside (registries and model hub at <subnet>.254,
     behind a shaped uplink); prints its pyinfra inventory."""
@@ -92,12 +95,14 @@ def up_cmd(
         image_mb=image_mb,
         replicas=replicas,
         slurm=slurm,
+        spares=spares,
     )
     if as_json:
         click.echo(json.dumps(res))
         return
     for n in res["nodes"]:
-        click.echo(f"{n['name']}\t{n['ip']}\trank {n['rank']}")
+        click.echo(f"{n['name']}\t{n['ip']}\trank {n['rank']}" + ("\tspare" if n["name"] in res.get("spares", [])
+                                                                   else ""))
     if res.get("outside"):
         click.echo(f"outside: {res['outside']['ip']} ({', '.join(res['outside']['names'])}), uplink "
                    f"{uplink_mbps:g} Mbit/s, node to node {cluster_mbps:g} Mbit/s")
@@ -243,3 +248,33 @@ def reboot_cmd(args: tuple[str, ...], name: str | None, as_json: bool) -> None:
         return
     click.echo(f"{res['name']}\t{res['ip']}\trank {res['rank']}\tup again in {res['seconds']:.1f} s"
                + ("" if res["clean"] else " (reset: it did not stop in time)"))
+
+
+@sim_group.command("power", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, metavar="[NAME] RANK off|on")
+@click.option("--name", default=None, help=f"Cluster name (default {sim.DEFAULT_NAME}).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {cluster, name, rank, ip, power, was_on, at, seconds} as JSON (at: when it went off or "
+                   "answered again, seconds since the epoch).")
+def power_cmd(args: tuple[str, ...], name: str | None, as_json: bool) -> None:
+    """Power node RANK (0 = node1) of a running simulated cluster off, as a tray that loses power (its nspawn gets
+    SIGTERM: the node's systemd powers off, its units stop, its address answers nothing), or on again: it boots as it
+    was, with the same root, address and faults, and its enabled units start (returns once it answers on SSH)."""
+    items = list(args)
+    if len(items) == 3:
+        if name is not None and name != items[0]:
+            raise K3Error(f"cluster given twice ({items[0]!r} and --name {name!r}): give it once")
+        name = items.pop(0)
+    name = name or sim.DEFAULT_NAME
+    sim.validate_name(name)
+    if len(items) != 2 or items[1] not in ("off", "on"):
+        raise K3Error(f"give a node rank and off or on, not {' '.join(items)!r}: e.g. 'k3deploy sim power {name} 1 "
+                      "off' (0 = node1)")
+    if not items[0].isdigit():
+        raise K3Error(f"bad rank {items[0]!r}: give a node rank (0 = node1), e.g. 'k3deploy sim power {name} 1 off'")
+    res = sim.power(name, int(items[0]), items[1] == "on", progress=_say)
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"{res['name']}\t{res['ip']}\trank {res['rank']}\t{res['power']}"
+               + ("" if res["was_on"] != (res["power"] == "on") else " (already)"))

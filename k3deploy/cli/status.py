@@ -13,6 +13,7 @@ from k3deploy.cli.common import echo_json, json_option, read_cluster
 
 if TYPE_CHECKING:
     from k3deploy.model.slurm import GroupJob
+    from k3deploy.model.spares import Settled
     from k3deploy.model.status import ClusterStatus, NodeHealth
     from k3deploy.runtime.gather import Gathered
 
@@ -42,10 +43,10 @@ def _image_cell(image: str | None, image_id: str | None) -> str:
     return "\n".join(lines + ([f"local id {image_id[:19]}"] if image_id else []))
 
 
-def read_status(inventory: str) -> tuple[ClusterStatus, list[str], list[str]]:
-    """The status of the inventory's cluster, the deployment lock's holders (one line each) and, for each group in
-    a crash loop, the member whose engine keeps exiting with its last journal line (the logs are read, once more,
-    only then)."""
+def read_status(inventory: str) -> tuple[ClusterStatus, list[str], list[str], Settled | None]:
+    """The status of the inventory's cluster, the deployment lock's holders (one line each), for each group in
+    a crash loop the member whose engine keeps exiting with its last journal line (the logs are read, once more,
+    only then), and who stands in for whom (the spares: :mod:`k3deploy.model.spares`)."""
     from k3deploy.model.status import crash_loops
     from k3deploy.runtime.views import STATUS, bundle
 
@@ -53,8 +54,8 @@ def read_status(inventory: str) -> tuple[ClusterStatus, list[str], list[str]]:
     st = status_of(gathered)
     if any(u.verdict == "crash-loop" for g in st.groups for u in g.units):
         logs = read_cluster("status", inventory, view=bundle(CRASH_LOG_LINES)).logs
-        return st, gathered.lock_lines(), crash_loops(st, logs)
-    return st, gathered.lock_lines(), []
+        return st, gathered.lock_lines(), crash_loops(st, logs), gathered.spares
+    return st, gathered.lock_lines(), [], gathered.spares
 
 
 #: the journal lines read of a unit in a crash loop (its last line of its own among them)
@@ -67,6 +68,7 @@ def status_of(gathered: Gathered) -> ClusterStatus:
 
     rollout = gathered.require_rollout()
     down = set(gathered.preflight.unreachable()) if gathered.preflight else set()
+    down -= set(gathered.spares.out if gathered.spares is not None else {})   # replaced, or standing by: not ours
     st = assess(rollout, served_model(rollout), gathered.runs, gathered.installed, gathered.endpoint_models, down,
                 time.time(), gathered.history, jobs=group_jobs_of(gathered))
     st.nodes = node_health(gathered)
@@ -171,13 +173,16 @@ def status(inventory: str, as_json: bool, watch: float | None) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     while True:
-        st, lock, loops = read_status(inventory)
+        st, lock, loops, spares = read_status(inventory)
         if as_json:
-            echo_json({**st.to_dict(), "lock": lock, "crash_loops": loops})
+            echo_json({**st.to_dict(), "lock": lock, "crash_loops": loops,
+                       "spares": spares.to_dict() if spares is not None else None})
         else:
             show(st, console)
             for line in loops:
                 console.print(f"[red]{line}[/]", highlight=False, soft_wrap=True)
+            for line in spares.lines() if spares is not None else []:
+                console.print(f"spares: {line}", highlight=False, soft_wrap=True)
             for line in lock:
                 console.print(f"[yellow]{line}[/]: a change is under way (or a run was killed: k3deploy unlock)")
         if watch is None:

@@ -798,3 +798,44 @@ def lock_release(config_dir: str, run: str) -> str:
     lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
     mark = shlex.quote(f'"run": {json.dumps(run)}')
     return f"if grep -qF {mark} {lock} 2>/dev/null; then rm -f {lock}; rmdir {d} 2>/dev/null; fi; true"
+
+
+# ---------------------------------------------------------------------------------------------- spares
+
+#: the line before each spare record :func:`spare_records_read` prints (the file's name follows)
+SPARE_MARK = "K3_SPARE_FILE="
+
+
+def spare_records_read(config_dir: str, names: Sequence[str]) -> str:
+    """The spare records this node keeps (:mod:`k3deploy.model.spares`): for each of ``names`` there, a
+    ``K3_SPARE_FILE=<name>`` line and the file.
+
+    >>> print(spare_records_read("/etc/k3", ["quarantine"]))
+    for f in quarantine; do [ -f /etc/k3/"$f" ] && { echo K3_SPARE_FILE="$f"; cat /etc/k3/"$f"; echo; }; done; true
+    """
+    d = shlex.quote(config_dir.rstrip("/") or "/")
+    return (f"for f in {' '.join(shlex.quote(n) for n in names)}; do [ -f {d}/\"$f\" ] && "
+            f"{{ echo {SPARE_MARK}\"$f\"; cat {d}/\"$f\"; echo; }}; done; true")
+
+
+def stand_down(units: Sequence[str]) -> str:
+    """A node that runs nothing now (quarantined, or lost and replaced by a spare): its units stopped and disabled,
+    so that a boot does not start them again.
+
+    >>> stand_down(["k3-engine.service"])
+    'systemctl disable --now k3-engine.service && { systemctl reset-failed k3-engine.service 2>/dev/null || true; }'
+    """
+    names = _units(units)
+    return f"systemctl disable --now {names} && {{ systemctl reset-failed {names} 2>/dev/null || true; }}"
+
+
+def release_quarantine(config_dir: str, quarantine: str, released: str, released_text: str) -> str:
+    """The operator's release of a quarantined node: the events it was quarantined for are kept as released (they
+    do not quarantine it again), then the quarantine record goes; the node is a spare from then on."""
+    d = config_dir.rstrip("/") or "/"
+    tag = "K3_EOF"
+    while tag in released_text.splitlines():
+        tag += "_"
+    return (f"umask 022 && install -d {shlex.quote(d)} && "
+            f"install -m 0644 /dev/stdin {shlex.quote(d + '/' + released)} <<'{tag}' && "
+            f"rm -f {shlex.quote(d + '/' + quarantine)}\n{released_text}{tag}")

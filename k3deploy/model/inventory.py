@@ -5,7 +5,8 @@ hosts; nothing here connects to a host.
 
 Roles come from the inventory's groups: ``head`` and ``workers`` for single- and multi-node strategies,
 ``prefill``/``decode``/``router`` for ``pd_cluster``. A bare host list (no such group anywhere, e.g. ``@local``
-or ``host1,host2``) is read as the head followed by its workers, in inventory order.
+or ``host1,host2``) is read as the head followed by its workers, in inventory order. Hosts of the group ``spares``
+have no role: they stand by for a lost member (:mod:`k3deploy.model.spares`).
 
 Example::
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from k3deploy.recipe.schema import Recipe
 
 ROLE_GROUPS = ("head", "workers", "prefill", "decode", "router")
+#: the group of the hosts that stand by for a lost member (same hardware; staged, run nothing)
+SPARES = "spares"
 #: the variables every host of one deployment must agree on
 SELECTION_KEYS = ("k3_hardware", "k3_strategy", "k3_variant", "k3_features", "k3_recipe", "k3_image")
 
@@ -58,11 +61,24 @@ def records_of(inv: Iterable[Any]) -> list[HostRecord]:
 
 
 def with_roles(records: list[HostRecord]) -> list[HostRecord]:
-    """The records with their roles: unchanged when any host is in a role group, else head + workers."""
+    """The records with their roles: unchanged when any host is in a role group, else head + workers (the hosts of
+    ``spares`` keep none). A host in ``spares`` and in a role group is refused.
+
+    >>> [r.groups for r in with_roles([HostRecord("a", (), {}), HostRecord("s", ("spares",), {}),
+    ...                                HostRecord("b", (), {})])]
+    [('head',), ('spares',), ('workers',)]
+    """
+    for r in records:
+        both = [g for g in r.groups if g in ROLE_GROUPS]
+        if SPARES in r.groups and both:
+            raise K3Error(f"host {r.name} is in group {SPARES} and in {', '.join(both)}: a spare runs nothing until "
+                          f"it takes a lost member's place; put it in one of them")
     if any(set(ROLE_GROUPS) & set(r.groups) for r in records):
         return records
-    return [HostRecord(r.name, (*r.groups, "head" if i == 0 else "workers"), r.data, r.origins)
-            for i, r in enumerate(records)]
+    engines = [r.name for r in records if SPARES not in r.groups]
+    return [r if SPARES in r.groups else
+            HostRecord(r.name, (*r.groups, "head" if r.name == engines[0] else "workers"), r.data, r.origins)
+            for r in records]
 
 
 def variables_for(records: list[HostRecord], inventory_file: str | None,

@@ -58,6 +58,7 @@ class Target:
     plan_error: str | None = None
     resolved: dict[str, Resolved] = field(default_factory=dict)   # host -> its variables and their sources
     layout: Rollout | None = None
+    overrides: Mapping[str, Any] | None = None   # what the command put over the variables (e.g. --rollback)
 
     def source(self, key: str) -> str:
         """Where the deployment's value of ``key`` came from (its first host's)."""
@@ -266,13 +267,13 @@ def target(records: list[HostRecord], inventory_file: str | None,
             raise in_inventory(exc, recs, variables, recipe, resolved[recs[0].name], inventory_file) from None
         layout = lay_out(plan, recs, variables)  # ranks, groups and counts checked before any fact
     except K3Error as exc:
-        return Target(inventory_file, recs, variables, recipe, base, None, str(exc), resolved)
+        return Target(inventory_file, recs, variables, recipe, base, None, str(exc), resolved, overrides=overrides)
     if variables.k3_extra_args:
         for line in check_extra_args(recs, variables, plan, resolved[recs[0].name].source("k3_extra_args"), recipe):
             if line not in plan.warnings:
                 plan.warnings.append(line)   # shown by the deploy, plan and resolve with the plan's own warnings
     need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image)
-    return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout)
+    return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout, overrides)
 
 
 def desired_rollout(wanted: Target, *, ifaces: Mapping[str, str] | None = None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, fill, rendezvous_port
 from k3deploy.model.images import run_ref
+from k3deploy.model.inventory import ROLE_GROUPS, SPARES
 from k3deploy.model.observed import Installed
 from k3deploy.model.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit
 from k3deploy.model.variables import Variables
@@ -86,6 +87,7 @@ class Rollout:
     changed_groups: set[str] = field(default_factory=set)
     router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas; read)
     rendered: bool = True           # False: laid out only (:func:`lay_out`), the unit and env texts are still empty
+    spares: dict[str, str] = field(default_factory=dict)   # host -> its cluster address: the spares standing by
 
     def on_host(self, name: str) -> list[UnitWork]:
         return [u for u in self.units if u.host == name]
@@ -311,8 +313,9 @@ def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables) -> Rollou
         else:
             endpoint = serving[0][1] if serving else f"http://{head.host.address}:8000"
     deadline = variables.k3_rollout_deadline or ready + 900
+    spares = {h.name: h.address for h in hosts if SPARES in h.groups and not set(ROLE_GROUPS) & set(h.groups)}
     return Rollout(plan=plan, vars=variables, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline,
-                   rendered=False)
+                   rendered=False, spares=spares)
 
 
 def _with_iface(node: BoundNode, iface: str | None) -> BoundNode:

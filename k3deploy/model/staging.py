@@ -149,16 +149,25 @@ def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_hold
 
 
 def engines(rollout: Rollout) -> list[str]:
-    """The hosts that run an engine (they need the image and the weights), in inventory order."""
-    return [h for h in rollout.hosts if any(u.group != "router" for u in rollout.on_host(h))]
+    """The hosts that run an engine, then the spares standing by (all need the image and the weights), in
+    inventory order."""
+    running = [h for h in rollout.hosts if any(u.group != "router" for u in rollout.on_host(h))]
+    return running + [h for h in rollout.spares if h not in running]
 
 
 def addresses(rollout: Rollout) -> dict[str, str]:
-    """Each engine host's address on the cluster network (where its peers reach its rsync daemon)."""
+    """Each engine host's (and spare's) address on the cluster network (where its peers reach its rsync daemon)."""
     out: dict[str, str] = {}
     for u in rollout.units:
         out.setdefault(u.host, u.node.address)
+    for host, address in rollout.spares.items():
+        out.setdefault(host, address)
     return out
+
+
+def stage_hosts(rollout: Rollout) -> list[str]:
+    """The hosts the stage has steps for: every host with a unit, then the spares standing by."""
+    return rollout.hosts + [h for h in rollout.spares if h not in rollout.hosts]
 
 
 def stage_for(rollout: Rollout, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:

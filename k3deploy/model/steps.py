@@ -40,6 +40,7 @@ from k3deploy.model.staging import (
     peers_config,
     peers_config_path,
     stage_for,
+    stage_hosts,
 )
 from k3deploy.model.units import GROUP_MEMBER, group_member_text
 from k3deploy.recipe.argv import served_model_name
@@ -125,7 +126,7 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
     token = token_path(rollout)
     shown = tag or image_ref
     steps: list[Step] = []
-    hosts = rollout.hosts
+    hosts = stage_hosts(rollout)   # the spares standing by are staged too
 
     def each(kind: int, name: str, build: Callable[[str], Step | None]) -> None:
         for name_of_host in hosts:

@@ -106,6 +106,10 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str,
 # ------------------------------------------------------------------------------- collection
 
 
+#: how a host that did not answer its facts' command is said (the connection error follows)
+LOST_CONNECTION = "lost the connection while reading the facts: "
+
+
 def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None = None,
                image_dir: str | None = None, extra: list[FactSpec] | None = None,
                ib_hca: str | None = None, iface: str | None = None, config_dir: str | None = None) -> HostFacts:
@@ -130,7 +134,7 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
         with ctx_state.use(state), ctx_host.use(host):
             got = read_batch(state, host, [*plan, *extra])
     except ConnectError as exc:
-        facts.unreachable = f"lost the connection while reading the facts: {exc}"
+        facts.unreachable = f"{LOST_CONNECTION}{exc}"
         return facts
     except Exception as exc:  # a dropped SSH channel, a timeout: every fact of this host failed
         reason = f"{type(exc).__name__}: {exc}"[:200]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -29,14 +30,25 @@ from k3deploy.errors import K3Error
 from k3deploy.facts.rollout import WeightsStatus
 from k3deploy.facts.status import SlurmQueueReading, UnitRun
 from k3deploy.model import images as image_pins
+from k3deploy.model.binding import HostRecord
 from k3deploy.model.images import LocalImage, Resolution
-from k3deploy.model.inventory import records_of
+from k3deploy.model.inventory import SPARES, records_of
 from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import Target, desired_rollout, target
 from k3deploy.model.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.runbook.blanks import Blank, offline_env
 from k3deploy.model.slurm import launch_path
+from k3deploy.model.spares import (
+    Quarantine,
+    Settled,
+    merged,
+    parse_released,
+    parse_substitutions,
+    places,
+    quarantine_for,
+    settle,
+)
 from k3deploy.model.staging import StagePlan, stage_for
 from k3deploy.preflight import runner
 from k3deploy.preflight.across import (
@@ -47,7 +59,7 @@ from k3deploy.preflight.across import (
     rdma_reach_round,
     router_checks,
 )
-from k3deploy.preflight.checks import HostFacts
+from k3deploy.preflight.checks import CheckResult, HostFacts
 from k3deploy.preflight.report import PreflightReport, check
 from k3deploy.runtime.connections import (
     bound_silence,
@@ -58,7 +70,7 @@ from k3deploy.runtime.connections import (
     ssh_argv,
 )
 from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
-from k3deploy.runtime.reading import HostReading, TakeLockThere, plan_host, read_hosts
+from k3deploy.runtime.reading import HostPlan, HostReading, TakeLockThere, plan_host, read_again, read_hosts
 from k3deploy.runtime.views import DEPLOY, View
 
 # ------------------------------------------------------------------------------------------ gathered
@@ -84,6 +96,9 @@ class Gathered:
     resolution: Resolution | None = None   # the registry's digest for the image's tag (None: not asked)
     stage: StagePlan | None = None         # how the image and the weights reach the nodes that lack them
     blanks: list[Blank] = field(default_factory=list)   # what no node was asked, as named blanks (offline runbook)
+    spares: Settled | None = None          # who stands in for whom (views that read what is installed)
+    quarantine: dict[str, Quarantine] = field(default_factory=dict)   # host -> the quarantine this reading asks for
+    stand_down: dict[str, list[str]] = field(default_factory=dict)    # host -> its units to stop and disable
 
     @cached_property
     def installed(self) -> dict[tuple[str, str], Installed]:
@@ -207,6 +222,7 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     layout = wanted.layout   # which unit runs where: all the reading needs (the rollout is rendered once, below)
     resolver = image_resolver(layout) if layout is not None and (view.installed or view.pins_image) else None
     plans = {h.name: plan_host(layout, h.name, view, resolver) for h in hosts} if layout is not None else {}
+    asked_plans = dict(plans)
     if lock is not None:
         for name, plan in plans.items():
             if (take := lock.request(name)) is not None:
@@ -215,6 +231,10 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     if lock is not None:
         lock.settle({host: r.lock_taken for host, r in readings.items()})
     report = check(wanted.requirements, facts)
+    spares: Standing | None = None
+    if layout is not None and view.installed:
+        spares = take_spares(state, hosts, wanted, view, facts, readings, report, asked_plans, resolver)
+        wanted, layout, resolver = spares.target, spares.target.layout, spares.resolver
     report.results += router_checks({host: r.router_command for host, r in readings.items()
                                      if r.router_command is not None}, wanted.vars.k3_router_bin)
     report.results += ascend_peer_round(state, hosts, facts, wanted.requirements)
@@ -234,9 +254,103 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
         report.results += nccl_probe(state, wanted, rollout, report)
     gathered = Gathered(target=wanted, rollout=rollout, preflight=report, facts=facts, readings=readings,
                         addresses=addresses, ssh=ssh, resolution=resolution)
+    if spares is not None:
+        gathered.spares, gathered.quarantine = spares.settled, spares.quarantine
+        gathered.stand_down = spares.stand_down
     if rollout is not None and view.installed:
         _installed_state(state, gathered, rollout)
     return gathered
+
+
+@dataclass
+class Standing:
+    """The spares taken into account (:func:`take_spares`): the target built with the substitutions, the host that
+    resolves the image's tag in it, who stands in for whom, the quarantines to record and the units to stand down."""
+
+    target: Target
+    resolver: str | None
+    settled: Settled
+    quarantine: dict[str, Quarantine]
+    stand_down: dict[str, list[str]]
+
+
+def take_spares(state: State, hosts: list[Any], wanted: Target, view: View, facts: list[HostFacts],
+                readings: dict[str, HostReading], report: PreflightReport, plans: dict[str, HostPlan],
+                resolver: str | None) -> Standing:
+    """The spares (:mod:`k3deploy.model.spares`) taken into account: the substitutions the nodes record applied, a
+    spare for each member lost now (unreachable, or quarantined: its record on the node, or a fatal event in its
+    health), the target and its layout built from the result. The hosts whose part changed are read again (what
+    their new units need); the checks of a host that runs nothing are kept as warnings (it does not stop a run); a
+    quarantined node's record is written by the deploy, and its units, like those of a lost member that came back,
+    are stopped and disabled."""
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    files = {host: r.spare_files for host, r in readings.items() if r.spare_files is not None}
+    recorded = merged(parse_substitutions(f.substitutions) for f in files.values())
+    # (a host pyinfra could not connect to is tried once more by the facts: said as the connection error alone)
+    unreachable = {f.host: f.unreachable.removeprefix(runner.LOST_CONNECTION) for f in facts
+                   if f.unreachable is not None}
+    held: dict[str, Quarantine] = {}
+    new_quarantine: dict[str, Quarantine] = {}
+    for f in facts:
+        if f.unreachable is not None or f.host not in files:
+            continue
+        q = Quarantine.from_text(files[f.host].quarantine)
+        if q is not None:
+            held[f.host] = q
+        elif (q := quarantine_for(getattr(f, "health", None), parse_released(files[f.host].released), when)):
+            new_quarantine[f.host] = q
+    if not recorded and not any(SPARES in r.groups for r in wanted.records):
+        # no spares here: an unreachable node or a fatal event fails the preflight as it always did (a node's own
+        # quarantine record still keeps it from running)
+        unreachable, new_quarantine = {}, {}
+    quarantined = {h: q.reason for h, q in {**held, **new_quarantine}.items()}
+    unusable = {h: fs[0].check for h, fs in report.failures_by_host().items()}
+    targets: dict[tuple[tuple[str, tuple[str, ...]], ...], Target] = {}
+
+    def target_of(records: list[HostRecord]) -> Target:
+        key = tuple((r.name, r.groups) for r in records)
+        if records == wanted.records:
+            return wanted
+        if key not in targets:
+            targets[key] = target(records, wanted.inventory, wanted.overrides)
+        return targets[key]
+
+    def placed_of(records: list[HostRecord]) -> dict[str, tuple[str, int]]:
+        layout = target_of(records).layout
+        return places(layout) if layout is not None else {}
+
+    settled = settle(wanted.records, recorded, placed_of, unreachable=unreachable, quarantined=quarantined,
+                     unusable=unusable, when=when)
+    moved = target_of(settled.records)
+    layout = moved.require_layout()
+    moved = replace(moved, layout=replace(layout, spares={h: a for h, a in layout.spares.items()
+                                                          if h in settled.standby}))
+    layout = moved.require_layout()
+    if resolver is not None:   # the first engine host resolves the image's tag: a spare, if it took the head's place
+        resolver = image_resolver(layout)
+    again = {h.name: plan_host(layout, h.name, view, resolver) for h in hosts}
+    changed = [h for h in hosts if h.name not in unreachable and h.name in plans and again[h.name] != plans[h.name]
+               and (layout.on_host(h.name) or h.name == resolver)]
+    if changed:
+        for host, reading in read_again(state, changed, again).items():
+            old = readings.get(host)
+            if old is not None:
+                reading.lock, reading.lock_taken = old.lock, old.lock_taken
+            readings[host] = reading
+    report.results = [CheckResult(r.host, r.check, "warn", f"{r.observed} ({settled.out[r.host]}; it runs "
+                                  "nothing, which stops no run)", r.required, r.fix)
+                      if r.status == "fail" and r.host in settled.out else r for r in report.results]
+    stand_down: dict[str, list[str]] = {}
+    for host in [h.name for h in hosts if not layout.on_host(h.name)]:   # a spare, or a host out: runs nothing
+        found = readings.get(host)
+        if host in unreachable or found is None:
+            continue
+        units = [unit for unit, have in found.installed.items() if have.active != "absent"
+                 and (host in new_quarantine or have.active not in ("inactive",))]
+        if units:
+            stand_down[host] = units
+    return Standing(moved, resolver, settled, {h: q for h, q in new_quarantine.items() if h in settled.out},
+                    stand_down)
 
 
 def _render(wanted: Target, report: PreflightReport) -> Rollout | None:
@@ -367,8 +481,11 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
 
 
 def require_reachable(gathered: Gathered) -> None:
-    """Raise :class:`K3Error` naming every host that could not be reached."""
+    """Raise :class:`K3Error` naming every host that could not be reached (a lost member a spare replaces, or a
+    spare, is none of the rollout's business: see ``gathered.spares``)."""
     down = gathered.preflight.unreachable() if gathered.preflight else {}
+    out = gathered.spares.out if gathered.spares is not None else {}
+    down = {h: why for h, why in down.items() if h not in out}
     if down:
         raise K3Error("cannot reach " + "; ".join(f"{h}: {why}" for h, why in down.items())
                       + ": check the address, SSH key and that the node is up")

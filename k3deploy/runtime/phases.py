@@ -117,6 +117,29 @@ class Context:
         return out
 
     @cached_property
+    def spare_writes(self) -> dict[str, list[Written]]:
+        """host -> the spare records the run writes there: the substitutions in effect (where the host's copy
+        differs, and only once there are any), its new quarantine."""
+        from k3deploy.model.spares import QUARANTINE_FILE, SUBSTITUTIONS_FILE, substitutions_text
+
+        gathered = self.gathered
+        assert gathered is not None
+        settled = gathered.spares
+        if settled is None:
+            return {}
+        cfg = self.rollout.vars.k3_config_dir.rstrip("/")
+        text = substitutions_text(settled.substitutions)
+        out: dict[str, list[Written]] = {}
+        for name, reading in gathered.readings.items():
+            have = reading.spare_files.substitutions if reading.spare_files is not None else None
+            if (settled.substitutions or have is not None) and have != text:
+                out.setdefault(name, []).append(Written(f"{cfg}/{SUBSTITUTIONS_FILE}", text, "644",
+                                                        seen=(sha256(have) if have is not None else None, have)))
+        for name, q in gathered.quarantine.items():
+            out.setdefault(name, []).append(Written(f"{cfg}/{QUARANTINE_FILE}", q.to_json(), "644"))
+        return out
+
+    @cached_property
     def stage_kinds(self) -> set[int]:
         """The kinds of stage step that apply on some host (the others are no operation)."""
         return {step.kind for mine in self.stage_steps.values() for step in mine if step.applies}
@@ -251,6 +274,12 @@ def _build(state: Any) -> Context:
         logger.warning(f"k3deploy: {w}")
     report = gathered.preflight
     assert report is not None
+    if gathered.spares is not None and gathered.spares.unfilled:
+        return _refuse([f"k3deploy: {u.line()}" for u in gathered.spares.unfilled],
+                       f"no spare left for {', '.join(u.lost for u in gathered.spares.unfilled)}: nothing was changed "
+                       "(bring the node back, add a host to the inventory's spares group, or release a quarantined "
+                       "one: k3deploy spares INVENTORY)", 1, lock)
+    _spares_said(state, gathered)
     failing = report.failures_by_host()
     if failing:
         nodes = sorted(h for h in failing if h != CLUSTER)
@@ -293,6 +322,28 @@ def _build(state: Any) -> Context:
     metas = {g: _revision_meta(gathered, g, n, files[g]) for g, n in numbers.items()}
     marks = {g: n for g in r.changed_groups if (n := _serving_revision(gathered, g, numbers, files[g])) is not None}
     return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, launcher=launcher)
+
+
+def _spares_said(state: Any, gathered: Gathered) -> None:
+    """Say once what the spares change in this run: each new substitution and quarantine, each host that runs
+    nothing. A lost member that pyinfra could not connect to, and that a spare replaces, is no failure of the run:
+    it leaves pyinfra's failed hosts (its 'Could not connect' above stays; docs/spares.md)."""
+    settled = gathered.spares
+    if settled is None:
+        return
+    for sub in settled.new:
+        logger.warning(f"k3deploy: {sub.spare} takes {sub.lost}'s place: rank {sub.rank} of group {sub.group} "
+                       f"({sub.why}); recorded on the nodes (substitutions.json), the inventory file is left as it is")
+    for name, q in gathered.quarantine.items():
+        logger.warning(f"k3deploy: {name} is quarantined ({q.reason}): it runs nothing until k3deploy spares "
+                       f"INVENTORY --release {name}")
+    for name, why in settled.out.items():
+        if name not in gathered.quarantine:
+            logger.info(f"--> k3deploy: {name} runs nothing: {why}")
+    failed = getattr(state, "failed_hosts", None)
+    if isinstance(failed, set):
+        for h in [h for h in failed if h.name in settled.out and h.name in settled.lost]:
+            failed.discard(h)
 
 
 # ------------------------------------------------------------------------------------------------ phases
@@ -347,6 +398,7 @@ def configure_phase(ctx: Context) -> None:
     """This host's files, all in one operation (one command): the engine units' helper and, for each unit, the next
     env file (0600) and systemd unit, staged (:func:`_staged`); owner and mode given back to the live ones where
     they drifted. With ``k3_launcher: slurm`` its Slurm files instead (:func:`_configure_jobs`)."""
+    _spare_records(ctx)
     if ctx.launcher.batch:
         _configure_jobs(ctx)
         return
@@ -364,6 +416,24 @@ def configure_phase(ctx: Context) -> None:
     # (on every host, even where nothing is written: pyinfra orders operations by their depth in each host's own
     # sequence first, so every host's sequence keeps the same steps at the same depths)
     write_files(name=CONFIGURE, files=files, restore=drifted(rollout.on_host(me), gathered.installed))
+
+
+def _spare_records(ctx: Context) -> None:
+    """The spares' records on this host (:mod:`k3deploy.model.spares`), where something changes in the deployment
+    (nothing is called otherwise): the substitutions in effect (every host the run reaches keeps them), a new
+    quarantine; then a host that runs nothing has its units stopped and disabled (called on every host, so that
+    every host's sequence keeps the same operations at the same depths)."""
+    gathered = ctx.gathered
+    assert gathered is not None
+    writes = ctx.spare_writes
+    if not writes and not gathered.stand_down:
+        return
+    me = host.name
+    write_files(name="Spare records: substitutions, quarantine", files=writes.get(me, []))
+    if gathered.stand_down:
+        units = gathered.stand_down.get(me, [])
+        script(name="Stand down: the units of a node that runs nothing, stopped and disabled",
+               text=commands.stand_down(units) if units else "", active=bool(units))
 
 
 #: the configure phase's operation (a rolling change's steps name theirs after it)
@@ -546,6 +616,10 @@ def start_phase(ctx: Context) -> None:
                         first=swap if with_start else [], _if=ready,
                         _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
         groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
+        if me.routers and not rolling:
+            # the router starts once the engine groups serve: its host waits for them too, even where none of them
+            # runs on it (a replica whose head moved to a spare), so that its start comes after their gate
+            groups = list(plan.engine_groups)
         if groups:
             python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
                         _if=ready)

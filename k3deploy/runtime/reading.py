@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from pyinfra.api.facts import FactBase
 from pyinfra.api.state import State
 
+from k3deploy.facts.batch import read_batch
 from k3deploy.facts.parallel import each_host
 from k3deploy.facts.rollout import (
     Executable,
@@ -33,6 +34,7 @@ from k3deploy.facts.rollout import (
     WeightsState,
     WeightsStatus,
 )
+from k3deploy.facts.spares import SpareFiles, SpareRecords
 from k3deploy.facts.status import (
     DeployLock,
     EndpointModels,
@@ -82,6 +84,7 @@ class HostReading:
     logs: dict[str, dict[str, str]] = field(default_factory=dict)    # unit -> journal, container log (``log_lines``)
     registry: list[str] | None = None          # the registry's answer for the image's tag (the resolving host)
     slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
+    spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
 
 
 # ------------------------------------------------------------------------------------- the requests
@@ -303,6 +306,17 @@ class ReadSlurmQueue(Request):
         reading.slurm_queue = value
 
 
+@dataclass(frozen=True)
+class ReadSpareRecords(Request):
+    """The node's spare records (:mod:`k3deploy.model.spares`): substitutions in effect, its quarantine."""
+
+    fact = SpareRecords
+    config_dir: str
+
+    def keep(self, value: SpareFiles, reading: HostReading) -> None:
+        reading.spare_files = value
+
+
 # ----------------------------------------------------------------------------------------- the plan
 
 
@@ -376,7 +390,22 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
     if view.log_lines:   # (under Slurm the step output of each unit's job, not a journal)
         out += [ReadLogs(u.unit, u.container, variables.k3_docker, view.log_lines,
                          group_dir(layout, u.group) if slurm else None, host if slurm else None) for u in mine]
+    if not mine:
+        out += standing_by(layout)
+    out.append(ReadSpareRecords(variables.k3_config_dir))
     return HostPlan(host, tuple(out))
+
+
+def standing_by(layout: Rollout) -> list[Request]:
+    """What is read on a host without a unit (a spare, or a member that was lost): whether any of the rollout's
+    units is installed or runs there (it must run nothing), and what it holds of the image and the weights (a
+    spare is staged like an engine host)."""
+    variables = layout.vars
+    seen: dict[str, Request] = {}
+    for u in layout.units:
+        seen.setdefault(u.unit, ReadUnit(u.unit, u.unit_path, u.env_path, None))
+    return [*seen.values(), ReadImage(layout.plan.image, variables.k3_docker),
+            ReadWeights(variables.k3_model_cache, layout.plan.model)]
 
 
 # ---------------------------------------------------------------------------------------- the read
@@ -405,3 +434,16 @@ def read_hosts(state: State, hosts: list[Any], wanted: Target, plans: dict[str, 
 
     both = each_host(state, hosts, one)
     return [facts for facts, _ in both], {r.host: r for _, r in both if r is not None}
+
+
+def read_again(state: State, hosts: list[Any], plans: dict[str, HostPlan]) -> dict[str, HostReading]:
+    """What ``plans`` ask of these (reachable) hosts, without their preflight facts again: after the spares changed
+    who runs what (:mod:`k3deploy.model.spares`), the hosts whose part changed. A host that fails has no reading."""
+    def one(host: Any) -> HostReading | None:
+        plan = plans[host.name]
+        try:
+            return plan.reading(read_batch(state, host, plan.specs()))
+        except Exception:  # the connection went in between: the host is read as failed
+            return None
+
+    return {r.host: r for r in each_host(state, hosts, one) if r is not None}

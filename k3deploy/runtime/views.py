@@ -10,6 +10,7 @@ view                          hosts read   what it adds to the plan and the roll
 :data:`PREFLIGHT`             facts        every check (no plan needed): ``k3deploy preflight``
 :data:`RUNBOOK`               facts        every check, the image's tag pinned to its digest: ``runbook``
 :data:`HISTORY`               + installed  what the hosts run and keep (units, image, weights, revisions, lock)
+:data:`SPARES`                + installed  who stands in for whom, what stands by or is quarantined: ``spares``
 :data:`PLAN`, :data:`DEPLOY`  + health     whether each serving unit answers ``/health``: ``plan``, the deploy
 :data:`STATUS`                + running    each unit as it runs, what the endpoint lists: ``status``
 :func:`bundle`                + logs       the tail of every unit's journal and container log: ``bundle``
@@ -53,6 +54,8 @@ PREFLIGHT = View("preflight", needs_plan=False)
 RUNBOOK = View("runbook", pins_image=True)
 #: ``k3deploy history``: the revisions the hosts keep
 HISTORY = View("history", installed=True)
+#: ``k3deploy spares``: the spares, the quarantined nodes and the substitutions the nodes record
+SPARES = View("spares", installed=True)
 #: ``k3deploy plan``: what a deploy would change
 PLAN = View("plan", installed=True, health=True)
 #: ``pyinfra INVENTORY deploy/k3.py``: what the deploy changes (read inside pyinfra's own run)

@@ -124,6 +124,7 @@ __all__ = [
     "node_memory",
     "parse_fault",
     "parse_layout",
+    "power",
     "reboot",
     "running",
     "set_faults",
@@ -275,6 +276,7 @@ def up(
     image_mb: float = 8.0,
     replicas: int = 1,
     slurm: bool = False,
+    spares: int = 0,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -289,9 +291,13 @@ def up(
     ``slurm``: the nodes run a real Slurm (:mod:`k3deploy.sim.slurm`): slurmctld on rank 0, munged and slurmd on
     every node, partition ``k3``; returns once every node's slurmd has registered (sinfo: idle, unless a fault
     keeps a node out; the result's ``slurm``).
+    ``spares`` K adds K nodes of the same hardware after the ``nodes`` engine nodes (ranks ``nodes`` ..
+    ``nodes + K - 1``), in the inventory group ``spares``.
     """
     say = progress or (lambda _m: None)
     validate_name(name)
+    if spares < 0:
+        raise SimError(f"bad --spares {spares}: give a number of spare nodes >= 0")
     pools = parse_layout(pd_layout, nodes)
     if strategy is not None and strategy != NO_STRATEGY and strategy not in strategies():
         raise SimError(f"unknown strategy {strategy!r}: choose one of {', '.join(sorted(strategies()))}"
@@ -308,6 +314,10 @@ def up(
                        + did_you_mean(hardware, hw_ids))
     if not 1 <= nodes <= MAX_NODES:
         raise SimError(f"bad node count {nodes}: the simulation runs 1 to {MAX_NODES} nodes")
+    if nodes + spares > MAX_NODES:
+        raise SimError(f"bad --spares {spares}: {nodes} nodes and {spares} spares are more than the {MAX_NODES} nodes "
+                       "the simulation runs")
+    engines, nodes = nodes, nodes + spares   # the spares are nodes like the others, after the engine nodes
     if not time_scale > 0:
         raise SimError(f"bad time scale {time_scale}: give a factor > 0, e.g. 0.01")
     for label, value in (("--uplink-mbps", uplink_mbps), ("--cluster-mbps", cluster_mbps)):
@@ -327,8 +337,8 @@ def up(
     for nd in layout(name, subnet, nodes):  # profile and fault errors surface before anything is created
         node_config(hardware, nd.rank, nodes, nd.name, nd.ip, parsed, time_scale, no_uuid)
     asked = strategy
-    strategy, strategy_default = choose_strategy(hardware, nodes // replicas, pools, strategy)
-    per = nodes // replicas
+    strategy, strategy_default = choose_strategy(hardware, engines // replicas, pools, strategy)
+    per = engines // replicas
     strategy_note = (f"strategy: none written (--strategy {NO_STRATEGY})" if asked == NO_STRATEGY else
                      f"strategy: pd_cluster (--layout {pd_layout}: pools of {pools['prefill']} prefill and "
                      f"{pools['decode']} decode nodes fit)" if pools else
@@ -368,7 +378,7 @@ def up(
             shaping = {"uplink_mbps": float(uplink_mbps), "cluster_mbps": float(cluster_mbps),
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
-                                strategy, shaping, cluster_faults, replicas, strategy_default, slurm)
+                                strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -402,6 +412,7 @@ def _up_locked(
     replicas: int = 1,
     strategy_default: bool = False,
     slurm: bool = False,
+    spares: int = 0,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -424,6 +435,7 @@ def _up_locked(
         "inventory": str(sdir / f"{name}.py"),
         "pools": pools,
         "replicas": replicas,
+        "spares": spares,
         "strategy": "pd_cluster" if pools else strategy,
         "strategy_default": strategy_default,
         "key": str(sdir / "id_ed25519"),
@@ -540,6 +552,8 @@ def summary(state: dict[str, Any]) -> dict[str, Any]:
         "nodes": [{"name": r["name"], "ip": r["ip"], "rank": r["rank"]} for r in state["nodes"]],
         "strategy": state.get("strategy"),
     }
+    if state.get("spares"):   # the last nodes, in the inventory group spares
+        res["spares"] = [r["name"] for r in state["nodes"][len(state["nodes"]) - int(state["spares"]):]]
     out = state.get("outside")
     if out:
         res["outside"] = {"ip": out["ip"], "port": out["port"], "names": list(outside.HOSTS)}
@@ -898,29 +912,8 @@ def reboot(
                 say(f"{nd.name} did not stop within {stop_timeout:g} s: reset")
         else:
             say(f"{nd.name} is not running: booting it")
-        # what a reset leaves behind; a clean reboot leaves nspawn's empty cgroups and propagation directory. The
-        # node's own cgroups stay (its v1 memory cgroup keeps the charge of the node's tmpfs pages)
-        cgs = node_cgroups(name, nd.name)
-        processes.kill_cgroups(cgs)
-        for cg in cgs:
-            for sub in [d for d in cg.iterdir() if d.is_dir()] if cg.is_dir() else []:
-                processes.remove_cgroup_tree(sub)
-        processes.remove_nspawn_leftovers(nd.name)
-        if not Path(f"/run/netns/{nd.netns}").exists() or not nd.merged.is_dir():
-            raise SimError(f"node {nd.name} has lost its network namespace or root: run "
-                           f"'k3deploy sim down --name {name}' and up again")
-        umask = os.umask(0o022)
-        try:
-            proc = processes.spawn(name, nd, append_log=True, own_uptime=bool(state.get("slurm")))
-        finally:
-            os.umask(umask)
-        st = processes.proc_stat(proc.pid)
-        rec["pid"], rec["pid_start"] = proc.pid, st[1] if st else None
-        save_state(state)
-        try:
-            _wait_ready(state, [nd], [parse_fault(t) for t in rec.get("faults", [])], boot_timeout)
-        finally:
-            proc.returncode = 0  # the node outlives this process: stop tracking it as a child
+        _clear_node(name, nd)
+        _boot_again(name, state, rec, nd, boot_timeout)
         seconds = time.monotonic() - started
         say(f"{nd.name} up again in {seconds:.1f} s")
         return {
@@ -934,6 +927,93 @@ def reboot(
             "clean": clean,
             "seconds": round(seconds, 3),
         }
+
+
+def _clear_node(name: str, nd: NodeLayout) -> None:
+    """What a stopped node leaves behind: a reset leaves processes in its cgroups, a clean stop nspawn's empty
+    cgroups and propagation directory. The node's own cgroups stay (its v1 memory cgroup keeps the charge of the
+    node's tmpfs pages)."""
+    cgs = node_cgroups(name, nd.name)
+    processes.kill_cgroups(cgs)
+    for cg in cgs:
+        for sub in [d for d in cg.iterdir() if d.is_dir()] if cg.is_dir() else []:
+            processes.remove_cgroup_tree(sub)
+    processes.remove_nspawn_leftovers(nd.name)
+
+
+def _boot_again(name: str, state: dict[str, Any], rec: dict[str, Any], nd: NodeLayout, boot_timeout: float) -> None:
+    """Boot a stopped node through the launch path of ``up``, with the same root, disks, network namespace, address
+    and faults; returns once it answers on SSH (its systemd, under ``sshd-down``)."""
+    if not Path(f"/run/netns/{nd.netns}").exists() or not nd.merged.is_dir():
+        raise SimError(f"node {nd.name} has lost its network namespace or root: run "
+                       f"'k3deploy sim down --name {name}' and up again")
+    umask = os.umask(0o022)
+    try:
+        proc = processes.spawn(name, nd, append_log=True, own_uptime=bool(state.get("slurm")))
+    finally:
+        os.umask(umask)
+    st = processes.proc_stat(proc.pid)
+    rec["pid"], rec["pid_start"] = proc.pid, st[1] if st else None
+    save_state(state)
+    try:
+        _wait_ready(state, [nd], [parse_fault(t) for t in rec.get("faults", [])], boot_timeout)
+    finally:
+        proc.returncode = 0  # the node outlives this process: stop tracking it as a child
+
+
+# --------------------------------------------------------------------------- power
+
+
+def power(
+    name: str,
+    rank: int,
+    on: bool,
+    progress: Progress | None = None,
+    boot_timeout: float | None = None,
+    stop_timeout: float = 15,
+) -> dict[str, Any]:
+    """Power node ``rank`` of a running cluster off, or on again.
+
+    Off: SIGTERM to the node's nspawn, which its systemd takes as a clean poweroff (its units stop); SIGKILL after
+    ``stop_timeout`` seconds. The node's address then answers nothing (its sshd is gone: a connection is refused at
+    once, where a real tray's times out). On: the node boots again as it was (same root, disks, address, faults) and
+    its enabled units start; returns once it answers on SSH (``K3SIM_BOOT_TIMEOUT``, default 90 s). Powering off a
+    node that is off, or on one that is on, does nothing.
+
+    Returns ``{"cluster", "name", "rank", "ip", "power": "on"|"off", "was_on", "at", "seconds"}`` (``at``: the time
+    the node went off, or answered again, as ``time.time()``).
+    """
+    say = progress or (lambda _m: None)
+    validate_name(name)
+    if boot_timeout is None:
+        boot_timeout = float(os.environ.get("K3SIM_BOOT_TIMEOUT", "90"))
+    check_host()
+    with locked(name):
+        state = load_state(name)
+        if state is None or state.get("phase") != "up":
+            raise SimError(f"no simulated cluster {name!r} is up: start one with 'k3deploy sim up --name {name} ...'")
+        n = len(state["nodes"])
+        if not 0 <= rank < n:
+            raise SimError(f"bad rank {rank!r}: cluster {name!r} has node ranks 0..{n - 1}")
+        rec = next(r for r in state["nodes"] if r["rank"] == rank)
+        nd = NodeLayout(rec["name"], rec["rank"], rec["ip"], rec["veth"], Path(rec["dir"]))
+        started = time.monotonic()
+        was_on = processes.ours(rec.get("pid"), rec.get("pid_start"))
+        if not on and was_on:
+            say(f"powering {nd.name} off")
+            processes.stop_nodes([rec], timeout=stop_timeout)
+            _clear_node(name, nd)
+        elif on and not was_on:
+            say(f"powering {nd.name} on")
+            _clear_node(name, nd)
+            _boot_again(name, state, rec, nd, boot_timeout)
+        else:
+            say(f"{nd.name} is {'on' if on else 'off'} already: nothing to do")
+        seconds = time.monotonic() - started
+        if on != was_on:
+            say(f"{nd.name} {'up again' if on else 'off'} in {seconds:.1f} s")
+        return {"cluster": name, "name": nd.name, "rank": nd.rank, "ip": nd.ip, "power": "on" if on else "off",
+                "was_on": was_on, "at": time.time(), "seconds": round(seconds, 3)}
 
 
 # --------------------------------------------------------------------------- runtime faults

@@ -2,7 +2,8 @@
 
 Groups: ``head`` (rank 0) and ``workers`` (with replicas: one head per replica, ``k3_replica`` and ranks within the
 replica on every host), or with a P/D layout (``pd:P,D``) ``prefill``, ``decode`` and
-``router`` (the first prefill node). ``group_vars/all.yml`` holds the selection for ``deploy/k3.py``.
+``router`` (the first prefill node); then ``spares`` (``sim up --spares K``: the last K nodes, no rank).
+``group_vars/all.yml`` holds the selection for ``deploy/k3.py``.
 """
 
 from __future__ import annotations
@@ -37,17 +38,20 @@ def write_inventory(state: dict[str, Any]) -> None:
         "ssh_strict_host_key_checking": "yes",
     }
 
-    def host(rec: dict[str, Any], replica: int | None = None) -> str:
+    def host(rec: dict[str, Any], replica: int | None = None, ranked: bool = True) -> str:
         data = {"ssh_hostname": rec["ip"], "rank": rec["rank"], "k3_ip": rec["ip"], "k3_sim": state["name"]}
+        if not ranked:
+            del data["rank"]
         if replica is not None:
             data["k3_replica"] = replica
         return f"    ({rec['name']!r}, {{**_ssh, **{data!r}}}),\n"
 
-    recs = state["nodes"]
+    count = len(state["nodes"]) - int(state.get("spares") or 0)
+    recs, spare_recs = state["nodes"][:count], state["nodes"][count:]
     pools = state.get("pools")
     head = (
         f'"""pyinfra inventory of the simulated cluster {state["name"]!r} '
-        f'({len(recs)} x {state["hardware"]}), written by k3deploy sim up."""\n\n'
+        f'({len(state["nodes"])} x {state["hardware"]}), written by k3deploy sim up."""\n\n'
         f"_ssh = {ssh!r}\n\n"
     )
     if pools:
@@ -67,6 +71,8 @@ def write_inventory(state: dict[str, Any]) -> None:
         text = head + f"head = [\n{heads}]\n\nworkers = [\n{workers}]\n"
     else:
         text = head + f"head = [\n{host(recs[0])}]\n\nworkers = [\n{''.join(host(r) for r in recs[1:])}]\n"
+    if spare_recs:   # hosts of the same hardware standing by for a lost member (docs/spares.md)
+        text += f"\nspares = [\n{''.join(host(r, ranked=False) for r in spare_recs)}]\n"
     write_atomic(Path(state["inventory"]), text, 0o600)
     # the selection for `pyinfra <inventory> deploy/k3.py`, Ansible-style next to the inventory
     gv = Path(state["inventory"]).parent / "group_vars"

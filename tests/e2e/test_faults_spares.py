@@ -1,0 +1,103 @@
+"""Hot spares end to end, on one simulated cluster of 2 GB300 trays (``multi_node_tp``) and one spare: the spare is
+staged and runs nothing; node2 is powered off; the next deploy run (and nothing else) serves on the spare, in node2's
+rank, and ``status``, ``history``, ``plan`` and ``spares`` show the substitution; node2 powered on again is a spare,
+its units stopped and disabled by the run after. The time from the power-off to the OpenAI client's answer through
+the spare is printed (``pytest -s``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from helpers import deploy, k3, why
+from helpers.simulated import Sim, endpoint_of, openai_client
+
+pytestmark = [pytest.mark.sim, pytest.mark.faults]
+
+UNIT = "k3-engine.service"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    k3("sim", "down", "--name", "ssp", check=False)
+    sim = Sim("ssp", "gb300", 2, "--spares", "1")
+    sim.set_vars("k3_strategy: multi_node_tp\nk3_link_timeout: 10\n")
+    first = deploy(sim.inventory)
+    assert first.returncode == 0, why(first)
+    yield sim
+    sim.down()
+
+
+def test_a_powered_off_member_is_replaced_by_the_spare_on_the_next_run(cluster):
+    sim = cluster
+    node1, node2, spare = (n["name"] for n in sim.info["nodes"])
+    assert "spares = [" in open(sim.inventory).read()
+    listed = json.loads(k3("spares", sim.inventory, "--json", check=True).stdout)
+    assert [(h["host"], h["state"]) for h in listed["hosts"]] == [(spare, "standing by")]
+    assert sim.ssh(2, f"systemctl is-active {UNIT}").stdout.strip() != "active"          # it runs nothing
+    assert sim.ssh(2, "docker image ls -q | head -1").stdout.strip()                      # but it holds the image
+
+    off = json.loads(k3("sim", "power", sim.name, "1", "off", "--json", check=True).stdout)
+    assert off["power"] == "off" and off["was_on"]
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, why(run)
+    assert f"{spare} takes {node2}'s place: rank 1 of group engine (unreachable" in run.stdout
+    answer = openai_client(endpoint_of(run.stdout))
+    seconds = time.time() - off["at"]
+    print(f"\nnode2 powered off -> serving again on the spare (one deploy run, the OpenAI client's answer): "
+          f"{seconds:.1f} s")
+    assert "Generated text: " in answer
+
+    st = k3("status", sim.inventory, "--json")
+    assert st.returncode == 0, st.stdout + st.stderr                                      # serving
+    data = json.loads(st.stdout)
+    assert [(u["host"], u["rank"]) for g in data["groups"] for u in g["units"]] == [(node1, 0), (spare, 1)]
+    assert node2 not in data["unreachable"]
+    subs = data["spares"]["substitutions"]
+    assert [(s["group"], s["rank"], s["lost"], s["spare"], s["new"]) for s in subs] == [
+        ("engine", 1, node2, spare, False)]
+    assert f"spares: group engine rank 1: {spare} in place of {node2} (unreachable" in k3("status",
+                                                                                         sim.inventory).stdout
+    history = json.loads(k3("history", sim.inventory, "--json", check=True).stdout)
+    assert [s["spare"] for s in history["groups"]["engine"]["substitutions"]] == [spare]
+    plan = k3("plan", sim.inventory, "--json")
+    assert plan.returncode == 0, plan.stdout + plan.stderr                                # nothing left to change
+    assert json.loads(plan.stdout)["spares"]["substitutions"][0]["spare"] == spare
+    assert f"spares: group engine rank 1: {spare} in place of {node2}" in k3("plan", sim.inventory).stdout
+    assert "spares =" in open(sim.inventory).read() and spare in open(sim.inventory).read().split("spares =")[1]
+
+
+def test_the_lost_member_back_is_a_spare_and_runs_nothing(cluster):
+    sim = cluster
+    _, node2, spare = (n["name"] for n in sim.info["nodes"])
+    k3("sim", "power", sim.name, "1", "on", check=True)
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, why(run)
+    assert sim.ssh(1, f"systemctl is-active {UNIT}").stdout.strip() != "active"
+    assert sim.ssh(1, f"systemctl is-enabled {UNIT}").stdout.strip() == "disabled"
+    listed = json.loads(k3("spares", sim.inventory, "--json", check=True).stdout)
+    assert {h["host"]: h["state"] for h in listed["hosts"]} == {spare: "in use", node2: "standing by"}
+    assert k3("status", sim.inventory).returncode == 0
+
+
+def test_a_quarantined_head_is_replaced_stood_down_and_released(cluster):
+    sim = cluster
+    node1, node2, spare = (n["name"] for n in sim.info["nodes"])
+    sim.ssh(0, "echo 'drained by hand: fan failure' > /etc/k3deploy/quarantine")   # as an operator would
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, why(run)
+    assert f"{node2} takes {node1}'s place: rank 0 of group engine (quarantined: drained by hand" in run.stdout
+    answer = openai_client(endpoint_of(run.stdout))                     # the endpoint moved with the head
+    assert "Generated text: " in answer and sim.info["nodes"][1]["ip"] in endpoint_of(run.stdout)
+    assert sim.ssh(0, f"systemctl is-active {UNIT}").stdout.strip() != "active"
+    assert sim.ssh(0, f"systemctl is-enabled {UNIT}").stdout.strip() == "disabled"
+    listed = json.loads(k3("spares", sim.inventory, "--json", check=True).stdout)
+    assert [(q["host"], q["recorded"]) for q in listed["quarantined"]] == [(node1, True)]
+    out = k3("spares", sim.inventory, "--release", node1, check=True)
+    assert f"released {node1} (drained by hand: fan failure)" in out.stdout
+    listed = json.loads(k3("spares", sim.inventory, "--json", check=True).stdout)
+    assert {h["host"]: h["state"] for h in listed["hosts"]} == {node2: "in use", spare: "in use",
+                                                               node1: "standing by"}
+    assert json.loads(k3("status", sim.inventory, "--json").stdout)["verdict"] == "serving"
