@@ -36,7 +36,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     (what a host has), model/diff.py (what would change), model/secrets.py (what is never shown),
     model/commands.py (every shell command the rollout runs), model/steps.py (what a rollout does per host: stage,
     configure, restart, smoke; rendered as operations and as the runbook), model/runbook/ (the rollout as a runbook),
-    model/revisions.py (numbered revisions per group, for history and rollback), model/staging.py (the image and
+    model/revisions.py (numbered revisions per group, for history and rollback), model/slo.py (the SLO gate:
+    p95s from vLLM's /metrics histograms, the targets, the verdict, the gate a restart gets), model/staging.py
+    (the image and
     the weights over the uplink once, then node to node), model/images.py (a tag resolved to one digest per
     rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
     group and cluster), model/health.py (hardware-health events: XID, ECC, row remap, NVLink, NPU health, and
@@ -54,6 +56,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     loaded, hosts connected and disconnected), runtime/reading.py (the typed plan of what each host is asked, and
     its typed reading),
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
+    runtime/slo.py (the SLO gate run: the probe load, the canary against a replica on the previous revision,
+    going back to a recorded revision),
     runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply),
     runtime/lock.py (the deployment lock: one run at a time changes a cluster), runtime/launchers.py (what starts
     the groups: systemd units or, with k3_launcher: slurm, one Slurm batch job per group).

@@ -13,6 +13,7 @@ import click
 from k3deploy.cli.common import echo_json, json_option, read_cluster
 from k3deploy.model.revisions import GroupHistory, changes, masked_variables
 from k3deploy.model.secrets import secret_values
+from k3deploy.model.slo import Figures, read_record
 
 
 @click.command("history")
@@ -21,7 +22,8 @@ from k3deploy.model.secrets import secret_values
 def history(inventory: str, as_json: bool) -> None:
     """List each group's revisions: number, when, image, what was deployed, what changed since the revision
     before it (image, selection, each variable changed with the file that sets it; the first revision: the variables
-    that differed from their defaults; secrets masked; --json has every variable too), which revision runs now, and
+    that differed from their defaults; secrets masked; --json has every variable too), the SLO gate's figures where
+    it measured the revision (TTFT and ITL at p95, failed requests, the load, hit or miss), which revision runs now, and
     whether each can be restored: only a revision every host of the group holds (its directory, with its unit
     and env files) can;
     otherwise the hosts that lack it are named. Read-only.
@@ -63,7 +65,7 @@ def history(inventory: str, as_json: bool) -> None:
             console.print(f"group {g}: no revision recorded yet (the first rollout that restarts it records one)")
             continue
         table = Table("rev", "created", "image", "deployed", "changed since the revision before", "restorable",
-                      title=f"group {g}", title_justify="left")
+                      "SLO gate (p95)", title=f"group {g}", title_justify="left")
         for n in h.numbers:
             rev = shown(h, n, values)
             mark = f"{n} (current)" if n == h.current else str(n) if rev["served"] else f"{n} (never served)"
@@ -71,7 +73,7 @@ def history(inventory: str, as_json: bool) -> None:
             table.add_row(mark, rev["created"], image, rev["summary"] + (f"; {rev['note']}" if rev["note"] else ""),
                           "\n".join(rev["changes"]),
                           "yes" if rev["restorable"] else f"no: {', '.join(rev['missing_on'])} "
-                          f"{'lacks' if len(rev['missing_on']) == 1 else 'lack'} its files")
+                          f"{'lacks' if len(rev['missing_on']) == 1 else 'lack'} its files", slo_cell(rev["slo"]))
         console.print(table)
         for n in h.numbers:
             if not h.restorable(n):
@@ -91,5 +93,26 @@ def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, An
     previous = history.revisions[max(older)] if older else None
     rev["changes"] = changes(previous, history.revisions[number], values)
     rev["since"] = max(older) if older else None
+    figures, record = read_record(history.figures[number]) if number in history.figures else (None, {})
+    rev["slo"] = {**record, "figures": figures.to_json()} if figures is not None else None
     return rev
+
+
+def slo_cell(record: dict[str, Any] | None) -> str:
+    """The SLO gate's figures of a revision, for the table: what it measured, the verdict, under which load.
+
+    >>> slo_cell(None)
+    '-'
+    >>> slo_cell({"figures": Figures(20, 0, 45.0, 24.25).to_json(), "verdict": "miss",
+    ...           "load": {"requests": 20, "concurrency": 4, "prompt_tokens": 256, "output_tokens": 64}})
+    'miss: TTFT p95 45.0 ms, ITL p95 24.2 ms, 0 of 20 requests failed\\n(20 requests, 4 at a time, 256/64 tokens)'
+    """
+    if not record:
+        return "-"
+    figures = Figures.from_json(record["figures"])
+    load = record.get("load") or {}
+    verdict = record.get("verdict") or "measured"
+    under = (f"\n({load['requests']} requests, {load['concurrency']} at a time, {load['prompt_tokens']}/"
+             f"{load['output_tokens']} tokens)" if load else "")
+    return f"{verdict}: {figures.line()}{under}"
 

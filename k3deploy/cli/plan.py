@@ -44,6 +44,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     """
     from k3deploy.cli.common import read_cluster
     from k3deploy.model.diff import build, render_jobs_text, render_text
+    from k3deploy.model.slo import plan_gate
     from k3deploy.runtime.gather import require_reachable
     from k3deploy.runtime.views import PLAN
 
@@ -61,6 +62,8 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     slurm = rollout.vars.k3_launcher == "slurm"
     report = jobs_plan(gathered) if slurm else build(rollout, gathered.installed, gathered.helpers)
     report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
+    gate = plan_gate(rollout, rollback=bool(gathered.rollback_to))
+    report.gate = gate.lines() if gate is not None and report.has_changes else []
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
     for host, rows in failures.items():
@@ -75,6 +78,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         data = report.to_dict()
         data["preflight_failures"] = failures
         data["lock"] = gathered.lock_lines()
+        data["slo_gate"] = gate.to_json() if gate is not None and report.has_changes else None
         data["group_vars"], data["variables"] = first.files, first.listing()
         res = gathered.resolution
         data["image"] = {"image": rollout.plan.image, "tag": res.image if res else None,

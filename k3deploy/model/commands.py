@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Sequence
 
 from k3deploy.model.images import run_ref
+from k3deploy.model.slo import FAMILIES, FIGURES_FILE
 
 #: what one poll of a unit (:func:`probe`) exits with
 PROBE_READY, PROBE_FAILED, PROBE_STARTING = 0, 1, 2
@@ -696,7 +697,8 @@ def list_revisions(directory: str) -> str:
     d = shlex.quote(directory)
     return (f"echo \"K3_CURRENT=$(cat {d}/current 2>/dev/null)\"; for m in {d}/*/meta.json; do "
             f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; echo; "
-            f"echo \"K3_KEPT=$(ls -A \"${{m%/meta.json}}\" | tr '\\n' ' ')\"; done")
+            f"echo \"K3_KEPT=$(ls -A \"${{m%/meta.json}}\" | tr '\\n' ' ')\"; f=\"${{m%/meta.json}}/{FIGURES_FILE}\"; "
+            f"[ ! -f \"$f\" ] || printf '%s\\n' \"K3_SLO=$(tr -d '\\n' < \"$f\")\"; done")
 
 
 def record_revision(directory: str, number: int, files: Sequence[tuple[str, str]], meta: str) -> str:
@@ -839,3 +841,110 @@ def release_quarantine(config_dir: str, quarantine: str, released: str, released
     return (f"umask 022 && install -d {shlex.quote(d)} && "
             f"install -m 0644 /dev/stdin {shlex.quote(d + '/' + released)} <<'{tag}' && "
             f"rm -f {shlex.quote(d + '/' + quarantine)}\n{released_text}{tag}")
+
+
+# ---------------------------------------------------------------------------------------------- SLO gate
+
+#: the probe load's client (python3 on the node, as the smoke test's): each engine's ``/metrics`` (the gate's families
+#: only) before; the requests, ``concurrency`` at a time, each a streamed completion whose time to its first token the
+#: client notes; ``/metrics`` after, once the engines counted the finished requests (5 s at most); one line of JSON
+_PROBE = r"""
+import json, sys, threading, time, urllib.request
+a = json.loads(sys.argv[1])
+def metrics(u):
+    try:
+        with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
+            t = r.read().decode("utf-8", "replace")
+    except Exception:
+        return ""
+    return "\n".join(x for x in t.splitlines() if x.startswith(tuple(a["families"])))
+def finished(texts):
+    return sum(float(x.split()[-1]) for t in texts for x in t.splitlines() if x.startswith(a["families"][-1] + "{"))
+body = json.dumps({"model": a["model"], "prompt": " ".join(["hello"] * a["prompt"]), "max_tokens": a["output"],
+                   "ignore_eos": True, "stream": True}).encode()
+def one():
+    t0, first, done = time.monotonic(), None, False
+    try:
+        q = urllib.request.Request(a["url"] + "/v1/completions", data=body,
+                                   headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(q, timeout=a["timeout"]) as r:
+            for line in r:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                c = json.loads(data).get("choices") or [{}]
+                if first is None and c[0].get("text"):
+                    first = time.monotonic() - t0
+    except Exception as e:
+        return {"ok": False, "error": str(e)[:200]}
+    if not done or first is None:
+        return {"ok": False, "error": "the stream ended before its last event"}
+    return {"ok": True, "ttft": first}
+todo, results, lock = list(range(a["requests"])), [], threading.Lock()
+def work():
+    while True:
+        with lock:
+            if not todo:
+                return
+            todo.pop()
+        r = one()
+        with lock:
+            results.append(r)
+before = {u: metrics(u) for u in a["metrics"]}
+threads = [threading.Thread(target=work) for _ in range(a["concurrency"])]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ok, end = sum(1 for r in results if r["ok"]), time.monotonic() + 5
+while True:
+    after = {u: metrics(u) for u in a["metrics"]}
+    if finished(after.values()) - finished(before.values()) >= ok or time.monotonic() > end:
+        break
+    time.sleep(0.2)
+print("K3_SLO=" + json.dumps({"before": before, "after": after, "results": results}))
+"""
+
+
+def slo_probe(url: str, metrics: Sequence[str], model: str, requests: int, concurrency: int, prompt_tokens: int,
+              output_tokens: int, timeout: int = 300) -> str:
+    """The SLO gate's probe load on one group, from one of its nodes (python3, as :func:`smoke_test`): ``requests``
+    streamed completions through ``url`` (the group's own endpoint), ``concurrency`` at a time, each a prompt of
+    ``prompt_tokens`` words and exactly ``output_tokens`` tokens out (``ignore_eos``); the time to each one's first
+    token as the client saw it; the ``/metrics`` of each of the group's serving engines (``metrics``) before and
+    after. Prints one line, ``K3_SLO={json}`` (read by :func:`k3deploy.model.slo.parse_probe`).
+
+    >>> text = slo_probe("http://10.0.0.1:8000", ["http://10.0.0.1:8000"], "kimi-k3", 20, 4, 256, 64)
+    >>> text.startswith("python3 -c ") and '"concurrency": 4' in text
+    True
+    """
+    args = {"url": url.rstrip("/"), "metrics": [m.rstrip("/") for m in metrics], "model": model,
+            "requests": int(requests), "concurrency": int(concurrency), "prompt": int(prompt_tokens),
+            "output": int(output_tokens), "timeout": int(timeout), "families": list(FAMILIES)}
+    return f"python3 -c {shlex.quote(_PROBE.strip())} {shlex.quote(json.dumps(args))}"
+
+
+def restore_files(pairs: Sequence[tuple[str, str]]) -> str:
+    """Put a recorded revision's files back in place (``(kept, live)`` pairs: the copy in the revision's directory,
+    the live path), each with the mode it was kept with; every kept file is checked before the first one is copied.
+
+    >>> restore_files([("/etc/k3deploy/revisions/engine-r0/3/k3-engine.env", "/etc/k3deploy/k3-engine.env")])
+    '{ [ -f /etc/k3deploy/revisions/engine-r0/3/k3-engine.env ] || { echo ... exit 1; }; } && cp -p ...'
+    """
+    if not pairs:
+        return ""
+    check = " && ".join(f"[ -f {shlex.quote(k)} ]" for k, _ in pairs)
+    copies = " && ".join(f"cp -p {shlex.quote(k)} {shlex.quote(live)}" for k, live in pairs)
+    missing = "the previous revision's files are missing on this node: it cannot go back to them"
+    return f"{{ {check} || {{ echo {shlex.quote(missing)} >&2; exit 1; }}; }} && {copies}"
+
+
+def record_figures(directory: str, number: int, record: str) -> str:
+    """Keep the SLO gate's record (:func:`k3deploy.model.slo.figures_record`, one line of JSON) in revision
+    ``number``'s directory of a group (``slo.json``), where this node keeps that revision."""
+    d = shlex.quote(f"{directory}/{int(number)}")
+    return f"[ ! -d {d} ] || printf '%s\\n' {shlex.quote(record)} > {d}/{FIGURES_FILE}"

@@ -228,6 +228,7 @@ class PlanReport:
     steps: list[list[str]] = field(default_factory=list)  # a rolling change: the replicas restarted in each step
     router_missing: list[str] = field(default_factory=list)  # replicas that serve but the router leaves out
     jobs: list[dict[str, Any]] | None = None   # k3_launcher: slurm: per group, what happens to its job (None: systemd)
+    gate: list[str] = field(default_factory=list)   # the SLO gate the restart gets, for people (empty: none)
 
     @property
     def has_changes(self) -> bool:
@@ -563,6 +564,9 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
         lines += [f"  {i}. {name}: {'; '.join(items)}" for i, (name, items) in enumerate(phases, 1)]
     else:
         lines.append("Restart: nothing restarts")
+    if report.gate:
+        lines.append("SLO gate (docs/gate.md):")
+        lines += [f"  {line}" for line in report.gate]
     for note in report.notes:
         lines.append(f"note: {note}")
     n_hosts = len([h for h in report.hosts if h.changes])

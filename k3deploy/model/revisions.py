@@ -66,6 +66,7 @@ class GroupHistory:
     hosts: list[str] = field(default_factory=list)
     held: dict[int, list[str]] = field(default_factory=dict)
     marked: set[int] = field(default_factory=set)   # revisions a host marked served (``served`` in its directory)
+    figures: dict[int, str] = field(default_factory=dict)   # revision -> its SLO gate's record (``slo.json``)
 
     def served(self, number: int) -> bool:
         """The group served revision ``number`` once. A revision is recorded when its restart begins, so one whose
@@ -122,6 +123,8 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
         for n, rev in h.revisions.items():
             out.revisions.setdefault(n, rev)
         out.marked |= h.marked
+        for n, record in h.figures.items():
+            out.figures.setdefault(n, record)
     for n, rev in out.revisions.items():
         out.held[n] = [host for host, h in listed if n in h.revisions and holds(rev, host, h.kept.get(n))]
     return out
@@ -248,21 +251,30 @@ def sha256(text: str) -> str:
 
 def parse_listing(lines: list[str]) -> GroupHistory:
     """The output of :func:`k3deploy.model.commands.list_revisions` (``K3_CURRENT=``, then per revision
-    ``K3_META=<path>``, its JSON and ``K3_KEPT=`` the files of its directory) -> the group's history on that host.
-    Unreadable entries are skipped."""
+    ``K3_META=<path>``, its JSON, ``K3_KEPT=`` the files of its directory and, where the SLO gate measured it,
+    ``K3_SLO=`` its record on one line) -> the group's history on that host. Unreadable entries are skipped.
+
+    >>> meta = Revision(group="engine", number=1, created="t", image="img", summary="s").to_json()
+    >>> h = parse_listing(["K3_CURRENT=1", "K3_META=/etc/k3deploy/revisions/engine/1/meta.json",
+    ...                    *meta.splitlines(), "K3_KEPT=meta.json slo.json", 'K3_SLO={"figures": {}}'])
+    >>> h.current, h.numbers, h.figures
+    (1, [1], {1: '{"figures": {}}'})
+    """
     history = GroupHistory(group="")
-    chunks: list[tuple[list[str], list[str]]] = []
+    chunks: list[tuple[list[str], list[str], list[str]]] = []
     for line in lines:
         if line.startswith("K3_CURRENT="):
             value = line[len("K3_CURRENT="):].strip()
             history.current = int(value) if value.isdigit() else None
         elif line.startswith("K3_META="):
-            chunks.append(([], []))
+            chunks.append(([], [], []))
         elif line.startswith("K3_KEPT=") and chunks:
             chunks[-1][0].extend(line[len("K3_KEPT="):].split())
+        elif line.startswith("K3_SLO=") and chunks:
+            chunks[-1][2].append(line[len("K3_SLO="):])
         elif chunks:
             chunks[-1][1].append(line)
-    for kept, body in chunks:
+    for kept, body, figures in chunks:
         try:
             rev = Revision.from_json("\n".join(body))
         except (ValueError, TypeError):
@@ -271,5 +283,7 @@ def parse_listing(lines: list[str]) -> GroupHistory:
         history.kept[rev.number] = kept
         if "served" in kept:
             history.marked.add(rev.number)
+        if figures:
+            history.figures[rev.number] = figures[-1]
         history.group = rev.group
     return history

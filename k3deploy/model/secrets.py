@@ -3,13 +3,16 @@ history, resolve, the runbook, status, bundle, the deploy's diffs and the revisi
 
 A name is secret when it contains ``TOKEN``, ``SECRET``, ``PASSWORD``, ``PASSWD``, ``CREDENTIAL``, ``PRIVATE`` or
 ``API_KEY``, or ends in ``_KEY`` (any case); a name ending in ``_FILE``, ``_PATH`` or ``_DIR`` (and pyinfra's
-``ssh_key`` setting, a key file) names where a secret is kept, not the secret, and is shown. A secret's value is
+``ssh_key`` setting, a key file) names where a secret is kept, not the secret, and is shown, as is a name ending
+in ``_TOKENS`` (a count of tokens: ``MAX_TOKENS``, ``k3_slo_output_tokens``). A secret's value is
 shown as ``****`` wherever it appears: an env file line, an env mapping, a variables listing (``k3_extra_env``'s
 entries, a setting such as ``ssh_password``), an argv that sets an env (``-e NAME=value``), a recorded ``repr`` of a
 mapping.
 
     >>> mask_line("HF_TOKEN=hf_abc"), mask_line("NCCL_DEBUG=INFO"), mask_line("HF_TOKEN_PATH=/run/secrets/hf")
     ('HF_TOKEN=****', 'NCCL_DEBUG=INFO', 'HF_TOKEN_PATH=/run/secrets/hf')
+    >>> is_secret("k3_slo_output_tokens"), is_secret("HF_TOKENS_FILE"), is_secret("MY_TOKEN")
+    (False, False, True)
     >>> mask_env({"DB_PASSWORD": "hunter2", "NCCL_DEBUG": "INFO"})
     {'DB_PASSWORD': '****', 'NCCL_DEBUG': 'INFO'}
     >>> mask_argv(["docker", "run", "-e", "MY_API_KEY=abc", "--env=DB_PASSWD=x", "-e", "A=1", "img"])
@@ -30,6 +33,8 @@ from typing import Any
 SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|API_KEY|_KEY$)", re.I)
 #: secret-looking names that say where a secret is kept (a path), not the secret itself
 REFERENCE = re.compile(r"(?i:_FILE|_PATH|_DIR)$|^ssh_key$")
+#: names that count tokens, not secrets
+COUNT = re.compile(r"(?i:_TOKENS)$")
 MASK = "****"
 _ENV_FLAGS = ("-e", "--env")
 _ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")   # an env setting as an argv word (after -e, or as env takes it)
@@ -38,7 +43,7 @@ _QUOTED = re.compile(r"""(?P<q>['"])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P=q)(?P<se
 
 
 def is_secret(name: str) -> bool:
-    return bool(SECRET.search(name)) and not REFERENCE.search(name)
+    return bool(SECRET.search(name)) and not REFERENCE.search(name) and not COUNT.search(name)
 
 
 def mask_value(name: str, value: str | None) -> str | None:

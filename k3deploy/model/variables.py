@@ -252,6 +252,37 @@ class Variables(BaseModel):
         "`k3deploy watch --repair`: the longest wait between two repairs of a group that stays down."))
     k3_smoke_test: bool = Field(True, description=(
         "Send one short chat completion through the public endpoint after the rollout."))
+    # SLO gate and canary (docs/gate.md)
+    k3_slo_gate: Literal["auto", "on", "off"] = Field("auto", description=(
+        "The SLO gate: once a restarted group serves, a probe load (`k3_slo_requests`, ...) through its own endpoint, "
+        "judged by time to first token and inter-token latency at p95 (the engines' `/metrics` histograms) and "
+        "failed requests. `auto` = on for a rolling change over replicas: the first replica of the roll (the canary) "
+        "against a replica still on the previous revision, under the same load, before it is put back into the "
+        "router; a canary that misses goes back to its previous revision and the roll stops. `on` = also a single "
+        "group (against its previous revision's recorded figures and the absolute targets; `k3_auto_rollback`); "
+        "`off` = never. A rollback (`k3_rollback`) is not gated."))
+    k3_slo_relative: float | None = Field(1.5, ge=1.0, description=(
+        "The gate's relative target: TTFT and ITL at p95 at most this many times the baseline's (the replicas still "
+        "on the previous revision, or its recorded figures); null = absolute targets only."))
+    k3_slo_ttft_p95_ms: float | None = Field(None, gt=0, description=(
+        "Absolute target of the gate: time to first token at p95, in milliseconds, under the probe load; default: "
+        "none."))
+    k3_slo_itl_p95_ms: float | None = Field(None, gt=0, description=(
+        "Absolute target of the gate: inter-token latency at p95, in milliseconds, under the probe load; default: "
+        "none."))
+    k3_slo_requests: int = Field(20, ge=1, le=10000, description=(
+        "Requests of the gate's probe load (streamed completions; any that fails misses the gate)."))
+    k3_slo_concurrency: int = Field(4, ge=1, le=1024, description=(
+        "Requests of the probe load in flight at once."))
+    k3_slo_prompt_tokens: int = Field(256, ge=1, le=1000000, description=(
+        "Prompt length of each probe request, in tokens (words of one token each)."))
+    k3_slo_output_tokens: int = Field(64, ge=2, le=100000, description=(
+        "Tokens each probe request generates (exactly: `ignore_eos`)."))
+    k3_auto_rollback: bool = Field(False, description=(
+        "A single group (no replicas) that misses the gate (`k3_slo_gate: on`) goes back to its previous revision "
+        "at once (stopped, restored, started: the endpoint is down for another restart); false = it keeps serving "
+        "the change and the run exits non-zero with the figures (roll back with `--data k3_rollback=true`). A "
+        "canary always goes back (docs/gate.md)."))
     # launcher: systemd units (default) or Slurm batch jobs (docs/slurm.md)
     k3_launcher: Literal["systemd", "slurm"] = Field("systemd", description=(
         "What starts the engines: `systemd` = one unit per node (`k3_unit_name`); `slurm` = each engine group (each "

@@ -37,6 +37,7 @@ from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, sha256
 from k3deploy.model.rollout import Rollout, StartPlan, UnitWork
+from k3deploy.model.slo import GatePlan, plan_gate
 from k3deploy.model.staging import engines as stage_engines
 from k3deploy.model.staging import summary
 from k3deploy.model.steps import Step
@@ -45,6 +46,7 @@ from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import oporder
+from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.gather import Gathered, gather_in_run
 from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
@@ -61,6 +63,7 @@ from k3deploy.runtime.operations import (
     write_files,
 )
 from k3deploy.runtime.readiness import Failure, wait_group
+from k3deploy.runtime.slo import Outcome
 
 oporder.install()  # pyinfra's op identities, without reading every frame's source (see the module)
 _lock = gevent.lock.RLock()
@@ -92,6 +95,9 @@ class Context:
     marks: dict[str, int] = field(default_factory=dict)    # group -> the revision marked current once it serves
     plans: dict[int, StartPlan] = field(default_factory=dict)   # restart step -> how its groups restart, per host
     launcher: Systemd | Slurm = field(default_factory=Systemd)   # what starts the groups (k3_launcher), chosen once
+    gate: GatePlan | None = None          # the SLO gate of this run's restart (None: not gated)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)   # group -> what the SLO gate found
+    reverted: set[str] = field(default_factory=set)   # groups the gate took back to their previous revision
 
     @property
     def rollout(self) -> Rollout:
@@ -172,6 +178,14 @@ class Context:
         result = self.gates.get(group)
         return result is not None and result.ready() and result.get() is None
 
+    def keeps(self, group: str) -> bool:
+        """The group serves what this run started it with (the SLO gate did not take it back)."""
+        return self.serves(group) and group not in self.reverted
+
+    def missed(self) -> bool:
+        """A group missed the SLO gate in this run."""
+        return any(not o.ok for o in self.outcomes.values())
+
     def failed_members(self, groups: list[str]) -> list[str]:
         """The hosts of these groups that failed an earlier step of this run (pyinfra dropped them)."""
         failed = {h.name for h in getattr(self.state, "failed_hosts", ())}
@@ -186,6 +200,12 @@ class Context:
         only when no member of its groups failed an earlier step (the stage, the configure phase, a gate). A
         group held back keeps running what it ran (its recorded revision); the reason is said once."""
         with _lock:
+            missed = [o.group for o in self.outcomes.values() if not o.ok]
+            if step not in self.begun and missed and self.gate is not None and self.gate.kind == "canary":
+                self.begun[step] = False
+                logger.error(f"--> k3deploy: the roll stops here: the canary {', '.join(missed)} missed the SLO "
+                             f"gate (its figures are above, and again at the end); {', '.join(groups)} "
+                             f"keep{'s' if len(groups) == 1 else ''} running the previous revision")
             if step not in self.begun:
                 down = self.failed_members(groups)
                 self.begun[step] = not down
@@ -321,7 +341,12 @@ def _build(state: Any) -> Context:
                if g not in gathered.rollback_to}
     metas = {g: _revision_meta(gathered, g, n, files[g]) for g, n in numbers.items()}
     marks = {g: n for g in r.changed_groups if (n := _serving_revision(gathered, g, numbers, files[g])) is not None}
-    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, launcher=launcher)
+    gate = plan_gate(r, rollback=bool(gathered.rollback_to))
+    if gate is not None:
+        logger.info(f"--> k3deploy: SLO gate ({'a canary' if gate.kind == 'canary' else 'the group'}): "
+                    + "; ".join(gate.lines()))
+    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, launcher=launcher,
+                   gate=gate)
 
 
 def _spares_said(state: Any, gathered: Gathered) -> None:
@@ -625,6 +650,11 @@ def start_phase(ctx: Context) -> None:
                         _if=ready)
         engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
                                 [*(f"add {j}" for j in range(i)), f"remove {i}"] if rolling else [])
+        gate = ctx.gate
+        if gate is not None and i == 0 and (gate.kind == "group" or (rolling and router is not None)):
+            # on every host (it does something on one host only), before the replica is put back into the router
+            python.call(name=f"SLO gate: {gate.kind_title}{step}", function=_slo_gate, ctx=ctx,
+                        _if=partial(_both, name == _gate_host(ctx), engines_serve))
         if rolling and router is not None:   # on every host, as the step's last operation (see its first)
             python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
                         key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout),
@@ -633,6 +663,9 @@ def start_phase(ctx: Context) -> None:
             start_units(name="Start router", units=me.routers, _if=engines_serve)
             python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"], _if=engines_serve)
     _record(ctx)
+    if ctx.gate is not None:
+        python.call(name="SLO gate: the verdict", function=_slo_verdict, ctx=ctx,
+                    _if=partial(_both, name == _gate_host(ctx), ctx.missed))
 
 
 def _start_jobs(ctx: Context) -> None:
@@ -760,6 +793,99 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
     return ok
 
 
+def _gate_host(ctx: Context) -> str | None:
+    """The host that runs the SLO gate's operations: the router's with a canary, else the gated group's head's."""
+    gate, r = ctx.gate, ctx.rollout
+    if gate is None:
+        return None
+    if gate.kind == "canary":
+        return next((u.host for u in r.units if u.group == "router"), None)
+    return r.group(gate.groups[0])[0].host if r.group(gate.groups[0]) else None
+
+
+def _slo_gate(state: Any, host: Any, ctx: Context) -> bool:
+    """The SLO gate (:mod:`k3deploy.runtime.slo`): the canary groups against a replica on the previous revision, or
+    each gated group against its previous revision's recorded figures. A canary that misses goes back to its
+    previous revision here (so that the next operation puts it back into the router); a single group that misses
+    goes back with ``k3_auto_rollback``. The verdict (and the run's exit) comes at the end of the phase
+    (:func:`_slo_verdict`): this operation fails only where going back failed."""
+    gate, gathered = ctx.gate, ctx.gathered
+    assert gate is not None and gathered is not None
+    hosts = {h.name: h for h in state.inventory}
+    r = ctx.rollout
+    if not any(g in ctx.numbers for g in gate.groups):
+        logger.info(f"[{host.name}] SLO gate: {', '.join(gate.groups)} restarted with the files of a recorded "
+                    "revision (a repair, not a change): nothing to judge")
+        return True
+    if gate.kind == "canary":
+        outcomes = slo_gate.canary(hosts, r, gate, ctx.numbers, gathered.history)
+    else:
+        outcomes = [slo_gate.single(hosts, r, gate, g, ctx.numbers.get(g), gathered.history.get(g))
+                    for g in gate.groups if ctx.serves(g)]
+    ok = True
+    for o in outcomes:
+        ctx.outcomes[o.group] = o
+        for line in o.report().splitlines():
+            (logger.info if o.ok else logger.warning)(f"[{host.name}] {line}")
+        if o.ok or (gate.kind == "group" and not gate.auto_rollback):
+            continue
+        h = gathered.history.get(o.group)
+        number = h.current if h is not None else None
+        if number is None or not h or not h.restorable(number):
+            o.notes.append("there is no recorded revision every node of the group holds to go back to: the group "
+                           "is left as it is" + (", out of the router" if gate.kind == "canary" else ""))
+            _hold(ctx, o.group, Failure(r.group(o.group)[0], "the SLO gate", "missed the gate",
+                                        "a recorded revision to go back to"))
+            continue
+        logger.warning(f"[{host.name}] group {o.group} missed the SLO gate: going back to revision {number} "
+                       "(stopped, its files restored, started, gated)")
+        o.back_to = number
+        o.failure = slo_gate.go_back(hosts, r, o.group, number)
+        ctx.reverted.add(o.group)
+        if o.failure is not None:
+            for line in o.failure.report().splitlines():
+                logger.error(f"[{host.name}] {line}")
+            _hold(ctx, o.group, o.failure)
+            ok = False
+        else:
+            logger.info(f"[{host.name}] group {o.group} serves revision {number} again")
+    return ok
+
+
+def _hold(ctx: Context, group: str, failure: Failure) -> None:
+    """The group does not serve for the rest of the run (it is not put back into the router, nothing marks it)."""
+    result: gevent.event.AsyncResult = gevent.event.AsyncResult()
+    result.set(failure)
+    ctx.gates[group] = result
+
+
+def _slo_verdict(state: Any, host: Any, ctx: Context) -> bool:
+    """At the end of the start phase, where a group missed the SLO gate: the figures against the targets once more,
+    what was done about it, and the run fails (exit non-zero)."""
+    gate = ctx.gate
+    assert gate is not None
+    for o in ctx.outcomes.values():
+        if o.ok:
+            continue
+        for line in o.report().splitlines():
+            logger.error(f"[{host.name}] {line}")
+        recorded = (f"the change is recorded as revision {o.number} (never served; k3deploy history shows its "
+                    "figures)" if o.number is not None else "")
+        if o.back_to is not None and o.failure is None:
+            done = (f"group {o.group} went back to revision {o.back_to} and serves it"
+                    + (" again, back in the router; the roll stopped: the other replicas were not changed"
+                       if gate.kind == "canary" else " again"))
+        elif o.back_to is not None:
+            done = f"group {o.group} could not go back to revision {o.back_to} (above): it is stopped"
+        else:
+            done = (f"group {o.group} keeps the change (k3_auto_rollback: false); roll back with --data "
+                    "k3_rollback=true" if gate.kind == "group" else f"group {o.group} is left out of the router")
+        logger.error(f"[{host.name}] SLO gate missed: {done}; {recorded + '; ' if recorded else ''}fix the change "
+                     "(or the targets, k3_slo_*) and run again (pyinfra reports this step next as 'Error: executed 0 "
+                     "commands': the step is this verdict, which runs no command of its own)")
+    return False
+
+
 def _starts_served_revision(gathered: Gathered, group: str) -> bool:
     """This run starts the group with exactly the files of the revision it last served (its ``current`` one): a
     failure then has its cause on a node, not in the settings."""
@@ -821,7 +947,7 @@ def _record(ctx: Context) -> None:
         if last and lock is not None:
             text = f"{text} && {{ {lock.release_text(host.name)}; }}"
         script(name=f"Mark the revision of group {group} current", text=text, active=bool(text),
-               then=lock.given_back if last and lock is not None else None, _if=partial(ctx.serves, group))
+               then=lock.given_back if last and lock is not None else None, _if=partial(ctx.keeps, group))
 
 
 def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int],

@@ -26,6 +26,7 @@ def router_workers(sim) -> list[str]:
 
 def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     sim = sim_factory("rep", "gb300", 4, "--replicas", "2")
+    sim.set_vars("k3_slo_requests: 8\nk3_slo_output_tokens: 8\n")   # the canary's probe, small (tests/e2e/test_canary.py)
     ips = [n["ip"] for n in sim.info["nodes"]]
     heads = sorted([f"http://{ips[0]}:8000", f"http://{ips[2]}:8000"])
     run = deploy(sim.inventory)

@@ -156,5 +156,6 @@ def test_engine_answers_render_and_tokenize_as_vllm_does(tmp_path, procs, net):
     assert http(base + "/v1/chat/completions/render", {"model": "kimi-k3", "messages": []})[0] == 400
     assert http(base + "/detokenize", {"model": "kimi-k3", "tokens": gen["token_ids"]})[0] == 200
     # rendering generates nothing
-    assert "vllm:request_success_total{model_name=\"kimi-k3\"} 0.0" in http(base + "/metrics")[1]
+    assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="kimi-k3"} 0.0' \
+        in http(base + "/metrics")[1]
     assert 'POST /v1/chat/completions/render HTTP/1.1" 200' in procs.output(e)

@@ -18,7 +18,12 @@ Reads the real ``vllm serve`` argv and reproduces what a deploy tool can observe
   ``/v1/chat/completions/render``, ``/v1/completions/render`` (the request as token ids and sampling parameters),
   ``/tokenize``, ``/detokenize``;
 - with ``--kv-transfer-config`` (NixlConnector), a request whose ``kv_transfer_params`` asks for a remote decode is
-  answered with the parameters a decode instance reads the KV blocks with, as a prefill instance does.
+  answered with the parameters a decode instance reads the KV blocks with, as a prefill instance does;
+- generation takes time: the first token after a prefill of the prompt, each next one :data:`TOKEN_SECONDS` later
+  (a stream sends each token as it is made), all ``K3SIM_SLOWDOWN`` times slower when the engine's environment sets
+  it (a slow new image or flag); ``/metrics`` shows, as vLLM 0.33 does, the histograms of time to first token and
+  inter-token latency with vLLM's bucket edges (each token's simulated compute time, not the simulating machine's
+  scheduling delays) and the finished requests by reason.
 
 All timeouts are nominal vLLM/torch values multiplied by the node's ``time_scale``.
 """
@@ -341,6 +346,8 @@ class Engine:
         self.requests = 0
         self.running = 0          # requests being generated (vllm:num_requests_running)
         self.lock = threading.Lock()
+        self.metrics = Metrics()
+        self.slowdown = slowdown(env)
         try:
             kv = json.loads(args.get("kv_transfer_config") or "null")
         except ValueError:
@@ -975,6 +982,94 @@ def _send(sock: socket.socket, obj: dict) -> None:
 
 #: seconds each generated token takes (a completion of the answer below is in flight for ~0.3 s)
 TOKEN_SECONDS = 0.02
+#: seconds of prefill per prompt token, before the first token (which takes TOKEN_SECONDS itself)
+PREFILL_SECONDS_PER_TOKEN = 0.0001
+#: vLLM's bucket edges (vllm/v1/metrics/loggers.py): time to first token, inter-token latency
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+#: vLLM's finish reasons, in the order it lists ``vllm:request_success_total``
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def slowdown(env: dict) -> float:
+    """``K3SIM_SLOWDOWN=F``: every token F times slower (1 when unset or not a positive number)."""
+    try:
+        value = float(env.get("K3SIM_SLOWDOWN") or 1)
+    except ValueError:
+        return 1.0
+    return value if value > 0 else 1.0
+
+
+class Histogram:
+    """One Prometheus histogram (cumulative buckets, count, sum), as prometheus_client keeps it."""
+
+    def __init__(self, edges: tuple) -> None:
+        self.edges = edges
+        self.counts = [0] * (len(edges) + 1)   # per bucket, +Inf last
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        i = next((n for n, le in enumerate(self.edges) if value <= le), len(self.edges))
+        self.counts[i] += 1
+        self.sum += value
+
+    def lines(self, name: str, labels: str, model: str) -> list[str]:
+        out, total = [], 0
+        for le, n in zip([*(repr(float(e)) for e in self.edges), "+Inf"], self.counts, strict=True):
+            total += n
+            out.append(f'{name}_bucket{{engine="0",le="{le}",model_name="{model}"}} {float(total)}')
+        out.append(f"{name}_count{{{labels}}} {float(total)}")
+        out.append(f"{name}_sum{{{labels}}} {self.sum}")
+        return out
+
+
+class Metrics:
+    """What ``/metrics`` shows of the requests served: TTFT and ITL histograms, finished requests by reason."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.success = {r: 0 for r in FINISH_REASONS}
+        self.created = time.time()
+
+    def finished(self, ttft: float, gaps: list, reason: str) -> None:
+        with self.lock:
+            self.ttft.observe(ttft)
+            for g in gaps:
+                self.itl.observe(g)
+            self.success[reason] = self.success.get(reason, 0) + 1
+
+    def text(self, model: str, running: int) -> str:
+        labels = f'engine="0",model_name="{model}"'
+        with self.lock:
+            lines = [
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                "# TYPE vllm:num_requests_running gauge",
+                f"vllm:num_requests_running{{{labels}}} {float(running)}",
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+                "# TYPE vllm:num_requests_waiting gauge",
+                f"vllm:num_requests_waiting{{{labels}}} 0.0",
+                "# HELP vllm:request_success_total Count of successfully processed requests.",
+                "# TYPE vllm:request_success_total counter",
+                *(f'vllm:request_success_total{{engine="0",finished_reason="{r}",model_name="{model}"}} {float(n)}'
+                  for r, n in self.success.items()),
+                "# HELP vllm:request_success_created Count of successfully processed requests.",
+                "# TYPE vllm:request_success_created gauge",
+                *(f'vllm:request_success_created{{engine="0",finished_reason="{r}",model_name="{model}"}} '
+                  f"{self.created}" for r in self.success),
+            ]
+            for name, h, doc in (("vllm:time_to_first_token_seconds", self.ttft,
+                                  "Histogram of time to first token in seconds."),
+                                 ("vllm:inter_token_latency_seconds", self.itl,
+                                  "Histogram of inter-token latency in seconds.")):
+                lines += [f"# HELP {name} {doc}", f"# TYPE {name} histogram", *h.lines(name, labels, model),
+                          f"# HELP {name}_created {doc}", f"# TYPE {name}_created gauge",
+                          f"{name}_created{{{labels}}} {h.created}"]
+        return "\n".join(lines) + "\n"
 ANSWER = "Hello from {node}: this is {model} (simulated vLLM {version}) answering your request."
 POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/chat/completions/render", "/v1/completions/render",
                "/tokenize", "/detokenize")
@@ -1046,13 +1141,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/load":
             self._json(200, {"server_load": 0})
         elif path == "/metrics":
-            body = (f'# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
-                    f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="'
-                    f'{eng.served[0]}"}} {float(eng.running)}\n'
-                    f'# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n'
-                    f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="'
-                    f'{eng.served[0]}"}} 0.0\nvllm:request_success_total{{model_name="{eng.served[0]}"}} '
-                    f"{float(eng.requests)}\n").encode()
+            body = eng.metrics.text(eng.served[0], eng.running).encode()
             self.send_response(200)
             self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("content-length", str(len(body)))
@@ -1120,22 +1209,30 @@ class _Handler(BaseHTTPRequestHandler):
         prompt_words = len(prompt_text.split())
         words = ANSWER.format(node=eng.node, model=eng.served[0], version=VERSION).split()
         finish = "stop"
-        if isinstance(limit, int) and limit < len(words):
+        if isinstance(limit, int) and req.get("ignore_eos"):
+            # no end of sequence: exactly max_tokens tokens (the answer, again and again)
+            words, finish = [words[i % len(words)] for i in range(limit)], "length"
+        elif isinstance(limit, int) and limit < len(words):
             words, finish = words[:limit], "length"
         kv_params = self._kv_transfer(req.get("kv_transfer_params"), len(prompt_ids))
         eng.requests += 1
         with eng.lock:
             eng.running += 1
+        # generation takes time: a request is in flight meanwhile, and an engine stopped then drops it, as vLLM does
+        timing = Timing(ttft=eng.slowdown * (TOKEN_SECONDS + PREFILL_SECONDS_PER_TOKEN * len(prompt_ids)),
+                        itl=eng.slowdown * TOKEN_SECONDS)
         try:
-            # generation takes time (TOKEN_SECONDS a token): a request is in flight meanwhile, and an engine stopped
-            # then drops it, as vLLM does
-            time.sleep(TOKEN_SECONDS * len(words))
-            return self._answer(req, chat, model, words, finish, prompt_words, kv_params)
+            if not req.get("stream"):
+                time.sleep(timing.ttft + timing.itl * (len(words) - 1))
+            self._answer(req, chat, model, words, finish, prompt_words, kv_params, timing)
         finally:
             with eng.lock:
                 eng.running -= 1
+        # each token's simulated compute time, as vLLM's histograms observe it
+        eng.metrics.finished(timing.ttft, [timing.itl] * (len(words) - 1) if timing.done else [],
+                             finish if timing.done else "abort")
 
-    def _answer(self, req, chat, model, words, finish, prompt_words, kv_params) -> None:
+    def _answer(self, req, chat, model, words, finish, prompt_words, kv_params, timing) -> None:
         eng = self.eng
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
@@ -1143,7 +1240,7 @@ class _Handler(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": prompt_words, "total_tokens": prompt_words + len(words),
                  "completion_tokens": len(words), "prompt_tokens_details": None}
         if req.get("stream"):
-            return self._stream(rid, created, name, words, finish, chat)
+            return self._stream(rid, created, name, words, finish, chat, timing)
         text = " ".join(words)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
@@ -1206,7 +1303,9 @@ class _Handler(BaseHTTPRequestHandler):
                 "remote_num_tokens": prompt_tokens, "remote_blocks_expiry_time": None,
                 "remote_registration_generation": 0, "transfer_mode": "pull"}
 
-    def _stream(self, rid, created, name, words, finish, chat) -> None:
+    def _stream(self, rid, created, name, words, finish, chat, timing) -> None:
+        """Server-sent events, each token as it is made: the first after ``timing.ttft``, each next one
+        ``timing.itl`` later. A client that goes away ends it (the request counts as aborted)."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.end_headers()
@@ -1219,13 +1318,28 @@ class _Handler(BaseHTTPRequestHandler):
                 choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": fin}
             data = {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice]}
             self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
 
-        if chat:
-            chunk({"role": "assistant", "content": ""})
-        for i, w in enumerate(words):
-            chunk({"content": (" " if i else "") + w})
-        chunk({}, finish)
-        self.wfile.write(b"data: [DONE]\n\n")
+        try:
+            self.wfile.flush()
+            time.sleep(timing.ttft)
+            if chat:
+                chunk({"role": "assistant", "content": ""})
+            for i, w in enumerate(words):
+                if i:
+                    time.sleep(timing.itl)
+                chunk({"content": (" " if i else "") + w})
+            chunk({}, finish)
+            self.wfile.write(b"data: [DONE]\n\n")
+        except OSError:
+            timing.done = False
+
+
+class Timing:
+    """How long one request's tokens take (seconds): the first (prefill included), each next one."""
+
+    def __init__(self, ttft: float, itl: float) -> None:
+        self.ttft, self.itl, self.done = ttft, itl, True
 
 
 # ----------------------------------------------------------------------------- entry point
