@@ -193,36 +193,39 @@ def _report(log: Log, changes: list[Change], why: dict[str, str]) -> None:
             why=None if c.state == UP else why.get(c.group))
 
 
-def _decision(log: Log, d: Decision, repair: bool, inventory: str, count: int) -> None:
+def _decision(log: Log, decision: Decision, repair: bool, inventory: str, count: int) -> None:
     """The line of a decision other than a repair."""
     from k3deploy.model.watch import LOCKED, NOTHING, REPAIR, WAIT
 
-    if d.action == NOTHING:
-        log("nothing", f"every group is up ({count}): nothing to do", action=d.action)
-    elif d.action == LOCKED:
-        log("wait", f"not acting on {', '.join(d.groups)}: {d.why}; its grace starts again once the lock is free",
-            action=d.action, groups=list(d.groups), lock=d.why)
-    elif d.action == REPAIR:
-        log("due", f"{', '.join(d.groups)} not up past its grace ({d.why}): not repairing without --repair "
-            f"(pyinfra {inventory} {DEPLOY} -y repairs it)", action=d.action, groups=list(d.groups))
+    if decision.action == NOTHING:
+        log("nothing", f"every group is up ({count}): nothing to do", action=decision.action)
+    elif decision.action == LOCKED:
+        log("wait", f"not acting on {', '.join(decision.groups)}: {decision.why}; its grace starts again once the "
+            "lock is free", action=decision.action, groups=list(decision.groups), lock=decision.why)
+    elif decision.action == REPAIR:
+        log("due", f"{', '.join(decision.groups)} not up past its grace ({decision.why}): not repairing without "
+            f"--repair (pyinfra {inventory} {DEPLOY} -y repairs it)", action=decision.action,
+            groups=list(decision.groups))
     else:
-        what = "waiting" if d.action == WAIT else "backing off"
-        log("wait", f"{what}: {d.why}; " + ("repair" if repair else "past its grace") + f" at {_clock(d.until)}",
-            action=d.action, groups=list(d.groups), until=_clock(d.until))
+        what = "waiting" if decision.action == WAIT else "backing off"
+        log("wait", f"{what}: {decision.why}; " + ("repair" if repair else "past its grace")
+            + f" at {_clock(decision.until)}", action=decision.action, groups=list(decision.groups),
+            until=_clock(decision.until))
 
 
-def _repair(log: Log, watch: Watch, d: Decision, inventory: str, stop: Stop, grace: float) -> None:
-    """Run the deploy for the groups of decision ``d``, and log what came of it."""
-    log("repair", f"repairing {', '.join(d.groups)} ({d.why}, grace {grace:.0f} s): pyinfra {inventory} {DEPLOY} -y",
-        groups=list(d.groups), why=d.why, command=deploy_argv(inventory))
+def _repair(log: Log, watch: Watch, decision: Decision, inventory: str, stop: Stop, grace: float) -> None:
+    """Run the deploy for the groups of ``decision``, and log what came of it."""
+    log("repair", f"repairing {', '.join(decision.groups)} ({decision.why}, grace {grace:.0f} s): "
+        f"pyinfra {inventory} {DEPLOY} -y", groups=list(decision.groups), why=decision.why,
+        command=deploy_argv(inventory))
     rc, took, tail = run_repair(inventory, stop)
     if rc != 0 and any(LOCK_REFUSAL in x for x in tail):
         log("repaired", f"the repair was refused: another run holds the deployment lock; waiting for it "
-            f"({_failure(tail)})", rc=rc, seconds=took, groups=list(d.groups), refused=True)
+            f"({_failure(tail)})", rc=rc, seconds=took, groups=list(decision.groups), refused=True)
         return
-    nexts = watch.repaired(d.groups, time.time())
-    log("repaired", f"repair of {', '.join(d.groups)} ended: exit {rc} after {took:.0f} s"
-        + (f": {_failure(tail)}" if rc else ""), rc=rc, seconds=took, groups=list(d.groups),
+    nexts = watch.repaired(decision.groups, time.time())
+    log("repaired", f"repair of {', '.join(decision.groups)} ended: exit {rc} after {took:.0f} s"
+        + (f": {_failure(tail)}" if rc else ""), rc=rc, seconds=took, groups=list(decision.groups),
         failure=_failure(tail) if rc else None, next_repair={g: _clock(t) for g, t in nexts.items()})
 
 
@@ -262,16 +265,16 @@ def loop(inventory: str, *, repair: bool, grace: int | None, interval: int | Non
         code = 0 if all(t.state == UP for t in watch.tracks.values()) else 1
         if once and repaired:
             break
-        d = watch.decide(seen.at)
-        if d.action == REPAIR and repair:
+        decision = watch.decide(seen.at)
+        if decision.action == REPAIR and repair:
             if stop.asked:
                 break
-            _repair(log, watch, d, inventory, stop, knobs.grace)
+            _repair(log, watch, decision, inventory, stop, knobs.grace)
             said, repaired = None, True
             continue   # look again at once: what the repair brought back
-        if d.key() != said:
-            said = d.key()
-            _decision(log, d, repair, inventory, len(watch.tracks))
+        if decision.key() != said:
+            said = decision.key()
+            _decision(log, decision, repair, inventory, len(watch.tracks))
         if once:
             break
         stop.sleep(pause)

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from k3deploy.model.binding import HostRecord
+from k3deploy.model.health import Health
 from k3deploy.model.inventory import ROLE_GROUPS, SPARES
 from k3deploy.model.rollout import Rollout, group_order
 
@@ -161,35 +162,22 @@ def _event_key(event: Mapping[str, Any]) -> tuple[str, str, str, str]:
             str(event.get("text", "")))
 
 
-def event_title(event: Any) -> str:
-    """A few words for a health event (its own ``title()`` where it has one).
+def quarantine_for(health: Health, released: Sequence[Mapping[str, Any]], when: str) -> Quarantine | None:
+    """The quarantine a host's health asks for: its fatal events, less those the operator released it from; None
+    when none is left.
 
     >>> from k3deploy.model.health import HealthEvent
-    >>> event_title({"device": "GPU 0", "kind": "xid", "code": "79", "text": "", "fatal": True})
-    'xid 79 on GPU 0'
-    """
-    if hasattr(event, "title"):
-        return str(event.title())
-    data = event if isinstance(event, Mapping) else asdict(event)
-    return f"{data.get('kind', '')} {data.get('code', '')} on {data.get('device', '')}".strip()
-
-
-def quarantine_for(health: Any, released: Sequence[Mapping[str, Any]], when: str) -> Quarantine | None:
-    """The quarantine a host's health asks for: its fatal events (``health.fatal``, read defensively: a host whose
-    facts carry no health has none), less those the operator released it from; None when none is left.
-
-    >>> from k3deploy.model.health import Health, HealthEvent
     >>> xid = HealthEvent("GPU 0", "xid", "79", "Xid 79", True)
     >>> quarantine_for(Health((xid,)), [], "t").reason
-    'xid 79 on GPU 0'
-    >>> quarantine_for(Health((xid,)), [asdict(xid)], "t") is None, quarantine_for(None, [], "t") is None
+    'XID 79 on GPU 0 (fallen off the bus)'
+    >>> quarantine_for(Health((xid,)), [xid.as_dict()], "t") is None, quarantine_for(Health(), [], "t") is None
     (True, True)
     """
     gone = {_event_key(e) for e in released}
-    fatal = [e for e in (getattr(health, "fatal", ()) or ()) if _event_key(asdict(e)) not in gone]
+    fatal = [e for e in health.fatal if _event_key(e.as_dict()) not in gone]
     if not fatal:
         return None
-    return Quarantine("; ".join(event_title(e) for e in fatal), tuple(asdict(e) for e in fatal), when)
+    return Quarantine("; ".join(e.title() for e in fatal), tuple(e.as_dict() for e in fatal), when)
 
 
 def parse_released(text: str | None) -> list[dict[str, Any]]:

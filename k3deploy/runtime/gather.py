@@ -297,7 +297,7 @@ def take_spares(state: State, hosts: list[Any], wanted: Target, view: View, fact
         q = Quarantine.from_text(files[f.host].quarantine)
         if q is not None:
             held[f.host] = q
-        elif (q := quarantine_for(getattr(f, "health", None), parse_released(files[f.host].released), when)):
+        elif (q := quarantine_for(f.health, parse_released(files[f.host].released), when)):
             new_quarantine[f.host] = q
     if not recorded and not any(SPARES in r.groups for r in wanted.records):
         # no spares here: an unreachable node or a fatal event fails the preflight as it always did (a node's own
