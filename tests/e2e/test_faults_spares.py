@@ -12,7 +12,7 @@ import time
 import pytest
 
 from helpers import deploy, k3, why
-from helpers.simulated import Sim, endpoint_of, openai_client
+from helpers.simulated import Sim, WatchLoop, endpoint_of, openai_client
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
@@ -39,16 +39,24 @@ def test_a_powered_off_member_is_replaced_by_the_spare_on_the_next_run(cluster):
     assert sim.ssh(2, f"systemctl is-active {UNIT}").stdout.strip() != "active"          # it runs nothing
     assert sim.ssh(2, "docker image ls -q | head -1").stdout.strip()                      # but it holds the image
 
+    endpoint = json.loads(k3("status", sim.inventory, "--json").stdout)["endpoint"]
+    # the site's control loop runs; the power goes off; no other command is run until the group serves again
+    loop = WatchLoop(sim.inventory, "--repair", "--grace", "5", "--interval", "2")
     off = json.loads(k3("sim", "power", sim.name, "1", "off", "--json", check=True).stdout)
     assert off["power"] == "off" and off["was_on"]
-    run = deploy(sim.inventory)
-    assert run.returncode == 0, why(run)
-    assert f"{spare} takes {node2}'s place: rank 1 of group engine (unreachable" in run.stdout
-    answer = openai_client(endpoint_of(run.stdout))
+    answer = None
+    while time.time() - off["at"] < 150 and loop.proc.poll() is None and answer is None:
+        if any(e["event"] == "repaired" for e in loop.events):
+            answer = openai_client(endpoint)
+        time.sleep(1)
     seconds = time.time() - off["at"]
-    print(f"\nnode2 powered off -> serving again on the spare (one deploy run, the OpenAI client's answer): "
-          f"{seconds:.1f} s")
+    assert loop.stop() == 0 and answer is not None, f"{loop.events}\n{loop.stderr[-3000:]}"
+    print(f"\nnode2 powered off -> serving again on the spare (watch --repair --grace 5 --interval 2, the OpenAI "
+          f"client's answer): {seconds:.1f} s")
     assert "Generated text: " in answer
+    (repaired,) = [e for e in loop.events if e["event"] == "repaired"]
+    assert repaired["rc"] == 0, loop.stderr[-3000:]
+    assert f"{spare} takes {node2}'s place: rank 1 of group engine (unreachable" in loop.stderr
 
     st = k3("status", sim.inventory, "--json")
     assert st.returncode == 0, st.stdout + st.stderr                                      # serving
@@ -101,3 +109,22 @@ def test_a_quarantined_head_is_replaced_stood_down_and_released(cluster):
     assert {h["host"]: h["state"] for h in listed["hosts"]} == {node2: "in use", spare: "in use",
                                                                node1: "standing by"}
     assert json.loads(k3("status", sim.inventory, "--json").stdout)["verdict"] == "serving"
+
+
+def test_an_xid_79_quarantines_the_node_and_a_spare_takes_its_place(cluster):
+    sim = cluster
+    node1, node2, spare = (n["name"] for n in sim.info["nodes"])   # node2 is the head now, node1 a spare again
+    k3("sim", "fault", "--name", sim.name, "1:xid=79", check=True)
+    run = deploy(sim.inventory)
+    assert run.returncode == 0, why(run)
+    assert f"{node1} takes {node2}'s place: rank 0 of group engine (quarantined: XID 79 on GPU 0" in run.stdout
+    assert "Generated text: " in openai_client(endpoint_of(run.stdout))
+    record = json.loads(sim.ssh(1, "cat /etc/k3deploy/quarantine").stdout)
+    assert record["reason"].startswith("XID 79 on GPU 0 (fallen off the bus)"), record
+    assert sim.ssh(1, f"systemctl is-active {UNIT}").stdout.strip() != "active"
+    st = json.loads(k3("status", sim.inventory, "--json").stdout)
+    assert st["verdict"] == "serving"
+    health = {n["host"]: n for n in st["nodes"]}
+    assert health[node2]["quarantined"] and "XID 79" in health[node2]["health"], health[node2]
+    listed = json.loads(k3("spares", sim.inventory, "--json", check=True).stdout)
+    assert [q["host"] for q in listed["quarantined"]] == [node2]

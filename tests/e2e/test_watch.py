@@ -6,15 +6,12 @@ no other command; a run holding the deployment lock is waited for, not fought.""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import threading
 import time
 
 import pytest
 
-from helpers import K3DEPLOY, ROOT, deploy, k3, why
-from helpers.simulated import Sim, openai_client
+from helpers import deploy, k3, why
+from helpers.simulated import Sim, WatchLoop, openai_client
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
@@ -42,36 +39,6 @@ def stop_for_good(sim: Sim, ranks: tuple[int, ...] = (1, 0)) -> None:
         assert out.stdout.strip() in ("inactive", "failed"), out   # stopped by systemctl: not started again
 
 
-class Loop:
-    """``k3deploy watch ... --json`` running in the background; its event lines are collected as they come."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([*K3DEPLOY, "watch", *args, "--json"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
-        self.events: list[dict] = []
-        self.stderr = ""
-        self._out = threading.Thread(target=self._read, daemon=True)
-        self._err = threading.Thread(target=self._read_err, daemon=True)
-        self._out.start()
-        self._err.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.events.append(json.loads(line))
-
-    def _read_err(self) -> None:
-        assert self.proc.stderr is not None
-        self.stderr = self.proc.stderr.read()
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(60)
-        self._out.join(10)
-        self._err.join(10)
-        return rc
-
-
 def test_a_look_at_a_serving_cluster_reports_every_group_up_and_does_nothing(cluster):
     proc = k3("watch", cluster.inventory, "--once", "--json", "--repair", "--grace", "0")
     assert proc.returncode == 0, proc.stderr
@@ -85,7 +52,7 @@ def test_a_group_stopped_for_good_serves_again_with_the_loop_running_and_no_othe
     failed = time.monotonic()
     stop_for_good(cluster)
     assert k3("status", cluster.inventory, "--json").returncode == 1
-    loop = Loop(cluster.inventory, "--repair", "--grace", "5", "--interval", "2")
+    loop = WatchLoop(cluster.inventory, "--repair", "--grace", "5", "--interval", "2")
     endpoint = json.loads(k3("status", cluster.inventory, "--json").stdout)["endpoint"]
     served = None
     while time.monotonic() - failed < 120 and loop.proc.poll() is None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from helpers import ROOT, k3
+from helpers import K3DEPLOY, ROOT, k3
 from k3deploy.sim import cluster as sim
 from k3deploy.sim import processes
 
@@ -135,3 +137,33 @@ def openai_client(endpoint: str, model: str = "moonshotai/Kimi-K3") -> str:
     assert proc.returncode == 0, proc.stderr
     assert "Generated text: " in proc.stdout
     return proc.stdout
+
+
+class WatchLoop:
+    """``k3deploy watch ... --json`` running in the background; its event lines are collected as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([*K3DEPLOY, "watch", *args, "--json"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
+        self.events: list[dict] = []
+        self.stderr = ""
+        self._out = threading.Thread(target=self._read, daemon=True)
+        self._err = threading.Thread(target=self._read_err, daemon=True)
+        self._out.start()
+        self._err.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.append(json.loads(line))
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(60)
+        self._out.join(10)
+        self._err.join(10)
+        return rc
