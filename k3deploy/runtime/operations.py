@@ -321,16 +321,15 @@ def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | Non
 
 @operation(is_idempotent=False)
 def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str, int]] = (),
-                timeout: int = 300, first: Sequence[str] = ()) -> Commands:
+                timeout: int = 300) -> Commands:
     """daemon-reload, reset failure counters, enable and (re)start these units; with ``joins``, first wait (up to
     ``timeout`` seconds each) until each ``(address, port)`` accepts a TCP connection, tried from this host (no
-    payload is sent): one command, as :func:`k3deploy.model.steps.restart` writes it. ``first``: scripts that
-    must succeed before any of it, in the same command (:func:`k3deploy.model.commands.then`)."""
+    payload is sent): one command, as :func:`k3deploy.model.steps.restart` writes it."""
     if not active or not units:
         host.noop("nothing to start here")
         return
-    yield sh(commands.then(*first, "\n".join([*(commands.wait_tcp(address, port, timeout) for address, port in joins),
-                                             commands.start_units(units)])))
+    yield sh("\n".join([*(commands.wait_tcp(address, port, timeout) for address, port in joins),
+                        commands.start_units(units)]))
 
 
 @operation(is_idempotent=False)

@@ -625,20 +625,17 @@ def start_phase(ctx: Context) -> None:
             stop_units(name=f"Stop workers of restarting groups{step}", units=me.workers, seen=seen, _if=ready)
         if me.heads:
             stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, seen=seen, _if=ready)
-        swap = _swap(ctx, list(wave))
-        # a host that only starts workers records and swaps in the same command as its start (its units are
-        # stopped, and nothing reads its files before then); the operation stays, doing nothing, so that every
-        # host's start is as deep in its sequence as the heads' starts
-        with_start = bool(me.workers) and not me.heads
-        script(name=f"Record the new revision, put its files in place{step}",
-               text="" if with_start else commands.then(*swap), _if=ready)
+        # every host records and swaps before any head starts: a run killed after this leaves every member of a
+        # group on the files of one recorded revision
+        swap = commands.then(*_swap(ctx, list(wave)))
+        if swap:
+            script(name=f"Record the new revision, put its files in place{step}", text=swap, _if=ready)
         if me.heads:
             start_units(name=f"Start group heads{step}", units=me.heads, _if=ready)
         if me.workers:
-            # one command: (the swap,) the wait for the head's rendezvous port (tried from this node), the start
+            # one command: the wait for the head's rendezvous port (tried from this node), then the start
             start_units(name=f"Start workers once their head's rendezvous port accepts connections{step}",
-                        units=me.workers, joins=me.joins, timeout=r.vars.k3_rendezvous_timeout,
-                        first=swap if with_start else [], _if=ready,
+                        units=me.workers, joins=me.joins, timeout=r.vars.k3_rendezvous_timeout, _if=ready,
                         _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
         groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
         if me.routers and not rolling:

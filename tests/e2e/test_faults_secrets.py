@@ -85,6 +85,7 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
         "verify": [[inv], [inv, "--json"]],
         "unlock": [[inv], [inv, "--json"]],
         "watch": [[inv, "--once"], [inv, "--once", "--json"], [inv, "--repair", "--print-unit"]],
+        "spares": [[inv], [inv, "--json"]],
         "export": [["slurm", inv, "-o", str(tmp_path / "slurm")], ["slurm", inv, "-o", str(tmp_path / "slurm"), "--json"],
                    ["kubernetes", inv, "-o", str(tmp_path / "k8s")],
                    ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--json"]],

@@ -167,3 +167,11 @@ class WatchLoop:
         self._out.join(10)
         self._err.join(10)
         return rc
+
+
+def slurm_jobs(sim: Sim) -> list[list[str]]:
+    """The queue on a ``sim up --slurm`` cluster's submit host (its first node): ``[id, name, state, comment]`` per
+    job."""
+    out = sim.ssh(0, "squeue -h -o '%i %j %T %k'")
+    assert out.returncode == 0, out.stderr
+    return [line.split() for line in out.stdout.splitlines() if line.strip()]
