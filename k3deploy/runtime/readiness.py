@@ -152,7 +152,7 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     No member of a group serves before every rank has joined, the head included: until the head serves, each round
     polls the head and, every :data:`MEMBERS_EVERY` rounds but no more often than every :data:`MEMBERS_SECONDS`, the
     other members (a member that failed or restarted is seen there; one that is lost also fails its head; the first
-    such round comes one period after the start); from then on every unit that does not serve yet, every round, and
+    round is such a round); from then on every unit that does not serve yet, every round, and
     those that do every period (one that fails is still seen). A group of N members so costs its nodes about one
     probe per member and period while the engines start, not N a round. The head serving means every rank joined: a
     member that serves no API of its own needs no poll then. The round after the one in which the head first serves
@@ -178,7 +178,7 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
                 for k, job in jobs.items()}
 
     period = max(MEMBERS_EVERY * interval, MEMBERS_SECONDS)
-    members_due = clock() + period
+    members_due = clock()   # the first round polls every member (one that fails at once is seen there)
     while True:
         head_serves = not head.serves or key(head) in ready
         members = clock() >= members_due
@@ -186,12 +186,6 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
             members_due = clock() + period
         polled = [u for u in units if u is head or members or (head_serves and key(u) not in ready)]
         results = poll(polled)
-        if control is None and any(p.status == "failed" for p in results.values()):
-            # a member that died takes its head down with it: the members not polled this round are polled now,
-            # and a failed member is named before its head (a launcher's own control names the culprit itself)
-            rest = [u for u in units if key(u) not in results]
-            results.update(poll(rest))
-            polled = sorted(polled + rest, key=lambda u: u is head)
         for u in polled:
             result = results[key(u)]
             if result.status == "ready" and key(u) not in ready:
