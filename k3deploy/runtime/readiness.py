@@ -141,7 +141,7 @@ class GroupControl(Protocol):
 MEMBERS_EVERY = 8
 #: the shortest time between two polls of a group's members that do not serve yet (with a short poll interval, a
 #: large group would otherwise cost its nodes a probe each every few seconds)
-MEMBERS_SECONDS = 8.0
+MEMBERS_SECONDS = 4.0
 
 
 def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase: str = "start",
