@@ -747,12 +747,18 @@ def swap_in(pairs: Sequence[tuple[str, str]]) -> str:
     """Move each staged file onto its live path (``(staged, live)`` pairs; a rename on one filesystem: a reader sees
     the old file or the new one, never a mix). A staged file that is missing fails the step: nothing is half-swapped
     on this host (every file is checked before the first one moves)."""
+    return _all_then_each(pairs, "mv -f", "the staged files of this change are missing (a run that stopped "
+                                          "before this step removed them?)")
+
+
+def _all_then_each(pairs: Sequence[tuple[str, str]], verb: str, missing: str) -> str:
+    """``verb SOURCE DEST`` for each ``(source, dest)`` pair, once every source is there (else ``missing`` on
+    stderr and exit 1: nothing is half done)."""
     if not pairs:
         return ""
-    check = " && ".join(f"[ -f {shlex.quote(s)} ]" for s, _ in pairs)
-    moves = " && ".join(f"mv -f {shlex.quote(s)} {shlex.quote(live)}" for s, live in pairs)
-    missing = "the staged files of this change are missing (a run that stopped before this step removed them?)"
-    return f"{{ {check} || {{ echo {shlex.quote(missing)} >&2; exit 1; }}; }} && {moves}"
+    check = " && ".join(f"[ -f {shlex.quote(src)} ]" for src, _ in pairs)
+    each = " && ".join(f"{verb} {shlex.quote(src)} {shlex.quote(dest)}" for src, dest in pairs)
+    return f"{{ {check} || {{ echo {shlex.quote(missing)} >&2; exit 1; }}; }} && {each}"
 
 
 #: the file in a revision's directory that says the group served it (a revision is recorded before its restart)
@@ -935,12 +941,8 @@ def restore_files(pairs: Sequence[tuple[str, str]]) -> str:
     >>> restore_files([("/etc/k3deploy/revisions/engine-r0/3/k3-engine.env", "/etc/k3deploy/k3-engine.env")])
     '{ [ -f /etc/k3deploy/revisions/engine-r0/3/k3-engine.env ] || { echo ... exit 1; }; } && cp -p ...'
     """
-    if not pairs:
-        return ""
-    check = " && ".join(f"[ -f {shlex.quote(k)} ]" for k, _ in pairs)
-    copies = " && ".join(f"cp -p {shlex.quote(k)} {shlex.quote(live)}" for k, live in pairs)
-    missing = "the previous revision's files are missing on this node: it cannot go back to them"
-    return f"{{ {check} || {{ echo {shlex.quote(missing)} >&2; exit 1; }}; }} && {copies}"
+    return _all_then_each(pairs, "cp -p", "the previous revision's files are missing on this node: it cannot go "
+                                          "back to them")
 
 
 def record_figures(directory: str, number: int, record: str) -> str:
