@@ -864,6 +864,19 @@ def push(name: str, ref: str) -> str:
 # --------------------------------------------------------------------------- reboot
 
 
+def _running_node(name: str, rank: int) -> tuple[dict[str, Any], dict[str, Any], NodeLayout]:
+    """The state of running cluster ``name`` (its lock held), the record of its node ``rank`` and that node's
+    layout; raises :class:`SimError` where the cluster is not up or has no such rank."""
+    state = load_state(name)
+    if state is None or state.get("phase") != "up":
+        raise SimError(f"no simulated cluster {name!r} is up: start one with 'k3deploy sim up --name {name} ...'")
+    n = len(state["nodes"])
+    if not 0 <= rank < n:
+        raise SimError(f"bad rank {rank!r}: cluster {name!r} has node ranks 0..{n - 1}")
+    rec = next(r for r in state["nodes"] if r["rank"] == rank)
+    return state, rec, NodeLayout(rec["name"], rec["rank"], rec["ip"], rec["veth"], Path(rec["dir"]))
+
+
 def reboot(
     name: str,
     rank: int,
@@ -893,14 +906,7 @@ def reboot(
         stop_timeout = float(os.environ.get("K3SIM_STOP_TIMEOUT", "120"))
     check_host()
     with locked(name):
-        state = load_state(name)
-        if state is None or state.get("phase") != "up":
-            raise SimError(f"no simulated cluster {name!r} is up: start one with 'k3deploy sim up --name {name} ...'")
-        n = len(state["nodes"])
-        if not 0 <= rank < n:
-            raise SimError(f"bad rank {rank!r}: cluster {name!r} has node ranks 0..{n - 1}")
-        rec = next(r for r in state["nodes"] if r["rank"] == rank)
-        nd = NodeLayout(rec["name"], rec["rank"], rec["ip"], rec["veth"], Path(rec["dir"]))
+        state, rec, nd = _running_node(name, rank)
         started = time.monotonic()
         previous = rec.get("pid")
         was_running = processes.ours(rec.get("pid"), rec.get("pid_start"))
@@ -989,14 +995,7 @@ def power(
         boot_timeout = float(os.environ.get("K3SIM_BOOT_TIMEOUT", "90"))
     check_host()
     with locked(name):
-        state = load_state(name)
-        if state is None or state.get("phase") != "up":
-            raise SimError(f"no simulated cluster {name!r} is up: start one with 'k3deploy sim up --name {name} ...'")
-        n = len(state["nodes"])
-        if not 0 <= rank < n:
-            raise SimError(f"bad rank {rank!r}: cluster {name!r} has node ranks 0..{n - 1}")
-        rec = next(r for r in state["nodes"] if r["rank"] == rank)
-        nd = NodeLayout(rec["name"], rec["rank"], rec["ip"], rec["veth"], Path(rec["dir"]))
+        state, rec, nd = _running_node(name, rank)
         started = time.monotonic()
         was_on = processes.ours(rec.get("pid"), rec.get("pid_start"))
         if not on and was_on:
