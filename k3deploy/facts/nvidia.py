@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 
 from k3deploy.facts.base import (
@@ -15,6 +16,7 @@ from k3deploy.facts.base import (
     Unparsable,
     first_line,
     sections,
+    wrap,
 )
 from k3deploy.facts.health import (
     HEALTH_TOOL_TIMEOUT_S,
@@ -612,6 +614,19 @@ def parse_fabric(lines: list[str]) -> list[GpuFabric]:
     return result
 
 
+#: what the node keeps of ``nvidia-smi -q`` for :class:`NvlinkFabric`: every line before the report's header (an
+#: error message), the header, each GPU's header line, each ``Fabric`` block (to the next line indented no deeper
+#: than its title) and the exit mark; ``parse_fabric`` reads the kept lines as it reads the whole report
+FABRIC_BLOCKS_AWK = (
+    "{ n = match($0, /[^ ]/) - 1 } "
+    "/^=+NVSMI LOG=+ *$/ || /^GPU / { s = 1; f = 0; print; next } "
+    f"!s || /^{EXIT_MARK}/ {{ print; next }} "
+    "f && n >= 0 && n <= fi { f = 0 } "
+    "/^ *Fabric *$/ { f = 1; fi = n } "
+    "f { print }"
+)
+
+
 class NvlinkFabric(K3Fact[list[GpuFabric]]):
     """Per-GPU NVLink fabric state from ``nvidia-smi -q``: GB200/GB300 multi-node NVLink, and on HGX boards the GPU's
     registration with the NVSwitch fabric through Fabric Manager (``Not Started`` → ``In Progress`` → ``Completed``,
@@ -628,6 +643,10 @@ class NvlinkFabric(K3Fact[list[GpuFabric]]):
     hint = DRIVER_HINT
     shown_command = "nvidia-smi -q"
 
+    def command(self) -> str:
+        # the node sends back only what parse_fabric reads (a GB300 tray's full report is ~16 KB here, more on a
+        # real one): the lines before the report (an error), its header, each GPU's header and Fabric block
+        return f"{{ {wrap(self.shown_command)}; }} | awk {shlex.quote(FABRIC_BLOCKS_AWK)}"
 
     def parse(self, lines: list[str]) -> list[GpuFabric]:
         return parse_fabric(lines)
@@ -812,6 +831,13 @@ KERNEL_LOG_PATTERN = "NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus"
 KERNEL_LOG_COMMAND = f"dmesg | grep -E '{KERNEL_LOG_PATTERN}'"
 #: the most kernel log lines kept (the newest): a GPU in trouble repeats its XID
 KERNEL_LOG_LINES = 400
+#: the lines of ``nvidia-smi -q -d ECC,ROW_REMAPPER`` the node sends back: the GPU headers, every block title (a line
+#: without a colon: ``parse_ecc_remap`` places a row by the titles above it) and the rows that can make an event (an
+#: uncorrectable count above 0, a Yes); a healthy GPU sends its titles only
+ECC_LINES = "^GPU |Uncorrectable[^:]*: *[1-9]|: *Yes *$|^[^:]+$"
+#: the lines of ``nvidia-smi nvlink -s`` the node sends back: each GPU's header and the links that are down (an NVL72
+#: tray's GPUs print 18 links each)
+NVLINK_LINES = "^GPU |inactive"
 
 
 def pci_key(address: str) -> tuple[int, int, int]:
@@ -1028,8 +1054,8 @@ class NvidiaHealth(K3Fact[HealthReading]):
             f"echo {SECTION_MARK}nvl; echo {1 if nvl else 0}",
             section("gpus", "nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader"),
             f"echo {SECTION_MARK}kernel; {kernel}",
-            section("ecc", "nvidia-smi -q -d ECC,ROW_REMAPPER"),
-            section("nvlink", "nvidia-smi nvlink -s"),
+            section("ecc", "nvidia-smi -q -d ECC,ROW_REMAPPER") + f" | grep -E '{ECC_LINES}'",
+            section("nvlink", "nvidia-smi nvlink -s") + f" | grep -iE '{NVLINK_LINES}'",
         ], config_dir)
 
     def parse(self, lines: list[str]) -> HealthReading:

@@ -280,17 +280,20 @@ def _batch(rollout: Rollout, group: str, revision: str | None) -> str:
     requeue = (f"k3deploy: group {group} served before the step ended: the job requeues itself (restart "
                f"$(( restarts + 1 )) of {v.k3_slurm_requeue_max}; Slurm starts it again on the same nodes after its "
                "requeue delay)")
+    stopped = (f"k3deploy: group {group} served before the step ended, but the job is stopped for good (no longer "
+               "requeueable: the deploy, or an operator, stopped it): it ends")
     served_comment = [
         "Recreate after start: once the group served (its head answered /health), a step that ends makes the job",
         "requeue itself: Slurm starts it again, whole, on the same nodes, after its requeue delay (AuthInfo",
         f"cred_expire, 120 s by default), at most k3_slurm_requeue_max = {v.k3_slurm_requeue_max} times. Before it",
-        "served, or past that, the job ends: the deploy's gate or the next run reports it."]
+        "served, or past that, the job ends: the deploy's gate or the next run reports it. A job the deploy stops",
+        "is made not requeueable first (scontrol update JobId=N Requeue=0): it ends."]
     return render_template(
         BATCH_TEMPLATE, managed=MANAGED, summary=summary, options=options,
         out=shlex.quote(group_dir(rollout, group)), nodes=len(nodes),
         mkdir_fail=shlex.quote(f"k3deploy: group {group}: cannot create the step output directory ") + '"$out"'
         + shlex.quote(f" on {', '.join(nodes)}"),
-        steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, requeue=f'"{requeue}"', requeue_max=v.k3_slurm_requeue_max,
+        steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, requeue=f'"{requeue}"', stopped=f'"{stopped}"', requeue_max=v.k3_slurm_requeue_max,
         health=shlex.quote(head.serves + "/health") if head.serves else "", poll=max(1, round(v.k3_poll_interval)),
         served_comment=served_comment if head.serves else [
             "The group's head serves no HTTP: the job never requeues itself; a step that ends ends the job."],
@@ -410,17 +413,21 @@ def queue(names: Sequence[str]) -> str:
 def cancel(names: Sequence[str], timeout: int) -> str:
     """Stop this user's jobs of these names and wait until Slurm holds none of them (exit 1 naming them otherwise).
 
-    A running job is stopped as the batch script stops a group: SIGTERM to its steps only (``scancel --signal=TERM``
-    without ``--full``: each launch script stops its container as the unit's ``ExecStop`` does, the batch script sees
-    its steps end and exits); a pending one is cancelled. One still queued after ``timeout`` seconds is cancelled
-    outright (Slurm: SIGTERM to everything, SIGKILL after KillWait), and waited for 60 s more."""
+    Each job is first made not requeueable (``scontrol update JobId=N Requeue=0``: a job that served would otherwise
+    requeue itself when its steps end). A running job is stopped as the batch script stops a group: SIGTERM to its
+    steps only (``scancel --signal=TERM`` without ``--full``: each launch script stops its container as the unit's
+    ``ExecStop`` does, the batch script sees its steps end and exits); a pending one is cancelled. One still queued
+    after ``timeout`` seconds is cancelled outright (Slurm: SIGTERM to everything, SIGKILL after KillWait), and waited
+    for 60 s more."""
     each = [shlex.quote(n) for n in names]
+    final = (f"for j in $(squeue -h {_ME} --name={_names(names)} -o %i); do scontrol update JobId=$j Requeue=0; "
+             "done")
     signal = " ; ".join(f"scancel {_ME} --name={n} --state=PENDING ; scancel {_ME} --name={n} --state=RUNNING "
                         "--signal=TERM" for n in each)
     hard = " ; ".join(f"scancel {_ME} --name={n}" for n in each)
     late = shlex.quote(f"jobs {', '.join(names)} still in the queue after {int(timeout) + 60}s: ") + '"$left"'
     left = f"left=$(squeue -h {_ME} --name={_names(names)} -o '%i %j %T')"
-    return (f"{{ {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
+    return (f"{{ {final} ; {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
             f"while {left}; [ -n \"$left\" ]; do "
             f"if [ $(date +%s) -ge $end ]; then if [ $hard = 1 ]; then echo {late} >&2; exit 1; fi; "
             f"{{ {hard} ; }} 2>/dev/null; hard=1; end=$(( $(date +%s) + 60 )); fi; sleep 1; done")

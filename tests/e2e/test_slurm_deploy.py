@@ -146,6 +146,9 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     changed = deploy(sim.inventory)
     assert changed.returncode == 0, why(changed)
     assert f"cancelled job {job} (k3-engine, {comment})" in changed.stdout
+    # the job it stopped had served: made not requeueable first, it ended instead of requeueing itself
+    old = sim.ssh(0, f"cat /var/lib/k3deploy/slurm/engine/{job}.out").stdout
+    assert "the job is stopped for good" in old and "requeues itself" not in old, old
     job2, comment2 = engine_job(sim)
     assert job2 != job and comment2 != comment
     assert "--max-num-seqs 4" in sim.ssh(1, "cat /etc/k3deploy/k3-engine.launch").stdout

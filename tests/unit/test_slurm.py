@@ -212,6 +212,23 @@ def test_the_commands_the_runtime_runs_on_the_submit_host_are_valid_sh():
         assert subprocess.run(["sh", "-n", "-c", text], capture_output=True).returncode == 0, text
 
 
+
+def test_the_deploy_makes_each_job_not_requeueable_before_it_stops_it(tmp_path):
+    """A job that served requeues itself when its steps end: stopped by the deploy, it must end instead."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    # squeue: the job's id while asked for ids (-o %i); nothing left once it was signalled
+    _stub(bin_dir / "squeue", '#!/bin/sh\ncase "$*" in *"-o %i") echo 41;; esac\n')
+    for tool in ("scontrol", "scancel"):
+        _stub(bin_dir / tool, f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n')
+    proc = subprocess.run(["sh", "-c", slurm.cancel(["k3-engine"], 60)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    ran = log.read_text().splitlines()
+    assert ran[0] == "scontrol update JobId=41 Requeue=0", ran
+    assert [line for line in ran if "--signal=TERM" in line] == [
+        f'scancel -u {os.popen("id -un").read().strip()} --name=k3-engine --state=RUNNING --signal=TERM'], ran
+
 # ---------------------------------------------------------------------------------------------- a real run
 
 SRUN = r"""#!/bin/bash
@@ -308,6 +325,8 @@ def test_a_batch_script_starts_the_worker_after_the_heads_port_and_fails_whole_w
 CURL_OK = "#!/bin/sh\nexit 0\n"
 SCONTROL = r"""#!/bin/bash
 echo "scontrol $*" >> "$K3_TEST_LOG"
+[ "$1" = -o ] && echo "JobId=$SLURM_JOB_ID JobName=k3-engine Requeue=${K3_TEST_REQUEUE:-1} Restarts=0 BatchFlag=1"
+exit 0
 """
 
 #: the head runs until stopped; the worker ends once the job has seen the group serve
@@ -324,8 +343,11 @@ esac
 """
 
 
-@pytest.mark.parametrize("restarts, requeued", [(None, True), ("2", True), ("3", False)])
-def test_a_job_that_served_requeues_itself_when_a_step_ends_up_to_the_limit(tmp_path, restarts, requeued):
+@pytest.mark.parametrize("restarts, requeueable, requeued", [(None, "1", True), ("2", "1", True), ("3", "1", False),
+                                                              (None, "0", False)])
+def test_a_job_that_served_requeues_itself_when_a_step_ends_up_to_the_limit(tmp_path, restarts, requeueable,
+                                                                            requeued):
+    """... unless it was made not requeueable (what the deploy does before it stops a job: ``slurm.cancel``)."""
     cfg, out_dir, bin_dir, log = tmp_path / "cfg", tmp_path / "slurm", tmp_path / "bin", tmp_path / "log"
     for d in (cfg, out_dir / "engine", bin_dir):
         d.mkdir(parents=True)
@@ -339,7 +361,7 @@ def test_a_job_that_served_requeues_itself_when_a_step_ends_up_to_the_limit(tmp_
     script = tmp_path / "job.sbatch"
     script.write_text(job.script)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "K3_TEST_LOG": str(log),
-           "K3_TEST_SERVED": str(out_dir / "engine" / "77" / "served"),
+           "K3_TEST_SERVED": str(out_dir / "engine" / "77" / "served"), "K3_TEST_REQUEUE": requeueable,
            **({"SLURM_RESTART_COUNT": restarts} if restarts else {})}
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     ran = log.read_text()
@@ -350,7 +372,10 @@ def test_a_job_that_served_requeues_itself_when_a_step_ends_up_to_the_limit(tmp_
         assert (f"group engine served before the step ended: the job requeues itself (restart "
                 f"{int(restarts or 0) + 1} of 3;") in proc.stderr
     else:
-        assert proc.returncode == 1 and "scontrol" not in ran, (proc.stderr, ran)
+        assert proc.returncode == 1 and "scontrol requeue" not in ran and "requeues itself" not in proc.stderr, (
+            proc.stderr, ran)
+    if requeueable == "0":
+        assert "served before the step ended, but the job is stopped for good (no longer requeueable" in proc.stderr
 
 
 def _queued(job: slurm.SlurmJob, comment: str | None = None, state: str = "RUNNING") -> slurm.QueuedJob:
