@@ -293,7 +293,8 @@ def _batch(rollout: Rollout, group: str, revision: str | None) -> str:
         out=shlex.quote(group_dir(rollout, group)), nodes=len(nodes),
         mkdir_fail=shlex.quote(f"k3deploy: group {group}: cannot create the step output directory ") + '"$out"'
         + shlex.quote(f" on {', '.join(nodes)}"),
-        steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, requeue=f'"{requeue}"', stopped=f'"{stopped}"', requeue_max=v.k3_slurm_requeue_max,
+        steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, requeue=f'"{requeue}"', stopped=f'"{stopped}"',
+        requeue_max=v.k3_slurm_requeue_max,
         health=shlex.quote(head.serves + "/health") if head.serves else "", poll=max(1, round(v.k3_poll_interval)),
         served_comment=served_comment if head.serves else [
             "The group's head serves no HTTP: the job never requeues itself; a step that ends ends the job."],
@@ -417,8 +418,8 @@ def cancel(names: Sequence[str], timeout: int) -> str:
     requeue itself when its steps end). A running job is stopped as the batch script stops a group: SIGTERM to its
     steps only (``scancel --signal=TERM`` without ``--full``: each launch script stops its container as the unit's
     ``ExecStop`` does, the batch script sees its steps end and exits); a pending one is cancelled. One still queued
-    after ``timeout`` seconds is cancelled outright (Slurm: SIGTERM to everything, SIGKILL after KillWait), and waited
-    for 60 s more."""
+    after ``timeout`` seconds is cancelled outright (Slurm: SIGTERM to everything, SIGKILL after KillWait), saying so
+    on stdout, and waited for 60 s more."""
     each = [shlex.quote(n) for n in names]
     final = (f"for j in $(squeue -h {_ME} --name={_names(names)} -o %i); do scontrol update JobId=$j Requeue=0; "
              "done")
@@ -426,11 +427,14 @@ def cancel(names: Sequence[str], timeout: int) -> str:
                         "--signal=TERM" for n in each)
     hard = " ; ".join(f"scancel {_ME} --name={n}" for n in each)
     late = shlex.quote(f"jobs {', '.join(names)} still in the queue after {int(timeout) + 60}s: ") + '"$left"'
+    # said on stdout: the run shows it (a job whose steps do not end on SIGTERM has an engine that ignores it)
+    outright = shlex.quote(f"not ended {int(timeout)}s after SIGTERM to their steps, so cancelled outright: ") \
+        + '"$left"'
     left = f"left=$(squeue -h {_ME} --name={_names(names)} -o '%i %j %T')"
     return (f"{{ {final} ; {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
             f"while {left}; [ -n \"$left\" ]; do "
             f"if [ $(date +%s) -ge $end ]; then if [ $hard = 1 ]; then echo {late} >&2; exit 1; fi; "
-            f"{{ {hard} ; }} 2>/dev/null; hard=1; end=$(( $(date +%s) + 60 )); fi; sleep 1; done")
+            f"echo {outright}; {{ {hard} ; }} 2>/dev/null; hard=1; end=$(( $(date +%s) + 60 )); fi; sleep 1; done")
 
 
 def accounting(names: Sequence[str], since: str = "now-7days") -> str:

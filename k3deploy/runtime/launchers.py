@@ -123,6 +123,8 @@ class Slurm:
                 logger.error(f"[{at}] cannot cancel the jobs {', '.join(names)}: {out.strip() or 'scancel failed'}")
                 return False
             what = ", ".join(f"job {q.id} ({q.name}, {q.comment or 'no comment'})" for q in held)
+            if out.strip():
+                logger.warning(f"[{at}] {out.strip()}")
             logger.info(f"[{at}] cancelled {what}: Slurm holds none of them now")
         for g in start:
             job = self.jobs[g]
@@ -140,6 +142,8 @@ class Slurm:
         """Cancel the jobs of ``groups`` (a group that failed its gate: no half group), saying so."""
         names = [self.jobs[g].name for g in groups]
         ok, out = run(hosts, self.submit_host, slurm.cancel(names, CANCEL_TIMEOUT))
+        if ok and out.strip():
+            logger.warning(f"[{self.submit_host}] {out.strip()}")
         (logger.warning if ok else logger.error)(
             f"[{self.submit_host}] job {', '.join(names)} cancelled" if ok else
             f"[{self.submit_host}] cannot cancel {', '.join(names)}: {out.strip() or 'scancel failed'}")

@@ -71,6 +71,21 @@ def bundled(sim: Sim, tmp: Path) -> dict[str, str]:
                 for m in tar.getmembers() if m.isfile()}
 
 
+#: the most a run that stops a serving job may take here: the job's steps end within seconds of SIGTERM (an engine
+#: that did not stop on it ran until docker stop's SIGKILL, 60 s later; a job that requeued itself, 120 s and a hard
+#: cancel)
+STOPPING_RUN_S = 45
+
+
+def stopping(sim: Sim, *extra: str):
+    """A deploy run that stops the serving job: it ends in time, and without cancelling anything outright."""
+    t0 = time.monotonic()
+    run = deploy(sim.inventory, *extra)
+    took = time.monotonic() - t0
+    assert took < STOPPING_RUN_S and "cancelled outright" not in run.stdout, (f"{took:.0f} s", why(run))
+    return run
+
+
 def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     sim = sim_factory("sdtp", "gb300", 2, "--slurm")
     sim.set_vars("k3_strategy: multi_node_tp\n")
@@ -143,7 +158,7 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     text = k3("plan", sim.inventory).stdout
     assert f"engine: replace: cancel job {job}, then submit k3-engine on {head},{worker}" in text, text
     assert "+ --max-num-seqs 4" in text
-    changed = deploy(sim.inventory)
+    changed = stopping(sim)
     assert changed.returncode == 0, why(changed)
     assert f"cancelled job {job} (k3-engine, {comment})" in changed.stdout
     # the job it stopped had served: made not requeueable first, it ended instead of requeueing itself
@@ -178,7 +193,7 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     preview = k3("plan", sim.inventory, "--rollback", "previous")
     assert preview.returncode == 3 and "a rollback from revision 2 to revision 1" in preview.stdout, preview.stdout
     assert f"engine: replace: cancel job {job3}" in preview.stdout and "- --max-num-seqs 4" in preview.stdout
-    rollback = deploy(sim.inventory, "--data", "k3_rollback=true")
+    rollback = stopping(sim, "--data", "k3_rollback=true")
     assert rollback.returncode == 0, why(rollback)
     assert "rollback of group engine from revision 2 to revision 1" in rollback.stdout
     assert f"cancelled job {job3} (k3-engine, {comment3})" in rollback.stdout
@@ -215,7 +230,7 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     # a change whose worker crashes: the job ends whole, the report names the worker with its own step output
     k3("sim", "fault", "--name", sim.name, "1:engine-crash", check=True)
     sim.set_vars('k3_extra_args: ["--max-num-seqs", "8"]\n')
-    crash = deploy(sim.inventory)
+    crash = stopping(sim)
     assert crash.returncode != 0
     assert f"[{worker}] worker rank 1 on {worker} (" in crash.stdout and "failed during start" in crash.stdout
     assert f"[{worker}] --- /var/lib/k3deploy/slurm/engine/" in crash.stdout

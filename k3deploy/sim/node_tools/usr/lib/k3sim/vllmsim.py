@@ -1355,12 +1355,23 @@ def main(argv: list[str]) -> int:
         return 2
     engine = Engine(cfg, args, env)
 
-    def on_signal(signum, frame):
+    # SIGTERM/SIGINT stop the engine. The handler itself does nothing: a Python handler runs in the main thread
+    # between two of its bytecodes, so one that logs or sets an Event takes a lock the main thread may hold at that
+    # moment (a stop sends several signals at once: Slurm's to every process of the step, docker's client forwarding
+    # its own, docker stop's), and the engine deadlocks, never stopping. The signal's byte on the wakeup fd wakes a
+    # thread that logs and sets the stop event in an ordinary thread's context.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+    def on_signal() -> None:
+        os.read(wake_r, 1)
         log("INFO", "launcher.py:121", "Shutting down FastAPI HTTP server.")
         engine.stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    threading.Thread(target=on_signal, daemon=True, name="signals").start()
     if unknown:
         log("INFO", "k3sim", "flags not interpreted by the simulation: " + " ".join(unknown))
     try:
