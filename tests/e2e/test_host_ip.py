@@ -24,7 +24,8 @@ def test_vllm_host_ip_lets_a_head_without_a_cluster_default_route_serve(sim_fact
     sim = sim_factory("hostip", "gb300", 2, "--fault", f"0:default-route={route}")
     head_ip = sim.info["nodes"][0]["ip"]
     # what happens without it (the site blanks it): the head advertises get_ip()'s answer and nobody loads
-    sim.set_vars("k3_extra_env: {VLLM_HOST_IP: ''}\n")
+    # (the head's ready timeout shortened from vLLM's 600 s: the same failure, seen sooner)
+    sim.set_vars("k3_extra_env: {VLLM_HOST_IP: '', VLLM_ENGINE_READY_TIMEOUT_S: '100'}\n")
     bad = deploy(sim.inventory)
     assert bad.returncode != 0, why(bad)
     assert f"mq_connect_ip={advertised} (local)" in bad.stdout, why(bad)
