@@ -87,7 +87,7 @@ class Run:
 def cluster():
     k3("sim", "down", "--name", "frun", check=False)
     sim = Sim("frun", "gb300", 2)
-    base = sim.group_vars.read_text() + "k3_strategy: multi_node_tp\nk3_link_timeout: 15\n"
+    base = sim.group_vars.read_text() + "k3_strategy: multi_node_tp\nk3_link_timeout: 10\n"
     sim.base_vars = base  # type: ignore[attr-defined]
     sim.group_vars.write_text(base)
     first = Run(sim).finish()

@@ -30,6 +30,7 @@ All timeouts are nominal vLLM/torch values multiplied by the node's ``time_scale
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -177,7 +178,7 @@ class EngineFailure(Exception):
 
 # ----------------------------------------------------------------------------- logging
 
-_log_lock = threading.Lock()
+_log_lock = threading.RLock()   # re-entrant: the SIGTERM handler logs from the main thread
 
 
 def log(level: str, where: str, msg: str) -> None:
@@ -1355,23 +1356,23 @@ def main(argv: list[str]) -> int:
         return 2
     engine = Engine(cfg, args, env)
 
-    # SIGTERM/SIGINT stop the engine. The handler itself does nothing: a Python handler runs in the main thread
-    # between two of its bytecodes, so one that logs or sets an Event takes a lock the main thread may hold at that
-    # moment (a stop sends several signals at once: Slurm's to every process of the step, docker's client forwarding
-    # its own, docker stop's), and the engine deadlocks, never stopping. The signal's byte on the wakeup fd wakes a
-    # thread that logs and sets the stop event in an ordinary thread's context.
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    # A stop sends several signals at once (Slurm's to every process of the step, docker's client forwarding its own,
+    # docker stop's): a handler runs in the main thread between two bytecodes, so a second signal can interrupt the
+    # first one's handler in the middle of its log line. The first signal alone stops and logs; the log lock is
+    # re-entrant, and a write that re-enters the stream is dropped (a nested handler that waited on the log lock
+    # deadlocked the engine: it then ran until docker stop's SIGKILL, 60 s later).
+    signalled: list[int] = []
 
-    def on_signal() -> None:
-        os.read(wake_r, 1)
-        log("INFO", "launcher.py:121", "Shutting down FastAPI HTTP server.")
+    def on_signal(signum, frame):
+        if signalled:
+            return
+        signalled.append(signum)
         engine.stop.set()
+        with contextlib.suppress(RuntimeError):   # "reentrant call inside <_io.BufferedWriter ...>"
+            log("INFO", "launcher.py:121", "Shutting down FastAPI HTTP server.")
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: None)
-    threading.Thread(target=on_signal, daemon=True, name="signals").start()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     if unknown:
         log("INFO", "k3sim", "flags not interpreted by the simulation: " + " ".join(unknown))
     try:
