@@ -9,6 +9,8 @@ import pytest
 
 from helpers import FIXTURES
 from k3deploy.facts import nvidia
+from k3deploy.facts.base import FactError
+from k3deploy.facts.health import HealthReading
 from k3deploy.facts.nvidia import parse_nvidia_health
 from k3deploy.facts.rdma import DmabufPrerequisites
 from k3deploy.facts.rollout import UnitOnHost, WeightsState
@@ -105,6 +107,7 @@ def test_the_fabric_fact_keeps_the_tools_error_and_its_exit_status(tmp_path):
     env = _nvidia_smi(tmp_path, q="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
     (tmp_path / "bin" / "nvidia-smi").write_text(f"#!/bin/sh\ncat {tmp_path}/q\nexit 9\n")
     got = nvidia.NvlinkFabric().process(_sent(nvidia.NvlinkFabric(), env))
+    assert isinstance(got, FactError)
     assert (got.kind, got.exit_code) == ("failed", 9)
     assert got.first_line.startswith("NVIDIA-SMI has failed")
 
@@ -133,5 +136,6 @@ def test_the_health_fact_reads_from_the_filtered_reports_every_event_of_the_whol
                                  "3, 00000000:00:1E.0", "K3_SECTION=ecc", *ecc.splitlines(),
                                  "K3_SECTION=nvlink", *nvlink.splitlines()])
     got = nvidia.NvidiaHealth().process(sent)
+    assert isinstance(got, HealthReading)
     assert got.events == whole.events and whole.events   # every fixture here has an event
     assert len(sent) < 12 + len(ecc.splitlines()) + len(nvlink.splitlines())
