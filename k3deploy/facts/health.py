@@ -68,13 +68,17 @@ def parse_quarantine(lines: list[str]) -> str | None:
     return str(reason) if reason else "quarantined"
 
 
-def section(name: str, command: str) -> str:
-    """One section of a health command: its mark, then ``command`` under ``timeout`` (stderr folded in).
+def section(name: str, command: str, keep: str = "", ignore_case: bool = False) -> str:
+    """One section of a health command: its mark, then ``command`` under ``timeout`` (stderr folded in); with
+    ``keep``, only the lines matching that extended regular expression are sent back (``grep -E`` on the node).
 
         >>> section("ecc", "nvidia-smi -q -d ECC")
         'echo K3_SECTION=ecc; timeout 20 nvidia-smi -q -d ECC 2>&1'
+        >>> section("nvlink", "nvidia-smi nvlink -s", keep="^GPU |inactive", ignore_case=True)
+        "echo K3_SECTION=nvlink; timeout 20 nvidia-smi nvlink -s 2>&1 | grep -iE '^GPU |inactive'"
     """
-    return f"echo {SECTION_MARK}{name}; timeout {HEALTH_TOOL_TIMEOUT_S} {command} 2>&1"
+    out = f"echo {SECTION_MARK}{name}; timeout {HEALTH_TOOL_TIMEOUT_S} {command} 2>&1"
+    return f"{out} | grep -{'i' if ignore_case else ''}E {shlex.quote(keep)}" if keep else out
 
 
 def quarantine_section(config_dir: str) -> str:

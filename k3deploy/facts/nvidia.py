@@ -1054,8 +1054,8 @@ class NvidiaHealth(K3Fact[HealthReading]):
             f"echo {SECTION_MARK}nvl; echo {1 if nvl else 0}",
             section("gpus", "nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader"),
             f"echo {SECTION_MARK}kernel; {kernel}",
-            section("ecc", "nvidia-smi -q -d ECC,ROW_REMAPPER") + f" | grep -E '{ECC_LINES}'",
-            section("nvlink", "nvidia-smi nvlink -s") + f" | grep -iE '{NVLINK_LINES}'",
+            section("ecc", "nvidia-smi -q -d ECC,ROW_REMAPPER", keep=ECC_LINES),
+            section("nvlink", "nvidia-smi nvlink -s", keep=NVLINK_LINES, ignore_case=True),
         ], config_dir)
 
     def parse(self, lines: list[str]) -> HealthReading:

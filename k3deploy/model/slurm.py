@@ -421,8 +421,8 @@ def cancel(names: Sequence[str], timeout: int) -> str:
     after ``timeout`` seconds is cancelled outright (Slurm: SIGTERM to everything, SIGKILL after KillWait), saying so
     on stdout, and waited for 60 s more."""
     each = [shlex.quote(n) for n in names]
-    final = (f"for j in $(squeue -h {_ME} --name={_names(names)} -o %i); do scontrol update JobId=$j Requeue=0; "
-             "done")
+    no_requeue = (f"for j in $(squeue -h {_ME} --name={_names(names)} -o %i); do scontrol update JobId=$j Requeue=0; "
+                  "done")
     signal = " ; ".join(f"scancel {_ME} --name={n} --state=PENDING ; scancel {_ME} --name={n} --state=RUNNING "
                         "--signal=TERM" for n in each)
     hard = " ; ".join(f"scancel {_ME} --name={n}" for n in each)
@@ -431,7 +431,7 @@ def cancel(names: Sequence[str], timeout: int) -> str:
     outright = shlex.quote(f"not ended {int(timeout)}s after SIGTERM to their steps, so cancelled outright: ") \
         + '"$left"'
     left = f"left=$(squeue -h {_ME} --name={_names(names)} -o '%i %j %T')"
-    return (f"{{ {final} ; {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
+    return (f"{{ {no_requeue} ; {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
             f"while {left}; [ -n \"$left\" ]; do "
             f"if [ $(date +%s) -ge $end ]; then if [ $hard = 1 ]; then echo {late} >&2; exit 1; fi; "
             f"echo {outright}; {{ {hard} ; }} 2>/dev/null; hard=1; end=$(( $(date +%s) + 60 )); fi; sleep 1; done")

@@ -118,13 +118,11 @@ class Slurm:
         held = [q for q in self.queued if q.name in {self.jobs[g].name for g in stop}]
         names = list(dict.fromkeys(q.name for q in held))
         if names:
-            ok, out = run(hosts, at, slurm.cancel(names, CANCEL_TIMEOUT))
+            ok, out = self._cancel(hosts, names)
             if not ok:
                 logger.error(f"[{at}] cannot cancel the jobs {', '.join(names)}: {out.strip() or 'scancel failed'}")
                 return False
             what = ", ".join(f"job {q.id} ({q.name}, {q.comment or 'no comment'})" for q in held)
-            if out.strip():
-                logger.warning(f"[{at}] {out.strip()}")
             logger.info(f"[{at}] cancelled {what}: Slurm holds none of them now")
         for g in start:
             job = self.jobs[g]
@@ -138,12 +136,18 @@ class Slurm:
                         f"{','.join(job.nodes)}")
         return True
 
-    def cancel(self, hosts: Mapping[str, Any], groups: Sequence[str]) -> None:
-        """Cancel the jobs of ``groups`` (a group that failed its gate: no half group), saying so."""
-        names = [self.jobs[g].name for g in groups]
+    def _cancel(self, hosts: Mapping[str, Any], names: Sequence[str]) -> tuple[bool, str]:
+        """Stop the jobs ``names`` on the submit host (:func:`k3deploy.model.slurm.cancel`); a job that had to be
+        cancelled outright is said as a warning."""
         ok, out = run(hosts, self.submit_host, slurm.cancel(names, CANCEL_TIMEOUT))
         if ok and out.strip():
             logger.warning(f"[{self.submit_host}] {out.strip()}")
+        return ok, out
+
+    def cancel(self, hosts: Mapping[str, Any], groups: Sequence[str]) -> None:
+        """Cancel the jobs of ``groups`` (a group that failed its gate: no half group), saying so."""
+        names = [self.jobs[g].name for g in groups]
+        ok, out = self._cancel(hosts, names)
         (logger.warning if ok else logger.error)(
             f"[{self.submit_host}] job {', '.join(names)} cancelled" if ok else
             f"[{self.submit_host}] cannot cancel {', '.join(names)}: {out.strip() or 'scancel failed'}")

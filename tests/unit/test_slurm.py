@@ -5,6 +5,7 @@ stand-ins for srun on PATH (the steps run locally, each with its node's name).""
 from __future__ import annotations
 
 import os
+import pwd
 import shlex
 import shutil
 import socket
@@ -212,7 +213,6 @@ def test_the_commands_the_runtime_runs_on_the_submit_host_are_valid_sh():
         assert subprocess.run(["sh", "-n", "-c", text], capture_output=True).returncode == 0, text
 
 
-
 def test_the_deploy_makes_each_job_not_requeueable_before_it_stops_it(tmp_path):
     """A job that served requeues itself when its steps end: stopped by the deploy, it must end instead."""
     bin_dir, log = tmp_path / "bin", tmp_path / "log"
@@ -227,7 +227,8 @@ def test_the_deploy_makes_each_job_not_requeueable_before_it_stops_it(tmp_path):
     ran = log.read_text().splitlines()
     assert ran[0] == "scontrol update JobId=41 Requeue=0", ran
     assert [line for line in ran if "--signal=TERM" in line] == [
-        f'scancel -u {os.popen("id -un").read().strip()} --name=k3-engine --state=RUNNING --signal=TERM'], ran
+        f"scancel -u {pwd.getpwuid(os.geteuid()).pw_name} --name=k3-engine --state=RUNNING --signal=TERM"], ran
+
 
 # ---------------------------------------------------------------------------------------------- a real run
 
