@@ -17,10 +17,16 @@ every layer of the host's data (override, host, each group, global, deploy data)
 a ``KeyError`` per layer that lacks the key: some thirty lookups per operation and host, most of the control
 machine's CPU time per operation; :func:`pop_global_arguments` gives it the host's data merged once per call (the
 same values: :meth:`HostData.dict` merges the layers in the same order of precedence).
+
+And for the garbage collector, which a run keeps busy: its full passes walked everything the run holds (the modules,
+the inventory, every host's facts and the plan) again and again, and its young passes ran every 700 allocations;
+:func:`install` makes the young passes rarer and :func:`settle_heap` (once the run's state is built) leaves what it
+holds by then out of every pass. At 36 hosts: 59 ms of the control machine's CPU in the collector, 9 ms after.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 from copy import copy
 from functools import cache
@@ -94,9 +100,25 @@ def pop_global_arguments(state: Any, host: Any, kwargs: dict[str, Any]) -> Any:
         host.data = data
 
 
+def settle_heap() -> None:
+    """Leave what the run holds by now (modules, the inventory, the facts, the plan: some 90,000 objects on 36
+    hosts) out of the garbage collector's passes (``gc.freeze``): each full pass walked all of it again (~33 ms at 36
+    hosts, more per pass as the inventory grows), while what the run makes from now on (commands, outputs) dies
+    young."""
+    gc.freeze()
+
+
+#: allocations between two collections of the youngest generation (Python's default: 700); most of what a run
+#: allocates is freed by its reference count before that, so fewer passes walk fewer survivors (at 36 hosts: 43
+#: young passes instead of 120)
+YOUNG = 10_000
+
+
 def install() -> None:
     """Use :func:`operation_order_from_stack` for the operations called from now on, and
-    :func:`all_global_arguments` for pyinfra's global arguments (idempotent)."""
+    :func:`all_global_arguments` for pyinfra's global arguments; the youngest generation of the garbage collector
+    collected every :data:`YOUNG` allocations (idempotent)."""
+    gc.set_threshold(YOUNG, *gc.get_threshold()[1:])
     setattr(_operation, "get_operation_order_from_stack", operation_order_from_stack)  # noqa: B010
     for module in (pyinfra.api.arguments, pyinfra.api.facts):
         setattr(module, "all_global_arguments", all_global_arguments)  # noqa: B010

@@ -52,6 +52,7 @@ from k3deploy.runtime.gather import Gathered, gather_in_run
 from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
+    STOPPED,
     Written,
     directories,
     drifted,
@@ -94,6 +95,7 @@ class Context:
     metas: dict[str, str] = field(default_factory=dict)    # group -> that revision's meta.json
     marks: dict[str, int] = field(default_factory=dict)    # group -> the revision marked current once it serves
     plans: dict[int, StartPlan] = field(default_factory=dict)   # restart step -> how its groups restart, per host
+    running: dict[int, bool] = field(default_factory=dict)   # restart step -> some unit it stops may be running
     launcher: Systemd | Slurm = field(default_factory=Systemd)   # what starts the groups (k3_launcher), chosen once
     gate: GatePlan | None = None          # the SLO gate of this run's restart (None: not gated)
     outcomes: dict[str, Outcome] = field(default_factory=dict)   # group -> what the SLO gate found
@@ -163,6 +165,19 @@ class Context:
                 self.plans[step] = self.rollout.start_plan(set(self.rollout.waves()[step]))
             return self.plans[step]
 
+    def stops(self, step: int) -> bool:
+        """Some unit that restart step ``step`` stops may be running (as the facts read it; a unit they did not read
+        might be). Where none is (a first rollout), no host calls the step's stops: every host's sequence loses the
+        same operations, so the starts keep their order, and each operation a host calls costs the control machine
+        about 0.3 ms even where it does nothing."""
+        gathered = self.gathered
+        assert gathered is not None
+        if step not in self.running:   # worked out once (no greenlet runs in between)
+            self.running[step] = any(
+                (have := gathered.installed.get((h.host, unit))) is None or have.active not in STOPPED
+                for h in self.start_plan(step).hosts for unit in (*h.routers, *h.workers, *h.heads))
+        return self.running[step]
+
     def step_ok(self, groups: list[str], calls: list[str]) -> bool:
         """Every one of ``groups`` serves and every one of the router ``calls`` succeeded."""
         return self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
@@ -229,6 +244,7 @@ def context() -> Context:
     with _lock:
         if key not in _contexts:
             _contexts[key] = _build(state)
+            oporder.settle_heap()
         return _contexts[key]
 
 
@@ -618,12 +634,14 @@ def start_phase(ctx: Context) -> None:
                 write_files(name=f"Env file (0600), staged, systemd unit{step}", files=_staged(ctx, rolled, ready))
         # a change anywhere in a group restarts the whole group: router, workers, then heads
         # (each host calls its stops even where its units are stopped: the starts after them must stay as deep in
-        # every host's sequence, so that no worker's start comes before its head's)
-        if me.routers:
+        # every host's sequence, so that no worker's start comes before its head's; where no unit of the step runs
+        # on any host, as in a first rollout, no host calls them)
+        stops = ctx.stops(i)
+        if me.routers and stops:
             stop_units(name="Stop routers of restarting groups", units=me.routers, seen=seen, _if=ready)
-        if me.workers:
+        if me.workers and stops:
             stop_units(name=f"Stop workers of restarting groups{step}", units=me.workers, seen=seen, _if=ready)
-        if me.heads:
+        if me.heads and stops:
             stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, seen=seen, _if=ready)
         # every host records and swaps before any head starts: a run killed after this leaves every member of a
         # group on the files of one recorded revision

@@ -168,11 +168,14 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     def key(work: UnitWork) -> str:
         return f"{work.unit}@{work.host}"
 
+    # each unit's probe, written once for the whole wait (a poll round of a large group would otherwise write every
+    # script again, the served model name read back from each unit's argv)
+    scripts = {key(u): probe_script(u, rollout.plan.model) if control is None else
+               control.probe_script(u, rollout.plan.model) for u in units}
+
     def poll(some: list[UnitWork]) -> dict[str, Probe]:
         """One poll of each of ``some``, all hosts at once (each over its own connection)."""
-        jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model,
-                                     None if control is None else control.probe_script(u, rollout.plan.model))
-                for u in some}
+        jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model, scripts[key(u)]) for u in some}
         gevent.joinall(list(jobs.values()))
         return {k: job.value if job.successful() else Probe("failed", f"the probe raised {job.exception!r}")
                 for k, job in jobs.items()}
