@@ -277,13 +277,15 @@ def _tcp_open(address: str, port: int, seconds: int) -> str:
     return f"timeout {int(seconds)} bash -c '</dev/tcp/$1/$2' _ {shlex.quote(address)} {int(port)}"
 
 
-def serve_peers(config: str, address: str, port: int, dirs: Sequence[str]) -> str:
-    """Start the read-only rsync daemon (a transient unit) that gives this node's staged files to its peers, and
-    wait until it listens on ``address:port``."""
+def serve_peers(config: str, text: str, address: str, port: int, dirs: Sequence[str]) -> str:
+    """Write the daemon's configuration ``text`` to ``config`` (:func:`put_text`), start the read-only rsync daemon
+    (a transient unit) that gives this node's staged files to its peers, and wait until it listens on
+    ``address:port``: one command."""
     unit = PEERS_UNIT
     made = " ".join(shlex.quote(d) for d in dirs)
     late = shlex.quote(f"rsync daemon not listening on {address}:{int(port)} after 30s")
-    return (f"mkdir -p {made} && {{ systemctl stop {unit} 2>/dev/null || true; }} && "
+    return (f"{put_text(config, text, '644')} && mkdir -p {made} && "
+            f"{{ systemctl stop {unit} 2>/dev/null || true; }} && "
             f"{{ systemctl reset-failed {unit} 2>/dev/null || true; }} && "
             f"systemd-run --quiet --unit {unit} --collect rsync --daemon --no-detach "
             f"--config={shlex.quote(config)} && i=0; until {_tcp_open(address, port, 1)} "
@@ -321,6 +323,23 @@ def root_only_dir(directory: str) -> str:
             'each one above it, must be owned by root and writable by root only (chown root:root; chmod go-w)" >&2; '
             'exit 1; fi; '
             'f=0; done; }')
+
+
+def put_text(dest: str, text: str, mode: str) -> str:
+    """Write ``text`` (no secret: it is part of the command) to ``dest`` with ``mode``, root's, in one command that
+    fails as a whole: into a new file of an unpredictable name (``mktemp``, 0600) in the destination's directory,
+    which only root may write to (:func:`root_only_dir`), then mode and owner set and renamed onto ``dest``.
+
+        >>> put_text("/var/lib/k3deploy/stage/peers.conf", "x = 1", "644").endswith(
+        ...     'mv -f "$t" /var/lib/k3deploy/stage/peers.conf; } || { rm -f "$t"; exit 1; }')
+        True
+    """
+    directory = dest.rsplit("/", 1)[0] or "/"
+    t = '"$t"'
+    return (f"umask 022 && mkdir -p {shlex.quote(directory)} && {root_only_dir(directory)} && "
+            f"t=$({_mktemp(directory.rstrip('/') + '/.k3-')}) && {{ printf %s {shlex.quote(text)} > {t} && "
+            f"chmod {shlex.quote(mode)} {t} && chown 0:0 {t} && mv -f {t} {shlex.quote(dest)}; }} || "
+            f"{{ rm -f {t}; exit 1; }}")
 
 
 def new_temp(directory: str, temp: str) -> str:

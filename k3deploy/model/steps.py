@@ -47,7 +47,7 @@ from k3deploy.recipe.argv import served_model_name
 
 #: the stage's step kinds, in the order they run (the rounds from a peer come between ``SERVE`` and ``UNSERVE``)
 (STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE,
- EXPORT, PEERS_CONFIG, SERVE) = range(13)
+ EXPORT, SERVE) = range(12)
 ROUND = 100          # round i of the fan-out is kind ROUND + i
 UNSERVE, VERIFY_BEFORE_START = 10_000, 10_001
 
@@ -191,18 +191,16 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             EXPORT, "Image: archive for peers", h, h in image.export,
             commands.export_image(docker, image_ref, variables.k3_stage_dir),
             why="write the image it holds as an archive for its peers"))
-        each(PEERS_CONFIG, "Peers: rsync daemon configuration", lambda h: Step(
-            PEERS_CONFIG, "Peers: rsync daemon configuration", h, h in plan.senders,
-            file=FileWrite(peers_config_path(rollout), "644", peers_config(rollout, h) if h in where else ""),
-            why=f"serve the staged files to peers while the stage runs: `{peers_config_path(rollout)}`"))
+        config = peers_config_path(rollout)
+        senders = set(plan.senders)
         each(SERVE, "Peers: serve staged files (read only)", lambda h: Step(
-            SERVE, "Peers: serve staged files (read only)", h, h in plan.senders,
-            commands.serve_peers(peers_config_path(rollout), where.get(h, ""), variables.k3_stage_port,
-                                 [commands.hub_dir(cache), variables.k3_stage_dir]),
-            why="then the daemon"))
+            SERVE, "Peers: serve staged files (read only)", h, h in senders,
+            commands.serve_peers(config, peers_config(rollout, h), where[h], variables.k3_stage_port,
+                                 [commands.hub_dir(cache), variables.k3_stage_dir]) if h in senders else "",
+            why=f"serve the staged files to peers while the stage runs: the rsync daemon's configuration `{config}`, "
+                "then the daemon"))
         # a receiver that sends to nobody is done with the stage after its last round: it removes the image archive
         # there (the unserve step is then only the senders' and the fetchers')
-        senders = set(plan.senders)
         last = {h: i for i in range(plan.rounds) for h in hosts if any(plan.round_of(i, h))}
         done_early = {h for h in last if h not in senders}
         for index in range(plan.rounds):

@@ -218,17 +218,12 @@ def directories(paths: Sequence[str], mode: str = "0755") -> Commands:
 @operation()
 def stage_step(step: Step) -> Commands:
     """One step of the stage (:func:`k3deploy.model.steps.stage`) on this host: its script, its file (a secret read
-    from the control machine's file only here: :func:`managed_file`; any other in one command, as
-    :func:`write_files` writes) or its copy from the control machine (:func:`from_control`); nothing where it does not
-    apply."""
+    from the control machine's file only here: :func:`managed_file`) or its copy from the control machine
+    (:func:`from_control`); nothing where it does not apply."""
     if not step.applies:
         host.noop("not needed on this host")
         return
-    if step.file is not None and step.file.source is None:
-        # a file the stage writes for itself (the peers' daemon configuration): written as it goes, in one command
-        f = step.file
-        yield from write_files._inner(files=[Written(f.dest, f.content, f.mode, f.kind, seen=(None, None))])
-    elif step.file is not None:
+    if step.file is not None:
         f = step.file
         content = Path(f.source).read_text() if f.source else f.content
         yield from managed_file._inner(dest=f.dest, content=content, mode=f.mode, kind=f.kind)
