@@ -110,8 +110,27 @@ def connector_drift(state: State, wanted: Target) -> list[str]:
 # ------------------------------------------------------------------------------------ connections
 
 
+def prefer_aead_ciphers() -> tuple[str, ...]:
+    """Offer AES-GCM first in this process's SSH connections, the same ciphers still on offer (OpenSSH has offered
+    GCM since 6.2; a server that does not still gets AES-CTR). paramiko offers GCM last: with CTR each packet also
+    carries an HMAC, computed and compared in Python, about 0.4 ms of the control machine's CPU per connection and 0.06
+    ms per command. Idempotent; the order now on offer.
+
+    >>> prefer_aead_ciphers()[:2]
+    ('aes128-gcm@openssh.com', 'aes256-gcm@openssh.com')
+    """
+    import paramiko
+
+    offered: tuple[str, ...] = tuple(getattr(paramiko.Transport, "_preferred_ciphers"))  # noqa: B009 (untyped)
+    aead = tuple(c for c in offered if c.endswith("-gcm@openssh.com"))
+    order = aead + tuple(c for c in offered if c not in aead)
+    setattr(paramiko.Transport, "_preferred_ciphers", order)  # noqa: B010 (paramiko's documented preference order)
+    return order
+
+
 def connect(host: Any, silent_after: int | None = None) -> str | None:
     """Connect one host (with :func:`bound_silence`); the reason when it cannot be reached, else None."""
+    prefer_aead_ciphers()
     try:
         host.connect(raise_exceptions=True, show_errors=False)
     except ConnectError as exc:

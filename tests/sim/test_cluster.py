@@ -22,6 +22,7 @@ import pytest
 from helpers import BIN, k3, present
 from helpers.simulated import bring_up, leftovers, resources, ssh
 from k3deploy.errors import K3Error
+from k3deploy.runtime.connections import connect, disconnect, open_inventory
 from k3deploy.sim import base as sim_base
 from k3deploy.sim import cluster as sim
 from k3deploy.sim import processes
@@ -216,6 +217,22 @@ def test_pyinfra_reaches_gb300_nodes_and_reads_tools(gb300):
         gpus = [ln for ln in lines if "GB300" in ln]
         assert len(gpus) == 4, lines  # a GB300 compute tray carries 4 GPUs
         assert lines[-1] == "running"
+
+
+@pytest.mark.sim
+def test_connections_negotiate_gcm_and_wake_every_half_keepalive(gb300):
+    """k3deploy's connections (the CLI's, and a deploy's through config.py) use AES-GCM with the nodes' OpenSSH,
+    and an idle one wakes every half keepalive interval (k3_link_timeout 30: keepalives every 10 s, wakes every 5 s)."""
+    state, _ = open_inventory(gb300["inventory"])
+    hosts = list(state.inventory)
+    try:
+        for h in hosts:
+            assert connect(h, 30) is None
+            transport = getattr(h.connector, "client").get_transport()  # noqa: B009 (the SSH connector's)
+            assert (transport.local_cipher, transport.remote_cipher) == ("aes128-gcm@openssh.com",) * 2
+            assert transport.sock.gettimeout() == 5.0
+    finally:
+        disconnect(hosts)
 
 
 @pytest.mark.sim

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from types import SimpleNamespace
 from typing import Any
 
@@ -48,3 +49,18 @@ def test_global_arguments_are_pyinfras_computed_once(monkeypatch):
         assert pyinfra.api.facts.all_global_arguments is oporder.all_global_arguments
     finally:
         oporder._global_arguments.cache_clear()
+
+
+def test_the_collector_runs_young_passes_less_often_and_leaves_the_settled_state_alone():
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, *before[1:])
+        oporder.install()
+        assert gc.get_threshold() == (oporder.YOUNG, *before[1:])
+        settled = [[i] for i in range(1000)]   # containers the collector tracks
+        oporder.settle_heap()
+        assert gc.get_freeze_count() >= len(settled)
+        assert all(gc.is_tracked(x) for x in settled)   # still tracked: frozen, not lost
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -265,3 +265,31 @@ def test_a_rolling_change_runs_replica_by_replica_though_each_host_calls_only_it
                                                      readings=readings), monkeypatch)]
     steps_of = [int(m[1]) for name in order if (m := re.search(r"step (\d) of 2", name))]
     assert steps_of == sorted(steps_of) and set(steps_of) == {1, 2}, order
+
+
+def test_no_host_calls_the_stops_where_no_unit_of_the_restart_runs(monkeypatch):
+    """A first rollout (every unit absent) calls no stop on any host and starts the heads before the workers; once a
+    unit of the restarting groups runs somewhere, or one was not read, the hosts with units call their stops."""
+    wanted = target(records("gb300", "multi_node_tp", 2, None), None)
+    r = desired_rollout(wanted)
+
+    def names(installed: dict[tuple[str, str], Installed]) -> list[str]:
+        readings = {h: HostReading(h, installed={u.unit: installed[(u.host, u.unit)] for u in r.on_host(h)
+                                                 if (u.host, u.unit) in installed}) for h in r.hosts}
+        gathered = Gathered(target=wanted, rollout=r, stage=stage_for(r, {}, {}), readings=readings)
+        return [name for name, _ in ordered(r, gathered, monkeypatch)]
+
+    def stops(order: list[str]) -> list[str]:
+        return [name for name in order if "Stop " in name]
+
+    absent = {(u.host, u.unit): Installed() for u in r.units}
+    mark_changes(r, absent)
+    fresh = names(absent)
+    assert stops(fresh) == []
+    starts = [i for i, name in enumerate(fresh) if "Start group heads" in name or "Start workers" in name]
+    assert len(starts) == 2 and "Start group heads" in fresh[starts[0]]
+    worker = next(u for u in r.units if not u.is_group_head)
+    runs = names({**absent, (worker.host, worker.unit): Installed(active="active")})
+    assert len(stops(runs)) == 2   # workers, then heads: on every host with such units
+    head = r.units[0]
+    assert len(stops(names({k: v for k, v in absent.items() if k != (head.host, head.unit)}))) == 2

@@ -1,0 +1,7 @@
+"""pyinfra runs this file from the working directory before it connects to any host (``pyinfra INVENTORY
+deploy/k3.py``, run from here): the deploy's SSH connections offer AES-GCM first (see
+:func:`k3deploy.runtime.connections.prefer_aead_ciphers`)."""
+
+from k3deploy.runtime.connections import prefer_aead_ciphers
+
+prefer_aead_ciphers()
