@@ -1,7 +1,9 @@
 """The hosts of an inventory and the connections to them: the inventory loaded as the ``pyinfra`` command line loads
 it (:func:`load_inventory`, :func:`open_inventory`), each host connected read-only with a bound on how long a
-silent node may hold a command (:func:`connect`, :func:`bound_silence`), and disconnected again
-(:func:`disconnect`); the ``ssh`` command a person runs to reach a host (:func:`ssh_argv`).
+silent node may hold a command (:func:`connect`, :func:`bound_silence`, idle transports woken every
+:func:`wake_every`), AES-GCM offered first (:func:`prefer_aead_ciphers`; ``config.py`` does the same for ``pyinfra``
+runs), and disconnected again (:func:`disconnect`); the ``ssh`` command a person runs to reach a host
+(:func:`ssh_argv`).
 
 Example::
 
