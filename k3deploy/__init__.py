@@ -19,7 +19,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     recipe/catalog.py (the pinned engine's flags and env), recipe/lint/ (findings, one rule per code),
     recipe/argv.py (values read back from an argv as vLLM's parser reads them), recipe/printing.py (commands
     printed as the recipes site prints them), recipe/compact.py (many nodes printed once: what they share, then
-    each node's differences).
+    each node's differences), recipe/yamlfile.py (the YAML an operator gives, read with bounds on its size and on
+    its aliases' expansion).
 
 ``vendors/`` -- the vendor packs (pure), one place per vendor family
     vendors/base.py (Pack, Check, Transport, Container: what a pack is), vendors/common.py (the checks every host

@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from k3deploy.errors import RecipeError
+from k3deploy.recipe import yamlfile
 
 #: The vendored recipe (``recipes/kimi-k3.yaml``; see ``recipes/README.md`` for its provenance).
 VENDORED_RECIPE = Path(__file__).resolve().parents[1] / "data" / "kimi-k3.yaml"
@@ -273,7 +274,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
 def parse_recipe(text: str, source: str = "<recipe>") -> Recipe:
     """Parse and validate recipe text; errors name ``source``, the line (YAML) or the key path."""
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = yamlfile.parse(text, source)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -313,7 +314,7 @@ def load_recipe(path: str | os.PathLike[str] | None = None) -> Recipe:
     p = Path(path) if path is not None else VENDORED_RECIPE
     shown = str(path) if path is not None else "recipes/kimi-k3.yaml"
     try:
-        text = p.read_text(encoding="utf-8")
+        text = yamlfile.read(p, shown)
     except FileNotFoundError:
         raise RecipeError(f"recipe file {shown} not found: pass an existing file with --recipe PATH") from None
     except IsADirectoryError:
