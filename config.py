@@ -1,7 +1,10 @@
-"""pyinfra runs this file from the working directory before it connects to any host (``pyinfra INVENTORY
-deploy/k3.py``, run from here): the deploy's SSH connections offer AES-GCM first (see
-:func:`k3deploy.runtime.connections.prefer_aead_ciphers`)."""
+"""pyinfra runs this file from the working directory before it loads the inventory and connects to any host
+(``pyinfra INVENTORY deploy/k3.py``, run from here): each host gets the connection settings (``ssh_user``,
+``ssh_key``, ...) of the group_vars files that apply to it, wherever the inventory lives (see
+:func:`k3deploy.runtime.connections.give_pyinfra_group_vars`), and the deploy's SSH connections offer AES-GCM first
+(see :func:`k3deploy.runtime.connections.prefer_aead_ciphers`)."""
 
-from k3deploy.runtime.connections import prefer_aead_ciphers
+from k3deploy.runtime.connections import give_pyinfra_group_vars, prefer_aead_ciphers
 
+give_pyinfra_group_vars()
 prefer_aead_ciphers()

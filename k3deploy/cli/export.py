@@ -174,12 +174,19 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     from k3deploy.model.runbook.blanks import secret_file, secret_token, without_secrets
 
     jobs = slurm.jobs(rollout)
+    files: list[dict[str, Any]] = []
+    secrets: dict[str, list[str]] = {}
+
+    # every file's place is checked before the first is written: none outside -o, nothing half written
+    for rel in [f"{job.name}.sbatch" for job in jobs] + [f"nodes/{hf.host}{f.path}" for hf in
+                                                         slurm.host_files(rollout, submit_host=None) for f in hf.files]:
+        if ".." in Path(rel).parts or not (out / rel).resolve().is_relative_to(out.resolve()):
+            raise K3Error(f"{rel!r} would be written outside -o {out}: rename the host or path it is made of (plain "
+                          "names only)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise K3Error(f"-o {out}: cannot create it: {exc.strerror}: choose a writable path") from None
-    files: list[dict[str, Any]] = []
-    secrets: dict[str, list[str]] = {}
 
     def put(rel: str, text: str, mode: int, host: str | None, dest: str | None) -> None:
         path = out / rel

@@ -32,8 +32,9 @@ def vars_cmd(inventory: str, host: str | None, everything: bool, as_json: bool) 
     if host is not None and host not in names:
         raise K3Error(f"--host {host}: not in {inventory} (hosts: {', '.join(names)})")
     shown = [host] if host else names
-    data = {"inventory": inventory, "files": t.resolved[names[0]].files,
-            "hosts": {h: t.resolved[h].listing(everything=everything) for h in shown}}
+    files = list(dict.fromkeys(f for h in names for f in t.resolved[h].files))   # every host's, in order
+    hosts = {h: t.resolved[h].listing(everything=everything) for h in shown}
+    data = {"inventory": inventory, "files": files, "hosts": hosts}
     if as_json:
         echo_json(data)
         return
@@ -41,11 +42,11 @@ def vars_cmd(inventory: str, host: str | None, everything: bool, as_json: bool) 
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 160)
-    console.print(f"[bold]{inventory}[/]: group_vars merged (lowest first): "
-                  + (", ".join(data["files"]) or "none"), highlight=False)
+    console.print(f"[bold]{inventory}[/]: group_vars merged (lowest first, each host the files of its groups): "
+                  + (", ".join(files) or "none"), highlight=False)
     for h in shown:
         table = Table("variable", "value", "from", title=h, title_justify="left")
-        for k, item in sorted(data["hosts"][h].items()):
+        for k, item in sorted(hosts[h].items()):
             table.add_row(k, repr(item["value"]) if not isinstance(item["value"], str) else item["value"],
                           item["from"])
         console.print(table)

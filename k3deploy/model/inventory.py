@@ -29,6 +29,7 @@ from k3deploy.model.variables import (
     address_error,
     group_vars_dirs,
     merge_vars,
+    name_in_path_error,
     reader,
 )
 from k3deploy.recipe.plan import Plan
@@ -81,10 +82,11 @@ def with_roles(records: list[HostRecord]) -> list[HostRecord]:
             for r in records]
 
 
-def variables_for(records: list[HostRecord], inventory_file: str | None,
-                  overrides: Mapping[str, Any] | None = None) -> dict[str, Resolved]:
-    """Every host's variables, with where each value came from: group_vars and the inventory's data merged per
-    host (``overrides`` on top, e.g. a CLI's ``--hardware``). Every host must agree on the selection."""
+def host_variables(records: list[HostRecord], inventory_file: str | None,
+                   overrides: Mapping[str, Any] | None = None) -> dict[str, Resolved]:
+    """Each host's variables and connection settings, with where each value came from: group_vars and the
+    inventory's data merged per host (``overrides`` on top, e.g. a CLI's ``--hardware``). Host and group names that
+    are not plain names (they become paths) are refused."""
     if not records:
         raise K3Error(f"inventory {inventory_file} has no hosts: add hosts to it")
     dirs = group_vars_dirs(inventory_file)
@@ -92,9 +94,20 @@ def variables_for(records: list[HostRecord], inventory_file: str | None,
         if not (r.data.get("k3_ip") or r.data.get("ssh_hostname") or r.name.startswith("@")):
             if why := address_error(r.name):   # the host name is its address
                 raise K3Error(f"host {r.name!r}: {why}: name the host by its address or set k3_ip")
+        if why := name_in_path_error("host", r.name):
+            raise K3Error(why)
+        for g in r.groups:
+            if why := name_in_path_error("group", g):
+                raise K3Error(f"host {r.name}: {why}")
     read = reader()
-    out = {r.name: merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ", overrides=overrides,
-                              origins=r.origins, read=read) for r in records}
+    return {r.name: merge_vars(r.groups, r.data, dirs, source=f"host {r.name}: ", overrides=overrides,
+                               origins=r.origins, read=read) for r in records}
+
+
+def variables_for(records: list[HostRecord], inventory_file: str | None,
+                  overrides: Mapping[str, Any] | None = None) -> dict[str, Resolved]:
+    """Every host's variables (:func:`host_variables`); every host must agree on the selection."""
+    out = host_variables(records, inventory_file, overrides)
     first = out[records[0].name]
     for r in records:
         res = out[r.name]

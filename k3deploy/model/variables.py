@@ -13,7 +13,10 @@ Every value is checked here, before anything reads a host: addresses and host na
 ``k3_router_host``, ``ssh_hostname``) are IP addresses or RFC 1123 host names; paths on the nodes are absolute
 with no ``..``; the unit name is a plain name; timeouts and intervals are positive; no string carries a control
 character (a newline would end an env file's line) or exceeds :data:`MAX_TEXT` characters, a served model name
-:data:`MAX_MODEL_NAME`; a group_vars file names each key once.
+:data:`MAX_MODEL_NAME`; a group_vars file names each key once, is at most 1 MiB and its aliases expand to at most
+100,000 values (:mod:`k3deploy.recipe.yamlfile`: refused before a value is built). Host and group names become
+paths (a group's group_vars file, a node's directory of ``export slurm``): each must be one plain path component
+(:func:`name_in_path_error`).
 
 Example::
 
@@ -38,6 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from k3deploy.errors import K3Error
 from k3deploy.model.secrets import mask_listing
+from k3deploy.recipe import yamlfile
+from k3deploy.recipe.yamlfile import BoundedLoader
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: one label of an RFC 1123 host name
@@ -73,6 +78,29 @@ def is_address(value: str) -> bool:
         pass
     name = value[:-1] if value.endswith(".") else value
     return 0 < len(name) <= 253 and all(HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+#: a host or group name that becomes part of a path (a group's group_vars file, a node's directory of ``export
+#: slurm``): one path component, as a unit name is (``..``, ``/`` and ``\\`` cannot be part of it)
+PATH_NAME = re.compile(r"[A-Za-z0-9_@][A-Za-z0-9_.:@-]{0,252}")
+#: a host of one of pyinfra's connectors: ``@local``, ``@fake/NAME``, ``@docker/IMAGE``
+CONNECTOR_HOST = re.compile(r"@[a-z]+(/[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,252})?")
+
+
+def name_in_path_error(kind: str, name: str) -> str | None:
+    """Why a host's or group's name (``kind``: "host" or "group") cannot become part of a path, or None.
+
+    >>> name_in_path_error("host", "gpu01"), name_in_path_error("host", "@fake/gpu01")
+    (None, None)
+    >>> name_in_path_error("host", "../../tmp/x")[:60]
+    "host '../../tmp/x' is not a plain name (letters, digits, _ ."
+    """
+    if PATH_NAME.fullmatch(name) or (kind == "host" and CONNECTOR_HOST.fullmatch(name)):
+        return None
+    fix = "rename it in the inventory (its address goes in ssh_hostname)" if kind == "host" else \
+        "rename the group in the inventory"
+    return (f"{kind} {_shown(name)} is not a plain name (letters, digits, _ . : @ -, not starting with . or -; "
+            f"it becomes a {'directory' if kind == 'host' else 'file'}'s name): {fix}")
 
 
 def address_error(value: Any) -> str | None:
@@ -476,8 +504,9 @@ class _DuplicateKey(yaml.MarkedYAMLError):
     pass
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that names a key twice (the plain loader keeps the last silently)."""
+class UniqueKeyLoader(BoundedLoader):
+    """YAML's safe loader, bounded (:mod:`k3deploy.recipe.yamlfile`: the file's size, its aliases' expansion),
+    refusing a mapping that names a key twice (the plain loader keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -492,12 +521,15 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 seen[key] = key_node.start_mark.line
             except TypeError:   # an unhashable key: the base loader says so
                 break
-        return super().construct_mapping(node, deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep)
+        return mapping
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 (a safe loader)
+        data = yamlfile.parse(yamlfile.read(path), str(path), UniqueKeyLoader)
+    except OSError as exc:
+        raise K3Error(f"{path}: cannot be read: {exc.strerror}: make it readable") from None
     except _DuplicateKey as exc:
         mark = exc.problem_mark
         raise K3Error(f"{path}:{mark.line + 1 if mark else '?'}: {exc.problem}") from None
@@ -555,8 +587,25 @@ PYINFRA_ARGUMENTS = frozenset({
 })
 
 
+#: the settings of pyinfra's SSH connector (3.10: ``SSHConnector.data_meta``; a test keeps them equal): a misspelt
+#: one would be ignored by pyinfra, and the host would connect without it
+SSH_SETTINGS = frozenset({
+    "ssh_allow_agent", "ssh_config_file", "ssh_connect_retries", "ssh_connect_retry_max_delay",
+    "ssh_connect_retry_min_delay", "ssh_file_transfer_protocol", "ssh_forward_agent", "ssh_hostname", "ssh_key",
+    "ssh_key_password", "ssh_known_hosts_file", "ssh_look_for_keys", "ssh_paramiko_connect_kwargs", "ssh_password",
+    "ssh_port", "ssh_strict_host_key_checking", "ssh_user",
+})
+
+
 def is_connector_setting(key: str) -> bool:
+    if key.startswith("ssh_"):
+        return key in SSH_SETTINGS
     return key.startswith(CONNECTOR_PREFIXES) or key in PYINFRA_ARGUMENTS
+
+
+def _closest_setting(key: str) -> str:
+    near = difflib.get_close_matches(key, sorted(SSH_SETTINGS | PYINFRA_ARGUMENTS), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
 
 
 def shown_path(path: Path) -> str:
@@ -596,8 +645,8 @@ class Resolved:
 
     vars: Variables
     sources: dict[str, str]                   # k3_* variable -> "group_vars/all.yml", "inventory", "--data", ...
-    connector: dict[str, Any]                 # pyinfra connection settings from group_vars, and their files
-    connector_sources: dict[str, str]
+    connector: dict[str, Any]                 # pyinfra connection settings group_vars give (the inventory's
+    connector_sources: dict[str, str]         # own data where it sets one too), and their files
     files: list[str]                          # the group_vars files merged, lowest precedence first
 
     def source(self, key: str) -> str:
@@ -651,10 +700,14 @@ def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterab
                         connector[key], connector_sources[key] = value, where
                     else:
                         raise K3Error(f"{where}: {key!r} is neither a k3deploy variable (k3_*) nor a pyinfra "
-                                      "connection setting (ssh_*, _sudo, ...): fix its name or remove it")
+                                      f"connection setting (ssh_user, ssh_key, _sudo, ...){_closest_setting(key)}: "
+                                      "fix its name or remove it")
     for key, value in host_data.items():
         if key == "ssh_hostname":
             _check_connector(key, value, f"{source}{(origins or {}).get(key, 'inventory')}")
+        if key in connector and key in (origins or {}):
+            # the inventory's own data wins over group_vars, as pyinfra connects with it
+            connector[key], connector_sources[key] = value, (origins or {})[key]
         if key.startswith("k3_"):
             if key not in Variables.model_fields:
                 raise K3Error(f"{source}unknown variable {key!r}{_closest(key)} in the inventory's data: fix its name")
@@ -686,16 +739,3 @@ def markdown_table() -> str:
 if __name__ == "__main__":
     sys.stdout.write(markdown_table() + "\n")
 
-
-def connector_settings(bridge_file: str, group: str) -> dict[str, Any]:
-    """The pyinfra connection settings (``ssh_*``, ``_sudo``, ...) that ``group_vars/<group>.yml`` holds for the
-    inventories next to ``bridge_file``'s ``group_data/`` folder: pyinfra reads only ``group_data/*.py``, so a
-    one-line bridge there (``inventories/group_data/all.py``) hands them to ``pyinfra`` runs too."""
-    inventories = Path(bridge_file).resolve().parent.parent
-    out: dict[str, Any] = {}
-    for d in group_vars_dirs(str(inventories / "inventory.py")):
-        for ext in (".yml", ".yaml"):
-            p = d / f"{group}{ext}"
-            if p.is_file():
-                out.update({k: v for k, v in _read_yaml(p).items() if is_connector_setting(str(k))})
-    return out

@@ -1,8 +1,10 @@
 """The hosts of an inventory and the connections to them: the inventory loaded as the ``pyinfra`` command line loads
-it (:func:`load_inventory`, :func:`open_inventory`), each host connected read-only with a bound on how long a
-silent node may hold a command (:func:`connect`, :func:`bound_silence`, idle transports woken every
-:func:`wake_every`), AES-GCM offered first (:func:`prefer_aead_ciphers`; ``config.py`` does the same for ``pyinfra``
-runs), and disconnected again (:func:`disconnect`); the ``ssh`` command a person runs to reach a host
+it (:func:`load_inventory`, :func:`open_inventory`), each host given the connection settings (``ssh_user``,
+``ssh_key``, ...) of every group_vars file that applies to it before it gets its connector (:func:`give_group_vars`;
+``config.py`` makes ``pyinfra`` runs do the same: :func:`give_pyinfra_group_vars`), each host connected read-only
+with a bound on how long a silent node may hold a command (:func:`connect`, :func:`bound_silence`, idle transports
+woken every :func:`wake_every`), AES-GCM offered first (:func:`prefer_aead_ciphers`; ``config.py`` does the same for
+``pyinfra`` runs), and disconnected again (:func:`disconnect`); the ``ssh`` command a person runs to reach a host
 (:func:`ssh_argv`).
 
 Example::
@@ -15,17 +17,18 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pyinfra.api.config import Config
 from pyinfra.api.exceptions import ConnectError
+from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_config, ctx_state
 
 from k3deploy.errors import K3Error
-from k3deploy.model.inventory import records_of
+from k3deploy.model.inventory import host_variables, records_of, with_roles
 from k3deploy.model.pipeline import Target, target
 from k3deploy.model.variables import Resolved
 
@@ -35,9 +38,9 @@ _new_config: Callable[[], Config] = Config
 # ------------------------------------------------------------------------------------- inventory
 
 
-def load_inventory(spec: str) -> State:
-    """A pyinfra state holding the inventory of a file, a host list or a connector (``@local``), read as the
-    ``pyinfra`` command line reads it (its ``group_data`` included)."""
+def _made(spec: str) -> tuple[State, Inventory, Config]:
+    """The inventory of a file, a host list or a connector (``@local``), made as the ``pyinfra`` command line makes
+    it (its ``group_data`` included); the state is not initialised yet (its hosts have no connector yet)."""
     from pyinfra_cli.inventory import make_inventory
 
     if not ("@" in spec or "," in spec or Path(spec).exists()):
@@ -52,13 +55,35 @@ def load_inventory(spec: str) -> State:
     try:
         with ctx_state.use(state), ctx_config.use(config):
             inventory = make_inventory(spec, cwd=cwd)
-            state.init(inventory, config)
     except Exception as exc:  # the inventory file is user code
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise K3Error(f"cannot load inventory {spec!r}: {first}: fix the inventory file") from None
+        raise _unloadable(spec, exc) from None
     if len(inventory) == 0:
         raise K3Error(f"inventory {spec!r} has no hosts: add hosts to it")
+    return state, inventory, config
+
+
+def _unloadable(spec: str, exc: Exception) -> K3Error:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return K3Error(f"cannot load inventory {spec!r}: {first}: fix the inventory file")
+
+
+def _init(state: State, inventory: Inventory, config: Config, spec: str) -> State:
+    """The state initialised: each host gets its connector, which takes the connection settings the host's data
+    holds now."""
+    try:
+        with ctx_state.use(state), ctx_config.use(config):
+            state.init(inventory, config)
+    except Exception as exc:  # a connector that refuses the host's data
+        raise _unloadable(spec, exc) from None
     return state
+
+
+def load_inventory(spec: str) -> State:
+    """A pyinfra state holding the inventory of ``spec`` (:func:`_made`), its hosts given the connection settings
+    their group_vars hold (:func:`give_group_vars`)."""
+    state, inventory, config = _made(spec)
+    give_group_vars(inventory, spec)
+    return _init(state, inventory, config, spec)
 
 
 def host_data(host: Any) -> dict[str, Any]:
@@ -72,41 +97,76 @@ def inventory_file(spec: str | None) -> str | None:
 
 
 def open_inventory(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[State, Target]:
-    """An inventory loaded (:func:`load_inventory`) with its variables read and the connection settings its
-    group_vars give applied to its hosts; no host is contacted."""
-    state = load_inventory(spec)
-    wanted = target(records_of(state.inventory), inventory_file(spec), overrides)
-    apply_connector_settings(state, wanted)
-    return state, wanted
+    """An inventory loaded (:func:`_made`) with its variables read and the connection settings its group_vars give
+    applied to its hosts before they get their connectors; no host is contacted."""
+    state, inventory, config = _made(spec)
+    wanted = target(records_of(inventory), inventory_file(spec), overrides)
+    apply_connector_settings(inventory, wanted.resolved)
+    return _init(state, inventory, config, spec), wanted
 
 
-def _connector_settings(state: State, wanted: Target) -> Iterator[tuple[Any, str, Any, dict[str, Any], Resolved]]:
-    """Each connection setting group_vars give a host: (host, key, value, the host's data as pyinfra merged it
-    before any of them was applied, the host's resolved variables)."""
+def give_group_vars(inventory: Inventory, spec: str) -> None:
+    """Give each host of a newly made inventory the connection settings (``ssh_user``, ``ssh_key``, ``_sudo``, ...)
+    of every group_vars file that applies to it (all, the inventory's name, each of its groups), where the
+    inventory's own data does not set them; before the state is initialised, since a host's connector takes its
+    settings then. Raises :class:`K3Error` for a group_vars file or a name that cannot be read."""
+    if (file := inventory_file(spec)) is None:
+        return
+    apply_connector_settings(inventory, host_variables(with_roles(records_of(inventory)), file))
+
+
+def apply_connector_settings(inventory: Iterable[Any], resolved: Mapping[str, Resolved]) -> None:
+    """The connection settings group_vars give each host (``ssh_user``, ``ssh_port``, ...), where its inventory data
+    does not set them already (the inventory's own data wins, as for every variable)."""
+    for host in inventory:
+        if (res := resolved.get(host.name)) is None:
+            continue
+        have = host_data(host)
+        for key, value in res.connector.items():
+            if key not in have:
+                setattr(host.data, key, value)
+
+
+def connector_drift(state: State, wanted: Target) -> list[str]:
+    """Connection settings group_vars give a host that the running pyinfra did not connect with (a ``pyinfra``
+    run that did not read the project's ``config.py``), one line each."""
+    out = []
     for host in state.inventory:
         resolved = wanted.resolved.get(host.name)
         if resolved is None:
             continue
         have = host_data(host)
         for key, value in resolved.connector.items():
-            yield host, key, value, have, resolved
+            if have.get(key) != value:
+                out.append(f"{host.name}: {key}={value!r} in {resolved.connector_sources[key]} is not what pyinfra "
+                           f"connected with ({have.get(key)!r}): run pyinfra from the project's directory (its "
+                           "config.py hands group_vars' connection settings to pyinfra)")
+    return out
 
 
-def apply_connector_settings(state: State, wanted: Target) -> None:
-    """The connection settings group_vars give a host (``ssh_user``, ``ssh_port``, ...), where its inventory data
-    does not set them already (the inventory's own data wins, as for every variable)."""
-    for host, key, value, have, _ in _connector_settings(state, wanted):
-        if key not in have:
-            setattr(host.data, key, value)
+def give_pyinfra_group_vars() -> None:
+    """Make the ``pyinfra`` command line give each host the connection settings of its group_vars
+    (:func:`give_group_vars`) as it loads the inventory, before it connects: ``config.py`` calls this (pyinfra runs
+    it before it loads the inventory; pyinfra itself reads only ``group_data/*.py``). A group_vars file that cannot
+    be read ends the run there, in one line, exit 2. Idempotent."""
+    import pyinfra_cli.cli as pyinfra_cli
+    from pyinfra import logger
 
+    made: Callable[..., Inventory] = pyinfra_cli.make_inventory
+    if getattr(made, "_k3_group_vars", False):
+        return
 
-def connector_drift(state: State, wanted: Target) -> list[str]:
-    """Connection settings group_vars give a host that the running pyinfra did not connect with (it reads only
-    the inventory and ``group_data/*.py``), one line each."""
-    return [f"{host.name}: {key}={value!r} in {resolved.connector_sources[key]} is not what pyinfra "
-            f"connected with ({have.get(key)!r}): pyinfra reads connection settings from the inventory "
-            "and group_data/*.py (inventories/group_data/all.py bridges group_vars/all.yml)"
-            for host, key, value, have, resolved in _connector_settings(state, wanted) if have.get(key) != value]
+    def make_inventory(spec: str, *args: Any, **kwargs: Any) -> Inventory:
+        inventory = made(spec, *args, **kwargs)
+        try:
+            give_group_vars(inventory, spec)
+        except K3Error as exc:
+            logger.error(f"--> k3deploy: {exc}; nothing was changed")
+            raise SystemExit(exc.exit_code) from None
+        return inventory
+
+    setattr(make_inventory, "_k3_group_vars", True)  # noqa: B010
+    setattr(pyinfra_cli, "make_inventory", make_inventory)  # noqa: B010 (the command line's inventory loader)
 
 
 # ------------------------------------------------------------------------------------ connections
