@@ -1,7 +1,7 @@
 """``k3deploy plan INVENTORY``: what a rollout would change, read from the hosts without changing them.
 
 Exit codes (like ``terraform plan -detailed-exitcode``): 0 no changes, 2 bad input or an error (unreachable
-host, a failing preflight check), 3 changes pending.
+host, a failing preflight check, a weights source that lacks part of its checkpoint), 3 changes pending.
 
 The rollout is computed exactly as ``deploy/k3.py`` computes it (inventory -> variables -> plan -> preflight
 facts -> derived settings -> rendered files -> what restarts), then compared with the installed unit and env
@@ -90,6 +90,10 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         for line in first.lines():
             click.echo(f"  {line}")
         click.echo((render_jobs_text if slurm else render_text)(report, rollout), nl=False)
+    refused = source_refusal(gathered)
+    if refused is not None:
+        click.echo(f"error: {refused}", err=True)
+        sys.exit(2)
     if failures:
         click.echo("error: preflight fails on " + ", ".join(sorted(failures))
                    + ": the rollout would stop before changing anything; fix the nodes (k3deploy preflight "
@@ -123,7 +127,22 @@ def staging_lines(gathered: Gathered) -> list[str]:
     for host, status in gathered.weights.items():
         if not status.verified:
             lines.append(f"{host}: weights {status.describe()}")
+    refused = source_refusal(gathered)
+    if refused is not None:
+        lines.append(f"weights: {refused}: a deploy now is refused")
     return lines
+
+
+def source_refusal(gathered: Gathered) -> str | None:
+    """The line that refuses a deploy whose stage would copy the weights from an incomplete source (None: none)."""
+    from k3deploy.model.staging import refused_source, stage_hosts
+
+    source, sp = gathered.source, gathered.stage
+    if source is None or source.ok or sp is None:
+        return None
+    rollout = gathered.require_rollout()
+    return refused_source(sp, source, stage_hosts(rollout), where=gathered.target.source("k3_weights_source"),
+                          model=rollout.plan.model)[0]
 
 
 def spare_notes(gathered: Gathered) -> list[str]:

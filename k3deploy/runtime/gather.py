@@ -31,6 +31,7 @@ from k3deploy.facts.rollout import WeightsStatus
 from k3deploy.facts.status import SlurmQueueReading, UnitRun
 from k3deploy.model import images as image_pins
 from k3deploy.model.binding import HostRecord
+from k3deploy.model.checkpoint import SourceCheck, check_source
 from k3deploy.model.images import LocalImage, Resolution
 from k3deploy.model.inventory import SPARES, records_of
 from k3deploy.model.observed import Installed
@@ -49,7 +50,7 @@ from k3deploy.model.spares import (
     quarantine_for,
     settle,
 )
-from k3deploy.model.staging import StagePlan, stage_for
+from k3deploy.model.staging import ARCHIVE, StagePlan, stage_for
 from k3deploy.preflight import runner
 from k3deploy.preflight.across import (
     ascend_peer_round,
@@ -95,6 +96,7 @@ class Gathered:
     rollback_to: dict[str, int] = field(default_factory=dict)        # group -> the revision the rollout restores
     resolution: Resolution | None = None   # the registry's digest for the image's tag (None: not asked)
     stage: StagePlan | None = None         # how the image and the weights reach the nodes that lack them
+    source: SourceCheck | None = None      # the control machine's weights source, read when the stage copies it
     blanks: list[Blank] = field(default_factory=list)   # what no node was asked, as named blanks (offline runbook)
     spares: Settled | None = None          # who stands in for whom (views that read what is installed)
     quarantine: dict[str, Quarantine] = field(default_factory=dict)   # host -> the quarantine this reading asks for
@@ -411,6 +413,9 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None
             # the revision's exact build is what the restored units run: stage that one
             rollout.plan = rollout.plan.model_copy(update={"image": next(iter(restored))})
     gathered.stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
+    if rollout.vars.k3_weights_source and ARCHIVE in gathered.stage.weights.fetch.values():
+        # before a byte moves: the source holds every shard its index names, each as long as its header says
+        gathered.source = check_source(rollout.vars.k3_weights_source)
 
 
 def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
