@@ -90,9 +90,10 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         for line in first.lines():
             click.echo(f"  {line}")
         click.echo((render_jobs_text if slurm else render_text)(report, rollout), nl=False)
-    refused = source_refusal(gathered)
-    if refused is not None:
-        click.echo(f"error: {refused}", err=True)
+    refused = source_refusals(gathered)
+    for line in refused:
+        click.echo(f"error: {line}", err=True)
+    if refused:
         sys.exit(2)
     if failures:
         click.echo("error: preflight fails on " + ", ".join(sorted(failures))
@@ -127,22 +128,16 @@ def staging_lines(gathered: Gathered) -> list[str]:
     for host, status in gathered.weights.items():
         if not status.verified:
             lines.append(f"{host}: weights {status.describe()}")
-    refused = source_refusal(gathered)
-    if refused is not None:
-        lines.append(f"weights: {refused}: a deploy now is refused")
+    lines += [f"{line}: a deploy now is refused" for line in source_refusals(gathered)]
     return lines
 
 
-def source_refusal(gathered: Gathered) -> str | None:
-    """The line that refuses a deploy whose stage would copy the weights from an incomplete source (None: none)."""
-    from k3deploy.model.staging import refused_source, stage_hosts
+def source_refusals(gathered: Gathered) -> list[str]:
+    """The lines that refuse a deploy whose stage would copy from an incomplete source on the control machine (the
+    weights source, the image archive)."""
+    from k3deploy.runtime.gather import refused_stage
 
-    source, sp = gathered.source, gathered.stage
-    if source is None or source.ok or sp is None:
-        return None
-    rollout = gathered.require_rollout()
-    return refused_source(sp, source, stage_hosts(rollout), where=gathered.target.source("k3_weights_source"),
-                          model=rollout.plan.model)[0]
+    return [line for line in refused_stage(gathered) if not line.startswith(" ")]
 
 
 def spare_notes(gathered: Gathered) -> list[str]:

@@ -8,6 +8,7 @@ and names each shard the index names that is not there, and each shard whose siz
 gives (a copy cut short). Reading costs a directory listing and the first bytes of each shard, never the shards: a
 source is checked before the stage copies anything from it (:mod:`k3deploy.runtime.gather`), so a source missing a
 shard refuses the run instead of failing the first node after the image and part of the weights were copied.
+An image archive (``docker save``) is read the same way, by its listing: :func:`check_archive`.
 
 Example::
 
@@ -26,7 +27,9 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import struct
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,3 +178,33 @@ def check_source(source: str) -> SourceCheck:
             want = None
         shards.append(Shard(name, size, want))
     return SourceCheck(source, revision, tuple(shards))
+
+
+def check_archive(path: str) -> str | None:
+    """What is wrong with the ``docker save`` archive ``path``, read from its listing (None: nothing): a tar whose
+    every member lies whole within the file, with a ``manifest.json`` naming at least one image, whose config and
+    layers are members. Reading it walks the members' headers (each seeks over its data), never the layers."""
+    try:
+        size = os.path.getsize(path)
+        with tarfile.open(path, "r:") as tar:
+            members: dict[str, tarfile.TarInfo] = {}
+            for m in tar:
+                if m.isfile() and m.offset_data + m.size > size:
+                    return f"{m.name} cut short: the file ends at byte {size}, the member at {m.offset_data + m.size}"
+                members[m.name] = m
+            manifest = members.get("manifest.json")
+            got = tar.extractfile(manifest) if manifest is not None and manifest.isfile() else None
+            if got is None:
+                return "no manifest.json (cut short?)"
+            entries = json.loads(got.read())
+    except (OSError, tarfile.TarError) as exc:
+        return f"cut short or not a tar archive ({exc})"
+    except (UnicodeDecodeError, ValueError) as exc:
+        return f"its manifest.json cannot be read ({exc})"
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        return "its manifest.json names no image"
+    named = [p for e in entries for p in [e.get("Config"), *(e.get("Layers") or [])]]
+    lacking = [str(p) for p in named if not isinstance(p, str) or p not in members]
+    if lacking:
+        return f"{len(lacking)} of the files its manifest.json names missing ({', '.join(lacking)})"
+    return None

@@ -247,16 +247,43 @@ def refused_source(plan: StagePlan, check: SourceCheck, hosts: Sequence[str], *,
         fix = (f"complete it from the hub or a whole copy ({first}`hf download {model} --cache-dir {parent}` fetches "
                "what is missing) and run again")
     snapshot = f" (snapshot {check.revision[:12]})" if check.revision else ""
-    lines = [f"k3_weights_source: {check.source} ({where}) lacks part of the checkpoint its index names{snapshot}: "
-             f"{check.problem()}: {fix}; nothing was copied to any node"]
-    weights = plan.weights
+    return [f"k3_weights_source: {check.source} ({where}) lacks part of the checkpoint its index names{snapshot}: "
+            f"{check.problem()}: {fix}; nothing was copied to any node", *not_started(plan.weights, hosts,
+                                                                                       "k3_weights_source")]
+
+
+def refused_archive(plan: StagePlan, problem: str, hosts: Sequence[str], *, archive: str, where: str,
+                    image: str) -> list[str]:
+    """Why a run whose stage copies the image from a broken archive (see
+    :func:`k3deploy.model.checkpoint.check_archive`) is refused before anything moves: one line naming the archive,
+    what is wrong and the fix, then one line per host of the stage.
+
+        >>> sp = plan_stage(["n1", "n2"], [], [], mode="fanout", sources=1, image_archive=True, weights_source=False,
+        ...                 download=True, shared=False)
+        >>> first, *nodes = refused_archive(sp, "no manifest.json", ["n1", "n2"], archive="/a/i.tar", where="all.yml",
+        ...                                 image="r/i:t")
+        >>> print(first.replace(": write", ":\\n write"))
+        k3_image_archive: /a/i.tar (all.yml) is not a whole docker save archive: no manifest.json:
+         write it again (`docker save -o /a/i.tar r/i:t`) and run again; nothing was copied to any node
+        >>> nodes[1]
+        '  [n2] did not start the stage: it was to get the image from n1 in round 1; nothing was copied to it'
+    """
+    return [f"k3_image_archive: {archive} ({where}) is not a whole docker save archive: {problem}: write it again "
+            f"(`docker save -o {archive} {image}`) and run again; nothing was copied to any node",
+            *not_started(plan.image, hosts, "k3_image_archive")]
+
+
+def not_started(artifact: Artifact, hosts: Sequence[str], source: str) -> list[str]:
+    """One line per host of a refused stage: what it was to do with ``artifact`` (from ``source``, the variable
+    naming the control machine's copy) and that nothing was copied to it."""
+    lines = []
     for host in hosts:
-        if host in weights.fetch:
-            role = "it was to copy the weights from k3_weights_source first"
-        elif host in weights.receivers:
-            step = next(i for i, r in enumerate(weights.rounds) if host in r)
-            role = f"it was to get the weights from {weights.rounds[step][host]} in round {step + 1}"
+        if host in artifact.fetch:
+            role = f"it was to copy the {artifact.what} from {source} first"
+        elif host in artifact.receivers:
+            step = next(i for i, r in enumerate(artifact.rounds) if host in r)
+            role = f"it was to get the {artifact.what} from {artifact.rounds[step][host]} in round {step + 1}"
         else:
-            role = "it holds the weights already"
+            role = f"it holds the {artifact.what} already"
         lines.append(f"  [{host}] did not start the stage: {role}; nothing was copied to it")
     return lines

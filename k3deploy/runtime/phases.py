@@ -39,7 +39,7 @@ from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, 
 from k3deploy.model.rollout import Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan, plan_gate
 from k3deploy.model.staging import engines as stage_engines
-from k3deploy.model.staging import refused_source, stage_hosts, summary
+from k3deploy.model.staging import summary
 from k3deploy.model.steps import Step
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
@@ -48,7 +48,7 @@ from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import oporder
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
-from k3deploy.runtime.gather import Gathered, gather_in_run
+from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
 from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
@@ -326,13 +326,11 @@ def _build(state: Any) -> Context:
         return _refuse(lines, "preflight failed: nothing was changed (the reasons are above; k3deploy preflight "
                               "INVENTORY shows every check)", 1, lock)
     r = gathered.require_rollout()
-    source = gathered.source
-    if source is not None and not source.ok and gathered.stage is not None:
-        lines = refused_source(gathered.stage, source, stage_hosts(r),
-                               where=gathered.target.source("k3_weights_source"), model=r.plan.model)
-        return _refuse([f"k3deploy: {lines[0]}", *lines[1:]],
-                       "the weights source is incomplete: nothing was copied to any node (the reason is above)", 2,
-                       lock)
+    refused = refused_stage(gathered)
+    if refused:
+        return _refuse([line if line.startswith(" ") else f"k3deploy: {line}" for line in refused],
+                       "the stage's source on the control machine is incomplete: nothing was copied to any node (the "
+                       "reason is above)", 2, lock)
     try:
         launcher = launcher_for(gathered, [h.name for h in state.inventory])
     except K3Error as exc:

@@ -1,13 +1,13 @@
-"""An air-gapped site's weights source checked before anything is copied, on a simulated 2-tray cluster.
+"""An air-gapped site's sources checked before anything is copied, on a simulated 2-tray cluster.
 
 The site brings the image as a ``docker save`` archive and the model's Hugging Face cache directory on the control
-machine (``k3_image_archive``, ``k3_weights_source``, ``k3_download_weights: false``). A source missing a shard, and
-one whose shard was cut short, refuse the run while it is prepared: one line names the source, the shard and the
-fix, each node says what it was to do and that nothing was copied to it, and no node holds the image, a weight file
-or an archive afterwards (``plan`` says the same and exits 2). A shard of the right size with a byte changed passes
-the listing and is caught by the first node's verification after its copy; the node that was to copy from it says
-so instead of failing on the refused connection to a daemon that never started. With the source whole again the
-deploy serves."""
+machine (``k3_image_archive``, ``k3_weights_source``, ``k3_download_weights: false``). A source missing a shard, one
+whose shard was cut short, and an image archive cut short each refuse the run while it is prepared: one line names
+the source, what is wrong and the fix, each node says what it was to do and that nothing was copied to it, and no
+node holds the image, a weight file or an archive afterwards (``plan`` says the same and exits 2). A shard of the
+right size with a byte changed passes the listing and is caught by the first node's verification after its copy;
+the node that was to copy from it says so instead of failing on the refused connection to a daemon that never
+started. With the sources whole again the deploy serves."""
 
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ HOLDS = (f"docker image inspect {IMAGE} >/dev/null 2>&1 && echo image; "
 class Site:
     """The cluster and the control machine's copies of the image and the weights."""
 
-    def __init__(self, sim: Sim, source: Path) -> None:
+    def __init__(self, sim: Sim, source: Path, archive: Path) -> None:
         self.sim = sim
         self.source = source
+        self.archive = archive
         self.nodes = [n["name"] for n in sim.info["nodes"]]
 
     def shard(self, number: int) -> tuple[Path, Path]:
@@ -61,21 +62,24 @@ class Site:
                                f"{plan['endpoint']}/v1/chat/completions")
         return '"choices"' in chat.stdout
 
-    def refused(self, needle: str) -> subprocess.CompletedProcess[str]:
-        """``plan`` and the deploy both refuse, naming the source and ``needle`` in one line; nothing is copied."""
+    def refused(self, needle: str, variable: str = "k3_weights_source") -> subprocess.CompletedProcess[str]:
+        """``plan`` and the deploy both refuse, naming the source (``variable``'s) and ``needle`` in one line, each
+        node saying what it was to do; nothing is copied."""
+        path = self.source if variable == "k3_weights_source" else self.archive
+        what, fix = ("weights", "hf download") if variable == "k3_weights_source" else ("image", "docker save -o")
         plan = k3("plan", self.sim.inventory, check=False)
         assert plan.returncode == 2, plan.stdout[-800:] + plan.stderr
         (line,) = plan.stderr.strip().splitlines()
-        assert str(self.source) in line and needle in line and "Traceback" not in plan.stderr, plan.stderr
+        assert f"{variable}: {path}" in line and needle in line and "Traceback" not in plan.stderr, plan.stderr
         run = deploy(self.sim.inventory, timeout=180)
         assert run.returncode == 2, why(run)
-        (said,) = [x for x in run.stdout.splitlines() if f"k3_weights_source: {self.source}" in x]
+        (said,) = [x for x in run.stdout.splitlines() if f"{variable}: {path}" in x]
         assert needle in said and "nothing was copied to any node" in said, said
-        assert "hf download" in said, said      # the fix
+        assert fix in said, said
         first, second = self.nodes
-        assert f"[{first}] did not start the stage: it was to copy the weights from k3_weights_source first; " \
+        assert f"[{first}] did not start the stage: it was to copy the {what} from {variable} first; " \
                "nothing was copied to it" in run.stdout, why(run)
-        assert f"[{second}] did not start the stage: it was to get the weights from {first} in round 1; " \
+        assert f"[{second}] did not start the stage: it was to get the {what} from {first} in round 1; " \
                "nothing was copied to it" in run.stdout, why(run)
         assert "Starting operation: Stage" not in run.stdout and "Traceback" not in run.stdout, why(run)
         assert "Connection refused" not in run.stdout
@@ -105,7 +109,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         subprocess.run(["tar", "-C", str(here), "-xf", "-"], input=tar, check=True)
         wipe = sim.ssh(0, f"docker rmi {IMAGE} && rm -rf {CACHE} /root/image.tar")
         assert wipe.returncode == 0, wipe.stderr
-        site = Site(sim, here / name)
+        site = Site(sim, here / name, here / "image.tar")
         assert site.holds() == {n: [] for n in site.nodes}
         sim.set_vars(f"k3_image_archive: {here / 'image.tar'}\nk3_weights_source: {site.source}\n"
                      "k3_download_weights: false\n")
@@ -136,6 +140,15 @@ def test_a_shard_cut_short_in_the_source_is_refused_before_any_copy(site):
         assert "remove the short shards' blobs" in run.stdout, why(run)
     finally:
         blob.write_bytes(whole)
+
+
+def test_an_image_archive_cut_short_is_refused_before_any_copy(site):
+    whole = site.archive.read_bytes()
+    site.archive.write_bytes(whole[:len(whole) // 2])    # a copy of the archive that stopped half way
+    try:
+        site.refused("is not a whole docker save archive: ", variable="k3_image_archive")
+    finally:
+        site.archive.write_bytes(whole)
 
 
 def test_a_rotten_shard_fails_the_first_node_and_the_next_one_says_why(site):

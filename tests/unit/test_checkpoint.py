@@ -1,18 +1,20 @@
 """A weights source checked against its checkpoint before anything is copied: every shard its index names there,
-each as long as its own safetensors header says; what a refused run says, per node; a copy from a peer that failed
-names it."""
+each as long as its own safetensors header says; an image archive by its listing; what a refused run says, per node;
+a copy from a peer that failed names it."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from k3deploy.model.checkpoint import Shard, SourceCheck, check_source, index_shards, length
-from k3deploy.model.staging import plan_stage, refused_source
+from k3deploy.model.checkpoint import Shard, SourceCheck, check_archive, check_source, index_shards, length
+from k3deploy.model.staging import plan_stage, refused_archive, refused_source
 from k3deploy.sim.outside import Store
 
 MiB = 1 << 20
@@ -173,3 +175,53 @@ def test_a_copy_from_a_peer_names_the_peer():
     rollout = desired_rollout(target(hosts, None))
     (step,) = [s for s in stage(rollout, fresh(rollout)) if s.kind == ROUND and s.applies]
     assert step.host == "n2" and step.peers == ("n1",)
+
+
+def archive(path: Path, layers: dict[str, bytes], named: list[str] | None = None) -> Path:
+    """A ``docker save`` archive as docker 25+ writes it: the blobs, then ``index.json`` and ``manifest.json``."""
+    manifest = [{"Config": "blobs/sha256/c", "RepoTags": ["r/i:t"],
+                 "Layers": named if named is not None else [f"blobs/sha256/{n}" for n in layers]}]
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in {"blobs/sha256/c": b"{}", **{f"blobs/sha256/{n}": d for n, d in layers.items()},
+                           "index.json": b"{}", "manifest.json": json.dumps(manifest).encode()}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_whole_archive_passes_and_one_cut_short_does_not(tmp_path):
+    a = archive(tmp_path / "i.tar", {"l1": os.urandom(300_000), "l2": os.urandom(200_000)})
+    assert check_archive(str(a)) is None
+    l1 = tarfile.open(a).getmember("blobs/sha256/l1")
+    whole = a.read_bytes()
+    a.write_bytes(whole[:150_000])                        # in the first layer
+    assert check_archive(str(a)) == ("blobs/sha256/l1 cut short: the file ends at byte 150000, the member at "
+                                     f"{l1.offset_data + 300_000}")
+    with tarfile.open(tmp_path / "i2.tar", "w") as tar:   # a copy that stopped between the layers and the manifest
+        for m in tarfile.open(archive(tmp_path / "full.tar", {"l1": b"x" * 10})):
+            if m.name != "manifest.json":
+                tar.addfile(m, io.BytesIO(b"x" * m.size))
+    assert check_archive(str(tmp_path / "i2.tar")) == "no manifest.json (cut short?)"
+
+
+def test_an_archive_naming_a_layer_it_lacks_or_no_tar_at_all_is_refused(tmp_path):
+    a = archive(tmp_path / "i.tar", {"l1": b"x"}, named=["blobs/sha256/l1", "blobs/sha256/gone"])
+    assert check_archive(str(a)) == "1 of the files its manifest.json names missing (blobs/sha256/gone)"
+    (tmp_path / "no.tar").write_bytes(b"not a tar" * 100)
+    assert "not a tar archive" in str(check_archive(str(tmp_path / "no.tar")))
+    assert "not a tar archive" in str(check_archive(str(tmp_path / "absent.tar")))
+
+
+def test_a_refused_archive_says_per_node_what_it_was_to_do():
+    sp = plan_stage(["n1", "n2", "n3"], [], [], mode="fanout", sources=1, image_archive=True,
+                    weights_source=False, download=True, shared=False)
+    first, *per_node = refused_archive(sp, "no manifest.json (cut short?)", ["n1", "n2", "n3"], archive="/a/i.tar",
+                                       where="group_vars/all.yml", image="r/i@sha256:" + "a" * 64)
+    assert first.startswith("k3_image_archive: /a/i.tar (group_vars/all.yml) is not a whole docker save archive: no "
+                            "manifest.json (cut short?): write it again (`docker save -o /a/i.tar r/i@sha256:")
+    assert first.endswith("and run again; nothing was copied to any node")
+    assert [line.split(";")[0] for line in per_node] == [
+        "  [n1] did not start the stage: it was to copy the image from k3_image_archive first",
+        "  [n2] did not start the stage: it was to get the image from n1 in round 1",
+        "  [n3] did not start the stage: it was to get the image from n1 in round 2"]
