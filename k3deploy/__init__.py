@@ -40,7 +40,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     model/revisions.py (numbered revisions per group, for history and rollback), model/slo.py (the SLO gate:
     p95s from vLLM's /metrics histograms, the targets, the verdict, the gate a restart gets), model/staging.py
     (the image and
-    the weights over the uplink once, then node to node), model/images.py (a tag resolved to one digest per
+    the weights over the uplink once, then node to node), model/checkpoint.py (a weights source read against its
+    checkpoint's index before anything is copied), model/images.py (a tag resolved to one digest per
     rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
     group and cluster), model/health.py (hardware-health events: XID, ECC, row remap, NVLink, NPU health, and
     which are fatal), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),

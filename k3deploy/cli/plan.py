@@ -1,7 +1,7 @@
 """``k3deploy plan INVENTORY``: what a rollout would change, read from the hosts without changing them.
 
 Exit codes (like ``terraform plan -detailed-exitcode``): 0 no changes, 2 bad input or an error (unreachable
-host, a failing preflight check), 3 changes pending.
+host, a failing preflight check, a weights source that lacks part of its checkpoint), 3 changes pending.
 
 The rollout is computed exactly as ``deploy/k3.py`` computes it (inventory -> variables -> plan -> preflight
 facts -> derived settings -> rendered files -> what restarts), then compared with the installed unit and env
@@ -90,6 +90,11 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         for line in first.lines():
             click.echo(f"  {line}")
         click.echo((render_jobs_text if slurm else render_text)(report, rollout), nl=False)
+    refused = source_refusals(gathered)
+    for line in refused:
+        click.echo(f"error: {line}", err=True)
+    if refused:
+        sys.exit(2)
     if failures:
         click.echo("error: preflight fails on " + ", ".join(sorted(failures))
                    + ": the rollout would stop before changing anything; fix the nodes (k3deploy preflight "
@@ -123,7 +128,16 @@ def staging_lines(gathered: Gathered) -> list[str]:
     for host, status in gathered.weights.items():
         if not status.verified:
             lines.append(f"{host}: weights {status.describe()}")
+    lines += [f"{line}: a deploy now is refused" for line in source_refusals(gathered)]
     return lines
+
+
+def source_refusals(gathered: Gathered) -> list[str]:
+    """The lines that refuse a deploy whose stage would copy from an incomplete source on the control machine (the
+    weights source, the image archive)."""
+    from k3deploy.runtime.gather import refused_stage
+
+    return [line for line in refused_stage(gathered) if not line.startswith(" ")]
 
 
 def spare_notes(gathered: Gathered) -> list[str]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from k3deploy.model import commands
+from k3deploy.model.checkpoint import SourceCheck
 from k3deploy.model.images import LocalImage, holds
 from k3deploy.model.units import render_template
 
@@ -214,3 +215,75 @@ def summary(plan: StagePlan) -> list[str]:
                          f"{len(a.rounds)} round{'s' if len(a.rounds) != 1 else ''}")
         out.append(f"{a.what}: " + "; ".join(parts))
     return out
+
+
+def refused_source(plan: StagePlan, check: SourceCheck, hosts: Sequence[str], *, where: str, model: str) -> list[str]:
+    """Why a run whose stage copies the weights from a broken source (:func:`k3deploy.model.checkpoint.check_source`)
+    is refused before anything moves: one line naming the source, what it lacks and the fix, then one line per host
+    of the stage saying what it was to do (``where``: the file that sets ``k3_weights_source``).
+
+        >>> from k3deploy.model.checkpoint import Shard
+        >>> sp = plan_stage(["n1", "n2"], [], [], mode="fanout", sources=1, image_archive=True, weights_source=True,
+        ...                 download=False, shared=False)
+        >>> bad = SourceCheck("/w/models--o--m", "c0ffee", (Shard("m-1.safetensors", 9, 9),
+        ...                                                  Shard("m-2.safetensors", None, None)))
+        >>> first, *nodes = refused_source(sp, bad, ["n1", "n2"], where="group_vars/all.yml", model="o/m")
+        >>> first.split(": ")[2]
+        '1 of its 2 shards missing (m-2.safetensors)'
+        >>> first.split(": ")[3].split(" (")[1]
+        '`hf download o/m --cache-dir /w` fetches what is missing) and run again; nothing was copied to any node'
+        >>> for line in nodes:
+        ...     print(line.split(";")[0])
+          [n1] did not start the stage: it was to copy the weights from k3_weights_source first
+          [n2] did not start the stage: it was to get the weights from n1 in round 1
+    """
+    source = check.source.rstrip("/")
+    parent = source.rsplit("/", 1)[0] or "/"
+    if check.error is not None:
+        fix = "give the models--ORG--NAME directory that `hf download` filled"
+    else:
+        short = [s for s in check.bad if s.size is not None]
+        first = "remove the short shards' blobs, then " if short else ""
+        fix = (f"complete it from the hub or a whole copy ({first}`hf download {model} --cache-dir {parent}` fetches "
+               "what is missing) and run again")
+    snapshot = f" (snapshot {check.revision[:12]})" if check.revision else ""
+    return [f"k3_weights_source: {check.source} ({where}) lacks part of the checkpoint its index names{snapshot}: "
+            f"{check.problem()}: {fix}; nothing was copied to any node", *not_started(plan.weights, hosts,
+                                                                                       "k3_weights_source")]
+
+
+def refused_archive(plan: StagePlan, problem: str, hosts: Sequence[str], *, archive: str, where: str,
+                    image: str) -> list[str]:
+    """Why a run whose stage copies the image from a broken archive (see
+    :func:`k3deploy.model.checkpoint.check_archive`) is refused before anything moves: one line naming the archive,
+    what is wrong and the fix, then one line per host of the stage.
+
+        >>> sp = plan_stage(["n1", "n2"], [], [], mode="fanout", sources=1, image_archive=True, weights_source=False,
+        ...                 download=True, shared=False)
+        >>> first, *nodes = refused_archive(sp, "no manifest.json", ["n1", "n2"], archive="/a/i.tar", where="all.yml",
+        ...                                 image="r/i:t")
+        >>> print(first.replace(": write", ":\\n write"))
+        k3_image_archive: /a/i.tar (all.yml) is not a whole docker save archive: no manifest.json:
+         write it again (`docker save -o /a/i.tar r/i:t`) and run again; nothing was copied to any node
+        >>> nodes[1]
+        '  [n2] did not start the stage: it was to get the image from n1 in round 1; nothing was copied to it'
+    """
+    return [f"k3_image_archive: {archive} ({where}) is not a whole docker save archive: {problem}: write it again "
+            f"(`docker save -o {archive} {image}`) and run again; nothing was copied to any node",
+            *not_started(plan.image, hosts, "k3_image_archive")]
+
+
+def not_started(artifact: Artifact, hosts: Sequence[str], source: str) -> list[str]:
+    """One line per host of a refused stage: what it was to do with ``artifact`` (from ``source``, the variable
+    naming the control machine's copy) and that nothing was copied to it."""
+    lines = []
+    for host in hosts:
+        if host in artifact.fetch:
+            role = f"it was to copy the {artifact.what} from {source} first"
+        elif host in artifact.receivers:
+            step = next(i for i, r in enumerate(artifact.rounds) if host in r)
+            role = f"it was to get the {artifact.what} from {artifact.rounds[step][host]} in round {step + 1}"
+        else:
+            role = f"it holds the {artifact.what} already"
+        lines.append(f"  [{host}] did not start the stage: {role}; nothing was copied to it")
+    return lines

@@ -88,6 +88,7 @@ class Step:
     file: FileWrite | None = None
     copy: Copy | None = None
     why: str = ""        # for people: what the step does (the runbook's sentence)
+    peers: tuple[str, ...] = ()   # the hosts it copies from: where one of them failed, it fails saying so
 
 
 def fresh(rollout: Rollout) -> StagePlan:
@@ -219,7 +220,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                 if parts and h in done_early and last[h] == index:
                     parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
                     said.append("then it removes the image archive (it sends to no peer)")
-                return Step(ROUND + index, name, h, bool(parts), " && ".join(parts), why=", ".join(said))
+                peers = tuple(dict.fromkeys(p for p in (from_image, from_weights) if p))
+                return Step(ROUND + index, name, h, bool(parts), " && ".join(parts), why=", ".join(said),
+                            peers=peers)
 
             each(ROUND + index, name, receive)
         each(UNSERVE, "Peers: stop serving, remove image archives", lambda h: Step(

@@ -185,10 +185,13 @@ class Variables(BaseModel):
         "addresses only)."))
     k3_image_archive: str | None = Field(None, description=(
         "Air-gapped sites: a `docker save` archive of the image on the control machine; copied (rsync over SSH, "
-        "resumable) to the first engine node, loaded, then fanned out. No registry is contacted."))
+        "resumable) to the first engine node, loaded, then fanned out. No registry is contacted. Checked before "
+        "anything is copied: every member whole, `manifest.json` and every config and layer it names there."))
     k3_weights_source: str | None = Field(None, description=(
         "Air-gapped sites: the model's Hugging Face cache directory on the control machine (`models--ORG--NAME`, "
-        "as `hf download` leaves it); copied (rsync over SSH) to the first engine node, verified, then fanned out."))
+        "as `hf download` leaves it); copied (rsync over SSH) to the first engine node, verified, then fanned out. "
+        "Checked before anything is copied: every shard its index names there, each as long as its safetensors "
+        "header says; a source that lacks one refuses the run."))
     k3_hf_endpoint: str | None = Field(None, description=(
         "Model hub endpoint (`HF_ENDPOINT`) for the download, e.g. a site mirror; default: the hub."))
     k3_image_dir: str | None = Field(None, description=(

@@ -31,6 +31,7 @@ from k3deploy.facts.rollout import WeightsStatus
 from k3deploy.facts.status import SlurmQueueReading, UnitRun
 from k3deploy.model import images as image_pins
 from k3deploy.model.binding import HostRecord
+from k3deploy.model.checkpoint import SourceCheck, check_archive, check_source
 from k3deploy.model.images import LocalImage, Resolution
 from k3deploy.model.inventory import SPARES, records_of
 from k3deploy.model.observed import Installed
@@ -49,7 +50,7 @@ from k3deploy.model.spares import (
     quarantine_for,
     settle,
 )
-from k3deploy.model.staging import StagePlan, stage_for
+from k3deploy.model.staging import ARCHIVE, StagePlan, refused_archive, refused_source, stage_for, stage_hosts
 from k3deploy.preflight import runner
 from k3deploy.preflight.across import (
     ascend_peer_round,
@@ -95,6 +96,8 @@ class Gathered:
     rollback_to: dict[str, int] = field(default_factory=dict)        # group -> the revision the rollout restores
     resolution: Resolution | None = None   # the registry's digest for the image's tag (None: not asked)
     stage: StagePlan | None = None         # how the image and the weights reach the nodes that lack them
+    source: SourceCheck | None = None      # the control machine's weights source, read when the stage copies it
+    archive: str | None = None             # what is wrong with the image archive the stage copies (None: nothing)
     blanks: list[Blank] = field(default_factory=list)   # what no node was asked, as named blanks (offline runbook)
     spares: Settled | None = None          # who stands in for whom (views that read what is installed)
     quarantine: dict[str, Quarantine] = field(default_factory=dict)   # host -> the quarantine this reading asks for
@@ -411,6 +414,11 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None
             # the revision's exact build is what the restored units run: stage that one
             rollout.plan = rollout.plan.model_copy(update={"image": next(iter(restored))})
     gathered.stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
+    if rollout.vars.k3_weights_source and ARCHIVE in gathered.stage.weights.fetch.values():
+        # before a byte moves: the source holds every shard its index names, each as long as its header says
+        gathered.source = check_source(rollout.vars.k3_weights_source)
+    if rollout.vars.k3_image_archive and ARCHIVE in gathered.stage.image.fetch.values():
+        gathered.archive = check_archive(rollout.vars.k3_image_archive)
 
 
 def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
@@ -489,3 +497,21 @@ def require_reachable(gathered: Gathered) -> None:
     if down:
         raise K3Error("cannot reach " + "; ".join(f"{h}: {why}" for h, why in down.items())
                       + ": check the address, SSH key and that the node is up")
+
+
+def refused_stage(gathered: Gathered) -> list[str]:
+    """Why the stage may not start (empty: it may): the control machine's weights source or image archive, read
+    before the stage copies from it, is incomplete. Each reason's line, then one line per host of the stage."""
+    sp, rollout = gathered.stage, gathered.rollout
+    if sp is None or rollout is None:
+        return []
+    hosts = stage_hosts(rollout)
+    target = gathered.target
+    lines = []
+    if gathered.source is not None and not gathered.source.ok:
+        lines += refused_source(sp, gathered.source, hosts, where=target.source("k3_weights_source"),
+                                model=rollout.plan.model)
+    if gathered.archive is not None:
+        lines += refused_archive(sp, gathered.archive, hosts, archive=str(rollout.vars.k3_image_archive),
+                                 where=target.source("k3_image_archive"), image=rollout.plan.image)
+    return lines

@@ -219,9 +219,15 @@ def directories(paths: Sequence[str], mode: str = "0755") -> Commands:
 def stage_step(step: Step) -> Commands:
     """One step of the stage (:func:`k3deploy.model.steps.stage`) on this host: its script, its file (a secret read
     from the control machine's file only here: :func:`managed_file`) or its copy from the control machine
-    (:func:`from_control`); nothing where it does not apply."""
+    (:func:`from_control`); nothing where it does not apply. A copy from a peer that failed an earlier step of this
+    run fails here saying so (not with the refused connection to the peer's rsync daemon that never started)."""
     if not step.applies:
         host.noop("not needed on this host")
+        return
+    down = [p for p in step.peers if p in {h.name for h in state.failed_hosts}]
+    if down:   # its sender failed an earlier step (its error is above there): nothing to copy from
+        yield fail(f"not staged: {' and '.join(down)}, which was to send to it in this round, failed an earlier step "
+                   "of this run (the error is above there): nothing was copied here")
         return
     if step.file is not None:
         f = step.file

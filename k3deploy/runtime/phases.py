@@ -48,7 +48,7 @@ from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import oporder
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
-from k3deploy.runtime.gather import Gathered, gather_in_run
+from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
 from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
@@ -326,6 +326,11 @@ def _build(state: Any) -> Context:
         return _refuse(lines, "preflight failed: nothing was changed (the reasons are above; k3deploy preflight "
                               "INVENTORY shows every check)", 1, lock)
     r = gathered.require_rollout()
+    refused = refused_stage(gathered)
+    if refused:
+        return _refuse([line if line.startswith(" ") else f"k3deploy: {line}" for line in refused],
+                       "the stage's source on the control machine is incomplete: nothing was copied to any node (the "
+                       "reason is above)", 2, lock)
     try:
         launcher = launcher_for(gathered, [h.name for h in state.inventory])
     except K3Error as exc:
