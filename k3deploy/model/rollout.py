@@ -13,7 +13,9 @@ A change to any node of a group restarts the whole group, never half of it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
@@ -320,13 +322,15 @@ def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables) -> Rollou
     spares = {h.name: h.address for h in hosts if SPARES in h.groups and not set(ROLE_GROUPS) & set(h.groups)}
     holder = None
     if variables.k3_vip is not None:
-        endpoint, holder = _virtual(endpoint, variables.k3_vip, units, hosts)
+        endpoint, holder = _virtual(endpoint, variables.k3_vip, units, hosts, variables.k3_vip_prefix)
     return Rollout(plan=plan, vars=variables, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline,
                    rendered=False, spares=spares, vip_holder=holder)
 
 
-def _virtual(endpoint: str, vip: str, units: list[UnitWork], hosts: list[HostRecord]) -> tuple[str, str]:
+def _virtual(endpoint: str, vip: str, units: list[UnitWork], hosts: list[HostRecord],
+             prefix: int = 24) -> tuple[str, str]:
     """The public endpoint on the virtual address ``vip`` (same port), and the host that serves it (so holds it).
+    The address must be no host's and, where the host's address is an IP address, in its subnet (``prefix``).
 
     >>> _virtual("http://10.0.0.1:8000", "10.0.0.250", [], [HostRecord("n1", ("head",), {"k3_ip": "10.0.0.1"})])
     ('http://10.0.0.250:8000', 'n1')
@@ -340,6 +344,11 @@ def _virtual(endpoint: str, vip: str, units: list[UnitWork], hosts: list[HostRec
     holder = served.get(endpoint) or next((h.name for h in hosts if h.address == url.hostname), None)
     if holder is None:
         raise K3Error(f"k3_vip {vip}: no host of the inventory serves the endpoint {endpoint}")
+    with contextlib.suppress(ValueError):   # a host name: its subnet is not known here
+        net = ipaddress.ip_network(f"{url.hostname}/{prefix}", strict=False)
+        if ipaddress.ip_address(vip) not in net:
+            raise K3Error(f"k3_vip {vip} is not in the subnet of {holder} ({net}, k3_vip_prefix {prefix}), which "
+                          "serves the endpoint: give a free address of that subnet")
     return f"http://{vip}:{url.port or 80}", holder
 
 

@@ -64,9 +64,20 @@ def test_the_cli_refuses_a_bad_virtual_address_in_one_line_exit_2(tmp_path):
     assert "k3_vip" in proc.stderr and "'10.1.0.999' is not an IPv4 address" in proc.stderr, proc.stderr
 
 
-def test_a_virtual_address_that_a_host_has_is_refused():
+def test_a_virtual_address_that_a_host_has_or_outside_the_subnet_is_refused():
     with pytest.raises(K3Error, match="k3_vip 10.0.0.2 is the address of host n2"):
         rollout_of({"k3_vip": "10.0.0.2"})
+    with pytest.raises(K3Error, match=r"k3_vip 10.9.0.250 is not in the subnet of n1 \(10.0.0.0/24, k3_vip_prefix 24"):
+        rollout_of({"k3_vip": "10.9.0.250"})
+    assert rollout_of({"k3_vip": "10.0.9.250", "k3_vip_prefix": 16}).endpoint == "http://10.0.9.250:8000"
+
+
+def test_the_cli_refuses_a_virtual_address_outside_the_subnet_in_one_line_exit_2(tmp_path):
+    inventory = two_tray_site(tmp_path, "k3_hardware: gb300\nk3_strategy: multi_node_tp\nk3_vip: 10.2.0.250\n")
+    proc = k3("resolve", "--inventory", str(inventory))
+    assert proc.returncode == 2, (proc.stdout[-500:], proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "k3_vip 10.2.0.250 is not in the subnet of gpu01 (10.1.0.0/24" in proc.stderr, proc.stderr
 
 
 def test_the_endpoint_is_the_virtual_address_and_the_head_holds_it():
