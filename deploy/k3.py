@@ -7,7 +7,15 @@
 The selection and every knob come from group_vars/*.yml and the inventory (docs/variables.md).
 """
 
-from k3deploy.runtime.phases import configure_phase, context, preflight_phase, smoke_phase, stage_phase, start_phase
+from k3deploy.runtime.phases import (
+    configure_phase,
+    context,
+    preflight_phase,
+    smoke_phase,
+    stage_phase,
+    start_phase,
+    vip_phase,
+)
 
 run = context()  # lock -> inventory -> plan -> preflight facts and checks -> rendered files -> what restarts
 
@@ -24,5 +32,8 @@ if run.ok:
     #    rendezvous port, workers, readiness; P/D pools, router. k3_launcher: slurm: cancel the group's job, submit
     #    its new one (the job starts head, then workers), readiness. The lock is given back as the run ends.
     start_phase(ctx=run)
+    # 4b. k3_vip: keepalived (VRRP) on every host and spare; the host that serves the endpoint holds the site's
+    #     virtual address, which is the endpoint.
+    vip_phase(ctx=run)
     # 5. Smoke test: one short chat completion through the public endpoint.
     smoke_phase(ctx=run)

@@ -50,7 +50,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     pod template per role running the plan's argv, per-node values from LWS), model/watch.py (the watch loop's
     decision from each group's state over time: nothing, wait, repair or back off; its systemd unit),
     model/spares.py (hot spares: a lost member's rank given to a spare, the substitutions and quarantines the nodes
-    record).
+    record), model/vip.py (the site's virtual address: keepalived's VRRP configuration per host, held by the host
+    that serves the endpoint).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),

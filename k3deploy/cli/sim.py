@@ -71,11 +71,14 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 @click.option("--spares", type=int, default=0, show_default=True,
               help="Add this many nodes of the same hardware after the engine nodes, in the inventory group spares "
                    "(they stand by for a lost node: docs/spares.md).")
+@click.option("--vip", is_flag=True,
+              help="Give the cluster a virtual address, <subnet>.250, as k3_vip in its group_vars (keepalived on the "
+                   "nodes holds it on the node that serves: docs/operating.md#one-endpoint).")
 @click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes, outside[, slurm]} as JSON.")
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
     layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
-    image_mb: float, as_json: bool, replicas: int, slurm: bool, spares: int,
+    image_mb: float, as_json: bool, replicas: int, slurm: bool, spares: int, vip: bool,
 ) -> None:
     """Create and boot a simulated cluster and its simulated outside (registries and model hub at <subnet>.254,
     behind a shaped uplink); prints its pyinfra inventory."""
@@ -96,6 +99,7 @@ def up_cmd(
         replicas=replicas,
         slurm=slurm,
         spares=spares,
+        vip=vip,
     )
     if as_json:
         click.echo(json.dumps(res))
@@ -106,6 +110,8 @@ def up_cmd(
     if res.get("outside"):
         click.echo(f"outside: {res['outside']['ip']} ({', '.join(res['outside']['names'])}), uplink "
                    f"{uplink_mbps:g} Mbit/s, node to node {cluster_mbps:g} Mbit/s")
+    if res.get("vip"):
+        click.echo(f"virtual address: {res['vip']} (k3_vip)")
     if res.get("slurm"):
         sl = res["slurm"]
         click.echo(f"slurm: slurmctld on {sl['controller']} (the submit host), partition {sl['partition']}")

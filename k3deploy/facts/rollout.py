@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from k3deploy.facts.base import EXIT_MARK, Jsonable, K3Fact
-from k3deploy.model.commands import PEERS_UNIT, VERIFIED, check_snapshot, list_revisions, model_dir, smoke_test
+from k3deploy.model.commands import (
+    PEERS_UNIT,
+    VERIFIED,
+    check_snapshot,
+    list_revisions,
+    model_dir,
+    smoke_test,
+    wait_vip,
+)
 from k3deploy.model.images import LocalImage, local_command, parse_local, resolve_command
 from k3deploy.model.observed import FileMeta, Installed
 from k3deploy.model.revisions import GroupHistory, parse_listing
@@ -357,6 +365,59 @@ class SmokeAnswer(FactBase[Answer]):
     def process(self, output: list[str]) -> Answer:
         rc = output[-1][len(SMOKE_MARK):] if output and output[-1].startswith(SMOKE_MARK) else "?"
         return Answer(rc == "0", "\n".join(output[:-1]).strip())
+
+
+VIP_MARK = "K3_VIP_RC="
+
+
+class VipHeld(FactBase[Answer]):
+    """Whether this host holds the virtual address ``vip`` and ``endpoint`` answers ``/health`` on it, waited for
+    up to ``timeout`` seconds (:func:`k3deploy.model.commands.wait_vip`): what it said."""
+
+    def command(self, endpoint: str, vip: str, timeout: int) -> str:
+        return f"( {wait_vip(endpoint, vip, timeout)} ) 2>&1; echo {VIP_MARK}$?"
+
+    def process(self, output: list[str]) -> Answer:
+        rc = output[-1][len(VIP_MARK):] if output and output[-1].startswith(VIP_MARK) else "?"
+        return Answer(rc == "0", "\n".join(output[:-1]).strip())
+
+
+@dataclass(frozen=True)
+class KeepalivedStatus:
+    """keepalived on one host: its binary (None: not installed), the sha256 of its configuration (None: none), and
+    its unit's active and enabled states."""
+
+    binary: str | None
+    conf_sha: str | None
+    active: str
+    enabled: str
+
+    @property
+    def runs(self) -> bool:
+        return self.active == "active" and self.enabled == "enabled"
+
+
+class KeepalivedState(FactBase[KeepalivedStatus]):
+    """keepalived on this host, in one command: installed, its configuration's sha256, the unit's states.
+
+        >>> KeepalivedState().process(["K3_KA_BIN=/usr/sbin/keepalived", "K3_KA_SHA=", "K3_KA_ACTIVE=inactive",
+        ...                            "K3_KA_ENABLED=disabled"])
+        KeepalivedStatus(binary='/usr/sbin/keepalived', conf_sha=None, active='inactive', enabled='disabled')
+    """
+
+    def command(self, conf: str, unit: str) -> str:
+        c, u = shlex.quote(conf), shlex.quote(unit)
+        return (f"echo K3_KA_BIN=$(command -v keepalived); "
+                f"echo K3_KA_SHA=$(sha256sum {c} 2>/dev/null | cut -d' ' -f1); "
+                f"echo K3_KA_ACTIVE=$(systemctl is-active {u} 2>/dev/null); "
+                f"echo K3_KA_ENABLED=$(systemctl is-enabled {u} 2>/dev/null)")
+
+    def process(self, output: list[str]) -> KeepalivedStatus:
+        values = dict(line.split("=", 1) for line in output if line.startswith("K3_KA_") and "=" in line)
+        sha = values.get("K3_KA_SHA", "").strip()
+        return KeepalivedStatus(values.get("K3_KA_BIN", "").strip() or None, sha if len(sha) == 64 else None,
+                                values.get("K3_KA_ACTIVE", "").strip() or "unknown",
+                                values.get("K3_KA_ENABLED", "").strip() or "unknown")
 
 
 class Revisions(FactBase[GroupHistory]):

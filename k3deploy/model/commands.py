@@ -707,6 +707,39 @@ def smoke_test(endpoint: str, model: str) -> str:
             f"{shlex.quote(url)} | python3 -c {shlex.quote(parse)}")
 
 
+# ------------------------------------------------------------------------------------------- virtual address
+
+
+def keepalived_apply(staged: str, conf: str, unit: str) -> str:
+    """Check keepalived's next configuration ``staged`` with ``keepalived -t`` (a refused one is removed and fails
+    the host, the live one left as it was), move it onto ``conf``, enable ``unit`` and reload it (start it when it
+    is not running).
+
+        >>> keepalived_apply("/etc/keepalived/keepalived.conf.next", "/etc/keepalived/keepalived.conf",
+        ...                  "keepalived.service").split("; ")[0]
+        'if ! keepalived -t -f /etc/keepalived/keepalived.conf.next >/dev/null 2>&1'
+    """
+    s, c, u = shlex.quote(staged), shlex.quote(conf), shlex.quote(unit)
+    refused = shlex.quote(f"keepalived -t refused the configuration {staged}; the running one is kept: ")
+    return (f"if ! keepalived -t -f {s} >/dev/null 2>&1; then echo {refused}\"$(keepalived -t -f {s} 2>&1 | "
+            f"tail -3 | tr '\\n' ' ')\" >&2; rm -f {s}; exit 1; fi; mv -f {s} {c}; systemctl enable --quiet {u}; "
+            f"systemctl reload-or-restart {u}")
+
+
+def wait_vip(endpoint: str, vip: str, timeout: int, interval: float = 1.0) -> str:
+    """Wait, on the host that must hold it, until the virtual address ``vip`` is on one of its interfaces and
+    ``endpoint`` (on that address) answers ``/health``: keepalived took it (VRRP) once the host's own check passed."""
+    health = shlex.quote(endpoint.rstrip("/") + "/health")
+    late = shlex.quote(f"the virtual address {vip} is not held by this host or {endpoint}/health does not answer "
+                       f"after {int(timeout)}s (required: keepalived here in MASTER state; see journalctl -u "
+                       "keepalived)")
+    held = f"ip -o -4 addr show | grep -qF {shlex.quote(f' {vip}/')}"
+    return (f"end=$(( $(date +%s) + {int(timeout)} )); "
+            f"until {held} && curl -sf -o /dev/null -m 2 {health}; do "
+            f"if [ $(date +%s) -ge $end ]; then echo {late} >&2; exit 1; fi; sleep {float(interval):g}; done; "
+            f"echo {shlex.quote(f'{vip} held here; {endpoint}/health answers')}")
+
+
 # ------------------------------------------------------------------------------------------- revisions
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3deploy.model import vip
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.secrets import mask_value
@@ -371,7 +372,7 @@ def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
         if key in order:
             hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
                                "group": u.group, "reason": _reason(u, have, bool(changes))})
-    notes = [rollout.how_changes_roll()]
+    notes = [rollout.how_changes_roll(), *filter(None, [vip.describe(rollout)])]
     missing = rollout.missing_from_router()
     notes += [f"{g} serves but the router leaves it out: the run puts it back into the router" for g in missing]
     return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint, notes=notes,
@@ -448,7 +449,7 @@ def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed],
         if key in order:
             hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
                                "group": u.group, "reason": reasons.get(u.group, "its group's job is resubmitted")})
-    notes = [rollout.how_changes_roll()]
+    notes = [rollout.how_changes_roll(), *filter(None, [vip.describe(rollout)])]
     missing = rollout.missing_from_router()
     notes += [f"{g} serves but the router leaves it out: the run puts it back into the router" for g in missing]
     return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint, notes=notes,

@@ -13,10 +13,14 @@ A change to any node of a group restarts the whole group, never half of it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
+from k3deploy.errors import K3Error
 from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, fill, rendezvous_port
 from k3deploy.model.images import run_ref
 from k3deploy.model.inventory import ROLE_GROUPS, SPARES
@@ -88,6 +92,8 @@ class Rollout:
     router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas; read)
     rendered: bool = True           # False: laid out only (:func:`lay_out`), the unit and env texts are still empty
     spares: dict[str, str] = field(default_factory=dict)   # host -> its cluster address: the spares standing by
+    vip_holder: str | None = None   # k3_vip: the host that serves the endpoint and so holds the virtual address
+    ifaces: dict[str, str] = field(default_factory=dict)   # host -> its cluster interface (from its facts, k3_iface)
 
     def on_host(self, name: str) -> list[UnitWork]:
         return [u for u in self.units if u.host == name]
@@ -314,8 +320,36 @@ def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables) -> Rollou
             endpoint = serving[0][1] if serving else f"http://{head.host.address}:8000"
     deadline = variables.k3_rollout_deadline or ready + 900
     spares = {h.name: h.address for h in hosts if SPARES in h.groups and not set(ROLE_GROUPS) & set(h.groups)}
+    holder = None
+    if variables.k3_vip is not None:
+        endpoint, holder = _virtual(endpoint, variables.k3_vip, units, hosts, variables.k3_vip_prefix)
     return Rollout(plan=plan, vars=variables, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline,
-                   rendered=False, spares=spares)
+                   rendered=False, spares=spares, vip_holder=holder)
+
+
+def _virtual(endpoint: str, vip: str, units: list[UnitWork], hosts: list[HostRecord],
+             prefix: int = 24) -> tuple[str, str]:
+    """The public endpoint on the virtual address ``vip`` (same port), and the host that serves it (so holds it).
+    The address must be no host's and, where the host's address is an IP address, in its subnet (``prefix``).
+
+    >>> _virtual("http://10.0.0.1:8000", "10.0.0.250", [], [HostRecord("n1", ("head",), {"k3_ip": "10.0.0.1"})])
+    ('http://10.0.0.250:8000', 'n1')
+    """
+    url = urlsplit(endpoint)
+    taken = {h.address: h.name for h in hosts}
+    if vip in taken:
+        raise K3Error(f"k3_vip {vip} is the address of host {taken[vip]}: give the virtual address a free address "
+                      "of the cluster's subnet that no host has")
+    served = {u.serves: u.host for u in units if u.serves}
+    holder = served.get(endpoint) or next((h.name for h in hosts if h.address == url.hostname), None)
+    if holder is None:
+        raise K3Error(f"k3_vip {vip}: no host of the inventory serves the endpoint {endpoint}")
+    with contextlib.suppress(ValueError):   # a host name: its subnet is not known here
+        net = ipaddress.ip_network(f"{url.hostname}/{prefix}", strict=False)
+        if ipaddress.ip_address(vip) not in net:
+            raise K3Error(f"k3_vip {vip} is not in the subnet of {holder} ({net}, k3_vip_prefix {prefix}), which "
+                          "serves the endpoint: give a free address of that subnet")
+    return f"http://{vip}:{url.port or 80}", holder
 
 
 def _with_iface(node: BoundNode, iface: str | None) -> BoundNode:
@@ -402,7 +436,8 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
         env = engine_env(node, (host_env or {}).get(placed.host, {}), variables.k3_extra_env) \
             if node.role != "router" else dict(node.env)
         units.append(replace(placed, node=node, unit_text=text, env_text=env_file_text(env)))
-    return replace(layout, units=units, changed_groups=set(layout.changed_groups), rendered=True)
+    return replace(layout, units=units, changed_groups=set(layout.changed_groups), rendered=True,
+                   ifaces=dict(ifaces or {}))
 
 
 def plan_rollout(plan: Plan, hosts: list[HostRecord], variables: Variables, *, ifaces: dict[str, str] | None = None,

@@ -64,6 +64,8 @@ SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:unlimited|infinite)")
 #: a ``--gres`` value: NAME[:TYPE][:COUNT], several comma-separated, or empty (none)
 SLURM_GRES = re.compile(r"([A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)*(,[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)*)*)?")
+#: a Linux network interface name (IFNAMSIZ: at most 15 characters, no / or space)
+IFACE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 #: the variables that are paths on the nodes
 NODE_PATHS = ("k3_config_dir", "k3_model_cache", "k3_stage_dir", "k3_image_dir", "k3_router_bin",
               "k3_slurm_dir")
@@ -223,6 +225,19 @@ class Variables(BaseModel):
     k3_drain_timeout: int = Field(60, gt=0, description=(
         "Seconds a replica taken out of the router may take to finish its in-flight requests "
         "(`vllm:num_requests_running` + `vllm:num_requests_waiting` = 0) before it is restarted anyway."))
+    k3_vip: str | None = Field(None, description=(
+        "The site's virtual address (an IPv4 address in the cluster's subnet, held by no host): the endpoint clients "
+        "use, kept across a head's replacement. keepalived (VRRP) runs on every engine host and spare; only the host "
+        "that serves the endpoint (the head, or the router's host), while its `/health` answers, holds it. The "
+        "endpoint becomes `http://<k3_vip>:<port>` in `status`, the smoke test and the runbook. Default: none (the "
+        "endpoint is the head's or the router's own address)."))
+    k3_vip_interface: str | None = Field(None, description=(
+        "Interface the virtual address and VRRP use on every host; default: the interface carrying the host's cluster "
+        "address (`k3_iface`, or from its facts)."))
+    k3_vip_router_id: int = Field(51, ge=1, le=255, description=(
+        "VRRP `virtual_router_id` of the virtual address: unique among the VRRP instances of the hosts' network."))
+    k3_vip_prefix: int = Field(24, ge=1, le=32, description=(
+        "Prefix length the virtual address is added with (that of the cluster's subnet)."))
     k3_front_hybrid_lb: bool = Field(True, description=(
         "Put a vllm-router in front of hybrid-LB nodes (multi_node_dep) so clients get one endpoint."))
     k3_ib_hca: str | None = Field(None, description=(
@@ -437,6 +452,29 @@ class Variables(BaseModel):
             if len(name) > MAX_MODEL_NAME:
                 raise ValueError(f"the served model name is {len(name)} characters long, over the limit of "
                                  f"{MAX_MODEL_NAME}: shorten it")
+        return value
+
+    @field_validator("k3_vip")
+    @classmethod
+    def _vip(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            addr = ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{_shown(value)} is not an IPv4 address: give a free address of the cluster's subnet, "
+                             "e.g. 10.0.0.250") from None
+        if addr.version != 4 or addr.is_loopback or addr.is_multicast or addr.is_unspecified:
+            raise ValueError(f"{_shown(value)} cannot be a virtual address (IPv4 unicast only): give a free address of "
+                             "the cluster's subnet, e.g. 10.0.0.250")
+        return value
+
+    @field_validator("k3_vip_interface")
+    @classmethod
+    def _vip_interface(cls, value: str | None) -> str | None:
+        if value is not None and not IFACE_NAME.fullmatch(value):
+            raise ValueError(f"{_shown(value)} is not a network interface name (at most 15 letters, digits, _ . -): "
+                             "give one such as eth0 or bond0")
         return value
 
     @field_validator("k3_ip", "k3_router_host")

@@ -27,8 +27,9 @@ from pyinfra.api.operation import operation
 from pyinfra.api.state import StateStage
 from pyinfra.context import host, state
 from pyinfra.facts.files import Directory, FileContents
+from pyinfra.operations import server
 
-from k3deploy.facts.rollout import FileOnHost, SmokeAnswer, UnitState
+from k3deploy.facts.rollout import FileOnHost, KeepalivedState, SmokeAnswer, UnitState, VipHeld
 from k3deploy.model import commands
 from k3deploy.model.diff import change_lines, env_file_changes, unit_file_changes
 from k3deploy.model.observed import ENV_MODE, UNIT_MODE, Installed
@@ -353,3 +354,38 @@ def smoke(endpoint: str, model: str, active: bool = True) -> Commands:
         return
     yield fail(f"smoke test: POST {endpoint}/v1/chat/completions as {model!r} answered {answer.text[:200]!r}; "
                "required a chat completion")
+
+
+@operation()
+def keepalived(conf: str, content: str, unit: str, package: str) -> Commands:
+    """keepalived on this host running ``content`` as its configuration ``conf``, its ``unit`` enabled: nothing when
+    it already does. Not installed: the host's package manager installs ``package`` (pyinfra's ``server.packages``).
+    The new configuration is written beside the live one, checked with ``keepalived -t`` (a refused one fails the
+    host and leaves the running one), moved into place, and the unit reloaded (started when it is not running)."""
+    have = host.get_fact(KeepalivedState, conf=conf, unit=unit)
+    data = content.encode()
+    if have.binary and have.conf_sha == hashlib.sha256(data).hexdigest() and have.runs:
+        host.noop(f"keepalived runs {conf} as planned")
+        return
+    if not have.binary:
+        yield from server.packages._inner(packages=[package])
+    if state.config.DIFF:
+        show_change(conf, "text", have.conf_sha, None, content, None)
+    staged = f"{conf}.k3-next"
+    yield from upload(staged, data, "644")
+    yield sh(commands.keepalived_apply(staged, conf, unit))
+
+
+@operation(is_idempotent=False)
+def vip_held(endpoint: str, vip: str, timeout: int) -> Commands:
+    """A check, not a change: this host holds the virtual address and the endpoint answers ``/health`` on it,
+    waited for up to ``timeout`` seconds. It runs when the rollout executes (a ``--dry`` run asks nothing)."""
+    if state.current_stage < StateStage.Execute:
+        host.noop(f"at execution: {vip} held here and {endpoint}/health answering")
+        return
+    held = host.get_fact(VipHeld, endpoint=endpoint, vip=vip, timeout=timeout)
+    if held.ok:
+        host.noop(held.text.splitlines()[-1] if held.text else f"{vip} held here")
+        logger.info(f"    [{host.name}] {held.text.splitlines()[-1] if held.text else vip}")
+        return
+    yield fail(held.text.splitlines()[-1] if held.text else f"{vip} is not held by this host")

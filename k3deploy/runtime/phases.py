@@ -15,6 +15,7 @@ stops the run while it is being prepared (``--dry`` included), with every reason
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
 
 from k3deploy.errors import K3Error
-from k3deploy.model import commands, steps
+from k3deploy.model import commands, steps, vip
 from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, sha256
@@ -56,11 +57,13 @@ from k3deploy.runtime.operations import (
     Written,
     directories,
     drifted,
+    keepalived,
     script,
     smoke,
     stage_step,
     start_units,
     stop_units,
+    vip_held,
     write_files,
 )
 from k3deploy.runtime.readiness import Failure, wait_group
@@ -987,6 +990,36 @@ def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int],
                                             for p, text in ((u.unit_path, u.unit_text), (u.env_path, u.env_text))}
     same = [n for n, rev in history.revisions.items() if rev.files == want]
     return max(same) if same and max(same) != history.current else None
+
+
+@deploy("Virtual address")
+def vip_phase(ctx: Context) -> None:
+    """``k3_vip``: keepalived on every host of the rollout and every spare, with its configuration
+    (:func:`k3deploy.model.vip.keepalived_conf`: the host that serves the endpoint has the holder's priority), then,
+    on that host, once every group serves, a wait until it holds the address and the endpoint answers on it. Nothing
+    without ``k3_vip``."""
+    r = ctx.rollout
+    me = host.name
+    if me not in vip.members(r):
+        return
+    interface = r.vars.k3_vip_interface or r.ifaces.get(me)
+    if interface is None:
+        why = (f"no interface for the virtual address {r.vars.k3_vip} on {me}: its cluster interface was not read; "
+               "set k3_vip_interface")
+        script(name="keepalived: the virtual address's interface", text=f"echo {shlex.quote(why)} >&2; exit 1")
+        return
+    keepalived(name=f"keepalived: virtual address {r.vars.k3_vip} (VRRP)", conf=vip.KEEPALIVED_CONF,
+               content=vip.keepalived_conf(r, me, interface), unit=vip.KEEPALIVED_UNIT, package=vip.KEEPALIVED_PACKAGE)
+    if me == r.vip_holder:
+        assert r.vars.k3_vip is not None
+        vip_held(name=f"Virtual address {r.vars.k3_vip} held here, {r.endpoint} answering", endpoint=r.endpoint,
+                 vip=r.vars.k3_vip, timeout=VIP_TIMEOUT, _if=lambda: all(ctx.serves(g) for g in r.groups),
+                 _timeout=VIP_TIMEOUT + r.vars.k3_link_timeout)
+
+
+#: seconds the host that serves the endpoint may take to hold the virtual address (VRRP: its check passes, then it
+#: waits about three adverts for a master before it takes over)
+VIP_TIMEOUT = 60
 
 
 @deploy("Smoke test")

@@ -1,7 +1,8 @@
 """The shared, read-only base root of the simulated nodes.
 
 The base is a Debian 12 (bookworm) ``debootstrap --variant=minbase`` root with systemd, dbus,
-OpenSSH server, Python 3 (with its standard library), procps, iproute2, curl and rsync, and Debian's Slurm 22.05
+OpenSSH server, Python 3 (with its standard library), procps, iproute2, curl, rsync and keepalived (VRRP for the
+site's virtual address, enabled only by a deploy that sets ``k3_vip``), and Debian's Slurm 22.05
 (slurmd, slurmctld, slurm-client, munge) with its units disabled: only ``sim up --slurm`` enables them, per node
 (:mod:`k3deploy.sim.slurm`). It is built once and
 cached under ``/var/cache/k3deploy/base-<id>``, where ``<id>`` hashes everything that decides its
@@ -52,9 +53,11 @@ PACKAGES = (
     "slurmd",
     "slurmctld",
     "slurm-client",
+    # VRRP for the site's virtual address (k3_vip): the deploy configures and enables it per node
+    "keepalived",
 )
 #: units the packages above enable on install; the base disables them (a cluster without --slurm runs none)
-DISABLED_UNITS = ("munge.service", "slurmd.service", "slurmctld.service")
+DISABLED_UNITS = ("munge.service", "slurmd.service", "slurmctld.service", "keepalived.service")
 #: bump when the post-install steps below change, so that caches are rebuilt
 BUILD_FORMAT = 2
 MARKER = ".k3deploy-base.json"

@@ -277,6 +277,7 @@ def up(
     replicas: int = 1,
     slurm: bool = False,
     spares: int = 0,
+    vip: bool = False,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -292,7 +293,8 @@ def up(
     every node, partition ``k3``; returns once every node's slurmd has registered (sinfo: idle, unless a fault
     keeps a node out; the result's ``slurm``).
     ``spares`` K adds K nodes of the same hardware after the ``nodes`` engine nodes (ranks ``nodes`` ..
-    ``nodes + K - 1``), in the inventory group ``spares``.
+    ``nodes + K - 1``), in the inventory group ``spares``. ``vip``: the cluster's group_vars set ``k3_vip`` to
+    ``<subnet>.250`` (:func:`~k3deploy.sim.network.vip_address`; the result's ``vip``).
     """
     say = progress or (lambda _m: None)
     validate_name(name)
@@ -378,7 +380,7 @@ def up(
             shaping = {"uplink_mbps": float(uplink_mbps), "cluster_mbps": float(cluster_mbps),
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
-                                strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares)
+                                strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares, vip)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -413,6 +415,7 @@ def _up_locked(
     strategy_default: bool = False,
     slurm: bool = False,
     spares: int = 0,
+    vip: bool = False,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -436,6 +439,7 @@ def _up_locked(
         "pools": pools,
         "replicas": replicas,
         "spares": spares,
+        "vip": network.vip_address(subnet) if vip else None,
         "strategy": "pd_cluster" if pools else strategy,
         "strategy_default": strategy_default,
         "key": str(sdir / "id_ed25519"),
@@ -554,6 +558,8 @@ def summary(state: dict[str, Any]) -> dict[str, Any]:
     }
     if state.get("spares"):   # the last nodes, in the inventory group spares
         res["spares"] = [r["name"] for r in state["nodes"][len(state["nodes"]) - int(state["spares"]):]]
+    if state.get("vip"):
+        res["vip"] = state["vip"]
     out = state.get("outside")
     if out:
         res["outside"] = {"ip": out["ip"], "port": out["port"], "names": list(outside.HOSTS)}

@@ -89,6 +89,9 @@ def write_inventory(state: dict[str, Any]) -> None:
         lines.append(f"k3_strategy: {state['strategy']}")
     if state["hardware"] == "ascend_910c":
         lines.append("k3_variant: ascend_w4a8")
+    if state.get("vip"):
+        lines += ["# the site's virtual address (sim up --vip): keepalived on the nodes, held by the one that serves",
+                  f"k3_vip: {state['vip']}"]
     if state.get("slurm"):
         sl = state["slurm"]
         lines += ["# the engines run as Slurm jobs of the cluster's own Slurm (sim up --slurm), not as systemd units",

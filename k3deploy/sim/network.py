@@ -4,7 +4,9 @@ and one for the simulated outside.
 Node i of cluster ``NAME`` has ``<subnet>.<10+i>/24`` on ``eth0`` inside its namespace ``NAME-node<i>``; the
 host side of its veth pair is ``NAME-v<i>``, on the bridge. ``k3sim`` uses ``10.77.0``; other names get a
 subnet derived from the name unless one is given. The outside (:mod:`k3deploy.sim.outside`) has ``<subnet>.254``
-on ``eth0`` in ``NAME-out`` (host side ``NAME-vo``).
+on ``eth0`` in ``NAME-out`` (host side ``NAME-vo``). ``<subnet>.250`` is no node's: it is the site's virtual address
+(``k3_vip``, ``sim up --vip``), which keepalived on the nodes adds to the ``eth0`` of the node that serves the
+endpoint; VRRP's adverts (multicast 224.0.0.18) and gratuitous ARP cross the bridge like any frame.
 
 Shaping (``tc`` ``tbf``; ``netem`` is not available in every kernel): the outside's ``eth0`` egress runs at the
 uplink rate, so all nodes share the uplink, and each node's ``eth0`` egress at the cluster rate (node to node).
@@ -24,6 +26,19 @@ from k3deploy.sim.state import DEFAULT_NAME, NodeLayout, list_names, load_state
 
 def bridge_name(name: str) -> str:
     return f"{name}0"
+
+
+#: the last octet of the cluster's virtual address (k3_vip): above every node (.11 to .138) and below the outside
+VIP_OCTET = 250
+
+
+def vip_address(subnet: str) -> str:
+    """The virtual address of a cluster on ``subnet``.
+
+    >>> vip_address("10.77.5")
+    '10.77.5.250'
+    """
+    return f"{subnet}.{VIP_OCTET}"
 
 
 def default_subnet(name: str) -> str:

@@ -191,6 +191,9 @@ def spawn(cluster: str, nd: NodeLayout, append_log: bool = False, own_uptime: bo
         "--console=pipe", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
         # a GPU node's /dev/shm is large (NCCL, PyTorch IPC); tmpfs size is a limit, not an allocation
         "--tmpfs=/dev/shm:mode=1777,size=64g",
+        # the node's own network namespace is its to configure, as a host's is: keepalived adds and removes the
+        # site's virtual address (k3_vip) on eth0 (nspawn keeps CAP_NET_ADMIN only with --private-network)
+        "--capability=CAP_NET_ADMIN",
     ]  # fmt: skip
     # the real vllm-router, installed once on the host (k3deploy.sim.router), read-only on every node
     rdir = sim_router.router_dir()

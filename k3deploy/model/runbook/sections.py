@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from k3deploy.model import commands, steps
+from k3deploy.model import commands, steps, vip
 from k3deploy.model.diff import exec_start
 from k3deploy.model.images import LocalImage
 from k3deploy.model.revisions import revisions_dir
@@ -297,6 +297,27 @@ def start(doc: Doc, rollout: Rollout, context: Context) -> None:
     restart_steps(doc, rollout, sp, None, stop=False)
 
 
+def virtual_address(doc: Doc, rollout: Rollout, context: Context) -> None:
+    """With ``k3_vip``: keepalived on every host and spare (:mod:`k3deploy.model.vip`), then the wait on the host
+    that serves the endpoint until it holds the address."""
+    members = vip.members(rollout)
+    address = rollout.vars.k3_vip
+    if not members or address is None or rollout.vip_holder is None:
+        return
+    doc.h(2, "4b. The virtual address")
+    doc.p(f"Clients use {rollout.endpoint}: the {vip.describe(rollout)}. On each host, keepalived's configuration "
+          f"(`{vip.KEEPALIVED_CONF}`; install Debian's `{vip.KEEPALIVED_PACKAGE}` package first where it is missing), "
+          "checked with `keepalived -t`, then the unit enabled and reloaded.")
+    staged = f"{vip.KEEPALIVED_CONF}.k3-next"
+    for h in members:
+        interface = rollout.vars.k3_vip_interface or rollout.ifaces.get(h, "IFACE")
+        doc.h(3, h)
+        doc.block(h, commands.install_file(staged, vip.keepalived_conf(rollout, h, interface), "0644")
+                  + commands.keepalived_apply(staged, vip.KEEPALIVED_CONF, vip.KEEPALIVED_UNIT) + "\n")
+    doc.p(f"On {rollout.vip_holder}, once the groups serve: wait until it holds {address} and the endpoint answers.")
+    doc.block(rollout.vip_holder, commands.wait_vip(rollout.endpoint, address, 60) + "\n")
+
+
 def smoke(doc: Doc, rollout: Rollout, context: Context) -> None:
     doc.h(2, "5. Smoke test")
     step = steps.smoke(rollout)
@@ -408,7 +429,8 @@ def troubleshooting(doc: Doc, rollout: Rollout, ctx: Context) -> None:
             doc.p(text)
 
 
-SECTIONS = (title, blanks, prerequisites, stage, configure, start, smoke, rolling, rollback, troubleshooting)
+SECTIONS = (title, blanks, prerequisites, stage, configure, start, virtual_address, smoke, rolling, rollback,
+            troubleshooting)
 
 
 def build(rollout: Rollout, context: Context) -> Doc:
