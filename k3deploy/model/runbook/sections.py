@@ -322,14 +322,17 @@ def rolling(doc: Doc, rollout: Rollout, context: Context) -> None:
         urls = rollout.serving_urls([g])
         doc.h(3, f"Replica {g}")
         doc.p(f"Take {g} out of the router.")
-        doc.block(router.host, commands.router_remove(router.serves, urls) + "\n", "rolling")
+        rest = [r for r in rollout.replicas if r != g]
+        doc.block(router.host, commands.router_remove(router.serves, urls, rollout.router_list(router, rest)) + "\n",
+                  "rolling")
         for u in units:
             if u.serves:
                 doc.p(f"Let the requests in flight on {u.host} finish (at most {v.k3_drain_timeout}s).")
                 doc.block(u.host, commands.drain(u.serves, v.k3_drain_timeout, v.k3_poll_interval) + "\n", "rolling")
         restart_steps(doc, rollout, rollout.start_plan({g}), "rolling", stop=True)
         doc.p(f"Put {g} back into the router (it answers once the replica's /health does).")
-        doc.block(router.host, commands.router_add(router.serves, urls, rollout.ready_timeout) + "\n", "rolling")
+        doc.block(router.host, commands.router_add(router.serves, urls, rollout.ready_timeout,
+                                                   rollout.router_list(router, rollout.replicas)) + "\n", "rolling")
 
 
 def rollback(doc: Doc, rollout: Rollout, context: Context) -> None:
