@@ -5,7 +5,11 @@ Every rollout that restarts a group records a new revision on each host of that 
 from (image, selection, the variables that differ from their defaults with the file that set them, the tool's
 version, the time). ``<k3_config_dir>/revisions/<group>/current`` names the revision that runs. A rollback
 (``k3_rollback: true`` for the previous revision, or ``k3_rollback: N``) restores revision N's files and moves
-``current`` to N; the revisions themselves are never rewritten. Pure: the runtime reads and writes the files.
+``current`` to N; the revisions themselves are never rewritten, except a record (``meta.json``) cut short on one
+host, which is written again from the group's other hosts where the files it kept there hash to what they recorded
+(:meth:`GroupHistory.rebuildable`). A group's hosts that name different current revisions (:attr:`GroupHistory.split`)
+run what their files are (``runs_now``); ``k3_rollback: true`` goes to the newest older revision that served.
+Pure: the runtime reads and writes the files.
 
 Example::
 
