@@ -281,6 +281,11 @@ def restart_steps(doc: Doc, rollout: Rollout, sp: StartPlan, when: str | None, *
                 doc.block(u.host, steps.wait_serving(rollout, u), when)
     if sp.router:
         doc.h(3, "Start the router (after every engine group serves)")
+        for u in rollout.group("router"):
+            listed = commands.router_list(rollout.router_list(u, rollout.replicas))
+            if listed:
+                doc.p("Its worker file lists every replica (a roll that stopped may have left one out).")
+                doc.block(u.host, listed + "\n", when)
         per_host("Start the router", "start_routers", "routers")
         for u in rollout.group("router"):
             doc.block(u.host, steps.wait_serving(rollout, u), when)
