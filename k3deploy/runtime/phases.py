@@ -732,8 +732,7 @@ def _start_jobs(ctx: Context) -> None:
     if missing and router is not None and name == router.host:
         urls = r.serving_urls(missing)
         script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
-               text=commands.router_add(router.serves or "", urls, r.ready_timeout,
-                                        r.router_list(router, r.replicas)), active=bool(urls))
+               text=commands.router_add(router.serves or "", urls, r.ready_timeout), active=bool(urls))
     for i, wave in _turns(waves):
         plan = ctx.start_plan(i)
         earlier = [g for w in waves[:i] for g in w]
@@ -747,8 +746,7 @@ def _start_jobs(ctx: Context) -> None:
         urls = r.serving_urls(wave)
         if rolling and router is not None:
             python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
-                        key=f"remove {i}", text=commands.router_remove(
-                            router.serves or "", urls, r.router_list(router, [g for g in r.replicas if g not in wave])),
+                        key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
                         _if=partial(_both, name == router.host, go))
             draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
             if draining:
@@ -981,7 +979,8 @@ def _record(ctx: Context) -> None:
     # that nothing of the restart runs after them)
     here = {u.group for u in r.on_host(host.name)}
     # (a rolled replica was marked in its own step; a group whose nodes' marks differ is marked again)
-    rolled = {g for w in r.waves() for g in w} if r.rolling and any(u.group == "router" for u in r.units) else set()
+    rolled = ({g for w in r.waves() for g in w}
+              if r.rolling and not ctx.launcher.batch and any(u.group == "router" for u in r.units) else set())
     changed = [g for g in r.groups if (g in r.changed_groups and g not in rolled) or g in ctx.repairs]
     marked = [g for g in changed if g in here and ctx.marks.get(g) is not None]
     # nothing runs on a host after its last mark but the smoke test (on the first unit's host): the other hosts give
