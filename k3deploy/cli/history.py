@@ -43,7 +43,7 @@ def history(inventory: str, as_json: bool) -> None:
     fresh = set(gathered.spares.new) if gathered.spares is not None else set()
     if as_json:
         echo_json({"inventory": inventory, "groups": {
-            g: {"current": h.current, "hosts": h.hosts,
+            g: {"current": h.current, "hosts": h.hosts, "marked_current": h.currents, "split": h.split_line() or None,
                 "revisions": [shown(h, n, values) for n in h.numbers],
                 "substitutions": [{**s.as_dict(), "new": s in fresh} for s in subs if s.group == g]}
             for g, h in groups.items()}})
@@ -71,15 +71,41 @@ def history(inventory: str, as_json: bool) -> None:
             mark = f"{n} (current)" if n == h.current else str(n) if rev["served"] else f"{n} (never served)"
             image = rev["image"] + (f"\n(tag {rev['tag']})" if rev["tag"] else "")
             table.add_row(mark, rev["created"], image, rev["summary"] + (f"; {rev['note']}" if rev["note"] else ""),
-                          "\n".join(rev["changes"]),
-                          "yes" if rev["restorable"] else f"no: {', '.join(rev['missing_on'])} "
-                          f"{'lacks' if len(rev['missing_on']) == 1 else 'lack'} its files", slo_cell(rev["slo"]))
+                          "\n".join(rev["changes"]), "yes" if rev["restorable"] else f"no: {why_not(rev)}",
+                          slo_cell(rev["slo"]))
         console.print(table)
+        if h.split:
+            console.print(h.split_line(), highlight=False, soft_wrap=True)
         for n in h.numbers:
             if not h.restorable(n):
-                console.print(f"group {g}: revision {n} is not restorable: {', '.join(h.lacking(n))} "
-                              f"{'lacks' if len(h.lacking(n)) == 1 else 'lack'} its files (a rollback to it is "
-                              "refused)", highlight=False, soft_wrap=True)
+                console.print(f"group {g}: revision {n} is not restorable: {why_not(shown(h, n, values))} (a "
+                              "rollback to it is refused)", highlight=False, soft_wrap=True)
+            for host, path in h.corrupt_on(n).items():
+                fix = ("the next deploy writes it again from the other nodes' record (its files there hash to it)"
+                       if h.rebuildable(n, host) else "its files there differ from the other nodes' record: it "
+                       "cannot be written again")
+                console.print(f"group {g}: the record of revision {n} on {host} is corrupt ({path}, cut short or "
+                              f"unreadable); {fix}", highlight=False, soft_wrap=True)
+        for n, where in sorted(h.corrupt.items()):
+            if n not in h.revisions:
+                console.print(f"group {g}: the record of revision {n} is corrupt on every node that keeps it "
+                              f"({', '.join(f'{host}: {path}' for host, path in where.items())}): it is not "
+                              "restorable", highlight=False, soft_wrap=True)
+
+
+def why_not(rev: dict[str, Any]) -> str:
+    """Why a revision (as :func:`shown` gives it) is not restorable: the hosts whose record is corrupt, then those
+    that lack its files.
+
+    >>> why_not({"corrupt_on": {"n2": "/etc/k3deploy/revisions/engine/1/meta.json"}, "missing_on": ["n2", "n3"]})
+    'n2: its record is corrupt (/etc/k3deploy/revisions/engine/1/meta.json); n3 lacks its files'
+    """
+    corrupt = rev["corrupt_on"]
+    lacking = [h for h in rev["missing_on"] if h not in corrupt]
+    parts = [f"{h}: its record is corrupt ({path})" for h, path in corrupt.items()]
+    if lacking:
+        parts.append(f"{', '.join(lacking)} {'lacks' if len(lacking) == 1 else 'lack'} its files")
+    return "; ".join(parts)
 
 
 def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, Any]:
@@ -88,6 +114,7 @@ def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, An
     rev = asdict(history.revisions[number])
     rev["variables"] = masked_variables(rev["variables"], values)
     rev["restorable"], rev["missing_on"] = history.restorable(number), history.lacking(number)
+    rev["corrupt_on"] = history.corrupt_on(number)
     rev["served"] = history.served(number)
     older = [n for n in history.numbers if n < number]
     previous = history.revisions[max(older)] if older else None

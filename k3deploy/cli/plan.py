@@ -100,7 +100,10 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
                    + ": the rollout would stop before changing anything; fix the nodes (k3deploy preflight "
                    f"{inventory}) and rerun", err=True)
         sys.exit(2)
-    return report.exit_code
+    # a split current marker or a record a deploy writes again is a repair the deploy makes: not converged
+    repairs = any(h.split or any(h.rebuildable(n, host) for n, where in h.corrupt.items() for host in where)
+                  for h in gathered.history.values())
+    return 3 if report.exit_code == 0 and repairs else report.exit_code
 
 
 def jobs_plan(gathered: Gathered) -> PlanReport:
@@ -161,6 +164,14 @@ def revision_notes(gathered: Gathered, changes: bool = True) -> list[str]:
     changes), or they were set back and describe what runs (no changes)."""
     notes = []
     for group, h in gathered.history.items():
+        if h.split:
+            notes.append(h.split_line())
+        for n, where in sorted(h.corrupt.items()):
+            for host, path in where.items():
+                notes.append(f"group {group}: the record of revision {n} on {host} is corrupt ({path}); "
+                             + ("a deploy writes it again from the other nodes' record" if h.rebuildable(n, host)
+                                else "it cannot be written again (its files there differ from the record): "
+                                     "not restorable"))
         if group in gathered.rollback_to:
             notes.append(f"group {group}: a rollback from revision {h.current} to revision "
                          f"{gathered.rollback_to[group]} (pyinfra INVENTORY deploy/k3.py -y --data "

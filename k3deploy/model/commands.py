@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from k3deploy.model.images import run_ref
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
+from k3deploy.model.units import router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
 PROBE_READY, PROBE_FAILED, PROBE_STARTING = 0, 1, 2
@@ -612,26 +613,52 @@ def wait_ready(unit: str, url: str | None, model: str | None, timeout: int, cont
 # ---------------------------------------------------------------------------------------------- rolling
 
 
-def router_remove(router: str, urls: Sequence[str]) -> str:
+#: curl's retries of a router call: a router that restarts (systemd starts it again after a crash) is waited for
+ROUTER_RETRY = "--retry 15 --retry-delay 1 --retry-all-errors --retry-max-time 60"
+
+
+def router_list(workers: tuple[str, Sequence[str]] | None) -> str:
+    """Write a router's worker file (``(path, urls)``: :func:`k3deploy.model.units.workers_file`, the workers it
+    sends requests to): the list the router's unit starts with, so a router that restarts keeps a replica that is
+    out of it out. Written under a new name and renamed into place (a start reads the old list or the new one).
+
+    >>> print(router_list(("/etc/k3deploy/k3-engine-router.workers", ["http://10.0.0.1:8000"])))
+    umask 077 && t=$(mktemp /etc/k3deploy/k3-engine-router.workers.XXXXXX) && printf ... && mv -f "$t" ...
+    """
+    if workers is None:
+        return ""
+    path, urls = workers
+    text = router_workers_text(list(urls)).rstrip("\n")
+    return (f"umask 077 && t=$(mktemp {shlex.quote(path)}.XXXXXX) && printf '%s\\n' {shlex.quote(text)} > \"$t\" "
+            f"&& mv -f \"$t\" {shlex.quote(path)}")
+
+
+def router_remove(router: str, urls: Sequence[str], workers: tuple[str, Sequence[str]] | None = None) -> str:
     """Take workers out of a running vllm-router (``POST /remove_worker?url=``; 200, also for one not listed), so
-    it sends them no new request; requests in flight go on."""
-    lines = [f"out=$(curl -sS -m 10 -X POST -w ' (HTTP %{{http_code}})' "
+    it sends them no new request; requests in flight go on. With ``workers`` the router's worker file is written
+    first (:func:`router_list`: the workers it keeps). A router restarting meanwhile is waited for."""
+    lines = [f"out=$(curl -sS -m 10 {ROUTER_RETRY} -X POST -w ' (HTTP %{{http_code}})' "
              f"{shlex.quote(router.rstrip('/') + '/remove_worker?url=' + url)} 2>&1); "
              f"case \"$out\" in *'(HTTP 200)') echo \"$out\";; "
              f"*) echo {shlex.quote(f'remove {url}: ')}\"$out\"; exit 1;; esac"
              for url in urls]
-    return "; ".join(lines)
+    listed = router_list(workers)
+    return "; ".join([f"{listed} || exit 1", *lines] if listed else lines)
 
 
-def router_add(router: str, urls: Sequence[str], timeout: int) -> str:
+def router_add(router: str, urls: Sequence[str], timeout: int,
+               workers: tuple[str, Sequence[str]] | None = None) -> str:
     """Put workers back into a running vllm-router (``POST /add_worker?url=``: it answers once the worker's
-    ``/health`` does; 400 "already exists" counts as done)."""
-    lines = [f"out=$(curl -sS -m {int(timeout)} -X POST -w ' (HTTP %{{http_code}})' "
+    ``/health`` does; 400 "already exists" counts as done). With ``workers`` the router's worker file is written
+    first (:func:`router_list`: every worker it sends requests to, these ones included). A router restarting
+    meanwhile is waited for."""
+    lines = [f"out=$(curl -sS -m {int(timeout)} {ROUTER_RETRY} -X POST -w ' (HTTP %{{http_code}})' "
              f"{shlex.quote(router.rstrip('/') + '/add_worker?url=' + url)} 2>&1); "
              f"case \"$out\" in *'(HTTP 200)'|*'already exists (HTTP 400)') echo \"$out\";; "
              f"*) echo {shlex.quote(f'add {url}: ')}\"$out\"; exit 1;; esac"
              for url in urls]
-    return "; ".join(lines)
+    listed = router_list(workers)
+    return "; ".join([f"{listed} || exit 1", *lines] if listed else lines)
 
 
 def router_workers(router: str) -> str:
@@ -745,11 +772,14 @@ def wait_vip(endpoint: str, vip: str, timeout: int, interval: float = 1.0) -> st
 
 def list_revisions(directory: str) -> str:
     """The group's current revision and every revision's ``meta.json`` and the files its directory holds (parsed by
-    :func:`k3deploy.model.revisions.parse_listing`)."""
+    :func:`k3deploy.model.revisions.parse_listing`); where a ``meta.json`` does not end as a whole record does
+    (cut short), the sha256 of each file of its directory too (``K3_SUMS=``: whether it can be written again)."""
     d = shlex.quote(directory)
     return (f"echo \"K3_CURRENT=$(cat {d}/current 2>/dev/null)\"; for m in {d}/*/meta.json; do "
             f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; echo; "
-            f"echo \"K3_KEPT=$(ls -A \"${{m%/meta.json}}\" | tr '\\n' ' ')\"; f=\"${{m%/meta.json}}/{FIGURES_FILE}\"; "
+            f"echo \"K3_KEPT=$(ls -A \"${{m%/meta.json}}\" | tr '\\n' ' ')\"; "
+            f"[ \"$(tail -n 1 \"$m\")\" = '}}' ] || echo \"K3_SUMS=$(cd \"${{m%/meta.json}}\" && sha256sum -- * "
+            f"| tr '\\n' ' ')\"; f=\"${{m%/meta.json}}/{FIGURES_FILE}\"; "
             f"[ ! -f \"$f\" ] || printf '%s\\n' \"K3_SLO=$(tr -d '\\n' < \"$f\")\"; done")
 
 
@@ -764,6 +794,16 @@ def record_revision(directory: str, number: int, files: Sequence[tuple[str, str]
     copies = " && ".join(f"cp -p {shlex.quote(src)} {d}/{shlex.quote(name)}" for src, name in files)
     return (f"umask 077 && install -d -m 0700 {shlex.quote(directory)} {d} && {copies} && "
             f"install -m 0600 /dev/stdin {d}/meta.json <<'{tag}'\n{meta}{tag}")
+
+
+def rewrite_record(directory: str, number: int, meta: str) -> str:
+    """Write revision ``number``'s record (``meta.json``) again where this node's copy was cut short: ``meta`` is the
+    record the group's other nodes keep (the revision's files on this node hash to what it says)."""
+    d = shlex.quote(f"{directory}/{int(number)}")
+    tag = "K3_EOF"
+    while tag in meta.splitlines():
+        tag += "_"
+    return f"umask 077 && [ -d {d} ] && install -m 0600 /dev/stdin {d}/meta.json <<'{tag}'\n{meta}{tag}"
 
 
 def then(*scripts: str) -> str:

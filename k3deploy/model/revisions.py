@@ -5,7 +5,11 @@ Every rollout that restarts a group records a new revision on each host of that 
 from (image, selection, the variables that differ from their defaults with the file that set them, the tool's
 version, the time). ``<k3_config_dir>/revisions/<group>/current`` names the revision that runs. A rollback
 (``k3_rollback: true`` for the previous revision, or ``k3_rollback: N``) restores revision N's files and moves
-``current`` to N; the revisions themselves are never rewritten. Pure: the runtime reads and writes the files.
+``current`` to N; the revisions themselves are never rewritten, except a record (``meta.json``) cut short on one
+host, which is written again from the group's other hosts where the files it kept there hash to what they recorded
+(:meth:`GroupHistory.rebuildable`). A group's hosts that name different current revisions (:attr:`GroupHistory.split`)
+run what their files are (``runs_now``); ``k3_rollback: true`` goes to the newest older revision that served.
+Pure: the runtime reads and writes the files.
 
 Example::
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,6 +72,42 @@ class GroupHistory:
     held: dict[int, list[str]] = field(default_factory=dict)
     marked: set[int] = field(default_factory=set)   # revisions a host marked served (``served`` in its directory)
     figures: dict[int, str] = field(default_factory=dict)   # revision -> its SLO gate's record (``slo.json``)
+    # a record (``meta.json``) that does not parse, cut short or garbled: revision -> host -> its path (one host's
+    # listing: host ""), and the sha256 of each file its directory holds there (name -> digest)
+    corrupt: dict[int, dict[str, str]] = field(default_factory=dict)
+    sums: dict[int, dict[str, dict[str, str]]] = field(default_factory=dict)
+    currents: dict[str, int | None] = field(default_factory=dict)   # host -> the revision its ``current`` names
+    runs_now: int | None = None   # where the hosts' ``current`` differ: the recorded revision their files are
+
+    @property
+    def split(self) -> bool:
+        """The group's hosts do not name the same current revision (a run stopped between their marks)."""
+        return len(set(self.currents.values())) > 1
+
+    def split_line(self) -> str:
+        """What a split marker is, for history, plan and the deploy (empty when it is not split)."""
+        if not self.split:
+            return ""
+        names = ", ".join(f"{h}: {n if n is not None else 'none'}" for h, n in self.currents.items())
+        runs = (f"the nodes run revision {self.runs_now}" if self.runs_now is not None
+                else "the nodes run no recorded revision")
+        return (f"group {self.group}: its current revision is marked differently on its nodes ({names}); {runs}: "
+                "the next deploy marks it on every node")
+
+    def corrupt_on(self, number: int) -> dict[str, str]:
+        """The hosts whose record of revision ``number`` does not parse, with its path there."""
+        return self.corrupt.get(number, {})
+
+    def rebuildable(self, number: int, host: str) -> bool:
+        """``host``'s record of revision ``number`` is corrupt, another host's is whole, and the files ``host``
+        keeps for that revision hash to what the record says: the record can be written again."""
+        rev = self.revisions.get(number)
+        if rev is None or host not in self.corrupt_on(number):
+            return False
+        mine = {key.split(":", 1)[1].rsplit("/", 1)[-1]: digest for key, digest in rev.files.items()
+                if key.split(":", 1)[0] == host}
+        have = self.sums.get(number, {}).get(host, {})
+        return bool(mine) and all(have.get(name) == digest for name, digest in mine.items())
 
     def served(self, number: int) -> bool:
         """The group served revision ``number`` once. A revision is recorded when its restart begins, so one whose
@@ -85,7 +126,7 @@ class GroupHistory:
         return sorted(self.revisions)
 
     def next_number(self) -> int:
-        return max(self.revisions, default=0) + 1
+        return max([*self.revisions, *self.corrupt], default=0) + 1
 
     def lacking(self, number: int) -> list[str]:
         """The group's hosts that do not hold every file of revision ``number`` (a rollback to it cannot restore
@@ -117,14 +158,19 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
     ([1], False, ['n2'])
     """
     out = GroupHistory(group=group, hosts=[host for host, _ in listed])
-    for _, h in listed:
+    for host, h in listed:
         if out.current is None:
             out.current = h.current
+        out.currents[host] = h.current
         for n, rev in h.revisions.items():
             out.revisions.setdefault(n, rev)
         out.marked |= h.marked
         for n, record in h.figures.items():
             out.figures.setdefault(n, record)
+        for n, paths in h.corrupt.items():
+            out.corrupt.setdefault(n, {})[host] = next(iter(paths.values()))
+        for n, by in h.sums.items():
+            out.sums.setdefault(n, {})[host] = next(iter(by.values()))
     for n, rev in out.revisions.items():
         out.held[n] = [host for host, h in listed if n in h.revisions and holds(rev, host, h.kept.get(n))]
     return out
@@ -134,10 +180,17 @@ def revisions_dir(config_dir: str, group: str) -> str:
     return f"{config_dir.rstrip('/')}/revisions/{group}"
 
 
-def rollback_target(numbers: list[int], current: int | None, wanted: bool | int, *, runs_current: bool = True) -> int:
-    """Which revision a rollback goes to. ``True``: the one before ``current`` when the hosts run ``current``;
-    the current revision itself when they run something newer that was never recorded (a rollout that failed).
-    A number: that revision."""
+def rollback_target(numbers: list[int], current: int | None, wanted: bool | int, *, runs_current: bool = True,
+                    served: Collection[int] | None = None) -> int:
+    """Which revision a rollback goes to. ``True``: the newest one before ``current`` that served (``served``:
+    the revisions that did; None: all) when the hosts run ``current``; the current revision itself when they run
+    something newer that was never recorded (a rollout that failed). A number: that revision, served or not.
+
+    >>> rollback_target([1, 2, 3], current=3, wanted=True, served=[1, 3])   # 2 never served
+    1
+    >>> rollback_target([1, 2, 3], current=3, wanted=2, served=[1, 3])
+    2
+    """
     if not numbers:
         raise K3Error("nothing to roll back to: no revision is recorded on the hosts (k3deploy history INVENTORY)")
     if wanted is True:
@@ -147,7 +200,11 @@ def rollback_target(numbers: list[int], current: int | None, wanted: bool | int,
         if not older:
             raise K3Error(f"nothing to roll back to: revision {current} is the oldest recorded "
                           f"(revisions: {', '.join(map(str, numbers))})")
-        return max(older)
+        never = [n for n in older if served is not None and n not in served]
+        if len(never) == len(older):
+            raise K3Error(f"nothing to roll back to: no revision older than {current} ever served (never served: "
+                          f"{', '.join(map(str, never))}; to go to one anyway, name it: k3_rollback={never[-1]})")
+        return max(n for n in older if n not in never)
     if wanted not in numbers:
         raise K3Error(f"k3_rollback={wanted}: no such revision (recorded: {', '.join(map(str, numbers))}): "
                       "pick one from k3deploy history INVENTORY")
@@ -259,25 +316,35 @@ def parse_listing(lines: list[str]) -> GroupHistory:
     ...                    *meta.splitlines(), "K3_KEPT=meta.json slo.json", 'K3_SLO={"figures": {}}'])
     >>> h.current, h.numbers, h.figures
     (1, [1], {1: '{"figures": {}}'})
+    >>> cut = parse_listing(["K3_CURRENT=1", "K3_META=/etc/k3deploy/revisions/engine/1/meta.json", meta[:40],
+    ...                      "K3_KEPT=e.env meta.json", "K3_SUMS=ab12  e.env cd34  meta.json"])
+    >>> cut.numbers, cut.corrupt, cut.sums
+    ([], {1: {'': '/etc/k3deploy/revisions/engine/1/meta.json'}}, {1: {'': {'e.env': 'ab12', 'meta.json': 'cd34'}}})
     """
     history = GroupHistory(group="")
-    chunks: list[tuple[list[str], list[str], list[str]]] = []
+    chunks: list[tuple[list[str], list[str], list[str], str, list[str]]] = []
     for line in lines:
         if line.startswith("K3_CURRENT="):
             value = line[len("K3_CURRENT="):].strip()
             history.current = int(value) if value.isdigit() else None
         elif line.startswith("K3_META="):
-            chunks.append(([], [], []))
+            chunks.append(([], [], [], line[len("K3_META="):].strip(), []))
         elif line.startswith("K3_KEPT=") and chunks:
             chunks[-1][0].extend(line[len("K3_KEPT="):].split())
         elif line.startswith("K3_SLO=") and chunks:
             chunks[-1][2].append(line[len("K3_SLO="):])
+        elif line.startswith("K3_SUMS=") and chunks:
+            chunks[-1][4].extend(line[len("K3_SUMS="):].split())
         elif chunks:
             chunks[-1][1].append(line)
-    for kept, body, figures in chunks:
+    for kept, body, figures, path, sums in chunks:
         try:
             rev = Revision.from_json("\n".join(body))
         except (ValueError, TypeError):
+            number = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
+            if number.isdigit():   # a record cut short: its revision, where it is, what its files hash to
+                history.corrupt[int(number)] = {"": path}
+                history.sums[int(number)] = {"": dict(zip(sums[1::2], sums[0::2], strict=False))}
             continue
         history.revisions[rev.number] = rev
         history.kept[rev.number] = kept

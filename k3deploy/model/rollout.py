@@ -25,7 +25,7 @@ from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, fill,
 from k3deploy.model.images import run_ref
 from k3deploy.model.inventory import ROLE_GROUPS, SPARES
 from k3deploy.model.observed import Installed
-from k3deploy.model.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit
+from k3deploy.model.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit, workers_file
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
@@ -127,6 +127,11 @@ class Rollout:
         changed = [g for g in self.replicas if g in self.changed_groups]
         n = self.vars.k3_max_unavailable
         return [changed[i:i + n] for i in range(0, len(changed), n)]
+
+    def router_list(self, router: UnitWork, groups: list[str]) -> tuple[str, list[str]] | None:
+        """The worker file of ``router`` (:func:`k3deploy.model.units.workers_file`) listing ``groups``' serving
+        URLs, as a roll writes it (:func:`k3deploy.model.commands.router_list`); None: no replicas behind it."""
+        return (workers_file(router.env_path), self.serving_urls(groups)) if len(self.replicas) > 1 else None
 
     def serving_urls(self, groups: list[str]) -> list[str]:
         """The HTTP endpoints of these groups' serving units (what a router in front of them lists)."""
@@ -423,7 +428,8 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
         if node.role == "router":
             text = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                image=plan.image, ready_timeout=layout.ready_timeout, container=box,
-                               router_bin=variables.k3_router_bin)
+                               router_bin=variables.k3_router_bin,
+                               workers=workers_file(placed.env_path) if len(layout.replicas) > 1 else None)
         else:
             assert box is not None   # every engine runs in a container
             own = _http(node)

@@ -129,6 +129,8 @@ class UnitSpec:
     start_pre: tuple[tuple[str, ...], ...] = ()     # before the cleanup (the crash-loop backoff)
     start_post: tuple[tuple[str, ...], ...] = ()    # after the start (the group watcher of a member)
     stop_post: tuple[tuple[str, ...], ...] = ()     # after every stop (notes a failed run for the backoff)
+    service_lines: tuple[str, ...] = ()             # more [Service] settings (a router's worker list)
+    exec_start: str = ""                            # the ExecStart= line itself (default: ``argv`` quoted)
 
 
 @cache
@@ -148,7 +150,8 @@ def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
         description=spec.description, summary=spec.summary, after=spec.after, wants=spec.wants,
         unit_lines=[line for line in (f"Requires={spec.requires}" if spec.requires else "",
                                       f"RequiresMountsFor={spec.mounts_for}" if spec.mounts_for else "") if line],
-        exec_cleanup=exec_line(spec.cleanup), exec_start=exec_line(spec.argv), exec_stop=exec_line(spec.stop),
+        exec_cleanup=exec_line(spec.cleanup), exec_start=spec.exec_start or exec_line(spec.argv),
+        exec_stop=exec_line(spec.stop), service_lines=list(spec.service_lines),
         restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout,
         exec_start_pre=[exec_line(list(a)) for a in spec.start_pre],
         exec_start_post=["-" + exec_line(list(a)) for a in spec.start_post],
@@ -254,17 +257,70 @@ def router_argv(node: BoundNode, container: ContainerSpec | None, router_bin: st
     return [router_bin if node.argv[0] == "vllm-router" else node.argv[0], *node.argv[1:]]
 
 
+#: ``RestartSec=`` of a router: clients see a killed router for this long, plus its start (no engine to load)
+ROUTER_RESTART_SEC = 1
+#: the variable of a router unit that holds its workers (``--worker-urls``): the unit's own list, replaced by the
+#: worker file's (:func:`router_workers_text`) where the rollout wrote one
+WORKERS_VAR = "K3_ROUTER_WORKERS"
+
+
+def workers_file(env_path: str) -> str:
+    """The worker file of the router whose env file is ``env_path``: the workers it sends requests to, written by the
+    rollout when it takes a replica out and puts it back, read by the router's unit at every start.
+
+    >>> workers_file("/etc/k3deploy/k3-engine-router.env")
+    '/etc/k3deploy/k3-engine-router.workers'
+    """
+    return env_path.removesuffix(".env") + ".workers"
+
+
+def router_workers_text(urls: list[str]) -> str:
+    r"""A worker file's text (an ``EnvironmentFile=``): the router's workers, one word each.
+
+    >>> router_workers_text(["http://10.0.0.1:8000", "http://10.0.0.3:8000"])
+    'K3_ROUTER_WORKERS="http://10.0.0.1:8000 http://10.0.0.3:8000"\n'
+    """
+    return f'{WORKERS_VAR}="{" ".join(urls)}"\n'
+
+
+def _worker_urls(argv: list[str]) -> tuple[int, int] | None:
+    """Where the URLs after ``--worker-urls`` are in ``argv`` (start, end), or None."""
+    if "--worker-urls" not in argv:
+        return None
+    start = argv.index("--worker-urls") + 1
+    end = start
+    while end < len(argv) and not argv[end].startswith("--"):
+        end += 1
+    return start, end
+
+
 def router_unit(node: BoundNode, *, model: str, strategy: str, hardware: str, image: str, ready_timeout: int,
-                container: ContainerSpec | None = None, router_bin: str = "/usr/local/bin/vllm-router") -> str:
+                container: ContainerSpec | None = None, router_bin: str = "/usr/local/bin/vllm-router",
+                workers: str | None = None) -> str:
     """The systemd unit of a vllm-router: ``router_bin`` on the host (the plan's ``vllm-router`` argv with the
-    command's absolute path), or in ``container`` when given (the plan's ``image`` is named in the summary)."""
+    command's absolute path), or in ``container`` when given (the plan's ``image`` is named in the summary). It
+    restarts :data:`ROUTER_RESTART_SEC` after a crash. With ``workers`` (the worker file's path) its
+    ``--worker-urls`` come from :data:`WORKERS_VAR`: the planned list, set in the unit, unless the worker file says
+    otherwise (a router that restarts while a replica is out of it keeps it out)."""
+    argv = router_argv(node, container, router_bin)
+    span = _worker_urls(argv) if workers else None
+    lines: tuple[str, ...] = ()
+    start = ""
+    if span is not None and workers:
+        urls = argv[span[0]:span[1]]
+        lines = (f"Environment={systemd_quote(WORKERS_VAR + '=' + ' '.join(urls))}",
+                 f"EnvironmentFile=-{systemd_path(workers)}")
+        start = " ".join([exec_line(argv[:span[0]]), f"${WORKERS_VAR}", exec_line(argv[span[1]:])]).strip()
     return render_unit(UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, image),
-        argv=router_argv(node, container, router_bin),
+        argv=argv,
         cleanup=["/bin/true"],
         stop=["/bin/true"],  # then systemd stops the process itself (SIGTERM to the unit's cgroup)
         after="network-online.target" + (" docker.service" if container is not None else ""),
         requires="docker.service" if container is not None else "",
         start_timeout=ready_timeout + 900,
+        restart_sec=ROUTER_RESTART_SEC,
+        service_lines=lines,
+        exec_start=start,
     ))

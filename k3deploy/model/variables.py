@@ -388,8 +388,9 @@ class Variables(BaseModel):
     k3_sim: str | None = Field(None, description=(
         "Per host, set by `k3deploy sim up`: the simulated cluster the host belongs to."))
     k3_rollback: bool | int = Field(False, description=(
-        "Per run: `--data k3_rollback=true` goes back to each group's previous revision, `--data k3_rollback=N` "
-        "to revision N (`k3deploy history`); the group restarts in order."))
+        "Per run: `--data k3_rollback=true` goes back to each group's previous revision that served, "
+        "`--data k3_rollback=N` to revision N (`k3deploy history`; also one that never served); the group restarts "
+        "in order."))
 
     @property
     def recipe_path(self) -> str | None:

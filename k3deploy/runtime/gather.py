@@ -403,7 +403,15 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None
             listed.setdefault(group, {})[host] = history
     for group, by_host in listed.items():
         order = list(dict.fromkeys(u.host for u in rollout.group(group)))
-        gathered.history[group] = combine(group, [(h, by_host[h]) for h in order if h in by_host])
+        gathered.history[group] = h = combine(group, [(h, by_host[h]) for h in order if h in by_host])
+        if h.split:   # a run stopped between the nodes' marks: the current revision is what the files are
+            now: dict[str, str | None] = {}
+            for u in rollout.group(group):
+                have = gathered.installed.get((u.host, u.unit), Installed())
+                now[f"{u.host}:{u.unit_path}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
+            running = [n for n, rev in h.revisions.items() if runs(rev, now)]
+            h.runs_now = max(running) if running else None
+            h.current = h.runs_now if h.runs_now is not None else h.current
     wanted = gathered.target
     if wanted.vars.k3_rollback is not False:
         gathered.rollback_to = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
@@ -453,7 +461,8 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
         try:
             # the router in front of replicas is not what engine changes change: it stays on its revision
             stay = (stopped_roll and group in rollout.replicas) or (len(rollout.replicas) > 1 and group == "router")
-            number = rollback_target(h.numbers, h.current, wanted, runs_current=runs_current[group] and not stay)
+            number = rollback_target(h.numbers, h.current, wanted, runs_current=runs_current[group] and not stay,
+                                     served=[n for n in h.numbers if h.served(n)])
         except K3Error as exc:
             raise K3Error(f"group {group}: {exc}") from None
         d = f"{revisions_dir(rollout.vars.k3_config_dir, group)}/{number}"

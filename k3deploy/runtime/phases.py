@@ -103,6 +103,7 @@ class Context:
     gate: GatePlan | None = None          # the SLO gate of this run's restart (None: not gated)
     outcomes: dict[str, Outcome] = field(default_factory=dict)   # group -> what the SLO gate found
     reverted: set[str] = field(default_factory=set)   # groups the gate took back to their previous revision
+    repairs: list[str] = field(default_factory=list)   # groups whose nodes name different current revisions
 
     @property
     def rollout(self) -> Rollout:
@@ -365,12 +366,27 @@ def _build(state: Any) -> Context:
                if g not in gathered.rollback_to}
     metas = {g: _revision_meta(gathered, g, n, files[g]) for g, n in numbers.items()}
     marks = {g: n for g in r.changed_groups if (n := _serving_revision(gathered, g, numbers, files[g])) is not None}
+    # a group whose nodes name different current revisions is marked again on every node: with the one this run
+    # starts, else the one its files are
+    repairs = [g for g, h in gathered.history.items() if h.split and g in r.groups
+               and (g in marks or (g not in r.changed_groups and h.runs_now is not None))]
+    for g in repairs:
+        logger.warning(f"k3deploy: {gathered.history[g].split_line()}")
+        marks.setdefault(g, gathered.history[g].runs_now or 0)
+    for g, hist in gathered.history.items():
+        for n, paths in sorted(hist.corrupt.items()):
+            for name, path in paths.items():
+                fix = ("it is written again from the other nodes' record (its files there hash to it)"
+                       if hist.rebuildable(n, name) else "it cannot be written again here (no other node keeps a whole "
+                       "record, or its files there differ from it): revision " + str(n) + " is not restorable")
+                logger.warning(f"k3deploy: group {g}: the record of revision {n} on {name} is corrupt ({path}, cut "
+                               f"short or unreadable); {fix}")
     gate = plan_gate(r, rollback=bool(gathered.rollback_to))
     if gate is not None:
         logger.info(f"--> k3deploy: SLO gate ({'a canary' if gate.kind == 'canary' else 'the group'}): "
                     + "; ".join(gate.lines()))
     return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, launcher=launcher,
-                   gate=gate)
+                   gate=gate, repairs=repairs)
 
 
 def _spares_said(state: Any, gathered: Gathered) -> None:
@@ -561,6 +577,9 @@ def _swap(ctx: Context, groups: list[str]) -> list[str]:
             files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
             parts.append(commands.record_revision(revisions_dir(r.vars.k3_config_dir, group), ctx.numbers[group],
                                                   files, ctx.metas[group]))
+    router = next((u for u in r.group("router") if u.host == host.name), None) if "router" in groups else None
+    if router is not None:   # the router restarts with every replica: its worker file lists them all
+        parts.append(commands.router_list(r.router_list(router, r.replicas)))
     # the files move only once every record is kept
     return [*parts, commands.swap_in(pairs)] if pairs else parts
 
@@ -602,12 +621,14 @@ def start_phase(ctx: Context) -> None:
     waves = r.waves()
     router = next((u for u in r.units if u.group == "router"), None)
     missing = r.missing_from_router()
+    _rebuild_records(ctx)
     if not waves and not missing:
         host.noop("every group runs the planned version: nothing restarts")
     if missing and router is not None and name == router.host:   # only when there is something to do
         urls = r.serving_urls(missing)
         script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
-               text=commands.router_add(router.serves or "", urls, r.ready_timeout), active=bool(urls))
+               text=commands.router_add(router.serves or "", urls, r.ready_timeout,
+                                        r.router_list(router, r.replicas)), active=bool(urls))
     for i, wave in _turns(waves):
         plan = ctx.start_plan(i)
         me = plan.on(name)
@@ -630,7 +651,8 @@ def start_phase(ctx: Context) -> None:
             # before it has ended everywhere (pyinfra orders operations by their hosts' own sequences, then by
             # call site, and the steps of a roll share their call sites)
             python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
-                        key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
+                        key=f"remove {i}", text=commands.router_remove(
+                            router.serves or "", urls, r.router_list(router, [g for g in r.replicas if g not in wave])),
                         _if=partial(_both, name == router.host, go))
             draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
             if draining:
@@ -678,9 +700,17 @@ def start_phase(ctx: Context) -> None:
             # on every host (it does something on one host only), before the replica is put back into the router
             python.call(name=f"SLO gate: {gate.kind_title}{step}", function=_slo_gate, ctx=ctx,
                         _if=partial(_both, name == _gate_host(ctx), engines_serve))
+        marked = [g for g in wave if g in groups and ctx.marks.get(g) is not None]
+        if rolling and router is not None and marked:
+            # a rolled replica is marked current as soon as it serves, on every one of its nodes in one step, before
+            # the router call that puts it back (a router call that fails stops the router's host, not this mark)
+            script(name=f"Mark the revision of the replica current{step}", text=" && ".join(
+                       commands.set_current(revisions_dir(r.vars.k3_config_dir, g), ctx.marks[g]) for g in marked),
+                   _if=partial(_all, [engines_serve, *(partial(ctx.keeps, g) for g in marked)]))
         if rolling and router is not None:   # on every host, as the step's last operation (see its first)
             python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
-                        key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout),
+                        key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout,
+                                                                 r.router_list(router, r.replicas)),
                         _if=partial(_both, name == router.host, engines_serve))
         elif me.routers:
             start_units(name="Start router", units=me.routers, _if=engines_serve)
@@ -956,7 +986,10 @@ def _record(ctx: Context) -> None:
     # (one that did, on every host, doing something on its own hosts: the last operations every host shares, so
     # that nothing of the restart runs after them)
     here = {u.group for u in r.on_host(host.name)}
-    changed = [g for g in r.groups if g in r.changed_groups]
+    # (a rolled replica was marked in its own step; a group whose nodes' marks differ is marked again)
+    rolled = ({g for w in r.waves() for g in w}
+              if r.rolling and not ctx.launcher.batch and any(u.group == "router" for u in r.units) else set())
+    changed = [g for g in r.groups if (g in r.changed_groups and g not in rolled) or g in ctx.repairs]
     marked = [g for g in changed if g in here and ctx.marks.get(g) is not None]
     # nothing runs on a host after its last mark but the smoke test (on the first unit's host): the other hosts give
     # the deployment lock back with it, in the same command (where the mark does not run, as the connection closes)
@@ -971,6 +1004,21 @@ def _record(ctx: Context) -> None:
             text = f"{text} && {{ {lock.release_text(host.name)}; }}"
         script(name=f"Mark the revision of group {group} current", text=text, active=bool(text),
                then=lock.given_back if last and lock is not None else None, _if=partial(ctx.keeps, group))
+
+
+def _rebuild_records(ctx: Context) -> None:
+    """On this host: every revision record cut short here whose files hash to what the group's other nodes
+    recorded is written again from their record (before anything restarts, so a rollback can restore it)."""
+    gathered = ctx.gathered
+    assert gathered is not None
+    r = ctx.rollout
+    for group in sorted({u.group for u in r.on_host(host.name)}):
+        h = gathered.history.get(group) or GroupHistory(group)
+        for n in sorted(h.corrupt):
+            if h.rebuildable(n, host.name):
+                script(name=f"Write the record of revision {n} of group {group} again (cut short on this node)",
+                       text=commands.rewrite_record(revisions_dir(r.vars.k3_config_dir, group), n,
+                                                    h.revisions[n].to_json()))
 
 
 def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int],

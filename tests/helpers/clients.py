@@ -27,6 +27,7 @@ class Client:
         self.ok = 0
         self.answered_by: set[str] = set()
         self.failures: list[str] = []
+        self.failed_at: list[float] = []   # time.monotonic() of each failure
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
 
@@ -40,6 +41,7 @@ class Client:
                 self.ok += 1
                 self.answered_by.add(text.split(":")[0])   # "Hello from <node>: ..."
             except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+                self.failed_at.append(time.monotonic())
                 self.failures.append(f"{time.strftime('%H:%M:%S')} {exc!r}")
 
     def __enter__(self) -> Client:

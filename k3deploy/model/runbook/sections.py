@@ -281,6 +281,11 @@ def restart_steps(doc: Doc, rollout: Rollout, sp: StartPlan, when: str | None, *
                 doc.block(u.host, steps.wait_serving(rollout, u), when)
     if sp.router:
         doc.h(3, "Start the router (after every engine group serves)")
+        for u in rollout.group("router"):
+            listed = commands.router_list(rollout.router_list(u, rollout.replicas))
+            if listed:
+                doc.p("Its worker file lists every replica (a roll that stopped may have left one out).")
+                doc.block(u.host, listed + "\n", when)
         per_host("Start the router", "start_routers", "routers")
         for u in rollout.group("router"):
             doc.block(u.host, steps.wait_serving(rollout, u), when)
@@ -343,14 +348,17 @@ def rolling(doc: Doc, rollout: Rollout, context: Context) -> None:
         urls = rollout.serving_urls([g])
         doc.h(3, f"Replica {g}")
         doc.p(f"Take {g} out of the router.")
-        doc.block(router.host, commands.router_remove(router.serves, urls) + "\n", "rolling")
+        rest = [r for r in rollout.replicas if r != g]
+        doc.block(router.host, commands.router_remove(router.serves, urls, rollout.router_list(router, rest)) + "\n",
+                  "rolling")
         for u in units:
             if u.serves:
                 doc.p(f"Let the requests in flight on {u.host} finish (at most {v.k3_drain_timeout}s).")
                 doc.block(u.host, commands.drain(u.serves, v.k3_drain_timeout, v.k3_poll_interval) + "\n", "rolling")
         restart_steps(doc, rollout, rollout.start_plan({g}), "rolling", stop=True)
         doc.p(f"Put {g} back into the router (it answers once the replica's /health does).")
-        doc.block(router.host, commands.router_add(router.serves, urls, rollout.ready_timeout) + "\n", "rolling")
+        doc.block(router.host, commands.router_add(router.serves, urls, rollout.ready_timeout,
+                                                   rollout.router_list(router, rollout.replicas)) + "\n", "rolling")
 
 
 def rollback(doc: Doc, rollout: Rollout, context: Context) -> None:
