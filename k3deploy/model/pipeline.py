@@ -29,6 +29,7 @@ from k3deploy.model.binding import HostRecord
 from k3deploy.model.inventory import engine_count, plan_for, variables_for, with_roles
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.rollout import Rollout, lay_out, render
+from k3deploy.model.secrets import argv_secret
 from k3deploy.model.variables import Resolved, Variables, shown_path
 from k3deploy.recipe import fit, load_recipe
 from k3deploy.recipe.fit import did_you_mean
@@ -297,6 +298,11 @@ def target(records: list[HostRecord], inventory_file: str | None,
         layout = lay_out(plan, recs, variables, api_key(variables, resolved[recs[0].name].source))
     except K3Error as exc:
         return Target(inventory_file, recs, variables, recipe, base, None, str(exc), resolved, overrides=overrides)
+    for node in plan.nodes:   # k3_extra_args were checked with the variables; a recipe's own argv is checked here
+        if (found := argv_secret(node.argv)) is not None:
+            raise K3Error(f"k3_recipe ({resolved[recs[0].name].source('k3_recipe')}): the {node.role} argv's "
+                          f"{found[1]} carries a secret (seen by ps on the nodes, written into their 0644 unit files):"
+                          " remove it from the recipe; the API key goes in a 0600 file named by k3_api_key_file")
     if variables.k3_extra_args:
         for line in check_extra_args(recs, variables, plan, resolved[recs[0].name].source("k3_extra_args"), recipe):
             if line not in plan.warnings:

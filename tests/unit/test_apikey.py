@@ -271,3 +271,15 @@ def test_the_runbook_copies_the_key_file_and_never_shows_the_key(tmp_path):
     assert KEY not in md and "VLLM_API_KEY=@SECRET_VLLM_API_KEY@" in md
     copies = [b for b in blocks(md) if b.node == "control" and "secrets/VLLM_API_KEY" in b.text]
     assert len(copies) == 2 and all(b.text.rstrip("\n").endswith(f"< {path}") for b in copies)
+
+
+def test_a_recipe_whose_argv_carries_a_key_is_refused(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "recipes" / "kimi-k3.yaml").read_text()
+    assert text.count('  base_args:\n    - "--trust-remote-code"\n') == 1
+    recipe = tmp_path / "keyed.yaml"
+    recipe.write_text(text.replace('  base_args:\n    - "--trust-remote-code"\n',
+                                   f'  base_args:\n    - "--trust-remote-code"\n    - "--api-key"\n    - "{KEY}"\n'))
+    with pytest.raises(K3Error) as err:
+        target(hosts(k3_recipe=str(recipe)), None)
+    assert "--api-key carries a secret" in str(err.value) and "k3_api_key_file" in str(err.value)
+    assert KEY not in str(err.value)
