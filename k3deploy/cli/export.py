@@ -371,6 +371,8 @@ def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
              + ", and the accelerators' device plugin on every node.",
              f"2. Create the Secret the pods read the Hugging Face token from (never written here): kubectl create "
              f"secret generic {v.k3_k8s_secret} --from-file=HF_TOKEN=<file holding the token>"
+             + (f" --from-file=VLLM_API_KEY={v.k3_api_key_file} (the API key the engines require: their probes and "
+                "every client send it)" if v.k3_api_key_file else "")
              + " (and one key per secret-named value of k3_extra_env)."]
     step = 3
     cache = (f"the PVC {v.k3_k8s_cache_pvc}" if v.k3_k8s_cache_pvc else

@@ -359,8 +359,8 @@ class SmokeAnswer(FactBase[Answer]):
     """One short chat completion through ``endpoint`` as ``model``, sent from this host by the smoke-test script
     (:func:`k3deploy.model.commands.smoke_test`): the answer, or what came back instead."""
 
-    def command(self, endpoint: str, model: str) -> str:
-        return f"( {smoke_test(endpoint, model)} ) 2>&1; echo {SMOKE_MARK}$?"
+    def command(self, endpoint: str, model: str, env_file: str | None = None) -> str:
+        return f"( {smoke_test(endpoint, model, env_file)} ) 2>&1; echo {SMOKE_MARK}$?"
 
     def process(self, output: list[str]) -> Answer:
         rc = output[-1][len(SMOKE_MARK):] if output and output[-1].startswith(SMOKE_MARK) else "?"

@@ -63,8 +63,9 @@ class UnitRun:
 class UnitRuntime(FactBase[UnitRun]):
     """One unit as it runs (see :func:`k3deploy.model.commands.unit_status`)."""
 
-    def command(self, unit: str, container: str, docker: str = "docker", url: str | None = None) -> str:
-        return unit_status(unit, container, docker, url)
+    def command(self, unit: str, container: str, docker: str = "docker", url: str | None = None,
+                env_file: str | None = None) -> str:
+        return unit_status(unit, container, docker, url, env_file)
 
     def process(self, output: list[str]) -> UnitRun:
         values: dict[str, str] = {}
@@ -90,8 +91,8 @@ class UnitRuntime(FactBase[UnitRun]):
 class EndpointModels(FactBase["tuple[str, ...] | None"]):
     """The model ids the public endpoint lists, asked from this host; None when it does not answer."""
 
-    def command(self, endpoint: str) -> str:
-        return endpoint_models(endpoint)
+    def command(self, endpoint: str, env_file: str | None = None) -> str:
+        return endpoint_models(endpoint, env_file)
 
     def process(self, output: list[str]) -> tuple[str, ...] | None:
         return model_ids("".join(output).strip())

@@ -20,15 +20,45 @@ import shlex
 from collections.abc import Sequence
 
 from k3deploy.model.images import run_ref
+from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
 from k3deploy.model.units import router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
 PROBE_READY, PROBE_FAILED, PROBE_STARTING = 0, 1, 2
+#: what a client says when the endpoint refuses it (401/403): the key is the cause, and where it comes from
+KEY_REFUSED = ("the endpoint refused the API key sent (VLLM_API_KEY of {env}, from k3_api_key_file): give the engines "
+               "and the clients the same key (k3_api_key_file) and deploy again")
+KEY_MISSING = ("the endpoint requires an API key and none was sent ({env} holds no VLLM_API_KEY): put the key in a "
+               "0600 file named by k3_api_key_file and deploy again")
 
 
 def _units(units: Sequence[str]) -> str:
     return " ".join(shlex.quote(u) for u in units)
+
+
+def read_key(env_file: str) -> str:
+    """Shell that sets ``k3_key`` to the API key the unit's env file holds (its ``VLLM_API_KEY`` line; empty when
+    there is none, or no such file). The key stays in the shell: it never becomes an argument of a command.
+
+    >>> read_key("/etc/k3deploy/k3-engine.env")
+    "k3_key=$(sed -n 's/^VLLM_API_KEY=//p' /etc/k3deploy/k3-engine.env 2>/dev/null | tail -n 1)"
+    """
+    return f"k3_key=$(sed -n 's/^{API_KEY_ENV}=//p' {shlex.quote(env_file)} 2>/dev/null | tail -n 1)"
+
+
+#: the start of a pipe that hands curl the ``Authorization`` header on its stdin (``curl -H @-``), when ``k3_key``
+#: (:func:`read_key`) holds a key: printf is the shell's own, so the key is in no process's argv
+BEARER = "{ [ -z \"$k3_key\" ] || printf 'Authorization: Bearer %s\\n' \"$k3_key\"; } | "
+
+
+def _refused(url: str, env_file: str, code: str = "$code") -> str:
+    """Shell that, for an HTTP ``code`` of 401 or 403, says the API key is the cause (sent and refused, or none
+    sent) and exits :data:`PROBE_FAILED`."""
+    refused = shlex.quote(f"GET {url} -> ") + code + shlex.quote(": " + KEY_REFUSED.format(env=env_file))
+    missing = shlex.quote(f"GET {url} -> ") + code + shlex.quote(": " + KEY_MISSING.format(env=env_file))
+    return (f"case \"{code}\" in 401|403) if [ -n \"$k3_key\" ]; then echo {refused}; else echo {missing}; fi; "
+            f"exit {PROBE_FAILED};; esac")
 
 
 # ---------------------------------------------------------------------------------------------- stage
@@ -476,9 +506,10 @@ def wait_tcp(address: str, port: int, timeout: int, interval: float = 1.0) -> st
             f"echo {shlex.quote(f'rendezvous {where} open')}")
 
 
-def _serving(url: str, model: str | None) -> list[str]:
+def _serving(url: str, model: str | None, env_file: str | None = None) -> list[str]:
     """The part of a probe that asks the endpoint: ``/health`` 200 (503: failed) and, with ``model``, ``/v1/models``
-    listing it."""
+    listing it. With ``env_file`` the request to ``/v1/models`` carries the API key that file holds (vLLM guards
+    ``/v1``; ``/health`` is open), and a 401 or 403 fails at once, naming the key."""
     health = shlex.quote(url + "/health")
     lines = [
         f"code=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health} || true)",
@@ -488,15 +519,24 @@ def _serving(url: str, model: str | None) -> list[str]:
     ]
     if model:
         listed = " ".join(f"-e {shlex.quote(p)}" for p in (f'"id":{json.dumps(model)}', f'"id": {json.dumps(model)}'))
-        lines.append(f"curl -s -m 5 {shlex.quote(url + '/v1/models')} | grep -qF {listed} || exit {PROBE_STARTING}")
+        models = shlex.quote(url + "/v1/models")
+        if env_file is None:
+            lines.append(f"curl -s -m 5 {models} | grep -qF {listed} || exit {PROBE_STARTING}")
+        else:
+            lines += [read_key(env_file),
+                      f"body=$({BEARER}curl -s -m 5 -H @- -w '\\nK3_CODE=%{{http_code}}' {models} || true)",
+                      "code=${body##*K3_CODE=}",
+                      _refused(url + "/v1/models", env_file),
+                      f"printf '%s\\n' \"$body\" | grep -qF {listed} || exit {PROBE_STARTING}"]
     return lines
 
 
-def probe(unit: str, url: str | None, model: str | None) -> str:
+def probe(unit: str, url: str | None, model: str | None, env_file: str | None = None) -> str:
     """One poll of a started unit. Exit 0: serving (``url``: ``/health`` 200 and, with ``model``, ``/v1/models``
     lists it; no ``url``: running); 1: failed, with what was observed on stdout; 2: still starting.
 
-    A unit that failed, restarted, or stopped, or an engine whose ``/health`` answers 503, has failed.
+    A unit that failed, restarted, or stopped, or an engine whose ``/health`` answers 503, has failed; so has one
+    whose ``/v1/models`` answers 401 or 403 (the API key: ``env_file``, the unit's own, holds the one sent).
     """
     u = shlex.quote(unit)
     lines = [
@@ -509,10 +549,10 @@ def probe(unit: str, url: str | None, model: str | None) -> str:
     if not url:
         lines.append(f"[ \"$ActiveState\" = active ] || exit {PROBE_STARTING}")
         return "; ".join(lines)
-    return "; ".join(lines + _serving(url, model))
+    return "; ".join(lines + _serving(url, model, env_file))
 
 
-def probe_job(job: str, url: str | None, model: str | None) -> str:
+def probe_job(job: str, url: str | None, model: str | None, env_file: str | None = None) -> str:
     """One poll of a unit launched by Slurm (``k3_launcher: slurm``), from its own node: its group's job ``job`` (by
     name) must be running; then as :func:`probe` (``url``: ``/health`` 200 and, with ``model``, ``/v1/models`` lists
     it; no ``url``: the job running). Exit 0: serving; 1: failed (the job left the queue or is ending, or ``/health``
@@ -531,7 +571,7 @@ def probe_job(job: str, url: str | None, model: str | None) -> str:
     ]
     if not url:
         return "; ".join(lines)
-    return "; ".join(lines + _serving(url, model))
+    return "; ".join(lines + _serving(url, model, env_file))
 
 
 def step_logs(output: str, container: str | None, docker: str, lines: int = 25) -> str:
@@ -593,11 +633,11 @@ def _container_log(container: str, docker: str, lines: int, runs_it: str, where:
 
 
 def wait_ready(unit: str, url: str | None, model: str | None, timeout: int, container: str | None, docker: str,
-               interval: float = 2.0) -> str:
+               interval: float = 2.0, env_file: str | None = None) -> str:
     """The runbook's wait: :func:`probe` until it says serving; on a failure or past ``timeout`` the reason and
     the logs, exit 1."""
     return (f"end=$(( $(date +%s) + {int(timeout)} ))\n"
-            f"k3_probe() {{ {probe(unit, url, model)}; }}\n"
+            f"k3_probe() {{ {probe(unit, url, model, env_file)}; }}\n"
             f"until out=$(k3_probe); do\n"
             f"  rc=$?\n"
             f"  if [ $rc = {PROBE_FAILED} ] || [ $(date +%s) -ge $end ]; then\n"
@@ -689,10 +729,10 @@ def chat_body(model: str) -> str:
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
 
 
-def unit_status(unit: str, container: str, docker: str, url: str | None) -> str:
+def unit_status(unit: str, container: str, docker: str, url: str | None, env_file: str | None = None) -> str:
     """What ``k3deploy status`` reads of one unit, as ``K3_*=`` lines: systemd state, restarts and since when; the
     container's image and image id; with ``url``, the HTTP code of ``/health`` and the body of ``/v1/models``
-    (3 s each)."""
+    (3 s each; with ``env_file``, the unit's own, sent with the API key it holds)."""
     u, c = shlex.quote(unit), shlex.quote(container)
     fmt = shlex.quote("{{.Config.Image}} {{.Image}}")
     lines = [f"systemctl show --timestamp=unix -p LoadState -p ActiveState -p SubState -p NRestarts "
@@ -702,8 +742,18 @@ def unit_status(unit: str, container: str, docker: str, url: str | None) -> str:
         # printf, not echo: dash's echo turns the backslashes of a served model name into other characters
         lines += [f"printf '%s\\n' \"K3_HEALTH=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
                   f"{shlex.quote(url + '/health')})\"",
-                  f"printf '%s\\n' \"K3_MODELS=$(curl -s -m 3 {shlex.quote(url + '/v1/models')} | tr -d '\\n')\""]
+                  _models_line("K3_MODELS=", url, env_file)]
     return "; ".join(lines)
+
+
+def _models_line(mark: str, url: str, env_file: str | None) -> str:
+    """Shell printing ``mark`` and the body of ``url``'s ``/v1/models`` on one line (with ``env_file``: sent with the
+    API key it holds)."""
+    models = shlex.quote(url.rstrip("/") + "/v1/models")
+    if env_file is None:
+        return f"printf '%s\\n' \"{mark}$(curl -s -m 3 {models} | tr -d '\\n')\""
+    return (f"{read_key(env_file)}; printf '%s\\n' \"{mark}$({BEARER}curl -s -m 3 -H @- {models} | "
+            "tr -d '\\n')\"")
 
 
 def health_code(url: str) -> str:
@@ -711,9 +761,10 @@ def health_code(url: str) -> str:
     return f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' {shlex.quote(url + '/health')}; echo"
 
 
-def endpoint_models(endpoint: str) -> str:
-    """The model ids the public endpoint lists (``/v1/models``), as JSON on one line; empty when it does not answer."""
-    return f"curl -s -m 3 {shlex.quote(endpoint.rstrip('/') + '/v1/models')} | tr -d '\\n'; echo"
+def endpoint_models(endpoint: str, env_file: str | None = None) -> str:
+    """The model ids the public endpoint lists (``/v1/models``), as JSON on one line; empty when it does not answer.
+    With ``env_file`` (a unit's env file on this host) the request carries the API key it holds."""
+    return _models_line("", endpoint, env_file)
 
 
 def unit_logs(unit: str, container: str, docker: str, lines: int) -> str:
@@ -724,14 +775,27 @@ def unit_logs(unit: str, container: str, docker: str, lines: int) -> str:
             "2>&1; true")
 
 
-def smoke_test(endpoint: str, model: str) -> str:
-    """One short chat completion through ``endpoint`` as ``model``; prints the answer, fails without one."""
+def smoke_test(endpoint: str, model: str, env_file: str | None = None) -> str:
+    """One short chat completion through ``endpoint`` as ``model``; prints the answer, fails without one. With
+    ``env_file`` (a unit's env file on this host) the request carries the API key it holds, and an answer of 401 or
+    403 says that the key is the cause."""
     url = endpoint.rstrip("/") + "/v1/chat/completions"
     parse = ("import json,sys; t=sys.stdin.read(); d=json.loads(t) if t.lstrip().startswith('{') else {}; "
              "c=d.get('choices') if isinstance(d, dict) else None; "
              "print(c[0]['message']['content']) if c else sys.exit('no chat completion in the answer: ' + t[:200])")
-    return (f"curl -sS -m 120 -H 'Content-Type: application/json' -d {shlex.quote(chat_body(model))} "
-            f"{shlex.quote(url)} | python3 -c {shlex.quote(parse)}")
+    if env_file is None:
+        return (f"curl -sS -m 120 -H 'Content-Type: application/json' -d {shlex.quote(chat_body(model))} "
+                f"{shlex.quote(url)} | python3 -c {shlex.quote(parse)}")
+    refused, missing = (f"POST {url} -> 401 Unauthorized: " + m.format(env=env_file) for m in (KEY_REFUSED,
+                                                                                             KEY_MISSING))
+    keyed = (f"import json,sys; t=sys.stdin.read(); d=json.loads(t) if t.lstrip().startswith('{{') else {{}}; "
+             "c=d.get('choices') if isinstance(d, dict) else None; "
+             "e=d.get('error') if isinstance(d, dict) else None; "
+             f"sys.exit({refused!r} if sys.argv[1] else {missing!r}) if e == 'Unauthorized' else None; "
+             "print(c[0]['message']['content']) if c else sys.exit('no chat completion in the answer: ' + t[:200])")
+    return (f"{read_key(env_file)}; {BEARER}curl -sS -m 120 -H @- -H 'Content-Type: application/json' "
+            f"-d {shlex.quote(chat_body(model))} {shlex.quote(url)} | python3 -c {shlex.quote(keyed)} "
+            "\"${k3_key:+sent}\"")
 
 
 # ------------------------------------------------------------------------------------------- virtual address
@@ -947,8 +1011,18 @@ def release_quarantine(config_dir: str, quarantine: str, released: str, released
 #: only) before; the requests, ``concurrency`` at a time, each a streamed completion whose time to its first token the
 #: client notes; ``/metrics`` after, once the engines counted the finished requests (5 s at most); one line of JSON
 _PROBE = r"""
-import json, sys, threading, time, urllib.request
+import json, sys, threading, time, urllib.error, urllib.request
 a = json.loads(sys.argv[1])
+key = ""
+if a.get("env_file"):
+    try:
+        with open(a["env_file"]) as f:
+            for x in f:
+                if x.startswith("VLLM_API_KEY="):
+                    key = x.rstrip("\n").split("=", 1)[1]
+    except OSError:
+        pass
+auth = {"Authorization": "Bearer " + key} if key else {}
 def metrics(u):
     try:
         with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
@@ -964,7 +1038,7 @@ def one():
     t0, first, done = time.monotonic(), None, False
     try:
         q = urllib.request.Request(a["url"] + "/v1/completions", data=body,
-                                   headers={"Content-Type": "application/json"})
+                                   headers={"Content-Type": "application/json", **auth})
         with urllib.request.urlopen(q, timeout=a["timeout"]) as r:
             for line in r:
                 line = line.strip()
@@ -977,6 +1051,10 @@ def one():
                 c = json.loads(data).get("choices") or [{}]
                 if first is None and c[0].get("text"):
                     first = time.monotonic() - t0
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            return {"ok": False, "error": f"{e.code}: " + (a["refused"] if key else a["missing"])}
+        return {"ok": False, "error": str(e)[:200]}
     except Exception as e:
         return {"ok": False, "error": str(e)[:200]}
     if not done or first is None:
@@ -1009,12 +1087,14 @@ print("K3_SLO=" + json.dumps({"before": before, "after": after, "results": resul
 
 
 def slo_probe(url: str, metrics: Sequence[str], model: str, requests: int, concurrency: int, prompt_tokens: int,
-              output_tokens: int, timeout: int = 300) -> str:
+              output_tokens: int, timeout: int = 300, env_file: str | None = None) -> str:
     """The SLO gate's probe load on one group, from one of its nodes (python3, as :func:`smoke_test`): ``requests``
     streamed completions through ``url`` (the group's own endpoint), ``concurrency`` at a time, each a prompt of
     ``prompt_tokens`` words and exactly ``output_tokens`` tokens out (``ignore_eos``); the time to each one's first
     token as the client saw it; the ``/metrics`` of each of the group's serving engines (``metrics``) before and
-    after. Prints one line, ``K3_SLO={json}`` (read by :func:`k3deploy.model.slo.parse_probe`).
+    after. Prints one line, ``K3_SLO={json}`` (read by :func:`k3deploy.model.slo.parse_probe`). With ``env_file`` (a
+    unit's env file on this node) every request carries the API key it holds (read by the client itself: the key is
+    in no argv); a 401 or 403 is a failed request that names the key.
 
     >>> text = slo_probe("http://10.0.0.1:8000", ["http://10.0.0.1:8000"], "kimi-k3", 20, 4, 256, 64)
     >>> text.startswith("python3 -c ") and '"concurrency": 4' in text
@@ -1023,6 +1103,9 @@ def slo_probe(url: str, metrics: Sequence[str], model: str, requests: int, concu
     args = {"url": url.rstrip("/"), "metrics": [m.rstrip("/") for m in metrics], "model": model,
             "requests": int(requests), "concurrency": int(concurrency), "prompt": int(prompt_tokens),
             "output": int(output_tokens), "timeout": int(timeout), "families": list(FAMILIES)}
+    if env_file is not None:
+        args.update(env_file=env_file, refused=KEY_REFUSED.format(env=env_file),
+                    missing=KEY_MISSING.format(env=env_file))
     return f"python3 -c {shlex.quote(_PROBE.strip())} {shlex.quote(json.dumps(args))}"
 
 

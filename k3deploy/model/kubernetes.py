@@ -42,12 +42,13 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
 from k3deploy.model.rollout import Rollout, UnitWork
-from k3deploy.model.secrets import is_secret
+from k3deploy.model.secrets import API_KEY_ENV, is_secret
 from k3deploy.model.units import CONTAINER_CACHE
 from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors import pack_for_container
@@ -279,6 +280,15 @@ def _http_probe(path: str, port: int, failures: int) -> Obj:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": PROBE_PERIOD, "failureThreshold": failures}
 
 
+def _models_probe(port: int, failures: int) -> Obj:
+    """``/v1/models`` answering 200 with the API key the container's ``VLLM_API_KEY`` holds (vLLM guards ``/v1``;
+    an ``httpGet`` probe cannot take a header from a Secret): python3, which every engine image has."""
+    code = ("import os, urllib.request; urllib.request.urlopen(urllib.request.Request("
+            f"'http://127.0.0.1:{port}/v1/models', headers={{'Authorization': 'Bearer ' + "
+            f"os.environ['{API_KEY_ENV}']}}), timeout=5)")
+    return {"exec": {"command": ["python3", "-c", code]}, "periodSeconds": PROBE_PERIOD, "failureThreshold": failures}
+
+
 def _leader_health(port: int) -> str:
     """A headless worker's readiness: its head's ``/health`` answers (python3: every engine image has it)."""
     return ("import os, urllib.request; urllib.request.urlopen('http://' + os.environ['LWS_LEADER_ADDRESS'] + "
@@ -348,8 +358,9 @@ def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, size: int,
     head_port = _port(head)
     if port is not None:
         container["ports"] = [{"name": "http", "containerPort": port}]
-        container["startupProbe"] = _http_probe("/v1/models", port, -(-rollout.ready_timeout // PROBE_PERIOD))
-        container["readinessProbe"] = _http_probe("/v1/models", port, 3)
+        models = _models_probe if API_KEY_ENV in env_of(unit.env_text) else partial(_http_probe, "/v1/models")
+        container["startupProbe"] = models(port, -(-rollout.ready_timeout // PROBE_PERIOD))
+        container["readinessProbe"] = models(port, 3)
         container["livenessProbe"] = _http_probe("/health", port, 6)
     elif head_port is not None:
         container["readinessProbe"] = {"exec": {"command": ["python3", "-c", _leader_health(head_port)]},

@@ -29,6 +29,7 @@ from k3deploy.model.binding import HostRecord
 from k3deploy.model.inventory import engine_count, plan_for, variables_for, with_roles
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.rollout import Rollout, lay_out, render
+from k3deploy.model.secrets import argv_secret
 from k3deploy.model.variables import Resolved, Variables, shown_path
 from k3deploy.recipe import fit, load_recipe
 from k3deploy.recipe.fit import did_you_mean
@@ -189,6 +190,7 @@ def check_control_files(variables: Variables, source: Callable[[str], str]) -> N
         if token.stat().st_mode & 0o077:
             raise bad("k3_hf_token_file", f"has mode {token.stat().st_mode & 0o777:04o}; a token must be readable "
                       "by its owner only", f"chmod 600 {token}")
+    api_key(variables, source)
     if variables.k3_image_archive and not Path(variables.k3_image_archive).is_file():
         raise bad("k3_image_archive", "is not a file", "give the path of a `docker save` archive of the image")
     if variables.k3_weights_source:
@@ -196,6 +198,33 @@ def check_control_files(variables: Variables, source: Callable[[str], str]) -> N
         if not (src / "refs" / "main").is_file() or not (src / "snapshots").is_dir():
             raise bad("k3_weights_source", "is not a model's Hugging Face cache directory (refs/main, snapshots/)",
                       "give the models--ORG--NAME directory that `hf download` filled")
+
+
+def api_key(variables: Variables, source: Callable[[str], str]) -> str | None:
+    """The API key ``k3_api_key_file`` holds (None: no key file), checked: a file of mode 0600 holding one line of
+    printable characters without spaces (a trailing newline is not part of the key). Each refusal is one line that
+    names the file and the fix, never the key."""
+    if not variables.k3_api_key_file:
+        return None
+    path = Path(variables.k3_api_key_file)
+    where = f"k3_api_key_file: {path} ({source('k3_api_key_file')})"
+    if not path.is_file():
+        raise K3Error(f"{where} is not a file: write the key there (one line, mode 0600) or unset k3_api_key_file")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise K3Error(f"{where} has mode {mode:04o}; a key must be readable by its owner only: chmod 600 {path}")
+    try:
+        key = path.read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise K3Error(f"{where} cannot be read ({type(exc).__name__}): write the key there as one line of text, "
+                      "mode 0600") from None
+    if not key:
+        raise K3Error(f"{where} is empty: write the key there (one line, mode 0600)")
+    if len(key) > 4096 or any(c.isspace() or not c.isprintable() for c in key):
+        what = "more than 4096 characters" if len(key) > 4096 else "a space, a control character or a second line"
+        raise K3Error(f"{where} holds {what}: a key is one line of printable characters without spaces (write only "
+                      "the key)")
+    return key
 
 
 #: the fix ``resolve`` names in its own terms (command-line flags), cut off where an inventory's hosts fix the sizes
@@ -265,9 +294,15 @@ def target(records: list[HostRecord], inventory_file: str | None,
             plan = plan_for(recs, variables, recipe)
         except SelectionError as exc:
             raise in_inventory(exc, recs, variables, recipe, resolved[recs[0].name], inventory_file) from None
-        layout = lay_out(plan, recs, variables)  # ranks, groups and counts checked before any fact
+        # ranks, groups and counts checked before any fact
+        layout = lay_out(plan, recs, variables, api_key(variables, resolved[recs[0].name].source))
     except K3Error as exc:
         return Target(inventory_file, recs, variables, recipe, base, None, str(exc), resolved, overrides=overrides)
+    for node in plan.nodes:   # k3_extra_args were checked with the variables; a recipe's own argv is checked here
+        if (found := argv_secret(node.argv)) is not None:
+            raise K3Error(f"k3_recipe ({resolved[recs[0].name].source('k3_recipe')}): the {node.role} argv's "
+                          f"{found[1]} carries a secret (seen by ps on the nodes, written into their 0644 unit files):"
+                          " remove it from the recipe; the API key goes in a 0600 file named by k3_api_key_file")
     if variables.k3_extra_args:
         for line in check_extra_args(recs, variables, plan, resolved[recs[0].name].source("k3_extra_args"), recipe):
             if line not in plan.warnings:

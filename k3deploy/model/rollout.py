@@ -25,6 +25,7 @@ from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, fill,
 from k3deploy.model.images import run_ref
 from k3deploy.model.inventory import ROLE_GROUPS, SPARES
 from k3deploy.model.observed import Installed
+from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit, workers_file
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
@@ -68,7 +69,7 @@ class UnitWork:
     unit_path: str
     unit_text: str
     env_path: str
-    env_text: str
+    env_text: str = field(repr=False)   # may hold a secret (the API key, k3_extra_env): never in a repr
     serves: str | None              # http://addr:port when this unit answers HTTP
     join: tuple[str, int] | None    # (head address, port) a worker waits for before starting
     container: str
@@ -94,6 +95,8 @@ class Rollout:
     spares: dict[str, str] = field(default_factory=dict)   # host -> its cluster address: the spares standing by
     vip_holder: str | None = None   # k3_vip: the host that serves the endpoint and so holds the virtual address
     ifaces: dict[str, str] = field(default_factory=dict)   # host -> its cluster interface (from its facts, k3_iface)
+    #: the API key (``k3_api_key_file``'s content) every unit's env file gets as ``VLLM_API_KEY``; never shown
+    api_key: str | None = field(default=None, repr=False)
 
     def on_host(self, name: str) -> list[UnitWork]:
         return [u for u in self.units if u.host == name]
@@ -259,11 +262,11 @@ def front_router_argv(urls: list[str], variables: Variables) -> list[str]:
     return argv
 
 
-def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables) -> Rollout:
+def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables, api_key: str | None = None) -> Rollout:
     """Bind the plan to the hosts: every unit placed (its host, group, rank, files, what it serves, whom it joins)
     and the public endpoint, its files not rendered yet (``rendered`` is False; :func:`render` renders them). Raises
     :class:`K3Error` when the plan does not fit the hosts. What a rollout reads of each host needs no more than
-    this."""
+    this. ``api_key``: the key every unit's env file gets (``k3_api_key_file``'s content)."""
     bound: dict[str, BoundHost] = bind(plan, hosts, dp_rpc_port=variables.k3_dp_rpc_port,
                                        router_host=variables.k3_router_host, router_port=variables.k3_router_port)
     ready = _ready_timeout(plan, variables)
@@ -329,7 +332,7 @@ def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables) -> Rollou
     if variables.k3_vip is not None:
         endpoint, holder = _virtual(endpoint, variables.k3_vip, units, hosts, variables.k3_vip_prefix)
     return Rollout(plan=plan, vars=variables, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline,
-                   rendered=False, spares=spares, vip_holder=holder)
+                   rendered=False, spares=spares, vip_holder=holder, api_key=api_key)
 
 
 def _virtual(endpoint: str, vip: str, units: list[UnitWork], hosts: list[HostRecord],
@@ -439,17 +442,18 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
                               own=own if placed.watches else None)
             text = engine_unit(node, box, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                ready_timeout=layout.ready_timeout, healing=healing)
-        env = engine_env(node, (host_env or {}).get(placed.host, {}), variables.k3_extra_env) \
-            if node.role != "router" else dict(node.env)
+        keyed = {API_KEY_ENV: layout.api_key} if layout.api_key else {}
+        env = engine_env(node, (host_env or {}).get(placed.host, {}), {**variables.k3_extra_env, **keyed}) \
+            if node.role != "router" else {**node.env, **keyed}
         units.append(replace(placed, node=node, unit_text=text, env_text=env_file_text(env)))
     return replace(layout, units=units, changed_groups=set(layout.changed_groups), rendered=True,
                    ifaces=dict(ifaces or {}))
 
 
 def plan_rollout(plan: Plan, hosts: list[HostRecord], variables: Variables, *, ifaces: dict[str, str] | None = None,
-                 host_env: dict[str, dict[str, str]] | None = None) -> Rollout:
+                 host_env: dict[str, dict[str, str]] | None = None, api_key: str | None = None) -> Rollout:
     """Bind the plan to the hosts and render every unit and env file (:func:`lay_out`, then :func:`render`)."""
-    return render(lay_out(plan, hosts, variables), ifaces=ifaces, host_env=host_env)
+    return render(lay_out(plan, hosts, variables, api_key), ifaces=ifaces, host_env=host_env)
 
 
 def mark_changes(rollout: Rollout, installed: Mapping[tuple[str, str], Installed]) -> set[str]:

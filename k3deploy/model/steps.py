@@ -311,7 +311,7 @@ def wait_serving(rollout: Rollout, unit: UnitWork) -> str:
     if unit.group == "router":
         return commands.wait_ready(unit.unit, unit.serves, None, rollout.deadline, None, variables.k3_docker)
     return commands.wait_ready(unit.unit, unit.serves, served_model_name(unit.node.argv, rollout.plan.model),
-                               rollout.deadline, unit.container, variables.k3_docker)
+                               rollout.deadline, unit.container, variables.k3_docker, env_file=unit.env_path)
 
 
 # ------------------------------------------------------------------------------------------------ smoke
@@ -325,6 +325,8 @@ def served_model(rollout: Rollout) -> str:
 
 
 def smoke(rollout: Rollout) -> Step:
-    """One short chat completion through the public endpoint, from the first host."""
-    return Step(0, f"Chat completion through {rollout.endpoint}", rollout.units[0].host, rollout.vars.k3_smoke_test,
-                commands.smoke_test(rollout.endpoint, served_model(rollout)))
+    """One short chat completion through the public endpoint, from the first host, with the API key its first unit's
+    env file holds (where the engines have one)."""
+    first = rollout.units[0]
+    return Step(0, f"Chat completion through {rollout.endpoint}", first.host, rollout.vars.k3_smoke_test,
+                commands.smoke_test(rollout.endpoint, served_model(rollout), first.env_path))

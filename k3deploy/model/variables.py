@@ -40,7 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from k3deploy.errors import K3Error
-from k3deploy.model.secrets import mask_listing
+from k3deploy.model.secrets import API_KEY_ENV, argv_secret, mask_listing
 from k3deploy.recipe import yamlfile
 from k3deploy.recipe.yamlfile import BoundedLoader
 
@@ -171,6 +171,12 @@ class Variables(BaseModel):
     k3_hf_token_file: str | None = Field(None, description=(
         "File on the control machine holding the Hugging Face token (must be mode 0600); copied to the nodes "
         "as 0600 and used only to download weights."))
+    k3_api_key_file: str | None = Field(None, description=(
+        "File on the control machine holding the API key that protects the endpoint (one line; the file must be mode "
+        "0600): every unit's env file (0600) on the nodes gets it as `VLLM_API_KEY`, which vLLM reads (it then "
+        "answers 401 on `/v1/*` without `Authorization: Bearer <key>`; `/health` and `/metrics` stay open), and "
+        "every client k3deploy runs (readiness gate, smoke test, SLO probe, status) sends it from there. Never "
+        "`--api-key` in `k3_extra_args`: an argv is seen by `ps` and written into the unit file."))
     k3_download_weights: bool = Field(True, description=(
         "Download missing weights with the Hugging Face tooling in the image; false = weights must already be"
         " in the cache."))
@@ -396,7 +402,7 @@ class Variables(BaseModel):
     def recipe_path(self) -> str | None:
         return self.k3_recipe
 
-    @field_validator("k3_hf_token_file", "k3_image_archive", "k3_weights_source", "k3_recipe")
+    @field_validator("k3_hf_token_file", "k3_api_key_file", "k3_image_archive", "k3_weights_source", "k3_recipe")
     @classmethod
     def _home(cls, value: str | None) -> str | None:
         """Paths on the control machine may start with ``~`` (as in the example group_vars)."""
@@ -757,6 +763,7 @@ def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterab
     for key, value in (overrides or {}).items():
         if value is not None:
             merged[key], sources[key] = value, overrides_from
+    refuse_argv_secrets(merged.get("k3_extra_args"), sources.get("k3_extra_args") or source.rstrip(": ") or "inventory")
     try:
         v = Variables.model_validate(merged)
     except ValidationError as exc:
@@ -765,7 +772,38 @@ def merge_vars(groups: Iterable[str], host_data: Mapping[str, Any], dirs: Iterab
         where = sources.get(str(err["loc"][0]), "") if err["loc"] else ""
         raise K3Error(f"{where + ': ' if where else source}variable {key}: {err['msg']}, got "
                       f"{_shown(err.get('input'), 100)}") from None
+    if v.k3_api_key_file and API_KEY_ENV in v.k3_extra_env:
+        raise K3Error(f"{sources.get('k3_extra_env')}: k3_extra_env sets {API_KEY_ENV} and k3_api_key_file "
+                      f"({sources.get('k3_api_key_file')}) names a key file too: remove {API_KEY_ENV} from "
+                      "k3_extra_env (the key file is where the key belongs)")
     return Resolved(v, sources, connector, connector_sources, files)
+
+
+def refuse_argv_secrets(args: Any, where: str) -> None:
+    """Refuse ``k3_extra_args`` that carry a secret (:func:`k3deploy.model.secrets.argv_secret`): an argv is seen by
+    ``ps`` on the node and written into its 0644 unit file. One line naming the flag (never the value) and the fix.
+
+    >>> refuse_argv_secrets(["--api-key", "s3cr3t"], "group_vars/all.yml")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    k3deploy.errors.K3Error: group_vars/all.yml: k3_extra_args: --api-key carries a secret in the engines' argv (...
+    """
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return
+    found = argv_secret(args)
+    if found is None:
+        return
+    _, flag = found
+    if flag.replace("_", "-") == "--api-key":
+        fix = (f"remove it and put the key, alone, in a file of mode 0600 named by k3_api_key_file (the engines get it "
+               f"as {API_KEY_ENV} from their 0600 env files, and every client k3deploy runs sends it)")
+    else:
+        fix = ("remove it: a secret reaches the engines through their environment only (k3_extra_env, kept in the "
+               "nodes' 0600 env files; the API key: k3_api_key_file)")
+    what = (f"{flag} carries a secret" if flag.startswith("-") else
+            "an item shaped like a token (hf_..., sk-..., a bearer header) carries a secret")
+    raise K3Error(f"{where}: k3_extra_args: {what} in the engines' argv (seen by ps on the nodes, written into their "
+                  f"0644 unit files): {fix}")
 
 
 def markdown_table() -> str:

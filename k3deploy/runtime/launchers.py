@@ -174,7 +174,8 @@ class JobControl:
         from k3deploy.runtime.readiness import served_model
 
         job = self.launcher.jobs[work.group]
-        return commands.probe_job(job.name, work.serves, None if work.group == "router" else served_model(work, model))
+        return commands.probe_job(job.name, work.serves, None if work.group == "router" else served_model(work, model),
+                                  work.env_path)
 
     def label(self, work: UnitWork) -> str:
         job = self.launcher.jobs[work.group]

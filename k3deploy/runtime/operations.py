@@ -335,7 +335,7 @@ def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str
 
 
 @operation(is_idempotent=False)
-def smoke(endpoint: str, model: str, active: bool = True) -> Commands:
+def smoke(endpoint: str, model: str, active: bool = True, env_file: str | None = None) -> Commands:
     """One short chat completion through the public endpoint, as the recipe guide's client sends it.
 
     A check, not a change: "No change" when the model answers. It runs when the rollout executes, after the
@@ -347,7 +347,7 @@ def smoke(endpoint: str, model: str, active: bool = True) -> Commands:
     if state.current_stage < StateStage.Execute:
         host.noop(f"at execution: one chat completion through {endpoint} as {model!r}")
         return
-    answer = host.get_fact(SmokeAnswer, endpoint=endpoint, model=model)
+    answer = host.get_fact(SmokeAnswer, endpoint=endpoint, model=model, env_file=env_file)
     if answer.ok:
         host.noop(f"{endpoint} answered {answer.text!r}")
         logger.info(f"    [{host.name}] smoke test: {endpoint} answered {answer.text!r} as {model!r}")

@@ -83,8 +83,10 @@ def served_model(work: UnitWork, model: str) -> str:
 
 
 def probe_script(work: UnitWork, model: str) -> str:
-    """The probe of one unit: a router is asked for ``/health`` only, an engine also for its model."""
-    return commands.probe(work.unit, work.serves, None if work.group == "router" else served_model(work, model))
+    """The probe of one unit: a router is asked for ``/health`` only, an engine also for its model (with the API key
+    its env file holds: a 401 or 403 fails it at once)."""
+    return commands.probe(work.unit, work.serves, None if work.group == "router" else served_model(work, model),
+                          work.env_path)
 
 
 def probe(hosts: Mapping[str, Any], work: UnitWork, model: str, script: str | None = None) -> Probe:

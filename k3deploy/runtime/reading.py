@@ -246,6 +246,7 @@ class ReadRunning(Request):
     container: str
     docker: str
     url: str | None
+    env_file: str | None = None          # the unit's env file: the API key its requests carry
 
 
     def keep(self, value: UnitRun, reading: HostReading) -> None:
@@ -258,6 +259,7 @@ class ReadEndpoint(Request):
 
     fact = EndpointModels
     endpoint: str
+    env_file: str | None = None          # a unit's env file on this host: the API key the request carries
 
 
     def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
@@ -382,9 +384,9 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
     out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
             for g in layout.groups if any(u.host == host for u in layout.group(g))]
     if view.running:
-        out += [ReadRunning(u.unit, u.container, variables.k3_docker, u.serves) for u in mine]
+        out += [ReadRunning(u.unit, u.container, variables.k3_docker, u.serves, u.env_path) for u in mine]
         if layout.units and host == layout.hosts[0]:
-            out.append(ReadEndpoint(layout.endpoint))
+            out.append(ReadEndpoint(layout.endpoint, mine[0].env_path))
     elif view.health:
         out += [ReadHealth(u.unit, u.serves) for u in mine if u.serves]
     if view.log_lines:   # (under Slurm the step output of each unit's job, not a journal)

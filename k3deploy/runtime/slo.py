@@ -67,7 +67,7 @@ def probe(hosts: Mapping[str, Any], rollout: Rollout, group: str, load: Load) ->
     assert head.serves is not None
     text = commands.slo_probe(head.serves, [u.serves for u in serving if u.serves],
                               served_model(head, rollout.plan.model), load.requests, load.concurrency,
-                              load.prompt_tokens, load.output_tokens)
+                              load.prompt_tokens, load.output_tokens, env_file=head.env_path)
     ok, out = run(hosts, head.host, text)
     figures, why = parse_probe(out)
     if figures is None and not ok:

@@ -61,6 +61,8 @@ FAULT_KINDS: dict[str, str] = {
                   "default Critical) with an error code in npu-smi info -t health and the npu-smi info table (Ascend)",
     "engine-crash": "the vLLM engine exits 1 shortly after start",
     "engine-slow": "engine-slow=SECONDS: weight loading takes SECONDS longer (wall-clock, not scaled)",
+    "engine-api-key": "engine-api-key=KEY: the engine requires API key KEY whatever its environment says, as an image "
+                      "whose own environment or entrypoint sets one (vLLM: 401 on /v1/* without it)",
 }
 
 #: cluster-level kind -> one-line description: faults of the simulated outside, written without a rank
@@ -71,6 +73,7 @@ CLUSTER_FAULT_KINDS: dict[str, str] = {
 
 #: kinds that need ``=VALUE``
 VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "fabric-health", "cluster-uuid", "engine-slow",
+                         "engine-api-key",
                          "npu-link-down", "mount-missing", "default-route", "xid", "ecc", "nvlink-down", "npu-health"})
 
 #: ECC error kinds the simulated tools report (fault ``ecc``); AMD's amd-smi knows the first three

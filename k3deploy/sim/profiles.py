@@ -210,6 +210,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     links_down: list[int] = []
     paths_missing: list[str] = []
     extra_load = 0.0
+    image_key: str | None = None
     rdma = [dict(d) for d in prof["rdma"]]
     for f in mine:
         nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid",
@@ -286,6 +287,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             crash = True
         elif f.kind == "engine-slow":
             extra_load += float(_value(f))
+        elif f.kind == "engine-api-key":
+            image_key = _value(f)
         # disk-full, sshd-down and default-route are applied by the cluster itself (mounts, services, routes)
     bus, uuids = _gpu_ids(prof, count, name, cluster_uuid)
     gpu: dict[str, Any] = {"product": product, "count": count, "memory_mib": prof["memory_mib"],
@@ -314,7 +317,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "modules_unloaded": modules_unloaded,
         "tools_missing": missing,
         "paths_missing": paths_missing,
-        "engine": {"crash": crash, "extra_load_seconds": extra_load},
+        "engine": {"crash": crash, "extra_load_seconds": extra_load,
+                   **({"api_key": image_key} if image_key is not None else {})},
         "docker_data_dir": DOCKER_DATA_DIR,
         "faults": [str(f) for f in mine],
         "health": _health(mine, count),

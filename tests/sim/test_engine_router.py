@@ -159,3 +159,24 @@ def test_engine_answers_render_and_tokenize_as_vllm_does(tmp_path, procs, net):
     assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="kimi-k3"} 0.0' \
         in http(base + "/metrics")[1]
     assert 'POST /v1/chat/completions/render HTTP/1.1" 200' in procs.output(e)
+
+
+def test_the_router_passes_the_clients_key_on_to_keyed_engines(tmp_path, procs, net, router_dir):
+    """An engine with an API key behind the real router: the router needs no key of its own (its health checks ask
+    the open ``/health``); the client's ``Authorization`` header reaches the engine, and a request without it, or with
+    another key, gets the engine's 401."""
+    a = Node(tmp_path, "h200", 0, 1, net)
+    port, rport = free_port(a.ip), free_port(a.ip)
+    engine(procs, a, port, None, "--api-key", "sekret")
+    router(procs, router_dir, a, "--worker-urls", f"http://{a.ip}:{port}", "--host", a.ip, "--port", str(rport),
+           "--worker-startup-check-interval", "1")
+    base = f"http://{a.ip}:{rport}"
+    assert wait_for(lambda: healthy(base), 30)
+    auth = {"Authorization": "Bearer sekret"}
+    assert http(base + "/v1/models")[0] == 401
+    assert http(base + "/v1/models", headers=auth)[1]["data"][0]["id"] == "kimi-k3"
+    body = {"model": "kimi-k3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert http(base + "/v1/chat/completions", body)[0] == 401
+    assert http(base + "/v1/chat/completions", body, {"Authorization": "Bearer other"})[0] == 401
+    code, reply = http(base + "/v1/chat/completions", body, auth)
+    assert code == 200 and reply["choices"][0]["message"]["content"].startswith("Hello from node1")

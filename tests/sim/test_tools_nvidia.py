@@ -238,6 +238,7 @@ def test_faults_only_touch_their_own_part_of_the_config(tmp_path):
         "1:fabric-health=route-unhealthy": {"fabric", "faults"},
         "1:engine-crash": {"engine", "faults"},
         "1:engine-slow=5": {"engine", "faults"},
+        "1:engine-api-key=k3": {"engine", "faults"},
         "1:disk-full": {"faults"},
         "1:sshd-down": {"faults"},
         "0:driver=570.86.15": set(),  # another rank's fault changes nothing here

@@ -24,6 +24,7 @@ esac
 CURL = """#!/bin/sh
 for a in "$@"; do last="$a"; done
 case "$*" in
+  *K3_CODE=*) cat "$K3T/models"; printf '\nK3_CODE=%s' "$(cat "$K3T/models-code" 2>/dev/null || echo 200)";;
   *http_code*) cat "$K3T/code";;
   *) case "$last" in */v1/models) cat "$K3T/models";; esac;;
 esac
@@ -113,6 +114,18 @@ def test_a_restart_counts_as_a_failure(tmp_path):
     hosts = {"n0": Host(tmp_path, "n0", [RUNNING, ("active", "running", 1)]), "n1": Host(tmp_path, "n1", [RUNNING])}
     failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)
     assert failure is not None and failure.host == "n0" and "restarts 1" in failure.observed
+
+
+def test_a_401_on_the_models_is_a_failure_at_once_naming_the_key(tmp_path):
+    r, clock = rollout(), Clock()
+    hosts = {"n0": Host(tmp_path, "n0", [RUNNING], ["200"]), "n1": Host(tmp_path, "n1", [RUNNING])}
+    (tmp_path / "n0" / "models-code").write_text("401")
+    failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)
+    assert failure is not None and failure.host == "n0" and clock.t < 5   # at once, not at the deadline
+    assert failure.observed == ("GET http://10.0.0.1:8000/v1/models -> 401: the endpoint requires an API key and none "
+                                "was sent (/etc/k3deploy/k3-engine.env holds no VLLM_API_KEY): put the key in a 0600 "
+                                "file named by k3_api_key_file and deploy again")
+    assert stops(tmp_path) == ["n1", "n0"]
 
 
 def test_503_is_a_failure_not_a_wait(tmp_path):

@@ -197,7 +197,7 @@ def compare(r: Rollout, gathered: Gathered, monkeypatch: pytest.MonkeyPatch) -> 
     # 2. every command of the runbook is one an operation runs on that node: the waits poll with the gate's probe,
     #    the smoke test is the smoke operation's request
     probes = {h: {readiness.probe_script(u, r.plan.model) for u in r.on_host(h) if u.serves} for h in r.hosts}
-    smoke = SmokeAnswer().command(endpoint=r.endpoint, model=steps.served_model(r))
+    smoke = SmokeAnswer().command(endpoint=r.endpoint, model=steps.served_model(r), env_file=r.units[0].env_path)
     for b in runbook:
         if b.node == "control" or HEREDOC.search(b.text):
             continue

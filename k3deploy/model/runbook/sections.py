@@ -23,7 +23,7 @@ from k3deploy.model.rollout import Rollout, StartPlan
 from k3deploy.model.runbook.blanks import Blank, fill_secrets, secret_file, secret_token, without_secrets
 from k3deploy.model.runbook.checks import check_command, node_commands, spot_for
 from k3deploy.model.runbook.document import Doc
-from k3deploy.model.secrets import mask_argv
+from k3deploy.model.secrets import API_KEY_ENV, mask_argv
 from k3deploy.model.staging import StagePlan, summary
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.recipe.taxonomy import hardware
@@ -229,6 +229,17 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
             doc.p(f"{u.unit}: the env file `{u.env_path}` and the unit `{u.unit_path}` "
                   f"({u.node.role} rank {u.rank}).")
             env_text, hidden = without_secrets(env.content)
+            key_file = rollout.vars.k3_api_key_file
+            if key_file and API_KEY_ENV in hidden:
+                cfg = rollout.vars.k3_config_dir
+                dest = secret_file(cfg, API_KEY_ENV)
+                doc.p(f"Copy the API key from `{key_file}` (`k3_api_key_file`) on the control machine to `{dest}` on "
+                      f"{h} (0600), where the next block reads `{API_KEY_ENV}` from; the value is never typed or "
+                      "shown.")
+                remote = (f"install -d -m 0700 {shlex.quote(secret_file(cfg, ''))} && install -m 0600 /dev/stdin "
+                          f"{shlex.quote(dest)}")
+                doc.block(CONTROL, f"{shlex.join(context.ssh.get(h, ['ssh', h]))} {shlex.quote(remote)} < "
+                                   f"{shlex.quote(key_file)}\n")
             if hidden:
                 cfg = rollout.vars.k3_config_dir
                 doc.p("The env file holds secrets, shown here only as placeholders ("

@@ -1116,7 +1116,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(code, {"error": {"message": message, "type": etype, "param": param, "code": code}})
 
     def _auth_ok(self) -> bool:
-        key = self.eng.a.get("api_key") or self.eng.env.get("VLLM_API_KEY")
+        key = (self.eng.cfg.get("engine", {}).get("api_key") or self.eng.a.get("api_key")
+               or self.eng.env.get("VLLM_API_KEY"))
         if not key:
             return True
         path = self.path.split("?")[0]
