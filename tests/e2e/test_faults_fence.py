@@ -3,7 +3,9 @@ one spare: a tray whose rank a spare took is powered on again and its engine uni
 start check finds the newer fence record on a peer, names the node that holds its rank, and disables the unit): the
 group serves throughout, the endpoint polled twice a second. Then the race: with ``watch --repair`` running, the
 tray that holds rank 1 is powered off and powered on again while the repair is giving its rank to the other tray;
-the repair succeeds and the group serves on, the returned tray standing by."""
+the repair succeeds and the group serves on, the returned tray standing by. Last, a returned tray that no peer
+answers (the fence port closed on them) starts on its own record, and the watch loop stands it down at the look that
+sees it: the group serves again on the spare."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from helpers.simulated import Sim, WatchLoop, endpoint_of, openai_client
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 UNIT = "k3-engine.service"
+SOCKET = "k3-fence-8479.socket"
+CLOSED = f"/run/systemd/system/{SOCKET}.d"
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +150,35 @@ def test_a_tray_back_while_the_repair_gives_its_rank_away_does_not_join(cluster)
     st = json.loads(k3("status", sim.inventory, "--json").stdout)
     assert st["verdict"] == "serving" and [(u["host"], u["rank"]) for g in st["groups"] for u in g["units"]] == [
         (node1, 0), (node2, 1)], st
+
+
+def test_a_returned_tray_that_no_peer_answers_is_stood_down_by_the_watch_loop(cluster):
+    sim = cluster
+    node1, node2, spare = (n["name"] for n in sim.info["nodes"])   # node2 holds rank 1, the spare stands by
+    loop = WatchLoop(sim.inventory, "--repair", "--grace", "5", "--interval", "2")
+    try:
+        k3("sim", "power", sim.name, "1", "off", check=True)
+        assert until(lambda: [e for e in loop.events if e["event"] == "repaired"], 180), loop.stderr[-4000:]
+        assert until(lambda: sim.ssh(2, f"systemctl is-active {UNIT}").stdout.strip() == "active", 60)
+        # the fence port closed on every peer (as a firewall would): node2's check hears no one (a runtime drop-in
+        # whose condition fails: a restarted engine's Wants= does not open it again)
+        for rank in (0, 2):
+            out = sim.ssh(rank, f"mkdir -p {CLOSED} && printf '[Unit]\\nConditionPathExists=/closed-by-the-test\\n' "
+                                f"> {CLOSED}/closed.conf && systemctl daemon-reload && systemctl stop {SOCKET}")
+            assert out.returncode == 0, out
+        k3("sim", "power", sim.name, "1", "on", check=True)
+        down = until(lambda: [e for e in loop.events if e["event"] == "stand down"], 120, 0.5)
+        assert down, f"{loop.events}\n{journal(sim, 1)}"
+        assert "peer(s) answered on port 8479: k3-engine.service starts on this node's own" in journal(sim, 1)
+        assert (down[0]["host"], down[0]["units"], down[0]["error"]) == (node2, [UNIT], None), down
+        assert f"{spare} holds its rank 1 of group engine" in down[0]["why"]
+        assert sim.ssh(1, f"systemctl is-enabled {UNIT}").stdout.strip() == "disabled"
+        assert sim.ssh(1, f"systemctl is-active {UNIT}").stdout.strip() != "active"
+        assert until(lambda: k3("status", sim.inventory, "--json").returncode == 0, 180), loop.stderr[-4000:]
+    finally:
+        rc = loop.stop()
+        for rank in (0, 2):
+            sim.ssh(rank, f"rm -rf {CLOSED} && systemctl daemon-reload && systemctl start {SOCKET}")
+    assert rc == 0
+    st = json.loads(k3("status", sim.inventory, "--json").stdout)
+    assert [(u["host"], u["rank"]) for g in st["groups"] for u in g["units"]] == [(node1, 0), (spare, 1)], st
