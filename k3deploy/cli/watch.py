@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -42,8 +44,14 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 DEPLOY = "deploy/k3.py"
 #: what the deploy prints when another run holds the deployment lock (:class:`k3deploy.runtime.lock.LockHeld`)
 LOCK_REFUSAL = "holds the deployment lock"
-#: lines of a repair's output kept to say why it failed
-TAIL_LINES = 40
+#: lines of a repair's output kept to say why it failed (pyinfra's results table alone is a line per operation)
+TAIL_LINES = 400
+#: the header of pyinfra's results table: it and the rows under it name no error, whatever their words
+RESULTS_HEADER = re.compile(r"^\s*Operation\s+Hosts\s+Success\s+Error\s+No Change\s*$")
+#: the readiness gate's report of the unit that failed (:class:`k3deploy.runtime.readiness.Failure`)
+UNIT_FAILED = re.compile(r" failed during .+: observed .+; required ")
+#: an exception as Python prints it last in a traceback (``torch.distributed.DistStoreError: ...``)
+EXCEPTION = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception): .+)$")
 #: a look does not ask the registry which build the image's tag names (status does, to say whether each unit runs
 #: the planned build): a group's state does not depend on it, and a loop asking every interval would spend a
 #: registry's pull allowance
@@ -129,9 +137,22 @@ class Stop:
         self.event.wait(max(0.0, seconds))
 
 
-def look(inventory: str, grace: int | None, interval: int | None) -> tuple[Look, Knobs, dict[str, str], int]:
+@dataclass(frozen=True)
+class Returned:
+    """A node whose rank a recorded substitution gave to another (``why``) and whose engine units run again
+    (``units``): the loop stands it down at once (``link_timeout``: its ``k3_link_timeout``)."""
+
+    host: str
+    units: tuple[str, ...]
+    why: str
+    link_timeout: int
+
+
+def look(inventory: str, grace: int | None,
+         interval: int | None) -> tuple[Look, Knobs, dict[str, str], int, list[Returned]]:
     """One look at the cluster: the :class:`~k3deploy.model.watch.Look`, the knobs (the inventory's variables, the
-    options over them), what keeps each group that is not up from being up, and the interval to the next look."""
+    options over them), what keeps each group that is not up from being up, the interval to the next look, and the
+    nodes back after a spare took their rank whose units run (:class:`Returned`)."""
     from k3deploy.cli.status import status_of
     from k3deploy.model.watch import Knobs, Look, group_state, why_not_up
     from k3deploy.runtime.lock import stale
@@ -146,8 +167,48 @@ def look(inventory: str, grace: int | None, interval: int | None) -> tuple[Look,
     knobs = Knobs(grace=v.k3_watch_grace if grace is None else grace, backoff=v.k3_watch_backoff,
                   backoff_max=v.k3_watch_backoff_max, start_allowance=gathered.require_rollout().ready_timeout)
     groups = {g.name: group_state(g) for g in st.groups}
+    settled = gathered.spares
+    replaced = {s.lost: s for s in settled.substitutions if s not in settled.new} if settled is not None else {}
+    returned = [Returned(host, tuple(units), f"{replaced[host].spare} holds its rank {replaced[host].rank} of "
+                         f"group {replaced[host].group}", gathered.target.host_vars(host).k3_link_timeout)
+                for host, units in sorted(gathered.stand_down.items()) if host in replaced and units]
     return (Look(at, groups, lock), knobs, {g.name: why_not_up(g) for g in st.groups},
-            v.k3_watch_interval if interval is None else interval)
+            v.k3_watch_interval if interval is None else interval, returned)
+
+
+def stand_down(inventory: str, returned: list[Returned]) -> dict[str, str | None]:
+    """Stop and disable the units of each returned node (:func:`k3deploy.model.commands.stand_down`, as the deploy
+    does for a node that runs nothing): host -> None, or why it could not be done."""
+    from k3deploy.model import commands
+    from k3deploy.preflight import runner
+    from k3deploy.runtime.connections import connect, disconnect, load_inventory
+    from k3deploy.runtime.lock import run_on
+
+    state = load_inventory(inventory)
+    runner.quiet_pyinfra()
+    wanted = {r.host: r for r in returned}
+    out: dict[str, str | None] = {}
+    for host in [h for h in state.inventory if h.name in wanted]:
+        r = wanted[host.name]
+        try:
+            reason = connect(host, r.link_timeout)
+            if reason is not None:
+                out[r.host] = f"cannot be reached ({reason})"
+                continue
+            ok, lines = run_on(host, commands.stand_down(list(r.units)), timeout=120)
+            out[r.host] = None if ok else (" ".join(lines)[:200] or "the command failed")
+        finally:
+            disconnect([host])
+    return out
+
+
+def _stand_down(log: Log, inventory: str, returned: list[Returned]) -> None:
+    """Stand the returned nodes down, and log each."""
+    for host, error in stand_down(inventory, returned).items():
+        r = next(x for x in returned if x.host == host)
+        log("stand down", f"{host} is back and runs {', '.join(r.units)} although {r.why}: "
+            + ("stopped and disabled" if error is None else f"could not stand it down: {error}"),
+            host=host, units=list(r.units), why=r.why, error=error)
 
 
 def deploy_argv(inventory: str) -> list[str]:
@@ -176,9 +237,40 @@ def run_repair(inventory: str, stop: Stop) -> tuple[int, float, list[str]]:
 
 
 def _failure(tail: list[str]) -> str:
-    """The line of a failed deploy's output that says why (the last naming an error), else its last line."""
+    """The line of a failed deploy's output that says why: the readiness gate's report of the unit that failed (what
+    it observed, what was required, and the first exception of its journal lines), else the last line of k3deploy's
+    naming an error, else the last line naming one, never a line of pyinfra's results table (its header names an
+    ``Error`` column); else the last line.
+
+    >>> print(_failure(["[n1] head rank 0 on n1 (a) failed during start: observed exit 1; required it serves",
+    ...                 "[n1] Dec 06 n1 docker[9]: torch.distributed.DistStoreError: node_rank 1 joined twice",
+    ...                 "--> Results:", "    Operation     Hosts   Success   Error   No Change",
+    ...                 "    Start | Heads   2   1   1   -", "    Grand total   2   1   1   -",
+    ...                 "--> Disconnecting from hosts..."]))
+    [n1] head rank 0 on n1 (a) failed during start: observed exit 1; required it serves: torch.distributed.DistSt...
+    """
     keys = ("error", "Error", "refus", "fail", "not serving", "cannot")
-    return next((x.strip() for x in reversed(tail) if any(k in x for k in keys)), tail[-1].strip() if tail else "")
+    lines: list[str] = []
+    table = False
+    for line in tail:
+        if RESULTS_HEADER.match(line):
+            table = True
+        elif table and line.strip().startswith("Grand total"):
+            table = False
+        elif not table and line.strip():
+            lines.append(line.strip())
+    at = next((i for i, x in enumerate(lines) if UNIT_FAILED.search(x)), None)
+    if at is not None:
+        # its journal lines follow: the first exception there is the engine's own word for it
+        host = lines[at].split("]", 1)[0] + "]" if lines[at].startswith("[") else ""
+        block = [x for x in lines[at + 1:at + 80] if x.startswith(host)]
+        cause = next((m.group(1) for x in block if (m := EXCEPTION.search(x))), None)
+        return lines[at] + (f": {cause}" if cause else "")
+    named = [x for x in lines if any(k in x for k in keys)]
+    ours = [x for x in named if "k3deploy" in x]
+    if ours or named:
+        return (ours or named)[-1]
+    return lines[-1] if lines else (tail[-1].strip() if tail else "")
 
 
 def _report(log: Log, changes: list[Change], why: dict[str, str]) -> None:
@@ -247,7 +339,7 @@ def loop(inventory: str, *, repair: bool, grace: int | None, interval: int | Non
         inventory=inventory, repair=repair)
     while not stop.asked:
         try:
-            seen, knobs, why, pause = look(inventory, grace, interval)
+            seen, knobs, why, pause, returned = look(inventory, grace, interval)
         except Exception as exc:   # a look that failed is logged, never the end of the loop
             text = str(exc) if isinstance(exc, K3Error) else f"{type(exc).__name__}: {exc}"
             if text != failed:
@@ -262,6 +354,8 @@ def loop(inventory: str, *, repair: bool, grace: int | None, interval: int | Non
             failed = None
         watch.knobs = knobs
         _report(log, watch.see(seen), why)
+        if repair and returned and seen.lock is None and not stop.asked:
+            _stand_down(log, inventory, returned)   # a node back in a place a spare holds: at once, no grace
         code = 0 if all(t.state == UP for t in watch.tracks.values()) else 1
         if once and repaired:
             break

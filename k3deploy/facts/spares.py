@@ -1,8 +1,9 @@
 """The spare records a node keeps (:mod:`k3deploy.model.spares`): its copy of the substitutions in effect, its
-quarantine record and the events it was released from, read in one command (it goes in the host's facts batch).
+quarantine record, the events it was released from and its fence record, read in one command (it goes in the host's
+facts batch).
 
     >>> SpareRecords().process(["K3_SPARE_FILE=quarantine", '{"reason": "XID 79"}', ""])
-    SpareFiles(substitutions=None, quarantine='{"reason": "XID 79"}\\n', released=None)
+    SpareFiles(substitutions=None, quarantine='{"reason": "XID 79"}\\n', released=None, fence=None)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from k3deploy.model.commands import SPARE_MARK, spare_records_read
-from k3deploy.model.spares import QUARANTINE_FILE, RELEASED_FILE, SUBSTITUTIONS_FILE
+from k3deploy.model.spares import FENCE_FILE, QUARANTINE_FILE, RELEASED_FILE, SUBSTITUTIONS_FILE
 
 
 @dataclass(frozen=True)
@@ -22,13 +23,16 @@ class SpareFiles:
     substitutions: str | None = None
     quarantine: str | None = None
     released: str | None = None
+    fence: str | None = None
 
 
-_FIELDS = {SUBSTITUTIONS_FILE: "substitutions", QUARANTINE_FILE: "quarantine", RELEASED_FILE: "released"}
+_FIELDS = {SUBSTITUTIONS_FILE: "substitutions", QUARANTINE_FILE: "quarantine", RELEASED_FILE: "released",
+           FENCE_FILE: "fence"}
 
 
 class SpareRecords(FactBase[SpareFiles]):
-    """The node's ``substitutions.json``, ``quarantine`` and ``quarantine.released`` in ``k3_config_dir``."""
+    """The node's ``substitutions.json``, ``quarantine``, ``quarantine.released`` and ``fence`` in
+    ``k3_config_dir``."""
 
     def command(self, config_dir: str) -> str:
         return spare_records_read(config_dir, list(_FIELDS))

@@ -26,7 +26,7 @@ from k3deploy.model.images import run_ref
 from k3deploy.model.inventory import ROLE_GROUPS, SPARES
 from k3deploy.model.observed import Installed
 from k3deploy.model.secrets import API_KEY_ENV
-from k3deploy.model.units import ContainerSpec, Healing, engine_unit, env_file_text, router_unit, workers_file
+from k3deploy.model.units import ContainerSpec, Fence, Healing, engine_unit, env_file_text, router_unit, workers_file
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
@@ -439,7 +439,9 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
             healing = Healing(unit=placed.unit, restart_sec=variables.k3_restart_sec,
                               max_delay=variables.k3_restart_max_delay, watch=placed.watches,
                               grace=variables.k3_heal_grace, interval=variables.k3_heal_interval,
-                              own=own if placed.watches else None)
+                              own=own if placed.watches else None,
+                              fence=Fence(placed.group, placed.rank, placed.host, variables.k3_config_dir,
+                                          variables.k3_fence_port))
             text = engine_unit(node, box, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                ready_timeout=layout.ready_timeout, healing=healing)
         keyed = {API_KEY_ENV: layout.api_key} if layout.api_key else {}

@@ -11,7 +11,10 @@ What the nodes keep, in ``k3_config_dir``:
 - ``quarantine``: the node is quarantined (JSON: ``reason``, ``events``, ``when``): it runs nothing and is no spare
   until the operator releases it (``k3deploy spares INVENTORY --release NODE``);
 - ``quarantine.released``: the events the operator released it from; they do not quarantine it again (a new
-  event does).
+  event does);
+- ``fence``: who holds each rank of the deployment, at an epoch that every change of it raises, and the addresses of
+  the deployment's hosts (:class:`Fence`): an engine unit starts only where its node still holds its rank in the
+  newest record it finds on the node or on its peers (``k3-group-member holds``; docs/spares.md, *Fencing*).
 
 Example::
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from k3deploy.model.binding import HostRecord
@@ -40,6 +43,7 @@ from k3deploy.model.rollout import Rollout, group_order
 SUBSTITUTIONS_FILE = "substitutions.json"
 QUARANTINE_FILE = "quarantine"
 RELEASED_FILE = "quarantine.released"
+FENCE_FILE = "fence"
 #: a host's place in its group: what a spare takes over from the member it replaces
 PLACE_KEYS = ("rank", "k3_replica")
 
@@ -340,3 +344,92 @@ def settle(records: Sequence[HostRecord], recorded: Sequence[Substitution],
     out = {r.name: bad.get(r.name) or f"a spare that fails {unusable[r.name]}" for r in recs
            if r.name not in running and r.name not in kept and (r.name in bad or r.name in unusable)}
     return Settled(recs, [*applied, *new], new, unfilled, [c for c in candidates if c not in taken], out)
+
+
+# --------------------------------------------------------------------------------------------- fencing
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The fence record: at ``epoch``, ``holders`` ((group, rank) -> host) says which host holds each engine rank,
+    and ``peers`` (host -> address) where the deployment's hosts answer for their own copy. The newest epoch wins:
+    a node that was away when a spare took its rank still has an older record, and its engine's start check
+    (``k3-group-member holds``) finds the newer one on a peer. Only the deploy writes it; ``holds`` lines name
+    engine ranks only (a router joins no rendezvous).
+
+    >>> f = Fence(1765000000, {("engine", 0): "n1", ("engine", 1): "n3"}, {"n1": "10.0.0.1", "n3": "10.0.0.3"})
+    >>> print(f.text(), end="")
+    # Managed by k3deploy: do not edit; re-run the deploy instead. Who holds each rank (docs/spares.md).
+    epoch 1765000000
+    holds engine 0 n1
+    holds engine 1 n3
+    peer n1 10.0.0.1
+    peer n3 10.0.0.3
+    >>> Fence.from_text(f.text()) == f, Fence.from_text("garbage") is None, Fence.from_text(None) is None
+    (True, True, True)
+    """
+
+    epoch: int
+    holders: Mapping[tuple[str, int], str]
+    peers: Mapping[str, str]
+
+    def text(self) -> str:
+        lines = ["# Managed by k3deploy: do not edit; re-run the deploy instead. Who holds each rank (docs/spares.md).",
+                 f"epoch {self.epoch}"]
+        lines += [f"holds {g} {r} {h}" for (g, r), h in sorted(self.holders.items())]
+        lines += [f"peer {h} {a}" for h, a in self.peers.items()]
+        return "\n".join(lines) + "\n"
+
+    def same_record(self, other: Fence | None) -> bool:
+        """The same holders and peers (the epoch aside)."""
+        return other is not None and dict(self.holders) == dict(other.holders) and dict(self.peers) == dict(
+            other.peers)
+
+    @staticmethod
+    def from_text(text: str | None) -> Fence | None:
+        """The record of a ``fence`` file (None: no file, or one without its epoch)."""
+        epoch: int | None = None
+        holders: dict[tuple[str, int], str] = {}
+        peers: dict[str, str] = {}
+        for line in (text or "").splitlines():
+            words = line.split()
+            try:
+                if words[:1] == ["epoch"] and len(words) == 2:
+                    epoch = int(words[1])
+                elif words[:1] == ["holds"] and len(words) == 4:
+                    holders[(words[1], int(words[2]))] = words[3]
+                elif words[:1] == ["peer"] and len(words) == 3:
+                    peers[words[1]] = words[2]
+            except ValueError:
+                continue
+        return Fence(epoch, holders, peers) if epoch is not None else None
+
+
+def fence_for(rollout: Rollout, recorded: Iterable[Fence | None], now: int) -> Fence:
+    """The fence record of ``rollout``: each engine unit's (group, rank) held by its host, every host of the
+    rollout and every spare standing by as a peer (at its cluster address). Its epoch is that of the newest
+    ``recorded`` one (the records the run read on the nodes) where that says the same, else above it and at least
+    ``now`` (seconds since the epoch): a record the nodes lost is still outdated by the next one.
+
+    >>> from types import SimpleNamespace as NS
+    >>> def unit(host, group, rank):
+    ...     return NS(host=host, group=group, rank=rank, node=NS(address="10.0.0." + host[-1]))
+    >>> r = NS(units=[unit("n1", "engine", 0), unit("n3", "engine", 1), unit("n1", "router", 0)],
+    ...        spares={"n2": "10.0.0.2"})
+    >>> first = fence_for(r, [None], 100)
+    >>> first.epoch, first.holders, first.peers
+    (100, {('engine', 0): 'n1', ('engine', 1): 'n3'}, {'n1': '10.0.0.1', 'n3': '10.0.0.3', 'n2': '10.0.0.2'})
+    >>> fence_for(r, [first], 200).epoch, fence_for(r, [Fence(300, {}, {})], 200).epoch
+    (100, 301)
+    """
+    holders = {(u.group, u.rank): u.host for u in rollout.units if u.group != "router"}
+    peers: dict[str, str] = {}
+    for u in rollout.units:
+        peers.setdefault(u.host, u.node.address)
+    for host, address in rollout.spares.items():
+        peers.setdefault(host, address)
+    newest = max((f for f in recorded if f is not None), key=lambda f: f.epoch, default=None)
+    fence = Fence(0, holders, peers)
+    if newest is not None and fence.same_record(newest):
+        return replace(fence, epoch=newest.epoch)
+    return replace(fence, epoch=max(now, newest.epoch + 1 if newest is not None else 0))

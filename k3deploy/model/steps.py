@@ -42,7 +42,7 @@ from k3deploy.model.staging import (
     stage_for,
     stage_hosts,
 )
-from k3deploy.model.units import GROUP_MEMBER, group_member_text
+from k3deploy.model.units import GROUP_MEMBER, fence_units, group_member_text
 from k3deploy.recipe.argv import served_model_name
 
 #: the stage's step kinds, in the order they run (the rounds from a peer come between ``SERVE`` and ``UNSERVE``)
@@ -258,6 +258,16 @@ def helper(rollout: Rollout, host: str) -> Step:
     return Step(0, f"Group member helper {GROUP_MEMBER}", host,
                 any(u.group != "router" for u in rollout.on_host(host)),
                 file=FileWrite(GROUP_MEMBER, "755", group_member_text()))
+
+
+def fence_files(rollout: Rollout, host: str) -> list[FileWrite]:
+    """The units that answer the node's fence record to its peers (:func:`~k3deploy.model.units.fence_units`), on
+    a host with an engine (where :func:`helper` applies): written in place, started by the engine units' Wants=."""
+    if not helper(rollout, host).applies:
+        return []
+    v = rollout.vars
+    return [FileWrite(path, "644", text, kind="unit") for path, text in fence_units(v.k3_fence_port,
+                                                                                 v.k3_config_dir).items()]
 
 
 def unit_files(rollout: Rollout, unit: UnitWork, *, staged: bool) -> list[FileWrite]:

@@ -126,6 +126,7 @@ class UnitSpec:
     wants: str = "network-online.target"
     requires: str = ""          # units this one cannot run without (docker.service for a container)
     mounts_for: str = ""        # paths whose filesystems must be mounted first (the model cache)
+    condition: tuple[tuple[str, ...], ...] = ()     # first: a start refused by one is skipped (the fence)
     start_pre: tuple[tuple[str, ...], ...] = ()     # before the cleanup (the crash-loop backoff)
     start_post: tuple[tuple[str, ...], ...] = ()    # after the start (the group watcher of a member)
     stop_post: tuple[tuple[str, ...], ...] = ()     # after every stop (notes a failed run for the backoff)
@@ -153,6 +154,7 @@ def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
         exec_cleanup=exec_line(spec.cleanup), exec_start=spec.exec_start or exec_line(spec.argv),
         exec_stop=exec_line(spec.stop), service_lines=list(spec.service_lines),
         restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout,
+        exec_condition=[exec_line(list(a)) for a in spec.condition],
         exec_start_pre=[exec_line(list(a)) for a in spec.start_pre],
         exec_start_post=["-" + exec_line(list(a)) for a in spec.start_post],
         exec_stop_post=["-" + exec_line(list(a)) for a in spec.stop_post])
@@ -166,6 +168,37 @@ GROUP_MEMBER_SOURCE = Path(__file__).resolve().parents[1] / "data" / "node" / "k
 def group_member_text() -> str:
     """The helper's text, as the configure phase writes it to :data:`GROUP_MEMBER`."""
     return GROUP_MEMBER_SOURCE.read_text()
+
+
+@dataclass(frozen=True)
+class Fence:
+    """An engine unit's start check (``k3-group-member holds``): ``host`` still holds rank ``rank`` of ``group`` in
+    the newest fence record (``<config_dir>/fence``) of this node and of its peers, asked on ``port`` (where
+    :func:`fence_units` answer). Refused: the unit does not start (``ExecCondition=``) and is disabled."""
+
+    group: str
+    rank: int
+    host: str
+    config_dir: str
+    port: int
+
+    @property
+    def socket(self) -> str:
+        """The socket unit that answers this node's record (its port in its name: a new port is a new unit)."""
+        return f"k3-fence-{self.port}.socket"
+
+
+def fence_units(port: int, config_dir: str) -> dict[str, str]:
+    """The units that answer a peer with this node's fence record: path -> text (a socket, and the service each
+    connection starts; templates ``k3-fence.socket.j2`` and ``k3-fence@.service.j2``).
+
+    >>> sorted(fence_units(8479, "/etc/k3deploy"))
+    ['/etc/systemd/system/k3-fence-8479.socket', '/etc/systemd/system/k3-fence-8479@.service']
+    """
+    base = f"/etc/systemd/system/k3-fence-{port}"
+    return {base + ".socket": render_template("k3-fence.socket.j2", port=port),
+            base + "@.service": render_template("k3-fence@.service.j2",
+                                                exec_start=exec_line([GROUP_MEMBER, "record", config_dir]))}
 
 
 @dataclass(frozen=True)
@@ -183,6 +216,14 @@ class Healing:
     grace: int = 30
     interval: int = 5
     own: str | None = None
+    fence: Fence | None = None
+
+    def condition(self) -> tuple[tuple[str, ...], ...]:
+        """The start check of :class:`Fence`: does this node still hold its rank?"""
+        f = self.fence
+        if f is None:
+            return ()
+        return ((GROUP_MEMBER, "holds", self.unit, f.group, str(f.rank), f.host, f.config_dir, str(f.port)),)
 
     def start_pre(self) -> tuple[tuple[str, ...], ...]:
         if self.max_delay <= 0:
@@ -211,18 +252,20 @@ def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: s
     """The systemd unit of an engine: its container run in the foreground, removed before and stopped after;
     with ``healing`` its crash-loop backoff and, for a member of a group, the watcher of its head."""
     h = healing or Healing(unit=spec.name + ".service", max_delay=0)
+    fenced = [h.fence.socket] if h.fence is not None else []
     return render_unit(UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, spec.image),
         argv=container_argv(spec, node.argv),
         cleanup=cleanup_argv(spec),
         stop=stop_argv(spec),
-        after=" ".join(["network-online.target", "docker.service", *_after_fabric(spec)]),
+        after=" ".join(["network-online.target", "docker.service", *_after_fabric(spec), *fenced]),
+        wants=" ".join(["network-online.target", *fenced]),
         requires="docker.service",
         mounts_for=systemd_path(spec.cache_dir),
         start_timeout=ready_timeout + 900 + h.max_delay,
         restart_sec=h.restart_sec,
-        start_pre=h.start_pre(), start_post=h.start_post(), stop_post=h.stop_post(),
+        condition=h.condition(), start_pre=h.start_pre(), start_post=h.start_post(), stop_post=h.stop_post(),
     ))
 
 

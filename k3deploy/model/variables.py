@@ -282,6 +282,11 @@ class Variables(BaseModel):
     k3_heal_grace: int = Field(30, ge=1, description=(
         "Seconds a group's head may not serve before its members restart (covers a short /health blip)."))
     k3_heal_interval: int = Field(5, ge=1, description="Seconds between a watcher's /health probes of its head.")
+    k3_fence_port: int = Field(8479, ge=1, le=65535, description=(
+        "TCP port on which every engine node answers its fence record (who holds each rank, read-only; "
+        "`k3-fence-PORT.socket`): an engine unit starts only where its node still holds its rank in the newest record "
+        "of its peers', so a tray whose rank a spare took does not start its engine when it comes back "
+        "(docs/spares.md, *Fencing*). Open between the cluster's nodes."))
     k3_restart_sec: int = Field(10, ge=1, description=(
         "`RestartSec=` of the engine units: the wait before systemd starts a failed engine again."))
     k3_restart_max_delay: int = Field(300, ge=0, description=(

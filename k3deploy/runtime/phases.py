@@ -131,8 +131,16 @@ class Context:
     @cached_property
     def spare_writes(self) -> dict[str, list[Written]]:
         """host -> the spare records the run writes there: the substitutions in effect (where the host's copy
-        differs, and only once there are any), its new quarantine."""
-        from k3deploy.model.spares import QUARANTINE_FILE, SUBSTITUTIONS_FILE, substitutions_text
+        differs, and only once there are any), the fence record (who holds each rank: where the host's copy
+        differs), its new quarantine."""
+        from k3deploy.model.spares import (
+            FENCE_FILE,
+            QUARANTINE_FILE,
+            SUBSTITUTIONS_FILE,
+            Fence,
+            fence_for,
+            substitutions_text,
+        )
 
         gathered = self.gathered
         assert gathered is not None
@@ -146,6 +154,14 @@ class Context:
             have = reading.spare_files.substitutions if reading.spare_files is not None else None
             if (settled.substitutions or have is not None) and have != text:
                 out.setdefault(name, []).append(Written(f"{cfg}/{SUBSTITUTIONS_FILE}", text, "644",
+                                                        seen=(sha256(have) if have is not None else None, have)))
+        fences = {name: r.spare_files.fence if r.spare_files is not None else None
+                  for name, r in gathered.readings.items()}
+        fence = fence_for(self.rollout, [Fence.from_text(t) for t in fences.values()],
+                          int(datetime.now(UTC).timestamp())).text()
+        for name, have in fences.items():
+            if have != fence:
+                out.setdefault(name, []).append(Written(f"{cfg}/{FENCE_FILE}", fence, "644",
                                                         seen=(sha256(have) if have is not None else None, have)))
         for name, q in gathered.quarantine.items():
             out.setdefault(name, []).append(Written(f"{cfg}/{QUARANTINE_FILE}", q.to_json(), "644"))
@@ -460,9 +476,10 @@ def _kind(kind: int) -> Iterator[None]:
 
 @deploy("Configure")
 def configure_phase(ctx: Context) -> None:
-    """This host's files, all in one operation (one command): the engine units' helper and, for each unit, the next
-    env file (0600) and systemd unit, staged (:func:`_staged`); owner and mode given back to the live ones where
-    they drifted. With ``k3_launcher: slurm`` its Slurm files instead (:func:`_configure_jobs`)."""
+    """This host's files, all in one operation (one command): the engine units' helper, the units that answer its
+    fence record to its peers and, for each unit, the next env file (0600) and systemd unit, staged
+    (:func:`_staged`); owner and mode given back to the live ones where they drifted. With ``k3_launcher: slurm``
+    its Slurm files instead (:func:`_configure_jobs`)."""
     _spare_records(ctx)
     if ctx.launcher.batch:
         _configure_jobs(ctx)
@@ -474,6 +491,7 @@ def configure_phase(ctx: Context) -> None:
     files = [Written(GROUP_MEMBER, helper.file.content, helper.file.mode,
                      seen=(gathered.helpers.get(me), None) if me in gathered.helpers else None)
              ] if helper.applies and helper.file is not None else []
+    files += [Written(f.dest, f.content, f.mode, f.kind) for f in steps.fence_files(rollout, me)]
     # with a rolling change, each replica gets its files in its own step of the roll (start phase): a roll that
     # stops leaves the replicas after it on the files they run
     rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()

@@ -159,7 +159,8 @@ class WatchLoop:
 
     def _read_err(self) -> None:
         assert self.proc.stderr is not None
-        self.stderr = self.proc.stderr.read()
+        for line in self.proc.stderr:   # as it comes: a test may act on a line of a repair under way
+            self.stderr += line
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)

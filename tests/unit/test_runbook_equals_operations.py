@@ -177,7 +177,7 @@ def compare(r: Rollout, gathered: Gathered, monkeypatch: pytest.MonkeyPatch) -> 
                 where, dest = argv[-1].split(":", 1)
                 book_copies.setdefault(where.split("@")[-1], set()).add((argv[-2], dest))
             else:   # the token or a shared file: from the control machine's file over ssh, into place
-                assert argv[-2] == "<" and re.search(r"install (-o 0 -g 0 )?-m 0[67][05][05] /dev/stdin", argv[-3]), \
+                assert argv[-2] == "<" and re.search(r"install (-o 0 -g 0 )?-m 0[67][045][045] /dev/stdin", argv[-3]), \
                     b.text
                 book_files.setdefault(argv[1].split("@")[-1], {})[argv[-3].split()[-1]] = \
                     shared.get(argv[-1], f"<{argv[-1]}>")

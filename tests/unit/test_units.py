@@ -155,12 +155,13 @@ def test_engine_units_need_docker_the_cache_mount_and_start_after_the_fabric(rec
     lines = gb.units[0].unit_text.splitlines()
     assert "Requires=docker.service" in lines and "RequiresMountsFor=/mnt/shared/k3" in lines
     after = next(ln for ln in lines if ln.startswith("After=")).split("=", 1)[1].split()
-    assert after == ["network-online.target", "docker.service", "nvidia-fabricmanager.service", "nvidia-imex.service"]
+    assert after == ["network-online.target", "docker.service", "nvidia-fabricmanager.service", "nvidia-imex.service",
+                     "k3-fence-8479.socket"]
     assert "--shm-size" not in gb.units[0].unit_text and '"--ipc" "host"' in gb.units[0].unit_text
     amd = plan_rollout(deployable(resolve(recipe, hardware="mi355x", strategy="single_node_tp")), _hosts(1),
                   Variables(k3_hardware="mi355x"), ifaces={"n0": "eth0"})
     after_line = next(ln for ln in amd.units[0].unit_text.splitlines() if ln.startswith("After="))
-    assert after_line == "After=network-online.target docker.service" and "--shm-size" not in amd.units[0].unit_text
+    assert after_line == "After=network-online.target docker.service k3-fence-8479.socket" and "--shm-size" not in amd.units[0].unit_text
 
 
 def test_the_router_runs_the_absolute_path_of_vllm_router(recipe):

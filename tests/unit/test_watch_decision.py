@@ -205,3 +205,48 @@ def test_an_inventory_that_is_not_there_is_one_line_and_exit_2():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
         "error: inventory 'inventories/nowhere.py' is not a file: give the inventory's .py file (as pyinfra takes it)"]
+
+
+#: the end of a failed repair's output as the simulated cluster gave it (a worker's engine crashed at its start;
+#: journal lines trimmed to the ones that matter), pyinfra's results table after it
+FAILED_REPAIR = """\
+--> Starting operation: Start | Engine groups serve (health, models)
+    [n2] Skipped
+    [n1] group engine stopped because worker rank 1 on n3 failed (reported there)
+    [n1] Success
+    [n3] worker rank 1 on n3 (10.77.203.13) failed during start: observed unit k3-engine.service active/running, \
+restarts 1; required the engine keeps running and serves
+    [n3] --- journalctl -u k3-engine.service (last 25 lines)
+    [n3] Dec 06 10:20:22 n3 docker[2209]: ERROR 12-06 10:20:22 [core.py:866] EngineCore failed to start.
+    [n3] Dec 06 10:20:22 n3 docker[2209]: Traceback (most recent call last):
+    [n3] Dec 06 10:20:22 n3 docker[2209]: torch.AcceleratorError: CUDA error: an illegal memory access was encountered
+    [n3] Dec 06 10:20:22 n3 docker[2209]: RuntimeError: Engine core initialization failed. See root cause above.
+    [n3] Dec 06 10:20:22 n3 systemd[1]: k3-engine.service: Failed with result 'exit-code'.
+    [n3] group engine is stopped; it runs no half-started version. (pyinfra reports this step next as 'Error: \
+executed 0 commands')
+    [n3] Error: executed 0 commands
+
+--> Results:
+    Operation                                                              Hosts   Success   Error   No Change
+    Start | Engine groups serve (health, models)                           2       1         1       -
+    Start | Mark the revision of group engine current                      3       -         1       2
+    Grand total                                                            15      6         2       7
+
+--> Disconnecting from hosts...
+"""
+
+
+def test_a_failed_repair_is_logged_with_the_line_naming_its_error_not_the_results_table():
+    from k3deploy.cli.watch import _failure
+
+    line = _failure(FAILED_REPAIR.splitlines())
+    assert line.startswith("[n3] worker rank 1 on n3 (10.77.203.13) failed during start: observed unit "), line
+    assert line.endswith("required the engine keeps running and serves: torch.AcceleratorError: CUDA error: an "
+                         "illegal memory access was encountered"), line
+    # a run refused before any unit started: k3deploy's own line, not pyinfra's table
+    refused = ["    k3deploy: group engine: n2 (rank 1) is lost (unreachable: timed out) and no spare is left",
+               "--> pyinfra error: no spare left for n2: nothing was changed", "--> Results:",
+               "    Operation   Hosts   Success   Error   No Change", "    Grand total   -   -   -   -"]
+    assert _failure(refused) == "--> pyinfra error: no spare left for n2: nothing was changed"
+    assert "Operation" not in _failure(["--> Results:", "    Operation   Hosts   Success   Error   No Change",
+                                        "    Grand total   1   -   1   -", "--> Disconnecting from hosts..."])

@@ -212,6 +212,16 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
               f"{len(helpers)} engine nodes: write it once on the control machine, at `{shared}`; each node's "
               "section below copies it into place.")
         doc.block(CONTROL, shared_file_write(shared, first.content))
+    fence_shared: dict[str, str] = {}   # a fence unit's path on the nodes -> its copy on the control machine
+    if len(helpers) > 1:
+        fences = steps.fence_files(rollout, helpers[0])
+        doc.p("The units that answer each engine node's fence record to its peers (who holds each rank; the engine "
+              "units' start check asks them, see docs/spares.md, *Fencing*) are the same files on the "
+              f"{len(helpers)} engine nodes: write them once on the control machine; each node's section below "
+              "copies them into place.")
+        for f in fences:
+            fence_shared[f.dest] = f"{context.files_dir.rstrip('/')}/{f.dest.rsplit('/', 1)[-1]}"
+            doc.block(CONTROL, shared_file_write(fence_shared[f.dest], f.content))
     for h in rollout.hosts:
         mine = rollout.on_host(h)
         doc.h(3, h)
@@ -224,6 +234,17 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
             doc.p(f"The engine units' node-side helper `{GROUP_MEMBER}` (watches a member's group head, backs crash "
                   "loops off; see docs/operating.md, *Self-healing groups*).")
             doc.block(h, commands.install_file(helper.file.dest, helper.file.content, "0" + helper.file.mode) + "\n")
+        fence = steps.fence_files(rollout, h)
+        if fence and all(f.dest in fence_shared for f in fence):
+            doc.p("Copy the shared fence units to " + ", ".join(f"`{f.dest}`" for f in fence) + f" on {h}.")
+            for f in fence:
+                doc.block(CONTROL, shared_file_copy(context.ssh.get(h, ["ssh", h]), fence_shared[f.dest], f.dest,
+                                                    "0" + f.mode))
+        elif fence:
+            doc.p("The units that answer this node's fence record to its peers (who holds each rank; the engine "
+                  "units' start check asks them, see docs/spares.md, *Fencing*): "
+                  + ", ".join(f"`{f.dest}`" for f in fence) + ".")
+            doc.block(h, "".join(commands.install_file(f.dest, f.content, "0" + f.mode) for f in fence))
         for u in mine:
             env, unit = steps.unit_files(rollout, u, staged=False)
             doc.p(f"{u.unit}: the env file `{u.env_path}` and the unit `{u.unit_path}` "
