@@ -791,8 +791,8 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
             if first:
                 ctx.gates[g] = gevent.event.AsyncResult()
         if first:
-            ctx.gates[g].set(wait_group(ctx.rollout, g, hosts, control=ctx.launcher.control))
-        failure: Failure | None = ctx.gates[g].get()
+            ctx.gates[g].set(_wait_group(ctx, g, hosts))
+        failure = _gate_result(ctx, g)
         if failure is None:
             continue
         if failure.host == host.name:
@@ -806,6 +806,44 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
             logger.warning(f"[{host.name}] group {g} stopped because {failure.unit.node.role} rank "
                            f"{failure.unit.rank} on {failure.host} failed (reported there)")
     return ok
+
+
+def _wait_group(ctx: Context, group: str, hosts: dict[str, Any]) -> Failure | None:
+    """The group's readiness (:func:`wait_group`), never an exception: a gate that could not finish is the group's
+    failure, named after what stopped it, so that every host waiting on the result hears it."""
+    try:
+        return wait_group(ctx.rollout, group, hosts, control=ctx.launcher.control)
+    except Exception as exc:   # a lost connection the gate did not expect: the group does not serve
+        head = ctx.rollout.group(group)[0]
+        return Failure(head, "start", f"the readiness gate stopped: {type(exc).__name__}: {exc}",
+                       "every member answers its gate")
+
+
+def gate_bound(rollout: Rollout) -> float:
+    """The longest a host waits for the result of its group's gate that another host polls: the gate's own deadline
+    plus, for its last poll, the log fetch and the stop of every member, each bounded on its node
+    (:mod:`k3deploy.runtime.readiness`), and a margin."""
+    from k3deploy.runtime.readiness import COMMAND_SECONDS, STOP_SECONDS
+
+    link = rollout.vars.k3_link_timeout
+    return rollout.deadline + 2 * (link + COMMAND_SECONDS) + link + STOP_SECONDS + 30
+
+
+def _gate_result(ctx: Context, group: str) -> Failure | None:
+    """The result of ``group``'s gate, waited for no longer than :func:`gate_bound` (another host polls it): a gate
+    that did not end in that time is the group's failure."""
+    result = ctx.gates[group]
+    bound = gate_bound(ctx.rollout)
+    try:
+        failure: Failure | None = result.get(timeout=bound)
+    except gevent.Timeout:
+        head = ctx.rollout.group(group)[0]
+        failure = Failure(head, "start", f"no result of the group's readiness gate within {bound:.0f} s",
+                          "the gate ends within its deadline")
+        with _lock:
+            if not result.ready():
+                result.set(failure)
+    return failure
 
 
 def _gate_host(ctx: Context) -> str | None:
