@@ -279,7 +279,8 @@ def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock])
     dirs = {n: target.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
         return None
-    lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY"))
+    lease = target.host_vars(next(iter(hosts))).k3_lock_lease
+    lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY", lease))
     holder.append(lock)
     lock.take_first()
     return lock
