@@ -45,7 +45,7 @@ from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
-from k3deploy.runtime import oporder
+from k3deploy.runtime import interrupts, oporder
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.gather import Gathered, gather_in_run
@@ -179,8 +179,9 @@ class Context:
         return self.running[step]
 
     def step_ok(self, groups: list[str], calls: list[str]) -> bool:
-        """Every one of ``groups`` serves and every one of the router ``calls`` succeeded."""
-        return self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
+        """Every one of ``groups`` serves and every one of the router ``calls`` succeeded (and the run was not
+        interrupted: no step of the restart starts after that, :mod:`k3deploy.runtime.interrupts`)."""
+        return not interrupts.stopped() and self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
 
     def all_serve(self, groups: list[str]) -> bool:
         """Every one of ``groups`` serves (see :meth:`serves`)."""
@@ -207,8 +208,42 @@ class Context:
         return sorted({u.host for g in groups for u in self.rollout.group(g) if u.host in failed})
 
     def intact(self, groups: list[str]) -> bool:
-        """No host of these groups failed an earlier step: the groups may be configured."""
-        return not self.failed_members(groups)
+        """No host of these groups failed an earlier step (and the run was not interrupted): the groups may be
+        configured."""
+        return not interrupts.stopped() and not self.failed_members(groups)
+
+    def state_lines(self) -> list[str]:
+        """Each group's state as far as this run knows it (for an interrupted run): untouched and on which
+        revision, held back, restarting (stopped for the change, not serving yet), serving the change, or stopped by
+        a failed gate; then the command that converges them."""
+        if self.gathered is None or self.gathered.rollout is None:
+            return ["nothing was changed on any node (the run had not started its rollout)"]
+        r, history = self.rollout, self.gathered.history
+        step_of = {g: i for i, wave in enumerate(r.waves()) for g in wave}
+        out = []
+        for g in r.groups:
+            cur = history[g].current if g in history else None
+            was = f"revision {cur}" if cur is not None else "what it ran before (no recorded revision)"
+            new = f"revision {self.numbers[g]}" if g in self.numbers else "its files"
+            result = self.gates.get(g)
+            failure = result.get() if result is not None and result.ready() else None
+            if g not in r.changed_groups:
+                out.append(f"group {g}: untouched by this run, runs {was}")
+            elif not self.begun.get(step_of.get(g, -1)):
+                out.append(f"group {g}: untouched, runs {was} (nothing of it was stopped; new files staged in "
+                           f"{r.vars.k3_config_dir.rstrip('/')}/next/ run nowhere)")
+            elif result is not None and result.ready() and failure is None:
+                out.append(f"group {g}: serves {new}, this run's change")
+            elif failure is not None:
+                out.append(f"group {g}: stopped: {failure.unit.node.role} rank {failure.unit.rank} on {failure.host} "
+                           "failed its readiness gate (above)")
+            else:
+                out.append(f"group {g}: restarting, not serving: its units were stopped for the change and may be "
+                           f"starting {new}")
+        command = " ".join(["pyinfra", *sys.argv[1:]]) if sys.argv[1:] else "pyinfra INVENTORY deploy/k3.py -y"
+        out.append(f"to converge every group: {command} (it takes the lock, and restarts and gates each group that "
+                   "does not serve the planned revision)")
+        return out
 
     def begins(self, step: int, groups: list[str]) -> bool:
         """Whether restart step ``step`` (of ``groups``) goes ahead, decided once, when its first operation runs:
@@ -295,6 +330,14 @@ def _lock_taken(lock: Lock) -> None:
 def _build(state: Any) -> Context:
     spec = inventory_path_from_argv()
     held: list[Lock] = []
+    key = id(state)
+
+    def state_now() -> list[str]:
+        ctx = _contexts.get(key)
+        return ctx.state_lines() if ctx is not None else ["nothing was changed on any node (the run was still "
+                                                            "reading the hosts)"]
+
+    interrupts.install(state_now, lambda: held[0].release() if held else None)
     try:
         gathered = gather_in_run(state, spec, before_read=partial(_take_lock, state, spec, holder=held))
     except K3Error as exc:
