@@ -45,6 +45,7 @@ class Interruption:
     release: Callable[[], None] = field(default=lambda: None)
     signum: int | None = None
     greenlet: Any = None
+    installed: bool = False
 
 
 _RUN = Interruption()
@@ -63,10 +64,18 @@ def install(report: Callable[[], list[str]], release: Callable[[], None]) -> boo
     _RUN.report, _RUN.release = report, release
     if not getattr(pyinfra, "is_cli", False):
         return False
-    for signum in SIGNALS:
-        signal.signal(signum, _handler)
-    atexit.register(_finish)   # registered after the lock's own: runs before it (a run that ends while this works)
+    if not _RUN.installed:   # once: config.py installs it before pyinfra connects, the run's context again
+        for signum in SIGNALS:
+            signal.signal(signum, _handler)
+        atexit.register(_finish)
+        _RUN.installed = True
     return True
+
+
+def before_connecting() -> bool:
+    """:func:`install` for a run that has not read any host yet (``config.py``, which pyinfra runs before it
+    connects): an interruption there has changed nothing."""
+    return install(lambda: ["nothing was changed on any node (the run was connecting to the hosts)"], lambda: None)
 
 
 def _handler(signum: int, frame: Any) -> None:

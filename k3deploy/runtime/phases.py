@@ -230,8 +230,8 @@ class Context:
             if g not in r.changed_groups:
                 out.append(f"group {g}: untouched by this run, runs {was}")
             elif not self.begun.get(step_of.get(g, -1)):
-                out.append(f"group {g}: untouched, runs {was} (nothing of it was stopped; new files staged in "
-                           f"{r.vars.k3_config_dir.rstrip('/')}/next/ run nowhere)")
+                out.append(f"group {g}: untouched, runs {was} (nothing of it was stopped; files this run staged "
+                           f"are in {r.vars.k3_config_dir.rstrip('/')}/next/, where nothing runs them)")
             elif result is not None and result.ready() and failure is None:
                 out.append(f"group {g}: serves {new}, this run's change")
             elif failure is not None:
