@@ -80,16 +80,17 @@ def unlock(inventory: str, run_id: str | None, force: bool, as_json: bool) -> No
         lives = [(h.name, why) for h in mine if (why := alive(seen[h.name][1])) is not None]  # type: ignore[arg-type]
         if lives and not force:
             name, why = lives[0]
-            raise LockHeld(f"run {run_id} is alive: {why} on {name}; its lock stays on every host. Wait for it to "
-                          f"end (it gives the lock back), or remove it anyway: k3deploy unlock {inventory} --run "
-                          f"{run_id} --force")
+            raise LockHeld(f"run {run_id} is alive ({why}; its lock as {name} shows it): its lock stays on every "
+                          f"host. Wait for it to end (it gives the lock back), or remove it anyway: k3deploy unlock "
+                          f"{inventory} --run {run_id} --force")
         gone = dict(zip([h.name for h in mine], each_host(state, mine, remove), strict=True)) if mine else {}
     finally:
         disconnect(hosts)
     if lives:
         name, why = lives[0]
-        click.echo(f"warning: run {run_id} is alive ({why} on {name}): its lock was removed anyway (--force); that "
-                   "run goes on changing the cluster, and another run may now start beside it", err=True)
+        click.echo(f"warning: run {run_id} is alive ({why}; its lock as {name} showed it): its lock was removed "
+                   "anyway (--force); that run goes on changing the cluster, and another run may now start beside it",
+                   err=True)
     held = {name: rec for name, (_, rec) in seen.items() if rec is not None and not gone.get(name)}
     removed = sorted(name for name, ok in gone.items() if ok)
     unreachable = {name: why for name, (why, _) in seen.items() if why}

@@ -153,7 +153,7 @@ def stale(rec: LockRecord) -> str | None:
         return None
     if rec.lease > 0 and rec.renewed_ago is not None and rec.renewed_ago > rec.lease:
         return (f"its lease ran out: last renewed {_duration(rec.renewed_ago)} ago (lease {rec.lease} s, renewed "
-                f"every {renew_every(rec.lease):.0f} s while the run lives)")
+                f"every {renew_every(rec.lease):g} s while the run lives)")
     return None
 
 
