@@ -92,7 +92,16 @@ def run(hosts: Mapping[str, Any], name: str, script: str, timeout: float | None 
         if limit is not None:
             limit.close()
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
+    if not ok and not text and not _connected(h):   # the connector gave up on a dead transport without a word
+        return False, f"the SSH connection to {name} was lost (no answer within k3_link_timeout)"
     return bool(ok), text
+
+
+def _connected(h: Any) -> bool:
+    """The host's SSH transport is still up (True where it has none to look at: ``@local``, a test's host)."""
+    client = getattr(getattr(h, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is None or bool(transport.is_active())
 
 
 def lost(name: str, exc: BaseException) -> str:
