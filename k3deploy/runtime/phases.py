@@ -15,6 +15,7 @@ stops the run while it is being prepared (``--dry`` included), with every reason
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -240,7 +241,7 @@ class Context:
             else:
                 out.append(f"group {g}: restarting, not serving: its units were stopped for the change and may be "
                            f"starting {new}")
-        command = " ".join(["pyinfra", *sys.argv[1:]]) if sys.argv[1:] else "pyinfra INVENTORY deploy/k3.py -y"
+        command = shlex.join(["pyinfra", *sys.argv[1:]]) if sys.argv[1:] else "pyinfra INVENTORY deploy/k3.py -y"
         out.append(f"to converge every group: {command} (it takes the lock, and restarts and gates each group that "
                    "does not serve the planned revision)")
         return out
