@@ -39,7 +39,11 @@ class Run:
     """A deploy running in the background (its own process group, as from a terminal); its output is collected
     line by line."""
 
-    def __init__(self, sim: Sim) -> None:
+    def __init__(self, sim: Sim, pause_at: str | None = None) -> None:
+        """``pause_at``: hold the run (SIGSTOP) the moment a line matching it is printed: the operation it names has
+        begun and has not yet heard back from the nodes (pyinfra prints the line before it sends the commands)."""
+        self.pause_at = re.compile(pause_at) if pause_at else None
+        self.paused = threading.Event()
         self.proc = subprocess.Popen([PYINFRA, sim.inventory, "deploy/k3.py", "-y"], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True)
         self.lines: list[str] = []
@@ -49,6 +53,9 @@ class Run:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            if self.pause_at is not None and not self.paused.is_set() and self.pause_at.search(line):
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+                self.paused.set()
             self.lines.append(line)
 
     @property
@@ -164,9 +171,11 @@ def test_an_interrupted_run_exits_non_zero_gives_the_lock_back_and_names_each_gr
     sim = cluster
     before = current(sim)
     change(sim, f"interrupted-{signal.Signals(signum).name}")
-    run = Run(sim)
+    run = Run(sim, pause_at=marker)
     run.wait_for(marker)
+    assert run.paused.wait(10)   # held where the marker's operation began: the signal comes in that operation
     run.signal(signum, group=signum == signal.SIGINT)   # Ctrl-C reaches the terminal's whole process group
+    run.signal(signal.SIGCONT, group=True)
     done = run.finish(timeout=90)
     name = signal.Signals(signum).name
     assert done.returncode == 128 + signum, why(done)
