@@ -946,12 +946,31 @@ def lock_take(config_dir: str, record: str) -> str:
     return (f"umask 077 && mkdir -p {d} && t=$({private}) && "
             f"printf '%s\\n' {shlex.quote(record)} > \"$t\" && "
             f"if ln \"$t\" {lock} 2>/dev/null; then rm -f \"$t\"; echo {LOCK_MARK}taken; "
-            f"else rm -f \"$t\"; echo {LOCK_MARK}held; cat {lock} 2>/dev/null; fi")
+            f"else rm -f \"$t\"; echo {LOCK_MARK}held; {_lock_shown(lock)}; fi")
+
+
+#: the line after a lock's record: how many seconds ago its holder last renewed it, by this node's clock
+LOCK_AGE_MARK = "K3_LOCK_AGE="
+
+
+def _lock_shown(lock: str) -> str:
+    """The lock file (quoted path) and, on a line of its own, the seconds since its holder last renewed it (the
+    file's modification time against the node's own clock: no two machines' clocks are compared)."""
+    return (f"cat {lock} 2>/dev/null && echo {LOCK_AGE_MARK}$(( $(date +%s) - $(stat -c %Y {lock} 2>/dev/null "
+            "|| date +%s) ))")
 
 
 def lock_read(config_dir: str) -> str:
-    """The holder's record of the deployment lock on this node (nothing when it is free)."""
-    return f"cat {shlex.quote(config_dir.rstrip('/') + '/' + LOCK_FILE)} 2>/dev/null; true"
+    """The holder's record of the deployment lock on this node and the age of its lease (nothing when it is free)."""
+    return f"{_lock_shown(shlex.quote(config_dir.rstrip('/') + '/' + LOCK_FILE))}; true"
+
+
+def lock_renew(config_dir: str, run: str) -> str:
+    """Renew run ``run``'s lease of the deployment lock on this node: the file's modification time becomes now, if
+    that run holds it (another run's lock is left alone)."""
+    lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
+    mark = shlex.quote(f'"run": {json.dumps(run)}')
+    return f"if grep -qF {mark} {lock} 2>/dev/null; then touch -c {lock}; fi; true"
 
 
 def lock_release(config_dir: str, run: str) -> str:

@@ -273,6 +273,10 @@ class Variables(BaseModel):
         "Seconds a node's SSH connection may stay silent (a cut link, a frozen node) before the run names the node "
         "as not answering and goes on without it (SSH and TCP keepalives, TCP_USER_TIMEOUT); a wait that runs on a "
         "node also ends at its own timeout plus this margin, seen from the control machine."))
+    k3_lock_lease: int = Field(60, ge=10, le=3600, description=(
+        "Seconds of the deployment lock's lease: a run renews it on every host it holds every quarter of this; a "
+        "holder on another control machine that has not renewed it for this long counts as gone (`k3deploy unlock` "
+        "removes its lock, the next run takes it over)."))
     # day 2: what the nodes do on their own
     k3_heal: bool = Field(True, description=(
         "Self-healing groups: every member of a multi-node engine group that is not its head gets a watcher "

@@ -9,11 +9,17 @@ The lock is released when the run ends, however it ends: on each host over its o
 and by an ``atexit`` handler of the control process where that did not happen (a host that cannot be reached then
 keeps it).
 
-A run killed with SIGKILL (or a control machine that died) leaves a **stale** lock. A run from the same control
-machine takes it over when the holder's process is gone (same boot, its PID absent or started at another time), and
-says so. Otherwise the lock is named with its age and the way to break it: ``k3deploy unlock INVENTORY --run ID``
-(after checking that run is really gone). ``--dry`` runs, ``plan`` and ``status`` never take it; they show a held
-one.
+The lock is a **lease**: the holder renews it on every host it holds, over the run's open connections, every
+quarter of ``k3_lock_lease`` seconds (the lock file's modification time, set by the node's own clock), and the
+record names the lease's length. Whether the holder is **alive** (:func:`alive`, :func:`stale`) is decided so:
+a holder on this very control machine (same host name and boot) is alive while its process runs, whatever its
+lease; a holder elsewhere is alive while its lease on the host was renewed within the lease's length (by the node's
+clock, so no two machines' clocks are compared); a record without a lease (an older run's) cannot be judged.
+
+A run killed with SIGKILL (or a control machine that died) leaves a **stale** lock: its process is gone, or its lease
+ran out. A run takes a stale lock over, and says so. ``k3deploy unlock INVENTORY --run ID`` removes the lock of a
+run that is not alive, and refuses one that is (``--force`` removes it anyway, with a warning). ``--dry`` runs,
+``plan`` and ``status`` never take it; they show a held one.
 
 Example::
 
@@ -23,11 +29,15 @@ Example::
     True
     >>> rec.describe(now=125)[:62]
     'run 3f2a9c1b7e4d by ops@ctl1 (pid 4242, inventories/gb300.py),'
+    >>> held = LockRecord.parse(rec.line() + "\\nK3_LOCK_AGE=75")          # as a node shows it, the lease's age
+    >>> held == rec, held.renewed_ago
+    (True, 75)
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import getpass
 import json
 import os
@@ -36,7 +46,7 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,17 +71,29 @@ class LockRecord:
     boot: str            # the control machine's boot id
     started: int         # unix time
     inventory: str
+    lease: int = 0       # seconds: the holder renews the lock more often than this while it runs (0: no lease)
+    #: seconds since the holder last renewed the lock on the host it was read from, by that host's clock (not in the
+    #: file: the node says it beside the record, see :func:`k3deploy.model.commands.lock_read`)
+    renewed_ago: int | None = field(default=None, compare=False)
 
     def line(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        del data["renewed_ago"]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def parse(cls, text: str) -> LockRecord | None:
+        lines = text.strip().splitlines()
         try:
-            data = json.loads(text.strip().splitlines()[0])
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__})
-        except (ValueError, KeyError, TypeError, IndexError):
+            data = json.loads(lines[0])
+            rec = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k not in ("lease", "renewed_ago")},
+                      lease=int(data.get("lease", 0)))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return None
+        age = next((x[len(commands.LOCK_AGE_MARK):] for x in lines[1:] if x.startswith(commands.LOCK_AGE_MARK)), "")
+        with contextlib.suppress(ValueError):
+            rec = cls(**{**asdict(rec), "renewed_ago": max(0, int(age))})
+        return rec
 
     def age(self, now: float | None = None) -> int:
         return max(0, int((time.time() if now is None else now) - self.started))
@@ -106,24 +128,54 @@ def _pid_start(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def this_run(inventory: str) -> LockRecord:
+def this_run(inventory: str, lease: int = 0) -> LockRecord:
     pid = os.getpid()
     return LockRecord(run=uuid.uuid4().hex[:12], by=f"{getpass.getuser()}@{socket.gethostname()}", pid=pid,
                       pid_start=_pid_start(pid) or 0, boot=_boot_id(), started=int(time.time()),
-                      inventory=inventory)
+                      inventory=inventory, lease=lease)
+
+
+def _here(rec: LockRecord) -> bool:
+    """``rec``'s run ran on this control machine, in this boot: its process can be looked at."""
+    return rec.by.rpartition("@")[2] == socket.gethostname() and bool(rec.boot) and rec.boot == _boot_id()
 
 
 def stale(rec: LockRecord) -> str | None:
-    """Why ``rec``'s run is certainly gone (it ran on this control machine, in this boot, and its process is not
-    there any more), else None: a run on another machine may still be alive, and only its operator knows."""
-    if rec.by.rpartition("@")[2] != socket.gethostname() or not rec.boot or rec.boot != _boot_id():
+    """Why ``rec``'s run is certainly gone, else None: on this control machine (same boot) its process is not there
+    any more; elsewhere, its lease ran out (not renewed on the host for longer than the lease). A run elsewhere whose
+    record has no lease may still be alive, and only its operator knows."""
+    if _here(rec):
+        started = _pid_start(rec.pid)
+        if started is None:
+            return f"its process {rec.pid} on {rec.by.rpartition('@')[2]} is gone"
+        if started != rec.pid_start:
+            return f"process {rec.pid} on {rec.by.rpartition('@')[2]} is another process now"
         return None
-    started = _pid_start(rec.pid)
-    if started is None:
-        return f"its process {rec.pid} on {rec.by.rpartition('@')[2]} is gone"
-    if started != rec.pid_start:
-        return f"process {rec.pid} on {rec.by.rpartition('@')[2]} is another process now"
+    if rec.lease > 0 and rec.renewed_ago is not None and rec.renewed_ago > rec.lease:
+        return (f"its lease ran out: last renewed {_duration(rec.renewed_ago)} ago (lease {rec.lease} s, renewed "
+                f"every {renew_every(rec.lease):g} s while the run lives)")
     return None
+
+
+def alive(rec: LockRecord) -> str | None:
+    """Why ``rec``'s run counts as alive, else None (gone, or a record without a lease that cannot be judged): on
+    this control machine its process runs; elsewhere it renewed its lease within the lease's length."""
+    if _here(rec):
+        return None if stale(rec) else f"its process {rec.pid} runs on {rec.by.rpartition('@')[2]}"
+    if rec.lease > 0 and rec.renewed_ago is not None and rec.renewed_ago <= rec.lease:
+        return (f"it renewed its lease {_duration(rec.renewed_ago)} ago (lease {rec.lease} s: it counts as alive "
+                "until it has not renewed it for that long)")
+    return None
+
+
+def renew_every(lease: int) -> float:
+    """How often (seconds) a holder renews a lease of ``lease`` seconds: four times per lease, so that a renewal
+    that fails once or comes late does not let it run out.
+
+    >>> renew_every(60), renew_every(2)
+    (15.0, 1.0)
+    """
+    return max(1.0, lease / 4)
 
 
 def run_on(h: Any, script: str, timeout: float = 30) -> tuple[bool, list[str]]:
@@ -151,6 +203,7 @@ class Lock:
         self.record = record
         self.taken: list[str] = []
         self.notes: list[str] = []      # stale locks taken over, for the run's log
+        self._renewer: Any = None       # the greenlet that renews the lease (:meth:`renew`)
 
     def _answer(self, ok: bool, lines: list[str]) -> tuple[str, LockRecord | None, str]:
         """``("taken" | "held" | "error", holder, detail)`` from what :func:`commands.lock_take` printed."""
@@ -220,6 +273,28 @@ class Lock:
         for n in self.taken:   # given back over each host's own connection as pyinfra closes it
             self._before_disconnect(self.hosts[n])
         atexit.register(self.release)   # and where that did not happen (a run that died on the way)
+        if self.record.lease > 0:
+            import gevent
+
+            self._renewer = gevent.spawn(self.renew)
+
+    def renew(self) -> None:
+        """Renew the lease on every host the run holds, every :func:`renew_every` seconds, over the hosts' open
+        connections, until the lock is given back (a host that does not answer is tried again next time)."""
+        import gevent
+
+        every = renew_every(self.record.lease)
+        while True:
+            gevent.sleep(every)
+            hosts = [self.hosts[n] for n in self.taken if getattr(self.hosts[n], "connected", True)]
+            if hosts:
+                each_host(self.state, hosts, lambda h: run_on(
+                    h, commands.lock_renew(self.config_dirs[h.name], self.record.run), timeout=every))
+
+    def stop_renewing(self) -> None:
+        if self._renewer is not None:
+            self._renewer.kill(block=False)
+            self._renewer = None
 
     def _refuse(self, refused: list[tuple[str, LockRecord | None, str]]) -> None:
         self.release()
@@ -264,7 +339,8 @@ class Lock:
 
     def release(self) -> None:
         """Give the lock back on every host where this run took it (a host that does not answer keeps it: the
-        next run from this machine takes it over, see :func:`stale`)."""
+        next run takes it over once it is stale, see :func:`stale`)."""
+        self.stop_renewing()
         hosts = [self.hosts[n] for n in self.taken]
 
         def one(h: Any) -> bool:

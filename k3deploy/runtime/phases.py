@@ -46,7 +46,7 @@ from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
-from k3deploy.runtime import oporder
+from k3deploy.runtime import interrupts, oporder
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
@@ -199,8 +199,9 @@ class Context:
         return self.running[step]
 
     def step_ok(self, groups: list[str], calls: list[str]) -> bool:
-        """Every one of ``groups`` serves and every one of the router ``calls`` succeeded."""
-        return self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
+        """Every one of ``groups`` serves and every one of the router ``calls`` succeeded (and the run was not
+        interrupted: no step of the restart starts after that, :mod:`k3deploy.runtime.interrupts`)."""
+        return not interrupts.stopped() and self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
 
     def all_serve(self, groups: list[str]) -> bool:
         """Every one of ``groups`` serves (see :meth:`serves`)."""
@@ -227,8 +228,42 @@ class Context:
         return sorted({u.host for g in groups for u in self.rollout.group(g) if u.host in failed})
 
     def intact(self, groups: list[str]) -> bool:
-        """No host of these groups failed an earlier step: the groups may be configured."""
-        return not self.failed_members(groups)
+        """No host of these groups failed an earlier step (and the run was not interrupted): the groups may be
+        configured."""
+        return not interrupts.stopped() and not self.failed_members(groups)
+
+    def state_lines(self) -> list[str]:
+        """Each group's state as far as this run knows it (for an interrupted run): untouched and on which
+        revision, held back, restarting (stopped for the change, not serving yet), serving the change, or stopped by
+        a failed gate; then the command that converges them."""
+        if self.gathered is None or self.gathered.rollout is None:
+            return ["nothing was changed on any node (the run had not started its rollout)"]
+        r, history = self.rollout, self.gathered.history
+        step_of = {g: i for i, wave in enumerate(r.waves()) for g in wave}
+        out = []
+        for g in r.groups:
+            cur = history[g].current if g in history else None
+            was = f"revision {cur}" if cur is not None else "what it ran before (no recorded revision)"
+            new = f"revision {self.numbers[g]}" if g in self.numbers else "its files"
+            result = self.gates.get(g)
+            failure = result.get() if result is not None and result.ready() else None
+            if g not in r.changed_groups:
+                out.append(f"group {g}: untouched by this run, runs {was}")
+            elif not self.begun.get(step_of.get(g, -1)):
+                out.append(f"group {g}: untouched, runs {was} (nothing of it was stopped; files this run staged "
+                           f"are in {r.vars.k3_config_dir.rstrip('/')}/next/, where nothing runs them)")
+            elif result is not None and result.ready() and failure is None:
+                out.append(f"group {g}: serves {new}, this run's change")
+            elif failure is not None:
+                out.append(f"group {g}: stopped: {failure.unit.node.role} rank {failure.unit.rank} on {failure.host} "
+                           "failed its readiness gate (above)")
+            else:
+                out.append(f"group {g}: restarting, not serving: its units were stopped for the change and may be "
+                           f"starting {new}")
+        command = shlex.join(["pyinfra", *sys.argv[1:]]) if sys.argv[1:] else "pyinfra INVENTORY deploy/k3.py -y"
+        out.append(f"to converge every group: {command} (it takes the lock, and restarts and gates each group that "
+                   "does not serve the planned revision)")
+        return out
 
     def begins(self, step: int, groups: list[str]) -> bool:
         """Whether restart step ``step`` (of ``groups``) goes ahead, decided once, when its first operation runs:
@@ -299,7 +334,8 @@ def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock])
     dirs = {n: target.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
         return None
-    lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY"))
+    lease = target.host_vars(next(iter(hosts))).k3_lock_lease
+    lock = Lock(state, hosts, dirs, this_run(spec or "INVENTORY", lease))
     holder.append(lock)
     lock.take_first()
     return lock
@@ -314,6 +350,14 @@ def _lock_taken(lock: Lock) -> None:
 def _build(state: Any) -> Context:
     spec = inventory_path_from_argv()
     held: list[Lock] = []
+    key = id(state)
+
+    def state_now() -> list[str]:
+        ctx = _contexts.get(key)
+        return ctx.state_lines() if ctx is not None else ["nothing was changed on any node (the run was still "
+                                                            "reading the hosts)"]
+
+    interrupts.install(state_now, lambda: held[0].release() if held else None)
     try:
         gathered = gather_in_run(state, spec, before_read=partial(_take_lock, state, spec, holder=held))
     except K3Error as exc:
@@ -847,8 +891,8 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
             if first:
                 ctx.gates[g] = gevent.event.AsyncResult()
         if first:
-            ctx.gates[g].set(wait_group(ctx.rollout, g, hosts, control=ctx.launcher.control))
-        failure: Failure | None = ctx.gates[g].get()
+            ctx.gates[g].set(_wait_group(ctx, g, hosts))
+        failure = _gate_result(ctx, g)
         if failure is None:
             continue
         if failure.host == host.name:
@@ -862,6 +906,44 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
             logger.warning(f"[{host.name}] group {g} stopped because {failure.unit.node.role} rank "
                            f"{failure.unit.rank} on {failure.host} failed (reported there)")
     return ok
+
+
+def _wait_group(ctx: Context, group: str, hosts: dict[str, Any]) -> Failure | None:
+    """The group's readiness (:func:`wait_group`), never an exception: a gate that could not finish is the group's
+    failure, named after what stopped it, so that every host waiting on the result hears it."""
+    try:
+        return wait_group(ctx.rollout, group, hosts, control=ctx.launcher.control)
+    except Exception as exc:   # a lost connection the gate did not expect: the group does not serve
+        head = ctx.rollout.group(group)[0]
+        return Failure(head, "start", f"the readiness gate stopped: {type(exc).__name__}: {exc}",
+                       "every member answers its gate")
+
+
+def gate_bound(rollout: Rollout) -> float:
+    """The longest a host waits for the result of its group's gate that another host polls: the gate's own deadline
+    plus, for its last poll, the log fetch and the stop of every member, each bounded on its node
+    (:mod:`k3deploy.runtime.readiness`), and a margin."""
+    from k3deploy.runtime.readiness import COMMAND_SECONDS, STOP_SECONDS
+
+    link = rollout.vars.k3_link_timeout
+    return rollout.deadline + 2 * (link + COMMAND_SECONDS) + link + STOP_SECONDS + 30
+
+
+def _gate_result(ctx: Context, group: str) -> Failure | None:
+    """The result of ``group``'s gate, waited for no longer than :func:`gate_bound` (another host polls it): a gate
+    that did not end in that time is the group's failure."""
+    result = ctx.gates[group]
+    bound = gate_bound(ctx.rollout)
+    try:
+        failure: Failure | None = result.get(timeout=bound)
+    except gevent.Timeout:
+        head = ctx.rollout.group(group)[0]
+        failure = Failure(head, "start", f"no result of the group's readiness gate within {bound:.0f} s",
+                          "the gate ends within its deadline")
+        with _lock:
+            if not result.ready():
+                result.set(failure)
+    return failure
 
 
 def _gate_host(ctx: Context) -> str | None:

@@ -62,19 +62,60 @@ FROM_STDIN = """sh -c 'eval "$(cat)"'"""
 AS_ARGUMENT = 64 * 1024
 
 
-def run(hosts: Mapping[str, Any], name: str, script: str) -> tuple[bool, str]:
+def run(hosts: Mapping[str, Any], name: str, script: str, timeout: float | None = None) -> tuple[bool, str]:
     """Run a script on a host over its own connection (shown with ``-vv``, like the operations' commands): a short
-    one as the argument of ``sh -c`` (one message to the node), a long one on stdin (:data:`FROM_STDIN`)."""
+    one as the argument of ``sh -c`` (one message to the node), a long one on stdin (:data:`FROM_STDIN`).
+
+    It never raises and never waits longer than ``timeout`` seconds (None: the connection's own bound, see
+    :func:`k3deploy.runtime.connections.bound_silence`): a host whose connection was lost, or that does not answer in
+    time, is ``(False, one line naming it)``, so the host that runs the script for another (a gate, a router call)
+    reports the lost one by name instead of failing itself."""
     h = hosts[name]
     shown = bool(getattr(getattr(h, "state", None), "print_input", False))
     if shown:
         logger.info(f"[{name}] >>> sh -c {shlex.quote(script)}")
-    if len(script.encode()) <= AS_ARGUMENT:
-        ok, out = h.run_shell_command(f"sh -c {shlex.quote(script)}", print_output=False, print_input=False)
-    else:
-        ok, out = h.run_shell_command(FROM_STDIN, print_output=False, print_input=False, _stdin=script)
+    limit = gevent.Timeout(timeout) if timeout is not None else None
+    try:
+        if limit is not None:
+            limit.start()
+        if len(script.encode()) <= AS_ARGUMENT:
+            ok, out = h.run_shell_command(f"sh -c {shlex.quote(script)}", print_output=False, print_input=False)
+        else:
+            ok, out = h.run_shell_command(FROM_STDIN, print_output=False, print_input=False, _stdin=script)
+    except gevent.Timeout as exc:
+        if exc is not limit:
+            raise
+        return False, f"{name} did not answer within {timeout:.0f} s"
+    except Exception as exc:   # the connection is gone (paramiko: EOFError, SSHException, socket errors)
+        return False, lost(name, exc)
+    finally:
+        if limit is not None:
+            limit.close()
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
+    if not ok and not text and not _connected(h):   # the connector gave up on a dead transport without a word
+        return False, f"the SSH connection to {name} was lost (no answer within k3_link_timeout)"
     return bool(ok), text
+
+
+def _connected(h: Any) -> bool:
+    """The host's SSH transport is still up (True where it has none to look at: ``@local``, a test's host)."""
+    client = getattr(getattr(h, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is None or bool(transport.is_active())
+
+
+def lost(name: str, exc: BaseException) -> str:
+    """The one line for a command that could not run on ``name`` because its connection failed.
+
+    >>> lost("node1", EOFError())
+    'the SSH connection to node1 was lost (EOFError)'
+    >>> lost("node1", OSError("the SSH connection to node1 was lost (no answer within k3_link_timeout): EOFError"))
+    'the SSH connection to node1 was lost (no answer within k3_link_timeout): EOFError'
+    """
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if name in text and "lost" in text:
+        return text
+    return f"the SSH connection to {name} was lost ({type(exc).__name__}{': ' + text if text else ''})"
 
 
 def served_model(work: UnitWork, model: str) -> str:
@@ -89,10 +130,12 @@ def probe_script(work: UnitWork, model: str) -> str:
                           work.env_path)
 
 
-def probe(hosts: Mapping[str, Any], work: UnitWork, model: str, script: str | None = None) -> Probe:
-    """One poll of ``work`` on its node: :func:`probe_script` (its systemd unit), or ``script`` (another launcher's)."""
+def probe(hosts: Mapping[str, Any], work: UnitWork, model: str, script: str | None = None,
+          timeout: float | None = None) -> Probe:
+    """One poll of ``work`` on its node: :func:`probe_script` (its systemd unit), or ``script`` (another launcher's);
+    a node that does not answer within ``timeout`` seconds, or whose connection was lost, has failed."""
     text_of = probe_script(work, model) if script is None else script
-    ok, text = run(hosts, work.host, f"( {text_of} ); echo {PROBE_MARK}$?")
+    ok, text = run(hosts, work.host, f"( {text_of} ); echo {PROBE_MARK}$?", timeout)
     lines = text.splitlines()
     rc = lines[-1][len(PROBE_MARK):] if lines and lines[-1].startswith(PROBE_MARK) else ""
     observed = "\n".join(lines[:-1]).strip()
@@ -105,16 +148,23 @@ def probe(hosts: Mapping[str, Any], work: UnitWork, model: str, script: str | No
     return Probe("starting")
 
 
-def logs(hosts: Mapping[str, Any], work: UnitWork, docker: str, lines: int = 25) -> str:
+#: the longest a gate's poll or log fetch may take on a node beyond the link's bound (``k3_link_timeout``), and a
+#: unit's stop beyond that (its ``TimeoutStopSec``, :class:`k3deploy.model.units.UnitSpec`)
+COMMAND_SECONDS = 30
+STOP_SECONDS = 130
+
+
+def logs(hosts: Mapping[str, Any], work: UnitWork, docker: str, lines: int = 25, timeout: float | None = None) -> str:
     container = None if work.group == "router" else work.container
-    _, text = run(hosts, work.host, commands.logs(work.unit, container, docker, lines))
+    _, text = run(hosts, work.host, commands.logs(work.unit, container, docker, lines), timeout)
     return text
 
 
-def stop_group(hosts: Mapping[str, Any], units: list[UnitWork]) -> None:
-    """Workers first, then the head (vLLM does not stop headless ranks when their head dies)."""
+def stop_group(hosts: Mapping[str, Any], units: list[UnitWork], timeout: float | None = None) -> None:
+    """Workers first, then the head (vLLM does not stop headless ranks when their head dies); a member whose
+    connection was lost is passed over (it is named by the failure)."""
     for u in sorted(units, key=lambda x: -x.rank):
-        run(hosts, u.host, commands.stop_units([u.unit]))
+        run(hosts, u.host, commands.stop_units([u.unit]), timeout)
 
 
 class GroupControl(Protocol):
@@ -166,6 +216,8 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
     interval = max(0.2, rollout.vars.k3_poll_interval)
     docker = rollout.vars.k3_docker
     ready: set[str] = set()
+    bound = rollout.vars.k3_link_timeout + COMMAND_SECONDS   # no poll or log fetch waits longer on a node
+    stop_bound = rollout.vars.k3_link_timeout + STOP_SECONDS
 
     def key(work: UnitWork) -> str:
         return f"{work.unit}@{work.host}"
@@ -177,7 +229,7 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
 
     def poll(some: list[UnitWork]) -> dict[str, Probe]:
         """One poll of each of ``some``, all hosts at once (each over its own connection)."""
-        jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model, scripts[key(u)]) for u in some}
+        jobs = {key(u): gevent.spawn(probe, hosts, u, rollout.plan.model, scripts[key(u)], bound) for u in some}
         gevent.joinall(list(jobs.values()))
         return {k: job.value if job.successful() else Probe("failed", f"the probe raised {job.exception!r}")
                 for k, job in jobs.items()}
@@ -200,8 +252,8 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
             elif result.status == "failed":
                 if control is None:
                     fail = Failure(u, phase, result.observed, "the engine keeps running and serves",
-                                   logs(hosts, u, docker))
-                    stop_group(hosts, units)
+                                   logs(hosts, u, docker, timeout=bound))
+                    stop_group(hosts, units, stop_bound)
                     return fail
                 culprit = control.culprit(hosts, units, u)
                 observed = result.observed if culprit is u else f"{result.observed} (seen from {u.host})"
@@ -218,9 +270,10 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
                                          f" and /v1/models listing {served_model(u, rollout.plan.model)!r}")
             fail = Failure(u, phase, f"{u.serves} not serving after {rollout.deadline}s ({what} required)",
                            f"healthy within the deadline (k3_rollout_deadline={rollout.deadline})",
-                           logs(hosts, u, docker) if control is None else control.logs(hosts, u, docker))
+                           logs(hosts, u, docker, timeout=bound) if control is None else
+                           control.logs(hosts, u, docker))
             if control is None:
-                stop_group(hosts, units)
+                stop_group(hosts, units, stop_bound)
             else:
                 control.stop(hosts, units)
             return fail

@@ -121,3 +121,31 @@ def test_the_lock_is_taken_on_the_first_host_alone_then_from_what_each_host_read
     assert second.taken == []
     assert not (tmp_path / "second" / "n0").exists() and not (tmp_path / "second" / "n1").exists()
     assert LockRecord.parse("\n".join(sh(lock_read(str(tmp_path / "second" / "n2"))))) == other
+
+
+def test_a_holder_elsewhere_is_alive_while_it_renews_its_lease(tmp_path):
+    import time
+
+    from k3deploy.model.commands import lock_renew
+    from k3deploy.runtime.lock import alive
+
+    d = str(tmp_path / "k3")
+    other = replace(this_run("inv.py", lease=10), by="ops@ctl2", boot="another-boot")
+    sh(lock_take(d, other.line()))
+    seen = present(LockRecord.parse("\n".join(sh(lock_read(d)))))
+    assert seen == other and seen.renewed_ago is not None and seen.renewed_ago <= 1   # the node's own clock
+    assert "renewed its lease" in present(alive(seen)) and stale(seen) is None
+    lock = tmp_path / "k3" / "deploy.lock"
+    old = time.time() - 30
+    os.utime(lock, (old, old))                      # not renewed for 30 s: the lease of 10 s ran out
+    expired = present(LockRecord.parse("\n".join(sh(lock_read(d)))))
+    assert alive(expired) is None and "its lease ran out" in present(stale(expired))
+    sh(lock_renew(d, "someoneelse"))                # another run's renewal leaves it as it is
+    assert present(present(LockRecord.parse("\n".join(sh(lock_read(d))))).renewed_ago) >= 29
+    sh(lock_renew(d, other.run))                    # its holder's renews it
+    assert alive(present(LockRecord.parse("\n".join(sh(lock_read(d)))))) is not None
+    # a record without a lease (an older run's) cannot be judged from elsewhere; on this machine its process decides
+    unjudged = replace(expired, lease=0)
+    assert alive(unjudged) is None and stale(unjudged) is None
+    me = this_run("inv.py", lease=10)
+    assert "runs on" in present(alive(replace(me, renewed_ago=1000)))

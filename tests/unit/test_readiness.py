@@ -244,3 +244,36 @@ def test_once_the_head_serves_a_member_that_serves_is_not_asked_again_every_roun
     assert wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock) is None
     assert hosts["n2"].polls == 5        # rounds 1, 3, 4, 5 and 6: every round once the head serves
     assert hosts["n1"].polls == 2        # rounds 1 and 3: serving, it waits for the next 8th round
+
+
+class Lost(Host):
+    """A node whose SSH connection is gone: every command raises as paramiko does on a dead transport."""
+
+    def run_shell_command(self, cmd, _stdin=None, **kwargs):
+        self.commands.append(_stdin or cmd)
+        from paramiko.ssh_exception import SSHException
+
+        raise SSHException("SSH session not active")
+
+
+def test_a_head_whose_connection_is_lost_is_named_and_the_gate_ends(tmp_path):
+    r, clock = rollout(), Clock()
+    hosts = {"n0": Lost(tmp_path, "n0", [RUNNING]), "n1": Host(tmp_path, "n1", [RUNNING])}
+    failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)   # no exception: a failure
+    assert failure is not None and failure.host == "n0"
+    assert "the SSH connection to n0 was lost (SSHException: SSH session not active)" in failure.report()
+    assert stops(tmp_path) == ["n1"]   # the member that answers is stopped (no half group)
+
+
+def test_a_command_that_outlasts_its_bound_is_a_failure_naming_the_host(tmp_path):
+    import gevent
+
+    from k3deploy.runtime.readiness import run
+
+    class Silent(Host):
+        def run_shell_command(self, cmd, _stdin=None, **kwargs):
+            gevent.sleep(5)
+            raise AssertionError("not reached")
+
+    ok, text = run({"n0": Silent(tmp_path, "n0", [RUNNING])}, "n0", "true", timeout=0.2)
+    assert not ok and text == "n0 did not answer within 0 s"
