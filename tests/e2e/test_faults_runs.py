@@ -20,12 +20,10 @@ from pathlib import Path
 import pytest
 
 from helpers import PYINFRA, ROOT, k3, present, why
+from helpers.records import current, recorded, runs_a_recorded_revision
 from helpers.simulated import Sim
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
-
-UNIT, ENV = "/etc/systemd/system/k3-engine.service", "/etc/k3deploy/k3-engine.env"
-REVISIONS = "/etc/k3deploy/revisions/engine"
 
 
 class Run:
@@ -98,33 +96,6 @@ def cluster():
 
 def change(sim: Sim, value: str) -> None:
     sim.group_vars.write_text(sim.base_vars + f"k3_extra_env: {{K3_FAULT_PROBE: '{value}'}}\n")  # type: ignore
-
-
-def sha(sim: Sim, rank: int, path: str) -> str:
-    return sim.ssh(rank, f"sha256sum {path} | cut -d' ' -f1").stdout.strip()
-
-
-def recorded(sim: Sim, rank: int) -> dict[int, tuple[str, str]]:
-    """Revision number -> (sha256 of its unit file, of its env file) on one node."""
-    out = sim.ssh(rank, f"cd {REVISIONS} && for d in */; do n=${{d%/}}; echo \"$n $(sha256sum < $n/k3-engine.service"
-                        f" | cut -d' ' -f1) $(sha256sum < $n/k3-engine.env | cut -d' ' -f1)\"; done").stdout
-    return {int(n): (u, e) for n, u, e in (line.split() for line in out.splitlines())}
-
-
-def current(sim: Sim) -> int:
-    return int(sim.ssh(0, f"cat {REVISIONS}/current").stdout.strip())
-
-
-def runs_a_recorded_revision(sim: Sim) -> int:
-    """Every node's live unit and env file are those of one recorded revision (the same on every node): its number."""
-    numbers = set()
-    for rank in (0, 1):
-        live = (sha(sim, rank, UNIT), sha(sim, rank, ENV))
-        match = [n for n, files in recorded(sim, rank).items() if files == live]
-        assert match, f"node {rank} runs files no revision recorded ({live})"
-        numbers.add(max(match))
-    assert len(numbers) == 1, numbers
-    return numbers.pop()
 
 
 def status(sim: Sim) -> dict:
