@@ -973,6 +973,22 @@ def lock_renew(config_dir: str, run: str) -> str:
     return f"if grep -qF {mark} {lock} 2>/dev/null; then touch -c {lock}; fi; true"
 
 
+def lock_still_held(config_dir: str, run: str) -> str:
+    """Go on only while run ``run`` holds the deployment lock on this node: a command of a run that lost its link to
+    the node (its wait for a head's rendezvous port still pending there) must not start anything once a later run
+    has taken the lock over, or the node would join that run's group twice.
+
+    >>> print(lock_still_held("/etc/k3", "ab12"))  # doctest: +NORMALIZE_WHITESPACE
+    grep -qF '"run": "ab12"' /etc/k3/deploy.lock 2>/dev/null || { echo 'not started: run ab12 no longer holds the
+    deployment lock on this node (a later run took it over)' >&2; exit 1; }
+    """
+    lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
+    mark = shlex.quote(f'"run": {json.dumps(run)}')
+    why = shlex.quote(f"not started: run {run} no longer holds the deployment lock on this node (a later run took "
+                      "it over)")
+    return f"grep -qF {mark} {lock} 2>/dev/null || {{ echo {why} >&2; exit 1; }}"
+
+
 def lock_release(config_dir: str, run: str) -> str:
     """Remove the deployment lock on this node if run ``run`` holds it (another run's lock is left alone), and the
     configuration directory when the lock was all it held (a run refused before it changed anything leaves the

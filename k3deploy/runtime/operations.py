@@ -323,7 +323,7 @@ def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | Non
 
 @operation(is_idempotent=False)
 def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str, int]] = (),
-                timeout: int = 300) -> Commands:
+                timeout: int = 300, held: tuple[str, str] | None = None) -> Commands:
     """daemon-reload, reset failure counters, enable and (re)start these units; with ``joins``, first wait (up to
     ``timeout`` seconds each) until each ``(address, port)`` accepts a TCP connection, tried from this host (no
     payload is sent): one command, as :func:`k3deploy.model.steps.restart` writes it."""
@@ -331,6 +331,7 @@ def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str
         host.noop("nothing to start here")
         return
     yield sh("\n".join([*(commands.wait_tcp(address, port, timeout) for address, port in joins),
+                        *([commands.lock_still_held(*held)] if held and joins else []),
                         commands.start_units(units)]))
 
 
