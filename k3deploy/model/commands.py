@@ -658,19 +658,20 @@ ROUTER_RETRY = "--retry 15 --retry-delay 1 --retry-all-errors --retry-max-time 6
 
 
 def router_list(workers: tuple[str, Sequence[str]] | None) -> str:
-    """Write a router's worker file (``(path, urls)``: :func:`k3deploy.model.units.workers_file`, the workers it
+    r"""Write a router's worker file (``(path, urls)``: :func:`k3deploy.model.units.workers_file`, the workers it
     sends requests to): the list the router's unit starts with, so a router that restarts keeps a replica that is
-    out of it out. Written under a new name and renamed into place (a start reads the old list or the new one).
+    out of it out. Written as every file k3deploy writes as root (:func:`put_text`, 0600): under a new name, renamed
+    into place (a start reads the old list or the new one).
 
-    >>> print(router_list(("/etc/k3deploy/k3-engine-router.workers", ["http://10.0.0.1:8000"])))
-    umask 077 && t=$(mktemp /etc/k3deploy/k3-engine-router.workers.XXXXXX) && printf ... && mv -f "$t" ...
+    >>> listed = router_list(("/etc/k3deploy/k3-engine-router.workers", ["http://10.0.0.1:8000"]))
+    >>> listed == put_text("/etc/k3deploy/k3-engine-router.workers",
+    ...                    'K3_ROUTER_WORKERS="http://10.0.0.1:8000"\n', "600")
+    True
     """
     if workers is None:
         return ""
     path, urls = workers
-    text = router_workers_text(list(urls)).rstrip("\n")
-    return (f"umask 077 && t=$(mktemp {shlex.quote(path)}.XXXXXX) && printf '%s\\n' {shlex.quote(text)} > \"$t\" "
-            f"&& mv -f \"$t\" {shlex.quote(path)}")
+    return put_text(path, router_workers_text(list(urls)), "600")
 
 
 def router_remove(router: str, urls: Sequence[str], workers: tuple[str, Sequence[str]] | None = None) -> str:
