@@ -496,6 +496,26 @@ def start_units(units: Sequence[str]) -> str:
             f"[ -z \"$off\" ] || systemctl enable $off; }} && systemctl restart {q}")
 
 
+def start_joined(units: Sequence[str], joins: Sequence[tuple[str, int]], timeout: int, config_dir: str) -> str:
+    """Start units that join their heads (:func:`start_units`) once each ``(address, port)`` accepts a TCP
+    connection (:func:`wait_tcp`), in one script: a wait that times out ends it. The start goes on only if the
+    deployment lock on this node (``config_dir``) is as it was when the script began: a run that lost its link to
+    this node leaves this script waiting there, and once a later run has taken the lock over it must start nothing
+    (the worker would join that run's group a second time). Where no run holds a lock (the runbook) it is the same
+    empty lock before and after.
+
+    >>> print(start_joined(["k3-engine.service"], [("10.0.0.1", 29501)], 300, "/etc/k3").splitlines()[0])
+    held=$(cat /etc/k3/deploy.lock 2>/dev/null || true)
+    """
+    lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
+    why = shlex.quote("not started: the deployment lock on this node changed hands while this start waited (a later "
+                      "run took it over)")
+    return "\n".join([f"held=$(cat {lock} 2>/dev/null || true)",
+                      *(wait_tcp(address, port, timeout) for address, port in joins),
+                      f'test "$(cat {lock} 2>/dev/null || true)" = "$held" || {{ echo {why} >&2; exit 1; }}',
+                      start_units(units)])
+
+
 def wait_tcp(address: str, port: int, timeout: int, interval: float = 1.0) -> str:
     """Wait, from this node, until ``address:port`` accepts a TCP connection (no payload is sent)."""
     where = f"{address}:{int(port)}"
@@ -972,22 +992,6 @@ def lock_renew(config_dir: str, run: str) -> str:
     lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
     mark = shlex.quote(f'"run": {json.dumps(run)}')
     return f"if grep -qF {mark} {lock} 2>/dev/null; then touch -c {lock}; fi; true"
-
-
-def lock_still_held(config_dir: str, run: str) -> str:
-    """Go on only while run ``run`` holds the deployment lock on this node: a command of a run that lost its link to
-    the node (its wait for a head's rendezvous port still pending there) must not start anything once a later run
-    has taken the lock over, or the node would join that run's group twice.
-
-    >>> print(lock_still_held("/etc/k3", "ab12"))  # doctest: +NORMALIZE_WHITESPACE
-    grep -qF '"run": "ab12"' /etc/k3/deploy.lock 2>/dev/null || { echo 'not started: run ab12 no longer holds the
-    deployment lock on this node (a later run took it over)' >&2; exit 1; }
-    """
-    lock = shlex.quote(f"{config_dir.rstrip('/')}/{LOCK_FILE}")
-    mark = shlex.quote(f'"run": {json.dumps(run)}')
-    why = shlex.quote(f"not started: run {run} no longer holds the deployment lock on this node (a later run took "
-                      "it over)")
-    return f"grep -qF {mark} {lock} 2>/dev/null || {{ echo {why} >&2; exit 1; }}"
 
 
 def lock_release(config_dir: str, run: str) -> str:

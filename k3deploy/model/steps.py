@@ -308,8 +308,10 @@ def restart(rollout: Rollout, plan: StartPlan) -> list[HostRestart]:
         return commands.stop_units(units) if units else ""
 
     def start(units: Sequence[str], joins: Sequence[tuple[str, int]] = ()) -> str:
-        waits = [commands.wait_tcp(address, port, timeout) for address, port in joins]
-        return "\n".join([*waits, commands.start_units(units)]) if units else ""
+        if not units:
+            return ""
+        return (commands.start_joined(units, joins, timeout, rollout.vars.k3_config_dir) if joins
+                else commands.start_units(units))
 
     return [HostRestart(h.host, stop(h.routers), stop(h.workers), stop(h.heads), start(h.heads),
                         start(h.workers, h.joins), start(h.routers)) for h in plan.hosts]

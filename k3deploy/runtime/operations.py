@@ -323,16 +323,15 @@ def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | Non
 
 @operation(is_idempotent=False)
 def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str, int]] = (),
-                timeout: int = 300, held: tuple[str, str] | None = None) -> Commands:
+                timeout: int = 300, config_dir: str = "/etc/k3deploy") -> Commands:
     """daemon-reload, reset failure counters, enable and (re)start these units; with ``joins``, first wait (up to
     ``timeout`` seconds each) until each ``(address, port)`` accepts a TCP connection, tried from this host (no
-    payload is sent): one command, as :func:`k3deploy.model.steps.restart` writes it."""
+    payload is sent), and start only if the deployment lock in ``config_dir`` is as it was before the wait:
+    one command, :func:`k3deploy.model.commands.start_joined`, as :func:`k3deploy.model.steps.restart` writes it."""
     if not active or not units:
         host.noop("nothing to start here")
         return
-    yield sh("\n".join([*(commands.wait_tcp(address, port, timeout) for address, port in joins),
-                        *([commands.lock_still_held(*held)] if held and joins else []),
-                        commands.start_units(units)]))
+    yield sh(commands.start_joined(units, joins, timeout, config_dir) if joins else commands.start_units(units))
 
 
 @operation(is_idempotent=False)

@@ -746,8 +746,7 @@ def start_phase(ctx: Context) -> None:
             # one command: the wait for the head's rendezvous port (tried from this node), then the start
             start_units(name=f"Start workers once their head's rendezvous port accepts connections{step}",
                         units=me.workers, joins=me.joins, timeout=r.vars.k3_rendezvous_timeout, _if=ready,
-                        held=(ctx.lock.config_dirs[name], ctx.lock.record.run)
-                        if ctx.lock is not None and name in ctx.lock.config_dirs else None,
+                        config_dir=r.vars.k3_config_dir,
                         _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
         groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
         if me.routers and not rolling:
