@@ -34,6 +34,7 @@ from k3deploy.facts.rollout import StageDaemon
 from k3deploy.model.health import Health
 from k3deploy.model.requirements import Requirements
 from k3deploy.vendors import Pack
+from k3deploy.vendors.base import Setting
 
 CLUSTER = "cluster"
 GIB = 1024**3
@@ -44,8 +45,6 @@ Status = Literal["pass", "warn", "fail"]
 FactSpec = tuple[str, type[Any], dict[str, Any]]
 #: the fact plan's name of the hardware-health fact (:meth:`VendorChecks.health`; :meth:`HostFacts.keep`)
 HEALTH = "health"
-#: a derived setting: (variable, value, why)
-Setting = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -205,9 +204,9 @@ class VendorChecks:
     def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
         return VendorRun(requirements, hosts)
 
-    def nvlink_settings(self, requirements: Requirements, facts: HostFacts) -> list[Setting]:
-        """Settings for the trays' NVLink across trays (after the socket interface's)."""
-        return []
+    def nvlink(self, requirements: Requirements, facts: HostFacts) -> str | None:
+        """Why the host's trays use multi-node NVLink (the pack's ``nvlink_env`` set to 1), None where they do not."""
+        return None
 
     def rdma_settings(self, requirements: Requirements, facts: HostFacts) -> tuple[list[Setting], bool]:
         """Settings for the GPU's path to the RDMA ports (after NCCL_IB_HCA), and whether a kernel module

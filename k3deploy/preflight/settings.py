@@ -32,12 +32,13 @@ last: the site's own word wins over the plan's and these. A variable not derived
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from k3deploy.facts.host import AddressInterface
 from k3deploy.facts.rdma import choose_ports
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import HostFacts, gpu_topology, vendor_checks
+from k3deploy.vendors.base import HostAnswers
 
 
 @dataclass
@@ -72,45 +73,37 @@ def socket_interface(itf: AddressInterface | None, setting: str | None = None) -
     return None, ""
 
 
+def host_answers(sel: Requirements, facts: HostFacts) -> tuple[HostAnswers, bool]:
+    """What the host's facts answer to the transport settings (:class:`~k3deploy.vendors.base.HostAnswers`), and
+    whether a kernel module (nvidia_peermem) must be loaded for the GPU's path to the RDMA ports."""
+    judges = vendor_checks(sel)
+    itf = facts.interface if isinstance(facts.interface, AddressInterface) else None
+    ifname, why = socket_interface(itf, facts.iface)
+    address = itf.address if ifname and itf and itf.address and itf.interface == ifname else None
+    answers = HostAnswers(ifname, why, address, judges.nvlink(sel, facts))
+    devices = facts.rdma if isinstance(facts.rdma, list) else []
+    if not (sel.needs_rdma and devices and judges.pack.transport.rdma_ports):
+        return answers, False
+    choice = choose_ports(devices, itf.default_interface if itf else None, facts.ib_hca, gpu_topology(facts))
+    if not choice.ports:
+        return answers, False
+    if choice.from_setting:
+        why = "k3_ib_hca"
+    else:
+        why = "RDMA ports with an active link"
+        if choice.excluded:
+            why += "; not " + ", ".join(f"{d}:{p} ({reason})" for d, p, reason in choice.excluded)
+    gpu_path, peermem = judges.rdma_settings(sel, facts)
+    return replace(answers, ports=choice.ucx_net_devices, ports_why=why, gpu_path=tuple(gpu_path)), peermem
+
+
 def derive_settings(sel: Requirements, facts: HostFacts) -> HostSettings:
+    """The host's settings: what its facts answer (:func:`host_answers`) through the one derivation
+    (:meth:`k3deploy.vendors.base.Transport.settings`), which the offline runbook runs on blanks."""
     out = HostSettings(host=facts.host)
     if facts.unreachable is not None:
         return out
-    judges = vendor_checks(sel)
-    transport = judges.pack.transport
-    itf = facts.interface if isinstance(facts.interface, AddressInterface) else None
-    ifname, why = socket_interface(itf, facts.iface)
-    if ifname:
-        for key in transport.socket_env:
-            if key in transport.exact_socket_env:
-                out.set(key, "=" + ifname, why + " (=: this name exactly, not a prefix)")
-            else:
-                out.set(key, ifname, why)
-        if transport.address_env and itf and itf.address and itf.interface == ifname:
-            out.set(transport.address_env, itf.address, f"address of {ifname}")
-
-    for key, value, reason in judges.nvlink_settings(sel, facts):
+    answers, out.peermem_required = host_answers(sel, facts)
+    for key, value, reason in vendor_checks(sel).pack.transport.settings(answers, sel.pd):
         out.set(key, value, reason)
-
-    devices = facts.rdma if isinstance(facts.rdma, list) else []
-    if sel.needs_rdma and devices and transport.rdma_ports:
-        choice = choose_ports(devices, itf.default_interface if itf else None, facts.ib_hca,
-                              gpu_topology(facts))
-        if not choice.ports:
-            return out
-        if choice.from_setting:
-            why = "k3_ib_hca"
-        else:
-            why = "RDMA ports with an active link"
-            if choice.excluded:
-                why += "; not " + ", ".join(f"{d}:{p} ({reason})" for d, p, reason in choice.excluded)
-        out.set("NCCL_IB_HCA", str(choice.nccl_ib_hca), why)
-        gpu_path, out.peermem_required = judges.rdma_settings(sel, facts)
-        for key, value, reason in gpu_path:
-            out.set(key, value, reason)
-        if sel.pd:
-            if transport.ucx_tls:
-                out.set("UCX_TLS", transport.ucx_tls, "RDMA carries the P/D KV transfer (NIXL over UCX)")
-            out.set("UCX_NET_DEVICES", str(choice.ucx_net_devices),
-                    f"the ports of NCCL_IB_HCA ({why}) for NIXL's UCX, which reads no NCCL_* variable")
     return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,13 @@ class Check:
 
 @dataclass(frozen=True)
 class Transport:
-    """The collective/transport settings derived from a host's facts.
+    """The collective/transport settings derived from a host's facts (:meth:`settings`, the one derivation).
 
     ``socket_env``: variables set to the interface carrying the node's address (those in ``exact_socket_env`` get
     NCCL's exact-match form ``=eth1``); ``address_env``: a variable set to that address; ``nvlink_env``: set to 1
-    where the trays talk over multi-node NVLink; ``rdma_ports``: NCCL/UCX use the host's RDMA ports (False: the
-    accelerators have their own ports); ``ucx_tls``: RC verbs plus the vendor's GPU-memory copy transport for the
-    P/D KV transfer (NIXL over UCX), None where there is none."""
+    where the trays talk over multi-node NVLink (``nvlink_why``: why, of the hardware's id); ``rdma_ports``: NCCL/UCX
+    use the host's RDMA ports (False: the accelerators have their own ports); ``ucx_tls``: RC verbs plus the vendor's
+    GPU-memory copy transport for the P/D KV transfer (NIXL over UCX), None where there is none."""
 
     socket_env: tuple[str, ...]
     exact_socket_env: tuple[str, ...] = ()
@@ -78,6 +78,72 @@ class Transport:
     nvlink_env: tuple[str, ...] = ()
     rdma_ports: bool = True
     ucx_tls: str | None = None
+    nvlink_why: str = "{hardware}: multi-node NVLink"
+
+    def nvlink(self, hardware: Any) -> str | None:
+        """Why the hardware's trays talk over multi-node NVLink (an NVL72 compute tray: ``nvlink_why``), as far as
+        its profile says (the host's own fabric may still say otherwise: the pack's judge); None where they do not."""
+        if not (self.nvlink_env and getattr(hardware, "nvl", False)):
+            return None
+        return self.nvlink_why.format(hardware=hardware.id)
+
+    def settings(self, answers: HostAnswers, pd: bool) -> list[Setting]:
+        """The one derivation of a host's collective/transport settings (variable, value, why) from what the host
+        answers: read from its facts (``k3deploy preflight``, the deploy) or, before the nodes answer, blanks that
+        stand for the same values (the offline runbook, the Kubernetes export). ``pd``: the plan is P/D (NIXL over
+        UCX carries the KV transfer).
+
+            >>> t = Transport(("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"), ("NCCL_SOCKET_IFNAME",), ucx_tls="rc,x")
+            >>> env = dict((k, v) for k, v, _ in t.settings(HostAnswers("eth1", "carries 10.0.0.1",
+            ...                                                         ports="mlx5_0:1"), pd=True))
+            >>> env
+            {'NCCL_SOCKET_IFNAME': '=eth1', 'GLOO_SOCKET_IFNAME': 'eth1', 'NCCL_IB_HCA': '=mlx5_0:1', \
+'UCX_TLS': 'rc,x', 'UCX_NET_DEVICES': 'mlx5_0:1'}
+        """
+        out: list[Setting] = []
+        ifname, why = answers.interface, answers.interface_why
+        if ifname:
+            for key in self.socket_env:
+                if key in self.exact_socket_env:
+                    out.append((key, "=" + ifname, why + " (=: this name exactly, not a prefix)"))
+                else:
+                    out.append((key, ifname, why))
+            if self.address_env and answers.address:
+                out.append((self.address_env, answers.address, f"address of {ifname}"))
+        if answers.nvlink is not None:
+            out += [(key, "1", answers.nvlink) for key in self.nvlink_env]
+        if not (self.rdma_ports and answers.ports):
+            return out
+        out.append(("NCCL_IB_HCA", "=" + answers.ports, answers.ports_why))
+        out += answers.gpu_path
+        if pd:
+            if self.ucx_tls:
+                out.append(("UCX_TLS", self.ucx_tls, "RDMA carries the P/D KV transfer (NIXL over UCX)"))
+            out.append(("UCX_NET_DEVICES", answers.ports,
+                        f"the ports of NCCL_IB_HCA ({answers.ports_why}) for NIXL's UCX, which reads no NCCL_* "
+                        "variable"))
+        return out
+
+
+#: a derived setting: (variable, value, why)
+Setting = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class HostAnswers:
+    """What one host answers to the transport settings (:meth:`Transport.settings`): the interface for the
+    bootstrap sockets (without NCCL's ``=``) and why; the address it carries (None: not known to carry the node's
+    address); why its trays use multi-node NVLink (None: they do not); the RDMA ports NCCL and UCX use
+    (``mlx5_0:1,mlx5_1:1``; None: none) and why; the vendor's settings for the GPU's path to those ports (after
+    ``NCCL_IB_HCA``). Each value is what the host's facts say or, offline, a blank's token."""
+
+    interface: str | None = None
+    interface_why: str = ""
+    address: str | None = None
+    nvlink: str | None = None
+    ports: str | None = None
+    ports_why: str = ""
+    gpu_path: tuple[Setting, ...] = ()
 
 
 @dataclass(frozen=True)

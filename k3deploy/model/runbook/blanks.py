@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.secrets import is_secret
 from k3deploy.vendors import pack_for
+from k3deploy.vendors.base import HostAnswers
 
 
 @dataclass(frozen=True)
@@ -38,45 +39,40 @@ def interface_command(address: str) -> str:
 
 
 HCA_COMMAND = ("ibv_devinfo | awk '/hca_id:/ {d=$2} /port:/ {p=$2} "
-               "/PORT_ACTIVE/ {printf \"%s%s:%s\", s, d, p; s=\",\"}' | sed 's/^/=/'")
+               "/PORT_ACTIVE/ {printf \"%s%s:%s\", s, d, p; s=\",\"}'")
 
 
 def offline_env(req: Requirements, host: str, address: str,
                 iface_setting: str | None = None) -> tuple[dict[str, str], list[Blank]]:
-    """The env settings the rollout derives from a node's facts (the vendor pack's
-    :class:`~k3deploy.vendors.base.Transport`), as blanks (and the blanks themselves); the socket interface is
-    ``iface_setting`` (``k3_iface``) when given, in NCCL's exact-match form (``=NAME``) where the pack says so.
+    """The env settings the rollout derives from a node's facts, by the same derivation
+    (:meth:`k3deploy.vendors.base.Transport.settings`) with blanks for what the node would answer (and the blanks
+    themselves): the socket interface (``iface_setting``, ``k3_iface``, when given) and the RDMA ports. What a
+    host's facts decide beyond those, the vendor's GPU path to the ports, is what passes preflight there: DMA-BUF
+    (no ``NCCL_DMABUF_ENABLE``).
 
     >>> from k3deploy.recipe.taxonomy import hardware
-    >>> need = Requirements(hardware()["h200"], "default", None, nodes=2, multi_node=True)
+    >>> need = Requirements(hardware()["h200"], "default", None, nodes=2, multi_node=True, pd=True)
     >>> env, _ = offline_env(need, "n1", "10.0.0.11")
-    >>> env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]
-    ('=@IFACE_n1@', '@IFACE_n1@')
+    >>> env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"], env["NCCL_IB_HCA"], env["UCX_NET_DEVICES"]
+    ('=@IFACE_n1@', '@IFACE_n1@', '=@IB_HCA_n1@', '@IB_HCA_n1@')
     >>> offline_env(need, "n1", "10.0.0.11", "bond0")[0]["NCCL_SOCKET_IFNAME"]
     '=bond0'
     """
     transport = pack_for(req).transport
     blanks: list[Blank] = []
-    env: dict[str, str] = {}
-    iface = Blank(host, "IFACE", f"the interface carrying {address}", interface_command(address))
     if iface_setting:
-        name = iface_setting.lstrip("=")
+        name, why = iface_setting.lstrip("="), "k3_iface"
     else:
+        iface = Blank(host, "IFACE", f"the interface carrying {address}", interface_command(address))
         blanks.append(iface)
-        name = iface.token
-    for key in transport.socket_env:
-        env[key] = ("=" if key in transport.exact_socket_env else "") + name
-    if transport.address_env:
-        env[transport.address_env] = address
-    if req.mnnvl:
-        for key in transport.nvlink_env:
-            env[key] = "1"
+        name, why = iface.token, f"carries {address}"
+    answers = HostAnswers(name, why, address, transport.nvlink(req.hardware))
     if req.needs_rdma and transport.rdma_ports:
-        hca = Blank(host, "IB_HCA", "the RDMA ports with an active link, as NCCL_IB_HCA's exact-match list",
+        hca = Blank(host, "IB_HCA", "the RDMA ports with an active link (NCCL_IB_HCA after its =, UCX_NET_DEVICES)",
                     HCA_COMMAND)
         blanks.append(hca)
-        env["NCCL_IB_HCA"] = hca.token
-    return env, blanks
+        answers = replace(answers, ports=hca.token, ports_why="RDMA ports with an active link")
+    return {key: value for key, value, _ in transport.settings(answers, req.pd)}, blanks
 
 
 def secret_token(name: str) -> str:

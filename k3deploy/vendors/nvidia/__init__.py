@@ -148,6 +148,7 @@ PACK = Pack(
         exact_socket_env=("NCCL_SOCKET_IFNAME",),
         nvlink_env=("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"),
         ucx_tls="rc,cuda_copy",
+        nvlink_why="{hardware} NVL72 compute tray: multi-node NVLink through IMEX",
     ),
     container=Container(
         flags=("--gpus", "all"),

@@ -23,12 +23,12 @@ from k3deploy.preflight.base import (
     FactSpec,
     HostFacts,
     Results,
-    Setting,
     VendorChecks,
     VendorRun,
     unit_name,
 )
 from k3deploy.vendors import nvidia as vendor
+from k3deploy.vendors.base import Setting
 
 
 def _check_nvidia_driver(out: Results, sel: Requirements, facts: HostFacts) -> None:
@@ -511,14 +511,10 @@ class NvidiaChecks(VendorChecks):
         nvl = bool(getattr(requirements.hardware, "nvl", False))
         return (HEALTH, facts_nvidia.NvidiaHealth, {"config_dir": config_dir, "nvl": nvl})
 
-    def nvlink_settings(self, requirements: Requirements, facts: HostFacts) -> list[Setting]:
-        """NCCL_MNNVL_ENABLE / NCCL_CUMEM_ENABLE / NCCL_NVLS_ENABLE = 1 on GB200/GB300 NVL72 compute trays (not where
-        the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4 board does)."""
-        hw = requirements.hardware
-        if not getattr(hw, "nvl", False) or no_nvlink_fabric(facts):
-            return []
-        reason = f"{hw.id} NVL72 compute tray: multi-node NVLink through IMEX"
-        return [(key, "1", reason) for key in self.pack.transport.nvlink_env]
+    def nvlink(self, requirements: Requirements, facts: HostFacts) -> str | None:
+        """GB200/GB300 NVL72 compute trays (not where the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4
+        board does)."""
+        return None if no_nvlink_fabric(facts) else self.pack.transport.nvlink(requirements.hardware)
 
     def rdma_settings(self, requirements: Requirements, facts: HostFacts) -> tuple[list[Setting], bool]:
         """NCCL_DMABUF_ENABLE=0 when DMA-BUF GPUDirect RDMA is not usable; then, on x86, nvidia_peermem must be

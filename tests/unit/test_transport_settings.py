@@ -1,0 +1,84 @@
+"""The collective/transport settings are derived once (the pack's ``Transport.settings``): online from a host's facts
+(``k3deploy preflight``, the deploy) and offline with blanks for what the host would answer (the offline runbook, the
+Kubernetes export). For every vendor, the offline settings with their blanks filled from a host's facts are the
+settings the online derivation gives for those facts: UCX_* and the vendors' NVLink and RDMA settings included."""
+
+from __future__ import annotations
+
+import pytest
+
+from k3deploy.facts.host import AddressInterface, Ipv4Address
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
+from k3deploy.model.requirements import Requirements
+from k3deploy.model.runbook.blanks import offline_env
+from k3deploy.preflight.base import HostFacts
+from k3deploy.preflight.settings import derive_settings
+from k3deploy.recipe.taxonomy import hardware
+
+ADDRESS = "192.0.2.11"
+
+#: (hardware, engine nodes, P/D): every vendor, one node and several, with and without P/D
+CASES = [
+    ("h200", 1, False), ("h200", 2, False), ("h200", 2, True),
+    ("gb300", 1, False), ("gb300", 3, False), ("gb300", 2, True),
+    ("mi355x", 1, False), ("mi355x", 2, False), ("mi355x", 2, True),
+    ("ascend_910c", 1, False), ("ascend_910c", 2, False),
+]
+
+
+def host(ports: int = 4) -> HostFacts:
+    """A host whose cluster address is on eth1, with ``ports`` active RDMA ports and working DMA-BUF: one that
+    passes preflight."""
+    return HostFacts(
+        host="n1", address=ADDRESS,
+        interface=AddressInterface(ADDRESS, "eth1", "eth0", [Ipv4Address("eth0", "198.51.100.7", 24),
+                                                             Ipv4Address("eth1", ADDRESS, 24)]),
+        rdma=[RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)]) for i in range(ports)],
+        modules=LoadedModules(["ib_core", "nvidia"]),
+        dmabuf=DmabufSupport("6.8.0-45-generic", True, True, True, True, []),
+    )
+
+
+def answers(facts: HostFacts) -> dict[str, str]:
+    """What each blank's command prints on the host of ``facts``."""
+    assert isinstance(facts.interface, AddressInterface) and isinstance(facts.rdma, list)
+    return {"IFACE": str(facts.interface.interface),
+            "IB_HCA": ",".join(f"{d.name}:{p.port}" for d in facts.rdma for p in d.ports if p.active)}
+
+
+@pytest.mark.parametrize(("hw", "nodes", "pd"), CASES, ids=[f"{h}-{n}{'-pd' if pd else ''}" for h, n, pd in CASES])
+def test_the_offline_settings_are_the_online_derivation_of_the_same_facts(hw, nodes, pd):
+    need = Requirements(hardware()[hw], "default", None, nodes=nodes, multi_node=nodes > 1, pd=pd)
+    facts = host()
+    online = derive_settings(need, facts).env
+    env, blanks = offline_env(need, facts.host, ADDRESS)
+    values = answers(facts)
+    filled = {}
+    for key, value in env.items():
+        for blank in blanks:
+            value = value.replace(blank.token, values[blank.name])
+        filled[key] = value
+    assert filled == online
+    assert list(filled) == list(online)   # in the same order: the env file is written in this order
+    assert "@" not in "".join(filled.values())
+
+
+def test_the_offline_settings_carry_ucx_and_the_vendors_nvlink_settings():
+    """What the offline runbook lacked while it derived the settings a second time."""
+    pd = Requirements(hardware()["mi355x"], "default", None, nodes=2, multi_node=True, pd=True)
+    env, _ = offline_env(pd, "n1", ADDRESS)
+    assert env["UCX_TLS"] == "rc,rocm_copy" and env["UCX_NET_DEVICES"] == "@IB_HCA_n1@"
+    one_tray = Requirements(hardware()["gb300"], "default", None, nodes=1)
+    env, _ = offline_env(one_tray, "n1", ADDRESS)
+    assert env["NCCL_MNNVL_ENABLE"] == env["NCCL_CUMEM_ENABLE"] == env["NCCL_NVLS_ENABLE"] == "1"
+    assert derive_settings(one_tray, host()).env["NCCL_MNNVL_ENABLE"] == "1"
+
+
+def test_a_host_without_dma_buf_gets_the_vendors_gpu_path_setting_online():
+    """Online, the facts say more than a blank can: the GPU's path to the ports where DMA-BUF is not usable."""
+    need = Requirements(hardware()["h200"], "default", None, nodes=2, multi_node=True)
+    facts = host()
+    facts.dmabuf = DmabufSupport("5.4.0-42-generic", False, True, True, False, ["kernel 5.4.0 < 5.12"])
+    s = derive_settings(need, facts)
+    assert s.env["NCCL_DMABUF_ENABLE"] == "0" and s.peermem_required
+    assert list(s.env).index("NCCL_DMABUF_ENABLE") == list(s.env).index("NCCL_IB_HCA") + 1
