@@ -26,7 +26,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     vendors/base.py (Pack, Check, Transport, Container: what a pack is), vendors/common.py (the checks every host
     gets), vendors/nvidia/ (HGX and NVL72 trays), vendors/amd/ (Instinct), vendors/ascend/ (A2/A3): each a pure
     ``__init__`` (its pack: check ids with command, requirement and fix; transport settings; container devices,
-    mounts and flags; floors) and vendors/<family>/checks.py (the facts it reads and its judges: preflight layer);
+    mounts and flags; floors; the one derivation of the transport settings) and vendors/<family>/checks.py (the
+    facts it reads, its judges and its cluster-wide probes: preflight layer; NVIDIA's NCCL probe in
+    vendors/nvidia/probe.py);
     vendors/table.py (docs/requirements.md's table of what preflight checks per vendor, generated from the registry).
 
     model/variables.py (every knob, group_vars merged), model/inventory.py (host records, roles, the plan of an
@@ -78,9 +80,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     preflight/base.py (host facts, results, what a vendor's preflight side provides),
     preflight/checks.py (facts -> results), preflight/settings.py (NCCL/UCX/HCCL settings derived from facts),
     preflight/report.py (one typed report), preflight/runner.py (which facts, read on one host; local capture),
-    preflight/probe.py (the opt-in in-image NCCL probe, k3_nccl_probe), preflight/reach.py (expert parallelism
-    across nodes: each RDMA port reaches each peer port), preflight/across.py (the checks across hosts: the
-    router's command, the image's digest, the Ascend peer round, the RDMA reach round, the NCCL probe).
+    preflight/rounds.py (a second round across hosts: each host's pings, all hosts at once), preflight/reach.py
+    (expert parallelism across nodes: each RDMA port reaches each peer port), preflight/across.py (the checks
+    across hosts: the router's command, the image's digest, the packs' cluster-wide probes, the RDMA reach round).
 
 ``sim/`` -- the simulated cluster (see its own module map)
     sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,

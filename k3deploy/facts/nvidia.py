@@ -26,13 +26,30 @@ from k3deploy.facts.health import (
     parse_quarantine,
     section,
 )
-from k3deploy.model.health import HealthEvent, xid_event
-from k3deploy.vendors.nvidia import PACK
+from k3deploy.model.health import HealthEvent
+from k3deploy.vendors.nvidia import NVLINK5_XIDS, PACK, XID_CODES
 
 DRIVER_HINT = "is the NVIDIA driver installed?"
 NA_VALUES = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
 _DRIVER_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _MEMORY_RE = re.compile(r"^(\d+)(\s*MiB)?$")
+
+
+def xid_event(device: str, code: str, text: str) -> HealthEvent:
+    """One XID line's event: its fatality from the pack's :data:`~k3deploy.vendors.nvidia.XID_CODES` (an unknown code
+    is not fatal; an NVLink5 XID is fatal where its line says ``Fatal``).
+
+        >>> xid_event("GPU 00000000:1B:00.0", "48", "...").fatal
+        True
+        >>> xid_event("GPU 0", "13", "...").fatal, xid_event("GPU 0", "999", "...").fatal
+        (False, False)
+        >>> xid_event("GPU 1", "145", "145, RLW_RXPIPE Nonfatal XC0 i0 Link 13").fatal
+        False
+    """
+    fatal = XID_CODES.get(code, ("", False))[1]
+    if code in NVLINK5_XIDS:
+        fatal = " Fatal " in f" {text} "
+    return HealthEvent(device, "xid", code, text, fatal)
 
 
 # --------------------------------------------------------------------------------------- GPUs

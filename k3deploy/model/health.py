@@ -1,6 +1,7 @@
-"""Hardware health: what the hosts' own tools say is failing (GPU XID events, ECC and row-remap counters, NVLink
-links down, AMD RAS and ECC, Ascend NPU health), as events, and which of them are fatal. Pure: the facts read the
-tools and build these; preflight refuses a node with a fatal event, the deploy quarantines it, ``status`` shows it.
+"""Hardware health: what the hosts' own tools say is failing, as events, and which of them are fatal; the frame every
+vendor shares. Pure: each pack's facts read its tools and build these; preflight refuses a node with a fatal event,
+the deploy quarantines it, ``status`` shows it. The kinds of event, how they are shown and what to do about them are
+each pack's (``Pack.health``: NVIDIA's XID, ECC, row remap and NVLink, AMD's RAS, Ascend's NPU health).
 
     >>> line = "NVRM: Xid (PCI:0000:1b:00): 79, pid=0, GPU has fallen off the bus."
     >>> xid = HealthEvent("GPU 0", "xid", "79", line, True)
@@ -20,28 +21,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from k3deploy.vendors import nvidia as nvidia_pack
+from k3deploy.vendors import PACKS
 
-#: NVIDIA's XID catalog as far as the health check reads it (``code -> (meaning, fatal)``) and the NVLink5 XIDs whose
-#: line says whether they are fatal: the NVIDIA pack's data (:mod:`k3deploy.vendors.nvidia`), named here for the events
-XID_CODES, NVLINK5_XIDS = nvidia_pack.XID_CODES, nvidia_pack.NVLINK5_XIDS
-
-
-def xid_event(device: str, code: str, text: str) -> HealthEvent:
-    """One XID line's event: its meaning and fatality from :data:`XID_CODES` (an unknown code is not fatal; an NVLink5
-    XID is fatal where its line says ``Fatal``).
-
-        >>> xid_event("GPU 00000000:1B:00.0", "48", "...").fatal
-        True
-        >>> xid_event("GPU 0", "13", "...").fatal, xid_event("GPU 0", "999", "...").fatal
-        (False, False)
-        >>> xid_event("GPU 1", "145", "145, RLW_RXPIPE Nonfatal XC0 i0 Link 13").fatal
-        False
-    """
-    fatal = XID_CODES.get(code, ("", False))[1]
-    if code in NVLINK5_XIDS:
-        fatal = " Fatal " in f" {text} "
-    return HealthEvent(device, "xid", code, text, fatal)
+#: every pack's kinds of event, by kind (:class:`~k3deploy.vendors.base.HealthKind`: label, fix, the codes' meanings)
+KINDS = {k.kind: k for pack in PACKS for k in pack.health}
 
 
 @dataclass(frozen=True)
@@ -63,7 +46,7 @@ class HealthEvent:
             'NVLink link 3 down on GPU 2'
         """
         label = KIND_LABELS.get(self.kind, self.kind)
-        meaning = XID_CODES.get(self.code, ("", False))[0] if self.kind == "xid" else ""
+        meaning = MEANINGS.get(f"{self.kind}:{self.code}", "")
         shown = f"{label} {self.code} on {self.device}"
         if meaning:
             return f"{shown} ({meaning})"
@@ -90,31 +73,20 @@ class HealthEvent:
 
 
 #: how each kind of event is named when shown
-KIND_LABELS = {"xid": "XID", "ecc": "ECC", "row-remap": "row remap", "nvlink": "NVLink", "ras": "ECC",
-               "npu-health": "NPU health"}
+KIND_LABELS = {kind: k.label for kind, k in KINDS.items()}
 
+#: what each code of a kind means (``kind:code``), as the vendor's catalog says
+MEANINGS = {f"{kind}:{code}": meaning for kind, k in KINDS.items() for code, (meaning, _) in k.codes if meaning}
 
-#: what to do about a fatal event, by kind (an XID by ``xid:<code>`` first): the node is drained either way (a spare
-#: takes its place); this is how it comes back
+#: what to do about a fatal event, by kind (a code's own by ``kind:code`` first): the node is drained either way (a
+#: spare takes its place); this is how it comes back
 FIXES: dict[str, str] = {
-    "xid:79": "the GPU fell off the bus: reseat or replace the GPU or tray (check its power and PCIe/riser), then "
-              "power-cycle the node; a GPU reset cannot reach it",
-    "xid:74": "an NVLink error: check the GPU's NVLink cables and the NVLink switch tray (nvidia-smi nvlink -s, "
-              "nvidia-smi nvlink -e), then reset the GPU (nvidia-smi -r -i N) or reboot",
-    "xid:64": "the GPU could not remap a failing memory row: run NVIDIA's field diagnostic and replace the GPU (RMA)",
-    "xid": "reset the GPU (nvidia-smi -r -i N, engines stopped) or reboot the node; an XID stays in the kernel log "
-           "until the next boot, and one that comes back means the GPU must be replaced",
-    "ecc": "reset the GPU (nvidia-smi -r -i N, engines stopped) or reboot: it applies the pending row remap and "
-           "clears the volatile counters; errors that come back mean the GPU must be replaced",
-    "row-remap": "a pending remap: reset the GPU (nvidia-smi -r -i N) or reboot to apply it; a remapping failure: "
-                 "run NVIDIA's field diagnostic and replace the GPU (RMA)",
-    "nvlink": "an NVLink link is down: check the tray's NVLink cables or cartridge and the NVLink switch trays, then "
-              "reset the GPU or reboot the tray; a link that stays down means the tray must be repaired",
-    "ras": "uncorrectable memory errors: reboot the node (the driver retires the bad pages, amd-smi bad-pages lists "
-           "them); errors that come back mean the GPU must be replaced",
-    "npu-health": "read the NPU's error code (npu-smi info -t health -i N) in the product's black-box error code list, "
-                  "then reset the NPU (npu-smi set -t reset -i N -c 0) or reboot; replace it if the alarm comes back",
+    **{f"{kind}:{code}": fix for kind, k in KINDS.items() for code, (_, fix) in k.codes if fix},
+    **{kind: k.fix for kind, k in KINDS.items()},
 }
+
+#: what to do about an event of a kind no pack names (a record written by another version)
+UNKNOWN_FIX = "reset the device or reboot the node; an event that comes back means the device must be replaced"
 
 
 def fix_of(event: HealthEvent) -> str:
@@ -125,7 +97,7 @@ def fix_of(event: HealthEvent) -> str:
         >>> fix_of(HealthEvent("GPU 0", "xid", "48", "", True)) == FIXES["xid"]
         True
     """
-    return FIXES.get(f"{event.kind}:{event.code}") or FIXES.get(event.kind) or FIXES["xid"]
+    return FIXES.get(f"{event.kind}:{event.code}") or FIXES.get(event.kind) or UNKNOWN_FIX
 
 
 @dataclass(frozen=True)

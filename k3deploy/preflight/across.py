@@ -4,14 +4,12 @@ facts are in (:func:`k3deploy.preflight.report.check` judges each host on its ow
 * :func:`router_checks` -- the router host has the ``vllm-router`` command its unit runs;
 * :func:`image_resolver`, :func:`image_check` -- the one host that asks the registry which build the image's tag
   names, and the record of its answer (every node of the rollout runs that one digest);
-* :func:`ascend_peer_round` -- multi-node Ascend: a second round in which each host pings, from NPU i, NPU i of
-  every other host;
-* :func:`nccl_probe` -- ``k3_nccl_probe``: the two-node NCCL all-reduce in the image (:mod:`k3deploy.preflight.probe`);
+* :func:`run_probes` -- the vendor pack's cluster-wide probes (:class:`~k3deploy.preflight.base.ClusterProbe`: the
+  NCCL all-reduce in the image, ``k3_nccl_probe``; the Ascend NPUs' pings to their peers), each in its round;
 * :func:`rdma_reach_round` -- expert parallelism across nodes: each chosen RDMA port of each host reaches each chosen
   port of the others (:mod:`k3deploy.preflight.reach`).
 
-Whether the NPU round and the NCCL probe apply is the vendor pack's answer (``npu_peer_round``, ``nccl_probe``:
-:mod:`k3deploy.vendors`), asked by :func:`_npu_peer_round_applies` and :func:`_nccl_probe_applies`.
+Which probes there are is the vendor pack's answer (its preflight side's ``probes()``); nothing here names a vendor.
 
 Example::
 
@@ -24,34 +22,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pyinfra.api.facts import FactBase
 from pyinfra.api.state import State
 
-from k3deploy.facts import ascend
-from k3deploy.facts.batch import read_batch
-from k3deploy.facts.parallel import each_host
 from k3deploy.model import images as image_pins
 from k3deploy.model.pipeline import Target
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.rollout import Rollout
 from k3deploy.model.staging import engines
-from k3deploy.preflight.checks import CLUSTER, CheckResult, HostFacts, peer_checks, peer_targets
-from k3deploy.preflight.probe import CHECK as PROBE_CHECK
-from k3deploy.preflight.probe import run_probe
+from k3deploy.preflight.base import ProbeRound, probe_not_run
+from k3deploy.preflight.checks import CheckResult, HostFacts, vendor_checks
 from k3deploy.preflight.reach import RdmaReach, reach_checks, reach_targets
 from k3deploy.preflight.report import PreflightReport
+from k3deploy.preflight.rounds import ping_round
 from k3deploy.vendors import pack_for
-
-
-def _npu_peer_round_applies(requirements: Requirements) -> bool:
-    """Multi-node Ascend: the NPUs talk over their own RoCE ports, which only a round across hosts can test."""
-    return pack_for(requirements).npu_peer_round and requirements.needs_rdma
-
-
-def _nccl_probe_applies(requirements: Requirements, engine_hosts: list[str]) -> bool:
-    """A pack whose engines talk NCCL (NVIDIA), over RDMA across at least two engine nodes."""
-    return pack_for(requirements).nccl_probe and requirements.needs_rdma and len(engine_hosts) >= 2
-
 
 #: checks only a run that reads what the hosts run makes (the deploy, ``plan``), not ``k3deploy preflight``: the
 #: deploy counts them apart, so that its count of the preflight's checks is the one ``k3deploy preflight`` prints
@@ -110,17 +93,16 @@ def image_check(res: image_pins.Resolution) -> CheckResult:
                        "k3_image_resolve: false runs the tag as each node has it (builds may differ)")
 
 
-def ascend_peer_round(state: State, hosts: list[Any], read: list[HostFacts],
-                      requirements: Requirements) -> list[CheckResult]:
-    """Multi-node Ascend: the second round, once every host's NPU addresses are read: each host pings, from NPU i,
-    NPU i of every other host (same-index pairs, what the RoCE plane connects; not every NPU pair), one command per
-    host, all hosts at once; then ``ascend.peers`` per host (:func:`k3deploy.preflight.checks.peer_checks`)."""
-    if not _npu_peer_round_applies(requirements):
-        return []
-    targets = peer_targets(read)
-    if not targets:
-        return []
-    return peer_checks(read, targets, _ping_round(state, hosts, targets, ascend.HccnPing))
+def run_probes(state: State, hosts: list[Any], wanted: Target, report: PreflightReport,
+               rollout: Rollout | None = None) -> list[CheckResult]:
+    """The vendor pack's cluster-wide probes of this round: those that run before the rollout is rendered (no
+    ``rollout``), or those that run on it. ``k3_nccl_probe`` where the pack has no NCCL probe: said not run."""
+    probes = vendor_checks(wanted.requirements).probes()
+    at = ProbeRound(state, hosts, wanted, report.hosts, report.ok, report.host_env(), rollout)
+    out = [result for p in probes if p.after_render == (rollout is not None) for result in p.run(at)]
+    if rollout is not None and wanted.vars.k3_nccl_probe and not any(p.check == "nccl.probe" for p in probes):
+        out.append(probe_not_run())
+    return out
 
 
 def rdma_reach_round(state: State, hosts: list[Any], read: list[HostFacts], requirements: Requirements,
@@ -138,35 +120,4 @@ def rdma_reach_round(state: State, hosts: list[Any], read: list[HostFacts], requ
     targets, unknown = reach_targets(read, report.host_env(), groups)
     if not targets:
         return []
-    return reach_checks(targets, unknown, _ping_round(state, hosts, targets, RdmaReach))
-
-
-def _ping_round(state: State, hosts: list[Any], targets: dict[str, Any], fact: type[FactBase[Any]]) -> dict[str, Any]:
-    """A second round's pings: ``fact`` with each host's ``targets``, one command per host, all hosts at once; per
-    host its value, or why it could not be read (a dropped connection: the check says so)."""
-    by_name = {host.name: host for host in hosts}
-    pinging = [by_name[name] for name in targets if name in by_name]
-
-    def one(host: Any) -> Any:
-        try:
-            return read_batch(state, host, [("pings", fact, {"targets": targets[host.name]})])["pings"]
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"[:200]
-
-    return dict(zip([host.name for host in pinging], each_host(state, pinging, one), strict=True))
-
-
-def nccl_probe(state: State, wanted: Target, rollout: Rollout, report: PreflightReport) -> list[CheckResult]:
-    """``k3_nccl_probe``: the two-node NCCL all-reduce in the image on the planned engine nodes
-    (:mod:`k3deploy.preflight.probe`), once every other check has passed (a node that fails them would fail it too,
-    for a reason already shown); NVIDIA multi-node plans only."""
-    engine_hosts = list(dict.fromkeys(u.host for u in rollout.units if u.group != "router"))
-    if not _nccl_probe_applies(wanted.requirements, engine_hosts):
-        return [CheckResult(CLUSTER, PROBE_CHECK, "pass", "not run: no multi-node NCCL over RDMA in this plan",
-                            "k3_nccl_probe: a two-node NCCL all-reduce where NCCL crosses nodes")]
-    if not report.ok:
-        return [CheckResult(CLUSTER, PROBE_CHECK, "warn", "not run: other checks failed",
-                            "every other check passed first", "fix the failures above, then rerun preflight")]
-    hosts = {host.name: host for host in state.inventory}
-    facts = [f for f in report.hosts if f.host in engine_hosts]
-    return run_probe(state, hosts, facts, report.host_env(), wanted.vars.k3_docker, rollout.plan.image)
+    return reach_checks(targets, unknown, ping_round(state, hosts, targets, RdmaReach))

@@ -1,6 +1,6 @@
 """What every preflight check works with: a host's facts (:class:`HostFacts`), one result (:class:`CheckResult`),
 the collector the judges add results to (:class:`Results`), and what a vendor pack's preflight side provides
-(:class:`VendorChecks`, :class:`VendorRun`).
+(:class:`VendorChecks`, :class:`VendorRun`, :class:`ClusterProbe`).
 
 Nothing here touches a host. :mod:`k3deploy.preflight.checks` runs the checks; each vendor's judges live in
 ``k3deploy/vendors/<vendor>/checks.py`` and build on this module (never on :mod:`k3deploy.preflight.checks`, which
@@ -182,6 +182,40 @@ class VendorRun:
         """Once every host was judged: the vendor's cluster-wide results (before the planned memory's)."""
 
 
+@dataclass(frozen=True)
+class ProbeRound:
+    """What a cluster-wide probe gets once every host's facts are in: pyinfra's state and the hosts, the target,
+    each host's facts, whether every check so far passed, each host's derived settings, and the rollout where it
+    was rendered (None: the probe's round comes before)."""
+
+    state: Any
+    hosts: list[Any]
+    target: Any
+    facts: list[HostFacts]
+    ok: bool
+    host_env: dict[str, dict[str, str]]
+    rollout: Any = None
+
+
+class ClusterProbe:
+    """A pack's cluster-wide probe: a second round across hosts that no host's facts can replace (an NCCL
+    all-reduce in the image, the NPUs' pings to their peers). ``check``: the id of its results; ``after_render``:
+    it runs on the rendered rollout (else once every host's facts are in, before it is rendered)."""
+
+    check: str = ""
+    after_render: bool = False
+
+    def run(self, at: ProbeRound) -> list[CheckResult]:
+        """The probe's results (none where it does not apply to the plan)."""
+        return []
+
+
+def probe_not_run() -> CheckResult:
+    """``k3_nccl_probe`` where the plan has no NCCL across nodes to probe (one node, or a pack without the probe)."""
+    return CheckResult(CLUSTER, "nccl.probe", "pass", "not run: no multi-node NCCL over RDMA in this plan",
+                       "k3_nccl_probe: a two-node NCCL all-reduce where NCCL crosses nodes")
+
+
 class VendorChecks:
     """The preflight side of a vendor pack: the facts it reads, its accelerators as :class:`Device`, its judges
     (:meth:`begin` a :class:`VendorRun`) and the settings its facts derive."""
@@ -203,6 +237,10 @@ class VendorChecks:
 
     def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
         return VendorRun(requirements, hosts)
+
+    def probes(self) -> tuple[ClusterProbe, ...]:
+        """The vendor's cluster-wide probes (their ids are the pack's ``probes``)."""
+        return ()
 
     def nvlink(self, requirements: Requirements, facts: HostFacts) -> str | None:
         """Why the host's trays use multi-node NVLink (the pack's ``nvlink_env`` set to 1), None where they do not."""

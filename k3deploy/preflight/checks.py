@@ -42,14 +42,13 @@ from k3deploy.preflight.base import (
 from k3deploy.vendors import pack_for
 from k3deploy.vendors.amd.checks import CHECKS as AMD_CHECKS
 from k3deploy.vendors.ascend.checks import CHECKS as ASCEND_CHECKS
-from k3deploy.vendors.ascend.checks import peer_checks, peer_targets
 from k3deploy.vendors.base import Spot
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE, SHM_MIN_GIB
 from k3deploy.vendors.nvidia.checks import CHECKS as NVIDIA_CHECKS
 
 __all__ = [
-    "CLUSTER", "VENDOR_CHECKS", "CheckResult", "HostFacts", "Status", "failed_hosts", "peer_checks", "peer_targets",
-    "run_checks", "summarize", "vendor_checks",
+    "CLUSTER", "VENDOR_CHECKS", "CheckResult", "HostFacts", "Status", "failed_hosts", "run_checks", "summarize",
+    "vendor_checks",
 ]
 
 IMAGE_DISK_MIN_GIB = 100.0

@@ -4,7 +4,7 @@ the other nodes.
 The all-to-all of expert parallelism (DeepEP, and its IBGDA path) sends from every GPU's NIC to every other node's
 GPU NICs, rail to rail and across rails; a rail-only fabric (one switch per rail, no spine between them) carries
 only rail-matched pairs, and the failure shows late, as NVSHMEM bootstrap errors (llm-d's wide-EP guide: rail-only
-networks "will fail"). NCCL's own collectives and the NCCL probe (:mod:`k3deploy.preflight.probe`) use rail-matched
+networks "will fail"). NCCL's own collectives and the NCCL probe (:mod:`k3deploy.vendors.nvidia.probe`) use rail-matched
 paths only, so they pass on such a fabric.
 
 A second round, once every host's facts and derived settings are in: each host runs one command that pings, from each

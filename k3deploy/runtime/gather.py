@@ -53,12 +53,11 @@ from k3deploy.model.spares import (
 from k3deploy.model.staging import ARCHIVE, StagePlan, refused_archive, refused_source, stage_for, stage_hosts
 from k3deploy.preflight import runner
 from k3deploy.preflight.across import (
-    ascend_peer_round,
     image_check,
     image_resolver,
-    nccl_probe,
     rdma_reach_round,
     router_checks,
+    run_probes,
 )
 from k3deploy.preflight.checks import CheckResult, HostFacts
 from k3deploy.preflight.report import PreflightReport, check
@@ -240,7 +239,7 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
         wanted, layout, resolver = spares.target, spares.target.layout, spares.resolver
     report.results += router_checks({host: r.router_command for host, r in readings.items()
                                      if r.router_command is not None}, wanted.vars.k3_router_bin)
-    report.results += ascend_peer_round(state, hosts, facts, wanted.requirements)
+    report.results += run_probes(state, hosts, wanted, report)
     if wanted.vars.k3_rdma_reach:
         report.results += rdma_reach_round(state, hosts, facts, wanted.requirements, report, layout)
     resolution = None
@@ -253,8 +252,8 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
         if resolution.pinned:
             wanted = wanted.with_image(resolution.pinned)
     rollout = _render(wanted, report)
-    if rollout is not None and wanted.vars.k3_nccl_probe:
-        report.results += nccl_probe(state, wanted, rollout, report)
+    if rollout is not None:
+        report.results += run_probes(state, hosts, wanted, report, rollout)
     gathered = Gathered(target=wanted, rollout=rollout, preflight=report, facts=facts, readings=readings,
                         addresses=addresses, ssh=ssh, resolution=resolution)
     if spares is not None:

@@ -206,6 +206,19 @@ class Trouble:
     nvlink_only: bool = False
 
 
+@dataclass(frozen=True)
+class HealthKind:
+    """One kind of hardware-health event a vendor's tools report (:mod:`k3deploy.model.health`): its ``kind``
+    ("xid", "ras"), how it is named when shown (``label``), what to do about a fatal one (``fix``), and per code the
+    code's meaning and its own fix where it has one (``codes``: code -> (meaning, fix), either ""). A vendor's kinds
+    are its own: no two packs share one."""
+
+    kind: str
+    label: str
+    fix: str
+    codes: tuple[tuple[str, tuple[str, str]], ...] = ()
+
+
 def names_match(name: str, allowed: Sequence[str]) -> bool:
     """A product name equals an allowed one, spaces and case aside."""
     norm = " ".join(name.split()).casefold()
@@ -230,8 +243,9 @@ class Pack:
     device's product name is compared with the hardware's (``words``: as whole words; with ``pci_ids``, a device
     whose PCI id the hardware names matches too); ``checks``: the vendor's own checks, in the order a runbook
     lists them (the common ones follow: :mod:`k3deploy.vendors.common`); ``site_docker_form``: the recipes site's
-    ``docker run`` form runs a single node (else ``no_site_docker_why``); ``nccl_probe`` / ``npu_peer_round``: the
-    cluster-wide NCCL probe / NPU ping round applies; ``troubles``: the runbook's troubleshooting entries;
+    ``docker run`` form runs a single node (else ``no_site_docker_why``); ``probes``: the ids of the cluster-wide
+    probes its preflight side runs (:meth:`k3deploy.preflight.base.VendorChecks.probes`); ``health``: the kinds of
+    hardware-health event its tools report (:class:`HealthKind`); ``troubles``: the runbook's troubleshooting entries;
     ``guide_notes``: (words, heading) of the guide's notes the runbook quotes for this vendor."""
 
     name: str
@@ -247,8 +261,8 @@ class Pack:
     pci_ids: bool = False
     site_docker_form: bool = True
     no_site_docker_why: str = ""
-    nccl_probe: bool = False
-    npu_peer_round: bool = False
+    probes: tuple[str, ...] = ()
+    health: tuple[HealthKind, ...] = ()
     troubles: tuple[Trouble, ...] = ()
     guide_notes: tuple[tuple[tuple[str, ...], str], ...] = ()
     common: tuple[Check, ...] = field(default=(), repr=False)

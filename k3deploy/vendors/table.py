@@ -42,7 +42,7 @@ def rows() -> list[tuple[str, str, str, str, str]]:
     vendors: dict[tuple[str, str, str, str], list[str]] = {}
     for pack in PACKS:
         for check in pack.all_checks():
-            if check.id == "nccl.probe" and not pack.nccl_probe:
+            if check.id == "nccl.probe" and check.id not in pack.probes:
                 continue   # the NCCL probe runs where the pack says it applies
             vendors.setdefault(_key(check), []).append(pack.brand)
     brands = [pack.brand for pack in PACKS]

@@ -26,6 +26,7 @@ LAYER_OF = {
     "k3deploy.recipe": "recipe",
     "k3deploy.vendors": "vendors",  # the pure vendor packs: what each vendor needs, as data
     "k3deploy.vendors.nvidia.checks": "preflight",  # a vendor's fact plan and the judges of its checks
+    "k3deploy.vendors.nvidia.probe": "preflight",  # a vendor's cluster-wide probe
     "k3deploy.vendors.amd.checks": "preflight",
     "k3deploy.vendors.ascend.checks": "preflight",
     "k3deploy.model": "model",

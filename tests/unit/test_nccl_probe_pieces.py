@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k3deploy.preflight.probe import NcclProbe, ProbeResult, judge, pairs, parse_probe, probe_env
+from k3deploy.vendors.nvidia.probe import NcclProbe, ProbeResult, judge, pairs, parse_probe, probe_env
 
 # NCCL INFO lines as real NCCL prints them (NVIDIA/nccl#1537, #899; the DMA-BUF failure of NVIDIA/nccl#778)
 GOOD = ["node1:99:120 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>",

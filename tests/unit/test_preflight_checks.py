@@ -24,10 +24,10 @@ from k3deploy.facts.nvidia import (
 )
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight import checks
 from k3deploy.preflight.checks import HostFacts, run_checks
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.ascend.checks import peer_checks, peer_targets
 
 FIX = FIXTURES
 GIB = 1024**3
@@ -478,25 +478,25 @@ def test_ascend_peers_pings_same_index_npus_and_names_each_unreachable_pair():
     for r, f in enumerate(hosts):
         f.hccn = [dataclasses.replace(p, ip=f"192.168.{100 + r}.{p.device + 1}", vnic=f"192.169.{r}.{199 - p.device}")
                   for p in f.hccn]  # type: ignore[union-attr]
-    targets = checks.peer_targets(hosts)
+    targets = peer_targets(hosts)
     assert targets["a3-0"][3] == [3, "192.169.1.196", "192.168.101.4"] and len(targets["a3-0"]) == 16
     assert targets["a3-1"][0] == [0, "192.169.0.199", "192.168.100.1"]
-    assert checks.peer_targets(hosts[:1]) == {}  # one node: nothing to ping
+    assert peer_targets(hosts[:1]) == {}  # one node: nothing to ping
 
     def answers(host: str, bad: set[int]) -> list[NpuPing]:
         return [NpuPing(d, vnic, "hccs_ping", d not in bad,
                         f"3 packets transmitted, {0 if d in bad else 3} received") for d, vnic, _ in targets[host]]
 
-    ok = checks.peer_checks(hosts, targets, {"a3-0": answers("a3-0", set()), "a3-1": answers("a3-1", set())})
+    ok = peer_checks(hosts, targets, {"a3-0": answers("a3-0", set()), "a3-1": answers("a3-1", set())})
     assert [(r.host, r.check, r.status) for r in ok] == [("a3-0", "ascend.peers", "pass"),
                                                          ("a3-1", "ascend.peers", "pass")]
     got = {"a3-0": answers("a3-0", {3}), "a3-1": answers("a3-1", {3})[:15]}
-    bad = checks.peer_checks(hosts, targets, got)
+    bad = peer_checks(hosts, targets, got)
     assert [r.status for r in bad] == ["fail", "fail"]
     assert bad[0].observed == "NPU 3 -> 192.169.1.196 (a3-1) hccs_ping: 3 packets transmitted, 0 received"
     assert "NPU 15 -> 192.169.0.184 (a3-0): not pinged" in bad[1].observed
     assert "same-index" in bad[0].required and "-hccs_ping" in bad[0].fix
-    lost = checks.peer_checks(hosts, targets, {"a3-0": "ConnectError: gone"})
+    lost = peer_checks(hosts, targets, {"a3-0": "ConnectError: gone"})
     assert lost[0].status == "fail" and lost[0].observed == "not read: ConnectError: gone"
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from k3deploy.vendors.base import Check, Container, Pack, Transport
+from k3deploy.vendors.base import Check, Container, HealthKind, Pack, Transport
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 AMDGPU_FLOOR = "6.10"
@@ -60,6 +60,12 @@ GPUDIRECT_FIX = ("install amdgpu-dkms with a peer-memory capable RDMA stack (the
 def _peer_memory_command() -> str:
     return "; ".join([*(f"cat {path}" for path in PEER_MEMORY_PATHS), KALLSYMS_GREP])
 
+#: the kind of hardware-health event AMD's tools report (:mod:`k3deploy.model.health`), and how a node comes back
+HEALTH_KINDS = (
+    HealthKind("ras", "ECC", "uncorrectable memory errors: reboot the node (the driver retires the bad pages, amd-smi "
+               "bad-pages lists them); errors that come back mean the GPU must be replaced"),
+)
+
 PACK = Pack(
     name="amd",
     brand="AMD",
@@ -67,6 +73,7 @@ PACK = Pack(
     tool="rocm-smi",
     driver_check="rocm.devices",
     driver_fix="install the amdgpu driver (amdgpu-dkms) and ROCm SMI, then reboot",
+    health=HEALTH_KINDS,
     transport=Transport(
         socket_env=("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
         exact_socket_env=("NCCL_SOCKET_IFNAME",),

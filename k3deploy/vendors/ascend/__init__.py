@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from k3deploy.vendors.base import Check, Container, Pack, Spot, Transport
+from k3deploy.vendors.base import Check, Container, HealthKind, Pack, Spot, Transport
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 DRIVER_RECOMMENDED = "25.5"
@@ -49,6 +49,13 @@ def _each_npu(spot: Spot, queries: tuple[str, ...]) -> str:
     return f"t={HCCN}; for i in $(seq 0 {max(0, spot.devices - 1)}); do {body}; done"
 
 
+#: the kind of hardware-health event Ascend's tools report (:mod:`k3deploy.model.health`), and how a node comes back
+HEALTH_KINDS = (
+    HealthKind("npu-health", "NPU health", "read the NPU's error code (npu-smi info -t health -i N) in the product's "
+               "black-box error code list, then reset the NPU (npu-smi set -t reset -i N -c 0) or reboot; replace it "
+               "if the alarm comes back"),
+)
+
 PACK = Pack(
     name="ascend",
     brand="Huawei",
@@ -56,6 +63,7 @@ PACK = Pack(
     tool="npu-smi",
     driver_check="ascend.driver",
     driver_fix="install the Ascend driver and firmware (HDK) so that npu-smi works, then reboot",
+    health=HEALTH_KINDS,
     transport=Transport(
         socket_env=("HCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"),
         address_env="HCCL_IF_IP",
@@ -104,6 +112,6 @@ PACK = Pack(
     ),
     site_docker_form=False,
     no_site_docker_why="Ascend NPUs need their devices and driver mounts, not --gpus",
-    npu_peer_round=True,
+    probes=("ascend.peers",),
     common=COMMON,
 )

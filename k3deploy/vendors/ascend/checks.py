@@ -12,7 +12,19 @@ from k3deploy.facts import ascend as facts_ascend
 from k3deploy.facts.ascend import NpuInfo
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.base import HEALTH, CheckResult, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
+from k3deploy.preflight.base import (
+    HEALTH,
+    CheckResult,
+    ClusterProbe,
+    Device,
+    FactSpec,
+    HostFacts,
+    ProbeRound,
+    Results,
+    VendorChecks,
+    VendorRun,
+)
+from k3deploy.preflight.rounds import ping_round
 from k3deploy.vendors import ascend as vendor
 
 
@@ -153,6 +165,23 @@ def peer_checks(read: list[HostFacts], targets: dict[str, list[list[Any]]],
     return out
 
 
+class NpuPeerRound(ClusterProbe):
+    """Multi-node Ascend: the NPUs talk over their own RoCE ports, which only a round across hosts can test. Once
+    every host's NPU addresses are read, each host pings, from NPU i, NPU i of every other host (same-index pairs,
+    what the RoCE plane connects; not every NPU pair), one command per host, all hosts at once; then
+    ``ascend.peers`` per host (:func:`peer_checks`)."""
+
+    check = "ascend.peers"
+
+    def run(self, at: ProbeRound) -> list[CheckResult]:
+        if not at.target.requirements.needs_rdma:
+            return []
+        targets = peer_targets(at.facts)
+        if not targets:
+            return []
+        return peer_checks(at.facts, targets, ping_round(at.state, at.hosts, targets, facts_ascend.HccnPing))
+
+
 class AscendRun(VendorRun):
     def last(self, out: Results, facts: HostFacts) -> None:
         _check_ascend(out, facts)
@@ -179,6 +208,9 @@ class AscendChecks(VendorChecks):
 
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
         return (HEALTH, facts_ascend.AscendHealth, {"config_dir": config_dir})
+
+    def probes(self) -> tuple[ClusterProbe, ...]:
+        return (NpuPeerRound(),)
 
 
 CHECKS = AscendChecks()

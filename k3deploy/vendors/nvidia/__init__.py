@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from k3deploy.vendors.base import Check, Container, Pack, Transport, Trouble
+from k3deploy.vendors.base import Check, Container, HealthKind, Pack, Transport, Trouble
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 DRIVER_FLOOR = "580.65.06"
@@ -112,6 +112,30 @@ HEALTH_FIX = ("the node must not serve: drain it: " + QUARANTINE_NOTE + "; then 
               "tray for XID 79, a row remapping failure or a link that stays down; the kernel log keeps an XID until "
               "the next boot")
 
+#: what to do about a fatal XID of these codes (the node is drained either way: a spare takes its place); the others
+#: get the XID kind's fix
+XID_FIXES = {
+    "79": "the GPU fell off the bus: reseat or replace the GPU or tray (check its power and PCIe/riser), then "
+          "power-cycle the node; a GPU reset cannot reach it",
+    "74": "an NVLink error: check the GPU's NVLink cables and the NVLink switch tray (nvidia-smi nvlink -s, "
+          "nvidia-smi nvlink -e), then reset the GPU (nvidia-smi -r -i N) or reboot",
+    "64": "the GPU could not remap a failing memory row: run NVIDIA's field diagnostic and replace the GPU (RMA)",
+}
+
+#: the kinds of hardware-health event NVIDIA's tools report (:mod:`k3deploy.model.health`), and how a node comes back
+HEALTH_KINDS = (
+    HealthKind("xid", "XID", "reset the GPU (nvidia-smi -r -i N, engines stopped) or reboot the node; an XID stays in "
+               "the kernel log until the next boot, and one that comes back means the GPU must be replaced",
+               tuple((code, (meaning, XID_FIXES.get(code, ""))) for code, (meaning, _) in XID_CODES.items())),
+    HealthKind("ecc", "ECC", "reset the GPU (nvidia-smi -r -i N, engines stopped) or reboot: it applies the pending "
+               "row remap and clears the volatile counters; errors that come back mean the GPU must be replaced"),
+    HealthKind("row-remap", "row remap", "a pending remap: reset the GPU (nvidia-smi -r -i N) or reboot to apply "
+               "it; a remapping failure: run NVIDIA's field diagnostic and replace the GPU (RMA)"),
+    HealthKind("nvlink", "NVLink", "an NVLink link is down: check the tray's NVLink cables or cartridge and the "
+               "NVLink switch trays, then reset the GPU or reboot the tray; a link that stays down means the tray "
+               "must be repaired"),
+)
+
 
 def _dmabuf_script(unit: str, env_path: str) -> str:
     return (f"journalctl -u {shlex.quote(unit)} --no-pager | grep -m3 -E 'mlx5dv_reg_dmabuf_mr|errno 524' || true\n"
@@ -196,7 +220,8 @@ PACK = Pack(
               "plan more nodes, or choose a smaller variant", each_node=False),
         Check("hardware.health", HEALTH_COMMAND, HEALTH_REQUIRED, HEALTH_FIX, fact="NvidiaHealth"),
     ),
-    nccl_probe=True,
+    probes=("nccl.probe",),
+    health=HEALTH_KINDS,
     troubles=TROUBLES,
     common=COMMON,
 )

@@ -19,16 +19,21 @@ from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
     CLUSTER,
     HEALTH,
+    CheckResult,
+    ClusterProbe,
     Device,
     FactSpec,
     HostFacts,
+    ProbeRound,
     Results,
     VendorChecks,
     VendorRun,
+    probe_not_run,
     unit_name,
 )
 from k3deploy.vendors import nvidia as vendor
 from k3deploy.vendors.base import Setting
+from k3deploy.vendors.nvidia import probe
 
 
 def _check_nvidia_driver(out: Results, sel: Requirements, facts: HostFacts) -> None:
@@ -470,6 +475,29 @@ class NvidiaRun(VendorRun):
                 self._tray_passed(out, h, f"Completed; ClusterUUID {uuid}, CliqueId {clique}", vendor.FABRIC_REQUIRED)
 
 
+class NcclAllReduce(ClusterProbe):
+    """``k3_nccl_probe``: the two-node NCCL all-reduce in the image on the planned engine nodes
+    (:mod:`k3deploy.vendors.nvidia.probe`), once every other check has passed (a node that fails them would fail it
+    too, for a reason already shown); multi-node plans over RDMA only."""
+
+    check = probe.CHECK
+    after_render = True
+
+    def run(self, at: ProbeRound) -> list[CheckResult]:
+        wanted, rollout = at.target, at.rollout
+        if not wanted.vars.k3_nccl_probe:
+            return []
+        engine_hosts = list(dict.fromkeys(u.host for u in rollout.units if u.group != "router"))
+        if not (wanted.requirements.needs_rdma and len(engine_hosts) >= 2):
+            return [probe_not_run()]
+        if not at.ok:
+            return [CheckResult(CLUSTER, probe.CHECK, "warn", "not run: other checks failed",
+                                "every other check passed first", "fix the failures above, then rerun preflight")]
+        hosts = {host.name: host for host in at.state.inventory}
+        facts = [f for f in at.facts if f.host in engine_hosts]
+        return probe.run_probe(at.state, hosts, facts, at.host_env, wanted.vars.k3_docker, rollout.plan.image)
+
+
 class NvidiaChecks(VendorChecks):
     pack = vendor.PACK
 
@@ -505,6 +533,9 @@ class NvidiaChecks(VendorChecks):
 
     def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
         return NvidiaRun(requirements, hosts)
+
+    def probes(self) -> tuple[ClusterProbe, ...]:
+        return (NcclAllReduce(),)
 
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
         """XID events, ECC and row remapping, NVLink links; a link down is fatal on an NVL72 compute tray."""

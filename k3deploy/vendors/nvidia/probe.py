@@ -22,7 +22,7 @@ from typing import Any
 
 from k3deploy.facts.base import EXIT_MARK, FactError, K3Fact, split_exit
 from k3deploy.facts.parallel import each_host
-from k3deploy.preflight.checks import CheckResult, HostFacts
+from k3deploy.preflight.base import CheckResult, HostFacts
 
 CHECK = "nccl.probe"
 #: seconds one probe container may run (rendezvous, NCCL init, one all-reduce)
