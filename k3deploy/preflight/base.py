@@ -10,26 +10,15 @@ imports them).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeVar
 
-from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, PeerMemory, RocmDriver
-from k3deploy.facts.ascend import AscendVersionInfo, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError
 from k3deploy.facts.health import HealthReading
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
-from k3deploy.facts.nvidia import (
-    DataDirectFunction,
-    DriverFlavour,
-    FabricManagerState,
-    GpuFabric,
-    GpuTopology,
-    ImexDomainState,
-    ImexState,
-    NvidiaGpu,
-    ToolkitVersion,
-)
-from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice
+from k3deploy.facts.nvidia import GpuTopology
+from k3deploy.facts.rdma import RdmaDevice
 from k3deploy.facts.rollout import StageDaemon
 from k3deploy.model.health import Health
 from k3deploy.model.requirements import Requirements
@@ -41,7 +30,7 @@ GIB = 1024**3
 
 Status = Literal["pass", "warn", "fail"]
 
-#: a fact to read on a host: (attribute of HostFacts, fact class, arguments)
+#: a fact to read on a host: (field of HostFacts or of the pack's facts type, fact class, arguments)
 FactSpec = tuple[str, type[Any], dict[str, Any]]
 #: the fact plan's name of the hardware-health fact (:meth:`VendorChecks.health`; :meth:`HostFacts.keep`)
 HEALTH = "health"
@@ -59,31 +48,16 @@ class CheckResult:
 
 @dataclass
 class HostFacts:
-    """Facts of one host; None = not collected (the fact does not apply to this hardware)."""
+    """Facts of one host, as every host has them; a vendor pack's preflight side reads its own on top, as a type of
+    its own (``NvidiaFacts``, ``AmdFacts``, ``AscendFacts``: :attr:`VendorChecks.facts_type`). None = not collected
+    (the fact does not apply to this hardware)."""
 
     host: str
     address: str = ""
     unreachable: str | None = None  # the connection error, when the host could not be reached
-    gpus: list[NvidiaGpu] | FactError | None = None
-    flavour: DriverFlavour | FactError | None = None
-    toolkit: ToolkitVersion | FactError | None = None
-    fabric_manager: FabricManagerState | FactError | None = None
-    imex: ImexState | FactError | None = None
-    imex_domain: ImexDomainState | FactError | None = None  # nvidia-imex-ctl -N
-    fabric: list[GpuFabric] | FactError | None = None
     rdma: list[RdmaDevice] | FactError | None = None
-    topology: GpuTopology | FactError | None = None  # nvidia-smi topo -m: how near each HCA sits to the GPUs
-    modules: LoadedModules | FactError | None = None
-    dmabuf: DmabufSupport | FactError | None = None
-    data_direct: list[DataDirectFunction] | FactError | None = None  # ConnectX-8 Data Direct PCI functions (GB300)
+    topology: GpuTopology | FactError | None = None  # how near each HCA sits to the accelerators (nvidia-smi topo -m)
     kernel: KernelRelease | FactError | None = None
-    amd_versions: AmdSmiVersions | FactError | None = None
-    rocm_driver: RocmDriver | FactError | None = None
-    amd_gpus: list[AmdGpu] | FactError | None = None
-    amd_peer_memory: PeerMemory | FactError | None = None  # the amdkfd peer-memory interface RCCL uses
-    npu: NpuInfo | FactError | None = None
-    ascend: AscendVersionInfo | FactError | None = None
-    hccn: list[NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
     runtime: ContainerRuntime | FactError | None = None
     disk_images: DiskSpace | FactError | None = None
     disk_cache: DiskSpace | FactError | None = None
@@ -110,6 +84,8 @@ class HostFacts:
             (True, 'XID 79 on GPU 0', 'ok')
         """
         if attr != HEALTH:
+            if attr not in {f.name for f in fields(self)}:
+                raise AttributeError(f"{type(self).__name__} has no fact {attr!r}")
             setattr(self, attr, value)
             return
         self.health_read = True
@@ -117,6 +93,17 @@ class HostFacts:
             self.health, self.quarantined = value.health, value.quarantined
         elif isinstance(value, FactError):
             self.health_error = value
+
+
+F = TypeVar("F", bound=HostFacts)
+
+
+def as_type(facts: HostFacts, cls: type[F]) -> F:
+    """``facts`` as a pack's facts type: itself when it is one; else its common facts, none of the pack's read (a
+    host that could not be reached)."""
+    if isinstance(facts, cls):
+        return facts
+    return cls(**{f.name: getattr(facts, f.name) for f in fields(HostFacts)})
 
 
 @dataclass(frozen=True)
@@ -162,7 +149,7 @@ class VendorRun:
     """One run of a vendor's judges over the planned hosts. The hooks are called per host, each where its results
     belong in the list (:func:`k3deploy.preflight.checks.run_checks`); each adds nothing by default."""
 
-    def __init__(self, requirements: Requirements, hosts: list[HostFacts]) -> None:
+    def __init__(self, requirements: Requirements, hosts: Sequence[HostFacts]) -> None:
         self.requirements = requirements
         self.hosts = hosts
 
@@ -221,10 +208,17 @@ class VendorChecks:
     (:meth:`begin` a :class:`VendorRun`) and the settings its facts derive."""
 
     pack: Pack
+    #: the type of a host's facts on this vendor's hardware: the common ones and the pack's own fields
+    facts_type: type[HostFacts] = HostFacts
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
-        """The vendor's facts to read on a host of this plan (before the RDMA ports and the common facts)."""
+        """The vendor's facts to read on a host of this plan (before the RDMA ports and the common facts), each
+        named as its field of :attr:`facts_type`."""
         return []
+
+    def host(self, facts: HostFacts) -> HostFacts:
+        """``facts`` as :attr:`facts_type` (itself when it is one; else its common facts, none of the pack's read)."""
+        return as_type(facts, self.facts_type)
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
         """The host's accelerators; None when they were not read."""
@@ -235,7 +229,7 @@ class VendorChecks:
         ``config_dir`` too; None: the vendor reads none."""
         return None
 
-    def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
+    def begin(self, requirements: Requirements, hosts: Sequence[HostFacts]) -> VendorRun:
         return VendorRun(requirements, hosts)
 
     def probes(self) -> tuple[ClusterProbe, ...]:

@@ -19,6 +19,8 @@ Thresholds are module variables so a site can change them before calling :func:`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, DiskSpace
 from k3deploy.facts.nvidia import GpuTopology
@@ -282,7 +284,7 @@ def _check_health(out: Results, judges: VendorChecks, facts: HostFacts) -> None:
 # ------------------------------------------------------------------------------------- entry
 
 
-def run_checks(sel: Requirements, hosts: list[HostFacts]) -> list[CheckResult]:
+def run_checks(sel: Requirements, hosts: Sequence[HostFacts]) -> list[CheckResult]:
     """All checks for all hosts: per-host results in host order, then the cluster-wide ones."""
     out = Results()
     hw = sel.hardware

@@ -79,7 +79,7 @@ def host_address(host: Any) -> str:
 
 def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str,
               config_dir: str = DEFAULT_CONFIG_DIR) -> list[FactSpec]:
-    """Which facts to read on a host of this selection (attribute of HostFacts, fact, arguments): the vendor pack's
+    """Which facts to read on a host of this selection (field of its pack's facts type, fact, arguments): the pack's
     (:meth:`k3deploy.preflight.base.VendorChecks.facts`), its hardware health with the quarantine record in
     ``config_dir`` (:meth:`~k3deploy.preflight.base.VendorChecks.health`), the RDMA ports where its engines use
     them, then the common ones."""
@@ -125,8 +125,8 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
     idir = str(image_dir or _host_value(host, "k3_image_dir") or "")
     hca = ib_hca or _host_value(host, "k3_ib_hca")
     itf = iface or _host_value(host, "k3_iface")
-    facts = HostFacts(host=host.name, address=address, ib_hca=str(hca) if hca else None,
-                      iface=str(itf) if itf else None)
+    facts = vendor_checks(sel).facts_type(host=host.name, address=address, ib_hca=str(hca) if hca else None,
+                                          iface=str(itf) if itf else None)
     config = str(config_dir or _host_value(host, "k3_config_dir") or DEFAULT_CONFIG_DIR)
     plan = fact_plan(sel, address, cdir, idir, config)
     extra = list(extra or [])

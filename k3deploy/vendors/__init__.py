@@ -13,9 +13,9 @@ keeps it so). Where a vendor's hardware differs (HGX boards vs NVL72 trays, MI30
 difference is data of its pack or of the hardware profile (``taxonomy.yaml``), not a branch elsewhere.
 
 Adding a vendor family: a package ``vendors/<family>/`` with its ``PACK`` (``__init__.py``) and its ``CHECKS``
-(``checks.py``: the facts it reads, its judges), listed in :data:`PACKS` and in
-:data:`k3deploy.preflight.checks.VENDOR_CHECKS`; its facts (``facts/<family>.py``, fields of
-:class:`k3deploy.preflight.base.HostFacts`) and its simulated tools (``sim/node_tools``).
+(``checks.py``: its facts type on top of :class:`k3deploy.preflight.base.HostFacts`, the facts it reads, its judges
+and probes), listed in :data:`PACKS` and in :data:`k3deploy.preflight.checks.VENDOR_CHECKS`; its facts
+(``facts/<family>.py``) and its simulated tools (``sim/node_tools``); docs/architecture.md lists the rest.
 
     >>> pack_for("NVIDIA").name, pack_for_container("npu").brand, pack_for_container("none")
     ('nvidia', 'Huawei', None)

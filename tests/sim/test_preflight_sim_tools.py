@@ -18,10 +18,11 @@ from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
 from k3deploy.facts.host import AddressInterface, DiskSpace, Ipv4Address  # noqa: E402
 from k3deploy.facts.nvidia import ImexState  # noqa: E402
 from k3deploy.model.requirements import Requirements  # noqa: E402
-from k3deploy.preflight.checks import HostFacts, run_checks  # noqa: E402
+from k3deploy.preflight.checks import run_checks, vendor_checks  # noqa: E402
 from k3deploy.preflight.runner import fact_plan  # noqa: E402
 from k3deploy.recipe.taxonomy import hardware  # noqa: E402
 from k3deploy.sim.faults import parse_fault  # noqa: E402
+from k3deploy.vendors.nvidia.checks import NvidiaFacts  # noqa: E402
 
 GIB = 1024**3
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
@@ -58,7 +59,7 @@ def cluster(hw: str, nodes: int, faults: list[str], tmp_path, variant="default",
         env = dict(os.environ, K3SIM_NODE_CONFIG=str(path),
                    PATH=f"{stub}:{TOOLS}/usr/bin:{TOOLS}/usr/local/bin:{TOOLS}/usr/local/Ascend/driver/tools:"
                         f"{os.environ['PATH']}")
-        facts = HostFacts(host=f"node{rank}", address=ip)
+        facts = vendor_checks(sel).facts_type(host=f"node{rank}", address=ip)
         for attr, cls, kwargs in fact_plan(sel, ip, "/var/lib/k3deploy/cache", "/var/lib/docker"):
             if attr not in NODE_LEVEL:
                 facts.keep(attr, run_fact(cls, kwargs, env))
@@ -67,9 +68,9 @@ def cluster(hw: str, nodes: int, faults: list[str], tmp_path, variant="default",
         facts.shm = DiskSpace("/dev/shm", "tmpfs", 64 * GIB, 64 * GIB, "/dev/shm")
         facts.interface = AddressInterface(ip, "eth0", "eth0", [Ipv4Address("eth0", ip, 24)])
         if sel.mnnvl:  # device nodes under /dev exist only inside a node
-            facts.imex = ImexState("active", ["channel0"], 234)
+            facts.keep("imex", ImexState("active", ["channel0"], 234))
         if hw.startswith("ascend"):
-            facts.ascend = AscendVersionInfo("25.5.0", "7.7.0.1.231", None, [])
+            facts.keep("ascend", AscendVersionInfo("25.5.0", "7.7.0.1.231", None, []))
         hosts.append(facts)
     return sel, hosts
 
@@ -223,7 +224,7 @@ def test_the_quarantine_record_is_read_with_the_health(tmp_path):
     assert run_fact(nvidia.NvidiaHealth, kwargs, env).quarantined is None
     (tmp_path / "quarantine").write_text(json.dumps({"reason": "XID 79 on GPU 0 (fallen off the bus)",
                                                      "events": [], "when": "2026-12-05T10:00:00Z"}))
-    facts = HostFacts(host="node0")
+    facts = NvidiaFacts(host="node0")
     facts.keep("health", run_fact(nvidia.NvidiaHealth, kwargs, env))
     assert facts.quarantined == "XID 79 on GPU 0 (fallen off the bus)"
     sel, _ = cluster("gb300", 2, [], tmp_path)

@@ -12,8 +12,9 @@ from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
 from k3deploy.facts.rdma import RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import HostFacts, run_checks
+from k3deploy.preflight.checks import run_checks
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.amd.checks import AmdFacts
 
 GIB = 1024**3
 PEERS = PeerMemory(path="/sys/kernel/mm/memory_peers/amdkfd/version", version="1.0")
@@ -30,8 +31,8 @@ def space(path: str, free_gib: float) -> DiskSpace:
 
 
 def mi355x(name: str, address: str, driver: str = "6.14.14", peers: PeerMemory | None = PEERS,
-           gpus: int = 8) -> HostFacts:
-    return HostFacts(
+           gpus: int = 8) -> AmdFacts:
+    return AmdFacts(
         host=name, address=address,
         kernel=KernelRelease("6.8.0-45-generic", (6, 8, 0)),
         runtime=ContainerRuntime("docker", "28.3.2", ["io.containerd.runc.v2", "runc"]),
@@ -48,7 +49,7 @@ def mi355x(name: str, address: str, driver: str = "6.14.14", peers: PeerMemory |
     )
 
 
-def group(*drivers: str) -> list[HostFacts]:
+def group(*drivers: str) -> list[AmdFacts]:
     return [mi355x(f"mi-{i}", f"10.1.0.{11 + i}", driver) for i, driver in enumerate(drivers)]
 
 

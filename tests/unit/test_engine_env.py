@@ -15,9 +15,9 @@ from k3deploy.model.requirements import Requirements
 from k3deploy.model.rollout import Rollout, plan_rollout
 from k3deploy.model.runbook.blanks import offline_env
 from k3deploy.model.variables import Variables
-from k3deploy.preflight.base import HostFacts
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.nvidia.checks import NvidiaFacts
 
 #: GB300 P/D as the recipe lays it out: two prefill trays (one of them the router's host), four decode trays
 PD = [HostRecord("p0", ("prefill", "router"), {"k3_ip": "192.0.2.10", "rank": 0}),
@@ -25,10 +25,10 @@ PD = [HostRecord("p0", ("prefill", "router"), {"k3_ip": "192.0.2.10", "rank": 0}
       *(HostRecord(f"d{i}", ("decode",), {"k3_ip": f"192.0.2.{20 + i}", "rank": i}) for i in range(4))]
 
 
-def facts(name: str, address: str, iface: str = "eth1", ports: int = 4) -> HostFacts:
+def facts(name: str, address: str, iface: str = "eth1", ports: int = 4) -> NvidiaFacts:
     """A node whose cluster address is on ``iface`` (a name other interfaces start with: ``eth10``), with ``ports``
     GPU NIC ports and working DMA-BUF."""
-    return HostFacts(
+    return NvidiaFacts(
         host=name, address=address,
         interface=AddressInterface(address, iface, "eth0", [Ipv4Address("eth0", "198.51.100.7", 24),
                                                            Ipv4Address(iface, address, 24),

@@ -20,11 +20,11 @@ from k3deploy.facts.nvidia import (
 )
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import HostFacts, run_checks
+from k3deploy.preflight.checks import run_checks
 from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors import Spot
 from k3deploy.vendors import nvidia as vendor
-from k3deploy.vendors.nvidia.checks import CHECKS
+from k3deploy.vendors.nvidia.checks import CHECKS, NvidiaFacts
 
 GIB = 1024**3
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
@@ -54,10 +54,10 @@ def _domain(addresses: list[str]) -> ImexDomainState:
                                   for i, a in enumerate(addresses)])
 
 
-def gb300(name: str, address: str, imex: list[str], extra: list[Ipv4Address] | None = None) -> HostFacts:
+def gb300(name: str, address: str, imex: list[str], extra: list[Ipv4Address] | None = None) -> NvidiaFacts:
     facts = _common(name, address, extra, ports=4)
     facts["dmabuf"] = DmabufSupport("6.14.0-1007-nvidia-64k", True, True, True, True, [], "25.04-0.6.1")
-    return HostFacts(
+    return NvidiaFacts(
         **facts,
         gpus=[NvidiaGpu("NVIDIA GB300", 284208, "580.95.05") for _ in range(4)],
         toolkit=ToolkitVersion("1.17.8"),
@@ -68,10 +68,10 @@ def gb300(name: str, address: str, imex: list[str], extra: list[Ipv4Address] | N
     )
 
 
-def hgx(name: str, address: str, fabric: list[GpuFabric] | None = None) -> HostFacts:
+def hgx(name: str, address: str, fabric: list[GpuFabric] | None = None) -> NvidiaFacts:
     real = read(nvidia.NvlinkFabric().process(
         (FIXTURES / "nvidia/smi-q-h100-hgx-fabric-completed.txt").read_text().splitlines() + ["K3_EXIT=0"]))
-    return HostFacts(
+    return NvidiaFacts(
         **_common(name, address),
         gpus=[NvidiaGpu("NVIDIA H200", 143771, "580.126.09") for _ in range(8)],
         toolkit=ToolkitVersion("1.17.8"),
@@ -155,7 +155,7 @@ def test_the_parser_reads_every_health_row():
     assert gpu.health_failures == [] and gpu.health_degraded == ["Health Limited Capacity", "Bandwidth Degraded"]
 
 
-def trays() -> list[HostFacts]:
+def trays() -> list[NvidiaFacts]:
     addresses = [f"10.77.0.{11 + i}" for i in range(3)]
     return [gb300(f"gb300-{i}", a, addresses) for i, a in enumerate(addresses)]
 
@@ -219,7 +219,7 @@ def test_a_tray_missing_from_the_management_network_domain_still_fails():
 # --------------------------------------------------------------- finding 8: GB300 Data Direct
 
 
-def _tray_with_kernel(kernel: str, data_direct=None) -> list[HostFacts]:
+def _tray_with_kernel(kernel: str, data_direct=None) -> list[NvidiaFacts]:
     hosts = trays()[:2]
     for h in hosts:
         h.dmabuf = DmabufSupport(kernel, True, True, True, True, [], "25.04-0.6.1")

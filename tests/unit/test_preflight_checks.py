@@ -24,10 +24,12 @@ from k3deploy.facts.nvidia import (
 )
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import HostFacts, run_checks
+from k3deploy.preflight.checks import run_checks
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
-from k3deploy.vendors.ascend.checks import peer_checks, peer_targets
+from k3deploy.vendors.amd.checks import AmdFacts
+from k3deploy.vendors.ascend.checks import AscendFacts, peer_checks, peer_targets
+from k3deploy.vendors.nvidia.checks import NvidiaFacts
 
 FIX = FIXTURES
 GIB = 1024**3
@@ -38,6 +40,11 @@ def space(path: str, free_gib: float, size_gib: float | None = None) -> DiskSpac
     size = size_gib if size_gib is not None else free_gib * 2
     return DiskSpace(path=path, filesystem="/dev/nvme0n1p2", size_bytes=int(size * GIB),
                      available_bytes=int(free_gib * GIB), mount="/")
+
+
+def not_nvidia(facts: dict) -> dict:
+    """The facts of :func:`common` another vendor's host has: not NVIDIA's kernel modules and DMA-BUF."""
+    return {k: v for k, v in facts.items() if k not in ("modules", "dmabuf")}
 
 
 def common(name: str, address: str) -> dict:
@@ -76,12 +83,12 @@ def ib_ports(n: int) -> list[RdmaDevice]:
     return [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)]) for i in range(n)]
 
 
-def gb300_host(name: str, address: str) -> HostFacts:
+def gb300_host(name: str, address: str) -> NvidiaFacts:
     facts = common(name, address)
     facts["rdma"] = ib_ports(4)
     # GB300 + ConnectX-8: Data Direct needs the 6.14-nvidia kernel (NVIDIA's Grace Blackwell CX8 GPUDirect RDMA guide)
     facts["dmabuf"] = DmabufSupport("6.14.0-1007-nvidia-64k", True, True, True, True, [], "25.04-0.6.1")
-    return HostFacts(
+    return NvidiaFacts(
         **facts,
         gpus=[NvidiaGpu("NVIDIA GB300", 284208, "580.95.05") for _ in range(4)],
         toolkit=ToolkitVersion("1.17.8"),
@@ -91,8 +98,8 @@ def gb300_host(name: str, address: str) -> HostFacts:
     )
 
 
-def h200_host(name: str, address: str) -> HostFacts:
-    return HostFacts(
+def h200_host(name: str, address: str) -> NvidiaFacts:
+    return NvidiaFacts(
         **{**common(name, address), "rdma": ib_ports(8)},
         gpus=[NvidiaGpu("NVIDIA H200", 143771, "580.126.09") for _ in range(8)],
         toolkit=ToolkitVersion("1.17.8"),
@@ -109,7 +116,7 @@ def failures(results):
     return sorted((r.host, r.check) for r in results if r.status == "fail")
 
 
-def gb300_cluster(n: int = 3) -> list[HostFacts]:
+def gb300_cluster(n: int = 3) -> list[NvidiaFacts]:
     return [gb300_host(f"gb300-{i}", f"10.77.0.{11 + i}") for i in range(n)]
 
 
@@ -279,7 +286,7 @@ def test_missing_nvidia_smi_names_the_host_and_the_driver():
 
 def test_unreachable_host_is_a_failed_host_with_the_reason():
     hosts = gb300_cluster()
-    hosts[1] = HostFacts(host="gb300-1", unreachable="Could not connect (timed out)")
+    hosts[1] = NvidiaFacts(host="gb300-1", unreachable="Could not connect (timed out)")
     results = run_checks(sel("gb300", 3), hosts)
     assert ("gb300-1", "host.reachable") in failures(results)
     assert {h for h, _ in failures(results)} == {"gb300-1"}
@@ -404,9 +411,9 @@ def test_memory_fix_suggests_the_node_count():
 # ------------------------------------------------------------------------------ AMD, Ascend
 
 
-def mi355x_host(name: str) -> HostFacts:
-    return HostFacts(
-        **common(name, "10.1.0.1"),
+def mi355x_host(name: str) -> AmdFacts:
+    return AmdFacts(
+        **not_nvidia(common(name, "10.1.0.1")),
         amd_gpus=[AmdGpu(i, 309237645312, "AMD Instinct MI355X") for i in range(8)],
         amd_versions=AmdSmiVersions("26.0.2+39589fda", "26.0.2", "7.0.2", "6.14.14"),
         rocm_driver=RocmDriver("6.14.14"),
@@ -430,11 +437,11 @@ def test_rocm_host_floor_is_optional(monkeypatch):
     assert failures(run_checks(sel("mi355x", 1), [mi355x_host("mi-0")])) == [("mi-0", "rocm.version")]
 
 
-def a3_host(name: str, address: str) -> HostFacts:
+def a3_host(name: str, address: str) -> AscendFacts:
     chips = [NpuChip(i // 2, i % 2, "Ascend910", "OK", f"0000:{i:02X}:00.0", 3000, 65536) for i in range(16)]
     gw = address.rsplit(".", 1)[0] + ".254"
-    return HostFacts(
-        **common(name, address),
+    return AscendFacts(
+        **not_nvidia(common(name, address)),
         npu=NpuInfo("25.5.0", chips),
         ascend=AscendVersionInfo("25.5.0", "7.7.0.1.231", None, []),
         hccn=[NpuPort(i, "UP", "Success", gw, gw) for i in range(16)],
@@ -660,7 +667,7 @@ def test_pd_nodes_give_ucx_the_rdma_ports_nccl_uses():
     assert "UCX_NET_DEVICES" not in derive_settings(sel("h200", 2), host).env  # NCCL only without P/D
 
 
-def _roce_host(default_iface: str = "eno1") -> HostFacts:
+def _roce_host(default_iface: str = "eno1") -> NvidiaFacts:
     host = h200_host("h200-0", "10.0.0.1")
     host.interface = AddressInterface("10.0.0.1", "eno1", default_iface, [Ipv4Address("eno1", "10.0.0.1", 24)])
     host.rdma = [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 4096, f"ens{i}f0np0")])
@@ -738,7 +745,7 @@ def test_a_gb200_tray_without_multi_node_nvlink_fails_as_not_an_nvl72_compute_tr
     assert derive_settings(sel("gb200", 4), trays[0]).env["NCCL_MNNVL_ENABLE"] == "1"
 
 
-def _roce_node_with_storage_nic() -> HostFacts:
+def _roce_node_with_storage_nic() -> NvidiaFacts:
     """A RoCE-only HGX node (8 GPU NICs, each PIX to its GPU) with a bonded front-end/storage NIC, port up, on the
     first socket (NODE to its GPUs): the real H200's `nvidia-smi topo -m` of tests/fixtures/nvidia/topo-m-h200-bond.txt."""
     from k3deploy.facts.nvidia import parse_topo

@@ -10,9 +10,10 @@ from k3deploy.facts.host import AddressInterface, Ipv4Address
 from k3deploy.facts.nvidia import GpuFabric, NvidiaGpu, parse_topo
 from k3deploy.facts.rdma import DmabufSupport, RdmaDevice, RdmaDevices, RdmaPort, choose_ports
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import HostFacts, run_checks
+from k3deploy.preflight.checks import run_checks
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.nvidia.checks import NvidiaFacts
 
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
 CX8, BF3 = 4131, 41692   # vendor_part_id: ConnectX-8 (0x1023), BlueField-3 (0xa2dc)
@@ -27,12 +28,12 @@ def port(state: str = "PORT_ACTIVE", layer: str = "Ethernet") -> RdmaPort:
     return RdmaPort(1, state, layer, 4096)
 
 
-def spectrum_x_tray(name: str = "gb300-0", address: str = "10.77.0.11", gpu_nics: int = 4) -> HostFacts:
+def spectrum_x_tray(name: str = "gb300-0", address: str = "10.77.0.11", gpu_nics: int = 4) -> NvidiaFacts:
     """A GB300 tray on Spectrum-X: four ConnectX-8 SuperNICs (RoCE) and a dual-port BlueField-3 (one port up),
     every NIC SYS to every GPU (a real GB200's matrix)."""
     rdma = [RdmaDevice(f"mlx5_{i}", ports=[port()], vendor_part_id=CX8) for i in range(gpu_nics)]
     rdma.append(RdmaDevice("mlx5_4", ports=[port(), RdmaPort(2, "PORT_DOWN", "Ethernet", 1024)], vendor_part_id=BF3))
-    return HostFacts(
+    return NvidiaFacts(
         host=name, address=address,
         interface=AddressInterface(address, "eth0", "eth0", [Ipv4Address("eth0", address, 24)]),
         gpus=[NvidiaGpu("NVIDIA GB300", 284208, "580.95.05") for _ in range(4)],

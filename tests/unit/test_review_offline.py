@@ -244,13 +244,14 @@ def test_fixes_name_where_the_selection_lives_and_the_driver_being_moved_to():
 
     from k3deploy.facts.nvidia import FabricManagerState, NvidiaGpu
     from k3deploy.model.requirements import Requirements
-    from k3deploy.preflight.checks import HostFacts, run_checks
+    from k3deploy.preflight.checks import run_checks
     from k3deploy.recipe.taxonomy import hardware
+    from k3deploy.vendors.nvidia.checks import NvidiaFacts
 
     req = Requirements(hardware()["h200"], "default", 1680.0, nodes=1, strategy="single_node_tp",
                        hardware_from="group_vars/site.yml", image="vllm/vllm-openai:kimi-k3@sha256:" + "a" * 64)
     old = [NvidiaGpu(name="NVIDIA H200", driver="550.54.15", memory_mib=143771) for _ in range(8)]
-    facts = HostFacts(host="n1", gpus=old, fabric_manager=FabricManagerState("active", "580.126.09", ""))
+    facts = NvidiaFacts(host="n1", gpus=old, fabric_manager=FabricManagerState("active", "580.126.09", ""))
     rows = {r.check: r for r in run_checks(req, [facts])}
     assert "image vllm/vllm-openai:kimi-k3@sha256:" in rows["nvidia.driver"].fix
     assert rows["nvidia.fabricmanager"].fix.startswith("after the driver upgrade to r580")

@@ -9,11 +9,12 @@ from k3deploy import resolve
 from k3deploy.errors import SelectionError
 from k3deploy.facts.nvidia import GpuFabric, NvidiaGpu
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import HostFacts, run_checks
+from k3deploy.preflight.checks import run_checks
 from k3deploy.recipe.argv import flag_value
 from k3deploy.recipe.fixes import deployable
 from k3deploy.recipe.lint import lint_plan
 from k3deploy.recipe.taxonomy import BUILDER_MAX_NODES, hardware
+from k3deploy.vendors.nvidia.checks import NvidiaFacts
 
 
 @pytest.mark.parametrize("nodes", [18, 36, 72])
@@ -57,11 +58,11 @@ def test_node_counts_have_an_upper_bound(recipe):
         resolve(recipe, hardware="gb300", strategy="multi_node_dep", nodes=257)
 
 
-def _tray(host: str, uuid: str) -> HostFacts:
+def _tray(host: str, uuid: str) -> NvidiaFacts:
     gpus = [NvidiaGpu("NVIDIA GB300", 284208, "580.95.05") for _ in range(4)]
     fabric = [GpuFabric(gpu=f"0000000{i}:01:00.0", state="Completed", status="Success", clique_id="32766",
                         cluster_uuid=uuid) for i in range(4)]
-    return HostFacts(host=host, gpus=gpus, fabric=fabric)
+    return NvidiaFacts(host=host, gpus=gpus, fabric=fabric)
 
 
 @pytest.mark.parametrize("strategy, one_domain, status", [

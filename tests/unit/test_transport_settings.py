@@ -11,9 +11,9 @@ from k3deploy.facts.host import AddressInterface, Ipv4Address
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.runbook.blanks import offline_env
-from k3deploy.preflight.base import HostFacts
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.nvidia.checks import NvidiaFacts
 
 ADDRESS = "192.0.2.11"
 
@@ -26,10 +26,10 @@ CASES = [
 ]
 
 
-def host(ports: int = 4) -> HostFacts:
+def host(ports: int = 4) -> NvidiaFacts:
     """A host whose cluster address is on eth1, with ``ports`` active RDMA ports and working DMA-BUF: one that
     passes preflight."""
-    return HostFacts(
+    return NvidiaFacts(
         host="n1", address=ADDRESS,
         interface=AddressInterface(ADDRESS, "eth1", "eth0", [Ipv4Address("eth0", "198.51.100.7", 24),
                                                              Ipv4Address("eth1", ADDRESS, 24)]),
@@ -39,7 +39,7 @@ def host(ports: int = 4) -> HostFacts:
     )
 
 
-def answers(facts: HostFacts) -> dict[str, str]:
+def answers(facts: NvidiaFacts) -> dict[str, str]:
     """What each blank's command prints on the host of ``facts``."""
     assert isinstance(facts.interface, AddressInterface) and isinstance(facts.rdma, list)
     return {"IFACE": str(facts.interface.interface),

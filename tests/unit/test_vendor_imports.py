@@ -7,10 +7,17 @@ and asks it: its transport settings, its checks and probes, its kinds of health 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
+import pytest
+
 import k3deploy
+from k3deploy.model.requirements import Requirements
+from k3deploy.preflight.base import HostFacts
 from k3deploy.preflight.checks import VENDOR_CHECKS
+from k3deploy.preflight.runner import fact_plan
+from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors import PACKS
 
 PACKAGE = Path(k3deploy.__file__).parent
@@ -69,3 +76,21 @@ def test_each_packs_probes_are_the_ones_its_preflight_side_runs():
 def test_each_kind_of_health_event_is_one_packs():
     kinds = [k.kind for pack in PACKS for k in pack.health]
     assert len(kinds) == len(set(kinds)) and {"xid", "ras", "npu-health"} <= set(kinds)
+
+
+@pytest.mark.parametrize("hw", ["h200", "gb300", "mi355x", "ascend_910c"])
+def test_every_fact_a_pack_reads_is_a_field_of_its_facts_type(hw):
+    """The common facts are :class:`HostFacts`'s; each pack's own are fields of its own type, none of another's."""
+    need = Requirements(hardware()[hw], "default", None, nodes=2, multi_node=True, pd=True)
+    judges = VENDOR_CHECKS[next(p.name for p in PACKS if p.brand == need.brand)]
+    own = {f.name for f in dataclasses.fields(judges.facts_type)} - {f.name for f in dataclasses.fields(HostFacts)}
+    read = {name for name, _, _ in fact_plan(need, "10.0.0.1", "/c", "")} - {"health"}
+    assert {name for name, _, _ in judges.facts(need)} <= own | {"topology"}
+    assert read <= own | {f.name for f in dataclasses.fields(HostFacts)}
+    others = {f.name for c in VENDOR_CHECKS.values() if c is not judges for f in dataclasses.fields(c.facts_type)}
+    assert not own & others
+
+
+def test_a_fact_of_no_field_is_refused():
+    with pytest.raises(AttributeError, match="no fact 'gpus'"):
+        HostFacts("n1").keep("gpus", [])

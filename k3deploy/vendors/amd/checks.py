@@ -6,16 +6,48 @@ multi-node hosts the amdkfd peer-memory interface RCCL's GPUDirect RDMA needs. I
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from k3deploy.facts import amd as facts_amd
 from k3deploy.facts.amd import AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.base import CLUSTER, GIB, HEALTH, Device, FactSpec, HostFacts, Results, VendorChecks, VendorRun
+from k3deploy.preflight.base import (
+    CLUSTER,
+    GIB,
+    HEALTH,
+    Device,
+    FactSpec,
+    HostFacts,
+    Results,
+    VendorChecks,
+    VendorRun,
+    as_type,
+)
 from k3deploy.vendors import amd as vendor
 
 
-def amdgpu_version(facts: HostFacts) -> str | None:
+@dataclass
+class AmdFacts(HostFacts):
+    """A host's facts on AMD hardware: the common ones, and what AMD's tools say (None: not read): amd-smi's
+    versions (amdgpu, host ROCm), the loaded amdgpu module's version, the GPUs, and the amdkfd peer-memory interface
+    RCCL's GPUDirect RDMA needs (multi-node)."""
+
+    amd_versions: AmdSmiVersions | FactError | None = None
+    rocm_driver: RocmDriver | FactError | None = None
+    amd_gpus: list[facts_amd.AmdGpu] | FactError | None = None
+    amd_peer_memory: PeerMemory | FactError | None = None  # the amdkfd peer-memory interface RCCL uses
+
+
+def own(facts: HostFacts) -> AmdFacts:
+    """``facts`` as AMD's (:func:`~k3deploy.preflight.base.as_type`)."""
+    return as_type(facts, AmdFacts)
+
+
+def amdgpu_version(host: HostFacts) -> str | None:
     """The host's amdgpu kernel driver version: the loaded module's (or rocm-smi's), else amd-smi's."""
+    facts = own(host)
     if isinstance(facts.rocm_driver, RocmDriver):
         return facts.rocm_driver.driver
     versions = facts.amd_versions
@@ -24,7 +56,7 @@ def amdgpu_version(facts: HostFacts) -> str | None:
     return None
 
 
-def _check_rocm(out: Results, facts: HostFacts) -> None:
+def _check_rocm(out: Results, facts: AmdFacts) -> None:
     versions = facts.amd_versions
     floor = f", host ROCm >= {vendor.ROCM_HOST_MIN}" if vendor.ROCM_HOST_MIN else ""
     required = f"amdgpu >= {vendor.AMDGPU_FLOOR} (ROCm 7 image)" + floor
@@ -49,7 +81,7 @@ def _check_rocm(out: Results, facts: HostFacts) -> None:
         out.add(facts.host, "rocm.version", "pass", f"host ROCm {rocm}", vendor.ROCM_HOST_MIN or "none")
 
 
-def _check_peer_memory(out: Results, facts: HostFacts) -> None:
+def _check_peer_memory(out: Results, facts: AmdFacts) -> None:
     """``rdma.gpudirect``: RCCL uses GPUDirect RDMA only where it finds the amdkfd peer-memory interface; without it
     every transfer between nodes is staged through host memory, and nothing says so."""
     peer = facts.amd_peer_memory
@@ -67,10 +99,10 @@ def _check_peer_memory(out: Results, facts: HostFacts) -> None:
 
 class AmdRun(VendorRun):
     def after_rdma(self, out: Results, facts: HostFacts) -> None:
-        _check_peer_memory(out, facts)
+        _check_peer_memory(out, own(facts))
 
     def last(self, out: Results, facts: HostFacts) -> None:
-        _check_rocm(out, facts)
+        _check_rocm(out, own(facts))
 
     def cluster(self, out: Results) -> None:
         """``rocm.driver.group``: one amdgpu version on every node of a multi-node group (RCCL across nodes, as
@@ -101,6 +133,7 @@ class AmdRun(VendorRun):
 
 class AmdChecks(VendorChecks):
     pack = vendor.PACK
+    facts_type = AmdFacts
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         return [
@@ -112,13 +145,14 @@ class AmdChecks(VendorChecks):
         ]
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
-        if facts.amd_gpus is None or isinstance(facts.amd_gpus, FactError):
-            return facts.amd_gpus
+        gpus = own(facts).amd_gpus
+        if gpus is None or isinstance(gpus, FactError):
+            return gpus
         return [Device(g.name or "AMD GPU", g.vram_bytes / GIB if g.vram_bytes is not None else None,
                        getattr(g, "device_id", None))
-                for g in facts.amd_gpus]
+                for g in gpus]
 
-    def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
+    def begin(self, requirements: Requirements, hosts: Sequence[HostFacts]) -> VendorRun:
         return AmdRun(requirements, hosts)
 
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:

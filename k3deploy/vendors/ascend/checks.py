@@ -6,6 +6,8 @@ round where NPU i pings NPU i of every other host (``ascend.peers``). Ids, comma
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from k3deploy.facts import ascend as facts_ascend
@@ -23,12 +25,29 @@ from k3deploy.preflight.base import (
     Results,
     VendorChecks,
     VendorRun,
+    as_type,
 )
 from k3deploy.preflight.rounds import ping_round
 from k3deploy.vendors import ascend as vendor
 
 
-def _check_ascend(out: Results, facts: HostFacts) -> None:
+@dataclass
+class AscendFacts(HostFacts):
+    """A host's facts on Ascend hardware: the common ones, and what Ascend's tools say (None: not read): the NPUs
+    (npu-smi info), the driver's versions and the paths the container bind-mounts, and each NPU's network port
+    (multi-node)."""
+
+    npu: NpuInfo | FactError | None = None
+    ascend: facts_ascend.AscendVersionInfo | FactError | None = None
+    hccn: list[facts_ascend.NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
+
+
+def own(facts: HostFacts) -> AscendFacts:
+    """``facts`` as Ascend's (:func:`~k3deploy.preflight.base.as_type`)."""
+    return as_type(facts, AscendFacts)
+
+
+def _check_ascend(out: Results, facts: AscendFacts) -> None:
     info = facts.ascend
     required = f"driver (HDK) >= {vendor.DRIVER_RECOMMENDED} recommended; version.info and mounted paths present"
     if info is None:
@@ -76,7 +95,7 @@ def _check_ascend(out: Results, facts: HostFacts) -> None:
             out.add(facts.host, "ascend.health", "pass", f"{len(facts.npu.chips)} chips OK", health.required)
 
 
-def _check_ascend_network(out: Results, sel: Requirements, facts: HostFacts) -> None:
+def _check_ascend_network(out: Results, sel: Requirements, facts: AscendFacts) -> None:
     """Every NPU's network port up and healthy, as vllm-ascend's multi-node guides check before a start."""
     ports = facts.hccn
     if ports is None:
@@ -118,9 +137,10 @@ def _check_ascend_network(out: Results, sel: Requirements, facts: HostFacts) -> 
     out.add(facts.host, "ascend.network", vendor.NETWORK_STATUS, "; ".join(bad), required, fix)
 
 
-def peer_targets(read: list[HostFacts]) -> dict[str, list[list[Any]]]:
+def peer_targets(hosts: Sequence[HostFacts]) -> dict[str, list[list[Any]]]:
     """Per host whose NPU ports were read: ``[device, vnic, ip]`` of NPU i on every other such host, for each of
     its own NPUs i (same-index pairs). Empty with fewer than two such hosts."""
+    read = [own(h) for h in hosts]
     ports = {facts.host: {p.device: p for p in facts.hccn} for facts in read
              if facts.unreachable is None and isinstance(facts.hccn, list)}
     if len(ports) < 2:
@@ -133,10 +153,11 @@ def peer_targets(read: list[HostFacts]) -> dict[str, list[list[Any]]]:
     return out
 
 
-def peer_checks(read: list[HostFacts], targets: dict[str, list[list[Any]]],
+def peer_checks(hosts: Sequence[HostFacts], targets: dict[str, list[list[Any]]],
                 got: dict[str, Any]) -> list[CheckResult]:
     """``ascend.peers``: every ping of a host's second round came back; each unreachable (NPU i -> peer address)
     named. ``got``: the host's pings (``list[NpuPing]``), or why they could not be read."""
+    read = [own(h) for h in hosts]
     owner = {addr: facts.host for facts in read if isinstance(facts.hccn, list)
              for p in facts.hccn for addr in (p.vnic, p.ip) if addr}
     out: list[CheckResult] = []
@@ -184,12 +205,13 @@ class NpuPeerRound(ClusterProbe):
 
 class AscendRun(VendorRun):
     def last(self, out: Results, facts: HostFacts) -> None:
-        _check_ascend(out, facts)
-        _check_ascend_network(out, self.requirements, facts)
+        _check_ascend(out, own(facts))
+        _check_ascend_network(out, self.requirements, own(facts))
 
 
 class AscendChecks(VendorChecks):
     pack = vendor.PACK
+    facts_type = AscendFacts
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         plan: list[FactSpec] = [("npu", facts_ascend.NpuSmiInfo, {}), ("ascend", facts_ascend.AscendVersions, {})]
@@ -198,12 +220,12 @@ class AscendChecks(VendorChecks):
         return plan
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
-        if facts.npu is None or isinstance(facts.npu, FactError):
-            return facts.npu
-        return [Device(c.name, c.hbm_total_mb / 1024 if c.hbm_total_mb is not None else None)
-                for c in facts.npu.chips]
+        npu = own(facts).npu
+        if npu is None or isinstance(npu, FactError):
+            return npu
+        return [Device(c.name, c.hbm_total_mb / 1024 if c.hbm_total_mb is not None else None) for c in npu.chips]
 
-    def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
+    def begin(self, requirements: Requirements, hosts: Sequence[HostFacts]) -> VendorRun:
         return AscendRun(requirements, hosts)
 
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:

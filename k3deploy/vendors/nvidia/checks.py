@@ -9,6 +9,8 @@ was judged, the NVLink domains of the plan.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from k3deploy.facts import nvidia as facts_nvidia
 from k3deploy.facts import rdma
@@ -28,6 +30,7 @@ from k3deploy.preflight.base import (
     Results,
     VendorChecks,
     VendorRun,
+    as_type,
     probe_not_run,
     unit_name,
 )
@@ -36,7 +39,31 @@ from k3deploy.vendors.base import Setting
 from k3deploy.vendors.nvidia import probe
 
 
-def _check_nvidia_driver(out: Results, sel: Requirements, facts: HostFacts) -> None:
+@dataclass
+class NvidiaFacts(HostFacts):
+    """A host's facts on NVIDIA hardware: the common ones, and what NVIDIA's tools say (None: not read on this
+    hardware): the GPUs, the driver's flavour (open or proprietary modules), the Container Toolkit, Fabric Manager
+    (NVSwitch boards), IMEX and its domain (NVL72 trays), each GPU's NVLink fabric, the loaded kernel modules and
+    DMA-BUF's prerequisites (GPUDirect RDMA), and the ConnectX-8 Data Direct PCI functions (GB300)."""
+
+    gpus: list[facts_nvidia.NvidiaGpu] | FactError | None = None
+    flavour: facts_nvidia.DriverFlavour | FactError | None = None
+    toolkit: facts_nvidia.ToolkitVersion | FactError | None = None
+    fabric_manager: facts_nvidia.FabricManagerState | FactError | None = None
+    imex: facts_nvidia.ImexState | FactError | None = None
+    imex_domain: facts_nvidia.ImexDomainState | FactError | None = None  # nvidia-imex-ctl -N
+    fabric: list[facts_nvidia.GpuFabric] | FactError | None = None
+    modules: LoadedModules | FactError | None = None
+    dmabuf: DmabufSupport | FactError | None = None
+    data_direct: list[facts_nvidia.DataDirectFunction] | FactError | None = None
+
+
+def own(facts: HostFacts) -> NvidiaFacts:
+    """``facts`` as NVIDIA's (:func:`~k3deploy.preflight.base.as_type`)."""
+    return as_type(facts, NvidiaFacts)
+
+
+def _check_nvidia_driver(out: Results, sel: Requirements, facts: NvidiaFacts) -> None:
     assert isinstance(facts.gpus, list)
     drivers = sorted({g.driver for g in facts.gpus if g.driver})
     required = f">= {vendor.DRIVER_FLOOR} (CUDA 13 image)"
@@ -59,7 +86,7 @@ def _check_nvidia_driver(out: Results, sel: Requirements, facts: HostFacts) -> N
         )
 
 
-def _check_fabric_manager(out: Results, sel: Requirements, facts: HostFacts) -> None:
+def _check_fabric_manager(out: Results, sel: Requirements, facts: NvidiaFacts) -> None:
     if sel.hardware.id not in vendor.NVSWITCH_HARDWARE or facts.fabric_manager is None:
         return
     fm = facts.fabric_manager
@@ -80,7 +107,7 @@ def _check_fabric_manager(out: Results, sel: Requirements, facts: HostFacts) -> 
         return
     if fm.version is None or driver is None:
         out.add(facts.host, "nvidia.fabricmanager", "warn", f"active, version {fm.version or 'unknown'}", required,
-                "compare nv-fabricmanager --version with the driver version by hand")
+                "compare own(facts)-fabricmanager --version with the driver version by hand")
         return
     if fm.version != driver:
         if version_at_least(driver, vendor.DRIVER_FLOOR):
@@ -94,7 +121,7 @@ def _check_fabric_manager(out: Results, sel: Requirements, facts: HostFacts) -> 
     out.add(facts.host, "nvidia.fabricmanager", "pass", f"active, version {fm.version}", required)
 
 
-def no_nvlink_fabric(facts: HostFacts) -> bool:
+def no_nvlink_fabric(facts: NvidiaFacts) -> bool:
     """Every GPU of the host reports its NVLink fabric as N/A: no GPU of it reaches another tray over NVLink (an HGX
     or PCIe GPU, or a GB200 NVL4 board, whose NVLink stays on the board), as opposed to a fabric that is still
     forming (``In Progress``) or has no cluster yet."""
@@ -102,7 +129,7 @@ def no_nvlink_fabric(facts: HostFacts) -> bool:
         g.state is None and g.status is None and g.cluster_uuid is None for g in facts.fabric)
 
 
-def _fabric_identity(facts: HostFacts) -> tuple[str, str] | None:
+def _fabric_identity(facts: NvidiaFacts) -> tuple[str, str] | None:
     if not isinstance(facts.fabric, list) or not facts.fabric:
         return None
     ids = {(g.cluster_uuid, g.clique_id) for g in facts.fabric}
@@ -114,7 +141,7 @@ def _fabric_identity(facts: HostFacts) -> tuple[str, str] | None:
     return uuid, clique
 
 
-def _check_fabric_host(out: Results, sel: Requirements, facts: HostFacts) -> bool:
+def _check_fabric_host(out: Results, sel: Requirements, facts: NvidiaFacts) -> bool:
     """Per-tray NVLink fabric state; True when the tray is usable for MNNVL."""
     required = vendor.FABRIC_REQUIRED
     fab = facts.fabric
@@ -168,7 +195,7 @@ def _check_fabric_host(out: Results, sel: Requirements, facts: HostFacts) -> boo
     return True
 
 
-def fabric_degraded(facts: HostFacts) -> str:
+def fabric_degraded(facts: NvidiaFacts) -> str:
     """The GPUs whose fabric health reports reduced capacity (Limited Capacity, Bandwidth Degraded, a recovery
     running), as shown in a result; "" when none does."""
     slow = [g for g in facts.fabric if g.health_degraded] if isinstance(facts.fabric, list) else []
@@ -176,7 +203,7 @@ def fabric_degraded(facts: HostFacts) -> str:
     return "; ".join(f"GPU {g.gpu}: {', '.join(g.health_degraded)}" for g in slow[:4]) + more
 
 
-def _check_nvswitch_fabric(out: Results, sel: Requirements, facts: HostFacts) -> None:
+def _check_nvswitch_fabric(out: Results, sel: Requirements, facts: NvidiaFacts) -> None:
     """HGX boards: every GPU registered with the NVSwitch fabric (State Completed, Status Success). Fabric Manager can
     be active, of the driver's version, and the GPUs still In Progress (after a Fabric Manager failure, or with
     FABRIC_MODE=1 until their partition is activated): CUDA then fails at engine start."""
@@ -222,7 +249,7 @@ def _check_nvswitch_fabric(out: Results, sel: Requirements, facts: HostFacts) ->
     out.add(facts.host, "nvswitch.fabric", "pass", f"{len(fab)} GPU(s) Completed, Success", required)
 
 
-def _check_imex(out: Results, sel: Requirements, facts: HostFacts, trays: list[HostFacts] | None = None) -> None:
+def _check_imex(out: Results, sel: Requirements, facts: NvidiaFacts, trays: list[NvidiaFacts] | None = None) -> None:
     if not sel.mnnvl or facts.imex is None:
         return
     required = vendor.PACK.check("nvidia.imex").required
@@ -248,7 +275,7 @@ def _check_imex(out: Results, sel: Requirements, facts: HostFacts, trays: list[H
         _check_imex_domain(out, sel, facts, trays or [facts])
 
 
-def _tray_names(facts: HostFacts) -> set[str]:
+def _tray_names(facts: NvidiaFacts) -> set[str]:
     """What ``nodes_config.cfg`` may call this tray: its inventory name, its cluster address, and every address of
     its interfaces (NVIDIA's IMEX guide lets a site run IMEX on another network, e.g. the management network, with
     ``BIND_INTERFACE_IP`` / ``NETWORK_INTERFACE``)."""
@@ -258,7 +285,7 @@ def _tray_names(facts: HostFacts) -> set[str]:
     return names
 
 
-def _check_imex_domain(out: Results, sel: Requirements, facts: HostFacts, trays: list[HostFacts]) -> None:
+def _check_imex_domain(out: Results, sel: Requirements, facts: NvidiaFacts, trays: list[NvidiaFacts]) -> None:
     """The IMEX domain has formed: UP, every node READY and connected to every other, this plan's trays in it."""
     domain = facts.imex_domain
     if domain is None:
@@ -299,7 +326,7 @@ def _check_imex_domain(out: Results, sel: Requirements, facts: HostFacts, trays:
         out.add(facts.host, "nvidia.imex.domain", "pass", f"UP, {count} READY, all connected", required)
 
 
-def _check_toolkit(out: Results, sel: Requirements, facts: HostFacts) -> None:
+def _check_toolkit(out: Results, sel: Requirements, facts: NvidiaFacts) -> None:
     if facts.toolkit is None:
         return
     required = "nvidia-container-toolkit" + (f" >= {vendor.CTK_IMEX_CHANNELS_MIN}" if sel.mnnvl else "")
@@ -318,7 +345,7 @@ def _check_toolkit(out: Results, sel: Requirements, facts: HostFacts) -> None:
     out.add(facts.host, "container.toolkit", "pass", version, required)
 
 
-def _check_data_direct(out: Results, sel: Requirements, facts: HostFacts, dmabuf: DmabufSupport) -> bool:
+def _check_data_direct(out: Results, sel: Requirements, facts: NvidiaFacts, dmabuf: DmabufSupport) -> bool:
     """GB300 + ConnectX-8: GPUDirect RDMA goes through the NIC's Data Direct function, which needs the ``-nvidia``
     kernel flavour >= 6.14 (or its backports): a stock 6.14 has the version and not the patches, and NCCL falls back
     to host memory. Passes on the flavour or on a Data Direct function bound to ``mlx5_data_direct``; a kernel that
@@ -361,7 +388,7 @@ def _check_data_direct(out: Results, sel: Requirements, facts: HostFacts, dmabuf
     return True
 
 
-def _check_gpudirect(out: Results, sel: Requirements, facts: HostFacts) -> None:
+def _check_gpudirect(out: Results, sel: Requirements, facts: NvidiaFacts) -> None:
     """GPUDirect RDMA on the host: DMA-BUF (NVIDIA's recommended path) or, on x86, the legacy nvidia_peermem. Grace
     trays (GB200/GB300) have no nvidia_peermem; CUDA 13 deprecates the NV-P2P API nvidia_peermem is built on, so it
     is only a fallback where DMA-BUF cannot work, never a requirement."""
@@ -398,7 +425,7 @@ def _check_gpudirect(out: Results, sel: Requirements, facts: HostFacts) -> None:
     out.add(facts.host, "rdma.gpudirect", vendor.GPUDIRECT_MISSING_STATUS, f"DMA-BUF: {why}{mods}", required, fix)
 
 
-def _fabric_listed(out: Results, sel: Requirements, facts: HostFacts) -> tuple[str, str] | None:
+def _fabric_listed(out: Results, sel: Requirements, facts: NvidiaFacts) -> tuple[str, str] | None:
     """The tray's NVLink domain (ClusterUUID, CliqueId) when its fabric check passed."""
     if not (getattr(sel.hardware, "nvl", False) and _check_fabric_host(out, sel, facts)):
         return None
@@ -408,13 +435,14 @@ def _fabric_listed(out: Results, sel: Requirements, facts: HostFacts) -> tuple[s
 
 
 class NvidiaRun(VendorRun):
-    def __init__(self, requirements: Requirements, hosts: list[HostFacts]) -> None:
+    def __init__(self, requirements: Requirements, hosts: Sequence[HostFacts]) -> None:
         super().__init__(requirements, hosts)
+        self.trays = [own(h) for h in hosts]
         self.fabric_ok: dict[str, tuple[str, str]] = {}
 
     def _tray_passed(self, out: Results, host: str, observed: str, required: str) -> None:
         """A tray whose fabric passed: a warning instead when its fabric health reports reduced capacity."""
-        facts = next((h for h in self.hosts if h.host == host), None)
+        facts = next((h for h in self.trays if h.host == host), None)
         slow = fabric_degraded(facts) if facts is not None else ""
         if slow:
             out.add(host, "nvlink.fabric", "warn", f"{observed}; degraded: {slow}", required,
@@ -423,21 +451,21 @@ class NvidiaRun(VendorRun):
             out.add(host, "nvlink.fabric", "pass", observed, required)
 
     def devices_listed(self, out: Results, facts: HostFacts) -> None:
-        _check_nvidia_driver(out, self.requirements, facts)
+        _check_nvidia_driver(out, self.requirements, own(facts))
 
     def after_devices(self, out: Results, facts: HostFacts, listed: bool) -> None:
         sel = self.requirements
         if listed:
-            _check_fabric_manager(out, sel, facts)
-            _check_nvswitch_fabric(out, sel, facts)
-            identity = _fabric_listed(out, sel, facts)
+            _check_fabric_manager(out, sel, own(facts))
+            _check_nvswitch_fabric(out, sel, own(facts))
+            identity = _fabric_listed(out, sel, own(facts))
             if identity is not None:
-                self.fabric_ok[facts.host] = identity
-            _check_imex(out, sel, facts, self.hosts)
-        _check_toolkit(out, sel, facts)
+                self.fabric_ok[own(facts).host] = identity
+            _check_imex(out, sel, own(facts), self.trays)
+        _check_toolkit(out, sel, own(facts))
 
     def after_rdma(self, out: Results, facts: HostFacts) -> None:
-        _check_gpudirect(out, self.requirements, facts)
+        _check_gpudirect(out, self.requirements, own(facts))
 
     def cluster(self, out: Results) -> None:
         """The NVLink domains of the trays whose fabric passed: one domain for tensor parallelism across trays, the
@@ -500,6 +528,7 @@ class NcclAllReduce(ClusterProbe):
 
 class NvidiaChecks(VendorChecks):
     pack = vendor.PACK
+    facts_type = NvidiaFacts
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         sel = requirements
@@ -527,11 +556,12 @@ class NvidiaChecks(VendorChecks):
         return plan
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
-        if facts.gpus is None or isinstance(facts.gpus, FactError):
-            return facts.gpus
-        return [Device(g.name, g.memory_mib / 1024 if g.memory_mib is not None else None) for g in facts.gpus]
+        gpus = own(facts).gpus
+        if gpus is None or isinstance(gpus, FactError):
+            return gpus
+        return [Device(g.name, g.memory_mib / 1024 if g.memory_mib is not None else None) for g in gpus]
 
-    def begin(self, requirements: Requirements, hosts: list[HostFacts]) -> VendorRun:
+    def begin(self, requirements: Requirements, hosts: Sequence[HostFacts]) -> VendorRun:
         return NvidiaRun(requirements, hosts)
 
     def probes(self) -> tuple[ClusterProbe, ...]:
@@ -545,12 +575,12 @@ class NvidiaChecks(VendorChecks):
     def nvlink(self, requirements: Requirements, facts: HostFacts) -> str | None:
         """GB200/GB300 NVL72 compute trays (not where the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4
         board does)."""
-        return None if no_nvlink_fabric(facts) else self.pack.transport.nvlink(requirements.hardware)
+        return None if no_nvlink_fabric(own(facts)) else self.pack.transport.nvlink(requirements.hardware)
 
     def rdma_settings(self, requirements: Requirements, facts: HostFacts) -> tuple[list[Setting], bool]:
         """NCCL_DMABUF_ENABLE=0 when DMA-BUF GPUDirect RDMA is not usable; then, on x86, nvidia_peermem must be
         loaded (CUDA 13 deprecates it, Grace has none)."""
-        dmabuf = facts.dmabuf
+        dmabuf = own(facts).dmabuf
         if isinstance(dmabuf, DmabufSupport) and dmabuf.prerequisites_met is False:
             return ([("NCCL_DMABUF_ENABLE", "0", "DMA-BUF not usable: " + "; ".join(dmabuf.reasons))],
                     not getattr(requirements.hardware, "nvl", False))
