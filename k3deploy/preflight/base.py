@@ -216,10 +216,6 @@ class VendorChecks:
         named as its field of :attr:`facts_type`."""
         return []
 
-    def host(self, facts: HostFacts) -> HostFacts:
-        """``facts`` as :attr:`facts_type` (itself when it is one; else its common facts, none of the pack's read)."""
-        return as_type(facts, self.facts_type)
-
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
         """The host's accelerators; None when they were not read."""
         return None
