@@ -64,6 +64,8 @@ RANK_FLAGS: dict[str, Callable[[Sequence[str]], int | None]] = {
 
 def text(word: Word) -> str:
     """The word as this node has it."""
+    if len(word) == 1 and isinstance(word[0], str):
+        return word[0]
     return "".join(p if isinstance(p, str) else p.value for p in word)
 
 
@@ -93,6 +95,8 @@ def words(planned: str, filled: str, mapping: Mapping[str, str], *, head: str | 
     each placeholder that names the group head's address (``head``: on a worker) or this node's (``own``) as a
     :class:`Ref`. ``mapping``: what each placeholder was filled with. Where the parts do not give ``filled`` back
     (a placeholder filled twice), the word is literal."""
+    if "$" not in planned:
+        return literal(filled)
     parts: list[Part] = []
     at = 0
     for m in PLACEHOLDER.finditer(planned):
