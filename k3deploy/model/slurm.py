@@ -4,9 +4,9 @@ submit, find, cancel and account for them (docs/slurm.md).
 Each group of the rollout (each replica's engine group, each P/D pool, the router) becomes one batch job on its
 planned nodes (``--nodelist``: Slurm node names are the inventory's host names). Inside the job one step per node
 runs that node's *launch script* (``<k3_config_dir>/<container>.launch``): the same container the systemd unit runs,
-built from the same :class:`~k3deploy.model.units.ContainerSpec` and :func:`~k3deploy.model.units.container_argv`
-(:func:`~k3deploy.model.rollout.unit_container`), after the same pre-step (a leftover container of its name
-removed), and stopped on SIGTERM as the unit's ``ExecStop`` stops it. The head's step starts first; each worker's
+rendered from the same engine spec (:class:`~k3deploy.model.engine.EngineSpec`: its command and container), after
+the same pre-step (a leftover container of its name removed), and stopped on SIGTERM as the unit's ``ExecStop``
+stops it. The head's step starts first; each worker's
 step waits from its own node for the head's rendezvous port (:func:`k3deploy.model.commands.wait_tcp`, the wait the
 systemd path runs) and then starts; the first step that ends ends the job (no half group), naming its node, its exit
 code and its output. The templates (``templates/k3-slurm-job.sbatch.j2``, ``templates/k3-slurm-launch.sh.j2``)
