@@ -35,7 +35,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     inventory), model/requirements.py (what a plan asks of its hosts), model/binding.py (placeholders filled per
     host), model/units.py (container command, env file, systemd unit, the node-side helper
     data/node/k3-group-member that watches a member's head and backs crash loops off), model/unitcheck.py
-    (systemd-analyze verify), model/rollout.py (units per host, start order, what restarts), model/observed.py
+    (systemd-analyze verify), model/engine.py (the engine spec of a unit: argv with symbolic per-node values, env,
+    container; what every launcher's files render from), model/hosttext.py (a unit file, env file or launch script
+    read back from a host), model/rollout.py (units per host, start order, what restarts), model/observed.py
     (what a host has), model/diff.py (what would change), model/secrets.py (what is never shown),
     model/commands.py (every shell command the rollout runs), model/steps.py (what a rollout does per host: stage,
     configure, restart, smoke; rendered as operations and as the runbook), model/runbook/ (the rollout as a runbook),

@@ -139,7 +139,7 @@ def _echo_units_compact(group: str, units: list[UnitWork]) -> None:
     command) once, then per host its address and what differs."""
     import shlex
 
-    from k3deploy.model.diff import exec_start
+    from k3deploy.model.diff import planned_exec
     from k3deploy.model.secrets import mask_argv, mask_env
     from k3deploy.recipe.compact import Member, shared_and_differences
     from k3deploy.recipe.printing import format_exports
@@ -148,7 +148,7 @@ def _echo_units_compact(group: str, units: list[UnitWork]) -> None:
         return f"{unit.host} ({unit.node.address}): {unit.node.role} (rank {unit.rank}), {unit.unit}"
 
     command = shared_and_differences([Member(label(u), mask_argv(u.node.argv), mask_env(u.node.env)) for u in units])
-    containers = [mask_argv(exec_start(u.unit_text) or []) for u in units]
+    containers = [mask_argv(planned_exec(u) or []) for u in units]
     run = (shared_and_differences([Member(label(u), c, {}) for u, c in zip(units, containers, strict=True)],
                                   head_words=2) if all(containers) else None)
     click.echo(f"\n## shared by the {len(units)} hosts of group {group} (each host sets the variables of its line "
@@ -176,7 +176,7 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object], full
 
     from k3deploy.cli.common import read_cluster
     from k3deploy.errors import K3Error
-    from k3deploy.model.diff import exec_start
+    from k3deploy.model.diff import planned_exec
     from k3deploy.model.secrets import MASK, is_secret, mask_argv, mask_env
     from k3deploy.recipe.printing import format_exports
     from k3deploy.runtime.views import INVENTORY_ONLY
@@ -194,7 +194,7 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object], full
         echo_json({"endpoint": r.endpoint, "group_vars": first.files, "variables": first.listing(), "units": [
             {"host": u.host, "unit": u.unit, "role": u.node.role, "rank": u.rank, "group": u.group,
              "argv": mask_argv(u.node.argv), "env": mask_env(u.node.env),
-             "container_argv": mask_argv(exec_start(u.unit_text) or [])}
+             "container_argv": mask_argv(planned_exec(u) or [])}
             for u in r.units]})
         return
     plan = r.plan
@@ -220,7 +220,7 @@ def _resolve_inventory(spec: str, as_json: bool, params: dict[str, object], full
                 if u.node.env:
                     click.echo(format_exports(mask_env(u.node.env)))
                 click.echo(shlex.join(mask_argv(u.node.argv)))
-                container = exec_start(u.unit_text)
+                container = planned_exec(u)
                 if container:
                     click.echo(f"# as run by {u.unit}:")
                     click.echo(shlex.join(mask_argv(container)))

@@ -57,6 +57,7 @@ class BoundNode:
     env: dict[str, str]     # filled
     address: str
     replica: int = 0        # the replica (engine group) this node belongs to
+    values: Mapping[str, str] = field(default_factory=dict)   # what each placeholder was filled with
 
     @property
     def role(self) -> str:
@@ -133,7 +134,7 @@ def bind(plan: Plan, hosts: Iterable[HostRecord], *, ifaces: Mapping[str, str] |
     def make(node: NodePlan, host: HostRecord, mapping: Mapping[str, str], replica: int = 0) -> BoundNode:
         m = {**mapping, "IFACE_NAME": ifaces.get(host.name, mapping.get("IFACE_NAME", "$IFACE_NAME"))}
         return BoundNode(node, [fill(a, m) for a in node.argv], {k: fill(v, m) for k, v in node.env.items()},
-                         host.address, replica)
+                         host.address, replica, m)
 
     if plan.strategy == "pd_cluster":
         if any(replica_of(h) for h in hosts):

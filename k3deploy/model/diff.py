@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.model import vip
+from k3deploy.model.hosttext import exec_start, launch_argv, parse_env
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.secrets import mask_value
-from k3deploy.model.slurm import QueuedJob, SlurmJob, decide, launch_argv, launch_path, launch_script
+from k3deploy.model.slurm import QueuedJob, SlurmJob, decide, launch_path, launch_script
 from k3deploy.model.units import GROUP_MEMBER, group_member_text
 
 #: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
@@ -36,49 +37,7 @@ DOCKER_VALUE_OPTIONS = frozenset({
 })
 
 
-# ------------------------------------------------------------------------------ unit parsing
-
-
-def split_exec(value: str) -> list[str]:
-    """Split an ``Exec*=`` value the way systemd does (double/single quotes, C escapes, ``%%``, ``$$``)."""
-    out: list[str] = []
-    i, n = 0, len(value)
-    escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "r": "\r", "s": " "}
-    while i < n:
-        while i < n and value[i] in " \t":
-            i += 1
-        if i >= n:
-            break
-        word: list[str] = []
-        quote = None
-        while i < n:
-            c = value[i]
-            if quote is None and c in " \t":
-                break
-            if c in "\"'" and (quote is None or quote == c):
-                quote = None if quote == c else c
-            elif c == "\\" and i + 1 < n:
-                i += 1
-                word.append(escapes.get(value[i], value[i]))
-            elif c in "%$" and i + 1 < n and value[i + 1] == c:
-                word.append(c)
-                i += 1
-            else:
-                word.append(c)
-            i += 1
-        out.append("".join(word))
-    return out
-
-
-def exec_start(unit_text: str | None) -> list[str] | None:
-    """The argv of the unit's ``ExecStart=`` line (None when there is no unit or no such line)."""
-    if not unit_text:
-        return None
-    for line in unit_text.splitlines():
-        if line.startswith("ExecStart="):
-            value = line[len("ExecStart="):].lstrip("-@:+!")
-            return split_exec(value)
-    return None
+# ------------------------------------------------------------------------------ a container command
 
 
 def _docker_split(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
@@ -147,17 +106,6 @@ def argv_lines(argv: list[str] | None) -> list[str]:
 # ---------------------------------------------------------------------------------- diffs
 
 
-def parse_env(text: str | None) -> dict[str, str]:
-    """A docker env file -> ordered {name: value} (comments and blank lines skipped)."""
-    out: dict[str, str] = {}
-    for line in (text or "").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        name, _, value = line.partition("=")
-        out[name] = value
-    return out
-
-
 def line_diff(old: list[str], new: list[str]) -> list[tuple[str, str]]:
     """(``+``/``-``, line) for each line removed or added, in order; a line both removed and added (a flag that
     only changed its place) is one (``moved``, line) where it is added.
@@ -186,9 +134,10 @@ def line_diff(old: list[str], new: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def env_diff(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
-    """Per variable: added, removed or changed, with secret values masked."""
-    old, new = parse_env(old_text), parse_env(new_text)
+def env_diff(old_text: str | None, new_text: str | Mapping[str, str]) -> list[dict[str, Any]]:
+    """Per variable: added, removed or changed, with secret values masked (``new_text``: an env file, or the
+    planned settings themselves)."""
+    old, new = parse_env(old_text), (parse_env(new_text) if isinstance(new_text, str) else new_text)
     out: list[dict[str, Any]] = []
     for name, value in new.items():
         if name not in old:
@@ -263,16 +212,17 @@ def _argv_changes(old_argv: list[str] | None, new_argv: list[str] | None) -> lis
     return changes
 
 
-def unit_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+def unit_file_changes(old_text: str | None, new_text: str, new_argv: list[str] | None = None) -> list[dict[str, Any]]:
     """A unit file's changes as people read them: the image, the container argv one flag per line, the other
-    unit lines."""
-    changes = _argv_changes(exec_start(old_text), exec_start(new_text))
+    unit lines. ``new_argv``: the planned ``ExecStart=`` words (:meth:`~k3deploy.model.units.UnitSpec.exec_words`);
+    without it they are read from ``new_text``, a file not rendered here."""
+    changes = _argv_changes(exec_start(old_text), exec_start(new_text) if new_argv is None else new_argv)
     for op, line in line_diff(_unit_other_lines(old_text), _unit_other_lines(new_text)):
         changes.append({"kind": "unit", "op": op, "line": line})
     return changes
 
 
-def env_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+def env_file_changes(old_text: str | None, new_text: str | Mapping[str, str]) -> list[dict[str, Any]]:
     """An env file's changes per variable, secret values masked."""
     return [{"kind": "env", **d} for d in env_diff(old_text, new_text)]
 
@@ -295,17 +245,41 @@ def change_lines(changes: list[dict[str, Any]], indent: str = "") -> list[str]:
     return out
 
 
+def planned_exec(work: UnitWork) -> list[str] | None:
+    """The ``ExecStart=`` words a unit is to run: its spec's, or those of the unit file it keeps (read from a
+    host)."""
+    if work.kept_unit_text is not None:
+        return exec_start(work.kept_unit_text)
+    return work.spec.unit.exec_words() if work.spec is not None else None
+
+
+def planned_env(work: UnitWork) -> dict[str, str]:
+    """The env file's settings a unit is to have: its spec's, or those of the env file it keeps (read from a
+    host)."""
+    if work.kept_env_text is not None:
+        return parse_env(work.kept_env_text)
+    return work.spec.env_map if work.spec is not None else {}
+
+
+def planned_command(work: UnitWork) -> list[str] | None:
+    """The command a unit's launch script runs: its spec's, or that of the script it keeps (read from a host)."""
+    if work.launch_text is not None:
+        return _launch_argv(work.launch_text)
+    return work.spec.command if work.spec is not None else None
+
+
 def unit_changes(work: UnitWork, have: Installed) -> list[dict[str, Any]]:
     """The changes of one unit: new files, image, argv lines, other unit lines, env variables."""
     changes: list[dict[str, Any]] = []
     if have.unit_sha != sha256(work.unit_text):
         if have.unit_text is None:
             changes.append({"kind": "file", "unit": work.unit, "path": work.unit_path, "op": "create"})
-        changes += [{**c, "unit": work.unit} for c in unit_file_changes(have.unit_text, work.unit_text)]
+        changes += [{**c, "unit": work.unit}
+                    for c in unit_file_changes(have.unit_text, work.unit_text, planned_exec(work))]
     if have.env_sha != sha256(work.env_text):
         if have.env_text is None:
             changes.append({"kind": "file", "unit": work.unit, "path": work.env_path, "op": "create"})
-        changes += [{**c, "unit": work.unit} for c in env_file_changes(have.env_text, work.env_text)]
+        changes += [{**c, "unit": work.unit} for c in env_file_changes(have.env_text, planned_env(work))]
     return changes
 
 
@@ -389,15 +363,17 @@ def _launch_argv(text: str | None) -> list[str] | None:
         return None
 
 
-def launch_file_changes(old_text: str | None, new_text: str) -> list[dict[str, Any]]:
+def launch_file_changes(old_text: str | None, new_text: str,
+                        new_argv: list[str] | None = None) -> list[dict[str, Any]]:
     """A launch script's changes as people read them: the image, the command one flag per line, the other lines
-    (kind ``launch``).
+    (kind ``launch``). ``new_argv``: the planned command (:func:`planned_command`); without it, read from
+    ``new_text``, a script not rendered here.
 
     >>> old = "#!/bin/bash\\nexec /usr/local/bin/vllm-router --port 30000\\n"
     >>> [c["line"] for c in launch_file_changes(old, old.replace("30000", "30001"))]
     ['--port 30000', '--port 30001']
     """
-    changes = _argv_changes(_launch_argv(old_text), _launch_argv(new_text))
+    changes = _argv_changes(_launch_argv(old_text), _launch_argv(new_text) if new_argv is None else new_argv)
 
     def others(text: str | None) -> list[str]:   # every line but the command's
         return [ln for ln in (text or "").splitlines()
@@ -440,11 +416,12 @@ def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed],
         if have.unit_sha != sha256(script):
             if have.unit_text is None:
                 hp.changes.append({"kind": "file", "unit": u.unit, "path": path, "op": "create"})
-            hp.changes += [{**c, "unit": u.unit} for c in launch_file_changes(have.unit_text, script)]
+            hp.changes += [{**c, "unit": u.unit}
+                           for c in launch_file_changes(have.unit_text, script, planned_command(u))]
         if have.env_sha != sha256(u.env_text):
             if have.env_text is None:
                 hp.changes.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
-            hp.changes += [{**c, "unit": u.unit} for c in env_file_changes(have.env_text, u.env_text)]
+            hp.changes += [{**c, "unit": u.unit} for c in env_file_changes(have.env_text, planned_env(u))]
         key = f"{u.host}:{u.unit}"
         if key in order:
             hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
@@ -466,7 +443,7 @@ def render_jobs_text(report: PlanReport, rollout: Rollout) -> str:
             mine = [c for c in hp.changes if c["unit"] == u.unit]
             lines.append(f"  {u.unit} ({u.node.role} rank {u.rank}, group {u.group}; its job's step)")
             image = next((c for c in mine if c["kind"] == "image"), None)
-            planned = image_of(_launch_argv(launch_script(rollout, u)))
+            planned = image_of(planned_command(u))
             if image is not None:
                 lines += change_lines([image], "    ")
             elif planned:
@@ -526,7 +503,7 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
             mine = [c for c in hp.changes if c["unit"] == u.unit]
             lines.append(f"  {u.unit} ({u.node.role} rank {u.rank}, group {u.group})")
             image = next((c for c in mine if c["kind"] == "image"), None)
-            planned = image_of(exec_start(u.unit_text))
+            planned = image_of(planned_exec(u))
             if image is not None:
                 lines += change_lines([image], "    ")
             elif planned:

@@ -8,16 +8,18 @@ still starting, pulling its image: lws#726); ``startupPolicy: LeaderCreated`` (t
 a multi-node head cannot be ready before its workers joined, so ``LeaderReady`` would wait for ever); a rolling
 update takes ``k3_max_unavailable`` groups at a time (``maxSurge: 0``: a group holds whole nodes).
 
-Per-node values come from LWS, by Kubernetes' own ``$(NAME)`` expansion of a container's command, args and env:
-the head's address as seen by the workers is ``$(LWS_LEADER_ADDRESS)``, a node's own address ``$(K3_POD_IP)``
-(the pod's IP, from the downward API: with ``hostNetwork`` the node's), a worker's index ``$(LWS_WORKER_INDEX)``
-where a flag's value is the node's rank (``--node-rank``), the group's size ``$(LWS_GROUP_SIZE)`` (``--nnodes``).
+Per-node values come from LWS, by Kubernetes' own ``$(NAME)`` expansion of a container's command, args and env,
+rendered from each unit's engine spec (:class:`k3deploy.model.engine.EngineSpec`, whose per-node addresses are
+symbolic): the head's address as seen by the workers is ``$(LWS_LEADER_ADDRESS)``, a node's own address
+``$(K3_POD_IP)`` (the pod's IP, from the downward API: with ``hostNetwork`` the node's), a worker's index
+``$(LWS_WORKER_INDEX)`` where a flag's value is the node's rank (``--node-rank``), the group's size
+``$(LWS_GROUP_SIZE)`` (``--nnodes``).
 A value that is a multiple of the index (the data-parallel start rank: ``--data-parallel-start-rank`` = index x
 ``--data-parallel-size-local``) needs arithmetic, which only a shell does: that role's command is then
 ``/bin/sh -c 'exec vllm serve ... "$((LWS_WORKER_INDEX * 8 + 0))" ...'``, every other word quoted as it is (on
-Ascend the pack's login shell, ``bash -lc``, as the unit runs it). Which words are per node is read off the rollout
-itself (:func:`role_template`): each worker rank's argv is compared with the others' and with the head's, and a value
-that is not the same linear function of the rank on every worker is refused.
+Ascend the pack's login shell, ``bash -lc``, as the unit runs it). Which words are per node the engine spec says
+(:class:`k3deploy.model.engine.Rank`); :func:`role_template` checks that every worker's spec gives the same template,
+and refuses a value that is not the same linear function of the rank on every worker.
 A literal ``$`` of the plan is written ``$$`` (Kubernetes' escape); :func:`expand` is the kubelet's expansion, which
 the tests apply to get back each node's argv.
 
@@ -47,6 +49,8 @@ from typing import Any
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
+from k3deploy.model.engine import Rank, Ref, text
+from k3deploy.model.engine import Word as SpecWord
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.secrets import API_KEY_ENV, is_secret
 from k3deploy.model.units import CONTAINER_CACHE
@@ -137,68 +141,54 @@ class Derived:
 Word = str | Derived
 
 
-def _address(address: str) -> re.Pattern[str]:
-    return re.compile(r"(?<![A-Za-z0-9.-])" + re.escape(address) + r"(?![A-Za-z0-9.-])")
-
-
-def substituted(text: str, unit: UnitWork, head: UnitWork, tokens: Mapping[str, str]) -> str:
-    """``text`` of ``unit`` with its per-node addresses as LWS references: the head's address (on a worker)
+def substituted(word: SpecWord, unit: UnitWork, tokens: Mapping[str, str]) -> str:
+    """A word of ``unit``'s spec with its per-node values as LWS references: the head's address (on a worker)
     ``$(LWS_LEADER_ADDRESS)``, its own ``$(K3_POD_IP)``; the site's shared blanks (``tokens``) in place of each
     node's own."""
-    out = escape(text)
-    for old, new in tokens.items():
-        out = out.replace(escape(old), new)
-    if unit.rank > 0:
-        out = _address(head.node.address).sub(ref(LEADER_ADDRESS), out)
-    return _address(unit.node.address).sub(ref(POD_IP), out)
+    out: list[str] = []
+    for part in word:
+        if isinstance(part, Ref):
+            out.append(ref(LEADER_ADDRESS) if part.name == "head" and unit.rank > 0 else ref(POD_IP))
+            continue
+        value = escape(part if isinstance(part, str) else part.value)
+        for old, new in tokens.items():
+            value = value.replace(escape(old), new)
+        out.append(value)
+    return "".join(out)
 
 
-def _flag_values(argv: Sequence[str]) -> dict[str, str]:
-    return {argv[i - 1]: argv[i] for i in range(1, len(argv)) if argv[i - 1].startswith("--")}
+def _word(word: SpecWord, unit: UnitWork, tokens: Mapping[str, str]) -> Word:
+    """A word of a pod template: a worker's rank-following value as :class:`Derived`, else :func:`substituted`."""
+    if unit.rank > 0 and len(word) == 1 and isinstance(word[0], Rank):
+        return Derived(word[0].scale, word[0].offset)
+    return substituted(word, unit, tokens)
 
 
-def _int(text: str) -> int | None:
-    return int(text) if re.fullmatch(r"-?\d+", text) else None
-
-
-def role_template(units: Sequence[UnitWork], head: UnitWork, tokens: Mapping[str, str]) -> list[Word]:
-    """The one argv of the pods of ``units`` (the head alone, or every worker rank of a group): each word with its
-    per-node addresses as LWS references (:func:`substituted`), and each integer flag value that follows the rank
-    as :class:`Derived` (read off the ranks, the head's value of the flag, 0 where it has none, as rank 0's).
-    Raises :class:`K3Error` when the nodes differ otherwise."""
-    words = [[substituted(a, u, head, tokens) for a in u.node.argv] for u in units]
+def role_template(units: Sequence[UnitWork], tokens: Mapping[str, str]) -> list[Word]:
+    """The one argv of the pods of ``units`` (the head alone, or every worker rank of a group), from their engine
+    specs: each word with its per-node addresses as LWS references (:func:`substituted`), and each value that
+    follows the rank (:class:`k3deploy.model.engine.Rank`) as :class:`Derived`. Raises :class:`K3Error` when the
+    nodes differ otherwise."""
+    words = [[_word(a, u, tokens) for a in u.require_spec().argv_words] for u in units]
     first = words[0]
     if any(len(w) != len(first) for w in words):
         raise K3Error(f"group {units[0].group}: the workers' argv differ in length; one pod template cannot run them")
     if units[0].rank == 0:
         return list(first)
-    head_flags = _flag_values(head.node.argv)
     out: list[Word] = []
     for i, word in enumerate(first):
-        values = [_int(w[i]) for w in words]
-        flag = first[i - 1] if i else ""
-        same = all(w[i] == word for w in words)
-        if not flag.startswith("--") or any(v is None for v in values):
-            if not same:
-                raise K3Error(f"group {units[0].group}: argv word {i} ({flag} {word}) differs between workers and "
-                              "follows no rank: one pod template cannot run them")
+        column = [w[i] for w in words]
+        if all(c == word for c in column):
             out.append(word)
             continue
-        ranks = [u.rank for u in units]
-        ints = [v for v in values if v is not None]
-        base = _int(head_flags.get(flag, "0"))
-        if len(ints) > 1 and same and flag not in head_flags:
-            out.append(word)            # a workers-only flag with one value on every worker
-            continue
-        if same and base == ints[0] and flag in head_flags:
-            out.append(word)            # the same on every node
-            continue
-        offset = base if base is not None else 0
-        scale = (ints[0] - offset) // ranks[0] if ranks[0] else 0
-        if any(scale * r + offset != v for r, v in zip(ranks, ints, strict=True)):
-            raise K3Error(f"group {units[0].group}: {flag} is {', '.join(map(str, ints))} on ranks "
-                          f"{', '.join(map(str, ranks))}, not a multiple of the rank: one pod template cannot run them")
-        out.append(Derived(scale, offset))
+        flag = str(first[i - 1]) if i else ""
+        if any(isinstance(c, Derived) for c in column):
+            values = [text(u.require_spec().argv_words[i]) for u in units]
+            raise K3Error(f"group {units[0].group}: {flag} is {', '.join(values)} on ranks "
+                          f"{', '.join(str(u.rank) for u in units)}, not a multiple of the rank: one pod template "
+                          "cannot run them")
+        raise K3Error(f"group {units[0].group}: argv word {i} ({flag} {word}) differs between workers and "
+                      "follows no rank: one pod template cannot run them")
     return out
 
 
@@ -215,11 +205,6 @@ def command(words: Sequence[Word], profile: str | None) -> tuple[list[str], list
 
 
 # ---------------------------------------------------------------------------------------------- the objects
-
-
-def env_of(text: str) -> dict[str, str]:
-    """An env file's settings (``NAME=value`` per line)."""
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
 @dataclass(frozen=True)
@@ -295,15 +280,15 @@ def _leader_health(port: int) -> str:
             f"':{port}/health', timeout=5)")
 
 
-def _env(rollout: Rollout, unit: UnitWork, head: UnitWork, tokens: Mapping[str, str]) -> list[Obj]:
+def _env(rollout: Rollout, unit: UnitWork, tokens: Mapping[str, str]) -> list[Obj]:
     secret = rollout.vars.k3_k8s_secret
     out: list[Obj] = [{"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    env = env_of(unit.env_text)
+    env = dict(unit.require_spec().env)
     for name, value in env.items():
         if is_secret(name):
             out.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}})
         else:
-            out.append({"name": name, "value": substituted(value, unit, head, tokens)})
+            out.append({"name": name, "value": substituted(value, unit, tokens)})
     if HF_TOKEN not in env:
         out.append({"name": HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": secret, "key": HF_TOKEN,
                                                                      "optional": True}}})
@@ -318,7 +303,7 @@ def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, size: int,
     hw = hardware()[rollout.plan.hardware]
     multi = len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
     box = pack.container if pack is not None else None
-    words = role_template(units, head, tokens)
+    words = role_template(units, tokens)
     words = [ref(GROUP_SIZE) if i and words[i - 1] in GROUP_SIZE_FLAGS and w == str(size) else w
              for i, w in enumerate(words)]
     cmd, args = command(words, box.login_profile if box else None)
@@ -353,12 +338,12 @@ def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, size: int,
     container: Obj = {"name": "engine", "image": rollout.plan.image, "command": cmd}
     if args:
         container["args"] = args
-    container["env"] = _env(rollout, unit, head, tokens)
+    container["env"] = _env(rollout, unit, tokens)
     port = _port(unit)
     head_port = _port(head)
     if port is not None:
         container["ports"] = [{"name": "http", "containerPort": port}]
-        models = _models_probe if API_KEY_ENV in env_of(unit.env_text) else partial(_http_probe, "/v1/models")
+        models = _models_probe if API_KEY_ENV in unit.require_spec().env_map else partial(_http_probe, "/v1/models")
         container["startupProbe"] = models(port, -(-rollout.ready_timeout // PROBE_PERIOD))
         container["readinessProbe"] = models(port, 3)
         container["livenessProbe"] = _http_probe("/health", port, 6)

@@ -22,11 +22,12 @@ from urllib.parse import urlsplit
 
 from k3deploy.errors import K3Error
 from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, fill, rendezvous_port
+from k3deploy.model.engine import EngineSpec, Word, env_words, ranked, words
 from k3deploy.model.images import run_ref
 from k3deploy.model.inventory import ROLE_GROUPS, SPARES
 from k3deploy.model.observed import Installed
 from k3deploy.model.secrets import API_KEY_ENV
-from k3deploy.model.units import ContainerSpec, Fence, Healing, engine_unit, env_file_text, router_unit, workers_file
+from k3deploy.model.units import ContainerSpec, Fence, Healing, engine_unit_spec, router_unit, workers_file
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
@@ -57,9 +58,11 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@dataclass
+@dataclass(frozen=True)
 class UnitWork:
-    """One systemd unit on one host."""
+    """One systemd unit on one host: where it runs and, once rendered, its :class:`EngineSpec`, from which its
+    files render. A unit that keeps the files a host holds (a rollback to a revision, a group that runs it) carries
+    them as read (``kept_unit_text``, ``kept_env_text``, ``launch_text``): they are then its files."""
 
     host: str
     unit: str                       # e.g. k3-engine.service
@@ -67,18 +70,45 @@ class UnitWork:
     rank: int
     node: BoundNode
     unit_path: str
-    unit_text: str
     env_path: str
-    env_text: str = field(repr=False)   # may hold a secret (the API key, k3_extra_env): never in a repr
     serves: str | None              # http://addr:port when this unit answers HTTP
     join: tuple[str, int] | None    # (head address, port) a worker waits for before starting
     container: str
     watches: str | None = None      # the group head's address:port a healing member watches (k3_heal)
+    spec: EngineSpec | None = field(default=None, repr=False)   # None: laid out only (:func:`lay_out`)
     launch_text: str | None = None  # k3_launcher: slurm: a restored revision's launch script (None: rendered)
+    kept_unit_text: str | None = None   # the unit file a host holds, kept (None: rendered from ``spec``)
+    kept_env_text: str | None = field(default=None, repr=False)   # the env file a host holds, kept (a secret)
 
     @property
     def is_group_head(self) -> bool:
         return self.rank == 0
+
+    @property
+    def unit_text(self) -> str:
+        """The unit file: kept, or rendered from the spec ("" while laid out only)."""
+        if self.kept_unit_text is not None:
+            return self.kept_unit_text
+        return self.spec.unit_text if self.spec is not None else ""
+
+    @property
+    def env_text(self) -> str:
+        """The env file: kept, or rendered from the spec ("" while laid out only). May hold a secret."""
+        if self.kept_env_text is not None:
+            return self.kept_env_text
+        return self.spec.env_text if self.spec is not None else ""
+
+    def require_spec(self) -> EngineSpec:
+        if self.spec is None:
+            raise ValueError(f"{self.host}:{self.unit} is laid out only: render the rollout first")
+        return self.spec
+
+    def kept(self, *, unit_text: str | None = None, launch_text: str | None = None,
+             env_text: str | None = None) -> UnitWork:
+        """This unit with files a host holds in place of the rendered ones (a revision it keeps or returns to)."""
+        return replace(self, kept_unit_text=unit_text if unit_text is not None else self.kept_unit_text,
+                       launch_text=launch_text if launch_text is not None else self.launch_text,
+                       kept_env_text=env_text if env_text is not None else self.kept_env_text)
 
 
 @dataclass
@@ -289,8 +319,8 @@ def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables, api_key: 
             port = rendezvous_port(node.argv)
             join = (head_addr, port) if port else None
         units.append(UnitWork(host=host.host.name, unit=unit, group=group, rank=node.rank, node=node,
-                              unit_path=f"/etc/systemd/system/{unit}", unit_text="", env_path=f"{cfg}/{unit_base}.env",
-                              env_text="", serves=serves, join=join, container=unit_base, watches=watches))
+                              unit_path=f"/etc/systemd/system/{unit}", env_path=f"{cfg}/{unit_base}.env",
+                              serves=serves, join=join, container=unit_base, watches=watches))
 
     base = variables.k3_unit_name
     if pd:
@@ -366,7 +396,8 @@ def _with_iface(node: BoundNode, iface: str | None) -> BoundNode:
         return node
     names = {"IFACE_NAME": iface}
     return BoundNode(node.node, [fill(a, names) for a in node.argv],
-                     {k: fill(val, names) for k, val in node.env.items()}, node.address, node.replica)
+                     {k: fill(val, names) for k, val in node.env.items()}, node.address, node.replica,
+                     {**node.values, **names})
 
 
 #: vLLM's own address (``get_ip()``): what the head advertises its message queue on to the other nodes' workers
@@ -425,11 +456,12 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
     left as it is."""
     plan, variables = layout.plan, layout.vars
     units: list[UnitWork] = []
+    heads = {u.group: u.node.address for u in layout.units if u.rank == 0}
     for placed in layout.units:
         node = _with_iface(placed.node, (ifaces or {}).get(placed.host))
         box = unit_container(layout, placed)
         if node.role == "router":
-            text = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+            unit = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                image=plan.image, ready_timeout=layout.ready_timeout, container=box,
                                router_bin=variables.k3_router_bin,
                                workers=workers_file(placed.env_path) if len(layout.replicas) > 1 else None)
@@ -442,12 +474,18 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
                               own=own if placed.watches else None,
                               fence=Fence(placed.group, placed.rank, placed.host, variables.k3_config_dir,
                                           variables.k3_fence_port))
-            text = engine_unit(node, box, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
-                               ready_timeout=layout.ready_timeout, healing=healing)
+            unit = engine_unit_spec(node, box, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
+                                    ready_timeout=layout.ready_timeout, healing=healing)
         keyed = {API_KEY_ENV: layout.api_key} if layout.api_key else {}
         env = engine_env(node, (host_env or {}).get(placed.host, {}), {**variables.k3_extra_env, **keyed}) \
             if node.role != "router" else {**node.env, **keyed}
-        units.append(replace(placed, node=node, unit_text=text, env_text=env_file_text(env)))
+        head = heads.get(placed.group) if placed.rank > 0 else None
+        argv: tuple[Word, ...] = ranked([words(p, f, node.values, head=head, own=node.address)
+                                         for p, f in zip(node.node.argv, node.argv, strict=True)], node.rank)
+        spec = EngineSpec(argv_words=argv, env=env_words(env, node.node.env, node.values, head=head,
+                                                         own=node.address),
+                          container=box, unit=unit)
+        units.append(replace(placed, node=node, spec=spec))
     return replace(layout, units=units, changed_groups=set(layout.changed_groups), rendered=True,
                    ifaces=dict(ifaces or {}))
 

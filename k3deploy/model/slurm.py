@@ -4,9 +4,9 @@ submit, find, cancel and account for them (docs/slurm.md).
 Each group of the rollout (each replica's engine group, each P/D pool, the router) becomes one batch job on its
 planned nodes (``--nodelist``: Slurm node names are the inventory's host names). Inside the job one step per node
 runs that node's *launch script* (``<k3_config_dir>/<container>.launch``): the same container the systemd unit runs,
-built from the same :class:`~k3deploy.model.units.ContainerSpec` and :func:`~k3deploy.model.units.container_argv`
-(:func:`~k3deploy.model.rollout.unit_container`), after the same pre-step (a leftover container of its name
-removed), and stopped on SIGTERM as the unit's ``ExecStop`` stops it. The head's step starts first; each worker's
+rendered from the same engine spec (:class:`~k3deploy.model.engine.EngineSpec`: its command and container), after
+the same pre-step (a leftover container of its name removed), and stopped on SIGTERM as the unit's ``ExecStop``
+stops it. The head's step starts first; each worker's
 step waits from its own node for the head's rendezvous port (:func:`k3deploy.model.commands.wait_tcp`, the wait the
 systemd path runs) and then starts; the first step that ends ends the job (no half group), naming its node, its exit
 code and its output. The templates (``templates/k3-slurm-job.sbatch.j2``, ``templates/k3-slurm-launch.sh.j2``)
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
-from k3deploy.model.rollout import Rollout, UnitWork, sha256, unit_container
-from k3deploy.model.units import cleanup_argv, container_argv, render_template, router_argv, stop_argv
+from k3deploy.model.rollout import Rollout, UnitWork, sha256
+from k3deploy.model.units import cleanup_argv, render_template, stop_argv
 from k3deploy.recipe.taxonomy import hardware
 
 BATCH_TEMPLATE = "k3-slurm-job.sbatch.j2"
@@ -175,18 +175,17 @@ def launch_script(rollout: Rollout, unit: UnitWork) -> str:
     unit carries the launch script its revision kept (``launch_text``), which is then the script."""
     if unit.launch_text is not None:
         return unit.launch_text
-    spec = unit_container(rollout, unit)
+    engine = unit.require_spec()
+    spec = engine.container
     where = f"{unit.node.role} rank {unit.rank} of group {unit.group} on {unit.host}"
     comments = [f"{where}: {rollout.plan.model} ({rollout.plan.strategy} on {rollout.plan.hardware}).",
                 f"The Slurm launcher's form of the systemd unit {unit.unit}: the same command, the same env file "
                 f"({unit.env_path})."]
+    argv = engine.command
     if spec is None:
-        argv = router_argv(unit.node, None, rollout.vars.k3_router_bin)
         body = ["# Slurm stops the step with SIGTERM (scancel, the end of the job), as systemd stops the unit.",
                 f"exec {shlex.join(argv)}"]
     else:
-        argv = container_argv(spec, unit.node.argv) if unit.node.role != "router" else \
-            router_argv(unit.node, spec, rollout.vars.k3_router_bin)
         body = [
             "# A container of this name left by an earlier run is removed first (the unit's ExecStartPre=-).",
             f"{shlex.join(cleanup_argv(spec))} >/dev/null 2>&1 || true",
@@ -199,20 +198,6 @@ def launch_script(rollout: Rollout, unit: UnitWork) -> str:
             'wait "$run"',
         ]
     return render_template(LAUNCH_TEMPLATE, managed=MANAGED, comments=comments, body=body)
-
-
-def launch_argv(script: str) -> list[str]:
-    """The command a launch script runs (its container's ``docker run``, or the router's ``exec``), read back.
-
-    >>> launch_argv("x\\nexec /usr/local/bin/vllm-router --port 30000\\n")
-    ['/usr/local/bin/vllm-router', '--port', '30000']
-    """
-    for line in script.splitlines():
-        if line.startswith("exec "):
-            return shlex.split(line)[1:]
-        if line.endswith(" &") and not line.startswith("#"):
-            return shlex.split(line)[:-1]
-    raise ValueError("no command in the launch script")
 
 
 # ---------------------------------------------------------------------------------------------- batch scripts

@@ -131,7 +131,23 @@ class UnitSpec:
     start_post: tuple[tuple[str, ...], ...] = ()    # after the start (the group watcher of a member)
     stop_post: tuple[tuple[str, ...], ...] = ()     # after every stop (notes a failed run for the backoff)
     service_lines: tuple[str, ...] = ()             # more [Service] settings (a router's worker list)
-    exec_start: str = ""                            # the ExecStart= line itself (default: ``argv`` quoted)
+    #: the words of ``argv`` that systemd takes from :data:`WORKERS_VAR` at each start (a router's workers)
+    workers: tuple[int, int] | None = None
+
+    def exec_words(self) -> list[str]:
+        """``ExecStart=`` as systemd splits it, before it expands variables: ``argv`` with the span of
+        ``workers`` as the one word ``$K3_ROUTER_WORKERS``."""
+        if self.workers is None:
+            return list(self.argv)
+        start, end = self.workers
+        return [*self.argv[:start], f"${WORKERS_VAR}", *self.argv[end:]]
+
+    def start_line(self) -> str:
+        """The ``ExecStart=`` value: ``argv`` quoted, the span of ``workers`` as the unquoted variable."""
+        if self.workers is None:
+            return exec_line(self.argv)
+        start, end = self.workers
+        return " ".join([exec_line(self.argv[:start]), f"${WORKERS_VAR}", exec_line(self.argv[end:])]).strip()
 
 
 @cache
@@ -151,7 +167,7 @@ def render_unit(spec: UnitSpec, template: str = "k3-engine.service.j2") -> str:
         description=spec.description, summary=spec.summary, after=spec.after, wants=spec.wants,
         unit_lines=[line for line in (f"Requires={spec.requires}" if spec.requires else "",
                                       f"RequiresMountsFor={spec.mounts_for}" if spec.mounts_for else "") if line],
-        exec_cleanup=exec_line(spec.cleanup), exec_start=spec.exec_start or exec_line(spec.argv),
+        exec_cleanup=exec_line(spec.cleanup), exec_start=spec.start_line(),
         exec_stop=exec_line(spec.stop), service_lines=list(spec.service_lines),
         restart_sec=spec.restart_sec, start_timeout=spec.start_timeout, stop_timeout=spec.stop_timeout,
         exec_condition=[exec_line(list(a)) for a in spec.condition],
@@ -249,11 +265,18 @@ def _summary(node: BoundNode, strategy: str, hardware: str, image: str) -> str:
 
 def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: str, hardware: str,
                 ready_timeout: int, healing: Healing | None = None) -> str:
+    """The systemd unit of an engine, rendered (:func:`engine_unit_spec`)."""
+    return render_unit(engine_unit_spec(node, spec, model=model, strategy=strategy, hardware=hardware,
+                                        ready_timeout=ready_timeout, healing=healing))
+
+
+def engine_unit_spec(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: str, hardware: str,
+                     ready_timeout: int, healing: Healing | None = None) -> UnitSpec:
     """The systemd unit of an engine: its container run in the foreground, removed before and stopped after;
     with ``healing`` its crash-loop backoff and, for a member of a group, the watcher of its head."""
     h = healing or Healing(unit=spec.name + ".service", max_delay=0)
     fenced = [h.fence.socket] if h.fence is not None else []
-    return render_unit(UnitSpec(
+    return UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, spec.image),
         argv=container_argv(spec, node.argv),
@@ -266,7 +289,7 @@ def engine_unit(node: BoundNode, spec: ContainerSpec, *, model: str, strategy: s
         start_timeout=ready_timeout + 900 + h.max_delay,
         restart_sec=h.restart_sec,
         condition=h.condition(), start_pre=h.start_pre(), start_post=h.start_post(), stop_post=h.stop_post(),
-    ))
+    )
 
 
 def cleanup_argv(spec: ContainerSpec) -> list[str]:
@@ -339,7 +362,7 @@ def _worker_urls(argv: list[str]) -> tuple[int, int] | None:
 
 def router_unit(node: BoundNode, *, model: str, strategy: str, hardware: str, image: str, ready_timeout: int,
                 container: ContainerSpec | None = None, router_bin: str = "/usr/local/bin/vllm-router",
-                workers: str | None = None) -> str:
+                workers: str | None = None) -> UnitSpec:
     """The systemd unit of a vllm-router: ``router_bin`` on the host (the plan's ``vllm-router`` argv with the
     command's absolute path), or in ``container`` when given (the plan's ``image`` is named in the summary). It
     restarts :data:`ROUTER_RESTART_SEC` after a crash. With ``workers`` (the worker file's path) its
@@ -348,13 +371,11 @@ def router_unit(node: BoundNode, *, model: str, strategy: str, hardware: str, im
     argv = router_argv(node, container, router_bin)
     span = _worker_urls(argv) if workers else None
     lines: tuple[str, ...] = ()
-    start = ""
     if span is not None and workers:
         urls = argv[span[0]:span[1]]
         lines = (f"Environment={systemd_quote(WORKERS_VAR + '=' + ' '.join(urls))}",
                  f"EnvironmentFile=-{systemd_path(workers)}")
-        start = " ".join([exec_line(argv[:span[0]]), f"${WORKERS_VAR}", exec_line(argv[span[1]:])]).strip()
-    return render_unit(UnitSpec(
+    return UnitSpec(
         description=f"k3deploy {node.role} rank {node.rank}: {model} ({strategy})",
         summary=_summary(node, strategy, hardware, image),
         argv=argv,
@@ -365,5 +386,5 @@ def router_unit(node: BoundNode, *, model: str, strategy: str, hardware: str, im
         start_timeout=ready_timeout + 900,
         restart_sec=ROUTER_RESTART_SEC,
         service_lines=lines,
-        exec_start=start,
-    ))
+        workers=span if span is not None and workers else None,
+    )

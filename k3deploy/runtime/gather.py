@@ -479,9 +479,10 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                           "shows which revisions every host of the group holds): pick a revision they all hold")
         for u in rollout.group(group):
             if (u.host, u.unit) in keep:
-                setattr(u, own(u)[1], keep[(u.host, u.unit)][0])   # it runs that revision: keep it
-                u.env_text = keep[(u.host, u.unit)][1]
+                texts = {own(u)[1]: keep[(u.host, u.unit)][0], "env_text": keep[(u.host, u.unit)][1]}
+                _keep(rollout, u, texts)   # it runs that revision: keep it
                 continue
+            texts = {}
             for attr, path in ((own(u)[1], own(u)[0]), ("env_text", u.env_path)):
                 kept = f"{d}/{path.rsplit('/', 1)[-1]}"
                 lines = get_fact(state, hosts[u.host], FileContents, kwargs={"path": kept}, apply_failed_hosts=False)
@@ -491,9 +492,16 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                 if lines is None:
                     raise K3Error(f"cannot roll group {group} back to revision {number}: {u.host} has no "
                                   f"{d}/{path.rsplit('/', 1)[-1]} (k3deploy history shows what each host kept)")
-                setattr(u, attr, "".join(f"{ln}\n" for ln in lines))
+                texts[attr] = "".join(f"{ln}\n" for ln in lines)
+            _keep(rollout, u, texts)
         out[group] = number
     return out
+
+
+def _keep(rollout: Rollout, unit: UnitWork, texts: dict[str, str]) -> None:
+    """``unit`` of ``rollout`` with the files a host holds (``unit_text``/``launch_text``, ``env_text``)."""
+    at = next(i for i, u in enumerate(rollout.units) if u is unit)
+    rollout.units[at] = unit.kept(**texts)
 
 
 def require_reachable(gathered: Gathered) -> None:

@@ -27,6 +27,7 @@ import yaml
 
 from helpers import FIXTURES, GOLDEN
 from k3deploy.model import kubernetes
+from k3deploy.model.hosttext import parse_env
 from k3deploy.model.kubernetes import expand
 
 SCHEMAS = FIXTURES / "kubernetes"
@@ -181,7 +182,7 @@ def node_runs(case: str, tmp: Path) -> list[tuple[Any, list[str], dict[str, str]
                 values = {kubernetes.LEADER_ADDRESS: head.node.address, kubernetes.WORKER_INDEX: str(u.rank),
                           "LWS_GROUP_SIZE": str(len(units)), kubernetes.POD_IP: u.node.address}
                 env = {e["name"]: expand(e["value"], values) for e in container["env"] if "value" in e}
-                want = kubernetes.env_of(u.env_text)
+                want = parse_env(u.env_text)
                 for token, one in shared.items():
                     want = {k: v.replace(token, one) for k, v in want.items()}
                 out.append((u, node_argv(container, values, tmp), env, want))

@@ -14,12 +14,11 @@ from k3deploy.model.diff import (
     argv_lines,
     build,
     env_diff,
-    exec_start,
     image_of,
     line_diff,
     render_text,
-    split_exec,
 )
+from k3deploy.model.hosttext import exec_start, split_exec
 from k3deploy.model.rollout import sha256
 from k3deploy.model.units import exec_line
 from k3deploy.runtime.gather import gather

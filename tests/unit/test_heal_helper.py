@@ -16,7 +16,7 @@ import pytest
 from helpers import present
 from k3deploy import resolve
 from k3deploy.model.binding import HostRecord
-from k3deploy.model.diff import exec_start
+from k3deploy.model.hosttext import exec_start
 from k3deploy.model.rollout import plan_rollout
 from k3deploy.model.units import GROUP_MEMBER, GROUP_MEMBER_SOURCE
 from k3deploy.model.variables import Variables

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -181,9 +182,12 @@ def test_a_value_that_does_not_follow_the_rank_is_refused():
     rollout, _, _ = built("gb300-multi_node_tp_pp")
     units = copy.deepcopy(rollout.group("engine"))
     assert len(units) >= 3
-    units[2].node.argv[units[2].node.argv.index("--node-rank") + 1] = "7"
+    spec = units[2].require_spec()
+    words = list(spec.argv_words)
+    words[spec.argv.index("--node-rank") + 1] = ("7",)
+    units[2] = replace(units[2], spec=replace(spec, argv_words=tuple(words)))
     with pytest.raises(K3Error, match="not a multiple of the rank"):
-        k8s.role_template(units[1:], units[0], {})
+        k8s.role_template(units[1:], {})
 
 
 def test_secrets_are_referenced_never_written(tmp_path):

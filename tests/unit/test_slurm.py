@@ -21,7 +21,7 @@ from helpers.clusters import FAMILIES, STRATEGIES, records, smallest_rollout
 from k3deploy.errors import K3Error
 from k3deploy.model import commands, slurm
 from k3deploy.model.binding import HostRecord
-from k3deploy.model.diff import exec_start, split_exec
+from k3deploy.model.hosttext import exec_start, launch_argv, split_exec
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import Rollout
 
@@ -61,7 +61,7 @@ def test_each_launch_script_runs_exactly_its_units_command_for_every_strategy_an
         for u in r.units:
             unit_argv = exec_start(u.unit_text)
             assert unit_argv, (family, strategy, u.unit)
-            assert slurm.launch_argv(slurm.launch_script(r, u)) == unit_argv, (family, strategy, u.host, u.unit)
+            assert launch_argv(slurm.launch_script(r, u)) == unit_argv, (family, strategy, u.host, u.unit)
             seen_router |= u.group == "router"
     assert seen_router
 

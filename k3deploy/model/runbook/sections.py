@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from k3deploy.model import commands, steps, vip
-from k3deploy.model.diff import exec_start
+from k3deploy.model.diff import planned_exec
 from k3deploy.model.images import LocalImage
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import Rollout, StartPlan
@@ -273,7 +273,7 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
                       + fill_secrets(env.dest, hidden, rollout.vars.k3_config_dir)
                       + commands.install_file(unit.dest, unit.content, "0" + unit.mode) + commands.daemon_reload()
                       + "\n")
-            argv = mask_argv(exec_start(u.unit_text) or [])
+            argv = mask_argv(planned_exec(u) or [])
             if argv:
                 doc.p("The unit runs this container command (shown for reading; the unit file is what counts):")
                 doc.code(shlex.join(argv))
