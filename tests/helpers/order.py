@@ -1,13 +1,14 @@
 """The order the suite runs its test modules in: the longest first, by the seconds each took at its last measured run
 (``tests/module-seconds.json``), so that the two test processes of ``tools/test.sh`` (pytest-xdist, a module at a
-time each) end close together instead of one starting a long module when the other is done. A module without a
-figure keeps its place after the measured ones. ``pytest --record-module-seconds`` writes the figures of the
-modules it ran into the file (tests/conftest.py).
+time each) end close together instead of one starting a long module when the other is done. The modules without a
+figure run first, in their order: a new module is most likely a long one, and an unknown module costs little at the
+start but its whole length at the end. ``pytest --record-module-seconds`` writes the figures of the modules it ran
+into the file (tests/conftest.py).
 
 Example::
 
     >>> longest_first(["a.py", "b.py", "c.py", "d.py"], {"b.py": 40.0, "d.py": 300.0})
-    ['d.py', 'b.py', 'a.py', 'c.py']
+    ['a.py', 'c.py', 'd.py', 'b.py']
     >>> module_of("tests/e2e/test_stage.py::test_x[1]")
     'tests/e2e/test_stage.py'
 """
@@ -15,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -28,9 +30,9 @@ def module_of(nodeid: str) -> str:
 
 
 def longest_first(modules: Iterable[str], seconds: Mapping[str, float]) -> list[str]:
-    """``modules`` the longest first; those without a figure after, in their order."""
+    """``modules`` the longest first; those without a figure before all, in their order."""
     listed = list(dict.fromkeys(modules))
-    return sorted(listed, key=lambda m: (-seconds.get(m, 0.0), listed.index(m)))
+    return sorted(listed, key=lambda m: (-seconds.get(m, math.inf), listed.index(m)))
 
 
 def load(path: Path = SECONDS) -> dict[str, float]:

@@ -1,5 +1,5 @@
 """The order the suite runs its modules in (``helpers.order``, tests/conftest.py): the longest first by the recorded
-seconds, the figures recorded by ``--record-module-seconds`` without losing those of the modules a run left out,
+seconds (a module without a figure first), the figures recorded by ``--record-module-seconds`` without losing those of the modules a run left out,
 and the recorded file naming only modules that exist."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ def test_the_examples_hold():
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_the_longest_first_the_unmeasured_after_in_their_order():
+def test_the_unmeasured_first_in_their_order_then_the_longest_first():
     modules = ["u1.py", "e1.py", "u2.py", "e2.py", "u3.py"]
     assert order.longest_first(modules, {"e2.py": 500, "e1.py": 120.5, "u2.py": 3}) == [
-        "e2.py", "e1.py", "u2.py", "u1.py", "u3.py"]
+        "u1.py", "u3.py", "e2.py", "e1.py", "u2.py"]
     assert order.longest_first(modules, {}) == modules
 
 
