@@ -3,7 +3,8 @@
 #
 #   bash tools/test.sh            # the whole suite (= CI, .ci/run): gates, unit, simulator and end-to-end tests
 #   bash tools/test.sh --quick    # the inner loop: ruff, mypy, the unit tests and doctests (tests/unit); no root,
-#                                 # no simulated cluster, no engine venv, nothing installed (docs/testing.md)
+#                                 # no simulated cluster, no engine venv; sets up .venv only where it is missing
+#                                 # (docs/testing.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --quick ]; then
