@@ -1,11 +1,15 @@
-"""Fixtures and hooks of the whole suite (plain helpers: ``tests/helpers/``)."""
+"""Fixtures and hooks of the whole suite (plain helpers: ``tests/helpers/``): the simulated-cluster tests skipped
+where no cluster can run, the modules in the order of ``helpers.order`` (the longest first), and
+``--record-module-seconds``, which writes each module's measured seconds for that order."""
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import pytest
 from gevent import monkey
 
-from helpers import sim_missing
+from helpers import order, sim_missing
 from k3deploy import load_recipe
 from k3deploy.recipe import Recipe
 
@@ -15,15 +19,40 @@ from k3deploy.recipe import Recipe
 # hosts one after another; every command a test runs (k3deploy, pyinfra) patches its own process first.
 monkey.patch_all = lambda *args, **kwargs: True
 
+#: seconds per module of this run (setup, call and teardown of its tests), for ``--record-module-seconds``
+_measured: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-module-seconds", action="store_true",
+                     help="write the seconds each module of this run took into tests/module-seconds.json (the "
+                          "order of the modules: the longest first)")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.sim``: the test needs the simulated cluster; skipped, saying why, where it cannot run."""
+    """The modules the longest first (``helpers.order``: tools/test.sh's two processes take a module at a time, in
+    this order); ``@pytest.mark.sim``: the test needs the simulated cluster; skipped, saying why, where it cannot
+    run."""
+    by_module: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_module.setdefault(order.module_of(item.nodeid), []).append(item)
+    items[:] = [item for m in order.longest_first(by_module, order.load()) for item in by_module[m]]
     reason = sim_missing()
     if reason is None:
         return
     for item in items:
         if item.get_closest_marker("sim") is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _measured[order.module_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if config.getoption("--record-module-seconds") and not hasattr(config, "workerinput") and _measured:
+        order.save(_measured)
 
 
 @pytest.fixture(scope="session")

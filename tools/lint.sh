@@ -6,10 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin
 "$PY/ruff" check .
-"$PY/mypy" --strict k3deploy deploy
-"$PY/mypy" tools benchmarks
-"$PY/mypy" tests
+# a cache per set of options: the strict run and the others check the package's modules with different options, so
+# one shared cache would have each run check them all again (about 50 s instead of 2 s per run here)
+"$PY/mypy" --strict --cache-dir .mypy_cache/strict k3deploy deploy
+"$PY/mypy" --cache-dir .mypy_cache/default tools benchmarks
+"$PY/mypy" --cache-dir .mypy_cache/default tests
 # the simulated nodes' tools are scripts without a .py suffix, importing k3simlib from their own lib directory
 mapfile -t node_tools < <(find k3deploy/sim/node_tools -type f \( -name '*.py' -o -perm -u+x \) \
   -exec grep -lE '^#!.*python' {} + | sort)
-MYPYPATH=k3deploy/sim/node_tools/usr/lib/k3sim "$PY/mypy" --scripts-are-modules "${node_tools[@]}"
+MYPYPATH=k3deploy/sim/node_tools/usr/lib/k3sim "$PY/mypy" --cache-dir .mypy_cache/node-tools --scripts-are-modules "${node_tools[@]}"

@@ -9,11 +9,13 @@ import json
 import re
 import shlex
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers import deploy, k3, why
+from helpers.simulated import Sim
 from k3deploy.model import commands
 
 pytestmark = pytest.mark.sim
@@ -57,13 +59,31 @@ def staging(sim) -> list[str]:
     return json.loads(plan.stdout)["staging"]
 
 
-def test_four_trays_fetch_each_artifact_once_and_spread_it_in_two_rounds(sim_factory):
-    sim = sim_factory("stg4", "gb300", 4)
-    sim.set_vars("k3_strategy: multi_node_tp\n")
+class Staged:
+    """A cluster of four trays and its first deploy: what ``plan`` said it would stage, and the run."""
+
+    def __init__(self, sim: Sim, planned: list[str], run: subprocess.CompletedProcess[str]) -> None:
+        self.sim, self.planned, self.run = sim, planned, run
+
+
+@pytest.fixture(scope="module")
+def four() -> Iterator[Staged]:
+    """Four gb300 trays in one group, deployed once: the spread's test reads that first run, the corrupted shard's
+    test works on the cluster it left (one bring-up and one first deploy for both)."""
+    sim = Sim("stg4", "gb300", 4)
+    try:
+        sim.set_vars("k3_strategy: multi_node_tp\n")
+        planned = staging(sim)
+        yield Staged(sim, planned, deploy(sim.inventory))
+    finally:
+        sim.down()
+
+
+def test_four_trays_fetch_each_artifact_once_and_spread_it_in_two_rounds(four: Staged) -> None:
+    sim, run = four.sim, four.run
     first = sim.info["nodes"][0]["name"]
-    assert staging(sim)[:2] == [f"image: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds",
+    assert four.planned[:2] == [f"image: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds",
                                 f"weights: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds"]
-    run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
     assert "Stage round 2 of 2: from a peer" in run.stdout and "Stage round 3" not in run.stdout
     assert ran_on(run.stdout, f"Image {IMAGE}: from the registry") == 1       # once over the uplink
@@ -103,10 +123,9 @@ def test_an_interrupted_stage_resumes_where_it_stopped(sim_factory):
     assert artifacts <= served <= 1.2 * artifacts, (served_first, served, artifacts)
 
 
-def test_a_corrupted_shard_is_found_and_copied_again_from_a_peer(sim_factory):
-    sim = sim_factory("stgc", "gb300", 2)
-    sim.set_vars("k3_strategy: multi_node_tp\n")
-    assert deploy(sim.inventory).returncode == 0
+def test_a_corrupted_shard_is_found_and_copied_again_from_a_peer(four: Staged) -> None:
+    sim = four.sim      # deployed and verified on every tray
+    assert four.run.returncode == 0, why(four.run)
     shard = sim.ssh(1, f"readlink -f {MODEL_DIR}/snapshots/*/model-00001-of-*.safetensors").stdout.strip()
     assert shard
     sim.ssh(1, f"printf garbage | dd of={shlex.quote(shard)} bs=1 seek=4096 conv=notrunc status=none")
