@@ -35,7 +35,7 @@ from k3deploy.model.images import LocalImage, holds
 from k3deploy.model.units import render_template
 
 if TYPE_CHECKING:
-    from k3deploy.model.rollout import Rollout
+    from k3deploy.model.rollout import Placement
 
 #: how an artifact reaches a node that fetches it itself
 OUTSIDE, ARCHIVE = "outside", "archive"
@@ -149,14 +149,14 @@ def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_hold
     return StagePlan(image=image, weights=weights)
 
 
-def engines(rollout: Rollout) -> list[str]:
+def engines(rollout: Placement) -> list[str]:
     """The hosts that run an engine, then the spares standing by (all need the image and the weights), in
     inventory order."""
     running = [h for h in rollout.hosts if any(u.group != "router" for u in rollout.on_host(h))]
     return running + [h for h in rollout.spares if h not in running]
 
 
-def addresses(rollout: Rollout) -> dict[str, str]:
+def addresses(rollout: Placement) -> dict[str, str]:
     """Each engine host's (and spare's) address on the cluster network (where its peers reach its rsync daemon)."""
     out: dict[str, str] = {}
     for u in rollout.units:
@@ -166,12 +166,12 @@ def addresses(rollout: Rollout) -> dict[str, str]:
     return out
 
 
-def stage_hosts(rollout: Rollout) -> list[str]:
+def stage_hosts(rollout: Placement) -> list[str]:
     """The hosts the stage has steps for: every host with a unit, then the spares standing by."""
     return rollout.hosts + [h for h in rollout.spares if h not in rollout.hosts]
 
 
-def stage_for(rollout: Rollout, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
+def stage_for(rollout: Placement, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
     """The stage of a rollout, from what the facts saw on each host (its images of the repository, verified
     weights). A pinned image (``REPO@sha256:...``, as a resolved tag is) is held only where that very build is."""
     v = rollout.vars
@@ -182,7 +182,7 @@ def stage_for(rollout: Rollout, images: Mapping[str, LocalImage], weights_verifi
                       download=v.k3_download_weights, shared=v.k3_weights_shared)
 
 
-def peers_config(rollout: Rollout, host: str) -> str:
+def peers_config(rollout: Placement, host: str) -> str:
     """The rsync daemon configuration of ``host`` while it serves its peers: read only, bound to its cluster
     address, open to the cluster's engine hosts only."""
     v = rollout.vars
@@ -194,7 +194,7 @@ def peers_config(rollout: Rollout, host: str) -> str:
                            stage=v.k3_stage_dir.rstrip("/"))
 
 
-def peers_config_path(rollout: Rollout) -> str:
+def peers_config_path(rollout: Placement) -> str:
     return f"{rollout.vars.k3_stage_dir.rstrip('/')}/peers.conf"
 
 

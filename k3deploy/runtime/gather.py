@@ -256,12 +256,12 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     if rollout is not None and wanted.vars.k3_nccl_probe:
         report.results += nccl_probe(state, wanted, rollout, report)
     gathered = Gathered(target=wanted, rollout=rollout, preflight=report, facts=facts, readings=readings,
-                        addresses=addresses, ssh=ssh, resolution=resolution)
-    if spares is not None:
-        gathered.spares, gathered.quarantine = spares.settled, spares.quarantine
-        gathered.stand_down = spares.stand_down
+                        addresses=addresses, ssh=ssh, resolution=resolution,
+                        spares=spares.settled if spares is not None else None,
+                        quarantine=spares.quarantine if spares is not None else {},
+                        stand_down=spares.stand_down if spares is not None else {})
     if rollout is not None and view.installed:
-        _installed_state(state, gathered, rollout)
+        return _installed_state(state, gathered, rollout)
     return gathered
 
 
@@ -387,20 +387,23 @@ def render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Bla
     return desired_rollout(wanted, ifaces=ifaces, host_env=host_env), blanks
 
 
-def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None:
-    """From the readings: whether each serving unit answers, what the running router lists, each group's history
-    (a revision is restorable only where every host of the group holds it), a rollback's files and the stage."""
+def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> Gathered:
+    """``gathered`` with what its readings say of what is installed: whether each serving unit answers, what the
+    running router lists, each group's history (a revision is restorable only where every host of the group holds
+    it), a rollback's files and the stage."""
     listed: dict[str, dict[str, GroupHistory]] = {}   # group -> host -> its revisions as that host lists them
+    readings: dict[str, HostReading] = {}
     for host, reading in gathered.readings.items():
         answers = {unit: code == 200 for unit, code in reading.health.items()}
         answers.update({unit: run.health == 200 for unit, run in reading.runs.items() if run.health is not None})
-        for unit, ok in answers.items():   # a serving unit that does not answer is a change to repair
-            if unit in reading.installed:
-                reading.installed[unit] = replace(reading.installed[unit], answers=ok)
+        # a serving unit that does not answer is a change to repair
+        readings[host] = replace(reading, installed={unit: replace(have, answers=answers[unit]) if unit in answers
+                                                     else have for unit, have in reading.installed.items()})
         if reading.router_workers is not None:
-            rollout.router_workers = reading.router_workers
+            rollout = rollout.decided(router_workers=reading.router_workers)
         for group, history in reading.revisions.items():
             listed.setdefault(group, {})[host] = history
+    gathered = replace(gathered, readings=readings, rollout=rollout)
     for group, by_host in listed.items():
         order = list(dict.fromkeys(u.host for u in rollout.group(group)))
         gathered.history[group] = h = combine(group, [(h, by_host[h]) for h in order if h in by_host])
@@ -413,41 +416,51 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None
             h.runs_now = max(running) if running else None
             h.current = h.runs_now if h.runs_now is not None else h.current
     wanted = gathered.target
+    rollback_to: dict[str, int] = {}
     if wanted.vars.k3_rollback is not False:
-        gathered.rollback_to = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
+        rollback_to, rollout = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
                                                  gathered.installed)
-        restored = {gathered.history[g].revisions[n].image for g, n in gathered.rollback_to.items()
+        restored = {gathered.history[g].revisions[n].image for g, n in rollback_to.items()
                     if g in gathered.history and n in gathered.history[g].revisions}
         if len(restored) == 1 and image_pins.is_pinned(next(iter(restored))):
             # the revision's exact build is what the restored units run: stage that one
-            rollout.plan = rollout.plan.model_copy(update={"image": next(iter(restored))})
-    gathered.stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
-    if rollout.vars.k3_weights_source and ARCHIVE in gathered.stage.weights.fetch.values():
-        # before a byte moves: the source holds every shard its index names, each as long as its header says
-        gathered.source = check_source(rollout.vars.k3_weights_source)
-    if rollout.vars.k3_image_archive and ARCHIVE in gathered.stage.image.fetch.values():
-        gathered.archive = check_archive(rollout.vars.k3_image_archive)
+            rollout = replace(rollout, plan=rollout.plan.model_copy(update={"image": next(iter(restored))}))
+    stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
+    # before a byte moves: the source holds every shard its index names, each as long as its header says
+    source = check_source(rollout.vars.k3_weights_source) \
+        if rollout.vars.k3_weights_source and ARCHIVE in stage.weights.fetch.values() else None
+    archive = check_archive(rollout.vars.k3_image_archive) \
+        if rollout.vars.k3_image_archive and ARCHIVE in stage.image.fetch.values() else None
+    return replace(gathered, rollout=rollout, rollback_to=rollback_to, stage=stage, source=source, archive=archive)
 
 
 def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
-                      installed: Mapping[tuple[str, str], Installed]) -> dict[str, int]:
+                      installed: Mapping[tuple[str, str], Installed]) -> tuple[dict[str, int], Rollout]:
     """A rollback: every unit's desired files become those of its group's revision (for ``True`` the previous
     one, or the current one when the hosts run an unrecorded, failed change, or, with replicas, when a roll stopped
     on any replica; else number ``wanted``), read from the revision directories on the hosts. With ``k3_launcher:
     slurm`` a unit's files are its launch script (``launch_text``: what its job's step runs) and its env file, as
-    the revisions keep them; the group's job is then rendered from them."""
+    the revisions keep them; the group's job is then rendered from them. Returns each group's revision and the
+    rollout with those files."""
     hosts = {h.name: h for h in state.inventory}
     batch = rollout.vars.k3_launcher == "slurm"
 
-    def own(unit: UnitWork) -> tuple[str, str]:
-        """The unit's own file (its systemd unit, or under Slurm its launch script) and the attribute holding it."""
-        return (launch_path(rollout, unit), "launch_text") if batch else (unit.unit_path, "unit_text")
+    def own(unit: UnitWork) -> str:
+        """The unit's own file: its systemd unit, or under Slurm its launch script."""
+        return launch_path(rollout, unit) if batch else unit.unit_path
+
+    def with_files(unit: UnitWork, own_text: str, env_text: str) -> UnitWork:
+        """The unit with a revision's files: its own file (:func:`own`) and its env file."""
+        if batch:
+            return replace(unit, launch_text=own_text, env_text=env_text)
+        return replace(unit, unit_text=own_text, env_text=env_text)
 
     now: dict[str, str | None] = {}
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
-        now[f"{u.host}:{own(u)[0]}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
+        now[f"{u.host}:{own(u)}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
     out: dict[str, int] = {}
+    restored: dict[tuple[str, str], UnitWork] = {}   # (host, unit) -> the unit with its revision's files
     runs_current: dict[str, bool] = {}
     for group in rollout.groups:
         h = history.get(group) or GroupHistory(group)
@@ -479,11 +492,11 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                           f"{'lacks' if len(lacking) == 1 else 'lack'} its files in {d} (k3deploy history INVENTORY "
                           "shows which revisions every host of the group holds): pick a revision they all hold")
         for u in rollout.group(group):
-            if (u.host, u.unit) in keep:
-                setattr(u, own(u)[1], keep[(u.host, u.unit)][0])   # it runs that revision: keep it
-                u.env_text = keep[(u.host, u.unit)][1]
+            if (u.host, u.unit) in keep:   # it runs that revision: keep it
+                restored[(u.host, u.unit)] = with_files(u, *keep[(u.host, u.unit)])
                 continue
-            for attr, path in ((own(u)[1], own(u)[0]), ("env_text", u.env_path)):
+            texts: list[str] = []
+            for path in (own(u), u.env_path):
                 kept = f"{d}/{path.rsplit('/', 1)[-1]}"
                 lines = get_fact(state, hosts[u.host], FileContents, kwargs={"path": kept}, apply_failed_hosts=False)
                 if lines is None and get_fact(state, hosts[u.host], File, kwargs={"path": kept},
@@ -492,9 +505,10 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                 if lines is None:
                     raise K3Error(f"cannot roll group {group} back to revision {number}: {u.host} has no "
                                   f"{d}/{path.rsplit('/', 1)[-1]} (k3deploy history shows what each host kept)")
-                setattr(u, attr, "".join(f"{ln}\n" for ln in lines))
+                texts.append("".join(f"{ln}\n" for ln in lines))
+            restored[(u.host, u.unit)] = with_files(u, *texts)
         out[group] = number
-    return out
+    return out, replace(rollout, units=[restored.get((u.host, u.unit), u) for u in rollout.units])
 
 
 def require_reachable(gathered: Gathered) -> None:

@@ -51,7 +51,7 @@ from k3deploy.model.images import LocalImage
 from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
-from k3deploy.model.rollout import Rollout
+from k3deploy.model.rollout import Placement
 from k3deploy.model.slurm import group_dir, job_name, launch_path
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
@@ -352,7 +352,7 @@ class HostPlan:
         return f"{type(request).__name__}.{index}"
 
 
-def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> HostPlan:
+def plan_host(layout: Placement, host: str, view: View, resolver: str | None) -> HostPlan:
     """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
     image's digests there, the weights, the lock and the revisions of every group with a unit here; on
     ``k3_slurm_submit_host`` (``k3_launcher: slurm``) the groups' jobs in the Slurm queue; on ``resolver``
@@ -398,7 +398,7 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
     return HostPlan(host, tuple(out))
 
 
-def standing_by(layout: Rollout) -> list[Request]:
+def standing_by(layout: Placement) -> list[Request]:
     """What is read on a host without a unit (a spare, or a member that was lost): whether any of the rollout's
     units is installed or runs there (it must run nothing), and what it holds of the image and the weights (a
     spare is staged like an engine host)."""
