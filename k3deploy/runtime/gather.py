@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from pyinfra.api.facts import get_fact
+from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.files import File, FileContents
 
@@ -71,7 +72,7 @@ from k3deploy.runtime.connections import (
     ssh_argv,
 )
 from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
-from k3deploy.runtime.reading import HostPlan, HostReading, TakeLockThere, plan_host, read_again, read_hosts
+from k3deploy.runtime.reading import HostReading, ReadPlan, TakeLockThere, plan_host, read_again, read_hosts
 from k3deploy.runtime.views import DEPLOY, View
 
 # ------------------------------------------------------------------------------------------ gathered
@@ -277,8 +278,8 @@ class Standing:
     stand_down: dict[str, list[str]]
 
 
-def take_spares(state: State, hosts: list[Any], wanted: Target, view: View, facts: list[HostFacts],
-                readings: dict[str, HostReading], report: PreflightReport, plans: dict[str, HostPlan],
+def take_spares(state: State, hosts: list[Host], wanted: Target, view: View, facts: list[HostFacts],
+                readings: dict[str, HostReading], report: PreflightReport, plans: dict[str, ReadPlan],
                 resolver: str | None) -> Standing:
     """The spares (:mod:`k3deploy.model.spares`) taken into account: the substitutions the nodes record applied, a
     spare for each member lost now (unreachable, or quarantined: its record on the node, or a fatal event in its

@@ -375,7 +375,7 @@ def dry_run(argv: list[str] | None = None) -> bool:
     return "--dry" in args or ("--json" in args and not yes)
 
 
-def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock]) -> Lock | None:
+def _take_lock(state: State, spec: str | None, target: Target, holder: list[Lock]) -> Lock | None:
     """Before any host is read (so before the revision numbers are chosen): the deployment lock
     (:mod:`k3deploy.runtime.lock`) on the first host; on the others the command that reads them takes it first
     (:func:`~k3deploy.runtime.gather.gather_in_run`). ``--dry`` takes none and names a held one."""
@@ -484,7 +484,7 @@ def _build(state: State) -> RunContext:
     return RunContext(gathered, decided, state=state, lock=lock, launcher=launcher)
 
 
-def _spares_said(state: Any, gathered: Gathered) -> None:
+def _spares_said(state: State, gathered: Gathered) -> None:
     """Say once what the spares change in this run: each new substitution and quarantine, each host that runs
     nothing. A lost member that pyinfra could not connect to, and that a spare replaces, is no failure of the run:
     it leaves pyinfra's failed hosts (its 'Could not connect' above stays; docs/spares.md)."""

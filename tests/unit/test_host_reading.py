@@ -17,10 +17,10 @@ from k3deploy.runtime import views
 from k3deploy.runtime.connections import inventory_file, load_inventory
 from k3deploy.runtime.gather import gather
 from k3deploy.runtime.reading import (
-    HostPlan,
     ReadEndpoint,
     ReadHealth,
     ReadLogs,
+    ReadPlan,
     ReadRegistry,
     ReadRunning,
     ReadUnit,
@@ -36,7 +36,7 @@ def layout() -> Placement:
     return target(records_of(state.inventory), inventory_file("inventories/gb300.py")).require_layout()
 
 
-def kinds(plan: HostPlan) -> set[str]:
+def kinds(plan: ReadPlan) -> set[str]:
     return {type(r).__name__ for r in plan.requests}
 
 
