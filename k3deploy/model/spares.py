@@ -276,7 +276,7 @@ def choose(placed: Mapping[str, tuple[str, int]], lost: Mapping[str, str],
     return new, left
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settled:
     """Who runs what once the spares are taken into account: the records the rollout is built from, the
     substitutions in effect (``new``: those this reading chose, which the next deploy run records), the lost members

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from k3deploy.model import commands
@@ -55,7 +55,7 @@ def tree(holders: Sequence[str], needers: Sequence[str]) -> list[dict[str, str]]
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Artifact:
     """How one artifact reaches the nodes that lack it."""
 
@@ -74,7 +74,7 @@ class Artifact:
         return [r for step in self.rounds for r in step]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StagePlan:
     image: Artifact
     weights: Artifact
@@ -111,23 +111,23 @@ def plan_artifact(what: str, engines: Sequence[str], holders: Sequence[str], *, 
     """
     held = [h for h in engines if h in holders]
     need = [h for h in engines if h not in holders]
-    art = Artifact(what)
     if not need:
-        return art
+        return Artifact(what)
     how = ARCHIVE if archive else OUTSIDE
+    fetch: dict[str, str] = {}
+    rounds: list[dict[str, str]] = []
     if mode == "per_node":
         if can_fetch:
-            art.fetch = {h: how for h in need}
+            fetch = {h: how for h in need}
     else:
         seeds: list[str] = []
         if not held and can_fetch:
             seeds = need[:max(1, sources)]
-            art.fetch = {h: how for h in seeds}
-        art.rounds = tree([*held, *seeds], need)
-        if what == "image":
-            art.export = [h for h in held if h in art.senders]
-    art.require = [h for h in need if h not in art.fetch and h not in art.receivers]
-    return art
+            fetch = {h: how for h in seeds}
+        rounds = tree([*held, *seeds], need)
+    art = Artifact(what, fetch, rounds)
+    export = [h for h in held if h in art.senders] if what == "image" and mode != "per_node" else []
+    return replace(art, export=export, require=[h for h in need if h not in fetch and h not in art.receivers])
 
 
 def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_holders: Sequence[str], *,
@@ -140,9 +140,9 @@ def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_hold
         weights = Artifact("weights")
         if engines and not [h for h in engines if h in weight_holders]:
             if download or weights_source:
-                weights.fetch = {engines[0]: ARCHIVE if weights_source else OUTSIDE}
+                weights = Artifact("weights", fetch={engines[0]: ARCHIVE if weights_source else OUTSIDE})
             else:
-                weights.require = [engines[0]]
+                weights = Artifact("weights", require=[engines[0]])
     else:
         weights = plan_artifact("weights", engines, weight_holders, mode=mode, sources=sources,
                                 archive=weights_source, can_fetch=download or weights_source)

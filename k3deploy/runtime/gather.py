@@ -404,18 +404,20 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> Gath
             rollout = rollout.decided(router_workers=reading.router_workers)
         for group, history in reading.revisions.items():
             listed.setdefault(group, {})[host] = history
-    gathered = replace(gathered, readings=readings, rollout=rollout)
+    histories: dict[str, GroupHistory] = {}
+    gathered = replace(gathered, readings=readings, rollout=rollout, history=histories)
     for group, by_host in listed.items():
         order = list(dict.fromkeys(u.host for u in rollout.group(group)))
-        gathered.history[group] = h = combine(group, [(h, by_host[h]) for h in order if h in by_host])
+        h = combine(group, [(h, by_host[h]) for h in order if h in by_host])
         if h.split:   # a run stopped between the nodes' marks: the current revision is what the files are
             now: dict[str, str | None] = {}
             for u in rollout.group(group):
                 have = gathered.installed.get((u.host, u.unit), Installed())
                 now[f"{u.host}:{u.unit_path}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
             running = [n for n, rev in h.revisions.items() if runs(rev, now)]
-            h.runs_now = max(running) if running else None
-            h.current = h.runs_now if h.runs_now is not None else h.current
+            runs_now = max(running) if running else None
+            h = replace(h, runs_now=runs_now, current=runs_now if runs_now is not None else h.current)
+        histories[group] = h
     wanted = gathered.target
     rollback_to: dict[str, int] = {}
     if wanted.vars.k3_rollback is not False:

@@ -8,12 +8,17 @@ import dataclasses
 import pytest
 
 from helpers.clusters import records
+from k3deploy.model.binding import BoundNode
+from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import HostStart, Placement, Rollout, StartPlan, UnitWork, mark_changes
+from k3deploy.model.spares import Settled
+from k3deploy.model.staging import Artifact, StagePlan
 from k3deploy.runtime.decide import Decided
 from k3deploy.runtime.phases import RouterCall, RunContext
 
-FROZEN = [UnitWork, Placement, Rollout, HostStart, StartPlan, Decided, RunContext, RouterCall]
+FROZEN = [UnitWork, Placement, Rollout, HostStart, StartPlan, BoundNode, Installed, Artifact, StagePlan, Settled,
+          Decided, RunContext, RouterCall]
 
 
 @pytest.mark.parametrize("kind", FROZEN, ids=lambda k: k.__name__)
