@@ -61,7 +61,7 @@ from k3deploy.preflight.across import (
     rdma_reach_round,
     router_checks,
 )
-from k3deploy.preflight.checks import CheckResult, HostFacts
+from k3deploy.preflight.checks import HostFacts
 from k3deploy.preflight.report import PreflightReport, check
 from k3deploy.runtime.connections import (
     bound_silence,
@@ -78,7 +78,7 @@ from k3deploy.runtime.views import DEPLOY, View
 # ------------------------------------------------------------------------------------------ gathered
 
 
-@dataclass
+@dataclass(frozen=True)
 class Gathered:
     """One inventory as one use read it (its :class:`~k3deploy.runtime.views.View`): its target (variables,
     requirements, plan), the preflight of its hosts with each host's facts, what the rollout read on each host (one
@@ -341,8 +341,8 @@ def take_spares(state: State, hosts: list[Host], wanted: Target, view: View, fac
             if old is not None:
                 reading.lock, reading.lock_taken = old.lock, old.lock_taken
             readings[host] = reading
-    report.results = [CheckResult(r.host, r.check, "warn", f"{r.observed} ({settled.out[r.host]}; it runs "
-                                  "nothing, which stops no run)", r.required, r.fix)
+    report.results = [replace(r, status="warn", observed=f"{r.observed} ({settled.out[r.host]}; it runs nothing, "
+                              "which stops no run)")
                       if r.status == "fail" and r.host in settled.out else r for r in report.results]
     stand_down: dict[str, list[str]] = {}
     for host in [h.name for h in hosts if not layout.on_host(h.name)]:   # a spare, or a host out: runs nothing

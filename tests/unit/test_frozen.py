@@ -14,16 +14,25 @@ from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import HostStart, Placement, Rollout, StartPlan, UnitWork, mark_changes
 from k3deploy.model.spares import Settled
 from k3deploy.model.staging import Artifact, StagePlan
+from k3deploy.model.variables import Variables
 from k3deploy.runtime.decide import Decided
+from k3deploy.runtime.gather import Gathered
 from k3deploy.runtime.phases import RouterCall, RunContext
 
 FROZEN = [UnitWork, Placement, Rollout, HostStart, StartPlan, BoundNode, Installed, Artifact, StagePlan, Settled,
-          Decided, RunContext, RouterCall]
+          Gathered, Decided, RunContext, RouterCall]
 
 
 @pytest.mark.parametrize("kind", FROZEN, ids=lambda k: k.__name__)
 def test_the_main_model_types_are_frozen(kind: type) -> None:
     assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen   # type: ignore[attr-defined]
+
+
+def test_the_variables_are_frozen() -> None:
+    variables = Variables(k3_hardware="gb300")
+    assert Variables.model_config.get("frozen") is True
+    with pytest.raises(ValueError, match="frozen"):
+        variables.k3_max_unavailable = 2   # type: ignore[misc]
 
 
 def test_a_rollout_cannot_be_changed_after_it_is_built() -> None:
