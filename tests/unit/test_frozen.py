@@ -9,7 +9,6 @@ import pytest
 
 from helpers.clusters import records
 from k3deploy.model.binding import BoundNode
-from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import HostStart, Placement, Rollout, StartPlan, UnitWork, mark_changes
 from k3deploy.model.spares import Settled
@@ -19,7 +18,7 @@ from k3deploy.runtime.decide import Decided
 from k3deploy.runtime.gather import Gathered
 from k3deploy.runtime.phases import RouterCall, RunContext
 
-FROZEN = [UnitWork, Placement, Rollout, HostStart, StartPlan, BoundNode, Installed, Artifact, StagePlan, Settled,
+FROZEN = [UnitWork, Placement, Rollout, HostStart, StartPlan, BoundNode, Artifact, StagePlan, Settled,
           Gathered, Decided, RunContext, RouterCall]
 
 
