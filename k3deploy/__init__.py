@@ -59,6 +59,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
+    runtime/decide.py (what a run does, decided once from what was read: what restarts, the revisions, the gate;
+    the deploy and ``k3deploy plan`` alike),
     runtime/views.py (what each use reads: one named view per command), runtime/connections.py (the inventory
     loaded, hosts connected and disconnected), runtime/reading.py (the typed plan of what each host is asked, and
     its typed reading),

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from k3deploy.errors import K3Error
+
+if TYPE_CHECKING:
+    from k3deploy.runtime.gather import Gathered
+    from k3deploy.runtime.views import View
 
 
 def _features(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
@@ -57,13 +61,13 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-def read_cluster(command: str, inventory: str, **kwargs: Any) -> Any:
-    """``k3deploy.runtime.gather.gather(inventory, **kwargs)`` for a command: bad input stays one line, and any
-    other failure becomes one line naming the command (never a traceback)."""
+def read_cluster(command: str, inventory: str, view: View, overrides: Mapping[str, Any] | None = None) -> Gathered:
+    """``k3deploy.runtime.gather.gather(inventory, view, overrides)`` for a command: bad input stays one line, and
+    any other failure becomes one line naming the command (never a traceback)."""
     from k3deploy.runtime.gather import gather
 
     try:
-        gathered = gather(inventory, **kwargs)
+        gathered = gather(inventory, view, overrides)
     except K3Error:
         raise
     except Exception as exc:  # never a traceback for the user

@@ -4,8 +4,13 @@ Exit codes (like ``terraform plan -detailed-exitcode``): 0 no changes, 2 bad inp
 host, a failing preflight check, a weights source that lacks part of its checkpoint), 3 changes pending.
 
 The rollout is computed exactly as ``deploy/k3.py`` computes it (inventory -> variables -> plan -> preflight
-facts -> derived settings -> rendered files -> what restarts), then compared with the installed unit and env
+facts -> derived settings -> rendered files), and what restarts, the revisions and the SLO gate are decided by the
+deploy's own :func:`k3deploy.runtime.decide.decide`; then the rollout is compared with the installed unit and env
 files and unit states.
+
+Example::
+
+    k3deploy plan inventories/gb300.py --json | jq .restart_order
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from k3deploy.errors import K3Error
 
 if TYPE_CHECKING:
     from k3deploy.model.diff import PlanReport
+    from k3deploy.runtime.decide import Decided
     from k3deploy.runtime.gather import Gathered
+    from k3deploy.runtime.launchers import Slurm
 
 EXIT_CHANGES = 3
 
@@ -44,8 +51,9 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     """
     from k3deploy.cli.common import read_cluster
     from k3deploy.model.diff import build, render_jobs_text, render_text
-    from k3deploy.model.slo import plan_gate
+    from k3deploy.runtime.decide import decide
     from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.launchers import Slurm, launcher_for
     from k3deploy.runtime.views import PLAN
 
     wanted: bool | int | None = None
@@ -58,11 +66,14 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         raise K3Error("; ".join(u.line() for u in gathered.spares.unfilled) + ": a deploy now is refused; bring "
                       f"the node back or add a spare (k3deploy spares {inventory})")
     require_reachable(gathered)
-    rollout = gathered.require_rollout()
-    slurm = rollout.vars.k3_launcher == "slurm"
-    report = jobs_plan(gathered) if slurm else build(rollout, gathered.installed, gathered.helpers)
+    launcher = launcher_for(gathered, [r.name for r in gathered.target.records])
+    decided = decide(gathered, launcher)
+    rollout = decided.rollout
+    slurm = isinstance(launcher, Slurm)
+    report = jobs_plan(gathered, launcher, decided) if isinstance(launcher, Slurm) else \
+        build(rollout, gathered.installed, gathered.helpers)
     report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
-    gate = plan_gate(rollout, rollback=bool(gathered.rollback_to))
+    gate = decided.gate
     report.gate = gate.lines() if gate is not None and report.has_changes else []
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
@@ -106,18 +117,22 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     return 3 if report.exit_code == 0 and repairs else report.exit_code
 
 
-def jobs_plan(gathered: Gathered) -> PlanReport:
+def jobs_plan(gathered: Gathered, launcher: Slurm | None = None, decided: Decided | None = None) -> PlanReport:
     """``k3_launcher: slurm``: the plan of each group's job (keep, submit, replace), decided as the deploy decides
-    it (:func:`k3deploy.runtime.launchers.launcher_for`, from the queue the submit host read), and each unit's
-    launch script and env file changes (:func:`k3deploy.model.diff.build_jobs`)."""
+    it (``launcher``: :func:`k3deploy.runtime.launchers.launcher_for`, from the queue the submit host read; the
+    groups that restart: ``decided``, :func:`k3deploy.runtime.decide.decide`), and each unit's launch script and
+    env file changes (:func:`k3deploy.model.diff.build_jobs`)."""
     from k3deploy.model.diff import build_jobs
+    from k3deploy.runtime.decide import decide
     from k3deploy.runtime.launchers import Slurm, launcher_for
 
-    rollout = gathered.require_rollout()
-    launcher = launcher_for(gathered, [r.name for r in gathered.target.records])
-    assert isinstance(launcher, Slurm)   # k3_launcher: slurm
-    changed = launcher.changes(rollout, gathered)
-    return build_jobs(rollout, gathered.installed, list(launcher.jobs.values()), list(launcher.queued), changed)
+    if launcher is None:
+        found = launcher_for(gathered, [r.name for r in gathered.target.records])
+        assert isinstance(found, Slurm)   # k3_launcher: slurm
+        launcher = found
+    rollout = (decided or decide(gathered, launcher)).rollout
+    return build_jobs(rollout, gathered.installed, list(launcher.jobs.values()), list(launcher.queued),
+                      rollout.changed_groups)
 
 
 def staging_lines(gathered: Gathered) -> list[str]:

@@ -48,7 +48,7 @@ class HostRecord:
         return str(self.data.get("k3_ip") or self.data.get("ssh_hostname") or self.name)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BoundNode:
     """One plan node on one host, placeholders filled."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,9 +321,9 @@ def _reason(work: UnitWork, have: Installed, changed_here: bool) -> str:
 def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
           helpers: Mapping[str, str | None] | None = None) -> PlanReport:
     """Compare the rollout with the installed state ``(host, unit) -> Installed`` (and ``helpers``: host -> sha256
-    of its :data:`~k3deploy.model.units.GROUP_MEMBER`, when read); sets the rollout's ``changed_groups`` exactly
-    as the deploy does."""
-    mark_changes(rollout, installed)
+    of its :data:`~k3deploy.model.units.GROUP_MEMBER`, when read); what restarts is decided exactly as the deploy
+    decides it (:func:`~k3deploy.model.rollout.mark_changes`)."""
+    rollout = rollout.decided(mark_changes(rollout, installed))
     order = rollout.restart_order()
     hosts: dict[str, HostPlan] = {}
     helper = sha256(group_member_text())
@@ -385,11 +385,12 @@ def launch_file_changes(old_text: str | None, new_text: str,
 
 
 def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed], jobs: list[SlurmJob],
-               queued: list[QueuedJob], changed: set[str]) -> PlanReport:
+               queued: list[QueuedJob], changed: Set[str]) -> PlanReport:
     """The plan under ``k3_launcher: slurm``: per unit its launch script and env file against what its node holds
     (``installed``: under Slurm a unit's file is its launch script), per group what happens to its job (keep,
     submit, or replace: the queued job ids cancelled first), from the queue the submit host read (``queued``) and
     the groups the deploy would resubmit (``changed``: :meth:`k3deploy.runtime.launchers.Slurm.changes`)."""
+    rollout = rollout.decided(changed)
     order = rollout.restart_order()
     decisions = {d.group: d for d in decide(jobs, queued)}
     rows: list[dict[str, Any]] = []
@@ -528,7 +529,8 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
         lines.append("Stage (before anything restarts):")
         lines += [f"  {line}" for line in report.staging]
         lines.append("")
-    phases = rollout.start_plan().phases()
+    restarting = {u.group for u in rollout.units if f"{u.host}:{u.unit}" in report.restart_order}
+    phases = rollout.start_plan(restarting).phases()
     if report.steps:
         lines.append("Restart, replica by replica behind the router (the endpoint keeps serving):")
         for i, wave in enumerate(report.steps, 1):

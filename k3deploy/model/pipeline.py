@@ -28,7 +28,7 @@ from k3deploy.errors import K3Error, SelectionError
 from k3deploy.model.binding import HostRecord
 from k3deploy.model.inventory import engine_count, plan_for, variables_for, with_roles
 from k3deploy.model.requirements import Requirements
-from k3deploy.model.rollout import Rollout, lay_out, render
+from k3deploy.model.rollout import Placement, Rollout, lay_out, render
 from k3deploy.model.secrets import argv_secret
 from k3deploy.model.variables import Resolved, Variables, shown_path
 from k3deploy.recipe import fit, load_recipe
@@ -58,7 +58,7 @@ class Target:
     plan: Plan | None
     plan_error: str | None = None
     resolved: dict[str, Resolved] = field(default_factory=dict)   # host -> its variables and their sources
-    layout: Rollout | None = None
+    layout: Placement | None = None
     overrides: Mapping[str, Any] | None = None   # what the command put over the variables (e.g. --rollback)
 
     def source(self, key: str) -> str:
@@ -75,7 +75,7 @@ class Target:
             raise K3Error(self.plan_error or "no plan")
         return self.plan
 
-    def require_layout(self) -> Rollout:
+    def require_layout(self) -> Placement:
         self.require_plan()
         if self.layout is None:
             raise K3Error("no layout")  # unreachable: a target with a plan has its layout

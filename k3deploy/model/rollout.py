@@ -1,9 +1,16 @@
 """The rollout, planned: per host the files to write, the units to run, the groups to (re)start and in which
 order, and where readiness is judged. Pure: the deploy file feeds it the inventory and facts.
 
-It is made in two steps, so a command renders it once: :func:`lay_out` binds the plan to the hosts (which unit runs
-where; what the rollout reads of each host needs no more), :func:`render` renders every unit and env file once the
-hosts' settings are known; :func:`plan_rollout` does both.
+It is made in stages, each a new frozen value, so a command renders it once and nothing changes it afterwards:
+:func:`lay_out` binds the plan to the hosts (a :class:`Placement`: which unit runs where; what the rollout reads of
+each host needs no more), :func:`render` renders every unit and env file once the hosts' settings are known (a
+:class:`Rollout`); :func:`plan_rollout` does both. What the hosts run decides what restarts
+(:func:`mark_changes`), and :meth:`Rollout.decided` gives the rollout that restarts it.
+
+Example::
+
+    >>> rollout = plan_rollout(plan, hosts, variables)                            # doctest: +SKIP
+    >>> rollout.decided(mark_changes(rollout, installed)).restart_order()        # doctest: +SKIP
 
 Order rules (vLLM 0.33.0): a multi-node head cannot become healthy before its workers joined, so a group
 starts as head -> head's rendezvous port accepts TCP -> all workers -> readiness of the serving nodes.
@@ -16,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import ipaddress
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from urllib.parse import urlsplit
 
 from k3deploy.errors import K3Error
@@ -111,22 +118,26 @@ class UnitWork:
                        kept_env_text=env_text if env_text is not None else self.kept_env_text)
 
 
-@dataclass
-class Rollout:
+@dataclass(frozen=True)
+class Placement:
+    """The plan bound to the hosts (:func:`lay_out`): every unit placed, its files not rendered yet (the unit and
+    env texts are empty); what a rollout reads of each host needs no more."""
+
     plan: Plan
     vars: Variables
     units: list[UnitWork]
     endpoint: str                   # the public base URL (http://host:port)
     ready_timeout: int
     deadline: int
-    changed_groups: set[str] = field(default_factory=set)
-    router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas; read)
-    rendered: bool = True           # False: laid out only (:func:`lay_out`), the unit and env texts are still empty
     spares: dict[str, str] = field(default_factory=dict)   # host -> its cluster address: the spares standing by
     vip_holder: str | None = None   # k3_vip: the host that serves the endpoint and so holds the virtual address
-    ifaces: dict[str, str] = field(default_factory=dict)   # host -> its cluster interface (from its facts, k3_iface)
     #: the API key (``k3_api_key_file``'s content) every unit's env file gets as ``VLLM_API_KEY``; never shown
     api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def rendered(self) -> bool:
+        """Whether the units' files are rendered (a :class:`Rollout`)."""
+        return False
 
     def on_host(self, name: str) -> list[UnitWork]:
         return [u for u in self.units if u.host == name]
@@ -146,21 +157,6 @@ class Rollout:
         """The engine groups that are replicas behind the router (empty with a single engine group)."""
         return [g for g in self.groups if g.startswith(REPLICA_PREFIX)]
 
-    @property
-    def rolling(self) -> bool:
-        """Changed replicas restart replica by replica behind a router that keeps serving (the router itself does
-        not restart)."""
-        return len(self.replicas) > 1 and "router" not in self.changed_groups
-
-    def waves(self) -> list[list[str]]:
-        """The restart in steps: with ``rolling``, the changed replicas, ``k3_max_unavailable`` at a time; else one
-        step with every changed group."""
-        if not self.rolling:
-            return [[g for g in self.groups if g in self.changed_groups]] if self.changed_groups else []
-        changed = [g for g in self.replicas if g in self.changed_groups]
-        n = self.vars.k3_max_unavailable
-        return [changed[i:i + n] for i in range(0, len(changed), n)]
-
     def router_list(self, router: UnitWork, groups: list[str]) -> tuple[str, list[str]] | None:
         """The worker file of ``router`` (:func:`k3deploy.model.units.workers_file`) listing ``groups``' serving
         URLs, as a roll writes it (:func:`k3deploy.model.commands.router_list`); None: no replicas behind it."""
@@ -169,20 +165,6 @@ class Rollout:
     def serving_urls(self, groups: list[str]) -> list[str]:
         """The HTTP endpoints of these groups' serving units (what a router in front of them lists)."""
         return [u.serves for g in groups for u in self.group(g) if u.serves]
-
-    def in_router(self, group: str) -> bool | None:
-        """Whether the running router sends requests to this replica (None: no replicas, or the router's list
-        was not read)."""
-        if len(self.replicas) < 2 or self.router_workers is None or group not in self.replicas:
-            return None
-        return all(url in self.router_workers for url in self.serving_urls([group]))
-
-    def missing_from_router(self) -> list[str]:
-        """Replicas that do not restart but that the running router leaves out (e.g. a roll that stopped, or a
-        worker removed by hand): the deploy puts them back."""
-        if "router" in self.changed_groups:
-            return []
-        return [g for g in self.replicas if g not in self.changed_groups and self.in_router(g) is False]
 
     def how_changes_roll(self) -> str:
         """One line for people: how an engine change reaches this deployment."""
@@ -200,13 +182,63 @@ class Rollout:
         """Hosts with a unit, in inventory order."""
         return list(dict.fromkeys(u.host for u in self.units))
 
+
+@dataclass(frozen=True)
+class Rollout(Placement):
+    """A placement with every unit's files rendered (:func:`render`); with what restarts and what the running
+    router lists once the hosts were read (:meth:`decided`)."""
+
+    changed_groups: frozenset[str] = frozenset()
+    router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas; read)
+    ifaces: dict[str, str] = field(default_factory=dict)   # host -> its cluster interface (from its facts, k3_iface)
+
+    @property
+    def rendered(self) -> bool:
+        return True
+
+    def decided(self, changed: Iterable[str] | None = None, *,
+                router_workers: tuple[str, ...] | None = None) -> Rollout:
+        """This rollout restarting the groups ``changed`` (None: those it restarts already), with what the running
+        router lists (None: as it is)."""
+        return replace(self, changed_groups=self.changed_groups if changed is None else frozenset(changed),
+                       router_workers=self.router_workers if router_workers is None else router_workers)
+
+    @property
+    def rolling(self) -> bool:
+        """Changed replicas restart replica by replica behind a router that keeps serving (the router itself does
+        not restart)."""
+        return len(self.replicas) > 1 and "router" not in self.changed_groups
+
+    def waves(self) -> list[list[str]]:
+        """The restart in steps: with ``rolling``, the changed replicas, ``k3_max_unavailable`` at a time; else one
+        step with every changed group."""
+        if not self.rolling:
+            return [[g for g in self.groups if g in self.changed_groups]] if self.changed_groups else []
+        changed = [g for g in self.replicas if g in self.changed_groups]
+        n = self.vars.k3_max_unavailable
+        return [changed[i:i + n] for i in range(0, len(changed), n)]
+
+    def in_router(self, group: str) -> bool | None:
+        """Whether the running router sends requests to this replica (None: no replicas, or the router's list
+        was not read)."""
+        if len(self.replicas) < 2 or self.router_workers is None or group not in self.replicas:
+            return None
+        return all(url in self.router_workers for url in self.serving_urls([group]))
+
+    def missing_from_router(self) -> list[str]:
+        """Replicas that do not restart but that the running router leaves out (e.g. a roll that stopped, or a
+        worker removed by hand): the deploy puts them back."""
+        if "router" in self.changed_groups:
+            return []
+        return [g for g in self.replicas if g not in self.changed_groups and self.in_router(g) is False]
+
     def restart_order(self) -> list[str]:
         """``host:unit`` in the order they would be started: engine groups (P/D pools), then the router."""
         return [f"{u.host}:{u.unit}" for g in self.groups if g in self.changed_groups for u in self.group(g)]
 
     def start_plan(self, groups: set[str] | None = None) -> StartPlan:
         """How ``groups`` (default: the changed ones) restart, per host and phase, as the deploy runs it."""
-        return StartPlan.of(self, self.changed_groups if groups is None else groups)
+        return StartPlan.of(self, set(self.changed_groups) if groups is None else groups)
 
 
 @dataclass(frozen=True)
@@ -292,9 +324,9 @@ def front_router_argv(urls: list[str], variables: Variables) -> list[str]:
     return argv
 
 
-def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables, api_key: str | None = None) -> Rollout:
+def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables, api_key: str | None = None) -> Placement:
     """Bind the plan to the hosts: every unit placed (its host, group, rank, files, what it serves, whom it joins)
-    and the public endpoint, its files not rendered yet (``rendered`` is False; :func:`render` renders them). Raises
+    and the public endpoint, its files not rendered yet (a :class:`Placement`; :func:`render` renders them). Raises
     :class:`K3Error` when the plan does not fit the hosts. What a rollout reads of each host needs no more than
     this. ``api_key``: the key every unit's env file gets (``k3_api_key_file``'s content)."""
     bound: dict[str, BoundHost] = bind(plan, hosts, dp_rpc_port=variables.k3_dp_rpc_port,
@@ -361,8 +393,8 @@ def lay_out(plan: Plan, hosts: list[HostRecord], variables: Variables, api_key: 
     holder = None
     if variables.k3_vip is not None:
         endpoint, holder = _virtual(endpoint, variables.k3_vip, units, hosts, variables.k3_vip_prefix)
-    return Rollout(plan=plan, vars=variables, units=units, endpoint=endpoint, ready_timeout=ready, deadline=deadline,
-                   rendered=False, spares=spares, vip_holder=holder, api_key=api_key)
+    return Placement(plan=plan, vars=variables, units=units, endpoint=endpoint, ready_timeout=ready,
+                     deadline=deadline, spares=spares, vip_holder=holder, api_key=api_key)
 
 
 def _virtual(endpoint: str, vip: str, units: list[UnitWork], hosts: list[HostRecord],
@@ -432,7 +464,7 @@ def engine_env(node: BoundNode, derived: Mapping[str, str], extra: Mapping[str, 
     return env
 
 
-def unit_container(layout: Rollout, placed: UnitWork) -> ContainerSpec | None:
+def unit_container(layout: Placement, placed: UnitWork) -> ContainerSpec | None:
     """The container a unit runs, as every launcher runs it (the systemd unit, a Slurm job's launch script): the
     plan's image for an engine; for the router ``k3_router_image``, or None (``k3_router_bin`` on the host)."""
     plan, variables = layout.plan, layout.vars
@@ -449,7 +481,7 @@ def unit_container(layout: Rollout, placed: UnitWork) -> ContainerSpec | None:
                          rdma=multi, imex=hw.nvl, docker=variables.k3_docker)
 
 
-def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
+def render(layout: Placement, *, ifaces: Mapping[str, str] | None = None,
            host_env: Mapping[str, Mapping[str, str]] | None = None) -> Rollout:
     """The rollout of a layout (:func:`lay_out`) with every unit and env file rendered: ``$IFACE_NAME`` from
     ``ifaces`` and the settings derived from each host's facts (``host_env``) where they are known. The layout is
@@ -486,8 +518,8 @@ def render(layout: Rollout, *, ifaces: Mapping[str, str] | None = None,
                                                          own=node.address),
                           container=box, unit=unit)
         units.append(replace(placed, node=node, spec=spec))
-    return replace(layout, units=units, changed_groups=set(layout.changed_groups), rendered=True,
-                   ifaces=dict(ifaces or {}))
+    placed_fields = {f.name: getattr(layout, f.name) for f in fields(Placement)}
+    return Rollout(**{**placed_fields, "units": units}, ifaces=dict(ifaces or {}))
 
 
 def plan_rollout(plan: Plan, hosts: list[HostRecord], variables: Variables, *, ifaces: dict[str, str] | None = None,
@@ -496,8 +528,9 @@ def plan_rollout(plan: Plan, hosts: list[HostRecord], variables: Variables, *, i
     return render(lay_out(plan, hosts, variables, api_key), ifaces=ifaces, host_env=host_env)
 
 
-def mark_changes(rollout: Rollout, installed: Mapping[tuple[str, str], Installed]) -> set[str]:
-    """Set ``rollout.changed_groups`` from what the hosts have, ``(host, unit) -> Installed``.
+def mark_changes(rollout: Rollout, installed: Mapping[tuple[str, str], Installed]) -> frozenset[str]:
+    """The groups that restart, from what the hosts have, ``(host, unit) -> Installed`` (:meth:`Rollout.decided`
+    gives the rollout that restarts them).
 
     A group changes when any of its units' files differ from what is planned, any of its units is not running,
     serves HTTP and its ``/health`` does not answer, or (with ``k3_heal`` off) was restarted by systemd since it
@@ -514,5 +547,4 @@ def mark_changes(rollout: Rollout, installed: Mapping[tuple[str, str], Installed
             changed.add(u.group)
     if changed - {"router"} and "router" in rollout.groups and len(rollout.replicas) <= 1:
         changed.add("router")   # replicas roll behind a router that keeps serving
-    rollout.changed_groups = changed
-    return changed
+    return frozenset(changed)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
-from k3deploy.model.rollout import Rollout, UnitWork, sha256
+from k3deploy.model.rollout import Placement, Rollout, UnitWork, sha256
 from k3deploy.model.units import cleanup_argv, render_template, stop_argv
 from k3deploy.recipe.taxonomy import hardware
 
@@ -69,7 +69,7 @@ def comment(group: str, revision: str) -> str:
     return f"k3deploy:{group}:{revision}"
 
 
-def launch_path(rollout: Rollout, unit: UnitWork) -> str:
+def launch_path(rollout: Placement, unit: UnitWork) -> str:
     """Where a unit's launch script lives on its node: beside its env file in ``k3_config_dir``.
 
     >>> from types import SimpleNamespace as N
@@ -79,7 +79,7 @@ def launch_path(rollout: Rollout, unit: UnitWork) -> str:
     return f"{rollout.vars.k3_config_dir.rstrip('/')}/{unit.container}.launch"
 
 
-def group_dir(rollout: Rollout, group: str) -> str:
+def group_dir(rollout: Placement, group: str) -> str:
     """The group's directory under ``k3_slurm_dir``, on each of its nodes: the job's output (``<job id>.out``) and
     one directory per job with each node's step output."""
     return f"{rollout.vars.k3_slurm_dir.rstrip('/')}/{group}"
@@ -502,11 +502,10 @@ def changed_groups(rollout: Rollout, queued: Sequence[QueuedJob], failing: Seque
     """The groups whose job must be (re)submitted (what :func:`k3deploy.model.rollout.mark_changes` is to the systemd
     launcher): every group that :func:`decide` does not keep, and the ``failing`` ones (a kept job whose serving
     nodes do not answer ``/health``); the router too when an engine group it fronts changes and there are no
-    replicas (replicas roll behind a router that keeps serving). Sets ``rollout.changed_groups``."""
+    replicas (replicas roll behind a router that keeps serving)."""
     changed = {d.group for d in decide(jobs(rollout), queued) if d.action != "keep"} | set(failing)
     if changed - {"router"} and "router" in rollout.groups and len(rollout.replicas) <= 1:
         changed.add("router")
-    rollout.changed_groups = changed
     return changed
 
 

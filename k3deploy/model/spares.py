@@ -37,7 +37,7 @@ from typing import Any
 from k3deploy.model.binding import HostRecord
 from k3deploy.model.health import Health
 from k3deploy.model.inventory import ROLE_GROUPS, SPARES
-from k3deploy.model.rollout import Rollout, group_order
+from k3deploy.model.rollout import Placement, Rollout, group_order
 
 #: the records' file names in ``k3_config_dir``
 SUBSTITUTIONS_FILE = "substitutions.json"
@@ -246,7 +246,7 @@ def apply(records: Sequence[HostRecord], subs: Sequence[Substitution]) -> tuple[
     return out, applied
 
 
-def places(rollout: Rollout) -> dict[str, tuple[str, int]]:
+def places(rollout: Placement) -> dict[str, tuple[str, int]]:
     """host -> (group, rank) of the unit it runs (its engine's, where it also runs the router), in unit order."""
     out: dict[str, tuple[str, int]] = {}
     for u in sorted(rollout.units, key=lambda u: u.group == "router"):
@@ -276,7 +276,7 @@ def choose(placed: Mapping[str, tuple[str, int]], lost: Mapping[str, str],
     return new, left
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settled:
     """Who runs what once the spares are taken into account: the records the rollout is built from, the
     substitutions in effect (``new``: those this reading chose, which the next deploy run records), the lost members

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from k3deploy.model import commands
@@ -35,7 +35,7 @@ from k3deploy.model.images import LocalImage, holds
 from k3deploy.model.units import render_template
 
 if TYPE_CHECKING:
-    from k3deploy.model.rollout import Rollout
+    from k3deploy.model.rollout import Placement
 
 #: how an artifact reaches a node that fetches it itself
 OUTSIDE, ARCHIVE = "outside", "archive"
@@ -55,7 +55,7 @@ def tree(holders: Sequence[str], needers: Sequence[str]) -> list[dict[str, str]]
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Artifact:
     """How one artifact reaches the nodes that lack it."""
 
@@ -74,7 +74,7 @@ class Artifact:
         return [r for step in self.rounds for r in step]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StagePlan:
     image: Artifact
     weights: Artifact
@@ -111,23 +111,23 @@ def plan_artifact(what: str, engines: Sequence[str], holders: Sequence[str], *, 
     """
     held = [h for h in engines if h in holders]
     need = [h for h in engines if h not in holders]
-    art = Artifact(what)
     if not need:
-        return art
+        return Artifact(what)
     how = ARCHIVE if archive else OUTSIDE
+    fetch: dict[str, str] = {}
+    rounds: list[dict[str, str]] = []
     if mode == "per_node":
         if can_fetch:
-            art.fetch = {h: how for h in need}
+            fetch = {h: how for h in need}
     else:
         seeds: list[str] = []
         if not held and can_fetch:
             seeds = need[:max(1, sources)]
-            art.fetch = {h: how for h in seeds}
-        art.rounds = tree([*held, *seeds], need)
-        if what == "image":
-            art.export = [h for h in held if h in art.senders]
-    art.require = [h for h in need if h not in art.fetch and h not in art.receivers]
-    return art
+            fetch = {h: how for h in seeds}
+        rounds = tree([*held, *seeds], need)
+    art = Artifact(what, fetch, rounds)
+    export = [h for h in held if h in art.senders] if what == "image" and mode != "per_node" else []
+    return replace(art, export=export, require=[h for h in need if h not in fetch and h not in art.receivers])
 
 
 def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_holders: Sequence[str], *,
@@ -140,23 +140,23 @@ def plan_stage(engines: Sequence[str], image_holders: Sequence[str], weight_hold
         weights = Artifact("weights")
         if engines and not [h for h in engines if h in weight_holders]:
             if download or weights_source:
-                weights.fetch = {engines[0]: ARCHIVE if weights_source else OUTSIDE}
+                weights = Artifact("weights", fetch={engines[0]: ARCHIVE if weights_source else OUTSIDE})
             else:
-                weights.require = [engines[0]]
+                weights = Artifact("weights", require=[engines[0]])
     else:
         weights = plan_artifact("weights", engines, weight_holders, mode=mode, sources=sources,
                                 archive=weights_source, can_fetch=download or weights_source)
     return StagePlan(image=image, weights=weights)
 
 
-def engines(rollout: Rollout) -> list[str]:
+def engines(rollout: Placement) -> list[str]:
     """The hosts that run an engine, then the spares standing by (all need the image and the weights), in
     inventory order."""
     running = [h for h in rollout.hosts if any(u.group != "router" for u in rollout.on_host(h))]
     return running + [h for h in rollout.spares if h not in running]
 
 
-def addresses(rollout: Rollout) -> dict[str, str]:
+def addresses(rollout: Placement) -> dict[str, str]:
     """Each engine host's (and spare's) address on the cluster network (where its peers reach its rsync daemon)."""
     out: dict[str, str] = {}
     for u in rollout.units:
@@ -166,12 +166,12 @@ def addresses(rollout: Rollout) -> dict[str, str]:
     return out
 
 
-def stage_hosts(rollout: Rollout) -> list[str]:
+def stage_hosts(rollout: Placement) -> list[str]:
     """The hosts the stage has steps for: every host with a unit, then the spares standing by."""
     return rollout.hosts + [h for h in rollout.spares if h not in rollout.hosts]
 
 
-def stage_for(rollout: Rollout, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
+def stage_for(rollout: Placement, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
     """The stage of a rollout, from what the facts saw on each host (its images of the repository, verified
     weights). A pinned image (``REPO@sha256:...``, as a resolved tag is) is held only where that very build is."""
     v = rollout.vars
@@ -182,7 +182,7 @@ def stage_for(rollout: Rollout, images: Mapping[str, LocalImage], weights_verifi
                       download=v.k3_download_weights, shared=v.k3_weights_shared)
 
 
-def peers_config(rollout: Rollout, host: str) -> str:
+def peers_config(rollout: Placement, host: str) -> str:
     """The rsync daemon configuration of ``host`` while it serves its peers: read only, bound to its cluster
     address, open to the cluster's engine hosts only."""
     v = rollout.vars
@@ -194,7 +194,7 @@ def peers_config(rollout: Rollout, host: str) -> str:
                            stage=v.k3_stage_dir.rstrip("/"))
 
 
-def peers_config_path(rollout: Rollout) -> str:
+def peers_config_path(rollout: Placement) -> str:
     return f"{rollout.vars.k3_stage_dir.rstrip('/')}/peers.conf"
 
 

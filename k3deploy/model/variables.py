@@ -130,7 +130,7 @@ def _check_text(where: str, text: str) -> None:
 class Variables(BaseModel):
     """All ``k3_*`` variables (group_vars YAML or inventory host data)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # selection
     k3_hardware: str | None = Field(None, description=(

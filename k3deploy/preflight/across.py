@@ -27,7 +27,7 @@ from pyinfra.api.state import State
 from k3deploy.model import images as image_pins
 from k3deploy.model.pipeline import Target
 from k3deploy.model.requirements import Requirements
-from k3deploy.model.rollout import Rollout
+from k3deploy.model.rollout import Placement, Rollout
 from k3deploy.model.staging import engines
 from k3deploy.preflight.base import ProbeRound, probe_not_run
 from k3deploy.preflight.checks import CheckResult, HostFacts, vendor_checks
@@ -69,7 +69,7 @@ def router_checks(executable: Mapping[str, bool], path: str) -> list[CheckResult
     return out
 
 
-def image_resolver(rollout: Rollout) -> str | None:
+def image_resolver(rollout: Placement) -> str | None:
     """The one host that asks the registry which build the image's tag names (the first engine host, which also
     fetches the image when no node holds it), or None when the image is not resolved (pinned already, an
     air-gapped archive, ``k3_image_resolve: false``, a rollback: the revision names its build)."""
@@ -106,7 +106,7 @@ def run_probes(state: State, hosts: list[Any], wanted: Target, report: Preflight
 
 
 def rdma_reach_round(state: State, hosts: list[Any], read: list[HostFacts], requirements: Requirements,
-                     report: PreflightReport, layout: Rollout | None = None) -> list[CheckResult]:
+                     report: PreflightReport, layout: Placement | None = None) -> list[CheckResult]:
     """Expert parallelism across nodes over the hosts' RDMA ports: the second round, once every host's ports are
     chosen; each host pings, from each chosen port, each chosen port of every other host of its engine group (a
     replica, a P/D pool: ``layout``'s groups), one command per host, all hosts at once; then ``rdma.reach`` per host

@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from pyinfra.api.facts import get_fact
+from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.facts.files import File, FileContents
 
@@ -59,7 +60,7 @@ from k3deploy.preflight.across import (
     router_checks,
     run_probes,
 )
-from k3deploy.preflight.checks import CheckResult, HostFacts
+from k3deploy.preflight.checks import HostFacts
 from k3deploy.preflight.report import PreflightReport, check
 from k3deploy.runtime.connections import (
     bound_silence,
@@ -70,13 +71,13 @@ from k3deploy.runtime.connections import (
     ssh_argv,
 )
 from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
-from k3deploy.runtime.reading import HostPlan, HostReading, TakeLockThere, plan_host, read_again, read_hosts
+from k3deploy.runtime.reading import HostReading, ReadPlan, TakeLockThere, plan_host, read_again, read_hosts
 from k3deploy.runtime.views import DEPLOY, View
 
 # ------------------------------------------------------------------------------------------ gathered
 
 
-@dataclass
+@dataclass(frozen=True)
 class Gathered:
     """One inventory as one use read it (its :class:`~k3deploy.runtime.views.View`): its target (variables,
     requirements, plan), the preflight of its hosts with each host's facts, what the rollout read on each host (one
@@ -255,12 +256,12 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     if rollout is not None:
         report.results += run_probes(state, hosts, wanted, report, rollout)
     gathered = Gathered(target=wanted, rollout=rollout, preflight=report, facts=facts, readings=readings,
-                        addresses=addresses, ssh=ssh, resolution=resolution)
-    if spares is not None:
-        gathered.spares, gathered.quarantine = spares.settled, spares.quarantine
-        gathered.stand_down = spares.stand_down
+                        addresses=addresses, ssh=ssh, resolution=resolution,
+                        spares=spares.settled if spares is not None else None,
+                        quarantine=spares.quarantine if spares is not None else {},
+                        stand_down=spares.stand_down if spares is not None else {})
     if rollout is not None and view.installed:
-        _installed_state(state, gathered, rollout)
+        return _installed_state(state, gathered, rollout)
     return gathered
 
 
@@ -276,8 +277,8 @@ class Standing:
     stand_down: dict[str, list[str]]
 
 
-def take_spares(state: State, hosts: list[Any], wanted: Target, view: View, facts: list[HostFacts],
-                readings: dict[str, HostReading], report: PreflightReport, plans: dict[str, HostPlan],
+def take_spares(state: State, hosts: list[Host], wanted: Target, view: View, facts: list[HostFacts],
+                readings: dict[str, HostReading], report: PreflightReport, plans: dict[str, ReadPlan],
                 resolver: str | None) -> Standing:
     """The spares (:mod:`k3deploy.model.spares`) taken into account: the substitutions the nodes record applied, a
     spare for each member lost now (unreachable, or quarantined: its record on the node, or a fatal event in its
@@ -339,8 +340,8 @@ def take_spares(state: State, hosts: list[Any], wanted: Target, view: View, fact
             if old is not None:
                 reading.lock, reading.lock_taken = old.lock, old.lock_taken
             readings[host] = reading
-    report.results = [CheckResult(r.host, r.check, "warn", f"{r.observed} ({settled.out[r.host]}; it runs "
-                                  "nothing, which stops no run)", r.required, r.fix)
+    report.results = [replace(r, status="warn", observed=f"{r.observed} ({settled.out[r.host]}; it runs nothing, "
+                              "which stops no run)")
                       if r.status == "fail" and r.host in settled.out else r for r in report.results]
     stand_down: dict[str, list[str]] = {}
     for host in [h.name for h in hosts if not layout.on_host(h.name)]:   # a spare, or a host out: runs nothing
@@ -386,67 +387,82 @@ def render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Bla
     return desired_rollout(wanted, ifaces=ifaces, host_env=host_env), blanks
 
 
-def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> None:
-    """From the readings: whether each serving unit answers, what the running router lists, each group's history
-    (a revision is restorable only where every host of the group holds it), a rollback's files and the stage."""
+def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> Gathered:
+    """``gathered`` with what its readings say of what is installed: whether each serving unit answers, what the
+    running router lists, each group's history (a revision is restorable only where every host of the group holds
+    it), a rollback's files and the stage."""
     listed: dict[str, dict[str, GroupHistory]] = {}   # group -> host -> its revisions as that host lists them
+    readings: dict[str, HostReading] = {}
     for host, reading in gathered.readings.items():
         answers = {unit: code == 200 for unit, code in reading.health.items()}
         answers.update({unit: run.health == 200 for unit, run in reading.runs.items() if run.health is not None})
-        for unit, ok in answers.items():   # a serving unit that does not answer is a change to repair
-            if unit in reading.installed:
-                reading.installed[unit] = replace(reading.installed[unit], answers=ok)
+        # a serving unit that does not answer is a change to repair
+        readings[host] = replace(reading, installed={unit: replace(have, answers=answers[unit]) if unit in answers
+                                                     else have for unit, have in reading.installed.items()})
         if reading.router_workers is not None:
-            rollout.router_workers = reading.router_workers
+            rollout = rollout.decided(router_workers=reading.router_workers)
         for group, history in reading.revisions.items():
             listed.setdefault(group, {})[host] = history
+    histories: dict[str, GroupHistory] = {}
+    gathered = replace(gathered, readings=readings, rollout=rollout, history=histories)
     for group, by_host in listed.items():
         order = list(dict.fromkeys(u.host for u in rollout.group(group)))
-        gathered.history[group] = h = combine(group, [(h, by_host[h]) for h in order if h in by_host])
+        h = combine(group, [(h, by_host[h]) for h in order if h in by_host])
         if h.split:   # a run stopped between the nodes' marks: the current revision is what the files are
             now: dict[str, str | None] = {}
             for u in rollout.group(group):
                 have = gathered.installed.get((u.host, u.unit), Installed())
                 now[f"{u.host}:{u.unit_path}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
             running = [n for n, rev in h.revisions.items() if runs(rev, now)]
-            h.runs_now = max(running) if running else None
-            h.current = h.runs_now if h.runs_now is not None else h.current
+            runs_now = max(running) if running else None
+            h = replace(h, runs_now=runs_now, current=runs_now if runs_now is not None else h.current)
+        histories[group] = h
     wanted = gathered.target
+    rollback_to: dict[str, int] = {}
     if wanted.vars.k3_rollback is not False:
-        gathered.rollback_to = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
+        rollback_to, rollout = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
                                                  gathered.installed)
-        restored = {gathered.history[g].revisions[n].image for g, n in gathered.rollback_to.items()
+        restored = {gathered.history[g].revisions[n].image for g, n in rollback_to.items()
                     if g in gathered.history and n in gathered.history[g].revisions}
         if len(restored) == 1 and image_pins.is_pinned(next(iter(restored))):
             # the revision's exact build is what the restored units run: stage that one
-            rollout.plan = rollout.plan.model_copy(update={"image": next(iter(restored))})
-    gathered.stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
-    if rollout.vars.k3_weights_source and ARCHIVE in gathered.stage.weights.fetch.values():
-        # before a byte moves: the source holds every shard its index names, each as long as its header says
-        gathered.source = check_source(rollout.vars.k3_weights_source)
-    if rollout.vars.k3_image_archive and ARCHIVE in gathered.stage.image.fetch.values():
-        gathered.archive = check_archive(rollout.vars.k3_image_archive)
+            rollout = replace(rollout, plan=rollout.plan.model_copy(update={"image": next(iter(restored))}))
+    stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
+    # before a byte moves: the source holds every shard its index names, each as long as its header says
+    source = check_source(rollout.vars.k3_weights_source) \
+        if rollout.vars.k3_weights_source and ARCHIVE in stage.weights.fetch.values() else None
+    archive = check_archive(rollout.vars.k3_image_archive) \
+        if rollout.vars.k3_image_archive and ARCHIVE in stage.image.fetch.values() else None
+    return replace(gathered, rollout=rollout, rollback_to=rollback_to, stage=stage, source=source, archive=archive)
 
 
 def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, GroupHistory], wanted: bool | int,
-                      installed: Mapping[tuple[str, str], Installed]) -> dict[str, int]:
+                      installed: Mapping[tuple[str, str], Installed]) -> tuple[dict[str, int], Rollout]:
     """A rollback: every unit's desired files become those of its group's revision (for ``True`` the previous
     one, or the current one when the hosts run an unrecorded, failed change, or, with replicas, when a roll stopped
     on any replica; else number ``wanted``), read from the revision directories on the hosts. With ``k3_launcher:
     slurm`` a unit's files are its launch script (``launch_text``: what its job's step runs) and its env file, as
-    the revisions keep them; the group's job is then rendered from them."""
+    the revisions keep them; the group's job is then rendered from them. Returns each group's revision and the
+    rollout with those files."""
     hosts = {h.name: h for h in state.inventory}
     batch = rollout.vars.k3_launcher == "slurm"
 
-    def own(unit: UnitWork) -> tuple[str, str]:
-        """The unit's own file (its systemd unit, or under Slurm its launch script) and the attribute holding it."""
-        return (launch_path(rollout, unit), "launch_text") if batch else (unit.unit_path, "unit_text")
+    def own(unit: UnitWork) -> str:
+        """The unit's own file: its systemd unit, or under Slurm its launch script."""
+        return launch_path(rollout, unit) if batch else unit.unit_path
+
+    def with_files(unit: UnitWork, own_text: str, env_text: str) -> UnitWork:
+        """The unit with a revision's files: its own file (:func:`own`) and its env file."""
+        if batch:
+            return unit.kept(launch_text=own_text, env_text=env_text)
+        return unit.kept(unit_text=own_text, env_text=env_text)
 
     now: dict[str, str | None] = {}
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
-        now[f"{u.host}:{own(u)[0]}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
+        now[f"{u.host}:{own(u)}"], now[f"{u.host}:{u.env_path}"] = have.unit_sha, have.env_sha
     out: dict[str, int] = {}
+    restored: dict[tuple[str, str], UnitWork] = {}   # (host, unit) -> the unit with its revision's files
     runs_current: dict[str, bool] = {}
     for group in rollout.groups:
         h = history.get(group) or GroupHistory(group)
@@ -478,12 +494,11 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                           f"{'lacks' if len(lacking) == 1 else 'lack'} its files in {d} (k3deploy history INVENTORY "
                           "shows which revisions every host of the group holds): pick a revision they all hold")
         for u in rollout.group(group):
-            if (u.host, u.unit) in keep:
-                texts = {own(u)[1]: keep[(u.host, u.unit)][0], "env_text": keep[(u.host, u.unit)][1]}
-                _keep(rollout, u, texts)   # it runs that revision: keep it
+            if (u.host, u.unit) in keep:   # it runs that revision: keep it
+                restored[(u.host, u.unit)] = with_files(u, *keep[(u.host, u.unit)])
                 continue
-            texts = {}
-            for attr, path in ((own(u)[1], own(u)[0]), ("env_text", u.env_path)):
+            texts: list[str] = []
+            for path in (own(u), u.env_path):
                 kept = f"{d}/{path.rsplit('/', 1)[-1]}"
                 lines = get_fact(state, hosts[u.host], FileContents, kwargs={"path": kept}, apply_failed_hosts=False)
                 if lines is None and get_fact(state, hosts[u.host], File, kwargs={"path": kept},
@@ -492,16 +507,10 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
                 if lines is None:
                     raise K3Error(f"cannot roll group {group} back to revision {number}: {u.host} has no "
                                   f"{d}/{path.rsplit('/', 1)[-1]} (k3deploy history shows what each host kept)")
-                texts[attr] = "".join(f"{ln}\n" for ln in lines)
-            _keep(rollout, u, texts)
+                texts.append("".join(f"{ln}\n" for ln in lines))
+            restored[(u.host, u.unit)] = with_files(u, *texts)
         out[group] = number
-    return out
-
-
-def _keep(rollout: Rollout, unit: UnitWork, texts: dict[str, str]) -> None:
-    """``unit`` of ``rollout`` with the files a host holds (``unit_text``/``launch_text``, ``env_text``)."""
-    at = next(i for i, u in enumerate(rollout.units) if u is unit)
-    rollout.units[at] = unit.kept(**texts)
+    return out, replace(rollout, units=[restored.get((u.host, u.unit), u) for u in rollout.units])
 
 
 def require_reachable(gathered: Gathered) -> None:

@@ -37,8 +37,8 @@ class Systemd:
 
     batch: bool = False              # groups are Slurm batch jobs
 
-    def changes(self, rollout: Rollout, gathered: Gathered) -> set[str]:
-        """Set ``rollout.changed_groups`` from what the hosts have (:func:`k3deploy.model.rollout.mark_changes`)."""
+    def changes(self, rollout: Rollout, gathered: Gathered) -> frozenset[str]:
+        """The groups that restart, from what the hosts have (:func:`k3deploy.model.rollout.mark_changes`)."""
         return mark_changes(rollout, gathered.installed)
 
     @property
@@ -69,8 +69,8 @@ class Slurm:
     submitted: dict[str, str] = field(default_factory=dict)   # group -> the id of the job this run submitted
     batch: bool = True
 
-    def changes(self, rollout: Rollout, gathered: Gathered) -> set[str]:
-        """Set ``rollout.changed_groups`` (:func:`k3deploy.model.slurm.changed_groups`): a group whose job is not
+    def changes(self, rollout: Rollout, gathered: Gathered) -> frozenset[str]:
+        """The groups that restart (:func:`k3deploy.model.slurm.changed_groups`): a group whose job is not
         queued with its planned comment, and one whose job runs but whose serving units do not answer ``/health``."""
         running = {q.name for q in self.queued if q.state == "RUNNING"}
         failing = []
@@ -79,7 +79,7 @@ class Slurm:
                      if u.serves and u.host in gathered.readings]
             if job.name in running and any(code != 200 for code in codes):
                 failing.append(g)
-        return slurm.changed_groups(rollout, self.queued, failing)
+        return frozenset(slurm.changed_groups(rollout, self.queued, failing))
 
     def advice(self, group: str, host: str) -> str | None:
         job = self.jobs[group]

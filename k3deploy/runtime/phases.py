@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
-from importlib.metadata import version
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import gevent.event
 import gevent.lock
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
+from pyinfra.api.state import State
 from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
 
@@ -36,9 +37,9 @@ from k3deploy.errors import K3Error
 from k3deploy.model import commands, steps, vip
 from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
-from k3deploy.model.revisions import GroupHistory, revision_for, revisions_dir, sha256
+from k3deploy.model.revisions import GroupHistory, revisions_dir, sha256
 from k3deploy.model.rollout import Rollout, StartPlan, UnitWork
-from k3deploy.model.slo import GatePlan, plan_gate
+from k3deploy.model.slo import GatePlan
 from k3deploy.model.staging import engines as stage_engines
 from k3deploy.model.staging import summary
 from k3deploy.model.steps import Step
@@ -49,6 +50,7 @@ from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import interrupts, oporder
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
+from k3deploy.runtime.decide import Decided, changed_files, decide
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
 from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
@@ -71,9 +73,8 @@ from k3deploy.runtime.slo import Outcome
 
 oporder.install()  # pyinfra's op identities, without reading every frame's source (see the module)
 _lock = gevent.lock.RLock()
-#: variables that belong to one host or one run, not to what a group runs
-PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
-_contexts: dict[int, Context] = {}
+#: each pyinfra run's context (:func:`context`), built by the first host that asks
+_contexts: weakref.WeakKeyDictionary[State, RunContext] = weakref.WeakKeyDictionary()
 T = TypeVar("T")
 
 
@@ -85,30 +86,74 @@ class Refused:
     exit_code: int
 
 
+@dataclass(frozen=True)
+class RouterCall:
+    """A call of a roll to the router: take step ``step``'s replicas out (``remove``) or put them back (``add``)."""
+
+    action: Literal["add", "remove"]
+    step: int
+
+    @staticmethod
+    def before(step: int, *, out: bool = False) -> list[RouterCall]:
+        """The calls restart step ``step`` of a roll waits for: every earlier step's replicas put back, and with
+        ``out`` its own replicas taken out."""
+        return [*(RouterCall("add", j) for j in range(step)), *([RouterCall("remove", step)] if out else [])]
+
+
 @dataclass
-class Context:
-    gathered: Gathered | None   # the inventory as the deploy read it, and its rollout rendered
-    refusal: Refused | None = None
-    state: Any = None
-    lock: Lock | None = None
+class RunState:
+    """What the run finds out as it goes, the only thing of the run that changes: each restarted group's readiness
+    result, the router calls of a roll, which restart steps went ahead, the SLO gate's findings."""
+
     gates: dict[str, gevent.event.AsyncResult] = field(default_factory=dict)   # group -> its readiness result
-    router_calls: dict[str, bool] = field(default_factory=dict)   # "remove N" / "add N" of a roll -> it succeeded
+    router_calls: dict[RouterCall, bool] = field(default_factory=dict)   # a call of a roll -> it succeeded
     begun: dict[int, bool] = field(default_factory=dict)   # step of the restart -> it went ahead (see :meth:`begins`)
-    numbers: dict[str, int] = field(default_factory=dict)  # group -> the revision number this run records
-    metas: dict[str, str] = field(default_factory=dict)    # group -> that revision's meta.json
-    marks: dict[str, int] = field(default_factory=dict)    # group -> the revision marked current once it serves
-    plans: dict[int, StartPlan] = field(default_factory=dict)   # restart step -> how its groups restart, per host
-    running: dict[int, bool] = field(default_factory=dict)   # restart step -> some unit it stops may be running
-    launcher: Systemd | Slurm = field(default_factory=Systemd)   # what starts the groups (k3_launcher), chosen once
-    gate: GatePlan | None = None          # the SLO gate of this run's restart (None: not gated)
     outcomes: dict[str, Outcome] = field(default_factory=dict)   # group -> what the SLO gate found
     reverted: set[str] = field(default_factory=set)   # groups the gate took back to their previous revision
-    repairs: list[str] = field(default_factory=list)   # groups whose nodes name different current revisions
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The run the phases share: what was read (``gathered``), what was decided from it (``decided``: the rollout
+    that restarts what changed, the revisions, the gate), what starts the groups, the lock, and the run's state."""
+
+    gathered: Gathered | None   # the inventory as the deploy read it, and its rollout rendered
+    decided: Decided | None = None
+    refusal: Refused | None = None
+    state: State | None = None
+    lock: Lock | None = None
+    launcher: Systemd | Slurm = field(default_factory=Systemd)   # what starts the groups (k3_launcher), chosen once
+    run: RunState = field(default_factory=RunState)
 
     @property
     def rollout(self) -> Rollout:
-        assert self.gathered is not None and self.gathered.rollout is not None
-        return self.gathered.rollout
+        assert self.decided is not None
+        return self.decided.rollout
+
+    @property
+    def numbers(self) -> Mapping[str, int]:
+        """group -> the revision number this run records."""
+        return self.decided.numbers if self.decided is not None else {}
+
+    @property
+    def metas(self) -> Mapping[str, str]:
+        """group -> that revision's meta.json."""
+        return self.decided.metas if self.decided is not None else {}
+
+    @property
+    def marks(self) -> Mapping[str, int]:
+        """group -> the revision marked current once it serves."""
+        return self.decided.marks if self.decided is not None else {}
+
+    @property
+    def repairs(self) -> tuple[str, ...]:
+        """Groups whose nodes name different current revisions."""
+        return self.decided.repairs if self.decided is not None else ()
+
+    @property
+    def gate(self) -> GatePlan | None:
+        """The SLO gate of this run's restart (None: not gated)."""
+        return self.decided.gate if self.decided is not None else None
 
     @property
     def ok(self) -> bool:
@@ -178,30 +223,35 @@ class Context:
         hosts = stage_engines(self.rollout) or self.rollout.hosts
         return hosts[0]
 
+    @cached_property
+    def start_plans(self) -> tuple[StartPlan, ...]:
+        """How the groups of each restart step (:meth:`Rollout.waves`) restart, per host."""
+        return tuple(self.rollout.start_plan(set(wave)) for wave in self.rollout.waves())
+
     def start_plan(self, step: int) -> StartPlan:
-        """How the groups of restart step ``step`` (:meth:`Rollout.waves`) restart, per host (worked out once)."""
-        with _lock:
-            if step not in self.plans:
-                self.plans[step] = self.rollout.start_plan(set(self.rollout.waves()[step]))
-            return self.plans[step]
+        """How the groups of restart step ``step`` restart, per host (worked out once)."""
+        return self.start_plans[step]
+
+    @cached_property
+    def running(self) -> tuple[bool, ...]:
+        """Per restart step: some unit it stops may be running (see :meth:`stops`)."""
+        gathered = self.gathered
+        assert gathered is not None
+        return tuple(any((have := gathered.installed.get((h.host, unit))) is None or have.active not in STOPPED
+                         for h in plan.hosts for unit in (*h.routers, *h.workers, *h.heads))
+                     for plan in self.start_plans)
 
     def stops(self, step: int) -> bool:
         """Some unit that restart step ``step`` stops may be running (as the facts read it; a unit they did not read
         might be). Where none is (a first rollout), no host calls the step's stops: every host's sequence loses the
         same operations, so the starts keep their order, and each operation a host calls costs the control machine
         about 0.3 ms even where it does nothing."""
-        gathered = self.gathered
-        assert gathered is not None
-        if step not in self.running:   # worked out once (no greenlet runs in between)
-            self.running[step] = any(
-                (have := gathered.installed.get((h.host, unit))) is None or have.active not in STOPPED
-                for h in self.start_plan(step).hosts for unit in (*h.routers, *h.workers, *h.heads))
         return self.running[step]
 
-    def step_ok(self, groups: list[str], calls: list[str]) -> bool:
+    def step_ok(self, groups: list[str], calls: list[RouterCall]) -> bool:
         """Every one of ``groups`` serves and every one of the router ``calls`` succeeded (and the run was not
         interrupted: no step of the restart starts after that, :mod:`k3deploy.runtime.interrupts`)."""
-        return not interrupts.stopped() and self.all_serve(groups) and all(self.router_calls.get(c) for c in calls)
+        return not interrupts.stopped() and self.all_serve(groups) and all(self.run.router_calls.get(c) for c in calls)
 
     def all_serve(self, groups: list[str]) -> bool:
         """Every one of ``groups`` serves (see :meth:`serves`)."""
@@ -211,16 +261,16 @@ class Context:
         """The group was not restarted, or it came back serving (False while its gate has not finished)."""
         if group not in self.rollout.changed_groups:
             return True
-        result = self.gates.get(group)
+        result = self.run.gates.get(group)
         return result is not None and result.ready() and result.get() is None
 
     def keeps(self, group: str) -> bool:
         """The group serves what this run started it with (the SLO gate did not take it back)."""
-        return self.serves(group) and group not in self.reverted
+        return self.serves(group) and group not in self.run.reverted
 
     def missed(self) -> bool:
         """A group missed the SLO gate in this run."""
-        return any(not o.ok for o in self.outcomes.values())
+        return any(not o.ok for o in self.run.outcomes.values())
 
     def failed_members(self, groups: list[str]) -> list[str]:
         """The hosts of these groups that failed an earlier step of this run (pyinfra dropped them)."""
@@ -236,7 +286,7 @@ class Context:
         """Each group's state as far as this run knows it (for an interrupted run): untouched and on which
         revision, held back, restarting (stopped for the change, not serving yet), serving the change, or stopped by
         a failed gate; then the command that converges them."""
-        if self.gathered is None or self.gathered.rollout is None:
+        if self.gathered is None or self.decided is None:
             return ["nothing was changed on any node (the run had not started its rollout)"]
         r, history = self.rollout, self.gathered.history
         step_of = {g: i for i, wave in enumerate(r.waves()) for g in wave}
@@ -245,11 +295,11 @@ class Context:
             cur = history[g].current if g in history else None
             was = f"revision {cur}" if cur is not None else "what it ran before (no recorded revision)"
             new = f"revision {self.numbers[g]}" if g in self.numbers else "its files"
-            result = self.gates.get(g)
+            result = self.run.gates.get(g)
             failure = result.get() if result is not None and result.ready() else None
             if g not in r.changed_groups:
                 out.append(f"group {g}: untouched by this run, runs {was}")
-            elif not self.begun.get(step_of.get(g, -1)):
+            elif not self.run.begun.get(step_of.get(g, -1)):
                 out.append(f"group {g}: untouched, runs {was} (nothing of it was stopped; files this run staged "
                            f"are in {r.vars.k3_config_dir.rstrip('/')}/next/, where nothing runs them)")
             elif result is not None and result.ready() and failure is None:
@@ -269,16 +319,17 @@ class Context:
         """Whether restart step ``step`` (of ``groups``) goes ahead, decided once, when its first operation runs:
         only when no member of its groups failed an earlier step (the stage, the configure phase, a gate). A
         group held back keeps running what it ran (its recorded revision); the reason is said once."""
+        begun = self.run.begun
         with _lock:
-            missed = [o.group for o in self.outcomes.values() if not o.ok]
-            if step not in self.begun and missed and self.gate is not None and self.gate.kind == "canary":
-                self.begun[step] = False
+            missed = [o.group for o in self.run.outcomes.values() if not o.ok]
+            if step not in begun and missed and self.gate is not None and self.gate.kind == "canary":
+                begun[step] = False
                 logger.error(f"--> k3deploy: the roll stops here: the canary {', '.join(missed)} missed the SLO "
                              f"gate (its figures are above, and again at the end); {', '.join(groups)} "
                              f"keep{'s' if len(groups) == 1 else ''} running the previous revision")
-            if step not in self.begun:
+            if step not in begun:
                 down = self.failed_members(groups)
-                self.begun[step] = not down
+                begun[step] = not down
                 if down:
                     history = self.gathered.history if self.gathered is not None else {}
                     runs = ", ".join(f"{g} keeps running " + (f"revision {history[g].current}"
@@ -289,28 +340,27 @@ class Context:
                                  f"{', '.join(down)} failed an earlier step of this run (its error is above); no "
                                  f"member of the group was restarted or given new files: {runs}. Fix the cause and "
                                  "run again")
-            return self.begun[step]
+            return begun[step]
 
 
-def context() -> Context:
+def context() -> RunContext:
     """The run's shared context (computed by the first host that asks)."""
-    state = ctx_state.get()  # type: ignore[no-untyped-call]
-    key = id(state)
+    state: State = ctx_state.get()  # type: ignore[no-untyped-call]
     with _lock:
-        if key not in _contexts:
-            _contexts[key] = _build(state)
+        if state not in _contexts:
+            _contexts[state] = _build(state)
             oporder.settle_heap()
-        return _contexts[key]
+        return _contexts[state]
 
 
-def _refuse(lines: list[str], summary: str, exit_code: int, lock: Lock | None = None) -> Context:
+def _refuse(lines: list[str], summary: str, exit_code: int, lock: Lock | None = None) -> RunContext:
     """Print the reasons once (every host shares the context) and refuse the run (giving the lock back)."""
     for line in lines:
         logger.error(line)
     logger.error(f"--> k3deploy: {summary}")
     if lock is not None:
         lock.release()
-    return Context(None, Refused(summary, exit_code))
+    return RunContext(None, refusal=Refused(summary, exit_code))
 
 
 def dry_run(argv: list[str] | None = None) -> bool:
@@ -325,7 +375,7 @@ def dry_run(argv: list[str] | None = None) -> bool:
     return "--dry" in args or ("--json" in args and not yes)
 
 
-def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock]) -> Lock | None:
+def _take_lock(state: State, spec: str | None, target: Target, holder: list[Lock]) -> Lock | None:
     """Before any host is read (so before the revision numbers are chosen): the deployment lock
     (:mod:`k3deploy.runtime.lock`) on the first host; on the others the command that reads them takes it first
     (:func:`~k3deploy.runtime.gather.gather_in_run`). ``--dry`` takes none and names a held one."""
@@ -347,13 +397,14 @@ def _lock_taken(lock: Lock) -> None:
     logger.info(f"--> k3deploy: deployment lock taken on {len(lock.taken)} host(s) (run {lock.record.run})")
 
 
-def _build(state: Any) -> Context:
+def _build(state: State) -> RunContext:
+    """Read the hosts, refuse what may not go ahead, decide the run (:func:`~k3deploy.runtime.decide.decide`) and
+    say what it does."""
     spec = inventory_path_from_argv()
     held: list[Lock] = []
-    key = id(state)
 
     def state_now() -> list[str]:
-        ctx = _contexts.get(key)
+        ctx = _contexts.get(state)
         return ctx.state_lines() if ctx is not None else ["nothing was changed on any node (the run was still "
                                                             "reading the hosts)"]
 
@@ -409,30 +460,15 @@ def _build(state: Any) -> Context:
                     "every node runs that build")
     for line in summary(gathered.stage) if gathered.stage is not None else []:
         logger.info(f"--> k3deploy: stage {line}")
-    launcher.changes(r, gathered)
-    for group, number in gathered.rollback_to.items():
+    decided = decide(gathered, launcher)
+    r = decided.rollout
+    for group, number in decided.rollback_to.items():
         current = gathered.history[group].current if group in gathered.history else None
         if group not in r.changed_groups:
             continue   # it runs that revision already
         logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
-    # the groups whose files change record a new revision, numbered under the lock (no other run records one of
-    # these groups until this one ends); worked out once for the run, not per host
-    # (the launcher's files, written in place: a group changes files unless its current revision records them; None:
-    # the units' staged files)
-    files = {g: launcher.revision_files(g) for g in r.changed_groups}
-    changing = {g for g in r.changed_groups if (any(_changed_files(gathered, u) for u in r.group(g))
-                                                if files[g] is None else not _recorded(gathered, g, files[g]))}
-    numbers = {g: (gathered.history.get(g) or GroupHistory(g)).next_number() for g in changing
-               if g not in gathered.rollback_to}
-    metas = {g: _revision_meta(gathered, g, n, files[g]) for g, n in numbers.items()}
-    marks = {g: n for g in r.changed_groups if (n := _serving_revision(gathered, g, numbers, files[g])) is not None}
-    # a group whose nodes name different current revisions is marked again on every node: with the one this run
-    # starts, else the one its files are
-    repairs = [g for g, h in gathered.history.items() if h.split and g in r.groups
-               and (g in marks or (g not in r.changed_groups and h.runs_now is not None))]
-    for g in repairs:
+    for g in decided.repairs:
         logger.warning(f"k3deploy: {gathered.history[g].split_line()}")
-        marks.setdefault(g, gathered.history[g].runs_now or 0)
     for g, hist in gathered.history.items():
         for n, paths in sorted(hist.corrupt.items()):
             for name, path in paths.items():
@@ -441,15 +477,14 @@ def _build(state: Any) -> Context:
                        "record, or its files there differ from it): revision " + str(n) + " is not restorable")
                 logger.warning(f"k3deploy: group {g}: the record of revision {n} on {name} is corrupt ({path}, cut "
                                f"short or unreadable); {fix}")
-    gate = plan_gate(r, rollback=bool(gathered.rollback_to))
+    gate = decided.gate
     if gate is not None:
         logger.info(f"--> k3deploy: SLO gate ({'a canary' if gate.kind == 'canary' else 'the group'}): "
                     + "; ".join(gate.lines()))
-    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, launcher=launcher,
-                   gate=gate, repairs=repairs)
+    return RunContext(gathered, decided, state=state, lock=lock, launcher=launcher)
 
 
-def _spares_said(state: Any, gathered: Gathered) -> None:
+def _spares_said(state: State, gathered: Gathered) -> None:
     """Say once what the spares change in this run: each new substitution and quarantine, each host that runs
     nothing. A lost member that pyinfra could not connect to, and that a spare replaces, is no failure of the run:
     it leaves pyinfra's failed hosts (its 'Could not connect' above stays; docs/spares.md)."""
@@ -475,14 +510,14 @@ def _spares_said(state: Any, gathered: Gathered) -> None:
 
 
 @deploy("Preflight")
-def preflight_phase(ctx: Context) -> None:
+def preflight_phase(ctx: RunContext) -> None:
     if ctx.refusal is not None:
         raise SystemExit(ctx.refusal.exit_code)  # pyinfra would print any other exception with a traceback
     host.noop("every check passed on every host")
 
 
 @deploy("Stage")
-def stage_phase(ctx: Context) -> None:
+def stage_phase(ctx: RunContext) -> None:
     """This host's steps of the stage (:func:`k3deploy.model.steps.stage`), one operation per step kind, called
     where the step applies: a step kind runs on every host at once, in the order of the kinds (an operation's
     identity is its kind, not its place in a host's list). The first engine host calls every kind that applies on
@@ -519,7 +554,7 @@ def _kind(kind: int) -> Iterator[None]:
 
 
 @deploy("Configure")
-def configure_phase(ctx: Context) -> None:
+def configure_phase(ctx: RunContext) -> None:
     """This host's files, all in one operation (one command): the engine units' helper, the units that answer its
     fence record to its peers and, for each unit, the next env file (0600) and systemd unit, staged
     (:func:`_staged`); owner and mode given back to the live ones where they drifted. With ``k3_launcher: slurm``
@@ -545,7 +580,7 @@ def configure_phase(ctx: Context) -> None:
     write_files(name=CONFIGURE, files=files, restore=drifted(rollout.on_host(me), gathered.installed))
 
 
-def _spare_records(ctx: Context) -> None:
+def _spare_records(ctx: RunContext) -> None:
     """The spares' records on this host (:mod:`k3deploy.model.spares`), where something changes in the deployment
     (nothing is called otherwise): the substitutions in effect (every host the run reaches keeps them), a new
     quarantine; then a host that runs nothing has its units stopped and disabled (called on every host, so that
@@ -567,7 +602,7 @@ def _spare_records(ctx: Context) -> None:
 CONFIGURE = "Env file (0600), staged, systemd unit, group member helper"
 
 
-def _configure_jobs(ctx: Context) -> None:
+def _configure_jobs(ctx: RunContext) -> None:
     """``k3_launcher: slurm``: this host's files (:func:`k3deploy.model.slurm.host_files`): on each node its env
     files (0600) and launch scripts and its groups' output directories, on the submit host the batch scripts; in
     place at once (a running job keeps the files it started with: sbatch copied its batch script, each step's shell
@@ -586,7 +621,7 @@ def _configure_jobs(ctx: Context) -> None:
         for f in mine.files])
 
 
-def _staged(ctx: Context, units: list[UnitWork], when: Callable[[], bool] | None = None) -> list[Written]:
+def _staged(ctx: RunContext, units: list[UnitWork], when: Callable[[], bool] | None = None) -> list[Written]:
     """The next env file (0600) and systemd unit of each of ``units`` (on this host), where they differ from the
     live ones: written beside them (:func:`commands.staged_path`), never over them. The restart step records them
     as the group's revision and puts them in place (:func:`_swap`), so a run that stops before then (killed, a
@@ -610,16 +645,7 @@ def _all(conditions: list[Callable[[], bool]]) -> bool:
     return all(c() for c in conditions)
 
 
-def _changed_files(gathered: Gathered, unit: UnitWork) -> list[tuple[str, str]]:
-    """``(staged, live)`` of the files of ``unit`` this run changes (what :func:`_staged` staged)."""
-    have = gathered.installed.get((unit.host, unit.unit))
-    cfg = gathered.require_rollout().vars.k3_config_dir
-    return [(commands.staged_path(live, cfg), live) for live, text, sha in (
-        (unit.unit_path, unit.unit_text, have.unit_sha if have else None),
-        (unit.env_path, unit.env_text, have.env_sha if have else None)) if sha != sha256(text)]
-
-
-def _swap(ctx: Context, groups: list[str]) -> list[str]:
+def _swap(ctx: RunContext, groups: list[str]) -> list[str]:
     """This host's part of putting ``groups``' new files in place, once their units are stopped, as scripts to run
     one after the other (:func:`k3deploy.model.commands.then`): each changing group's revision is recorded first
     (copies of the files it will run: the staged ones where they change, the live ones where not, and its
@@ -633,7 +659,7 @@ def _swap(ctx: Context, groups: list[str]) -> list[str]:
         mine = [u for u in r.group(group) if u.host == host.name]
         if not mine:
             continue
-        changes = {live: staged for u in mine for staged, live in _changed_files(gathered, u)}
+        changes = {live: staged for u in mine for staged, live in changed_files(gathered, u)}
         pairs += [(staged, live) for live, staged in changes.items()]
         if group in ctx.numbers:
             files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
@@ -646,26 +672,8 @@ def _swap(ctx: Context, groups: list[str]) -> list[str]:
     return [*parts, commands.swap_in(pairs)] if pairs else parts
 
 
-def _recorded(gathered: Gathered, group: str, files: dict[str, str] | None) -> bool:
-    """``group``'s current revision records exactly ``files`` (``host:path -> sha256``)."""
-    h = gathered.history.get(group)
-    rev = h.revisions.get(h.current) if h is not None and h.current is not None else None
-    return rev is not None and rev.files == files
-
-
-def _revision_meta(gathered: Gathered, group: str, number: int, files: dict[str, str] | None = None) -> str:
-    """The ``meta.json`` of revision ``number`` of ``group``: what runs, from which variables, by which version."""
-    r = gathered.require_rollout()
-    first = gathered.target.resolved[gathered.target.records[0].name]
-    variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
-                 if k.startswith("k3_") and k not in PER_HOST}
-    rev = revision_for(r, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       variables=variables, version=version("k3deploy"), tag=gathered.pinned_tag or "", files=files)
-    return rev.to_json()
-
-
 @deploy("Start")
-def start_phase(ctx: Context) -> None:
+def start_phase(ctx: RunContext) -> None:
     """The restart, step by step (one step, or with a rolling change one per wave of replicas): each operation is
     called on the hosts it has something to do on (its units, its rendezvous, the router's host), so a tray pays
     for its own part only; pyinfra runs each operation on all its hosts at once, in the order of the calls (the
@@ -700,10 +708,10 @@ def start_phase(ctx: Context) -> None:
         # fails (or a router call that fails) stops the roll
         # ... and only when no member of its groups failed an earlier step (decided once, for every host)
         begins = partial(ctx.begins, i, list(wave))
-        go = partial(_all, [partial(ctx.step_ok, earlier, [f"add {j}" for j in range(i)] if rolling else []),
+        go = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i) if rolling else []),
                             begins])
         # the replica is restarted only once the router no longer sends it requests
-        ready = partial(_all, [partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]),
+        ready = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i, out=True)),
                                begins]) if rolling else go
         step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
         urls = r.serving_urls(wave)
@@ -713,7 +721,7 @@ def start_phase(ctx: Context) -> None:
             # before it has ended everywhere (pyinfra orders operations by their hosts' own sequences, then by
             # call site, and the steps of a roll share their call sites)
             python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
-                        key=f"remove {i}", text=commands.router_remove(
+                        key=RouterCall("remove", i), text=commands.router_remove(
                             router.serves or "", urls, r.router_list(router, [g for g in r.replicas if g not in wave])),
                         _if=partial(_both, name == router.host, go))
             draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
@@ -757,7 +765,7 @@ def start_phase(ctx: Context) -> None:
             python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
                         _if=ready)
         engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
-                                [*(f"add {j}" for j in range(i)), f"remove {i}"] if rolling else [])
+                                RouterCall.before(i, out=True) if rolling else [])
         gate = ctx.gate
         if gate is not None and i == 0 and (gate.kind == "group" or (rolling and router is not None)):
             # on every host (it does something on one host only), before the replica is put back into the router
@@ -772,7 +780,7 @@ def start_phase(ctx: Context) -> None:
                    _if=partial(_all, [engines_serve, *(partial(ctx.keeps, g) for g in marked)]))
         if rolling and router is not None:   # on every host, as the step's last operation (see its first)
             python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
-                        key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout,
+                        key=RouterCall("add", i), text=commands.router_add(router.serves or "", urls, r.ready_timeout,
                                                                  r.router_list(router, r.replicas)),
                         _if=partial(_both, name == router.host, engines_serve))
         elif me.routers:
@@ -784,7 +792,7 @@ def start_phase(ctx: Context) -> None:
                     _if=partial(_both, name == _gate_host(ctx), ctx.missed))
 
 
-def _start_jobs(ctx: Context) -> None:
+def _start_jobs(ctx: RunContext) -> None:
     """``k3_launcher: slurm``: the restart as the systemd path orders it (one step, or with replicas one per wave
     behind the router), each group's units replaced by its job: on the submit host the restarting groups' jobs are
     cancelled and the engine groups' submitted (the job starts the head, waits for its rendezvous port from each
@@ -809,15 +817,15 @@ def _start_jobs(ctx: Context) -> None:
         earlier = [g for w in waves[:i] for g in w]
         rolling = r.rolling and router is not None
         begins = partial(ctx.begins, i, list(wave))
-        go = partial(_all, [partial(ctx.step_ok, earlier, [f"add {j}" for j in range(i)] if rolling else []),
+        go = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i) if rolling else []),
                             begins])
-        ready = partial(_all, [partial(ctx.step_ok, earlier, [*(f"add {j}" for j in range(i)), f"remove {i}"]),
+        ready = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i, out=True)),
                                begins]) if rolling else go
         step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
         urls = r.serving_urls(wave)
         if rolling and router is not None:
             python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
-                        key=f"remove {i}", text=commands.router_remove(router.serves or "", urls),
+                        key=RouterCall("remove", i), text=commands.router_remove(router.serves or "", urls),
                         _if=partial(_both, name == router.host, go))
             draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
             if draining:
@@ -840,10 +848,10 @@ def _start_jobs(ctx: Context) -> None:
             python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
                         _if=ready)
         engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
-                                [*(f"add {j}" for j in range(i)), f"remove {i}"] if rolling else [])
+                                RouterCall.before(i, out=True) if rolling else [])
         if rolling and router is not None:
             python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
-                        key=f"add {i}", text=commands.router_add(router.serves or "", urls, r.ready_timeout),
+                        key=RouterCall("add", i), text=commands.router_add(router.serves or "", urls, r.ready_timeout),
                         _if=partial(_both, name == router.host, engines_serve))
         elif "router" in wave and router is not None:
             if submits:
@@ -854,16 +862,16 @@ def _start_jobs(ctx: Context) -> None:
     _record(ctx)
 
 
-def _submit(state: Any, host: Any, ctx: Context, stop: list[str], start: list[str]) -> bool:
+def _submit(state: Any, host: Any, ctx: RunContext, stop: list[str], start: list[str]) -> bool:
     """On the submit host: cancel the jobs of ``stop``, submit those of ``start`` (:meth:`Slurm.resubmit`)."""
     launcher = ctx.launcher
     assert isinstance(launcher, Slurm)
     return launcher.resubmit({h.name: h for h in state.inventory}, stop, start)
 
 
-def _router_call(state: Any, host: Any, ctx: Context, key: str, text: str) -> bool:
+def _router_call(state: Any, host: Any, ctx: RunContext, key: RouterCall, text: str) -> bool:
     """Run a router call (take replicas out, put them back) on the router's host; the roll goes on only if it
-    succeeded (``ctx.router_calls[key]``)."""
+    succeeded (``ctx.run.router_calls[key]``)."""
     from k3deploy.runtime.readiness import run
 
     ok, out = run({host.name: host}, host.name, text)
@@ -872,7 +880,7 @@ def _router_call(state: Any, host: Any, ctx: Context, key: str, text: str) -> bo
     if not ok:
         logger.error(f"[{host.name}] the router call failed: the roll stops here; the replicas not yet rolled keep "
                      "serving")
-    ctx.router_calls[key] = ok
+    ctx.run.router_calls[key] = ok
     return ok
 
 
@@ -881,18 +889,18 @@ def _both(here: bool, condition: Callable[[], bool]) -> bool:
     return here and condition()
 
 
-def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
+def _gate(state: Any, host: Any, ctx: RunContext, groups: list[str]) -> bool:
     """Every host of a restarting group waits for the group's readiness (the first to ask polls, for all of
     them); the host whose unit failed reports what it observed and fails, the others say why they stop."""
     hosts = {h.name: h for h in state.inventory}
     ok = True
     for g in groups:
         with _lock:
-            first = g not in ctx.gates
+            first = g not in ctx.run.gates
             if first:
-                ctx.gates[g] = gevent.event.AsyncResult()
+                ctx.run.gates[g] = gevent.event.AsyncResult()
         if first:
-            ctx.gates[g].set(_wait_group(ctx, g, hosts))
+            ctx.run.gates[g].set(_wait_group(ctx, g, hosts))
         failure = _gate_result(ctx, g)
         if failure is None:
             continue
@@ -909,7 +917,7 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
     return ok
 
 
-def _wait_group(ctx: Context, group: str, hosts: dict[str, Any]) -> Failure | None:
+def _wait_group(ctx: RunContext, group: str, hosts: dict[str, Any]) -> Failure | None:
     """The group's readiness (:func:`wait_group`), never an exception: a gate that could not finish is the group's
     failure, named after what stopped it, so that every host waiting on the result hears it."""
     try:
@@ -930,10 +938,10 @@ def gate_bound(rollout: Rollout) -> float:
     return rollout.deadline + 2 * (link + COMMAND_SECONDS) + link + STOP_SECONDS + 30
 
 
-def _gate_result(ctx: Context, group: str) -> Failure | None:
+def _gate_result(ctx: RunContext, group: str) -> Failure | None:
     """The result of ``group``'s gate, waited for no longer than :func:`gate_bound` (another host polls it): a gate
     that did not end in that time is the group's failure."""
-    result = ctx.gates[group]
+    result = ctx.run.gates[group]
     bound = gate_bound(ctx.rollout)
     try:
         failure: Failure | None = result.get(timeout=bound)
@@ -947,7 +955,7 @@ def _gate_result(ctx: Context, group: str) -> Failure | None:
     return failure
 
 
-def _gate_host(ctx: Context) -> str | None:
+def _gate_host(ctx: RunContext) -> str | None:
     """The host that runs the SLO gate's operations: the router's with a canary, else the gated group's head's."""
     gate, r = ctx.gate, ctx.rollout
     if gate is None:
@@ -957,7 +965,7 @@ def _gate_host(ctx: Context) -> str | None:
     return r.group(gate.groups[0])[0].host if r.group(gate.groups[0]) else None
 
 
-def _slo_gate(state: Any, host: Any, ctx: Context) -> bool:
+def _slo_gate(state: Any, host: Any, ctx: RunContext) -> bool:
     """The SLO gate (:mod:`k3deploy.runtime.slo`): the canary groups against a replica on the previous revision, or
     each gated group against its previous revision's recorded figures. A canary that misses goes back to its
     previous revision here (so that the next operation puts it back into the router); a single group that misses
@@ -978,7 +986,7 @@ def _slo_gate(state: Any, host: Any, ctx: Context) -> bool:
                     for g in gate.groups if ctx.serves(g)]
     ok = True
     for o in outcomes:
-        ctx.outcomes[o.group] = o
+        ctx.run.outcomes[o.group] = o
         for line in o.report().splitlines():
             (logger.info if o.ok else logger.warning)(f"[{host.name}] {line}")
         if o.ok or (gate.kind == "group" and not gate.auto_rollback):
@@ -995,7 +1003,7 @@ def _slo_gate(state: Any, host: Any, ctx: Context) -> bool:
                        "(stopped, its files restored, started, gated)")
         o.back_to = number
         o.failure = slo_gate.go_back(hosts, r, o.group, number)
-        ctx.reverted.add(o.group)
+        ctx.run.reverted.add(o.group)
         if o.failure is not None:
             for line in o.failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
@@ -1006,19 +1014,19 @@ def _slo_gate(state: Any, host: Any, ctx: Context) -> bool:
     return ok
 
 
-def _hold(ctx: Context, group: str, failure: Failure) -> None:
+def _hold(ctx: RunContext, group: str, failure: Failure) -> None:
     """The group does not serve for the rest of the run (it is not put back into the router, nothing marks it)."""
     result: gevent.event.AsyncResult = gevent.event.AsyncResult()
     result.set(failure)
-    ctx.gates[group] = result
+    ctx.run.gates[group] = result
 
 
-def _slo_verdict(state: Any, host: Any, ctx: Context) -> bool:
+def _slo_verdict(state: Any, host: Any, ctx: RunContext) -> bool:
     """At the end of the start phase, where a group missed the SLO gate: the figures against the targets once more,
     what was done about it, and the run fails (exit non-zero)."""
     gate = ctx.gate
     assert gate is not None
-    for o in ctx.outcomes.values():
+    for o in ctx.run.outcomes.values():
         if o.ok:
             continue
         for line in o.report().splitlines():
@@ -1077,7 +1085,7 @@ def failure_advice(group: str, host: str, changed: bool) -> str:
                    "bundle INVENTORY; a rollback would not help" + noise)
 
 
-def _record(ctx: Context) -> None:
+def _record(ctx: RunContext) -> None:
     """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (the one
     recorded at its restart, or, after a rollback, the revision it went back to). A group that restarted with files
     unchanged (a member had stopped) stays on its current revision."""
@@ -1107,7 +1115,7 @@ def _record(ctx: Context) -> None:
                then=lock.given_back if last and lock is not None else None, _if=partial(ctx.keeps, group))
 
 
-def _rebuild_records(ctx: Context) -> None:
+def _rebuild_records(ctx: RunContext) -> None:
     """On this host: every revision record cut short here whose files hash to what the group's other nodes
     recorded is written again from their record (before anything restarts, so a rollback can restore it)."""
     gathered = ctx.gathered
@@ -1122,27 +1130,8 @@ def _rebuild_records(ctx: Context) -> None:
                                                     h.revisions[n].to_json()))
 
 
-def _serving_revision(gathered: Gathered, group: str, numbers: dict[str, int],
-                      files: dict[str, str] | None = None) -> int | None:
-    """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run records
-    (``numbers``), or, when its files did not change, the recorded revision with exactly these files (a run that was
-    stopped after putting them in place left it unmarked); None: the current one already."""
-    r = gathered.require_rollout()
-    if group in gathered.rollback_to:
-        return gathered.rollback_to[group]
-    if group in numbers:
-        return numbers[group]
-    history = gathered.history.get(group)
-    if history is None:
-        return None
-    want = files if files is not None else {f"{u.host}:{p}": sha256(text) for u in r.group(group)
-                                            for p, text in ((u.unit_path, u.unit_text), (u.env_path, u.env_text))}
-    same = [n for n, rev in history.revisions.items() if rev.files == want]
-    return max(same) if same and max(same) != history.current else None
-
-
 @deploy("Virtual address")
-def vip_phase(ctx: Context) -> None:
+def vip_phase(ctx: RunContext) -> None:
     """``k3_vip``: keepalived on every host of the rollout and every spare, with its configuration
     (:func:`k3deploy.model.vip.keepalived_conf`: the host that serves the endpoint has the holder's priority), then,
     on that host, once every group serves, a wait until it holds the address and the endpoint answers on it. Nothing
@@ -1172,7 +1161,7 @@ VIP_TIMEOUT = 60
 
 
 @deploy("Smoke test")
-def smoke_phase(ctx: Context) -> None:
+def smoke_phase(ctx: RunContext) -> None:
     r = ctx.rollout
     if host.name != r.units[0].host:
         return  # one request through the public endpoint, from the first host only
@@ -1184,7 +1173,7 @@ def smoke_phase(ctx: Context) -> None:
                     _if=every_group_serves)
 
 
-def _after_rollback(ctx: Context) -> None:
+def _after_rollback(ctx: RunContext) -> None:
     gathered = ctx.gathered
     assert gathered is not None
     for group, number in gathered.rollback_to.items():

@@ -1,4 +1,4 @@
-"""Reading the hosts: per host a typed plan of what the rollout reads there (:class:`HostPlan`, a tuple of
+"""Reading the hosts: per host a typed plan of what the rollout reads there (:class:`ReadPlan`, a tuple of
 :class:`Request` values, built by :func:`plan_host` from the layout and the :class:`~k3deploy.runtime.views.View`),
 read in the same one command as the host's preflight facts (:func:`read_hosts`), into one typed
 :class:`HostReading` per host.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from pyinfra.api.facts import FactBase
+from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from k3deploy.facts.batch import read_batch
@@ -51,7 +52,7 @@ from k3deploy.model.images import LocalImage
 from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
-from k3deploy.model.rollout import Rollout
+from k3deploy.model.rollout import Placement
 from k3deploy.model.slurm import group_dir, job_name, launch_path
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
@@ -323,7 +324,7 @@ class ReadSpareRecords(Request):
 
 
 @dataclass(frozen=True)
-class HostPlan:
+class ReadPlan:
     """What the rollout reads on one host, beside its preflight facts (empty: only those)."""
 
     host: str
@@ -333,9 +334,9 @@ class HostPlan:
         """The requests as the facts batch takes them: ``(name, fact, arguments)``, named by position."""
         return [(self._name(i, request), request.fact, request.arguments()) for i, request in enumerate(self.requests)]
 
-    def taking_lock(self, request: TakeLockThere) -> HostPlan:
+    def taking_lock(self, request: TakeLockThere) -> ReadPlan:
         """This plan, the lock taken first (instead of only reading who holds it)."""
-        return HostPlan(self.host, (request, *(r for r in self.requests if not isinstance(r, ReadLock))))
+        return ReadPlan(self.host, (request, *(r for r in self.requests if not isinstance(r, ReadLock))))
 
     def reading(self, values: dict[str, Any]) -> HostReading | None:
         """The host's reading from the batch's values by name (None: they did not come back, the host failed)."""
@@ -352,7 +353,7 @@ class HostPlan:
         return f"{type(request).__name__}.{index}"
 
 
-def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> HostPlan:
+def plan_host(layout: Placement, host: str, view: View, resolver: str | None) -> ReadPlan:
     """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
     image's digests there, the weights, the lock and the revisions of every group with a unit here; on
     ``k3_slurm_submit_host`` (``k3_launcher: slurm``) the groups' jobs in the Slurm queue; on ``resolver``
@@ -362,7 +363,7 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
     variables = layout.vars
     registry = ReadRegistry(layout.plan.image, variables.k3_docker)
     if not view.installed:
-        return HostPlan(host, (registry,) if view.pins_image and host == resolver else ())
+        return ReadPlan(host, (registry,) if view.pins_image and host == resolver else ())
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
@@ -395,10 +396,10 @@ def plan_host(layout: Rollout, host: str, view: View, resolver: str | None) -> H
     if not mine:
         out += standing_by(layout)
     out.append(ReadSpareRecords(variables.k3_config_dir))
-    return HostPlan(host, tuple(out))
+    return ReadPlan(host, tuple(out))
 
 
-def standing_by(layout: Rollout) -> list[Request]:
+def standing_by(layout: Placement) -> list[Request]:
     """What is read on a host without a unit (a spare, or a member that was lost): whether any of the rollout's
     units is installed or runs there (it must run nothing), and what it holds of the image and the weights (a
     spare is staged like an engine host)."""
@@ -413,20 +414,20 @@ def standing_by(layout: Rollout) -> list[Request]:
 # ---------------------------------------------------------------------------------------- the read
 
 
-def read_hosts(state: State, hosts: list[Any], wanted: Target, plans: dict[str, HostPlan], *,
+def read_hosts(state: State, hosts: list[Host], wanted: Target, plans: dict[str, ReadPlan], *,
                connect_first: bool) -> tuple[list[HostFacts], dict[str, HostReading]]:
     """Every host at once, one command each: its preflight facts and what its plan asks (an unreachable host
     becomes a host with its connection error, and has no reading). The facts of a host whose reading holds its
     weights carry them too (``HostFacts.extra["weights"]``: the cache's space check counts only what is missing)."""
     requirements, variables = wanted.requirements, wanted.vars
 
-    def one(host: Any) -> tuple[HostFacts, HostReading | None]:
+    def one(host: Host) -> tuple[HostFacts, HostReading | None]:
         mine = wanted.host_vars(host.name)
         if connect_first:
             reason = connect(host, mine.k3_link_timeout)
             if reason is not None:
                 return HostFacts(host=host.name, address=runner.host_address(host), unreachable=reason), None
-        plan = plans.get(host.name) or HostPlan(host.name)
+        plan = plans.get(host.name) or ReadPlan(host.name)
         facts = runner.host_facts(state, host, requirements, variables.k3_model_cache, variables.k3_image_dir,
                                   plan.specs() or None, ib_hca=mine.k3_ib_hca, iface=mine.k3_iface,
                                   config_dir=variables.k3_config_dir)
@@ -438,10 +439,10 @@ def read_hosts(state: State, hosts: list[Any], wanted: Target, plans: dict[str, 
     return [facts for facts, _ in both], {r.host: r for _, r in both if r is not None}
 
 
-def read_again(state: State, hosts: list[Any], plans: dict[str, HostPlan]) -> dict[str, HostReading]:
+def read_again(state: State, hosts: list[Host], plans: dict[str, ReadPlan]) -> dict[str, HostReading]:
     """What ``plans`` ask of these (reachable) hosts, without their preflight facts again: after the spares changed
     who runs what (:mod:`k3deploy.model.spares`), the hosts whose part changed. A host that fails has no reading."""
-    def one(host: Any) -> HostReading | None:
+    def one(host: Host) -> HostReading | None:
         plan = plans[host.name]
         try:
             return plan.reading(read_batch(state, host, plan.specs()))

@@ -12,15 +12,15 @@ import k3deploy.recipe.schema as schema
 from k3deploy.facts.status import UnitRun
 from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import target
-from k3deploy.model.rollout import Rollout, render
+from k3deploy.model.rollout import Placement, render
 from k3deploy.runtime import views
 from k3deploy.runtime.connections import inventory_file, load_inventory
 from k3deploy.runtime.gather import gather
 from k3deploy.runtime.reading import (
-    HostPlan,
     ReadEndpoint,
     ReadHealth,
     ReadLogs,
+    ReadPlan,
     ReadRegistry,
     ReadRunning,
     ReadUnit,
@@ -29,22 +29,22 @@ from k3deploy.runtime.reading import (
 
 
 @pytest.fixture(scope="module")
-def layout() -> Rollout:
+def layout() -> Placement:
     from k3deploy.model.inventory import records_of
 
     state = load_inventory("inventories/gb300.py")
     return target(records_of(state.inventory), inventory_file("inventories/gb300.py")).require_layout()
 
 
-def kinds(plan: HostPlan) -> set[str]:
+def kinds(plan: ReadPlan) -> set[str]:
     return {type(r).__name__ for r in plan.requests}
 
 
-def test_a_layout_places_the_units_without_rendering_them(layout: Rollout) -> None:
+def test_a_layout_places_the_units_without_rendering_them(layout: Placement) -> None:
     assert not layout.rendered and layout.hosts and all(u.unit_text == "" for u in layout.units)
 
 
-def test_each_view_asks_what_its_command_needs(layout: Rollout) -> None:
+def test_each_view_asks_what_its_command_needs(layout: Placement) -> None:
     head, worker = layout.hosts[0], layout.hosts[1]
     assert plan_host(layout, head, views.PREFLIGHT, resolver=head).requests == ()
     assert [type(r) for r in plan_host(layout, head, views.RUNBOOK, resolver=head).requests] == [ReadRegistry]
@@ -60,7 +60,7 @@ def test_each_view_asks_what_its_command_needs(layout: Rollout) -> None:
     assert logs and all(r.lines == 7 for r in logs)
 
 
-def test_the_values_land_in_a_typed_reading(layout: Rollout) -> None:
+def test_the_values_land_in_a_typed_reading(layout: Placement) -> None:
     head = layout.hosts[0]
     plan = plan_host(layout, head, views.STATUS, resolver=None)
     values: dict[str, object] = {}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -140,7 +141,7 @@ def test_models_must_list_the_served_model(tmp_path):
     for u in r.units:
         u.node.argv[:] = [*u.node.argv, "--served-model-name", "k3"]
     hosts = {"n0": Host(tmp_path, "n0", [RUNNING], ["200"] * 3), "n1": Host(tmp_path, "n1", [RUNNING])}
-    r.deadline = 1
+    r = dataclasses.replace(r, deadline=1)
     failure = wait_group(r, "engine", hosts, sleep=clock.sleep, clock=clock)
     assert failure is not None and "listing 'k3'" in failure.observed  # it answered, but not as "k3"
 

@@ -69,18 +69,19 @@ def test_one_replica_has_no_router_and_restarts_whole():
 def test_an_engine_change_rolls_replica_by_replica_and_keeps_the_router():
     t = target(replicas(3, 2), None)
     r = desired_rollout(t)
-    changed = mark_changes(r, {})   # nothing installed: everything starts, router included
+    r = r.decided(changed := mark_changes(r, {}))   # nothing installed: everything starts, router included
     assert changed == {"engine-r0", "engine-r1", "engine-r2", "router"} and not r.rolling
     assert r.waves() == [["engine-r0", "engine-r1", "engine-r2", "router"]]
     # an env change on every engine (k3_extra_env) leaves the router's unit as it was
     t2 = target(replicas(3, 2, k3_extra_env={"FOO": "1"}), None)
     r2 = desired_rollout(t2)
     have = installed_as(r)
+    r2 = r2.decided(mark_changes(r2, have))
     assert mark_changes(r2, have) == {"engine-r0", "engine-r1", "engine-r2"}
     assert r2.rolling and r2.waves() == [["engine-r0"], ["engine-r1"], ["engine-r2"]]
     t3 = target(replicas(3, 2, k3_extra_env={"FOO": "1"}, k3_max_unavailable=2), None)
     r3 = desired_rollout(t3)
-    mark_changes(r3, installed_as(r))
+    r3 = r3.decided(mark_changes(r3, installed_as(r)))
     assert r3.waves() == [["engine-r0", "engine-r1"], ["engine-r2"]]
 
 
@@ -89,6 +90,7 @@ def test_a_replica_that_is_down_is_the_only_one_restarted():
     down = Installed(unit_sha=sha256(r.units[2].unit_text), env_sha=sha256(r.units[2].env_text), active="failed")
     have = installed_as(r, {})
     have[(r.units[2].host, r.units[2].unit)] = down
+    r = r.decided(mark_changes(r, have))
     assert mark_changes(r, have) == {"engine-r1"} and r.waves() == [["engine-r1"]]
 
 

@@ -38,6 +38,7 @@ from k3deploy.model.rollout import Rollout, mark_changes
 from k3deploy.model.runbook import Context, blocks, build, to_markdown
 from k3deploy.model.staging import engines, stage_for
 from k3deploy.runtime import phases, readiness
+from k3deploy.runtime.decide import Decided
 from k3deploy.runtime.gather import Gathered
 from k3deploy.runtime.reading import HostReading
 
@@ -80,8 +81,9 @@ def ordered(r: Rollout, gathered: Gathered,
     state.current_deploy_filename = __file__
     state.current_op_file_number = 0
     state.set_stage(StateStage.Prepare)
-    ctx = phases.Context(gathered, state=state, numbers={g: 1 for g in r.changed_groups},
-                         metas={g: "{}\n" for g in r.changed_groups}, marks={g: 1 for g in r.changed_groups})
+    decided = Decided(rollout=r, numbers={g: 1 for g in r.changed_groups}, metas={g: "{}\n" for g in r.changed_groups},
+                      marks={g: 1 for g in r.changed_groups}, repairs=(), rollback_to={}, gate=None)
+    ctx = phases.RunContext(gathered, decided, state=state)
     out: list[tuple[str, dict[str, list[Any]]]] = []
     with ctx_state.use(state):
         for h in inventory:
@@ -233,7 +235,7 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(family, strate
         extra = {"k3_image_archive": str(tmp_path / "image.tar"), "k3_weights_source": str(tmp_path / "weights")}
     r = rollout_of(FAMILIES[family], strategy, str(token), **extra)
     assert r is not None
-    mark_changes(r, {})   # nothing installed: every group starts
+    r = r.decided(mark_changes(r, {}))   # nothing installed: every group starts
     hosts = engines(r)
     images = {hosts[0]: LocalImage(ref_digest="sha256:" + "ab" * 32)} if held == "partly-staged" else {}
     weights = {hosts[-1]: True} if held == "partly-staged" else {}
@@ -257,7 +259,7 @@ def test_a_rolling_change_runs_replica_by_replica_though_each_host_calls_only_it
     installed = {(u.host, u.unit): Installed(unit_sha=sha256(u.unit_text), active="active",
                                              env_sha=sha256(u.env_text) if u.group == "router" else "before")
                  for u in r.units}
-    mark_changes(r, installed)
+    r = r.decided(mark_changes(r, installed))
     assert r.rolling and r.waves() == [["engine-r0"], ["engine-r1"]]
     readings = {h: HostReading(h, installed={u.unit: installed[(u.host, u.unit)] for u in r.on_host(h)})
                 for h in r.hosts}
@@ -283,7 +285,7 @@ def test_no_host_calls_the_stops_where_no_unit_of_the_restart_runs(monkeypatch):
         return [name for name in order if "Stop " in name]
 
     absent = {(u.host, u.unit): Installed() for u in r.units}
-    mark_changes(r, absent)
+    r = r.decided(mark_changes(r, absent))
     fresh = names(absent)
     assert stops(fresh) == []
     starts = [i for i, name in enumerate(fresh) if "Start group heads" in name or "Start workers" in name]

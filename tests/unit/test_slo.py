@@ -151,7 +151,7 @@ def test_the_gate_a_plan_shows():
     running = desired_rollout(target(replicas(2, 2), None))
     # a rolling change over replicas: the canary, against the replica still on the previous revision
     change = desired_rollout(target(replicas(2, 2, k3_extra_env={"K3SIM_SLOWDOWN": "3"}), None))
-    mark_changes(change, installed(running))
+    change = change.decided(mark_changes(change, installed(running)))
     gate = plan_gate(change)
     assert gate is not None and (gate.kind, gate.groups, gate.baseline) == ("canary", ("engine-r0",), "engine-r1")
     assert plan_gate(change, rollback=True) is None   # going back to what served is not gated
@@ -164,17 +164,17 @@ def test_the_gate_a_plan_shows():
     assert "TTFT and ITL p95 at most 1.5x the previous revision" in text
     # off: none; a first deploy (everything starts, the router too): no canary
     off = desired_rollout(target(replicas(2, 2, k3_slo_gate="off", k3_extra_env={"A": "1"}), None))
-    mark_changes(off, installed(running))
+    off = off.decided(mark_changes(off, installed(running)))
     assert plan_gate(off) is None
     fresh = desired_rollout(target(replicas(2, 2), None))
-    mark_changes(fresh, {})
+    fresh = fresh.decided(mark_changes(fresh, {}))
     assert plan_gate(fresh) is None
     # one group: gated only with k3_slo_gate: on, against its recorded figures
     one = desired_rollout(target(replicas(1, 2, k3_extra_env={"A": "1"}), None))
-    mark_changes(one, {})
+    one = one.decided(mark_changes(one, {}))
     assert plan_gate(one) is None
     on = desired_rollout(target(replicas(1, 2, k3_slo_gate="on", k3_auto_rollback=True), None))
-    mark_changes(on, {})
+    on = on.decided(mark_changes(on, {}))
     single = plan_gate(on)
     assert single is not None and (single.kind, single.groups, single.auto_rollback) == ("group", ("engine",), True)
     assert "goes back to its previous revision" in " ".join(single.lines())

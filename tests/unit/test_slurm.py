@@ -411,6 +411,7 @@ def test_replicas_are_one_job_each_and_a_changed_replica_leaves_the_router_servi
                                                  ("k3-router", ("n0",))]
     queued = [_queued(jobs[0]), _queued(jobs[1], "k3deploy:engine-r1:0000000000000000"), _queued(jobs[2])]
     assert slurm.changed_groups(r, queued) == {"engine-r1"}
+    r = r.decided(slurm.changed_groups(r, queued))
     assert r.waves() == [["engine-r1"]]
 
 

@@ -18,7 +18,7 @@ from k3deploy.model import commands
 from k3deploy.model.binding import HostRecord
 from k3deploy.model.health import Health, HealthEvent
 from k3deploy.model.inventory import with_roles
-from k3deploy.model.pipeline import target
+from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.spares import (
     QUARANTINE_FILE,
     RELEASED_FILE,
@@ -67,7 +67,7 @@ def test_a_spare_has_no_role_runs_nothing_and_is_staged_like_an_engine_host():
     plan = stage_for(layout, {}, {})
     assert "s1" in plan.image.receivers or "s1" in plan.image.fetch        # the image reaches it too
     assert "s1" in plan.weights.receivers or "s1" in plan.weights.fetch    # and the weights
-    mine = [s for s in stage(layout, plan) if s.host == "s1" and s.applies]
+    mine = [s for s in stage(desired_rollout(wanted), plan) if s.host == "s1" and s.applies]
     assert mine and all("systemctl restart" not in s.script for s in mine)
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import hashlib
 
 import pytest
@@ -86,9 +86,9 @@ def test_a_restarted_member_is_in_its_crash_loop_until_it_has_run_the_window(rol
     runs[(worker.host, worker.unit)] = UnitRun("active", "running", 4, 1000.0, "img", "sha256:1", None, None)
 
     def verdict(now: float, window: int | None = None) -> str:
-        r = copy.copy(rollout)
+        r = rollout
         if window is not None:
-            r.vars = rollout.vars.model_copy(update={"k3_crash_loop_window": window})
+            r = dataclasses.replace(rollout, vars=rollout.vars.model_copy(update={"k3_crash_loop_window": window}))
         st = assess(r, MODEL, runs, installed, (MODEL,), set(), now=now)
         return next(u.verdict for g in st.groups for u in g.units if u.host == worker.host)
 
