@@ -61,7 +61,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
     runtime/slo.py (the SLO gate run: the probe load, the canary against a replica on the previous revision,
     going back to a recorded revision),
-    runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply),
+    runtime/phases.py (the phases of deploy/k3.py), runtime/pyinfra_internals.py (all that touches pyinfra's internals),
     runtime/lock.py (the deployment lock: one run at a time changes a cluster; a lease its holder renews),
     runtime/interrupts.py (a run stopped by SIGINT, SIGTERM or SIGHUP: each group's state, the lock given back, a
     non-zero exit), runtime/launchers.py (what starts the groups: systemd units or, with k3_launcher: slurm, one

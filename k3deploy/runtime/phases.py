@@ -46,7 +46,7 @@ from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
-from k3deploy.runtime import interrupts, oporder
+from k3deploy.runtime import interrupts, pyinfra_internals
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
@@ -69,7 +69,7 @@ from k3deploy.runtime.operations import (
 from k3deploy.runtime.readiness import Failure, wait_group
 from k3deploy.runtime.slo import Outcome
 
-oporder.install()  # pyinfra's op identities, without reading every frame's source (see the module)
+pyinfra_internals.install()  # pyinfra's op identities, without reading every frame's source (see the module)
 _lock = gevent.lock.RLock()
 #: variables that belong to one host or one run, not to what a group runs
 PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
@@ -299,7 +299,7 @@ def context() -> Context:
     with _lock:
         if key not in _contexts:
             _contexts[key] = _build(state)
-            oporder.settle_heap()
+            pyinfra_internals.settle_heap()
         return _contexts[key]
 
 
