@@ -19,6 +19,7 @@ so the rollout, the readiness gate, the smoke test and the plan cannot read one 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 
 def _norm(token: str) -> str:
@@ -43,24 +44,50 @@ def is_flag(token: str) -> bool:
     return True
 
 
+@cache
+def _wanted(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(_norm(n) for n in names)
+
+
+def _last_named(argv: Sequence[str], wanted: frozenset[str]) -> int:
+    """The index of the last token that names one of the flags ``wanted`` (``_norm(token) in wanted``), -1 if none.
+
+    A token is normalised only when it could name a flag other than as spelt (it starts with ``-`` and holds ``=``
+    or ``_``); any other token names a wanted flag only by being one of the names (a wanted name holds neither).
+
+    >>> _last_named(["vllm", "--port", "1", "--port", "2"], frozenset({"--port"}))
+    3
+    >>> _last_named(["vllm", "--max_model_len", "8", "--port=2"], frozenset({"--max-model-len", "--port"}))
+    3
+    >>> _last_named(["vllm", "--max_model_len", "8"], frozenset({"--max-model-len"}))
+    1
+    >>> _last_named(["x", "a_b", "-1"], frozenset({"-p"}))
+    -1
+    """
+    for i in range(len(argv) - 1, -1, -1):
+        tok = argv[i]
+        if tok in wanted or (("=" in tok or "_" in tok) and tok[:1] == "-" and _norm(tok) in wanted):
+            return i
+    return -1
+
+
 def flag_values(argv: Sequence[str], *names: str) -> list[str] | None:
     """The values of the last occurrence of a flag (any of ``names``), or None when it is absent.
 
     A token that is a flag is never another flag's value, so the last occurrence is the last matching token.
     """
-    wanted = {_norm(n) for n in names}
-    for i in range(len(argv) - 1, -1, -1):
-        tok = argv[i]
-        if tok[:1] == "-" and _norm(tok) in wanted:  # a wanted name is never a number
-            if "=" in tok:
-                return [tok.split("=", 1)[1]]
-            values: list[str] = []
-            for value in argv[i + 1:]:
-                if is_flag(value):
-                    break
-                values.append(value)
-            return values
-    return None
+    i = _last_named(argv, _wanted(names))
+    if i < 0:
+        return None
+    tok = argv[i]
+    if "=" in tok:
+        return [tok.split("=", 1)[1]]
+    values: list[str] = []
+    for value in argv[i + 1:]:
+        if is_flag(value):
+            break
+        values.append(value)
+    return values
 
 
 def flag_value(argv: Sequence[str], *names: str) -> str | None:
@@ -78,16 +105,8 @@ def int_value(argv: Sequence[str], *names: str, default: int | None = None) -> i
 def has_flag(argv: Sequence[str], name: str) -> bool:
     """A boolean flag's effective state: its last ``--x`` / ``--no-x`` occurrence (argparse
     ``BooleanOptionalAction``); False when neither is given."""
-    state = False
-    positive, negative = _norm(name), "--no-" + _norm(name)[2:]
-    for tok in argv:
-        if is_flag(tok):
-            n = _norm(tok)
-            if n == positive:
-                state = True
-            elif n == negative:
-                state = False
-    return state
+    positive = _norm(name)
+    return _last_named(argv, _wanted((positive,))) > _last_named(argv, _wanted(("--no-" + positive[2:],)))
 
 
 def served_model_name(argv: Sequence[str], model: str) -> str:

@@ -15,7 +15,7 @@ from math import ceil
 from typing import Any
 
 from k3deploy.errors import SelectionError
-from k3deploy.recipe.argv import int_value
+from k3deploy.recipe.argv import has_flag, int_value
 from k3deploy.recipe.images import resolve_image
 from k3deploy.recipe.offering import (
     did_you_mean,
@@ -168,20 +168,16 @@ def size_notes(recipe: Recipe, nodes: list[NodePlan]) -> list[str]:
     >>> "do not divide (74.67 each" in note and "divides num_attention_heads" in note
     True
     """
-    import re
-
-    from k3deploy.recipe.argv import has_flag
-
-    extra = recipe.model.model_extra or {}
-    m = re.search(r"of (\d+) routed", str(extra.get("active_parameters", "")))
-    experts = int(m.group(1)) if m else None
     out: list[str] = []
     for node in nodes:
+        if node.role == "router":
+            continue
         tp = int_value(node.argv, "--tensor-parallel-size", "-tp", default=1) or 1
+        if tp & (tp - 1) == 0:   # a power of two: nothing to say (most plans: the rest is read only for a note)
+            continue
         dp = int_value(node.argv, "--data-parallel-size", "-dp", default=1) or 1
         ep = has_flag(node.argv, "--enable-expert-parallel")
-        if node.role == "router" or tp & (tp - 1) == 0:
-            continue
+        experts = _routed_experts(recipe)
         parts = []
         if experts is not None and ep:
             ranks = tp * dp
@@ -198,6 +194,16 @@ def size_notes(recipe: Recipe, nodes: list[NodePlan]) -> list[str]:
         if line not in out:
             out.append(line)
     return out
+
+
+def _routed_experts(recipe: Recipe) -> int | None:
+    """The routed experts of the recipe's model (from its ``active_parameters``: "... of 896 routed ..."), if it
+    says."""
+    import re
+
+    extra = recipe.model.model_extra or {}
+    m = re.search(r"of (\d+) routed", str(extra.get("active_parameters", "")))
+    return int(m.group(1)) if m else None
 
 
 def scale_warnings(strat: Strategy, hw: HardwareProfile, groups: dict[str, int]) -> list[str]:

@@ -93,11 +93,13 @@ def dedupe_args(args: Iterable[str]) -> list[str]:
     ['--b', '--a', '2']
     """
     items = [a for a in args if a]
+    flags = [a for a in items if a[0] == "-"]
+    if len(set(flags)) == len(flags):  # no flag twice: nothing to drop (found without the units)
+        return items
     n = len(items)
     # units: (start, end, flag key or None for a positional); last: the index of the last unit of each flag
     units: list[tuple[int, int, str | None]] = []
     last: dict[str, int] = {}
-    flags = 0
     i = 0
     while i < n:
         a = items[i]
@@ -105,13 +107,10 @@ def dedupe_args(args: Iterable[str]) -> list[str]:
             end = i + 2 if i + 1 < n and items[i + 1][0] != "-" else i + 1
             last[a] = len(units)
             units.append((i, end, a))
-            flags += 1
             i = end
         else:
             units.append((i, i + 1, None))
             i += 1
-    if flags == len(last):  # no flag twice: nothing to drop
-        return items
     out: list[str] = []
     for idx, (start, end, key) in enumerate(units):
         if key is None or last[key] == idx:
