@@ -99,13 +99,33 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from k3deploy.errors import K3Error, RecipeError, SelectionError
-from k3deploy.recipe.plan import NodePlan, Plan
-from k3deploy.recipe.resolve import resolve
-from k3deploy.recipe.schema import Recipe, load_recipe, parse_recipe
+
+if TYPE_CHECKING:
+    from k3deploy.recipe.plan import NodePlan, Plan
+    from k3deploy.recipe.resolve import resolve
+    from k3deploy.recipe.schema import Recipe, load_recipe, parse_recipe
 
 __all__ = [
     "K3Error", "NodePlan", "Plan", "Recipe", "RecipeError", "SelectionError", "load_recipe", "parse_recipe",
     "resolve",
 ]
 __version__ = "0.1.0"
+
+#: the public names of the recipe engine, imported on first use (``k3deploy --help`` and the commands that need no
+#: recipe start without pydantic and the recipe's schema)
+_LAZY = {"NodePlan": "k3deploy.recipe.plan", "Plan": "k3deploy.recipe.plan", "resolve": "k3deploy.recipe.resolve",
+         "Recipe": "k3deploy.recipe.schema", "load_recipe": "k3deploy.recipe.schema",
+         "parse_recipe": "k3deploy.recipe.schema"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'k3deploy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
