@@ -45,38 +45,45 @@ def is_flag(token: str) -> bool:
 
 
 @cache
-def _wanted(names: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(_norm(n) for n in names)
+def _index(flags: tuple[tuple[str, ...], ...]) -> dict[str, int]:
+    want: dict[str, int] = {}
+    for k, names in enumerate(flags):
+        for name in names:
+            want.setdefault(_norm(name), k)
+    return want
 
 
-def _last_named(argv: Sequence[str], wanted: frozenset[str]) -> int:
-    """The index of the last token that names one of the flags ``wanted`` (``_norm(token) in wanted``), -1 if none.
+def last_flags(argv: Sequence[str], *flags: tuple[str, ...]) -> list[int]:
+    """For each flag (its names, as a tuple), the index of its last occurrence in ``argv`` (-1 if absent): several
+    flags read in one pass over the argv, from the end (it stops once each is found).
 
-    A token is normalised only when it could name a flag other than as spelt (it starts with ``-`` and holds ``=``
-    or ``_``); any other token names a wanted flag only by being one of the names (a wanted name holds neither).
-
-    >>> _last_named(["vllm", "--port", "1", "--port", "2"], frozenset({"--port"}))
-    3
-    >>> _last_named(["vllm", "--max_model_len", "8", "--port=2"], frozenset({"--max-model-len", "--port"}))
-    3
-    >>> _last_named(["vllm", "--max_model_len", "8"], frozenset({"--max-model-len"}))
-    1
-    >>> _last_named(["x", "a_b", "-1"], frozenset({"-p"}))
-    -1
+    >>> last_flags(["vllm", "serve", "m", "-tp", "4", "--port=1", "--tensor_parallel_size", "8"],
+    ...            ("--port",), ("--tensor-parallel-size", "-tp"), ("--headless",))
+    [5, 6, -1]
     """
+    want = _index(flags)
+    found = [-1] * len(flags)
+    left = len(flags)
     for i in range(len(argv) - 1, -1, -1):
         tok = argv[i]
-        if tok in wanted or (("=" in tok or "_" in tok) and tok[:1] == "-" and _norm(tok) in wanted):
-            return i
-    return -1
+        k = want.get(tok)
+        if k is None:
+            # normalised only when it could name a flag other than as spelt (a name holds no "=" and no "_")
+            if not ("=" in tok or "_" in tok) or tok[:1] != "-":
+                continue
+            k = want.get(_norm(tok))
+            if k is None:
+                continue
+        if found[k] < 0:
+            found[k] = i
+            left -= 1
+            if not left:
+                break
+    return found
 
 
-def flag_values(argv: Sequence[str], *names: str) -> list[str] | None:
-    """The values of the last occurrence of a flag (any of ``names``), or None when it is absent.
-
-    A token that is a flag is never another flag's value, so the last occurrence is the last matching token.
-    """
-    i = _last_named(argv, _wanted(names))
+def values_at(argv: Sequence[str], i: int) -> list[str] | None:
+    """The values of the flag at index ``i`` of ``argv`` (None for -1: absent)."""
     if i < 0:
         return None
     tok = argv[i]
@@ -90,6 +97,21 @@ def flag_values(argv: Sequence[str], *names: str) -> list[str] | None:
     return values
 
 
+def int_at(argv: Sequence[str], i: int, default: int | None = None) -> int | None:
+    """The integer value of the flag at index ``i`` (see :func:`int_value`)."""
+    values = values_at(argv, i)
+    value = values[0] if values else None
+    return int(value) if value is not None and value.lstrip("-").isdigit() else default
+
+
+def flag_values(argv: Sequence[str], *names: str) -> list[str] | None:
+    """The values of the last occurrence of a flag (any of ``names``), or None when it is absent.
+
+    A token that is a flag is never another flag's value, so the last occurrence is the last matching token.
+    """
+    return values_at(argv, last_flags(argv, names)[0])
+
+
 def flag_value(argv: Sequence[str], *names: str) -> str | None:
     """The value of the last occurrence of a flag (its first word), or None when it is absent or bare."""
     values = flag_values(argv, *names)
@@ -98,15 +120,15 @@ def flag_value(argv: Sequence[str], *names: str) -> str | None:
 
 def int_value(argv: Sequence[str], *names: str, default: int | None = None) -> int | None:
     """An integer flag value; ``default`` when the flag is absent or its value is not an integer."""
-    value = flag_value(argv, *names)
-    return int(value) if value is not None and value.lstrip("-").isdigit() else default
+    return int_at(argv, last_flags(argv, names)[0], default)
 
 
 def has_flag(argv: Sequence[str], name: str) -> bool:
     """A boolean flag's effective state: its last ``--x`` / ``--no-x`` occurrence (argparse
     ``BooleanOptionalAction``); False when neither is given."""
     positive = _norm(name)
-    return _last_named(argv, _wanted((positive,))) > _last_named(argv, _wanted(("--no-" + positive[2:],)))
+    on, off = last_flags(argv, (positive,), ("--no-" + positive[2:],))
+    return on > off
 
 
 def served_model_name(argv: Sequence[str], model: str) -> str:
