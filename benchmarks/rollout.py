@@ -23,7 +23,7 @@ process) <= 25 ms for a first rollout, the re-run's no more than the first rollo
 simulated node shares this machine's CPUs, so what each node does itself (sshd, its shell, the simulated tools) grows
 with N here, where real nodes run in parallel: the wall time of a run is at least (control CPU + nodes' CPU) / cores.
 
-Run as root: python benchmarks/rollout.py [--runs multi_node_tp:2 ... multi_node_dep:72] [--json]
+Run as root: python benchmarks/rollout.py [--runs multi_node_tp:2 ... multi_node_dep:72] [--prefix b] [--json]
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def figures(run: dict, engine: float, n: int) -> dict:
             "ops_per_node": round(run["changed_ops"] / n, 1)}
 
 
-def measure(n: int, strategy: str) -> dict:
-    name = f"b{strategy.split('_')[-1]}{n}"
+def measure(n: int, strategy: str, prefix: str = "b") -> dict:
+    name = f"{prefix}{strategy.split('_')[-1]}{n}"
     sim_down(name)
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
                          "--strategy", strategy))
@@ -155,8 +155,9 @@ def main() -> None:
                     default=["multi_node_tp:2", "multi_node_tp:8", "multi_node_tp:18", "multi_node_dep:18",
                              "multi_node_dep:36", "multi_node_dep:72"])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--prefix", default="b", help="the simulated clusters' names start with it (b: btp2, bdep18, ...)")
     args = ap.parse_args()
-    rows = [measure(int(n), strategy) for strategy, n in (r.split(":") for r in args.runs)]
+    rows = [measure(int(n), strategy, args.prefix) for strategy, n in (r.split(":") for r in args.runs)]
     per_added_tray(rows)
     if args.json:
         print(json.dumps(rows, indent=2))

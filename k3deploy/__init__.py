@@ -67,7 +67,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
     runtime/slo.py (the SLO gate run: the probe load, the canary against a replica on the previous revision,
     going back to a recorded revision),
-    runtime/phases.py (the phases of deploy/k3.py), runtime/oporder.py (pyinfra's operation order, read cheaply),
+    runtime/phases.py (the phases of deploy/k3.py), runtime/pyinfra_internals.py (all that touches pyinfra's internals),
     runtime/lock.py (the deployment lock: one run at a time changes a cluster; a lease its holder renews),
     runtime/interrupts.py (a run stopped by SIGINT, SIGTERM or SIGHUP: each group's state, the lock given back, a
     non-zero exit), runtime/launchers.py (what starts the groups: systemd units or, with k3_launcher: slurm, one
@@ -105,13 +105,33 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from k3deploy.errors import K3Error, RecipeError, SelectionError
-from k3deploy.recipe.plan import NodePlan, Plan
-from k3deploy.recipe.resolve import resolve
-from k3deploy.recipe.schema import Recipe, load_recipe, parse_recipe
+
+if TYPE_CHECKING:
+    from k3deploy.recipe.plan import NodePlan, Plan
+    from k3deploy.recipe.resolve import resolve
+    from k3deploy.recipe.schema import Recipe, load_recipe, parse_recipe
 
 __all__ = [
     "K3Error", "NodePlan", "Plan", "Recipe", "RecipeError", "SelectionError", "load_recipe", "parse_recipe",
     "resolve",
 ]
 __version__ = "0.1.0"
+
+#: the public names of the recipe engine, imported on first use (``k3deploy --help`` and the commands that need no
+#: recipe start without pydantic and the recipe's schema)
+_LAZY = {"NodePlan": "k3deploy.recipe.plan", "Plan": "k3deploy.recipe.plan", "resolve": "k3deploy.recipe.resolve",
+         "Recipe": "k3deploy.recipe.schema", "load_recipe": "k3deploy.recipe.schema",
+         "parse_recipe": "k3deploy.recipe.schema"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'k3deploy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

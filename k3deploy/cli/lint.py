@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from k3deploy.cli.common import echo_json, json_option, recipe_option
 from k3deploy.errors import K3Error
-from k3deploy.recipe.lint import LintReport
+
+if TYPE_CHECKING:
+    from k3deploy.recipe.lint import LintReport
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

@@ -8,10 +8,10 @@ import click
 
 from k3deploy.cli.common import echo_json, json_option, selection_kwargs, selection_options
 from k3deploy.recipe.argv import flag_value
-from k3deploy.recipe.plan import NodePlan, Plan
 
 if TYPE_CHECKING:
     from k3deploy.model.rollout import UnitWork
+    from k3deploy.recipe.plan import NodePlan, Plan
 
 
 @click.command()

@@ -9,6 +9,21 @@ parser does; :mod:`printing` prints commands the way the recipes site does.
 
 from __future__ import annotations
 
-from k3deploy.recipe.schema import Recipe, load_recipe, parse_recipe
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from k3deploy.recipe.schema import Recipe, load_recipe, parse_recipe
 
 __all__ = ["Recipe", "load_recipe", "parse_recipe"]
+
+
+def __getattr__(name: str) -> Any:
+    """The schema's names, imported on first use: a module of the engine that needs no recipe (:mod:`argv`,
+    :mod:`taxonomy`) is imported without pydantic and the schema."""
+    if name not in __all__:
+        raise AttributeError(f"module 'k3deploy.recipe' has no attribute {name!r}")
+    from k3deploy.recipe import schema
+
+    value = getattr(schema, name)
+    globals()[name] = value
+    return value

@@ -15,7 +15,7 @@ from math import ceil
 from typing import Any
 
 from k3deploy.errors import SelectionError
-from k3deploy.recipe.argv import int_value
+from k3deploy.recipe.argv import has_flag, int_at, int_value, last_flags
 from k3deploy.recipe.images import resolve_image
 from k3deploy.recipe.offering import (
     did_you_mean,
@@ -146,19 +146,23 @@ def resolve(
 
     syn = synthesize(recipe, variant=variant, strategy=strat, hw=hw, features=chosen, nodes=nodes,
                      advanced_args=extra, frontend=frontend)
+    read = [last_flags(argv, PORT, TP) for argv in syn.argvs]   # one pass over each argv
     plan_nodes = [
-        NodePlan(role="head" if r == 0 else "worker", rank=r, argv=argv, env=dict(syn.env), port=_port(argv, 8000))
+        NodePlan(role="head" if r == 0 else "worker", rank=r, argv=argv, env=dict(syn.env),
+                 port=int_at(argv, read[r][0], 8000) or 8000)
         for r, argv in enumerate(syn.argvs)
     ]
-    warnings += size_notes(recipe, plan_nodes)
+    warnings += size_notes(recipe, plan_nodes, [int_at(argv, at, 1) or 1 for argv, (_, at) in zip(syn.argvs, read,
+                                                                                                   strict=True)])
     return Plan(recipe=recipe.slug, model=syn.model_id, hardware=hw.id, strategy=strategy, variant=variant,
                 features=applied, image=img, vendor=hw.vendor, nodes=plan_nodes, warnings=warnings)
 
 
-def size_notes(recipe: Recipe, nodes: list[NodePlan]) -> list[str]:
+def size_notes(recipe: Recipe, nodes: list[NodePlan], tps: list[int] | None = None) -> list[str]:
     """A tensor-parallel size that is not a power of two (12 from 3 trays of 4 GPUs) is unusual for a model: whether
     the dimensions the recipe gives divide by it (routed experts over the expert-parallel ranks), and the one it
     does not give (attention heads: vLLM refuses a TP size that does not divide ``num_attention_heads``).
+    ``tps``: each node's tensor-parallel size where the caller has read it already.
 
     >>> from k3deploy import load_recipe
     >>> (note,) = size_notes(load_recipe(), [NodePlan(role="head", rank=0, argv=["vllm", "serve", "m",
@@ -168,20 +172,16 @@ def size_notes(recipe: Recipe, nodes: list[NodePlan]) -> list[str]:
     >>> "do not divide (74.67 each" in note and "divides num_attention_heads" in note
     True
     """
-    import re
-
-    from k3deploy.recipe.argv import has_flag
-
-    extra = recipe.model.model_extra or {}
-    m = re.search(r"of (\d+) routed", str(extra.get("active_parameters", "")))
-    experts = int(m.group(1)) if m else None
     out: list[str] = []
-    for node in nodes:
-        tp = int_value(node.argv, "--tensor-parallel-size", "-tp", default=1) or 1
+    for i, node in enumerate(nodes):
+        if node.role == "router":
+            continue
+        tp = tps[i] if tps is not None else int_value(node.argv, *TP, default=1) or 1
+        if tp & (tp - 1) == 0:   # a power of two: nothing to say (most plans: the rest is read only for a note)
+            continue
         dp = int_value(node.argv, "--data-parallel-size", "-dp", default=1) or 1
         ep = has_flag(node.argv, "--enable-expert-parallel")
-        if node.role == "router" or tp & (tp - 1) == 0:
-            continue
+        experts = _routed_experts(recipe)
         parts = []
         if experts is not None and ep:
             ranks = tp * dp
@@ -198,6 +198,16 @@ def size_notes(recipe: Recipe, nodes: list[NodePlan]) -> list[str]:
         if line not in out:
             out.append(line)
     return out
+
+
+def _routed_experts(recipe: Recipe) -> int | None:
+    """The routed experts of the recipe's model (from its ``active_parameters``: "... of 896 routed ..."), if it
+    says."""
+    import re
+
+    extra = recipe.model.model_extra or {}
+    m = re.search(r"of (\d+) routed", str(extra.get("active_parameters", "")))
+    return int(m.group(1)) if m else None
 
 
 def scale_warnings(strat: Strategy, hw: HardwareProfile, groups: dict[str, int]) -> list[str]:
@@ -221,9 +231,14 @@ def scale_warnings(strat: Strategy, hw: HardwareProfile, groups: dict[str, int])
     return out
 
 
+#: the flags a resolve reads back from each node's argv
+PORT = ("--port",)
+TP = ("--tensor-parallel-size", "-tp")
+
+
 def _port(argv: list[str], default: int) -> int:
     """The API port a node serves on: its last ``--port`` (as vLLM's parser reads it), else ``default``."""
-    return int_value(argv, "--port", default=default) or default
+    return int_value(argv, *PORT, default=default) or default
 
 
 def _resolve_pd(recipe: Recipe, variant: str, strat: Strategy, hw: HardwareProfile, chosen: list[str],

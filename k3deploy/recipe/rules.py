@@ -93,29 +93,21 @@ def dedupe_args(args: Iterable[str]) -> list[str]:
     ['--b', '--a', '2']
     """
     items = [a for a in args if a]
-    n = len(items)
-    # units: (start, end, flag key or None for a positional); last: the index of the last unit of each flag
-    units: list[tuple[int, int, str | None]] = []
-    last: dict[str, int] = {}
-    flags = 0
-    i = 0
-    while i < n:
-        a = items[i]
-        if a[0] == "-":
-            end = i + 2 if i + 1 < n and items[i + 1][0] != "-" else i + 1
-            last[a] = len(units)
-            units.append((i, end, a))
-            flags += 1
-            i = end
-        else:
-            units.append((i, i + 1, None))
-            i += 1
-    if flags == len(last):  # no flag twice: nothing to drop
+    flags = [i for i, a in enumerate(items) if a[0] == "-"]
+    last = {items[i]: i for i in flags}  # each flag's last occurrence
+    if len(last) == len(flags):  # no flag twice: nothing to drop
         return items
     out: list[str] = []
-    for idx, (start, end, key) in enumerate(units):
-        if key is None or last[key] == idx:
-            out.extend(items[start:end])
+    after: bool | None = None  # after a flag: whether it was dropped (its value goes with it); else None
+    for i, a in enumerate(items):
+        if a[0] == "-":
+            after = last[a] != i
+            if not after:
+                out.append(a)
+        else:
+            if after is not True:  # a kept flag's value, or a positional
+                out.append(a)
+            after = None
     return out
 
 

@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,30 +31,28 @@ from k3deploy.errors import K3Error
 from k3deploy.model.inventory import host_variables, records_of, with_roles
 from k3deploy.model.pipeline import Target, target
 from k3deploy.model.variables import Resolved
-
-#: pyinfra's run configuration, made as the ``pyinfra`` command line makes it (its defaults)
-_new_config: Callable[[], Config] = Config
+from k3deploy.runtime.pyinfra_internals import (
+    after_cli_inventory,
+    lost_connection_fails_host,
+    make_cli_inventory,
+    ssh_transport,
+)
 
 # ------------------------------------------------------------------------------------- inventory
 
 
 def _made(spec: str) -> tuple[State, Inventory, Config]:
     """The inventory of a file, a host list or a connector (``@local``), made as the ``pyinfra`` command line makes
-    it (its ``group_data`` included); the state is not initialised yet (its hosts have no connector yet)."""
-    from pyinfra_cli.inventory import make_inventory
-
+    it (its ``group_data`` included: :func:`make_cli_inventory`); the state is not initialised yet (its hosts have no
+    connector yet)."""
     if not ("@" in spec or "," in spec or Path(spec).exists()):
         raise K3Error(f"inventory {spec!r} not found: pass an inventory file (inventories/x.py), a host list "
                       "or @local")
     cwd = str(Path.cwd())
     if cwd not in sys.path:  # inventory files may import modules next to them, as with the pyinfra CLI
         sys.path.append(cwd)
-    state = State()
-    state.cwd = cwd
-    config = _new_config()
     try:
-        with ctx_state.use(state), ctx_config.use(config):
-            inventory = make_inventory(spec, cwd=cwd)
+        state, inventory, config = make_cli_inventory(spec, cwd)
     except Exception as exc:  # the inventory file is user code
         raise _unloadable(spec, exc) from None
     if len(inventory) == 0:
@@ -149,24 +147,16 @@ def give_pyinfra_group_vars() -> None:
     (:func:`give_group_vars`) as it loads the inventory, before it connects: ``config.py`` calls this (pyinfra runs
     it before it loads the inventory; pyinfra itself reads only ``group_data/*.py``). A group_vars file that cannot
     be read ends the run there, in one line, exit 2. Idempotent."""
-    import pyinfra_cli.cli as pyinfra_cli
     from pyinfra import logger
 
-    made: Callable[..., Inventory] = pyinfra_cli.make_inventory
-    if getattr(made, "_k3_group_vars", False):
-        return
-
-    def make_inventory(spec: str, *args: Any, **kwargs: Any) -> Inventory:
-        inventory = made(spec, *args, **kwargs)
+    def hook(inventory: Inventory, spec: str) -> None:
         try:
             give_group_vars(inventory, spec)
         except K3Error as exc:
             logger.error(f"--> k3deploy: {exc}; nothing was changed")
             raise SystemExit(exc.exit_code) from None
-        return inventory
 
-    setattr(make_inventory, "_k3_group_vars", True)  # noqa: B010
-    setattr(pyinfra_cli, "make_inventory", make_inventory)  # noqa: B010 (the command line's inventory loader)
+    after_cli_inventory(hook)
 
 
 # ------------------------------------------------------------------------------------ connections
@@ -212,8 +202,7 @@ def bound_silence(host: Any, seconds: int) -> bool:
     False when the host has no SSH connection (``@local``, ``@fake``)."""
     import socket
 
-    client = getattr(getattr(host, "connector", None), "client", None)
-    transport = client.get_transport() if client is not None else None
+    transport = ssh_transport(host)
     sock: Any = getattr(transport, "sock", None)
     if transport is None or not hasattr(sock, "setsockopt"):
         return False
@@ -235,7 +224,7 @@ def bound_silence(host: Any, seconds: int) -> bool:
     # through a 30 s rollout, 1.8 ms per tray at once a second); a keepalive sent up to half its interval late is as
     # good (a close from this side, or a socket the kernel shut for TCP_USER_TIMEOUT, wakes it at once)
     sock.settimeout(wake_every(keepalive))
-    _lost_is_failure(host)
+    lost_connection_fails_host(host)
     return True
 
 
@@ -253,28 +242,6 @@ def wake_every(keepalive: int) -> float:
     """
     return max(1.0, min(WAKE_EVERY, keepalive / 2))
 
-
-
-def _lost_is_failure(host: Any) -> None:
-    """A connection that dies under a command fails that host, not the run: paramiko raises ``EOFError`` (or its
-    own ``SSHException``) when the transport is gone, and pyinfra aborts the whole run on an ``EOFError``; here
-    it becomes the ``OSError`` pyinfra reports as that host's failure."""
-    connector = host.connector
-    if getattr(connector, "_k3_guarded", False):
-        return
-
-    def guard(method: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return method(*args, **kwargs)
-            except EOFError as exc:
-                raise OSError(f"the SSH connection to {host.name} was lost (no answer within k3_link_timeout): "
-                              f"{type(exc).__name__}") from exc
-        return call
-
-    for name in ("run_shell_command", "put_file", "get_file"):
-        setattr(connector, name, guard(getattr(connector, name)))
-    connector._k3_guarded = True
 
 
 def disconnect(hosts: list[Any]) -> None:

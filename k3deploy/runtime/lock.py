@@ -54,6 +54,7 @@ from typing import Any
 from k3deploy.errors import K3Error
 from k3deploy.facts.parallel import each_host
 from k3deploy.model import commands
+from k3deploy.runtime.pyinfra_internals import before_disconnect
 
 
 class LockHeld(K3Error):
@@ -307,17 +308,11 @@ class Lock:
                        f"nothing was changed")
 
     def _before_disconnect(self, h: Any) -> None:
-        connector: Any = getattr(h, "connector", None)
-        close = getattr(connector, "disconnect", None)
-        if close is None:
-            return
-
-        def disconnect(*args: Any, **kwargs: Any) -> Any:
+        def release() -> None:
             if h.name in self.taken:
                 self.release_on(h)
-            return close(*args, **kwargs)
 
-        connector.disconnect = disconnect
+        before_disconnect(h, release)
 
     def release_text(self, name: str) -> str:
         """The command that gives the lock back on host ``name``, for a run's last operation there to end with (see

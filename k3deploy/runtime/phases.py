@@ -47,7 +47,7 @@ from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
-from k3deploy.runtime import interrupts, oporder
+from k3deploy.runtime import interrupts, pyinfra_internals
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.decide import Decided, changed_files, decide
@@ -71,7 +71,7 @@ from k3deploy.runtime.operations import (
 from k3deploy.runtime.readiness import Failure, wait_group
 from k3deploy.runtime.slo import Outcome
 
-oporder.install()  # pyinfra's op identities, without reading every frame's source (see the module)
+pyinfra_internals.install()  # pyinfra's op identities, without reading every frame's source (see the module)
 _lock = gevent.lock.RLock()
 #: each pyinfra run's context (:func:`context`), built by the first host that asks
 _contexts: weakref.WeakKeyDictionary[State, RunContext] = weakref.WeakKeyDictionary()
@@ -349,7 +349,7 @@ def context() -> RunContext:
     with _lock:
         if state not in _contexts:
             _contexts[state] = _build(state)
-            oporder.settle_heap()
+            pyinfra_internals.settle_heap()
         return _contexts[state]
 
 

@@ -22,6 +22,7 @@ from pyinfra import logger
 from k3deploy.model import commands
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.recipe.argv import served_model_name
+from k3deploy.runtime.pyinfra_internals import ssh_transport
 
 PROBE_MARK = "K3_PROBE="
 
@@ -99,8 +100,7 @@ def run(hosts: Mapping[str, Any], name: str, script: str, timeout: float | None 
 
 def _connected(h: Any) -> bool:
     """The host's SSH transport is still up (True where it has none to look at: ``@local``, a test's host)."""
-    client = getattr(getattr(h, "connector", None), "client", None)
-    transport = client.get_transport() if client is not None else None
+    transport = ssh_transport(h)
     return transport is None or bool(transport.is_active())
 
 
