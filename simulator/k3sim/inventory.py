@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.errors import K3Error
-from k3deploy.sim.host import write_atomic
+from k3sim.host import write_atomic
 
 
 def parse_layout(layout: str | None, nodes: int) -> dict[str, int] | None:
