@@ -33,6 +33,7 @@ from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
 
 from k3deploy.errors import K3Error
+from k3deploy.facts.batch import scripted
 from k3deploy.model import commands, steps, vip
 from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
@@ -72,7 +73,7 @@ from k3deploy.runtime.slo import Outcome
 oporder.install()  # pyinfra's op identities, without reading every frame's source (see the module)
 _lock = gevent.lock.RLock()
 #: variables that belong to one host or one run, not to what a group runs
-PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
+PER_HOST = frozenset({"k3_ip", "k3_rollback", "k3_replica"})
 _contexts: dict[int, Context] = {}
 T = TypeVar("T")
 
@@ -330,7 +331,7 @@ def _take_lock(state: Any, spec: str | None, target: Target, holder: list[Lock])
     (:mod:`k3deploy.runtime.lock`) on the first host; on the others the command that reads them takes it first
     (:func:`~k3deploy.runtime.gather.gather_in_run`). ``--dry`` takes none and names a held one."""
     # pyinfra's @fake hosts (tests of the deploy's own logic) answer scripted facts only: nothing there to lock
-    hosts = {h.name: h for h in state.inventory if h.connected and type(h.connector).__name__ != "FakeConnector"}
+    hosts = {h.name: h for h in state.inventory if h.connected and not scripted(h)}
     dirs = {n: target.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
         return None

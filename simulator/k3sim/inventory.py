@@ -39,7 +39,7 @@ def write_inventory(state: dict[str, Any]) -> None:
     }
 
     def host(rec: dict[str, Any], replica: int | None = None, ranked: bool = True) -> str:
-        data = {"ssh_hostname": rec["ip"], "rank": rec["rank"], "k3_ip": rec["ip"], "k3_sim": state["name"]}
+        data = {"ssh_hostname": rec["ip"], "rank": rec["rank"], "k3_ip": rec["ip"], "sim_cluster": state["name"]}
         if not ranked:
             del data["rank"]
         if replica is not None:
