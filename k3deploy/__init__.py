@@ -88,7 +88,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
     that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
     systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/__main__.py (``python -m
-    k3deploy.cli``), cli/common.py (options defined once and composed).
+    k3deploy.cli``), cli/deploy.py (``k3deploy deploy``: the deploy from any directory, data/deploy/ the files it
+    runs), cli/common.py (options defined once and composed).
 """
 
 from __future__ import annotations

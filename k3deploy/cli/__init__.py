@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "resolve": "k3deploy.cli.resolve:resolve",
     "options": "k3deploy.cli.options:options",
     "preflight": "k3deploy.cli.preflight:preflight",
+    "deploy": "k3deploy.cli.deploy:deploy",
     "lint": "k3deploy.cli.lint:lint",
     "plan": "k3deploy.cli.plan:plan", "runbook": "k3deploy.cli.runbook:runbook",
     "vars": "k3deploy.cli.vars:vars_cmd", "history": "k3deploy.cli.history:history",

@@ -33,6 +33,8 @@ LAYER_OF = {
     "k3deploy.preflight": "preflight",
     "k3deploy.runtime": "runtime",
     "k3deploy.cli": "cli",
+    "k3deploy.data.deploy.k3": "cli",  # the deploy file and its pyinfra configuration, as `k3deploy deploy` runs them
+    "k3deploy.data.deploy.config": "cli",
 }
 
 #: the layers that never load pyinfra, pyinfra_cli, gevent or paramiko (and what they never import)
