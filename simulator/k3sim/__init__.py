@@ -7,6 +7,10 @@ vendor tools, ``docker`` and the inference engine inside the nodes are simulatio
 (``simulator/k3sim/node_tools``) driven by ``/etc/k3sim/node.json``. Beyond the nodes, one simulated outside (the
 container registries and the model hub, behind a shaped uplink) serves real bytes and counts them.
 
+A package of its own (``simulator/pyproject.toml``), outside k3deploy's wheel: it uses k3deploy (the recipe, the
+vendor packs, the facts' commands), k3deploy never imports it, and its ``k3deploy sim`` commands reach the command
+line through the entry point group ``k3deploy.commands``.
+
 Modules:
 
 - :mod:`k3sim.cluster`: the lifecycle and the public API: brings clusters up and down, status,
