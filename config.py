@@ -1,5 +1,6 @@
 """pyinfra runs this file from the working directory before it loads the inventory and connects to any host
-(``pyinfra INVENTORY deploy/k3.py``, run from here): each host gets the connection settings (``ssh_user``,
+(``pyinfra INVENTORY deploy/k3.py``, run from here; from anywhere, ``k3deploy deploy INVENTORY`` runs this file,
+which the package ships as ``k3deploy/data/deploy/config.py``): each host gets the connection settings (``ssh_user``,
 ``ssh_key``, ...) of the group_vars files that apply to it, wherever the inventory lives (see
 :func:`k3deploy.runtime.connections.give_pyinfra_group_vars`), the deploy's SSH connections offer AES-GCM first
 (see :func:`k3deploy.runtime.connections.prefer_aead_ciphers`), and an interruption from here on ends the run with a

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rollout import PYINFRA, ROOT, k3, sim_down  # noqa: E402
 
-from k3deploy.sim.processes import node_cgroups  # noqa: E402
+from k3sim.processes import node_cgroups  # noqa: E402
 
 NAME = "bcost"
 

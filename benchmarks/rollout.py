@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from k3deploy.sim.processes import cluster_cgroups
+from k3sim.processes import cluster_cgroups
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

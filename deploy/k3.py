@@ -3,6 +3,7 @@
     pyinfra inventories/gb300.py deploy/k3.py -y          # roll out
     pyinfra inventories/gb300.py deploy/k3.py --dry --diff # review first
     pyinfra inventories/gb300.py deploy/k3.py -y --data k3_rollback=true
+    k3deploy deploy inventories/gb300.py -y               # the same, from any directory (the package ships this file)
 
 The selection and every knob come from group_vars/*.yml and the inventory (docs/variables.md).
 """

@@ -88,19 +88,14 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     (expert parallelism across nodes: each RDMA port reaches each peer port), preflight/across.py (the checks
     across hosts: the router's command, the image's digest, the packs' cluster-wide probes, the RDMA reach round).
 
-``sim/`` -- the simulated cluster (see its own module map)
-    sim/cluster.py (lifecycle), sim/state.py, sim/processes.py, sim/network.py, sim/rootfs.py, sim/inventory.py,
-    sim/host.py, sim/base.py (the cached base root), sim/profiles.py, sim/faults.py, sim/outside.py (the simulated
-    registries and hub), sim/router.py (the real vllm-router the router hosts run), sim/slurm.py (a real Slurm in a
-    cluster, sim up --slurm); sim/node_tools (the tools inside the nodes).
-
 ``cli/`` -- the ``k3deploy`` commands
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
     cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
     that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
     systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/__main__.py (``python -m
-    k3deploy.cli``), cli/sim.py, cli/common.py (options defined once and composed).
+    k3deploy.cli``), cli/deploy.py (``k3deploy deploy``: the deploy from any directory, data/deploy/ the files it
+    runs), cli/common.py (options defined once and composed).
 """
 
 from __future__ import annotations

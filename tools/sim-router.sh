@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=${PYTHON:-python3}
-exec "$PY" -m k3deploy.sim.router "$@"
+exec "$PY" -m k3sim.router "$@"

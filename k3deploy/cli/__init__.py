@@ -1,27 +1,38 @@
 """The ``k3deploy`` command line.
 
-Sub-commands are imported lazily so that ``k3deploy resolve`` stays fast: pyinfra, rich and the simulation
-are only imported by the commands that need them, and gevent only by a command line that may reach hosts
-(:func:`reaches_hosts`). To add a command, add one line to ``COMMANDS`` (and to ``OFFLINE`` if it never reaches a
-host).
+Sub-commands are imported lazily so that ``k3deploy resolve`` stays fast: pyinfra and rich are only imported by the
+commands that need them, and gevent only by a command line that may reach hosts (:func:`reaches_hosts`). To add a
+command, add one line to ``COMMANDS`` (and to ``OFFLINE`` if it never reaches a host).
+
+Another installed package adds commands through the entry point group ``k3deploy.commands`` (name -> a click
+command), read only for a name that is not one of ``COMMANDS`` and for the list in ``--help``; the simulated
+cluster's ``k3deploy sim`` comes so (``simulator/pyproject.toml``). A plugin's name never hides a built-in command::
+
+    >>> sorted(set(COMMANDS) - set(cli.list_commands(click.Context(cli))))
+    []
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 
 from k3deploy.errors import K3Error
 
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+#: the entry point group through which other installed packages add commands
+PLUGINS = "k3deploy.commands"
 #: command name -> "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
     "resolve": "k3deploy.cli.resolve:resolve",
     "options": "k3deploy.cli.options:options",
     "preflight": "k3deploy.cli.preflight:preflight",
-    "sim": "k3deploy.cli.sim:sim_group",
+    "deploy": "k3deploy.cli.deploy:deploy",
     "lint": "k3deploy.cli.lint:lint",
     "plan": "k3deploy.cli.plan:plan", "runbook": "k3deploy.cli.runbook:runbook",
     "vars": "k3deploy.cli.vars:vars_cmd", "history": "k3deploy.cli.history:history",
@@ -59,14 +70,23 @@ def reaches_hosts(args: list[str]) -> bool:
     return any(arg == "--inventory" or arg.startswith("--inventory=") for arg in args)
 
 
+def plugins() -> dict[str, EntryPoint]:
+    """The commands other installed packages add (entry point group :data:`PLUGINS`), by name; the built-in
+    ``COMMANDS`` keep their names (read here, not at import: the built-in commands start without it)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=PLUGINS) if ep.name not in COMMANDS}
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted({*COMMANDS, *plugins()})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
         if target is None:
-            return None
+            plugin = plugins().get(name)
+            return None if plugin is None else cast(click.Command, plugin.load())
         module, _, attr = target.partition(":")
         return cast(click.Command, getattr(importlib.import_module(module), attr))
 

@@ -95,12 +95,19 @@ def value(cls: type[FactBase[Any]], lines: list[str] | None) -> Any:
     return cls().process(lines)
 
 
+def scripted(host: Any) -> bool:
+    """Whether ``host`` answers each command from a table of scripted outputs instead of running it in a shell
+    (pyinfra's ``@fake`` connector, the tests' scripted hosts): it is read one fact at a time, and holds no lock. The
+    one place the product names a connector."""
+    return isinstance(host.connector, FakeConnector)
+
+
 def read_batch(state: Any, host: Any, items: Sequence[Spec]) -> dict[str, Any]:
     """The value of each fact in ``items`` on ``host``, by name: one command for the lot (one round trip), or one
     command per fact on an ``@fake`` host. Connection errors propagate, as from ``get_fact``."""
     if not items:
         return {}
-    if isinstance(host.connector, FakeConnector):
+    if scripted(host):
         return {name: get_fact(state, host, cls, kwargs=kwargs, apply_failed_hosts=False)
                 for name, cls, kwargs in items}
     raw = get_fact(state, host, Batch, kwargs={"specs": specs(items)}, apply_failed_hosts=False) or {}

@@ -400,8 +400,6 @@ class Variables(BaseModel):
     k3_ip: str | None = Field(None, description=(
         "Per host: its address on the cluster network (fills `$HEAD_IP`, `$PREFILL_NODE_n`, ...); default: "
         "`ssh_hostname`."))
-    k3_sim: str | None = Field(None, description=(
-        "Per host, set by `k3deploy sim up`: the simulated cluster the host belongs to."))
     k3_rollback: bool | int = Field(False, description=(
         "Per run: `--data k3_rollback=true` goes back to each group's previous revision that served, "
         "`--data k3_rollback=N` to revision N (`k3deploy history`; also one that never served); the group restarts "

@@ -26,7 +26,7 @@ from k3deploy.runtime.gather import Gathered
 from k3deploy.runtime.launchers import Slurm, Systemd
 
 #: variables that belong to one host or one run, not to what a group runs
-PER_HOST = frozenset({"k3_ip", "k3_sim", "k3_rollback", "k3_replica"})
+PER_HOST = frozenset({"k3_ip", "k3_rollback", "k3_replica"})
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ difference is data of its pack or of the hardware profile (``taxonomy.yaml``), n
 Adding a vendor family: a package ``vendors/<family>/`` with its ``PACK`` (``__init__.py``) and its ``CHECKS``
 (``checks.py``: its facts type on top of :class:`k3deploy.preflight.base.HostFacts`, the facts it reads, its judges
 and probes), listed in :data:`PACKS` and in :data:`k3deploy.preflight.checks.VENDOR_CHECKS`; its facts
-(``facts/<family>.py``) and its simulated tools (``sim/node_tools``); docs/architecture.md lists the rest.
+(``facts/<family>.py``) and its simulated tools (``simulator/k3sim/node_tools``); docs/architecture.md lists the rest.
 
     >>> pack_for("NVIDIA").name, pack_for_container("npu").brand, pack_for_container("none")
     ('nvidia', 'Huawei', None)

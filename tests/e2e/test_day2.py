@@ -34,7 +34,7 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
     units = {u["host"]: u for g in st["groups"] for u in g["units"]}
     head, worker = (units[n["name"]] for n in sim.info["nodes"])
     assert head["verdict"] == "serving" and head["health"] == 200 and head["matches_plan"] is True
-    digest = json.loads((ROOT / "k3deploy/sim/node_tools/usr/lib/k3sim/registry.json").read_text())[
+    digest = json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())[
         "vllm/vllm-openai"]["kimi-k3"]["digest"]
     assert worker["verdict"] == "running" and worker["image"] == f"vllm/vllm-openai@{digest}"   # the tag's build
     text = k3("status", sim.inventory, check=False).stdout

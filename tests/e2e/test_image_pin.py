@@ -39,7 +39,7 @@ def plan_json(sim) -> tuple[int, dict]:
 
 
 def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout(sim_factory):
-    registry = json.loads((ROOT / "k3deploy/sim/node_tools/usr/lib/k3sim/registry.json").read_text())
+    registry = json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())
     first = registry[REPO]["kimi-k3"]["digest"]
     sim = sim_factory("pin", "h200", 2)
     sim.set_vars("k3_strategy: multi_node_tp\n")

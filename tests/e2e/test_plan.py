@@ -14,7 +14,7 @@ pytestmark = pytest.mark.sim
 
 FAKE_TOKEN = "hf_k3deployFAKEtoken0123456789abcdef"
 #: the build the simulated registry's vllm/vllm-openai:kimi-k3 names (the rollout pins the tag to it)
-KIMI_K3_DIGEST = json.loads((ROOT / "k3deploy/sim/node_tools/usr/lib/k3sim/registry.json").read_text())[
+KIMI_K3_DIGEST = json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())[
     "vllm/vllm-openai"]["kimi-k3"]["digest"]
 
 

@@ -152,7 +152,7 @@ def test_secrets_stay_in_0600_files(sim_factory, tmp_path):
 def test_pinned_digest_is_verified(sim_factory):
     import json as _json
 
-    registry = _json.loads((ROOT / "k3deploy/sim/node_tools/usr/lib/k3sim/registry.json").read_text())
+    registry = _json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())
     good = registry["vllm/vllm-openai"]["kimi-k3"]["digest"]
     sim = sim_factory("e5j", "b300", 1)
     sim.set_vars(f'k3_image: "@sha256:{"0" * 64}"\n')

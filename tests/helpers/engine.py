@@ -16,9 +16,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from k3deploy.sim import outside
-from k3deploy.sim.faults import parse_fault
-from k3deploy.sim.profiles import NODE_TOOLS, node_config
+from k3sim import outside
+from k3sim.faults import parse_fault
+from k3sim.profiles import NODE_TOOLS, node_config
 
 ENGINE = NODE_TOOLS / "usr/lib/k3sim/engine.py"
 DOCKER = NODE_TOOLS / "usr/bin/docker"

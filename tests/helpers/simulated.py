@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from helpers import K3DEPLOY, ROOT, k3
-from k3deploy.sim import cluster as sim
-from k3deploy.sim import processes
+from k3sim import cluster as sim
+from k3sim import processes
 
 
 def ssh(cluster: dict[str, Any], ip: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

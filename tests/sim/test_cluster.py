@@ -23,10 +23,10 @@ from helpers import BIN, k3, present
 from helpers.simulated import bring_up, leftovers, resources, ssh
 from k3deploy.errors import K3Error
 from k3deploy.runtime.connections import connect, disconnect, open_inventory
-from k3deploy.sim import base as sim_base
-from k3deploy.sim import cluster as sim
-from k3deploy.sim import processes
-from k3deploy.sim.state import state_dir
+from k3sim import base as sim_base
+from k3sim import cluster as sim
+from k3sim import processes
+from k3sim.state import state_dir
 
 
 def pyinfra_exec(inventory: str, command: str, *extra: str) -> tuple[int, dict[str, list[str]], str]:

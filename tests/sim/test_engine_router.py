@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from helpers.engine import ROUTER, Node, chat, free_port, healthy, http, wait_for
-from k3deploy.sim import router as sim_router
-from k3deploy.sim.host import SimError
+from k3sim import router as sim_router
+from k3sim.host import SimError
 
 MODEL = "moonshotai/Kimi-K3"
 NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'

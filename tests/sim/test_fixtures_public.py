@@ -28,7 +28,7 @@ def run(fact_cls, output: list[str], status: int = 0):
 
 def simulated(tool: str, args: list[str], tmp_path, hw: str, change=None) -> list[str]:
     """The simulated tool's stdout on rank 0 of a ``hw`` node (``change`` edits the node config first)."""
-    profiles = pytest.importorskip("k3deploy.sim.profiles")
+    profiles = pytest.importorskip("k3sim.profiles")
     config = profiles.node_config(hw, 0, 1, "node0", "10.77.0.11", [], 1.0, UUID)
     if change:
         change(config)

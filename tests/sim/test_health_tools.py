@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from helpers import FIXTURES
-from k3deploy.sim.faults import parse_fault
-from k3deploy.sim.profiles import NODE_TOOLS, node_config
+from k3sim.faults import parse_fault
+from k3sim.profiles import NODE_TOOLS, node_config
 
 UUID = "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
 

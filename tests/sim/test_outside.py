@@ -23,7 +23,7 @@ from helpers.engine import DOCKER, Node
 from helpers.engine import Outside as OutsideServer
 from helpers.simulated import ssh
 from k3deploy.model import commands
-from k3deploy.sim import outside
+from k3sim import outside
 
 MiB = 1 << 20
 REGISTRY = json.loads(outside.REGISTRY_JSON.read_text())
@@ -223,7 +223,7 @@ CLUSTER = "stgo"
 
 @pytest.fixture(scope="module")
 def stg():
-    from k3deploy.sim import cluster as sim
+    from k3sim import cluster as sim
 
     sim.down(CLUSTER)
     res = k3("sim", "up", "--hardware", "h200", "--nodes", "2", "--name", CLUSTER, "--json",

@@ -1,4 +1,4 @@
-"""The facts' real commands against the simulated vendor tools (k3deploy.sim node_tools), node by node,
+"""The facts' real commands against the simulated vendor tools (k3sim node_tools), node by node,
 without booting a cluster: a healthy cluster passes, and each injected fault fails the right node with
 the right check. Disk, /dev/shm, the address, IMEX channel devices and the Ascend files are node-level
 facts and are given here directly."""
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-sim_profiles = pytest.importorskip("k3deploy.sim.profiles")
+sim_profiles = pytest.importorskip("k3sim.profiles")
 from k3deploy.errors import K3Error  # noqa: E402
 from k3deploy.facts import nvidia  # noqa: E402
 from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
@@ -21,8 +21,8 @@ from k3deploy.model.requirements import Requirements  # noqa: E402
 from k3deploy.preflight.checks import run_checks, vendor_checks  # noqa: E402
 from k3deploy.preflight.runner import fact_plan  # noqa: E402
 from k3deploy.recipe.taxonomy import hardware  # noqa: E402
-from k3deploy.sim.faults import parse_fault  # noqa: E402
 from k3deploy.vendors.nvidia.checks import NvidiaFacts  # noqa: E402
+from k3sim.faults import parse_fault  # noqa: E402
 
 GIB = 1024**3
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"

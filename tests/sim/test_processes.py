@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from k3deploy.sim import processes
+from k3sim import processes
 
 
 def _tree(tmp_path: Path) -> Path:

@@ -15,8 +15,8 @@ import pytest
 from helpers import FIXTURES
 from k3deploy.errors import K3Error
 from k3deploy.facts.rdma import RdmaDevices, choose_ports
-from k3deploy.sim.faults import parse_fault
-from k3deploy.sim.profiles import NODE_TOOLS, node_config
+from k3sim.faults import parse_fault
+from k3sim.profiles import NODE_TOOLS, node_config
 
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
 LINE = re.compile(r"^\S+ port \d+ ==> \S+ \((Up|Down)\)$")

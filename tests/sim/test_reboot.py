@@ -11,8 +11,8 @@ import pytest
 
 from helpers import k3
 from helpers.simulated import bring_up, leftovers, resources, ssh
-from k3deploy.sim import cluster as sim
-from k3deploy.sim import processes
+from k3sim import cluster as sim
+from k3sim import processes
 
 NAME = "treboot"
 

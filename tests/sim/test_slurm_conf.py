@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3deploy.sim import base as sim_base
-from k3deploy.sim import slurm
-from k3deploy.sim.host import SimError
-from k3deploy.sim.inventory import write_inventory
+from k3sim import base as sim_base
+from k3sim import slurm
+from k3sim.host import SimError
+from k3sim.inventory import write_inventory
 
 NODES = [("sl9-node1", "10.9.0.11"), ("sl9-node2", "10.9.0.12"), ("sl9-node3", "10.9.0.13")]
 

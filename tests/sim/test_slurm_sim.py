@@ -13,9 +13,9 @@ import yaml
 
 from helpers import k3
 from helpers.simulated import leftovers, resources, ssh
-from k3deploy.sim import base as sim_base
-from k3deploy.sim import cluster as sim
-from k3deploy.sim import router as sim_router
+from k3sim import base as sim_base
+from k3sim import cluster as sim
+from k3sim import router as sim_router
 
 NAME = "slt"
 IMAGE = "vllm/vllm-openai:kimi-k3"

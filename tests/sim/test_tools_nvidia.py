@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.sim.faults import parse_fault
-from k3deploy.sim.profiles import NODE_TOOLS, excluded_paths, node_config
+from k3sim.faults import parse_fault
+from k3sim.profiles import NODE_TOOLS, excluded_paths, node_config
 
 UUID = "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
 QUERY = ["--query-gpu=driver_version,name,memory.total,count", "--format=csv,noheader"]

@@ -15,8 +15,8 @@ import yaml
 
 from helpers import present
 from k3deploy.errors import K3Error
-from k3deploy.sim.faults import FAULT_KINDS, Fault, check_ranks, parse_fault
-from k3deploy.sim.profiles import NODE_TOOLS, PROFILES, excluded_paths, install_node_tools, node_config
+from k3sim.faults import FAULT_KINDS, Fault, check_ranks, parse_fault
+from k3sim.profiles import NODE_TOOLS, PROFILES, excluded_paths, install_node_tools, node_config
 
 UUID = "8f7e1c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "kimi-k3.yaml"
@@ -193,7 +193,7 @@ def test_mount_missing_takes_the_path_off_the_node(tmp_path):
         assert (root / rel).exists()
         cfg = node_config("ascend_910c", 0, 1, "n", "ip", [parse_fault(f"0:mount-missing={path}")], 0.01, UUID)
         assert cfg["paths_missing"] == [path.rstrip("/")]
-        from k3deploy.sim.rootfs import install_tools
+        from k3sim.rootfs import install_tools
 
         install_tools(root, cfg)
         assert not (root / rel).exists() and not (root / rel).is_symlink(), path

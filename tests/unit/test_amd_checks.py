@@ -189,8 +189,8 @@ def test_a_wrong_gpu_count_on_amd_points_to_the_partition_modes():
 
 def test_a_simulated_amd_node_shows_the_peer_memory_interface_unless_the_fault_removes_it(tmp_path):
     from k3deploy.errors import K3Error
-    from k3deploy.sim.faults import parse_fault
-    from k3deploy.sim.profiles import node_config, sysfs_mm_files, write_sysfs_mm
+    from k3sim.faults import parse_fault
+    from k3sim.profiles import node_config, sysfs_mm_files, write_sysfs_mm
 
     def config(hw: str, *faults: str) -> dict:
         return node_config(hw, 1, 2, "n2", "10.9.0.12", [parse_fault(f) for f in faults], 0.01, "u")

@@ -15,7 +15,7 @@ import pytest
 
 from k3deploy.model.checkpoint import Shard, SourceCheck, check_archive, check_source, index_shards, length
 from k3deploy.model.staging import plan_stage, refused_archive, refused_source
-from k3deploy.sim.outside import Store
+from k3sim.outside import Store
 
 MiB = 1 << 20
 

@@ -1,5 +1,5 @@
-"""Every docstring example of the package runs, so it stays true: the modules are found by walking ``k3deploy``
-(no list to keep), and a module whose source shows an example the doctest finder does not reach fails too."""
+"""Every docstring example of the package and of the simulator's (k3sim) runs, so it stays true: the modules are found
+by walking ``k3deploy`` and ``k3sim`` (no list to keep), and a module whose source shows an example the doctest finder does not reach fails too."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from types import ModuleType
 import pytest
 
 import k3deploy
+import k3sim
 
 
 def package_modules() -> list[str]:
-    """Every module of the package (the simulated nodes' tools are scripts of the nodes, not modules of it)."""
-    names = [k3deploy.__name__] + [m.name for m in pkgutil.walk_packages(k3deploy.__path__, "k3deploy.")]
+    """Every module of the packages (the simulated nodes' tools are scripts of the nodes, not modules of them)."""
+    names = [package.__name__ for package in (k3deploy, k3sim)]
+    names += [m.name for package in (k3deploy, k3sim)
+              for m in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
     return sorted(name for name in names if ".node_tools" not in name)
 
 
@@ -44,5 +47,5 @@ def test_docstring_examples(name: str) -> None:
 
 
 def test_the_walk_finds_the_package():
-    assert {"k3deploy.facts.base", "k3deploy.model.secrets", "k3deploy.recipe.lint"} <= set(MODULES)
+    assert {"k3deploy.facts.base", "k3deploy.model.secrets", "k3deploy.recipe.lint", "k3sim.faults"} <= set(MODULES)
     assert not any("node_tools" in name for name in MODULES)

@@ -23,8 +23,8 @@ from k3deploy.model.pipeline import target
 from k3deploy.recipe import fit
 from k3deploy.recipe.offering import offering
 from k3deploy.recipe.resolve import resolve
-from k3deploy.sim import cluster as sim
-from k3deploy.sim.inventory import write_inventory
+from k3sim import cluster as sim
+from k3sim.inventory import write_inventory
 
 
 def _inventory(tmp_path: Path, hardware: str, nodes: int, pools: dict[str, int] | None = None,

@@ -27,7 +27,7 @@ from k3deploy.model.images import (
 )
 from k3deploy.model.revisions import Revision
 from k3deploy.model.staging import OUTSIDE, plan_stage
-from k3deploy.sim import outside
+from k3sim import outside
 
 TAG = "vllm/vllm-openai:kimi-k3"
 OLD, NEW = "sha256:" + "a" * 64, "sha256:" + "b" * 64

@@ -9,10 +9,12 @@ from pathlib import Path
 from helpers import ROOT
 
 PACKAGE = ROOT / "k3deploy"
+#: the simulator's package, held to the same names
+SIMULATOR = ROOT / "simulator" / "k3sim"
 
 
 def sources() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "node_tools" not in p.parts)
+    return sorted(p for top in (PACKAGE, SIMULATOR) for p in top.rglob("*.py") if "node_tools" not in p.parts)
 
 
 def own_types() -> set[str]:

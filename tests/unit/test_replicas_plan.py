@@ -179,7 +179,7 @@ def test_the_runbook_rolls_replica_by_replica():
 def test_sim_writes_an_inventory_of_replicas(tmp_path):
     from k3deploy.model.inventory import records_of
     from k3deploy.runtime.connections import load_inventory
-    from k3deploy.sim.inventory import write_inventory
+    from k3sim.inventory import write_inventory
 
     nodes = [{"name": f"rp-node{i + 1}", "ip": f"10.9.0.{10 + i}", "rank": i} for i in range(6)]
     state: dict[str, Any] = {"name": "rp", "hardware": "gb300", "nodes": nodes, "replicas": 3, "inventory": str(tmp_path / "rp.py"),
@@ -195,8 +195,8 @@ def test_sim_writes_an_inventory_of_replicas(tmp_path):
 
 
 def test_sim_up_refuses_replicas_that_do_not_divide_the_nodes():
-    from k3deploy.sim.cluster import up
-    from k3deploy.sim.host import SimError
+    from k3sim.cluster import up
+    from k3sim.host import SimError
 
     with pytest.raises(SimError, match="bad --replicas 3: give a number >= 1 that divides --nodes 4"):
         up("gb300", 4, name="rq", replicas=3)

@@ -81,7 +81,7 @@ def test_preflight_holds_tensor_parallel_groups_to_one_nvlink_domain(strategy, o
 
 
 def test_simulated_trays_beyond_a_rack_sit_in_the_next_domain():
-    from k3deploy.sim.profiles import node_config
+    from k3sim.profiles import node_config
 
     def uuid(rank: int) -> str:
         doc = node_config("gb300", rank, 36, f"n{rank}", f"10.77.0.{11 + rank}", [], 0.01, "base-uuid")
@@ -92,7 +92,7 @@ def test_simulated_trays_beyond_a_rack_sit_in_the_next_domain():
 
 
 def test_the_simulated_timeouts_stretch_with_the_nodes_sharing_the_machine():
-    from k3deploy.sim.profiles import node_config
+    from k3sim.profiles import node_config
 
     small = node_config("gb300", 0, 2, "n0", "10.77.0.11", [], 0.01, "u")
     rack = node_config("gb300", 0, 72, "n0", "10.77.0.11", [], 0.01, "u")

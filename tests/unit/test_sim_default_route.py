@@ -8,9 +8,9 @@ import subprocess
 import pytest
 
 from k3deploy.errors import K3Error
-from k3deploy.sim import network
-from k3deploy.sim.faults import parse_fault
-from k3deploy.sim.profiles import node_config
+from k3sim import network
+from k3sim.faults import parse_fault
+from k3sim.profiles import node_config
 
 
 @pytest.mark.parametrize("text, value", [("0:default-route=none", "none"), ("1:default-route=Front-End", "front-end")])

@@ -260,7 +260,7 @@ def test_a_quarantined_member_is_replaced_and_without_a_spare_the_plan_says_so(t
 def test_sim_up_spares_writes_the_spares_group_after_the_engine_nodes(tmp_path):
     from k3deploy.model.inventory import records_of
     from k3deploy.runtime.connections import inventory_file, load_inventory
-    from k3deploy.sim.inventory import write_inventory
+    from k3sim.inventory import write_inventory
 
     nodes = [{"name": f"ssx-node{i + 1}", "ip": f"10.9.0.{11 + i}", "rank": i} for i in range(3)]
     inventory = str(tmp_path / "ssx.py")

@@ -154,7 +154,7 @@ def test_an_offline_runbook_lists_every_node_checks_command(inventory):
 
 #: where code may compare a brand or vendor: the packs themselves, the recipe engine (the recipe's own per-brand
 #: data), the simulator (the simulated vendors' tools)
-ALLOWED = ("k3deploy/vendors/", "k3deploy/recipe/", "k3deploy/sim/")
+ALLOWED = ("k3deploy/vendors/", "k3deploy/recipe/", "simulator/k3sim/")
 VENDOR_WORD = re.compile(r"brand|vendor", re.I)
 
 

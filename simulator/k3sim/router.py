@@ -9,7 +9,7 @@ Every node gets that directory read-only at :data:`NODE_DIR`; the node's ``/usr/
 (``node_tools``) puts it on ``sys.path`` and runs ``vllm_router.launch_router.main``, as the wheel's console
 script does.
 
-``python -m k3deploy.sim.router`` installs it (idempotent); ``--check`` only checks.
+``python -m k3sim.router`` installs it (idempotent); ``--check`` only checks.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from k3deploy.sim.base import cache_dir
-from k3deploy.sim.host import SimError
+from k3sim.base import cache_dir
+from k3sim.host import SimError
 
 VERSION = "0.1.17"
 #: what is installed: the router and the module its launcher imports undeclared

@@ -1,7 +1,7 @@
 """The nodes' file systems: a tmpfs per node, an overlay root over the base, the "disks", the node files.
 
 Node ``N`` of a cluster has a tmpfs at ``<state>/N`` holding the overlay's ``upper``/``work`` directories
-and the node's root ``merged`` (lower layer: the cached base root, :mod:`k3deploy.sim.base`), and a "disk"
+and the node's root ``merged`` (lower layer: the cached base root, :mod:`k3sim.base`), and a "disk"
 tmpfs on each of :data:`DISK_DIRS` (4 TiB nominal, RAM-backed as used; 64 MiB and full under the
 ``disk-full`` fault).
 """
@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from k3deploy.sim import profiles
-from k3deploy.sim.host import SimError, run, write_atomic
-from k3deploy.sim.state import NodeLayout
+from k3sim import profiles
+from k3sim.host import SimError, run, write_atomic
+from k3sim.state import NodeLayout
 
 #: directories that behave as the node's disks; the ``disk-full`` fault fills them
 DISK_DIRS = ("var/lib/k3deploy", "var/lib/k3sim/docker")
@@ -31,7 +31,7 @@ DISK_SOURCE = "k3sim-disk"
 def prepare_root(nd: NodeLayout, base: Path, pubkey: str, hosts: str, doc: dict[str, Any], faults: list[Any]) -> str:
     """Mount the node's tmpfs and overlay root and write its per-node files; returns its host key.
 
-    ``doc`` is the node's ``node.json`` (:func:`k3deploy.sim.profiles.node_config`), ``faults`` the node's
+    ``doc`` is the node's ``node.json`` (:func:`k3sim.profiles.node_config`), ``faults`` the node's
     own faults (``disk-full`` and ``sshd-down`` are applied here).
     """
     size = os.environ.get("K3SIM_NODE_TMPFS", "1g")

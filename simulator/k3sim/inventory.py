@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.errors import K3Error
-from k3deploy.sim.host import write_atomic
+from k3sim.host import write_atomic
 
 
 def parse_layout(layout: str | None, nodes: int) -> dict[str, int] | None:
@@ -39,7 +39,7 @@ def write_inventory(state: dict[str, Any]) -> None:
     }
 
     def host(rec: dict[str, Any], replica: int | None = None, ranked: bool = True) -> str:
-        data = {"ssh_hostname": rec["ip"], "rank": rec["rank"], "k3_ip": rec["ip"], "k3_sim": state["name"]}
+        data = {"ssh_hostname": rec["ip"], "rank": rec["rank"], "k3_ip": rec["ip"], "sim_cluster": state["name"]}
         if not ranked:
             del data["rank"]
         if replica is not None:

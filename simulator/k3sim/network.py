@@ -3,7 +3,7 @@ and one for the simulated outside.
 
 Node i of cluster ``NAME`` has ``<subnet>.<10+i>/24`` on ``eth0`` inside its namespace ``NAME-node<i>``; the
 host side of its veth pair is ``NAME-v<i>``, on the bridge. ``k3sim`` uses ``10.77.0``; other names get a
-subnet derived from the name unless one is given. The outside (:mod:`k3deploy.sim.outside`) has ``<subnet>.254``
+subnet derived from the name unless one is given. The outside (:mod:`k3sim.outside`) has ``<subnet>.254``
 on ``eth0`` in ``NAME-out`` (host side ``NAME-vo``). ``<subnet>.250`` is no node's: it is the site's virtual address
 (``k3_vip``, ``sim up --vip``), which keepalived on the nodes adds to the ``eth0`` of the node that serves the
 endpoint; VRRP's adverts (multicast 224.0.0.18) and gratuitous ARP cross the bridge like any frame.
@@ -20,8 +20,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from k3deploy.sim.host import SimError, run
-from k3deploy.sim.state import DEFAULT_NAME, NodeLayout, list_names, load_state
+from k3sim.host import SimError, run
+from k3sim.state import DEFAULT_NAME, NodeLayout, list_names, load_state
 
 
 def bridge_name(name: str) -> str:

@@ -5,25 +5,25 @@ A cluster named ``NAME`` with N nodes consists of, for node i (1 <= i <= N, rank
 - node name (hostname, nspawn machine name, network namespace): ``NAME-node<i>``;
 - address ``<subnet>.<10+i>/24`` on ``eth0`` inside the namespace; the host side of the veth pair is
   ``NAME-v<i>`` on the bridge ``NAME0`` (``<subnet>.1``). ``k3sim`` uses ``10.77.0``; other names get
-  a subnet derived from the name unless one is given (:mod:`k3deploy.sim.network`);
+  a subnet derived from the name unless one is given (:mod:`k3sim.network`);
 - a tmpfs at ``<state>/NAME-node<i>`` holding the overlay's ``upper``/``work`` directories and the
-  node's root ``merged`` (lower layer: the cached base root, :mod:`k3deploy.sim.base`);
+  node's root ``merged`` (lower layer: the cached base root, :mod:`k3sim.base`);
 - a "disk" tmpfs on ``/var/lib/k3deploy`` and on ``/var/lib/k3sim/docker`` (4 TiB nominal, RAM-backed
-  as used; 64 MiB and full under the ``disk-full`` fault) (:mod:`k3deploy.sim.rootfs`);
+  as used; 64 MiB and full under the ``disk-full`` fault) (:mod:`k3sim.rootfs`);
 - its own cgroups ``k3deploy-sim/NAME/NAME-node<i>`` in every cgroup hierarchy nspawn uses (plus the
   v1 ``memory`` controller for accounting, where present);
 - ``systemd-nspawn --boot`` (real systemd as the node's PID 1) and the node's own OpenSSH sshd with its
-  own ed25519 host key, accepting the cluster key for root (:mod:`k3deploy.sim.processes`);
+  own ed25519 host key, accepting the cluster key for root (:mod:`k3sim.processes`);
 - ``eth0`` egress shaped to the cluster rate (``--cluster-mbps``, tc tbf).
 
-and one simulated outside (:mod:`k3deploy.sim.outside`): an HTTP server standing in for the registries and the
+and one simulated outside (:mod:`k3sim.outside`): an HTTP server standing in for the registries and the
 model hub, in the network namespace ``NAME-out`` at ``<subnet>.254`` (host-side veth ``NAME-vo``), its egress shaped
 to the uplink rate (``--uplink-mbps``), its state (counters, cut fault, generated files) in ``<state>/outside``. The
 nodes' ``/etc/hosts`` map ``registry-1.docker.io``, ``quay.io``, ``huggingface.co`` and ``k3sim-outside`` to it.
 
 The state lives in ``/run/k3deploy/sim/NAME/`` (``K3SIM_STATE`` overrides the parent): ``state.json``,
 the cluster key ``id_ed25519``, ``known_hosts``, the pyinfra inventory ``NAME.py``
-(:mod:`k3deploy.sim.inventory`) and the node tmpfs mounts. Every resource is recorded in ``state.json``
+(:mod:`k3sim.inventory`) and the node tmpfs mounts. Every resource is recorded in ``state.json``
 before it is created, so ``down`` (and an ``up`` after a crash) can remove exactly what an earlier run
 made. Processes are stopped by PID only, after checking that the PID still runs ``systemd-nspawn`` with
 the recorded start time, or because they sit in the node's own cgroups.
@@ -51,15 +51,15 @@ from k3deploy.errors import K3Error
 from k3deploy.recipe import fit
 from k3deploy.recipe.fit import did_you_mean
 from k3deploy.recipe.taxonomy import strategies
-from k3deploy.sim import base as sim_base
-from k3deploy.sim import faults as sim_faults
-from k3deploy.sim import network, outside, processes, profiles, rootfs
-from k3deploy.sim import router as sim_router
-from k3deploy.sim import slurm as sim_slurm
-from k3deploy.sim.host import COMMAND_PACKAGES, SimError, ensure_inotify, run
-from k3deploy.sim.inventory import parse_layout, write_inventory
-from k3deploy.sim.network import bridge_name, default_subnet, validate_subnet
-from k3deploy.sim.processes import (
+from k3sim import base as sim_base
+from k3sim import faults as sim_faults
+from k3sim import network, outside, processes, profiles, rootfs
+from k3sim import router as sim_router
+from k3sim import slurm as sim_slurm
+from k3sim.host import COMMAND_PACKAGES, SimError, ensure_inotify, run
+from k3sim.inventory import parse_layout, write_inventory
+from k3sim.network import bridge_name, default_subnet, validate_subnet
+from k3sim.processes import (
     CG_PARENT,
     CG_ROOT,
     cgroup_hierarchies,
@@ -67,14 +67,14 @@ from k3deploy.sim.processes import (
     node_init_pid,
     node_memory,
 )
-from k3deploy.sim.rootfs import (
+from k3sim.rootfs import (
     DISK_DIRS,
     DISK_FILLER,
     DISK_SIZE_FULL_MIB,
     DISK_SIZE_HEALTHY,
     DISK_SOURCE,
 )
-from k3deploy.sim.state import (
+from k3sim.state import (
     DEFAULT_NAME,
     MAX_NODES,
     NAME_RE,
@@ -155,7 +155,7 @@ def fault_kinds() -> dict[str, str]:
 
 
 def parse_fault(text: str) -> sim_faults.Fault:
-    """``RANK:KIND[=VALUE]`` -> :class:`k3deploy.sim.faults.Fault` (rank, kind, value)."""
+    """``RANK:KIND[=VALUE]`` -> :class:`k3sim.faults.Fault` (rank, kind, value)."""
     return sim_faults.parse_fault(text)
 
 
@@ -178,7 +178,7 @@ def node_config(
     time_scale: float,
     cluster_uuid: str,
 ) -> dict[str, Any]:
-    """The node's ``/etc/k3sim/node.json`` document (:func:`k3deploy.sim.profiles.node_config`)."""
+    """The node's ``/etc/k3sim/node.json`` document (:func:`k3sim.profiles.node_config`)."""
     return profiles.node_config(
         hardware=hardware,
         rank=rank,
@@ -289,12 +289,12 @@ def up(
     to each other at ``cluster_mbps``.
     ``faults`` may hold cluster faults (``outside-cut=MB``) next to node faults. ``replicas`` R > 1 splits the
     nodes into R replicas of ``nodes / R`` (``k3_replica`` per host, one head each, ranks within the replica).
-    ``slurm``: the nodes run a real Slurm (:mod:`k3deploy.sim.slurm`): slurmctld on rank 0, munged and slurmd on
+    ``slurm``: the nodes run a real Slurm (:mod:`k3sim.slurm`): slurmctld on rank 0, munged and slurmd on
     every node, partition ``k3``; returns once every node's slurmd has registered (sinfo: idle, unless a fault
     keeps a node out; the result's ``slurm``).
     ``spares`` K adds K nodes of the same hardware after the ``nodes`` engine nodes (ranks ``nodes`` ..
     ``nodes + K - 1``), in the inventory group ``spares``. ``vip``: the cluster's group_vars set ``k3_vip`` to
-    ``<subnet>.250`` (:func:`~k3deploy.sim.network.vip_address`; the result's ``vip``).
+    ``<subnet>.250`` (:func:`~k3sim.network.vip_address`; the result's ``vip``).
     """
     say = progress or (lambda _m: None)
     validate_name(name)
@@ -893,9 +893,9 @@ def reboot(
     """Reboot node ``rank`` of a running cluster; returns once its sshd answers again (its systemd, under
     ``sshd-down``).
 
-    The node's systemd reboots as with ``systemctl reboot`` (:func:`k3deploy.sim.processes.reboot_node`: units
+    The node's systemd reboots as with ``systemctl reboot`` (:func:`k3sim.processes.reboot_node`: units
     stopped, ``ExecStop=`` run, processes sent SIGTERM), its nspawn exits, and the node boots again through the
-    launch path of ``up`` (:func:`k3deploy.sim.processes.spawn`) with the same root file system, disks, network
+    launch path of ``up`` (:func:`k3sim.processes.spawn`) with the same root file system, disks, network
     namespace, address and faults; its enabled units start again. A node whose nspawn is no longer running (a
     ``reboot`` inside the node ends its nspawn, and nothing relaunches it) is booted again. A node that does not stop
     within ``stop_timeout`` seconds (``K3SIM_STOP_TIMEOUT``, default 120) is reset (SIGKILL); one that does not

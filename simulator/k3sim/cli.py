@@ -8,9 +8,9 @@ import os
 import click
 
 from k3deploy.errors import K3Error
-from k3deploy.sim import base as sim_base
-from k3deploy.sim import cluster as sim
-from k3deploy.sim import faults as sim_faults
+from k3sim import base as sim_base
+from k3sim import cluster as sim
+from k3sim import faults as sim_faults
 
 
 def _say(msg: str) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3deploy.sim.host import SimError, write_atomic
+from k3sim.host import SimError, write_atomic
 
 DEFAULT_NAME = "k3sim"
 MAX_NODES = 128

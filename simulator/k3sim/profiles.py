@@ -18,7 +18,7 @@ from typing import Any
 
 from k3deploy.errors import K3Error
 from k3deploy.recipe.taxonomy import hardware as hardware_profiles
-from k3deploy.sim.faults import FAULT_KINDS, Fault
+from k3sim.faults import FAULT_KINDS, Fault
 
 #: node_tools tree, mirrored at the node's root
 NODE_TOOLS = Path(__file__).with_name("node_tools")
@@ -175,7 +175,7 @@ def _gpu_ids(prof: dict[str, Any], count: int, name: str, cluster_uuid: str) -> 
 
 
 def _value(fault: Fault) -> str:
-    """The value of a fault whose kind needs one (:func:`k3deploy.sim.faults.parse_fault` ensures it is there)."""
+    """The value of a fault whose kind needs one (:func:`k3sim.faults.parse_fault` ensures it is there)."""
     if fault.value is None:
         raise K3Error(f"fault {str(fault)!r} needs a value: {FAULT_KINDS[fault.kind]}")
     return fault.value
@@ -403,7 +403,7 @@ def _rail_netdevs(rdma: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _rails(rdma: list[dict[str, Any]], ip: str, rail_only: bool) -> dict[str, Any] | None:
     """The node's GPU NICs on the cluster's rails: GPU NIC i on rail i, ``10.<200 + i>.<c>.<d>/24`` for the node's
-    ``<a>.<b>.<c>.<d>`` (one subnet per rail, :mod:`k3deploy.sim.network`), reaching the other rails through the
+    ``<a>.<b>.<c>.<d>`` (one subnet per rail, :mod:`k3sim.network`), reaching the other rails through the
     spine unless ``rail_only``. None without GPU NICs or a cluster address."""
     parts = ip.split(".")
     gpu_nics = [d for d in _rail_netdevs(rdma) if d.get("gpu") is not None]

@@ -4,7 +4,7 @@ The base is a Debian 12 (bookworm) ``debootstrap --variant=minbase`` root with s
 OpenSSH server, Python 3 (with its standard library), procps, iproute2, curl, rsync and keepalived (VRRP for the
 site's virtual address, enabled only by a deploy that sets ``k3_vip``), and Debian's Slurm 22.05
 (slurmd, slurmctld, slurm-client, munge) with its units disabled: only ``sim up --slurm`` enables them, per node
-(:mod:`k3deploy.sim.slurm`). It is built once and
+(:mod:`k3sim.slurm`). It is built once and
 cached under ``/var/cache/k3deploy/base-<id>``, where ``<id>`` hashes everything that decides its
 content (suite, variant, package list, build steps). Nodes mount it as the lower layer of an
 overlayfs and never modify it. Building takes about a minute and needs a Debian mirror; every later
@@ -48,7 +48,7 @@ PACKAGES = (
     "ca-certificates",
     "less",
     # Slurm for `sim up --slurm`: in the one base (not a second one) so that a fresh machine builds one root;
-    # their units are disabled below and enabled per node (k3deploy.sim.slurm)
+    # their units are disabled below and enabled per node (k3sim.slurm)
     "munge",
     "slurmd",
     "slurmctld",
@@ -235,7 +235,7 @@ def _post_install(root: Path) -> None:
             for entry in d.iterdir():
                 if entry.is_file() and entry.name not in ("lock",):
                     entry.unlink()
-    # Slurm and munge start only on the nodes of a cluster made with --slurm (k3deploy.sim.slurm enables them per
+    # Slurm and munge start only on the nodes of a cluster made with --slurm (k3sim.slurm enables them per
     # node); no key is shared by every cluster built from this base: each such cluster writes its own
     for wants in (root / "etc/systemd/system").glob("*.wants"):
         for unit in DISABLED_UNITS:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from k3deploy.sim import profiles
-from k3deploy.sim import router as sim_router
-from k3deploy.sim.state import NodeLayout
+from k3sim import profiles
+from k3sim import router as sim_router
+from k3sim.state import NodeLayout
 
 CG_ROOT = Path("/sys/fs/cgroup")
 CG_PARENT = "k3deploy-sim"
@@ -156,7 +156,7 @@ def node_memory(state: dict[str, Any], rec: dict[str, Any]) -> int | None:
 # --------------------------------------------------------------------------- start
 
 
-#: the node directory's folder bound over the node's /sys/kernel/mm (:func:`k3deploy.sim.profiles.sysfs_mm_files`)
+#: the node directory's folder bound over the node's /sys/kernel/mm (:func:`k3sim.profiles.sysfs_mm_files`)
 SYSFS_MM_DIR = "sys-kernel-mm"
 
 
@@ -195,7 +195,7 @@ def spawn(cluster: str, nd: NodeLayout, append_log: bool = False, own_uptime: bo
         # site's virtual address (k3_vip) on eth0 (nspawn keeps CAP_NET_ADMIN only with --private-network)
         "--capability=CAP_NET_ADMIN",
     ]  # fmt: skip
-    # the real vllm-router, installed once on the host (k3deploy.sim.router), read-only on every node
+    # the real vllm-router, installed once on the host (k3sim.router), read-only on every node
     rdir = sim_router.router_dir()
     if rdir.is_dir():
         cmd.append(f"--bind-ro={rdir}:{sim_router.NODE_DIR}")

@@ -1,8 +1,8 @@
 """Faults that can be injected into a simulated node: ``RANK:KIND[=VALUE]``; and cluster faults: ``KIND=VALUE``.
 
 ``RANK`` is the node rank (0 = the head, ``node1``). A fault changes what that node's simulated
-hardware, tools or engine report; :func:`k3deploy.sim.profiles.node_config` applies it. A cluster fault
-(:data:`CLUSTER_FAULT_KINDS`, no rank) changes the simulated outside (:mod:`k3deploy.sim.outside`).
+hardware, tools or engine report; :func:`k3sim.profiles.node_config` applies it. A cluster fault
+(:data:`CLUSTER_FAULT_KINDS`, no rank) changes the simulated outside (:mod:`k3sim.outside`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ FABRIC_STATES = ("N/A", "Not Started", "In Progress", "Completed")
 #: fabric health conditions the simulated nvidia-smi prints (its HEALTH_CONDITIONS)
 FABRIC_HEALTH = ("degraded-bandwidth", "route-unhealthy", "no-partition")
 
-#: what fault ``default-route`` leaves a node (:func:`k3deploy.sim.network.set_default_route`)
+#: what fault ``default-route`` leaves a node (:func:`k3sim.network.set_default_route`)
 DEFAULT_ROUTES = ("none", "front-end")
 
 _DRIVER_RE = re.compile(r"^\d+(\.\d+){1,2}$")

@@ -1,6 +1,6 @@
 """A real Slurm in a simulated cluster (``sim up --slurm``): Debian 12's Slurm 22.05 and munge, from the base root.
 
-The base root (:mod:`k3deploy.sim.base`) carries the packages with their units disabled. For a cluster made with
+The base root (:mod:`k3sim.base`) carries the packages with their units disabled. For a cluster made with
 ``--slurm`` this module writes, into every node's root before it boots:
 
 - ``/etc/munge/munge.key``: one random key per cluster (0600, owner munge), the same on every node;
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from k3deploy.sim.host import SimError, write_atomic
+from k3sim.host import SimError, write_atomic
 
 #: the partition every node of a --slurm cluster is in (the default one)
 PARTITION = "k3"
@@ -105,7 +105,7 @@ def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus:
 
 def gpu_files(vendor: str, gpus: int) -> list[str]:
     """The GPUs' device files on a node of ``vendor`` (the placeholders every simulated node has, as a real node's
-    /dev: :func:`k3deploy.sim.profiles.device_nodes`).
+    /dev: :func:`k3sim.profiles.device_nodes`).
 
     >>> gpu_files("nvidia", 2), gpu_files("amd", 1), gpu_files("ascend", 1)
     (['/dev/nvidia0', '/dev/nvidia1'], ['/dev/dri/renderD128'], ['/dev/davinci0'])

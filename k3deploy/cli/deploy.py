@@ -1,0 +1,66 @@
+"""``k3deploy deploy INVENTORY [pyinfra options...]``: the deploy from any directory, without a clone.
+
+The same run as ``pyinfra INVENTORY deploy/k3.py`` from a clone's top directory: pyinfra runs the deploy file the
+package ships (:data:`DEPLOY`, the clone's ``deploy/k3.py``) with the package's copy of the clone's ``config.py``
+(:data:`CONFIG`: each host gets the connection settings of its group_vars, SSH offers AES-GCM first, an
+interruption ends the run saying what it left), so the working directory does not matter. The process becomes
+pyinfra's (same exit codes, same output); every option after INVENTORY goes to pyinfra as it is::
+
+    k3deploy deploy site/inventory.py -y                           # roll out
+    k3deploy deploy site/inventory.py --dry --diff                 # review first
+    k3deploy deploy site/inventory.py -y --data k3_rollback=true   # back to each group's previous revision
+
+    >>> pyinfra_argv("site/inventory.py", ["-y"])[-3:]
+    ['site/inventory.py', '.../k3deploy/data/deploy/k3.py', '-y']
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from k3deploy.errors import K3Error
+
+#: what pyinfra runs: the deploy file and the configuration it loads before the inventory (a clone's ``deploy/k3.py``
+#: and ``config.py``, shipped inside the package)
+DEPLOY = Path(__file__).resolve().parents[1] / "data" / "deploy" / "k3.py"
+CONFIG = DEPLOY.with_name("config.py")
+
+
+def check_inventory(inventory: str) -> None:
+    """A pyinfra inventory file that is there, else one line naming it and the fix (pyinfra would take any other word
+    for a host name and try to connect to it).
+
+    >>> check_inventory("no/such/inventory.py")
+    Traceback (most recent call last):
+    k3deploy.errors.K3Error: inventory 'no/such/inventory.py': no such file: give the path of a pyinfra ...
+    """
+    path = Path(inventory)
+    if not path.exists():
+        raise K3Error(f"inventory {inventory!r}: no such file: give the path of a pyinfra inventory file (a .py "
+                      "file, e.g. inventories/gb300.py of a clone)")
+    if not path.is_file() or path.suffix != ".py":
+        raise K3Error(f"inventory {inventory!r}: not a pyinfra inventory file: give the path of one (a .py file, "
+                      "e.g. inventories/gb300.py of a clone)")
+
+
+def pyinfra_argv(inventory: str, options: list[str]) -> list[str]:
+    """pyinfra's command line for the deploy of ``inventory``, with pyinfra's ``options``."""
+    return ["--config", str(CONFIG), inventory, str(DEPLOY), *options]
+
+
+@click.command("deploy", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("inventory")
+@click.argument("options", nargs=-1, type=click.UNPROCESSED)
+def deploy(inventory: str, options: tuple[str, ...]) -> None:
+    """Run the deploy on INVENTORY from any directory: the same run as `pyinfra INVENTORY deploy/k3.py` in a clone.
+
+    Every option after INVENTORY goes to pyinfra: -y (apply), --dry, --diff, --data k3_rollback=true, --limit ...
+    """
+    check_inventory(inventory)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "pyinfra", *pyinfra_argv(inventory, list(options))])

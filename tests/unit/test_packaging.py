@@ -1,0 +1,77 @@
+"""What ``pip install .`` gives: the product's wheel holds the tool, the deploy file and its pyinfra configuration,
+and nothing of the simulator (``simulator/``, package ``k3sim``, installed for development only); other installed
+packages add commands through the entry point group ``k3deploy.commands``, as the simulator adds ``k3deploy sim``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import K3DEPLOY, ROOT
+
+
+def wheel_files(out: Path) -> list[str]:
+    """The files setuptools puts into the product's wheel (its build_py step: the packages and their package data,
+    symbolic links copied as the files they name), relative to the wheel's root."""
+    proc = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
+                           "egg_info", "--egg-base", str(out), "build_py", "--build-lib", str(out / "lib")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return sorted(str(p.relative_to(out / "lib")) for p in (out / "lib").rglob("*") if p.is_file())
+
+
+def test_the_product_wheel_holds_the_tool_and_no_simulator(tmp_path):
+    files = wheel_files(tmp_path)
+    assert "k3deploy/cli/__init__.py" in files and "k3deploy/cli/deploy.py" in files
+    assert [f for f in files if not f.startswith("k3deploy/")] == []
+    assert [f for f in files if "k3sim" in f or "node_tools" in f or f.startswith("k3deploy/sim")] == []
+    # the deploy file and its configuration, as the files of the clone (not links to them)
+    built = tmp_path / "lib" / "k3deploy" / "data" / "deploy"
+    assert not (built / "k3.py").is_symlink()
+    assert (built / "k3.py").read_text() == (ROOT / "deploy" / "k3.py").read_text()
+    assert (built / "config.py").read_text() == (ROOT / "config.py").read_text()
+
+
+def test_the_simulator_is_a_package_of_its_own():
+    text = (ROOT / "simulator" / "pyproject.toml").read_text()
+    assert '[project.entry-points."k3deploy.commands"]\nsim = "k3sim.cli:sim_group"' in text
+    assert not (ROOT / "k3deploy" / "sim").exists()
+
+
+PLUGIN = '''import click
+
+
+@click.command("hello")
+def hello():
+    """Say hello."""
+    click.echo("hello from a plugin")
+
+
+@click.command("resolve")
+def resolve():
+    click.echo("a plugin's resolve")
+'''
+
+
+def test_an_installed_package_adds_a_command_and_hides_none(tmp_path):
+    (tmp_path / "k3demo.py").write_text(PLUGIN)
+    info = tmp_path / "k3demo-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: k3demo\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[k3deploy.commands]\nhello = k3demo:hello\nresolve = k3demo:resolve\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def k3(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*K3DEPLOY, *args], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+
+    hello = k3("hello")
+    assert (hello.returncode, hello.stdout) == (0, "hello from a plugin\n"), hello.stderr
+    listing = k3("--help").stdout
+    assert "hello" in listing and "Say hello." in listing
+    resolve = k3("resolve", "--hardware", "h200", "--nodes", "2", "--json")
+    assert resolve.returncode == 0, resolve.stderr
+    assert "a plugin's resolve" not in resolve.stdout and resolve.stdout.lstrip().startswith("{")
+    unknown = k3("no-such-command")
+    assert unknown.returncode == 2 and "No such command 'no-such-command'" in unknown.stderr
