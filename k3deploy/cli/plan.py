@@ -46,6 +46,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     from k3deploy.model.diff import build, render_jobs_text, render_text
     from k3deploy.model.slo import plan_gate
     from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.launchers import Slurm, launcher_for
     from k3deploy.runtime.views import PLAN
 
     wanted: bool | int | None = None
@@ -59,10 +60,10 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
                       f"the node back or add a spare (k3deploy spares {inventory})")
     require_reachable(gathered)
     rollout = gathered.require_rollout()
-    slurm = rollout.vars.k3_launcher == "slurm"
+    slurm = isinstance(launcher_for(rollout), Slurm)
     report = jobs_plan(gathered) if slurm else build(rollout, gathered.installed, gathered.helpers)
     report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
-    gate = plan_gate(rollout, rollback=bool(gathered.rollback_to))
+    gate = plan_gate(rollout, rollback=bool(gathered.rollback_to), gated=launcher_for(rollout).slo_gated)
     report.gate = gate.lines() if gate is not None and report.has_changes else []
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
@@ -114,7 +115,7 @@ def jobs_plan(gathered: Gathered) -> PlanReport:
     from k3deploy.runtime.launchers import Slurm, launcher_for
 
     rollout = gathered.require_rollout()
-    launcher = launcher_for(gathered, [r.name for r in gathered.target.records])
+    launcher = launcher_for(rollout, gathered.slurm_queue, [r.name for r in gathered.target.records])
     assert isinstance(launcher, Slurm)   # k3_launcher: slurm
     changed = launcher.changes(rollout, gathered)
     return build_jobs(rollout, gathered.installed, list(launcher.jobs.values()), list(launcher.queued), changed)

@@ -39,7 +39,6 @@ from k3deploy.model.pipeline import Target, desired_rollout, target
 from k3deploy.model.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.runbook.blanks import Blank, offline_env
-from k3deploy.model.slurm import launch_path
 from k3deploy.model.spares import (
     Quarantine,
     Settled,
@@ -70,6 +69,7 @@ from k3deploy.runtime.connections import (
     open_inventory,
     ssh_argv,
 )
+from k3deploy.runtime.launchers import launcher_for
 from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
 from k3deploy.runtime.reading import HostPlan, HostReading, TakeLockThere, plan_host, read_again, read_hosts
 from k3deploy.runtime.views import DEPLOY, View
@@ -437,11 +437,12 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
     slurm`` a unit's files are its launch script (``launch_text``: what its job's step runs) and its env file, as
     the revisions keep them; the group's job is then rendered from them."""
     hosts = {h.name: h for h in state.inventory}
-    batch = rollout.vars.k3_launcher == "slurm"
+    launcher = launcher_for(rollout)
 
     def own(unit: UnitWork) -> tuple[str, str]:
         """The unit's own file (its systemd unit, or under Slurm its launch script) and the attribute holding it."""
-        return (launch_path(rollout, unit), "launch_text") if batch else (unit.unit_path, "unit_text")
+        path = launcher.unit_file(unit)
+        return path, "unit_text" if path == unit.unit_path else "launch_text"
 
     now: dict[str, str | None] = {}
     for u in rollout.units:

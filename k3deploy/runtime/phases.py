@@ -50,7 +50,7 @@ from k3deploy.runtime import interrupts, oporder
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
-from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
+from k3deploy.runtime.launchers import Launcher, Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
     STOPPED,
@@ -99,7 +99,7 @@ class Context:
     marks: dict[str, int] = field(default_factory=dict)    # group -> the revision marked current once it serves
     plans: dict[int, StartPlan] = field(default_factory=dict)   # restart step -> how its groups restart, per host
     running: dict[int, bool] = field(default_factory=dict)   # restart step -> some unit it stops may be running
-    launcher: Systemd | Slurm = field(default_factory=Systemd)   # what starts the groups (k3_launcher), chosen once
+    chosen: Launcher | None = None   # what starts the groups (k3_launcher), chosen once (None: its systemd units)
     gate: GatePlan | None = None          # the SLO gate of this run's restart (None: not gated)
     outcomes: dict[str, Outcome] = field(default_factory=dict)   # group -> what the SLO gate found
     reverted: set[str] = field(default_factory=set)   # groups the gate took back to their previous revision
@@ -109,6 +109,12 @@ class Context:
     def rollout(self) -> Rollout:
         assert self.gathered is not None and self.gathered.rollout is not None
         return self.gathered.rollout
+
+    @cached_property
+    def launcher(self) -> Launcher:
+        """What starts the groups (:func:`k3deploy.runtime.launchers.launcher_for`)."""
+        chosen: Launcher = self.chosen if self.chosen is not None else Systemd(self.rollout)
+        return chosen
 
     @property
     def ok(self) -> bool:
@@ -396,7 +402,7 @@ def _build(state: Any) -> Context:
                        "the stage's source on the control machine is incomplete: nothing was copied to any node (the "
                        "reason is above)", 2, lock)
     try:
-        launcher = launcher_for(gathered, [h.name for h in state.inventory])
+        launcher = launcher_for(r, gathered.slurm_queue, [h.name for h in state.inventory])
     except K3Error as exc:
         return _refuse([], f"{exc}; nothing was changed", exc.exit_code, lock)
     for line in connector_drift(state, gathered.target):
@@ -417,11 +423,8 @@ def _build(state: Any) -> Context:
         logger.info(f"--> k3deploy: rollback of group {group} from revision {current} to revision {number}")
     # the groups whose files change record a new revision, numbered under the lock (no other run records one of
     # these groups until this one ends); worked out once for the run, not per host
-    # (the launcher's files, written in place: a group changes files unless its current revision records them; None:
-    # the units' staged files)
     files = {g: launcher.revision_files(g) for g in r.changed_groups}
-    changing = {g for g in r.changed_groups if (any(_changed_files(gathered, u) for u in r.group(g))
-                                                if files[g] is None else not _recorded(gathered, g, files[g]))}
+    changing = {g for g in r.changed_groups if launcher.new_revision(g, gathered.installed, _recorded(gathered, g))}
     numbers = {g: (gathered.history.get(g) or GroupHistory(g)).next_number() for g in changing
                if g not in gathered.rollback_to}
     metas = {g: _revision_meta(gathered, g, n, files[g]) for g, n in numbers.items()}
@@ -441,11 +444,11 @@ def _build(state: Any) -> Context:
                        "record, or its files there differ from it): revision " + str(n) + " is not restorable")
                 logger.warning(f"k3deploy: group {g}: the record of revision {n} on {name} is corrupt ({path}, cut "
                                f"short or unreadable); {fix}")
-    gate = plan_gate(r, rollback=bool(gathered.rollback_to))
+    gate = plan_gate(r, rollback=bool(gathered.rollback_to), gated=launcher.slo_gated)
     if gate is not None:
         logger.info(f"--> k3deploy: SLO gate ({'a canary' if gate.kind == 'canary' else 'the group'}): "
                     + "; ".join(gate.lines()))
-    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, launcher=launcher,
+    return Context(gathered, state=state, lock=lock, numbers=numbers, metas=metas, marks=marks, chosen=launcher,
                    gate=gate, repairs=repairs)
 
 
@@ -525,7 +528,7 @@ def configure_phase(ctx: Context) -> None:
     (:func:`_staged`); owner and mode given back to the live ones where they drifted. With ``k3_launcher: slurm``
     its Slurm files instead (:func:`_configure_jobs`)."""
     _spare_records(ctx)
-    if ctx.launcher.batch:
+    if isinstance(ctx.launcher, Slurm):
         _configure_jobs(ctx)
         return
     rollout, gathered = ctx.rollout, ctx.gathered
@@ -646,11 +649,11 @@ def _swap(ctx: Context, groups: list[str]) -> list[str]:
     return [*parts, commands.swap_in(pairs)] if pairs else parts
 
 
-def _recorded(gathered: Gathered, group: str, files: dict[str, str] | None) -> bool:
-    """``group``'s current revision records exactly ``files`` (``host:path -> sha256``)."""
+def _recorded(gathered: Gathered, group: str) -> dict[str, str] | None:
+    """What ``group``'s current revision records (``host:path -> sha256``; None: no current revision)."""
     h = gathered.history.get(group)
     rev = h.revisions.get(h.current) if h is not None and h.current is not None else None
-    return rev is not None and rev.files == files
+    return rev.files if rev is not None else None
 
 
 def _revision_meta(gathered: Gathered, group: str, number: int, files: dict[str, str] | None = None) -> str:
@@ -671,7 +674,7 @@ def start_phase(ctx: Context) -> None:
     for its own part only; pyinfra runs each operation on all its hosts at once, in the order of the calls (the
     operations every host shares, the configure phase's and a roll's router calls, keep the phases and the steps
     of a roll apart). With ``k3_launcher: slurm`` the groups' jobs instead (:func:`_start_jobs`)."""
-    if ctx.launcher.batch:
+    if isinstance(ctx.launcher, Slurm):
         _start_jobs(ctx)
         return
     r = ctx.rollout
@@ -900,7 +903,7 @@ def _gate(state: Any, host: Any, ctx: Context, groups: list[str]) -> bool:
             for line in failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
             changed = ctx.gathered is None or not _starts_served_revision(ctx.gathered, g)
-            advice = ctx.launcher.advice(g, failure.host) or failure_advice(g, failure.host, changed)
+            advice = ctx.launcher.advice(g, failure.host, changed)
             logger.error(f"[{host.name}] {advice}")
             ok = False
         else:
@@ -1055,28 +1058,6 @@ def _starts_served_revision(gathered: Gathered, group: str) -> bool:
     return runs(rev, now)
 
 
-def failure_advice(group: str, host: str, changed: bool) -> str:
-    """What to do about a group that failed to serve: when this run changed its files, the revisions it ran before
-    (a rollback); when it did not (it restarted the revision it last served), the cause is on the node, where a
-    rollback would not help. Both explain the ``Error: executed 0 commands`` pyinfra prints next.
-
-    >>> "k3_rollback" in failure_advice("engine", "n2", changed=False)
-    False
-    >>> "k3_rollback=true" in failure_advice("engine", "n2", changed=True)
-    True
-    """
-    head = f"group {group} is stopped; it runs no half-started version. "
-    noise = (" (pyinfra reports this step next as 'Error: executed 0 commands': the step is this readiness check, "
-             "which runs no command of its own)")
-    if changed:
-        return head + ("It was starting other files than those of the revision it last served; if that change "
-                       "caused it, the revisions it ran before are in k3deploy history INVENTORY (roll back with "
-                       "--data k3_rollback=true)" + noise)
-    return head + (f"It was starting the files of the revision it last served, so the cause is on "
-                   f"{host}, not in the settings: see its journal above, k3deploy preflight INVENTORY and k3deploy "
-                   "bundle INVENTORY; a rollback would not help" + noise)
-
-
 def _record(ctx: Context) -> None:
     """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (the one
     recorded at its restart, or, after a rollback, the revision it went back to). A group that restarted with files
@@ -1088,8 +1069,8 @@ def _record(ctx: Context) -> None:
     # that nothing of the restart runs after them)
     here = {u.group for u in r.on_host(host.name)}
     # (a rolled replica was marked in its own step; a group whose nodes' marks differ is marked again)
-    rolled = ({g for w in r.waves() for g in w}
-              if r.rolling and not ctx.launcher.batch and any(u.group == "router" for u in r.units) else set())
+    rolled = ({g for w in r.waves() for g in w} if r.rolling and not isinstance(ctx.launcher, Slurm)
+              and any(u.group == "router" for u in r.units) else set())
     changed = [g for g in r.groups if (g in r.changed_groups and g not in rolled) or g in ctx.repairs]
     marked = [g for g in changed if g in here and ctx.marks.get(g) is not None]
     # nothing runs on a host after its last mark but the smoke test (on the first unit's host): the other hosts give
