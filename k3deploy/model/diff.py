@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.model import vip
+from k3deploy.model import steps, vip
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.secrets import mask_value
@@ -551,14 +551,14 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
         lines.append("Stage (before anything restarts):")
         lines += [f"  {line}" for line in report.staging]
         lines.append("")
-    phases = rollout.start_plan().phases()
+    phases = steps.order(rollout, steps.start_of(rollout, rollout.changed_groups))
     if report.steps:
         lines.append("Restart, replica by replica behind the router (the endpoint keeps serving):")
         for i, wave in enumerate(report.steps, 1):
             lines.append(f"  step {i} of {len(report.steps)}: {', '.join(wave)}: out of the router, in-flight "
                          "requests finish, then")
             lines += [f"    {j}. {name}: {'; '.join(items)}"
-                      for j, (name, items) in enumerate(rollout.start_plan(set(wave)).phases(), 1)]
+                      for j, (name, items) in enumerate(steps.order(rollout, steps.start_of(rollout, wave)), 1)]
             lines.append("    then back into the router; the next step starts once it serves")
     elif phases:
         lines.append("Restart, in this order (each phase on its hosts at once):")

@@ -26,10 +26,11 @@ from pyinfra import logger
 
 from k3deploy.errors import K3Error
 from k3deploy.facts.status import SlurmQueueReading
-from k3deploy.model import commands, slurm
+from k3deploy.model import commands, slurm, steps
 from k3deploy.model.observed import Installed
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.slurm import HostFiles, QueuedJob, SlurmJob
+from k3deploy.model.steps import StartSteps
 from k3deploy.runtime import readiness
 from k3deploy.runtime.readiness import GroupControl, run
 
@@ -89,6 +90,10 @@ class Launcher(Protocol):
         """What to do about a group that failed its gate on ``host`` (``changed``: the run started it with other
         files than those of the revision it last served)."""
 
+    @property
+    def start_steps(self) -> StartSteps:
+        """Its part of the restart's steps (:func:`k3deploy.model.steps.restart`)."""
+
 
 @dataclass(frozen=True)
 class Systemd:
@@ -125,6 +130,11 @@ class Systemd:
     def queue_host(self) -> str | None:
         """None: no queue."""
         return None
+
+    @property
+    def start_steps(self) -> StartSteps:
+        """Stop, record and swap, start heads, then workers (:class:`k3deploy.model.steps.UnitSteps`)."""
+        return steps.UNITS
 
     def new_revision(self, group: str, installed: Mapping[tuple[str, str], Installed],
                      recorded: Mapping[str, str] | None) -> bool:
@@ -198,6 +208,11 @@ class Slurm:
     def queue_host(self) -> str | None:
         """The submit host."""
         return self.submit_host
+
+    @property
+    def start_steps(self) -> StartSteps:
+        """Record, then cancel and submit the jobs on the submit host (:class:`k3deploy.model.steps.JobSteps`)."""
+        return steps.JobSteps(self.submit_host)
 
     def unit_file(self, unit: UnitWork) -> str:
         """Its launch script: what its job's step runs."""
