@@ -70,8 +70,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     runtime/phases.py (the phases of deploy/k3.py), runtime/pyinfra_internals.py (all that touches pyinfra's internals),
     runtime/lock.py (the deployment lock: one run at a time changes a cluster; a lease its holder renews),
     runtime/interrupts.py (a run stopped by SIGINT, SIGTERM or SIGHUP: each group's state, the lock given back, a
-    non-zero exit), runtime/launchers.py (what starts the groups: systemd units or, with k3_launcher: slurm, one
-    Slurm batch job per group).
+    non-zero exit), runtime/launchers.py (what starts the groups, behind one interface: systemd units or, with
+    k3_launcher: slurm, one Slurm batch job per group; launcher_for, the one reader of k3_launcher).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,

@@ -63,7 +63,9 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
     t = gathered.target
     first = t.resolved[t.records[0].name]
     secrets = list(secrets) + secret_values(gathered)
-    batch = r.vars.k3_launcher == "slurm"
+    from k3deploy.runtime.launchers import Slurm, launcher_for
+
+    batch = isinstance(launcher_for(r), Slurm)
 
     def plan() -> dict[str, Any]:
         report = jobs_plan(gathered) if batch else build(r, gathered.installed, gathered.helpers)

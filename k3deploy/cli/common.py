@@ -72,13 +72,12 @@ def read_cluster(command: str, inventory: str, view: View, overrides: Mapping[st
         raise
     except Exception as exc:  # never a traceback for the user
         raise K3Error(f"{command} could not run: {type(exc).__name__}: {exc}") from None
-    if command in NOT_ON_SLURM and getattr(gathered.target.vars, "k3_launcher", "systemd") == "slurm":
-        raise K3Error(f"k3_launcher: slurm: k3deploy {command} {NOT_ON_SLURM[command].format(inventory=inventory)}")
+    rollout = getattr(gathered, "rollout", None)
+    if rollout is not None:   # a command that reads the systemd units only says so instead of a wrong answer
+        from k3deploy.runtime.launchers import launcher_for
+
+        launcher = launcher_for(rollout)
+        if command in launcher.refuses:
+            raise K3Error(f"k3_launcher: {launcher.name}: k3deploy {command} "
+                          f"{launcher.refuses[command].format(inventory=inventory)}")
     return gathered
-
-
-#: the commands that read the systemd units only: with ``k3_launcher: slurm`` they say so instead of a wrong answer
-NOT_ON_SLURM = {
-    "runbook": "walks the systemd units' bring-up; for a Slurm site, 'k3deploy export slurm {inventory} -o DIR' "
-               "writes the batch and launch scripts, commented step by step, with their README",
-}

@@ -52,11 +52,10 @@ def history(inventory: str, as_json: bool) -> None:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 160)
-    if gathered.target.vars.k3_launcher == "slurm":
-        console.print("k3_launcher: slurm: each revision keeps the group's launch scripts and env files (k3_rollback "
-                      "puts them back and submits the group's job again). Each group's job carries its revision hash "
-                      "in its --comment, k3deploy:<group>:<hash> (squeue -o '%i %j %T %k %N' on "
-                      "k3_slurm_submit_host)")
+    from k3deploy.runtime.launchers import launcher_for
+
+    if gathered.rollout is not None and launcher_for(gathered.rollout).revision_note:
+        console.print(launcher_for(gathered.rollout).revision_note)
     for g, h in groups.items():
         for sub in (s for s in subs if s.group == g):   # who stands in for whom, from the nodes' records
             new = " (new: the next deploy run makes it)" if sub in fresh else ""

@@ -66,7 +66,8 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         raise K3Error("; ".join(u.line() for u in gathered.spares.unfilled) + ": a deploy now is refused; bring "
                       f"the node back or add a spare (k3deploy spares {inventory})")
     require_reachable(gathered)
-    launcher = launcher_for(gathered, [r.name for r in gathered.target.records])
+    launcher = launcher_for(gathered.require_rollout(), gathered.slurm_queue,
+                            [r.name for r in gathered.target.records])
     decided = decide(gathered, launcher)
     rollout = decided.rollout
     slurm = isinstance(launcher, Slurm)
@@ -127,7 +128,8 @@ def jobs_plan(gathered: Gathered, launcher: Slurm | None = None, decided: Decide
     from k3deploy.runtime.launchers import Slurm, launcher_for
 
     if launcher is None:
-        found = launcher_for(gathered, [r.name for r in gathered.target.records])
+        found = launcher_for(gathered.require_rollout(), gathered.slurm_queue,
+                             [r.name for r in gathered.target.records])
         assert isinstance(found, Slurm)   # k3_launcher: slurm
         launcher = found
     rollout = (decided or decide(gathered, launcher)).rollout

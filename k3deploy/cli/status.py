@@ -90,9 +90,10 @@ def group_jobs_of(gathered: Gathered) -> dict[str, GroupJob] | None:
     squeue failed."""
     from k3deploy.errors import K3Error
     from k3deploy.model import slurm
+    from k3deploy.runtime.launchers import Slurm, launcher_for
 
     rollout = gathered.require_rollout()
-    if rollout.vars.k3_launcher != "slurm":
+    if not isinstance(launcher_for(rollout), Slurm):
         return None
     submit = slurm.check_submit(rollout, [r.name for r in gathered.target.records])
     if submit in (gathered.preflight.unreachable() if gathered.preflight else []):

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3deploy.model import vip
+from k3deploy.model import steps, vip
 from k3deploy.model.hosttext import exec_start, launch_argv, parse_env
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
@@ -530,14 +530,14 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
         lines += [f"  {line}" for line in report.staging]
         lines.append("")
     restarting = {u.group for u in rollout.units if f"{u.host}:{u.unit}" in report.restart_order}
-    phases = rollout.start_plan(restarting).phases()
+    phases = steps.order(rollout, steps.start_of(rollout, restarting))
     if report.steps:
         lines.append("Restart, replica by replica behind the router (the endpoint keeps serving):")
         for i, wave in enumerate(report.steps, 1):
             lines.append(f"  step {i} of {len(report.steps)}: {', '.join(wave)}: out of the router, in-flight "
                          "requests finish, then")
             lines += [f"    {j}. {name}: {'; '.join(items)}"
-                      for j, (name, items) in enumerate(rollout.start_plan(set(wave)).phases(), 1)]
+                      for j, (name, items) in enumerate(steps.order(rollout, steps.start_of(rollout, wave)), 1)]
             lines.append("    then back into the router; the next step starts once it serves")
     elif phases:
         lines.append("Restart, in this order (each phase on its hosts at once):")

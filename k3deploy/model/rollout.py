@@ -286,22 +286,6 @@ class StartPlan:
     def empty(self) -> bool:
         return not (self.engine_groups or self.router)
 
-    def phases(self) -> list[tuple[str, list[str]]]:
-        """Each phase with the hosts that act in it (``host: units``), for people."""
-        def hosts(pick: str) -> list[str]:
-            return [f"{h.host}: {', '.join(getattr(h, pick))}" for h in self.hosts if getattr(h, pick)]
-
-        return [(name, items) for name, items in (
-            ("stop routers", hosts("routers")), ("stop workers", hosts("workers")), ("stop heads", hosts("heads")),
-            ("start heads", hosts("heads")),
-            ("workers wait for the head's rendezvous port",
-             [f"{h.host} -> {', '.join(f'{a}:{p}' for a, p in h.joins)}" for h in self.hosts if h.joins]),
-            ("start workers", hosts("workers")),
-            ("engine groups serve", list(self.engine_groups)),
-            ("start router", hosts("routers")),
-            ("router serves", ["router"] if self.router else []),
-        ) if items]
-
 
 def _ready_timeout(plan: Plan, variables: Variables) -> int:
     if variables.k3_engine_ready_timeout:

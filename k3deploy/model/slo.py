@@ -469,12 +469,13 @@ def targets_of(variables: Variables) -> Targets:
     return Targets(variables.k3_slo_relative, variables.k3_slo_ttft_p95_ms, variables.k3_slo_itl_p95_ms)
 
 
-def plan_gate(rollout: Rollout, rollback: bool = False) -> GatePlan | None:
+def plan_gate(rollout: Rollout, rollback: bool = False, gated: bool = True) -> GatePlan | None:
     """The gate of a restart (``rollout`` with its changed groups marked), or None:
-    ``k3_slo_gate: off``, a rollback (it goes back to what served), nothing restarts, P/D pools, or ``k3_launcher:
-    slurm`` (not gated yet). ``auto``: a rolling change over replicas gets the canary; ``on``: also a single group."""
+    ``k3_slo_gate: off``, a rollback (it goes back to what served), nothing restarts, P/D pools, or a launcher the
+    gate does not judge yet (``gated`` false: :attr:`k3deploy.runtime.launchers.Launcher.slo_gated`). ``auto``: a
+    rolling change over replicas gets the canary; ``on``: also a single group."""
     v = rollout.vars
-    if v.k3_slo_gate == "off" or rollback or v.k3_launcher != "systemd" or rollout.plan.strategy == "pd_cluster":
+    if v.k3_slo_gate == "off" or rollback or not gated or rollout.plan.strategy == "pd_cluster":
         return None
     waves = rollout.waves()
     engines = [g for w in waves for g in w if g != "router"]

@@ -85,7 +85,7 @@ def group_dir(rollout: Placement, group: str) -> str:
     return f"{rollout.vars.k3_slurm_dir.rstrip('/')}/{group}"
 
 
-def step_output(rollout: Rollout, group: str, job_id: str, host: str) -> str:
+def step_output(rollout: Placement, group: str, job_id: str, host: str) -> str:
     """The output of ``host``'s step in job ``job_id`` of ``group``, on that host.
 
     >>> from types import SimpleNamespace as N
@@ -95,12 +95,12 @@ def step_output(rollout: Rollout, group: str, job_id: str, host: str) -> str:
     return f"{group_dir(rollout, group)}/{job_id}/{host}.out"
 
 
-def job_output(rollout: Rollout, group: str, job_id: str) -> str:
+def job_output(rollout: Placement, group: str, job_id: str) -> str:
     """The batch script's own output (which step ended, with what), on the job's first node."""
     return f"{group_dir(rollout, group)}/{job_id}.out"
 
 
-def script_path(rollout: Rollout, group: str) -> str:
+def script_path(rollout: Placement, group: str) -> str:
     """Where the group's batch script lives on ``k3_slurm_submit_host``."""
     return f"{rollout.vars.k3_slurm_dir.rstrip('/')}/{job_name(group, rollout.vars.k3_unit_name)}.sbatch"
 
@@ -118,7 +118,7 @@ def version_tuple(version: str) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def check(rollout: Rollout) -> None:
+def check(rollout: Placement) -> None:
     """Refuse a plan Slurm cannot run as planned (:class:`K3Error`, one line with the fix): ``--segment`` on a Slurm
     older than 23.11; a host in two groups while each job takes its nodes whole (``k3_slurm_exclusive: node``: the
     second job would wait for ever); two engine groups on one host both asking for its GPUs."""
@@ -151,7 +151,7 @@ def check(rollout: Rollout) -> None:
                           "or set `k3_slurm_gres: \"\"`")
 
 
-def check_submit(rollout: Rollout, inventory_hosts: Sequence[str]) -> str:
+def check_submit(rollout: Placement, inventory_hosts: Sequence[str]) -> str:
     """The submit host of a deploy through Slurm (``k3_slurm_submit_host``, an inventory host), after :func:`check`;
     raises :class:`K3Error` when it is not set or not in the inventory."""
     check(rollout)
@@ -168,7 +168,7 @@ def check_submit(rollout: Rollout, inventory_hosts: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------------------------- launch scripts
 
 
-def launch_script(rollout: Rollout, unit: UnitWork) -> str:
+def launch_script(rollout: Placement, unit: UnitWork) -> str:
     """The script a unit's Slurm step runs on its node: the unit's container (same argv as its ``ExecStart=``),
     after the unit's pre-step, stopped on SIGTERM as the unit's ``ExecStop`` stops it; a router run from
     ``k3_router_bin`` (no container) is exec'd, and Slurm's SIGTERM reaches it as systemd's does. A rollback's
@@ -203,7 +203,7 @@ def launch_script(rollout: Rollout, unit: UnitWork) -> str:
 # ---------------------------------------------------------------------------------------------- batch scripts
 
 
-def gres(rollout: Rollout, group: str) -> str:
+def gres(rollout: Placement, group: str) -> str:
     """The ``--gres`` of a group's job ("" for the router's, or with ``k3_slurm_gres: ""``)."""
     if group == "router" or not rollout.vars.k3_slurm_gres:
         return ""
@@ -211,7 +211,7 @@ def gres(rollout: Rollout, group: str) -> str:
     return rollout.vars.k3_slurm_gres.replace("{gpus_per_node}", str(gpus))
 
 
-def sbatch_options(rollout: Rollout, group: str) -> list[str]:
+def sbatch_options(rollout: Placement, group: str) -> list[str]:
     """The ``#SBATCH`` options of a group's job, without its ``--comment`` (the revision covers them)."""
     v = rollout.vars
     nodes = [u.host for u in rollout.group(group)]
@@ -229,7 +229,7 @@ def sbatch_options(rollout: Rollout, group: str) -> list[str]:
     return out
 
 
-def _step(rollout: Rollout, unit: UnitWork) -> tuple[list[str], str]:
+def _step(rollout: Placement, unit: UnitWork) -> tuple[list[str], str]:
     """A unit's step: what it does, in words, and its srun line."""
     host = shlex.quote(unit.host)
     # %N: the file is opened on the step's own node (a plain path would be written by srun, on the batch host)
@@ -246,7 +246,7 @@ def _step(rollout: Rollout, unit: UnitWork) -> tuple[list[str], str]:
     return what, f"{srun} bash -c {shlex.quote(f'{wait} && exec {launch}')}"
 
 
-def _batch(rollout: Rollout, group: str, revision: str | None) -> str:
+def _batch(rollout: Placement, group: str, revision: str | None) -> str:
     units = rollout.group(group)
     v = rollout.vars
     options = sbatch_options(rollout, group)
@@ -288,7 +288,7 @@ def _batch(rollout: Rollout, group: str, revision: str | None) -> str:
             f"the launch scripts and env files must be on the nodes ({v.k3_config_dir})."))
 
 
-def revision(rollout: Rollout, group: str) -> str:
+def revision(rollout: Placement, group: str) -> str:
     """The group's revision: 16 hex digits of the hash of what its job runs (its batch script's options and steps,
     each node's launch script and env file). It changes when any of them does, and only then."""
     parts = [_batch(rollout, group, None)]
@@ -315,7 +315,7 @@ class SlurmJob:
     comment: str                    # --comment: what squeue's %k shows while it runs
 
 
-def jobs(rollout: Rollout) -> list[SlurmJob]:
+def jobs(rollout: Placement) -> list[SlurmJob]:
     """Every group's job in submit order: the engine groups (replicas in order; P/D: prefill, decode), then the
     router (once they serve). Raises :class:`K3Error` for a plan Slurm cannot run (:func:`check`)."""
     check(rollout)
@@ -347,7 +347,7 @@ class HostFiles:
     files: tuple[NodeFile, ...]
 
 
-def host_files(rollout: Rollout, submit_host: str | None) -> list[HostFiles]:
+def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
     """Per host, the files the Slurm launcher writes: on each node its launch scripts (0755) and env files (0600,
     as the systemd path writes them) and the directories of its groups' outputs; on ``submit_host``
     (:func:`check_submit`; None: no batch script is placed) the batch scripts (0644). Hosts in inventory order, the

@@ -1,12 +1,15 @@
 """What a rollout does on each host, as data: one step list, two renderers.
 
 The stage (the image and the weights, :mod:`k3deploy.model.staging`), the configure phase (each unit's env file and
-systemd unit, written beside the live ones), the restart (stop, start heads, rendezvous, start workers) and the
-smoke test are lists of :class:`Step`: the host, the script of :mod:`k3deploy.model.commands` it runs (or the file it
-writes, or the copy from the control machine), and whether it applies, decided here from what the hosts hold
-(nothing on a fresh cluster, some artifacts on a partly staged one) and what changes. :mod:`k3deploy.runtime.phases`
-renders the steps as pyinfra operations (one operation per step kind, called on the hosts the step applies to);
-:mod:`k3deploy.model.runbook.sections` renders the same steps as command blocks, so the two run the same commands.
+systemd unit, written beside the live ones) and the smoke test are lists of :class:`Step`: the host, the script of
+:mod:`k3deploy.model.commands` it runs (or the file it writes, or the copy from the control machine), and whether it
+applies, decided here from what the hosts hold (nothing on a fresh cluster, some artifacts on a partly staged one)
+and what changes. The restart is one list of :class:`Action` (:func:`restart`): each step of a roll (out of the
+router, drain, the launcher's stop, record and swap and starts, or its record and submit, the gate, the SLO gate,
+back into the router), with typed conditions (:data:`Condition`) and barriers, whatever starts the groups (the
+launcher's :class:`StartSteps`). :mod:`k3deploy.runtime.phases` renders the steps and actions as pyinfra operations
+(one operation per step kind or action, called on the hosts it applies to); :mod:`k3deploy.model.runbook.sections`
+renders the same steps and actions (:func:`start_of`) as command blocks, so the two run the same commands.
 
 Pure: no pyinfra, no host I/O.
 
@@ -21,16 +24,23 @@ Example::
     [('n1', 'Image vllm/vllm-openai:kimi-k3: from the registry'), ('n1', 'Weights of moonshotai/Kimi-K3: from the hub')]
     >>> served_model(rollout)
     'moonshotai/Kimi-K3'
+    >>> [(a.kind, a.role, a.hosts) for a in start_of(rollout, rollout.groups)][1:]
+    [('stop', 'heads', ['n1']), ('start', 'heads', ['n1']), ('start', 'workers', ['n2']), ('gate', '', ['n1', 'n2'])]
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal, Protocol
 
 from k3deploy.model import commands
 from k3deploy.model.images import LocalImage, holds, named, run_ref
-from k3deploy.model.rollout import Rollout, StartPlan, UnitWork
+from k3deploy.model.revisions import revisions_dir
+from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
+from k3deploy.model.slo import GatePlan
+from k3deploy.model.slurm import launch_path
 from k3deploy.model.staging import (
     ARCHIVE,
     OUTSIDE,
@@ -285,36 +295,464 @@ def unit_files(rollout: Rollout, unit: UnitWork, *, staged: bool) -> list[FileWr
 # ------------------------------------------------------------------------------------------------ restart
 
 
+# The restart as data: every operation of the start phase, in the order it runs, whatever starts the groups. Each
+# :class:`Action` says what it does on which hosts and when it goes ahead (:data:`Condition`); the launcher's own part
+# (the units' stops, swap and starts, or the jobs' record and submit) comes from its :class:`StartSteps`.
+
+
 @dataclass(frozen=True)
-class HostRestart:
-    """One host's scripts in each phase of a restart (empty: nothing to do there)."""
+class Serves:
+    """Condition: every one of ``groups`` serves, every one of the router ``calls`` succeeded, and the run was not
+    interrupted."""
+
+    groups: tuple[str, ...]
+    calls: tuple[RouterCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class Begins:
+    """Condition: restart step ``wave`` (of ``groups``) goes ahead: no member of its groups failed an earlier step
+    and no canary missed (decided once, when its first operation runs)."""
+
+    wave: int
+    groups: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Keeps:
+    """Condition: ``group`` serves what this run started it with (the SLO gate did not take it back)."""
+
+    group: str
+
+
+@dataclass(frozen=True)
+class Missed:
+    """Condition: a group missed the SLO gate in this run."""
+
+
+Condition = Serves | Begins | Keeps | Missed
+@dataclass(frozen=True)
+class RouterCall:
+    """A call of a roll to the router: take step ``step``'s replicas out (``remove``) or put them back (``add``)."""
+
+    action: Literal["add", "remove"]
+    step: int
+
+    @staticmethod
+    def before(step: int, *, out: bool = False) -> list[RouterCall]:
+        """The calls restart step ``step`` of a roll waits for: every earlier step's replicas put back, and with
+        ``out`` its own replicas taken out."""
+        return [*(RouterCall("add", j) for j in range(step)), *([RouterCall("remove", step)] if out else [])]
+
+#: what an action does (the renderers' switch): ``rebuild`` a record cut short, put the ``missing`` replicas back
+#: into the router, take a replica ``out`` of it, ``drain`` its requests, ``stage`` its files, ``stop`` units,
+#: ``swap`` (record the revision, put its files in place), ``start`` units (workers: once their head's rendezvous
+#: port accepts connections), ``record`` a job's revision, ``submit`` jobs, ``gate`` (the groups serve), the
+#: ``slo`` gate, ``mark`` a rolled replica's revision current, put a replica back ``in`` the router, ``current``
+#: (mark a group's revision once it serves), the SLO ``verdict``
+Kind = Literal["rebuild", "missing", "out", "drain", "stage", "stop", "swap", "start", "record", "submit", "gate",
+               "slo", "mark", "in", "current", "verdict"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """What an action does on one host: its ``script`` (:mod:`k3deploy.model.commands`), the ``units`` it stops,
+    starts or stages (workers: the ``joins``, each ``(address, port)`` of a head's rendezvous they wait for), the
+    ``groups`` it waits for or submits, and what must also hold there (``when``)."""
 
     host: str
-    stop_routers: str
-    stop_workers: str
-    stop_heads: str
-    start_heads: str
-    start_workers: str           # first, one wait per rendezvous (head address, port) the worker joins
-    start_routers: str
+    script: str = ""
+    units: tuple[str, ...] = ()
+    joins: tuple[tuple[str, int], ...] = ()
+    groups: tuple[str, ...] = ()
+    stops: tuple[str, ...] = ()     # ``submit``: the groups whose jobs are cancelled first
+    when: tuple[Condition, ...] = ()
+    active: bool = True
 
 
-def restart(rollout: Rollout, plan: StartPlan) -> list[HostRestart]:
-    """Each host's part of a restart (:class:`~k3deploy.model.rollout.StartPlan`), in the order the phases run:
-    stop routers, workers, heads; start heads; the workers, each once its head's rendezvous port accepts
-    connections (one script: a wait that times out ends it); (the engine groups serve); start the router."""
-    timeout = rollout.vars.k3_rendezvous_timeout
+@dataclass(frozen=True)
+class Action:
+    """One operation of the restart: ``parts`` where it acts, ``when`` what must hold when it runs. A ``barrier``
+    is called on every host (doing nothing where it has no part): nothing any host calls after it runs before it
+    ended on every host, which keeps the steps of a roll apart. ``role``: whose units (``routers``, ``workers``,
+    ``heads``) a ``stop`` or ``start`` acts on; ``call``: the router call whose outcome it records; ``timeout``:
+    the longest it may take on a host (None: the connection's bound)."""
 
-    def stop(units: Sequence[str]) -> str:
-        return commands.stop_units(units) if units else ""
+    kind: Kind
+    name: str
+    parts: tuple[Part, ...]
+    when: tuple[Condition, ...] = ()
+    barrier: bool = False
+    wave: int | None = None
+    role: str = ""
+    call: RouterCall | None = None
+    timeout: int | None = None
 
-    def start(units: Sequence[str], joins: Sequence[tuple[str, int]] = ()) -> str:
-        if not units:
-            return ""
-        return (commands.start_joined(units, joins, timeout, rollout.vars.k3_config_dir) if joins
-                else commands.start_units(units))
+    def on(self, host: str) -> Part | None:
+        """This action's part on ``host`` (None: it has none there)."""
+        return next((p for p in self.parts if p.host == host), None)
 
-    return [HostRestart(h.host, stop(h.routers), stop(h.workers), stop(h.heads), start(h.heads),
-                        start(h.workers, h.joins), start(h.routers)) for h in plan.hosts]
+    @property
+    def hosts(self) -> list[str]:
+        return [p.host for p in self.parts]
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What the run decided before the restart, with which the steps are built: each changing group's revision
+    number and ``meta.json``, the revision each group is marked with once it serves, the groups whose nodes name
+    different current revisions, each unit's staged files that move onto the live ones (``(host, unit) ->
+    (staged, live)``), the units read as stopped, the records cut short a host writes again (host ->
+    ``(group, number, record)``), and the SLO gate with the host that runs it."""
+
+    numbers: Mapping[str, int] = field(default_factory=dict)
+    metas: Mapping[str, str] = field(default_factory=dict)
+    marks: Mapping[str, int] = field(default_factory=dict)
+    repairs: tuple[str, ...] = ()
+    changes: Mapping[tuple[str, str], tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    stopped: frozenset[tuple[str, str]] = frozenset()
+    rebuild: Mapping[str, tuple[tuple[str, int, str], ...]] = field(default_factory=dict)
+    gate: GatePlan | None = None
+    gate_host: str | None = None
+
+
+class StartSteps(Protocol):
+    """A launcher's part of the restart (:func:`restart`): what runs before the restart's steps, its part of each
+    step between the roll's drain and the gate, how the router starts, and whether the router's worker file lists
+    the replicas and a rolled replica is marked current in its own step."""
+
+    @property
+    def idle(self) -> str:
+        """What a run says where nothing restarts."""
+
+    @property
+    def worker_file(self) -> bool:
+        """The router's worker file lists the replicas (a roll's router calls rewrite it)."""
+
+    @property
+    def marks_in_roll(self) -> bool:
+        """A rolled replica is marked current in its own step."""
+
+    def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
+        """What runs before the first step (records written again)."""
+
+    def engines(self, rollout: Rollout, plan: StartPlan, wave: int, groups: Sequence[str], label: str,
+                when: tuple[Condition, ...], decided: Decisions, rolling: bool = False) -> list[Action]:
+        """The launcher's part of one step, once the groups may restart (``when``; ``rolling``: a step of a roll
+        behind the router)."""
+
+    def gate_groups(self, rollout: Rollout, plan: StartPlan, host: str, rolling: bool) -> list[str]:
+        """The engine groups ``host`` waits for in a step."""
+
+    def router(self, rollout: Rollout, plan: StartPlan, when: tuple[Condition, ...]) -> list[Action]:
+        """The router's start (and its gate), once the engine groups serve."""
+
+
+def _stop(role: str, start: HostStart) -> str:
+    return commands.stop_units(getattr(start, role))
+
+
+def _unit_parts(plan: StartPlan, role: str, script: Callable[[HostStart], str]) -> tuple[Part, ...]:
+    """A part on each host with ``role``'s units (``routers``, ``workers``, ``heads``) in ``plan``."""
+    return tuple(Part(h.host, script(h), tuple(getattr(h, role)), tuple(h.joins) if role == "workers" else ())
+                 for h in plan.hosts if getattr(h, role))
+
+
+def _gate(rollout: Rollout, plan: StartPlan, launcher: StartSteps, label: str, when: tuple[Condition, ...],
+          rolling: bool, wave: int) -> Action | None:
+    parts = tuple(Part(h, groups=tuple(g)) for h in rollout.hosts
+                  if (g := launcher.gate_groups(rollout, plan, h, rolling)))
+    return Action("gate", f"Engine groups serve (health, models){label}", parts, when, wave=wave) if parts else None
+
+
+@dataclass(frozen=True)
+class UnitSteps:
+    """The systemd units' part (:class:`~k3deploy.runtime.launchers.Systemd`): routers, workers, then heads
+    stopped (where some unit of the step may run), the revision recorded and its files put in place, the heads
+    started, then the workers, each once its head's rendezvous port accepts connections; the router once the engine
+    groups serve."""
+
+    idle: str = "every group runs the planned version: nothing restarts"
+    worker_file: bool = True
+    marks_in_roll: bool = True
+
+    def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
+        """Each record cut short on a host whose files hash to what the group's other nodes recorded, written
+        again from their record (before anything restarts, so a rollback can restore it)."""
+        cfg = rollout.vars.k3_config_dir
+        out = []
+        for h in rollout.hosts:
+            for group, n, record in decided.rebuild.get(h, ()):
+                out.append(Action("rebuild", f"Write the record of revision {n} of group {group} again (cut short on "
+                                             "this node)",
+                                  (Part(h, commands.rewrite_record(revisions_dir(cfg, group), n, record)),)))
+        return out
+
+    def engines(self, rollout: Rollout, plan: StartPlan, wave: int, groups: Sequence[str], label: str,
+                when: tuple[Condition, ...], decided: Decisions, rolling: bool = False) -> list[Action]:
+        r = rollout
+        out: list[Action] = []
+        if rolling:   # each replica gets its files in its own step of the roll: a roll that stops leaves the
+            # replicas after it on the files they run
+            staged = tuple(Part(h, units=tuple(u.unit for u in r.on_host(h) if u.group in groups)) for h in r.hosts
+                           if any(u.group in groups for u in r.on_host(h)))
+            if staged:
+                out.append(Action("stage", f"Env file (0600), staged, systemd unit{label}", staged, when, wave=wave))
+        # a change anywhere in a group restarts the whole group: router, workers, then heads (each host calls its
+        # stops even where its units are stopped: the starts after them stay as deep in every host's sequence, so
+        # that no worker's start comes before its head's; where no unit of the step runs on any host, as in a
+        # first rollout, no host calls them)
+        if any((h.host, u) not in decided.stopped for h in plan.hosts for u in (*h.routers, *h.workers, *h.heads)):
+            for role, title in (("routers", "Stop routers of restarting groups"),
+                                ("workers", f"Stop workers of restarting groups{label}"),
+                                ("heads", f"Stop heads of restarting groups{label}")):
+                parts = _unit_parts(plan, role, partial(_stop, role))
+                if parts:
+                    out.append(Action("stop", title, parts, when, wave=wave, role=role))
+        # every host records and swaps before any head starts: a run killed after this leaves every member of a
+        # group on the files of one recorded revision
+        swaps = tuple(Part(h, text) for h in r.hosts if (text := commands.then(*swap(r, h, groups, decided))))
+        if swaps:
+            out.append(Action("swap", f"Record the new revision, put its files in place{label}", swaps, when,
+                              wave=wave))
+        timeout = r.vars.k3_rendezvous_timeout
+        heads = _unit_parts(plan, "heads", lambda h: commands.start_units(h.heads))
+        if heads:
+            out.append(Action("start", f"Start group heads{label}", heads, when, wave=wave, role="heads"))
+        # one command: the wait for the head's rendezvous port (tried from this node), then the start
+        workers = _unit_parts(plan, "workers", lambda h: commands.start_joined(h.workers, h.joins, timeout,
+                                                                               r.vars.k3_config_dir)
+                              if h.joins else commands.start_units(h.workers))
+        if workers:
+            out.append(Action("start", f"Start workers once their head's rendezvous port accepts connections{label}",
+                              workers, when, wave=wave, role="workers", timeout=timeout + r.vars.k3_link_timeout))
+        return out
+
+    def gate_groups(self, rollout: Rollout, plan: StartPlan, host: str, rolling: bool) -> list[str]:
+        # the router starts once the engine groups serve: its host waits for them too, even where none of them runs
+        # on it (a replica whose head moved to a spare), so that its start comes after their gate
+        if plan.on(host).routers and not rolling:
+            return list(plan.engine_groups)
+        return sorted({u.group for u in rollout.on_host(host) if u.group in plan.engine_groups})
+
+    def router(self, rollout: Rollout, plan: StartPlan, when: tuple[Condition, ...]) -> list[Action]:
+        parts = _unit_parts(plan, "routers", lambda h: commands.start_units(h.routers))
+        if not parts:
+            return []
+        return [Action("start", "Start router", parts, when, role="routers"),
+                Action("gate", "Router serves", tuple(Part(p.host, groups=("router",)) for p in parts), when)]
+
+
+@dataclass(frozen=True)
+class JobSteps:
+    """A Slurm job per group's part (:class:`~k3deploy.runtime.launchers.Slurm`): each node records the revision
+    (its launch scripts and env files, written in place by the configure phase), then, on the submit host, the
+    restarting groups' jobs are cancelled and the engine groups' submitted (each job starts its head, waits for its
+    rendezvous port from each worker's node, starts the workers); the router's job once the engine groups serve."""
+
+    submit_host: str
+    idle: str = "every group's job runs the planned revision: nothing is submitted"
+    worker_file: bool = False
+    marks_in_roll: bool = False
+
+    def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
+        return []
+
+    def engines(self, rollout: Rollout, plan: StartPlan, wave: int, groups: Sequence[str], label: str,
+                when: tuple[Condition, ...], decided: Decisions, rolling: bool = False) -> list[Action]:
+        r = rollout
+        records = []
+        for h in r.hosts:
+            keep = [commands.record_revision(revisions_dir(r.vars.k3_config_dir, g), decided.numbers[g],
+                                             [(p, p.rsplit("/", 1)[-1]) for u in r.group(g) if u.host == h
+                                              for p in (launch_path(r, u), u.env_path)], decided.metas[g])
+                    for g in groups if g in decided.numbers and any(u.host == h for u in r.group(g))]
+            if keep:   # record_revision ends with a here-document: each in its own block, on lines of its own
+                records.append(Part(h, "\n".join(f"{{ {k}\n}}" for k in keep)))
+        out = [Action("record", f"Record the new revision (launch scripts, env files){label}", tuple(records), when,
+                      wave=wave)] if records else []
+        out.append(Action("submit", f"Cancel the restarting groups' jobs, submit the engine groups' jobs{label}",
+                          (Part(self.submit_host, groups=tuple(plan.engine_groups), stops=tuple(groups)),), when,
+                          wave=wave))
+        return out
+
+    def gate_groups(self, rollout: Rollout, plan: StartPlan, host: str, rolling: bool) -> list[str]:
+        return sorted({u.group for u in rollout.on_host(host) if u.group in plan.engine_groups})
+
+    def router(self, rollout: Rollout, plan: StartPlan, when: tuple[Condition, ...]) -> list[Action]:
+        router = next((u for u in rollout.units if u.group == "router"), None)
+        if not plan.router or router is None:
+            return []
+        return [Action("submit", "Submit the router's job", (Part(self.submit_host, groups=("router",)),), when),
+                Action("gate", "Router serves", (Part(router.host, groups=("router",)),), when)]
+
+
+def swap(rollout: Rollout, host: str, groups: Sequence[str], decided: Decisions) -> list[str]:
+    """``host``'s part of putting ``groups``' new files in place, once their units are stopped, as scripts to run one
+    after the other (:func:`k3deploy.model.commands.then`): each changing group's revision is recorded first (copies
+    of the files it will run: the staged ones where they change, the live ones where not, and its ``meta.json``),
+    then the staged files move onto the live ones. A rollback records nothing: it goes back to a recorded
+    revision."""
+    r = rollout
+    parts = []
+    pairs: list[tuple[str, str]] = []
+    for group in groups:
+        mine = [u for u in r.group(group) if u.host == host]
+        if not mine:
+            continue
+        changes = {live: staged for u in mine for staged, live in decided.changes.get((u.host, u.unit), ())}
+        pairs += [(staged, live) for live, staged in changes.items()]
+        if group in decided.numbers:
+            files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
+            parts.append(commands.record_revision(revisions_dir(r.vars.k3_config_dir, group), decided.numbers[group],
+                                                  files, decided.metas[group]))
+    router = next((u for u in r.group("router") if u.host == host), None) if "router" in groups else None
+    if router is not None:   # the router restarts with every replica: its worker file lists them all
+        parts.append(commands.router_list(r.router_list(router, r.replicas)))
+    # the files move only once every record is kept
+    return [*parts, commands.swap_in(pairs)] if pairs else parts
+
+
+def restart(rollout: Rollout, launcher: StartSteps, decided: Decisions | None = None) -> list[Action]:
+    """Every operation of the start phase, in order: what the launcher runs first; the replicas the router left
+    out put back; then each step of the restart (one, or with a rolling change one per wave of replicas): the
+    replica taken out of the router and drained, the launcher's part (stop, record and swap, start heads, then
+    workers; or record and submit jobs), the groups' gate, the SLO gate, the replica marked current and put back
+    (or the router started and gated); then each restarted group marked current on every host, and the SLO gate's
+    verdict. A step goes ahead only once every earlier step's replicas serve and are back in the router.
+
+    Changing the rollout's order is changing this function."""
+    d = decided if decided is not None else Decisions()
+    r = rollout
+    waves = r.waves()
+    router = next((u for u in r.units if u.group == "router"), None)
+    out = launcher.before(r, d)
+    missing = r.missing_from_router()
+    if missing and router is not None:
+        urls = r.serving_urls(missing)
+        out.append(Action("missing", "Put serving replicas the router left out back in "
+                                     f"({', '.join(missing) or 'none'})",
+                          (Part(router.host, commands.router_add(router.serves or "", urls, r.ready_timeout,
+                                                                 *_listed(r, router, r.replicas, launcher)),
+                                active=bool(urls)),)))
+    gate = d.gate
+    for i, wave in enumerate(waves):
+        plan = r.start_plan(set(wave))
+        earlier = tuple(g for w in waves[:i] for g in w)
+        rolling = r.rolling and router is not None
+        adds: tuple[RouterCall, ...] = tuple(RouterCall("add", j) for j in range(i))
+        begins = Begins(i, tuple(wave))
+        go: tuple[Condition, ...] = (Serves(earlier, adds if rolling else ()), begins)
+        # the replica is restarted only once the router no longer sends it requests
+        ready = (Serves(earlier, (*adds, RouterCall("remove", i))), begins) if rolling else go
+        label = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
+        urls = r.serving_urls(wave)
+        if rolling and router is not None:
+            # a barrier: with the one that puts the replica back, it bounds the step on every host
+            out.append(Action("out", f"Take the replica out of the router{label}", (Part(
+                router.host, commands.router_remove(router.serves or "", urls, *_listed(
+                    r, router, [g for g in r.replicas if g not in wave], launcher))),), go, barrier=True, wave=i,
+                call=RouterCall("remove", i)))
+            draining = tuple(Part(h, " && ".join(commands.drain(u, r.vars.k3_drain_timeout, r.vars.k3_poll_interval)
+                                                 for u in served))
+                             for h in r.hosts
+                             if (served := [u.serves for g in wave for u in r.group(g) if u.serves and u.host == h]))
+            if draining:
+                out.append(Action("drain", f"Let its in-flight requests finish{label}", draining, ready, wave=i,
+                                  timeout=r.vars.k3_drain_timeout + r.vars.k3_link_timeout))
+        out += launcher.engines(r, plan, i, wave, label, ready, d, rolling)
+        gated = _gate(r, plan, launcher, label, ready, rolling, i)
+        if gated is not None:
+            out.append(gated)
+        engines_serve: tuple[Condition, ...] = (
+            Serves((*earlier, *plan.engine_groups), (*adds, RouterCall("remove", i)) if rolling else ()),)
+        if gate is not None and i == 0 and (gate.kind == "group" or rolling) and d.gate_host is not None:
+            out.append(Action("slo", f"SLO gate: {gate.kind_title}{label}", (Part(d.gate_host),), engines_serve,
+                              barrier=True, wave=i))
+        if rolling and launcher.marks_in_roll:
+            # a rolled replica is marked current as soon as it serves, on every one of its nodes in one step,
+            # before the router call that puts it back
+            marking = tuple(Part(h, " && ".join(commands.set_current(revisions_dir(r.vars.k3_config_dir, g),
+                                                                     d.marks[g]) for g in marked),
+                                 when=tuple(Keeps(g) for g in marked))
+                            for h in r.hosts
+                            if (marked := [g for g in wave if g in launcher.gate_groups(r, plan, h, rolling)
+                                           and d.marks.get(g) is not None]))
+            if marking:
+                out.append(Action("mark", f"Mark the revision of the replica current{label}", marking, engines_serve,
+                                  wave=i))
+        if rolling and router is not None:   # a barrier, the step's last operation (see its first)
+            out.append(Action("in", f"Put the replica back into the router{label}", (Part(
+                router.host, commands.router_add(router.serves or "", urls, r.ready_timeout,
+                                                 *_listed(r, router, r.replicas, launcher))),),
+                engines_serve, barrier=True, wave=i, call=RouterCall("add", i)))
+        else:
+            out += launcher.router(r, plan, engines_serve)
+    out += _current(r, launcher, d)
+    if gate is not None and d.gate_host is not None:
+        out.append(Action("verdict", "SLO gate: the verdict", (Part(d.gate_host),), (Missed(),), barrier=True))
+    return out
+
+
+#: the systemd units' part of the restart
+UNITS = UnitSteps()
+
+
+def start_of(rollout: Rollout, groups: Collection[str], launcher: StartSteps = UNITS) -> list[Action]:
+    """The stop and start of ``groups`` as one step of :func:`restart` (the runbook's start, a rollback, one replica
+    of a roll), whatever the hosts hold: every unit stopped, started, gated."""
+    plan = rollout.start_plan(set(groups))
+    out = launcher.engines(rollout, plan, 0, [g for g in rollout.groups if g in groups], "", (), Decisions())
+    gated = _gate(rollout, plan, launcher, "", (), False, 0)
+    return out + ([gated] if gated is not None else []) + launcher.router(rollout, plan, ())
+
+
+def _listed(rollout: Rollout, router: UnitWork, groups: list[str],
+            launcher: StartSteps) -> tuple[tuple[str, list[str]] | None, ...]:
+    """The router's worker file listing ``groups`` as a router call's last argument, where the launcher keeps one."""
+    return (rollout.router_list(router, groups),) if launcher.worker_file else ()
+
+
+def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list[Action]:
+    """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (a group
+    that did not restart records nothing: no action for it). Each is called on every host (doing something on its
+    own hosts): the last operations every host shares, so that nothing of the restart runs after them."""
+    r = rollout
+    # (a rolled replica was marked in its own step; a group whose nodes' marks differ is marked again)
+    rolled = ({g for w in r.waves() for g in w} if r.rolling and launcher.marks_in_roll
+              and any(u.group == "router" for u in r.units) else set())
+    changed = [g for g in r.groups if (g in r.changed_groups and g not in rolled) or g in decided.repairs]
+    out = []
+    for group in changed:
+        number = decided.marks.get(group)
+        here = {u.host for u in r.group(group)}
+        parts = tuple(Part(h, commands.set_current(revisions_dir(r.vars.k3_config_dir, group), number)
+                           if h in here and number is not None else "") for h in r.hosts)
+        out.append(Action("current", f"Mark the revision of group {group} current", parts, (Keeps(group),),
+                          barrier=True))
+    return out
+
+
+def order(rollout: Rollout, actions: Sequence[Action]) -> list[tuple[str, list[str]]]:
+    """Each kind of stop and start of ``actions`` with the hosts that act in it (``host: units``), for people:
+    stop routers, workers, heads; start heads; the workers' wait for their head's rendezvous port; start workers;
+    the engine groups serve; start router; the router serves."""
+    out: list[tuple[str, list[str]]] = []
+    for a in actions:
+        if a.kind == "stop":
+            out.append((f"stop {a.role}", [f"{p.host}: {', '.join(p.units)}" for p in a.parts]))
+        elif a.kind == "start":
+            if a.role == "workers" and any(p.joins for p in a.parts):
+                out.append(("workers wait for the head's rendezvous port",
+                            [f"{p.host} -> {', '.join(f'{h}:{port}' for h, port in p.joins)}" for p in a.parts
+                             if p.joins]))
+            out.append((f"start {a.role}" if a.role != "routers" else "start router",
+                        [f"{p.host}: {', '.join(p.units)}" for p in a.parts]))
+        elif a.kind == "gate":
+            groups = list(dict.fromkeys(g for p in a.parts for g in p.groups))
+            out.append(("router serves", ["router"]) if groups == ["router"] else ("engine groups serve", [
+                g for g in rollout.groups if g in groups]))
+    return out
 
 
 def wait_serving(rollout: Rollout, unit: UnitWork) -> str:

@@ -7,7 +7,8 @@ deploy does. Nothing here reads a host or changes anything: a :class:`Decided` i
 Example::
 
     >>> gathered = gather("inventories/gb300.py", PLAN)                                    # doctest: +SKIP
-    >>> decided = decide(gathered, launcher_for(gathered, [r.name for r in gathered.target.records]))  # doctest: +SKIP
+    >>> launcher = launcher_for(gathered.require_rollout(), gathered.slurm_queue, hosts)    # doctest: +SKIP
+    >>> decided = decide(gathered, launcher)                                               # doctest: +SKIP
     >>> decided.rollout.restart_order(), decided.numbers                                   # doctest: +SKIP
 """
 
@@ -23,7 +24,7 @@ from k3deploy.model.revisions import GroupHistory, revision_for, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.slo import GatePlan, plan_gate
 from k3deploy.runtime.gather import Gathered
-from k3deploy.runtime.launchers import Slurm, Systemd
+from k3deploy.runtime.launchers import Launcher
 
 #: variables that belong to one host or one run, not to what a group runs
 PER_HOST = frozenset({"k3_ip", "k3_rollback", "k3_replica"})
@@ -44,17 +45,15 @@ class Decided:
     gate: GatePlan | None          # the SLO gate of the restart (None: not gated)
 
 
-def decide(gathered: Gathered, launcher: Systemd | Slurm) -> Decided:
+def decide(gathered: Gathered, launcher: Launcher) -> Decided:
     """Decide the run from what ``gathered`` read: what restarts (the launcher's :meth:`changes`), and for the
     groups whose files change a new revision, numbered under the deployment lock (no other run records one of these
     groups until this one ends)."""
     rendered = gathered.require_rollout()
     r = rendered.decided(launcher.changes(rendered, gathered))
-    # the launcher's files, written in place: a group changes files unless its current revision records them (None:
-    # the units' staged files)
+    # a group whose files change records a new revision (the launcher says which files those are)
     files = {g: launcher.revision_files(g) for g in r.changed_groups}
-    changing = {g for g in r.changed_groups if (any(changed_files(gathered, u) for u in r.group(g))
-                                                if files[g] is None else not _recorded(gathered, g, files[g]))}
+    changing = {g for g in r.changed_groups if launcher.new_revision(g, gathered.installed, _recorded(gathered, g))}
     numbers = {g: (gathered.history.get(g) or GroupHistory(g)).next_number() for g in changing
                if g not in gathered.rollback_to}
     metas = {g: _revision_meta(gathered, r, g, n, files[g]) for g, n in numbers.items()}
@@ -67,7 +66,8 @@ def decide(gathered: Gathered, launcher: Systemd | Slurm) -> Decided:
     for g in repairs:
         marks.setdefault(g, gathered.history[g].runs_now or 0)
     return Decided(rollout=r, numbers=numbers, metas=metas, marks=marks, repairs=repairs,
-                   rollback_to=dict(gathered.rollback_to), gate=plan_gate(r, rollback=bool(gathered.rollback_to)))
+                   rollback_to=dict(gathered.rollback_to), gate=plan_gate(r, rollback=bool(gathered.rollback_to),
+                                                                     gated=launcher.slo_gated))
 
 
 def changed_files(gathered: Gathered, unit: UnitWork) -> list[tuple[str, str]]:
@@ -79,11 +79,11 @@ def changed_files(gathered: Gathered, unit: UnitWork) -> list[tuple[str, str]]:
         (unit.env_path, unit.env_text, have.env_sha if have else None)) if sha != sha256(text)]
 
 
-def _recorded(gathered: Gathered, group: str, files: dict[str, str] | None) -> bool:
-    """``group``'s current revision records exactly ``files`` (``host:path -> sha256``)."""
+def _recorded(gathered: Gathered, group: str) -> dict[str, str] | None:
+    """What ``group``'s current revision records (``host:path -> sha256``; None: no current revision)."""
     h = gathered.history.get(group)
     rev = h.revisions.get(h.current) if h is not None and h.current is not None else None
-    return rev is not None and rev.files == files
+    return rev.files if rev is not None else None
 
 
 def _revision_meta(gathered: Gathered, rollout: Rollout, group: str, number: int,

@@ -40,7 +40,6 @@ from k3deploy.model.pipeline import Target, desired_rollout, target
 from k3deploy.model.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.runbook.blanks import Blank, offline_env
-from k3deploy.model.slurm import launch_path
 from k3deploy.model.spares import (
     Quarantine,
     Settled,
@@ -70,6 +69,7 @@ from k3deploy.runtime.connections import (
     open_inventory,
     ssh_argv,
 )
+from k3deploy.runtime.launchers import launcher_for
 from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
 from k3deploy.runtime.reading import HostReading, ReadPlan, TakeLockThere, plan_host, read_again, read_hosts
 from k3deploy.runtime.views import DEPLOY, View
@@ -445,15 +445,15 @@ def restore_revisions(state: State, rollout: Rollout, history: Mapping[str, Grou
     the revisions keep them; the group's job is then rendered from them. Returns each group's revision and the
     rollout with those files."""
     hosts = {h.name: h for h in state.inventory}
-    batch = rollout.vars.k3_launcher == "slurm"
+    launcher = launcher_for(rollout)
 
     def own(unit: UnitWork) -> str:
         """The unit's own file: its systemd unit, or under Slurm its launch script."""
-        return launch_path(rollout, unit) if batch else unit.unit_path
+        return launcher.unit_file(unit)
 
     def with_files(unit: UnitWork, own_text: str, env_text: str) -> UnitWork:
         """The unit with a revision's files: its own file (:func:`own`) and its env file."""
-        if batch:
+        if own(unit) != unit.unit_path:
             return unit.kept(launch_text=own_text, env_text=env_text)
         return unit.kept(unit_text=own_text, env_text=env_text)
 

@@ -1,60 +1,186 @@
-"""What starts the engine groups: their systemd units (the default) or, with ``k3_launcher: slurm``, one Slurm batch
-job per group submitted from ``k3_slurm_submit_host`` (docs/slurm.md). The run's context chooses one launcher once
-(:func:`launcher_for`); the phases ask it what changes, which files each host gets and how a group is started,
-polled and stopped, and never compare the launcher's name themselves.
+"""What starts the engine groups, behind one interface (:class:`Launcher`): their systemd units (the default), with
+``k3_launcher: slurm`` one Slurm batch job per group submitted from ``k3_slurm_submit_host`` (docs/slurm.md), or the
+Kubernetes export's manifests (``k3deploy export kubernetes``). :func:`launcher_for` is the one reader of
+``k3_launcher``: the reads, the run, ``plan``, ``status``, ``history`` and ``bundle`` ask the launcher it gives what to
+read, what changes, which files a revision keeps, how a group is polled and stopped, and never compare its name.
 
 Example::
 
-    >>> Systemd().batch, Systemd().control is None
-    (False, True)
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> hosts = [HostRecord("n1", ("head",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.1"}),
+    ...          HostRecord("n2", ("workers",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.2"})]
+    >>> r = desired_rollout(target(hosts, None))
+    >>> launcher = launcher_for(r)
+    >>> launcher.name, launcher.queue_host, launcher.unit_file(r.units[0]) == r.units[0].unit_path
+    ('systemd', None, True)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from pyinfra import logger
 
 from k3deploy.errors import K3Error
-from k3deploy.model import commands, slurm
-from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
+from k3deploy.facts.status import SlurmQueueReading
+from k3deploy.model import commands, slurm, steps
+from k3deploy.model.observed import Installed
+from k3deploy.model.rollout import Placement, Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.slurm import HostFiles, QueuedJob, SlurmJob
-from k3deploy.runtime.gather import Gathered
+from k3deploy.model.steps import StartSteps
+from k3deploy.runtime import readiness
 from k3deploy.runtime.readiness import GroupControl, run
-from k3deploy.runtime.reading import HostReading
 
-#: seconds a cancelled job is given to stop its steps (their containers' ``docker stop -t 60``, the batch script's
-#: grace) before Slurm is told to end it outright (:func:`k3deploy.model.slurm.cancel`)
-CANCEL_TIMEOUT = slurm.STOP_GRACE + 30
+
+class Readings(Protocol):
+    """What a launcher reads of the hosts to say what changes (a :class:`k3deploy.runtime.gather.Gathered`)."""
+
+    @property
+    def installed(self) -> Mapping[tuple[str, str], Installed]: ...
+
+    @property
+    def readings(self) -> Mapping[str, Any]: ...   # host -> its HostReading
+
+
+class Launcher(Protocol):
+    """What starts a rollout's groups: what each host is asked (its units' files, the queue), which groups change,
+    what a revision keeps, how the readiness gate polls, reports and stops a group, and what the commands that read
+    the systemd units only say instead."""
+
+    #: how ``status`` names it (``systemd``, ``slurm``, ``kubernetes``)
+    name: ClassVar[str]
+    @property
+    def queue_host(self) -> str | None:
+        """The host whose queue the run reads with the hosts (None: no queue)."""
+    #: the SLO gate judges a restart it starts (:func:`k3deploy.model.slo.plan_gate`)
+    slo_gated: ClassVar[bool]
+    #: the commands that read the systemd units only -> why they refuse, with the fix (``{inventory}`` filled in)
+    refuses: ClassVar[Mapping[str, str]]
+    #: what ``history`` says first about the revisions it keeps (empty: nothing)
+    revision_note: ClassVar[str]
+
+    def unit_file(self, unit: UnitWork) -> str:
+        """The file ``unit`` runs from on its node (what is read and kept beside its env file)."""
+
+    def log_dir(self, unit: UnitWork) -> str | None:
+        """Where ``unit``'s output is on its node (None: its journal)."""
+
+    def kept(self, unit: UnitWork) -> list[str]:
+        """The files of ``unit`` a revision keeps on its node."""
+
+    def revision_files(self, group: str) -> dict[str, str]:
+        """``host:path -> sha256`` of what ``group`` runs, as a revision records it."""
+
+    def changes(self, rollout: Rollout, gathered: Readings) -> frozenset[str]:
+        """The groups that restart, from what the hosts have."""
+
+    def new_revision(self, group: str, installed: Mapping[tuple[str, str], Installed],
+                     recorded: Mapping[str, str] | None) -> bool:
+        """A restart of ``group`` records a new revision: its files change (``installed``: what the hosts have;
+        ``recorded``: what its current revision records, None: none)."""
+
+    @property
+    def control(self) -> GroupControl:
+        """What the readiness gate polls, shows of a failed unit, and stops."""
+
+    def advice(self, group: str, host: str, changed: bool = True) -> str:
+        """What to do about a group that failed its gate on ``host`` (``changed``: the run started it with other
+        files than those of the revision it last served)."""
+
+    @property
+    def start_steps(self) -> StartSteps:
+        """Its part of the restart's steps (:func:`k3deploy.model.steps.restart`)."""
 
 
 @dataclass(frozen=True)
 class Systemd:
-    """The default launcher: each unit under its node's systemd (the units, their order and their revisions are the
-    phases' own: :mod:`k3deploy.runtime.phases`)."""
+    """The default launcher: each unit under its node's systemd, from its unit and env files."""
 
-    batch: bool = False              # groups are Slurm batch jobs
+    rollout: Placement
+    name: ClassVar[str] = "systemd"
+    slo_gated: ClassVar[bool] = True
+    refuses: ClassVar[Mapping[str, str]] = {}
+    revision_note: ClassVar[str] = ""
 
-    def changes(self, rollout: Rollout, gathered: Gathered) -> frozenset[str]:
+    def unit_file(self, unit: UnitWork) -> str:
+        return unit.unit_path
+
+    def log_dir(self, unit: UnitWork) -> str | None:
+        return None
+
+    def kept(self, unit: UnitWork) -> list[str]:
+        """The unit's unit file and env file."""
+        return [unit.unit_path, unit.env_path]
+
+    def revision_files(self, group: str) -> dict[str, str]:
+        """Each unit's unit file and env file as rendered (:func:`k3deploy.model.revisions.revision_for`)."""
+        out = {}
+        for u in self.rollout.group(group):
+            out[f"{u.host}:{u.unit_path}"], out[f"{u.host}:{u.env_path}"] = sha256(u.unit_text), sha256(u.env_text)
+        return out
+
+    def changes(self, rollout: Rollout, gathered: Readings) -> frozenset[str]:
         """The groups that restart, from what the hosts have (:func:`k3deploy.model.rollout.mark_changes`)."""
         return mark_changes(rollout, gathered.installed)
 
     @property
-    def control(self) -> GroupControl | None:
-        """What the readiness gate polls and stops (None: the systemd units, :mod:`k3deploy.runtime.readiness`)."""
+    def queue_host(self) -> str | None:
+        """None: no queue."""
         return None
 
-    def revision_files(self, group: str) -> dict[str, str] | None:
-        """``host:path -> sha256`` of what a revision of ``group`` keeps (None: its units' unit and env files, staged
-        by the configure phase: :func:`k3deploy.model.revisions.revision_for`)."""
-        return None
+    @property
+    def start_steps(self) -> StartSteps:
+        """Stop, record and swap, start heads, then workers (:class:`k3deploy.model.steps.UnitSteps`)."""
+        return steps.UNITS
 
-    def advice(self, group: str, host: str) -> str | None:
-        """What to do about a group that failed its gate (None: the phases' own, :func:`~k3deploy.runtime.phases.
-        failure_advice`)."""
-        return None
+    def new_revision(self, group: str, installed: Mapping[tuple[str, str], Installed],
+                     recorded: Mapping[str, str] | None) -> bool:
+        """Some unit's unit or env file differs from what its host has (the configure phase stages it)."""
+        for u in self.rollout.group(group):
+            have = installed.get((u.host, u.unit))
+            if have is None or have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text):
+                return True
+        return False
+
+    @property
+    def control(self) -> GroupControl:
+        """Each unit polled with :func:`~k3deploy.runtime.readiness.probe_script`, its journal and container log
+        shown, the group stopped workers first."""
+        return readiness.UnitControl()
+
+    def advice(self, group: str, host: str, changed: bool = True) -> str:
+        """When this run changed the group's files, the revisions it ran before (a rollback); when it did not (it
+        restarted the revision it last served), the cause is on the node, where a rollback would not help. Both
+        explain the ``Error: executed 0 commands`` pyinfra prints next."""
+        return failure_advice(group, host, changed)
+
+
+def failure_advice(group: str, host: str, changed: bool) -> str:
+    """What to do about a group of systemd units that failed to serve (:meth:`Systemd.advice`).
+
+    >>> "k3_rollback" in failure_advice("engine", "n2", changed=False)
+    False
+    >>> "k3_rollback=true" in failure_advice("engine", "n2", changed=True)
+    True
+    """
+    head = f"group {group} is stopped; it runs no half-started version. "
+    noise = (" (pyinfra reports this step next as 'Error: executed 0 commands': the step is this readiness check, "
+             "which runs no command of its own)")
+    if changed:
+        return head + ("It was starting other files than those of the revision it last served; if that change "
+                       "caused it, the revisions it ran before are in k3deploy history INVENTORY (roll back with "
+                       "--data k3_rollback=true)" + noise)
+    return head + (f"It was starting the files of the revision it last served, so the cause is on "
+                   f"{host}, not in the settings: see its journal above, k3deploy preflight INVENTORY and k3deploy "
+                   "bundle INVENTORY; a rollback would not help" + noise)
+
+
+#: seconds a cancelled job is given to stop its steps (their containers' ``docker stop -t 60``, the batch script's
+#: grace) before Slurm is told to end it outright (:func:`k3deploy.model.slurm.cancel`)
+CANCEL_TIMEOUT = slurm.STOP_GRACE + 30
 
 
 @dataclass
@@ -62,14 +188,41 @@ class Slurm:
     """``k3_launcher: slurm``: each group one batch job (:func:`k3deploy.model.slurm.jobs`), submitted from
     ``submit_host``; a job that runs the planned revision (its ``--comment``) is left alone."""
 
-    rollout: Rollout
+    rollout: Placement
     submit_host: str
     jobs: dict[str, SlurmJob]                  # group -> its planned job
     queued: tuple[QueuedJob, ...]              # what the queue held when the run read it
     submitted: dict[str, str] = field(default_factory=dict)   # group -> the id of the job this run submitted
-    batch: bool = True
+    name: ClassVar[str] = "slurm"
+    slo_gated: ClassVar[bool] = False   # not gated yet
+    refuses: ClassVar[Mapping[str, str]] = {
+        "runbook": "walks the systemd units' bring-up; for a Slurm site, 'k3deploy export slurm {inventory} -o DIR' "
+                   "writes the batch and launch scripts, commented step by step, with their README",
+    }
+    revision_note: ClassVar[str] = (
+        "k3_launcher: slurm: each revision keeps the group's launch scripts and env files (k3_rollback puts them back "
+        "and submits the group's job again). Each group's job carries its revision hash in its --comment, "
+        "k3deploy:<group>:<hash> (squeue -o '%i %j %T %k %N' on k3_slurm_submit_host)")
 
-    def changes(self, rollout: Rollout, gathered: Gathered) -> frozenset[str]:
+    @property
+    def queue_host(self) -> str | None:
+        """The submit host."""
+        return self.submit_host
+
+    @property
+    def start_steps(self) -> StartSteps:
+        """Record, then cancel and submit the jobs on the submit host (:class:`k3deploy.model.steps.JobSteps`)."""
+        return steps.JobSteps(self.submit_host)
+
+    def unit_file(self, unit: UnitWork) -> str:
+        """Its launch script: what its job's step runs."""
+        return slurm.launch_path(self.rollout, unit)
+
+    def log_dir(self, unit: UnitWork) -> str | None:
+        """Its group's directory under ``k3_slurm_dir``, where each job's step output is."""
+        return slurm.group_dir(self.rollout, unit.group)
+
+    def changes(self, rollout: Rollout, gathered: Readings) -> frozenset[str]:
         """The groups that restart (:func:`k3deploy.model.slurm.changed_groups`): a group whose job is not
         queued with its planned comment, and one whose job runs but whose serving units do not answer ``/health``."""
         running = {q.name for q in self.queued if q.state == "RUNNING"}
@@ -81,7 +234,8 @@ class Slurm:
                 failing.append(g)
         return frozenset(slurm.changed_groups(rollout, self.queued, failing))
 
-    def advice(self, group: str, host: str) -> str | None:
+    def advice(self, group: str, host: str, changed: bool = True) -> str:
+        """The group's job was cancelled: where its step output and the job's own output are."""
         job = self.jobs[group]
         where = slurm.step_output(self.rollout, group, self.submitted.get(group, "<job id>"), host)
         return (f"group {group} is stopped: its job {self.submitted.get(group, '')} ({job.name}) was cancelled, so "
@@ -89,6 +243,11 @@ class Slurm:
                 f"{slurm.job_output(self.rollout, group, self.submitted.get(group, '<job id>'))} on {job.nodes[0]}. "
                 "Fix the cause and run again (pyinfra reports this step next as 'Error: executed 0 commands': the "
                 "step is this readiness check, which runs no command of its own)")
+
+    def new_revision(self, group: str, installed: Mapping[tuple[str, str], Installed],
+                     recorded: Mapping[str, str] | None) -> bool:
+        """Its current revision does not record exactly its launch scripts and env files (written in place)."""
+        return recorded != self.revision_files(group)
 
     def kept(self, unit: UnitWork) -> list[str]:
         """The files of ``unit`` a revision keeps on its node: its launch script and env file."""
@@ -153,11 +312,12 @@ class Slurm:
             f"[{self.submit_host}] cannot cancel {', '.join(names)}: {out.strip() or 'scancel failed'}")
 
 
-def _health(reading: HostReading, unit: str) -> int | None:
+def _health(reading: Any, unit: str) -> int | None:
     """The ``/health`` code a host read of a serving unit: asked on its own (the deploy, ``plan``) or with how the
     unit runs (``status``, ``bundle``); None: not asked."""
     if unit in reading.health:
-        return reading.health[unit]
+        code: int | None = reading.health[unit]
+        return code
     run = reading.runs.get(unit)
     return run.health if run is not None else None
 
@@ -181,12 +341,12 @@ class JobControl:
         job = self.launcher.jobs[work.group]
         return f"{work.node.role} rank {work.rank} of job {self.launcher.submitted.get(work.group, '')} ({job.name})"
 
-    def logs(self, hosts: Mapping[str, Any], work: UnitWork, docker: str) -> str:
+    def logs(self, hosts: Mapping[str, Any], work: UnitWork, docker: str, timeout: float | None = None) -> str:
         job_id = self.launcher.submitted.get(work.group, "")
         container = None if work.group == "router" and not self.launcher.rollout.vars.k3_router_image \
             else work.container
         path = slurm.step_output(self.launcher.rollout, work.group, job_id or "<job id>", work.host)
-        _, text = run(hosts, work.host, commands.step_logs(path, container, docker))
+        _, text = run(hosts, work.host, commands.step_logs(path, container, docker), timeout)
         return text
 
     def culprit(self, hosts: Mapping[str, Any], units: list[UnitWork], seen: UnitWork) -> UnitWork:
@@ -201,21 +361,25 @@ class JobControl:
         node = words[3] if len(words) > 3 and words[:3] == ["the", "step", "on"] else None
         return next((u for u in units if u.host == node), seen)
 
-    def stop(self, hosts: Mapping[str, Any], units: list[UnitWork]) -> None:
+    def stop(self, hosts: Mapping[str, Any], units: list[UnitWork], timeout: float | None = None) -> None:
+        """Its job cancelled (bounded by :data:`CANCEL_TIMEOUT`, not ``timeout``)."""
         self.launcher.cancel(hosts, sorted({u.group for u in units}))
 
 
-def launcher_for(gathered: Gathered, inventory_hosts: Sequence[str]) -> Systemd | Slurm:
-    """The run's launcher, from ``k3_launcher``. With ``slurm``: the plan checked for Slurm and its submit host
-    (:func:`k3deploy.model.slurm.check_submit`), and the queue that host read; raises :class:`K3Error` (one line,
-    the fix) where either is missing."""
-    rollout = gathered.require_rollout()
+def launcher_for(rollout: Placement, queue: SlurmQueueReading | None = None,
+                 inventory_hosts: Sequence[str] | None = None) -> Launcher:
+    """The launcher of ``rollout``, from ``k3_launcher`` (the one place that reads it). Before the hosts are read
+    (what to ask them) it needs nothing more. For a run (``inventory_hosts`` given) with ``slurm``: the plan checked
+    for Slurm and its submit host (:func:`k3deploy.model.slurm.check_submit`), and the ``queue`` that host read;
+    raises :class:`K3Error` (one line, the fix) where either is missing."""
     if rollout.vars.k3_launcher != "slurm":
-        return Systemd()
+        return Systemd(rollout)
+    jobs = {j.group: j for j in slurm.jobs(rollout)}
+    if inventory_hosts is None:
+        return Slurm(rollout, rollout.vars.k3_slurm_submit_host or "", jobs, queue.jobs if queue is not None else ())
     submit = slurm.check_submit(rollout, inventory_hosts)
-    queue = gathered.slurm_queue
     if queue is None or queue.error is not None:
         raise K3Error(f"k3_slurm_submit_host {submit}: squeue failed "
                       f"({queue.error if queue is not None else 'not read'}): check that Slurm's commands work "
                       f"there (ssh {submit} squeue)")
-    return Slurm(rollout, submit, {j.group: j for j in slurm.jobs(rollout)}, queue.jobs)
+    return Slurm(rollout, submit, jobs, queue.jobs)

@@ -327,7 +327,7 @@ def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str
     """daemon-reload, reset failure counters, enable and (re)start these units; with ``joins``, first wait (up to
     ``timeout`` seconds each) until each ``(address, port)`` accepts a TCP connection, tried from this host (no
     payload is sent), and start only if the deployment lock in ``config_dir`` is as it was before the wait:
-    one command, :func:`k3deploy.model.commands.start_joined`, as :func:`k3deploy.model.steps.restart` writes it."""
+    one command, :func:`k3deploy.model.commands.start_joined`, as :class:`k3deploy.model.steps.UnitSteps` writes it."""
     if not active or not units:
         host.noop("nothing to start here")
         return

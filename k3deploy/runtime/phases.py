@@ -4,10 +4,11 @@ The context is built once per run (first host to ask; the others wait for it) by
 :func:`k3deploy.runtime.gather.gather_in_run`: inventory -> variables -> plan -> preflight facts and checks ->
 derived host settings -> rendered units and env files -> installed state and revisions -> which groups restart.
 The phases render the rollout's steps (:mod:`k3deploy.model.steps`, the same steps the runbook prints) as
-operations: each operation is called from one call site (the stage's steps from one, told apart by their kind), so
-pyinfra's cross-host ordering follows the rendezvous rules (pyinfra orders ops by call site, not by host), and only
-on the hosts it has something to do on: a tray pays the control machine for its own steps, not for every step of
-the rollout. A host's files are written in one command (:func:`~k3deploy.runtime.operations.write_files`).
+operations: the stage's steps and the restart's actions (:func:`k3deploy.model.steps.restart`, whatever starts the
+groups) each from one call site, told apart by their place in the list (:func:`_kind`), so pyinfra's cross-host
+ordering follows the list (pyinfra orders ops by call site, not by host), and each only on the hosts it has
+something to do on (a barrier on every host): a tray pays the control machine for its own steps, not for every step
+of the rollout. A host's files are written in one command (:func:`~k3deploy.runtime.operations.write_files`).
 
 Nothing is half-applied: a bad inventory, a failing preflight check or an engine flag the pinned engine refuses
 stops the run while it is being prepared (``--dry`` included), with every reason printed once and a non-zero exit.
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import gevent.event
 import gevent.lock
@@ -38,12 +39,12 @@ from k3deploy.facts.batch import scripted
 from k3deploy.model import commands, steps, vip
 from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
-from k3deploy.model.revisions import GroupHistory, revisions_dir, sha256
-from k3deploy.model.rollout import Rollout, StartPlan, UnitWork
+from k3deploy.model.revisions import GroupHistory, sha256
+from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.slo import GatePlan
 from k3deploy.model.staging import engines as stage_engines
 from k3deploy.model.staging import summary
-from k3deploy.model.steps import Step
+from k3deploy.model.steps import RouterCall, Step
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
@@ -53,7 +54,7 @@ from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.decide import Decided, changed_files, decide
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
-from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
+from k3deploy.runtime.launchers import Launcher, Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
     STOPPED,
@@ -76,7 +77,6 @@ pyinfra_internals.install()  # pyinfra's op identities, without reading every fr
 _lock = gevent.lock.RLock()
 #: each pyinfra run's context (:func:`context`), built by the first host that asks
 _contexts: weakref.WeakKeyDictionary[State, RunContext] = weakref.WeakKeyDictionary()
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -85,20 +85,6 @@ class Refused:
 
     message: str
     exit_code: int
-
-
-@dataclass(frozen=True)
-class RouterCall:
-    """A call of a roll to the router: take step ``step``'s replicas out (``remove``) or put them back (``add``)."""
-
-    action: Literal["add", "remove"]
-    step: int
-
-    @staticmethod
-    def before(step: int, *, out: bool = False) -> list[RouterCall]:
-        """The calls restart step ``step`` of a roll waits for: every earlier step's replicas put back, and with
-        ``out`` its own replicas taken out."""
-        return [*(RouterCall("add", j) for j in range(step)), *([RouterCall("remove", step)] if out else [])]
 
 
 @dataclass
@@ -123,7 +109,7 @@ class RunContext:
     refusal: Refused | None = None
     state: State | None = None
     lock: Lock | None = None
-    launcher: Systemd | Slurm = field(default_factory=Systemd)   # what starts the groups (k3_launcher), chosen once
+    chosen: Launcher | None = None   # what starts the groups (k3_launcher), chosen once (None: its systemd units)
     run: RunState = field(default_factory=RunState)
 
     @property
@@ -155,6 +141,12 @@ class RunContext:
     def gate(self) -> GatePlan | None:
         """The SLO gate of this run's restart (None: not gated)."""
         return self.decided.gate if self.decided is not None else None
+
+    @cached_property
+    def launcher(self) -> Launcher:
+        """What starts the groups (:func:`k3deploy.runtime.launchers.launcher_for`)."""
+        chosen: Launcher = self.chosen if self.chosen is not None else Systemd(self.rollout)
+        return chosen
 
     @property
     def ok(self) -> bool:
@@ -225,29 +217,44 @@ class RunContext:
         return hosts[0]
 
     @cached_property
-    def start_plans(self) -> tuple[StartPlan, ...]:
-        """How the groups of each restart step (:meth:`Rollout.waves`) restart, per host."""
-        return tuple(self.rollout.start_plan(set(wave)) for wave in self.rollout.waves())
-
-    def start_plan(self, step: int) -> StartPlan:
-        """How the groups of restart step ``step`` restart, per host (worked out once)."""
-        return self.start_plans[step]
-
-    @cached_property
-    def running(self) -> tuple[bool, ...]:
-        """Per restart step: some unit it stops may be running (see :meth:`stops`)."""
+    def actions(self) -> list[steps.Action]:
+        """Every operation of the start phase (:func:`k3deploy.model.steps.restart`), built once for the run from
+        its decisions: the revision numbers and marks, the files that move, the units read as stopped, the records
+        cut short a host writes again, the SLO gate."""
         gathered = self.gathered
         assert gathered is not None
-        return tuple(any((have := gathered.installed.get((h.host, unit))) is None or have.active not in STOPPED
-                         for h in plan.hosts for unit in (*h.routers, *h.workers, *h.heads))
-                     for plan in self.start_plans)
+        r = self.rollout
+        rebuild = {}
+        for h in r.hosts:
+            mine = []
+            for group in sorted({u.group for u in r.on_host(h)}):
+                hist = gathered.history.get(group) or GroupHistory(group)
+                mine += [(group, n, hist.revisions[n].to_json()) for n in sorted(hist.corrupt)
+                         if hist.rebuildable(n, h)]
+            if mine:
+                rebuild[h] = tuple(mine)
+        decided = steps.Decisions(
+            numbers=self.numbers, metas=self.metas, marks=self.marks, repairs=tuple(self.repairs),
+            changes={(u.host, u.unit): tuple(changed_files(gathered, u)) for u in r.units},
+            stopped=frozenset((u.host, u.unit) for u in r.units
+                              if (have := gathered.installed.get((u.host, u.unit))) is not None
+                              and have.active in STOPPED),
+            rebuild=rebuild, gate=self.gate, gate_host=_gate_host(self))
+        return steps.restart(r, self.launcher.start_steps, decided)
 
-    def stops(self, step: int) -> bool:
-        """Some unit that restart step ``step`` stops may be running (as the facts read it; a unit they did not read
-        might be). Where none is (a first rollout), no host calls the step's stops: every host's sequence loses the
-        same operations, so the starts keep their order, and each operation a host calls costs the control machine
-        about 0.3 ms even where it does nothing."""
-        return self.running[step]
+    def holds(self, conditions: Sequence[steps.Condition]) -> Callable[[], bool]:
+        """An ``_if`` that holds when every one of ``conditions`` does, evaluated in order when the operation runs."""
+        checks: list[Callable[[], bool]] = []
+        for c in conditions:
+            if isinstance(c, steps.Serves):
+                checks.append(partial(self.step_ok, list(c.groups), list(c.calls)))
+            elif isinstance(c, steps.Begins):
+                checks.append(partial(self.begins, c.wave, list(c.groups)))
+            elif isinstance(c, steps.Keeps):
+                checks.append(partial(self.keeps, c.group))
+            else:
+                checks.append(self.missed)
+        return checks[0] if len(checks) == 1 else partial(_all, checks)
 
     def step_ok(self, groups: list[str], calls: list[RouterCall]) -> bool:
         """Every one of ``groups`` serves and every one of the router ``calls`` succeeded (and the run was not
@@ -448,7 +455,7 @@ def _build(state: State) -> RunContext:
                        "the stage's source on the control machine is incomplete: nothing was copied to any node (the "
                        "reason is above)", 2, lock)
     try:
-        launcher = launcher_for(gathered, [h.name for h in state.inventory])
+        launcher = launcher_for(r, gathered.slurm_queue, [h.name for h in state.inventory])
     except K3Error as exc:
         return _refuse([], f"{exc}; nothing was changed", exc.exit_code, lock)
     for line in connector_drift(state, gathered.target):
@@ -482,7 +489,9 @@ def _build(state: State) -> RunContext:
     if gate is not None:
         logger.info(f"--> k3deploy: SLO gate ({'a canary' if gate.kind == 'canary' else 'the group'}): "
                     + "; ".join(gate.lines()))
-    return RunContext(gathered, decided, state=state, lock=lock, launcher=launcher)
+    # what starts the groups, holding the decided rollout
+    chosen = launcher_for(r, gathered.slurm_queue, [h.name for h in state.inventory])
+    return RunContext(gathered, decided, state=state, lock=lock, chosen=chosen)
 
 
 def _spares_said(state: State, gathered: Gathered) -> None:
@@ -532,21 +541,12 @@ def stage_phase(ctx: RunContext) -> None:
                 stage_step(name=step.name, step=step)
 
 
-def _turns(items: Sequence[T]) -> Iterator[tuple[int, T]]:
-    """``enumerate(items)``, each turn's operations told apart as pyinfra's ``host.loop`` does."""
-    host.loop_position.append(0)
-    try:
-        for i, item in enumerate(items):
-            host.loop_position[-1] = i
-            yield i, item
-    finally:
-        host.loop_position.pop()
-
-
 @contextmanager
 def _kind(kind: int) -> Iterator[None]:
     """Operations called in this block are told apart by ``kind`` (as pyinfra's ``host.loop`` tells the turns of a
-    loop apart): the same kind is the same operation on every host, whatever else each host calls."""
+    loop apart): the same kind is the same operation on every host, whatever else each host calls, and among the
+    operations pyinfra may run next it orders them by kind. The one place that touches pyinfra's internals here
+    (``host.loop_position``, which pyinfra appends to an operation's order and identity)."""
     host.loop_position.append(kind)
     try:
         yield
@@ -561,7 +561,7 @@ def configure_phase(ctx: RunContext) -> None:
     (:func:`_staged`); owner and mode given back to the live ones where they drifted. With ``k3_launcher: slurm``
     its Slurm files instead (:func:`_configure_jobs`)."""
     _spare_records(ctx)
-    if ctx.launcher.batch:
+    if isinstance(ctx.launcher, Slurm):
         _configure_jobs(ctx)
         return
     rollout, gathered = ctx.rollout, ctx.gathered
@@ -646,221 +646,82 @@ def _all(conditions: list[Callable[[], bool]]) -> bool:
     return all(c() for c in conditions)
 
 
-def _swap(ctx: RunContext, groups: list[str]) -> list[str]:
-    """This host's part of putting ``groups``' new files in place, once their units are stopped, as scripts to run
-    one after the other (:func:`k3deploy.model.commands.then`): each changing group's revision is recorded first
-    (copies of the files it will run: the staged ones where they change, the live ones where not, and its
-    ``meta.json``), then the staged files move onto the live ones. A rollback records nothing: it goes back to a
-    recorded revision."""
-    r, gathered = ctx.rollout, ctx.gathered
-    assert gathered is not None
-    parts = []
-    pairs: list[tuple[str, str]] = []
-    for group in groups:
-        mine = [u for u in r.group(group) if u.host == host.name]
-        if not mine:
-            continue
-        changes = {live: staged for u in mine for staged, live in changed_files(gathered, u)}
-        pairs += [(staged, live) for live, staged in changes.items()]
-        if group in ctx.numbers:
-            files = [(changes.get(p, p), p.rsplit("/", 1)[-1]) for u in mine for p in (u.unit_path, u.env_path)]
-            parts.append(commands.record_revision(revisions_dir(r.vars.k3_config_dir, group), ctx.numbers[group],
-                                                  files, ctx.metas[group]))
-    router = next((u for u in r.group("router") if u.host == host.name), None) if "router" in groups else None
-    if router is not None:   # the router restarts with every replica: its worker file lists them all
-        parts.append(commands.router_list(r.router_list(router, r.replicas)))
-    # the files move only once every record is kept
-    return [*parts, commands.swap_in(pairs)] if pairs else parts
-
-
 @deploy("Start")
 def start_phase(ctx: RunContext) -> None:
-    """The restart, step by step (one step, or with a rolling change one per wave of replicas): each operation is
-    called on the hosts it has something to do on (its units, its rendezvous, the router's host), so a tray pays
-    for its own part only; pyinfra runs each operation on all its hosts at once, in the order of the calls (the
-    operations every host shares, the configure phase's and a roll's router calls, keep the phases and the steps
-    of a roll apart). With ``k3_launcher: slurm`` the groups' jobs instead (:func:`_start_jobs`)."""
-    if ctx.launcher.batch:
-        _start_jobs(ctx)
-        return
+    """The restart's operations (:func:`k3deploy.model.steps.restart`, whatever starts the groups), each called on
+    the hosts it has something to do on (its units, its rendezvous, the router's host), so a tray pays for its own
+    part only, and a barrier on every host; pyinfra runs each operation on all its hosts at once, in the order of
+    the list."""
     r = ctx.rollout
-    gathered = ctx.gathered
-    assert gathered is not None
-    name = host.name
-    seen = {u.unit: have.active for u in r.on_host(name)
-            if (have := gathered.installed.get((u.host, u.unit))) is not None}
-    waves = r.waves()
-    router = next((u for u in r.units if u.group == "router"), None)
-    missing = r.missing_from_router()
-    _rebuild_records(ctx)
-    if not waves and not missing:
-        host.noop("every group runs the planned version: nothing restarts")
-    if missing and router is not None and name == router.host:   # only when there is something to do
-        urls = r.serving_urls(missing)
-        script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
-               text=commands.router_add(router.serves or "", urls, r.ready_timeout,
-                                        r.router_list(router, r.replicas)), active=bool(urls))
-    for i, wave in _turns(waves):
-        plan = ctx.start_plan(i)
-        me = plan.on(name)
-        earlier = [g for w in waves[:i] for g in w]
-        rolling = r.rolling and router is not None
-        # a step starts only once every earlier step's replicas serve and are back in the router: a replica that
-        # fails (or a router call that fails) stops the roll
-        # ... and only when no member of its groups failed an earlier step (decided once, for every host)
-        begins = partial(ctx.begins, i, list(wave))
-        go = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i) if rolling else []),
-                            begins])
-        # the replica is restarted only once the router no longer sends it requests
-        ready = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i, out=True)),
-                               begins]) if rolling else go
-        step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
-        urls = r.serving_urls(wave)
-        if rolling and router is not None:
-            # called on every host (it does something on the router's host only): with the one that puts the
-            # replica back, it bounds the step on every host, so no host's part of a step runs before the step
-            # before it has ended everywhere (pyinfra orders operations by their hosts' own sequences, then by
-            # call site, and the steps of a roll share their call sites)
-            python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
-                        key=RouterCall("remove", i), text=commands.router_remove(
-                            router.serves or "", urls, r.router_list(router, [g for g in r.replicas if g not in wave])),
-                        _if=partial(_both, name == router.host, go))
-            draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
-            if draining:
-                script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
-                    commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
-                    _if=ready, _timeout=r.vars.k3_drain_timeout + r.vars.k3_link_timeout)
-            rolled = [u for u in r.on_host(name) if u.group in wave]
-            if rolled:
-                write_files(name=f"Env file (0600), staged, systemd unit{step}", files=_staged(ctx, rolled, ready))
-        # a change anywhere in a group restarts the whole group: router, workers, then heads
-        # (each host calls its stops even where its units are stopped: the starts after them must stay as deep in
-        # every host's sequence, so that no worker's start comes before its head's; where no unit of the step runs
-        # on any host, as in a first rollout, no host calls them)
-        stops = ctx.stops(i)
-        if me.routers and stops:
-            stop_units(name="Stop routers of restarting groups", units=me.routers, seen=seen, _if=ready)
-        if me.workers and stops:
-            stop_units(name=f"Stop workers of restarting groups{step}", units=me.workers, seen=seen, _if=ready)
-        if me.heads and stops:
-            stop_units(name=f"Stop heads of restarting groups{step}", units=me.heads, seen=seen, _if=ready)
-        # every host records and swaps before any head starts: a run killed after this leaves every member of a
-        # group on the files of one recorded revision
-        swap = commands.then(*_swap(ctx, list(wave)))
-        if swap:
-            script(name=f"Record the new revision, put its files in place{step}", text=swap, _if=ready)
-        if me.heads:
-            start_units(name=f"Start group heads{step}", units=me.heads, _if=ready)
-        if me.workers:
-            # one command: the wait for the head's rendezvous port (tried from this node), then the start
-            start_units(name=f"Start workers once their head's rendezvous port accepts connections{step}",
-                        units=me.workers, joins=me.joins, timeout=r.vars.k3_rendezvous_timeout, _if=ready,
-                        config_dir=r.vars.k3_config_dir,
-                        _timeout=r.vars.k3_rendezvous_timeout + r.vars.k3_link_timeout)
-        groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
-        if me.routers and not rolling:
-            # the router starts once the engine groups serve: its host waits for them too, even where none of them
-            # runs on it (a replica whose head moved to a spare), so that its start comes after their gate
-            groups = list(plan.engine_groups)
-        if groups:
-            python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
-                        _if=ready)
-        engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
-                                RouterCall.before(i, out=True) if rolling else [])
-        gate = ctx.gate
-        if gate is not None and i == 0 and (gate.kind == "group" or (rolling and router is not None)):
-            # on every host (it does something on one host only), before the replica is put back into the router
-            python.call(name=f"SLO gate: {gate.kind_title}{step}", function=_slo_gate, ctx=ctx,
-                        _if=partial(_both, name == _gate_host(ctx), engines_serve))
-        marked = [g for g in wave if g in groups and ctx.marks.get(g) is not None]
-        if rolling and router is not None and marked:
-            # a rolled replica is marked current as soon as it serves, on every one of its nodes in one step, before
-            # the router call that puts it back (a router call that fails stops the router's host, not this mark)
-            script(name=f"Mark the revision of the replica current{step}", text=" && ".join(
-                       commands.set_current(revisions_dir(r.vars.k3_config_dir, g), ctx.marks[g]) for g in marked),
-                   _if=partial(_all, [engines_serve, *(partial(ctx.keeps, g) for g in marked)]))
-        if rolling and router is not None:   # on every host, as the step's last operation (see its first)
-            python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
-                        key=RouterCall("add", i), text=commands.router_add(router.serves or "", urls, r.ready_timeout,
-                                                                 r.router_list(router, r.replicas)),
-                        _if=partial(_both, name == router.host, engines_serve))
-        elif me.routers:
-            start_units(name="Start router", units=me.routers, _if=engines_serve)
-            python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"], _if=engines_serve)
-    _record(ctx)
-    if ctx.gate is not None:
-        python.call(name="SLO gate: the verdict", function=_slo_verdict, ctx=ctx,
-                    _if=partial(_both, name == _gate_host(ctx), ctx.missed))
+    if not r.waves() and not r.missing_from_router():
+        host.noop(ctx.launcher.start_steps.idle)
+    actions = ctx.actions
+    # the deployment lock is given back with this host's last mark (nothing runs on it after that but the smoke
+    # test, on the first unit's host, which gives it back as the connection closes)
+    marks = [i for i, a in enumerate(actions) if a.kind == "current" and (p := a.on(host.name)) is not None
+             and p.script]
+    for index, action in enumerate(actions):
+        part = action.on(host.name)
+        if part is None and not action.barrier:
+            continue
+        op, kwargs = _operation(ctx, action, part, marks[-1] == index if marks else False)
+        with _kind(index):
+            op(name=action.name, **kwargs)
 
 
-def _start_jobs(ctx: RunContext) -> None:
-    """``k3_launcher: slurm``: the restart as the systemd path orders it (one step, or with replicas one per wave
-    behind the router), each group's units replaced by its job: on the submit host the restarting groups' jobs are
-    cancelled and the engine groups' submitted (the job starts the head, waits for its rendezvous port from each
-    worker's node, starts the workers), then the readiness gate polls each unit from its node; the router's job is
-    submitted once the engine groups serve. A group whose gate fails has its job cancelled (no half group)."""
-    launcher = ctx.launcher
-    assert isinstance(launcher, Slurm)
+def _operation(ctx: RunContext, action: steps.Action, part: steps.Part | None,
+               last_mark: bool) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The pyinfra operation that runs ``action`` on this host (``part``: what it does here; None: a barrier with
+    nothing to do here) and its arguments."""
     r = ctx.rollout
-    name = host.name
-    submits = name == launcher.submit_host
-    waves = r.waves()
-    router = next((u for u in r.units if u.group == "router"), None)
-    missing = r.missing_from_router()
-    if not waves and not missing:
-        host.noop("every group's job runs the planned revision: nothing is submitted")
-    if missing and router is not None and name == router.host:
-        urls = r.serving_urls(missing)
-        script(name=f"Put serving replicas the router left out back in ({', '.join(missing) or 'none'})",
-               text=commands.router_add(router.serves or "", urls, r.ready_timeout), active=bool(urls))
-    for i, wave in _turns(waves):
-        plan = ctx.start_plan(i)
-        earlier = [g for w in waves[:i] for g in w]
-        rolling = r.rolling and router is not None
-        begins = partial(ctx.begins, i, list(wave))
-        go = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i) if rolling else []),
-                            begins])
-        ready = partial(_all, [partial(ctx.step_ok, earlier, RouterCall.before(i, out=True)),
-                               begins]) if rolling else go
-        step = f" ({', '.join(wave)}, step {i + 1} of {len(waves)})" if r.rolling else ""
-        urls = r.serving_urls(wave)
-        if rolling and router is not None:
-            python.call(name=f"Take the replica out of the router{step}", function=_router_call, ctx=ctx,
-                        key=RouterCall("remove", i), text=commands.router_remove(router.serves or "", urls),
-                        _if=partial(_both, name == router.host, go))
-            draining = [u.serves for g in wave for u in r.group(g) if u.serves and u.host == name]
-            if draining:
-                script(name=f"Let its in-flight requests finish{step}", text=" && ".join(
-                    commands.drain(url, r.vars.k3_drain_timeout, r.vars.k3_poll_interval) for url in draining),
-                    _if=ready, _timeout=r.vars.k3_drain_timeout + r.vars.k3_link_timeout)
-        keep = [commands.record_revision(revisions_dir(r.vars.k3_config_dir, g), ctx.numbers[g],
-                                         [(p, p.rsplit("/", 1)[-1]) for u in r.group(g) if u.host == name
-                                          for p in launcher.kept(u)], ctx.metas[g])
-                for g in wave if g in ctx.numbers and any(u.host == name for u in r.group(g))]
-        if keep:
-            # record_revision ends with a here-document: each in its own block, on lines of its own
-            script(name=f"Record the new revision (launch scripts, env files){step}",
-                   text="\n".join(f"{{ {k}\n}}" for k in keep), _if=ready)
-        if submits:
-            python.call(name=f"Cancel the restarting groups' jobs, submit the engine groups' jobs{step}",
-                        function=_submit, ctx=ctx, stop=list(wave), start=list(plan.engine_groups), _if=ready)
-        groups = sorted({u.group for u in r.on_host(name) if u.group in plan.engine_groups})
-        if groups:
-            python.call(name=f"Engine groups serve (health, models){step}", function=_gate, ctx=ctx, groups=groups,
-                        _if=ready)
-        engines_serve = partial(ctx.step_ok, [*earlier, *plan.engine_groups],
-                                RouterCall.before(i, out=True) if rolling else [])
-        if rolling and router is not None:
-            python.call(name=f"Put the replica back into the router{step}", function=_router_call, ctx=ctx,
-                        key=RouterCall("add", i), text=commands.router_add(router.serves or "", urls, r.ready_timeout),
-                        _if=partial(_both, name == router.host, engines_serve))
-        elif "router" in wave and router is not None:
-            if submits:
-                python.call(name="Submit the router's job", function=_submit, ctx=ctx, stop=[], start=["router"],
-                            _if=engines_serve)
-            if name == router.host:
-                python.call(name="Router serves", function=_gate, ctx=ctx, groups=["router"], _if=engines_serve)
-    _record(ctx)
+    kind = action.kind
+    when = ctx.holds([*action.when, *(part.when if part is not None else ())]) if action.when else None
+    here = part is not None
+    text = part.script if part is not None else ""
+    limit = {"_timeout": action.timeout} if action.timeout is not None else {}
+    if kind in ("out", "in"):
+        assert action.call is not None and when is not None
+        return python.call, {"function": _router_call, "ctx": ctx, "key": action.call,
+                             "text": text, "_if": partial(_both, here, when)}
+    if kind in ("slo", "verdict"):
+        assert when is not None
+        return python.call, {"function": _slo_gate if kind == "slo" else _slo_verdict, "ctx": ctx,
+                             "_if": partial(_both, here, when)}
+    assert part is not None or kind == "current"
+    if kind == "stage":
+        assert part is not None
+        units = [u for u in r.on_host(host.name) if u.unit in part.units]
+        return write_files, {"files": _staged(ctx, units, when)}
+    if kind in ("stop", "start"):
+        assert part is not None
+        gathered = ctx.gathered
+        assert gathered is not None
+        args: dict[str, Any] = {"units": list(part.units), "_if": when, **limit}
+        if kind == "stop":
+            args["seen"] = {u.unit: have.active for u in r.on_host(host.name)
+                            if (have := gathered.installed.get((u.host, u.unit))) is not None}
+            return stop_units, args
+        if action.role == "workers":
+            args.update(joins=list(part.joins), timeout=r.vars.k3_rendezvous_timeout,
+                        config_dir=r.vars.k3_config_dir)
+        return start_units, args
+    if kind in ("gate", "submit"):
+        assert part is not None
+        if kind == "gate":
+            return python.call, {"function": _gate, "ctx": ctx, "groups": list(part.groups), "_if": when}
+        return python.call, {"function": _submit, "ctx": ctx, "stop": list(part.stops), "start": list(part.groups),
+                             "_if": when}
+    if kind == "current":
+        lock = ctx.lock
+        give_back = (last_mark and lock is not None and host.name != r.units[0].host and host.name in lock.taken)
+        if give_back and lock is not None:
+            text = f"{text} && {{ {lock.release_text(host.name)}; }}"
+        return script, {"text": text, "active": bool(text), "then": lock.given_back if give_back and lock else None,
+                        "_if": when}
+    args = {"text": text, **limit}
+    if part is not None and not part.active:
+        args["active"] = False
+    return script, {**args, **({"_if": when} if when is not None else {})}
 
 
 def _submit(state: Any, host: Any, ctx: RunContext, stop: list[str], start: list[str]) -> bool:
@@ -909,7 +770,7 @@ def _gate(state: Any, host: Any, ctx: RunContext, groups: list[str]) -> bool:
             for line in failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
             changed = ctx.gathered is None or not _starts_served_revision(ctx.gathered, g)
-            advice = ctx.launcher.advice(g, failure.host) or failure_advice(g, failure.host, changed)
+            advice = ctx.launcher.advice(g, failure.host, changed)
             logger.error(f"[{host.name}] {advice}")
             ok = False
         else:
@@ -1064,71 +925,6 @@ def _starts_served_revision(gathered: Gathered, group: str) -> bool:
     return runs(rev, now)
 
 
-def failure_advice(group: str, host: str, changed: bool) -> str:
-    """What to do about a group that failed to serve: when this run changed its files, the revisions it ran before
-    (a rollback); when it did not (it restarted the revision it last served), the cause is on the node, where a
-    rollback would not help. Both explain the ``Error: executed 0 commands`` pyinfra prints next.
-
-    >>> "k3_rollback" in failure_advice("engine", "n2", changed=False)
-    False
-    >>> "k3_rollback=true" in failure_advice("engine", "n2", changed=True)
-    True
-    """
-    head = f"group {group} is stopped; it runs no half-started version. "
-    noise = (" (pyinfra reports this step next as 'Error: executed 0 commands': the step is this readiness check, "
-             "which runs no command of its own)")
-    if changed:
-        return head + ("It was starting other files than those of the revision it last served; if that change "
-                       "caused it, the revisions it ran before are in k3deploy history INVENTORY (roll back with "
-                       "--data k3_rollback=true)" + noise)
-    return head + (f"It was starting the files of the revision it last served, so the cause is on "
-                   f"{host}, not in the settings: see its journal above, k3deploy preflight INVENTORY and k3deploy "
-                   "bundle INVENTORY; a rollback would not help" + noise)
-
-
-def _record(ctx: RunContext) -> None:
-    """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (the one
-    recorded at its restart, or, after a rollback, the revision it went back to). A group that restarted with files
-    unchanged (a member had stopped) stays on its current revision."""
-    r, gathered = ctx.rollout, ctx.gathered
-    assert gathered is not None
-    # a group that did not restart records nothing on any host: no operation for it
-    # (one that did, on every host, doing something on its own hosts: the last operations every host shares, so
-    # that nothing of the restart runs after them)
-    here = {u.group for u in r.on_host(host.name)}
-    # (a rolled replica was marked in its own step; a group whose nodes' marks differ is marked again)
-    rolled = ({g for w in r.waves() for g in w}
-              if r.rolling and not ctx.launcher.batch and any(u.group == "router" for u in r.units) else set())
-    changed = [g for g in r.groups if (g in r.changed_groups and g not in rolled) or g in ctx.repairs]
-    marked = [g for g in changed if g in here and ctx.marks.get(g) is not None]
-    # nothing runs on a host after its last mark but the smoke test (on the first unit's host): the other hosts give
-    # the deployment lock back with it, in the same command (where the mark does not run, as the connection closes)
-    lock = ctx.lock
-    give_back = lock is not None and host.name != r.units[0].host and host.name in lock.taken and bool(marked)
-    for _, group in _turns(changed):
-        number = ctx.marks.get(group)
-        text = (commands.set_current(revisions_dir(r.vars.k3_config_dir, group), number)
-                if group in here and number is not None else "")
-        last = give_back and group == marked[-1]
-        if last and lock is not None:
-            text = f"{text} && {{ {lock.release_text(host.name)}; }}"
-        script(name=f"Mark the revision of group {group} current", text=text, active=bool(text),
-               then=lock.given_back if last and lock is not None else None, _if=partial(ctx.keeps, group))
-
-
-def _rebuild_records(ctx: RunContext) -> None:
-    """On this host: every revision record cut short here whose files hash to what the group's other nodes
-    recorded is written again from their record (before anything restarts, so a rollback can restore it)."""
-    gathered = ctx.gathered
-    assert gathered is not None
-    r = ctx.rollout
-    for group in sorted({u.group for u in r.on_host(host.name)}):
-        h = gathered.history.get(group) or GroupHistory(group)
-        for n in sorted(h.corrupt):
-            if h.rebuildable(n, host.name):
-                script(name=f"Write the record of revision {n} of group {group} again (cut short on this node)",
-                       text=commands.rewrite_record(revisions_dir(r.vars.k3_config_dir, group), n,
-                                                    h.revisions[n].to_json()))
 
 
 @deploy("Virtual address")

@@ -168,8 +168,8 @@ def stop_group(hosts: Mapping[str, Any], units: list[UnitWork], timeout: float |
 
 
 class GroupControl(Protocol):
-    """What the gate asks of the launcher that started a group (the systemd units when none is given: :func:`probe`,
-    :func:`logs`, :func:`stop_group`)."""
+    """What the gate asks of the launcher that started a group (the systemd units when none is given:
+    :class:`UnitControl`)."""
 
     def probe_script(self, work: UnitWork, model: str) -> str:
         """One poll of a unit, run on its node (exit codes of :func:`k3deploy.model.commands.probe`)."""
@@ -177,14 +177,34 @@ class GroupControl(Protocol):
     def label(self, work: UnitWork) -> str:
         """How the progress lines name a unit (the systemd path names its unit)."""
 
-    def logs(self, hosts: Mapping[str, Any], work: UnitWork, docker: str) -> str:
-        """What the failure report shows of a unit that failed."""
+    def logs(self, hosts: Mapping[str, Any], work: UnitWork, docker: str, timeout: float | None = None) -> str:
+        """What the failure report shows of a unit that failed (waiting no longer than ``timeout`` on its node)."""
 
     def culprit(self, hosts: Mapping[str, Any], units: list[UnitWork], seen: UnitWork) -> UnitWork:
         """The unit that caused the failure ``seen`` observed (a launcher that ends a group whole knows which)."""
 
-    def stop(self, hosts: Mapping[str, Any], units: list[UnitWork]) -> None:
-        """Stop the whole group (no half group)."""
+    def stop(self, hosts: Mapping[str, Any], units: list[UnitWork], timeout: float | None = None) -> None:
+        """Stop the whole group (no half group), each stop bounded by ``timeout`` on its node."""
+
+
+@dataclass(frozen=True)
+class UnitControl:
+    """The gate's view of a group of systemd units: :func:`probe_script`, :func:`logs`, :func:`stop_group`."""
+
+    def probe_script(self, work: UnitWork, model: str) -> str:
+        return probe_script(work, model)
+
+    def label(self, work: UnitWork) -> str:
+        return work.unit
+
+    def logs(self, hosts: Mapping[str, Any], work: UnitWork, docker: str, timeout: float | None = None) -> str:
+        return logs(hosts, work, docker, timeout=timeout)
+
+    def culprit(self, hosts: Mapping[str, Any], units: list[UnitWork], seen: UnitWork) -> UnitWork:
+        return seen
+
+    def stop(self, hosts: Mapping[str, Any], units: list[UnitWork], timeout: float | None = None) -> None:
+        stop_group(hosts, units, timeout)
 
 
 #: while a group's head does not serve yet, its other members are polled every this many rounds only, and no more
@@ -224,8 +244,8 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
 
     # each unit's probe, written once for the whole wait (a poll round of a large group would otherwise write every
     # script again, the served model name read back from each unit's argv)
-    scripts = {key(u): probe_script(u, rollout.plan.model) if control is None else
-               control.probe_script(u, rollout.plan.model) for u in units}
+    ctl: GroupControl = control if control is not None else UnitControl()
+    scripts = {key(u): ctl.probe_script(u, rollout.plan.model) for u in units}
 
     def poll(some: list[UnitWork]) -> dict[str, Probe]:
         """One poll of each of ``some``, all hosts at once (each over its own connection)."""
@@ -248,18 +268,13 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
             if result.status == "ready" and key(u) not in ready:
                 ready.add(key(u))
                 if u.serves:
-                    logger.info(f"[{u.host}] {u.unit if control is None else control.label(u)} serves at {u.serves}")
+                    logger.info(f"[{u.host}] {ctl.label(u)} serves at {u.serves}")
             elif result.status == "failed":
-                if control is None:
-                    fail = Failure(u, phase, result.observed, "the engine keeps running and serves",
-                                   logs(hosts, u, docker, timeout=bound))
-                    stop_group(hosts, units, stop_bound)
-                    return fail
-                culprit = control.culprit(hosts, units, u)
+                culprit = ctl.culprit(hosts, units, u)
                 observed = result.observed if culprit is u else f"{result.observed} (seen from {u.host})"
                 fail = Failure(culprit, phase, observed, "the engine keeps running and serves",
-                               control.logs(hosts, culprit, docker))
-                control.stop(hosts, units)
+                               ctl.logs(hosts, culprit, docker, bound))
+                ctl.stop(hosts, units, stop_bound)
                 return fail
         if all(key(u) in ready for u in units if u.serves):
             return None
@@ -270,12 +285,8 @@ def wait_group(rollout: Rollout, group: str, hosts: Mapping[str, Any], *, phase:
                                          f" and /v1/models listing {served_model(u, rollout.plan.model)!r}")
             fail = Failure(u, phase, f"{u.serves} not serving after {rollout.deadline}s ({what} required)",
                            f"healthy within the deadline (k3_rollout_deadline={rollout.deadline})",
-                           logs(hosts, u, docker, timeout=bound) if control is None else
-                           control.logs(hosts, u, docker))
-            if control is None:
-                stop_group(hosts, units, stop_bound)
-            else:
-                control.stop(hosts, units)
+                           ctl.logs(hosts, u, docker, bound))
+            ctl.stop(hosts, units, stop_bound)
             return fail
         if head_serves or key(head) not in ready:   # else the head just served: poll its members now
             sleep(interval)

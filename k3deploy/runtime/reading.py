@@ -53,11 +53,12 @@ from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
 from k3deploy.model.rollout import Placement
-from k3deploy.model.slurm import group_dir, job_name, launch_path
+from k3deploy.model.slurm import job_name
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
 from k3deploy.runtime.connections import connect
+from k3deploy.runtime.launchers import launcher_for
 from k3deploy.runtime.views import View
 
 # ------------------------------------------------------------------------------------- the reading
@@ -367,8 +368,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None) ->
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
-    slurm = variables.k3_launcher == "slurm"
-    out: list[Request] = [ReadUnit(u.unit, launch_path(layout, u) if slurm else u.unit_path, u.env_path,
+    launcher = launcher_for(layout)
+    out: list[Request] = [ReadUnit(u.unit, launcher.unit_file(u), u.env_path,
                                    token if u.group != "router" else None) for u in mine]
     if host == resolver:
         out.append(registry)
@@ -379,7 +380,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None) ->
         out.append(ReadRouterCommand(variables.k3_router_bin))
     if len(layout.replicas) > 1:   # which replicas the router sends requests to
         out += [ReadRouterWorkers(u.serves) for u in mine if u.group == "router" and u.serves]
-    if variables.k3_launcher == "slurm" and host == variables.k3_slurm_submit_host:   # the groups' jobs
+    if host == launcher.queue_host:   # the groups' jobs
         out.append(ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups)))
     out.append(ReadLock(variables.k3_config_dir))
     out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
@@ -392,7 +393,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None) ->
         out += [ReadHealth(u.unit, u.serves) for u in mine if u.serves]
     if view.log_lines:   # (under Slurm the step output of each unit's job, not a journal)
         out += [ReadLogs(u.unit, u.container, variables.k3_docker, view.log_lines,
-                         group_dir(layout, u.group) if slurm else None, host if slurm else None) for u in mine]
+                         launcher.log_dir(u), host if launcher.log_dir(u) is not None else None) for u in mine]
     if not mine:
         out += standing_by(layout)
     out.append(ReadSpareRecords(variables.k3_config_dir))

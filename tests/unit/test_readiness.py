@@ -222,7 +222,7 @@ def test_a_container_removed_with_its_engine_is_explained_not_reported_as_a_faul
 
 
 def test_a_failure_of_unchanged_files_does_not_suggest_a_rollback():
-    from k3deploy.runtime.phases import failure_advice
+    from k3deploy.runtime.launchers import failure_advice
 
     node = failure_advice("engine", "n2", changed=False)
     assert "k3_rollback" not in node and "the cause is on n2, not in the settings" in node

@@ -16,7 +16,7 @@ from k3deploy.model.binding import HostRecord
 from k3deploy.model.rollout import plan_rollout
 from k3deploy.model.variables import Variables
 from k3deploy.runtime.gather import Gathered
-from k3deploy.runtime.launchers import Slurm, Systemd
+from k3deploy.runtime.launchers import Slurm, Systemd, launcher_for
 from k3deploy.runtime.readiness import wait_group
 from k3deploy.runtime.reading import HostReading, ReadSlurmQueue, plan_host
 from k3deploy.runtime.views import DEPLOY
@@ -129,7 +129,8 @@ def test_a_running_job_of_the_planned_revision_is_kept_unless_it_does_not_answer
     other = slurm.QueuedJob("40", job.name, "RUNNING", "k3deploy:engine:0000000000000000", "n[0-1]")
     assert launcher(r, [other]).changes(r, gathered(200)) == {"engine"}
     assert launcher(r, []).changes(r, gathered(0)) == {"engine"}
-    assert not Systemd().batch and launcher(r).batch
+    assert launcher_for(r).queue_host == "n0" and launcher_for(r).name == "slurm"
+    assert Systemd(r).queue_host is None and Systemd(r).name == "systemd"
 
 
 def test_a_revision_keeps_each_nodes_launch_script_and_env_file():

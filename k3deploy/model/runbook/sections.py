@@ -19,7 +19,7 @@ from k3deploy.model import commands, steps, vip
 from k3deploy.model.diff import planned_exec
 from k3deploy.model.images import LocalImage
 from k3deploy.model.revisions import revisions_dir
-from k3deploy.model.rollout import Rollout, StartPlan
+from k3deploy.model.rollout import Rollout
 from k3deploy.model.runbook.blanks import Blank, fill_secrets, secret_file, secret_token, without_secrets
 from k3deploy.model.runbook.checks import check_command, node_commands, spot_for
 from k3deploy.model.runbook.document import Doc
@@ -279,59 +279,68 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
                 doc.code(shlex.join(argv))
 
 
-def restart_steps(doc: Doc, rollout: Rollout, sp: StartPlan, when: str | None, *, stop: bool) -> None:
-    """The phases of a (re)start as the deploy runs them, per host (:func:`k3deploy.model.steps.restart`); ``stop``
-    includes the stop phases."""
-    hosts = steps.restart(rollout, sp)
-
-    def per_host(what: str, pick: str, units: str) -> None:
-        for h, part in zip(sp.hosts, hosts, strict=True):
-            script = getattr(part, pick)
-            if script:
-                doc.p(f"{what} on **{h.host}** ({', '.join(getattr(h, units))}).")
-                doc.block(h.host, script + "\n", when)
-
-    if stop:
+def restart_steps(doc: Doc, rollout: Rollout, actions: list[steps.Action], when: str | None, *, stop: bool) -> None:
+    """The stops, starts and gates of a (re)start as the deploy runs them, per host: the same actions
+    (:func:`k3deploy.model.steps.start_of`, one step of :func:`k3deploy.model.steps.restart`) rendered as blocks;
+    ``stop`` includes the stops. (Recording a revision and putting its files in place is the deploy's; here the
+    files were installed in section 3.)"""
+    said = {"routers": "router", "workers": "workers", "heads": "heads"}
+    stopping = [a for a in actions if a.kind == "stop"]
+    if stop and stopping:
         doc.h(3, "Stop the group: routers, workers, then heads")
-        per_host("Stop the router", "stop_routers", "routers")
-        per_host("Stop the workers", "stop_workers", "workers")
-        per_host("Stop the heads", "stop_heads", "heads")
-    doc.h(3, "Start the group heads")
-    per_host("Start the group head", "start_heads", "heads")
-    if any(h.joins for h in sp.hosts):
-        doc.h(3, "Workers: wait for the head's rendezvous port, then start")
-        doc.p("A worker waits, from its own node, until its head's rendezvous port accepts TCP connections (the head "
-              "listens there once it started), then starts.")
-    per_host("Start the workers", "start_workers", "workers")
-    for g in sp.engine_groups:
-        doc.h(3, f"Group {g} serves")
-        doc.p(f"Wait until every serving node of group {g} answers /health and lists `{steps.served_model(rollout)}` "
-              "in /v1/models (a multi-node head answers only after all its workers joined; deadline "
-              f"{rollout.deadline}s). On failure the block prints the unit journal and the container log.")
-        for u in rollout.group(g):
-            if u.serves:
+    for a in actions:
+        if a.kind == "stop" and stop:
+            for p in a.parts:
+                doc.p(f"Stop the {said[a.role]} on **{p.host}** ({', '.join(p.units)}).")
+                doc.block(p.host, p.script + "\n", when)
+        elif a.kind == "start" and a.role == "heads":
+            doc.h(3, "Start the group heads")
+            for p in a.parts:
+                doc.p(f"Start the group head on **{p.host}** ({', '.join(p.units)}).")
+                doc.block(p.host, p.script + "\n", when)
+        elif a.kind == "start" and a.role == "workers":
+            if any(p.joins for p in a.parts):
+                doc.h(3, "Workers: wait for the head's rendezvous port, then start")
+                doc.p("A worker waits, from its own node, until its head's rendezvous port accepts TCP connections "
+                      "(the head listens there once it started), then starts.")
+            for p in a.parts:
+                doc.p(f"Start the workers on **{p.host}** ({', '.join(p.units)}).")
+                doc.block(p.host, p.script + "\n", when)
+        elif a.kind == "gate" and a.name != "Router serves":
+            for g in [g for g in rollout.groups if any(g in p.groups for p in a.parts)]:
+                doc.h(3, f"Group {g} serves")
+                doc.p(f"Wait until every serving node of group {g} answers /health and lists "
+                      f"`{steps.served_model(rollout)}` in /v1/models (a multi-node head answers only after all its "
+                      f"workers joined; deadline {rollout.deadline}s). On failure the block prints the unit journal "
+                      "and the container log.")
+                for u in rollout.group(g):
+                    if u.serves:
+                        doc.block(u.host, steps.wait_serving(rollout, u), when)
+        elif a.kind == "start" and a.role == "routers":
+            doc.h(3, "Start the router (after every engine group serves)")
+            for u in rollout.group("router"):
+                listed = commands.router_list(rollout.router_list(u, rollout.replicas))
+                if listed:
+                    doc.p("Its worker file lists every replica (a roll that stopped may have left one out).")
+                    doc.block(u.host, listed + "\n", when)
+            for p in a.parts:
+                doc.p(f"Start the router on **{p.host}** ({', '.join(p.units)}).")
+                doc.block(p.host, p.script + "\n", when)
+        elif a.kind == "gate":
+            for u in rollout.group("router"):
                 doc.block(u.host, steps.wait_serving(rollout, u), when)
-    if sp.router:
-        doc.h(3, "Start the router (after every engine group serves)")
-        for u in rollout.group("router"):
-            listed = commands.router_list(rollout.router_list(u, rollout.replicas))
-            if listed:
-                doc.p("Its worker file lists every replica (a roll that stopped may have left one out).")
-                doc.block(u.host, listed + "\n", when)
-        per_host("Start the router", "start_routers", "routers")
-        for u in rollout.group("router"):
-            doc.block(u.host, steps.wait_serving(rollout, u), when)
 
 
 def start(doc: Doc, rollout: Rollout, context: Context) -> None:
-    sp = rollout.start_plan(set(rollout.groups))
+    actions = steps.start_of(rollout, rollout.groups)
     doc.h(2, "4. Start, in this order")
     doc.p("A multi-node head cannot become healthy before its workers joined, so each group starts as: head, "
           "the workers wait for the head's rendezvous port, all workers, then readiness. "
           + ("P/D pools start side by side; the router starts once both pools serve. " if "router" in rollout.groups
              else "")
-          + "Phases: " + "; ".join(f"{name} ({', '.join(items)})" for name, items in sp.phases()) + ".")
-    restart_steps(doc, rollout, sp, None, stop=False)
+          + "Phases: " + "; ".join(f"{name} ({', '.join(items)})" for name, items in steps.order(rollout, actions))
+          + ".")
+    restart_steps(doc, rollout, actions, None, stop=False)
 
 
 def virtual_address(doc: Doc, rollout: Rollout, context: Context) -> None:
@@ -387,7 +396,7 @@ def rolling(doc: Doc, rollout: Rollout, context: Context) -> None:
             if u.serves:
                 doc.p(f"Let the requests in flight on {u.host} finish (at most {v.k3_drain_timeout}s).")
                 doc.block(u.host, commands.drain(u.serves, v.k3_drain_timeout, v.k3_poll_interval) + "\n", "rolling")
-        restart_steps(doc, rollout, rollout.start_plan({g}), "rolling", stop=True)
+        restart_steps(doc, rollout, steps.start_of(rollout, [g]), "rolling", stop=True)
         doc.p(f"Put {g} back into the router (it answers once the replica's /health does).")
         doc.block(router.host, commands.router_add(router.serves, urls, rollout.ready_timeout,
                                                    rollout.router_list(router, rollout.replicas)) + "\n", "rolling")
@@ -411,7 +420,7 @@ def rollback(doc: Doc, rollout: Rollout, context: Context) -> None:
                 kept = shlex.quote(path.rsplit("/", 1)[-1])
                 lines.append(f"cp -p {shlex.quote(d)}/\"$n\"/{kept} {shlex.quote(path)}")
         doc.block(h, "\n".join(lines) + f"\n{commands.daemon_reload()}\n", "rollback")
-    restart_steps(doc, rollout, rollout.start_plan(set(rollout.groups)), "rollback", stop=True)
+    restart_steps(doc, rollout, steps.start_of(rollout, rollout.groups), "rollback", stop=True)
     for h in rollout.hosts:
         groups = list(dict.fromkeys(u.group for u in rollout.on_host(h)))
         doc.block(h, f"n={need}\n" + "\n".join(

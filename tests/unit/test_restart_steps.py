@@ -1,0 +1,139 @@
+"""The restart as one list of actions (:func:`k3deploy.model.steps.restart`): its order, its conditions and its
+barriers, for the systemd units and for Slurm jobs alike; the runbook renders one step of it
+(:func:`k3deploy.model.steps.start_of`)."""
+
+from __future__ import annotations
+
+from helpers import present
+from k3deploy.model import commands, steps
+from k3deploy.model.binding import HostRecord
+from k3deploy.model.observed import Installed
+from k3deploy.model.pipeline import desired_rollout, target
+from k3deploy.model.rollout import Rollout, mark_changes, sha256
+
+
+def replicas(r: int, per: int, **data: object) -> list[HostRecord]:
+    return [HostRecord(f"r{i}n{j}", ("head",) if j == 0 else ("workers",),
+                       {"k3_ip": f"192.0.2.{10 * i + j + 10}", "rank": j, "k3_replica": i, "k3_hardware": "gb300",
+                        **data}) for i in range(r) for j in range(per)]
+
+
+def installed_as(r: Rollout) -> dict[tuple[str, str], Installed]:
+    return {(u.host, u.unit): Installed(unit_sha=sha256(u.unit_text), env_sha=sha256(u.env_text), active="active")
+            for u in r.units}
+
+
+def rolling_change() -> Rollout:
+    before = desired_rollout(target(replicas(3, 2), None))
+    after = desired_rollout(target(replicas(3, 2, k3_extra_env={"FOO": "1"}), None))
+    after = after.decided(mark_changes(after, installed_as(before)))
+    assert after.rolling
+    return after
+
+
+def test_a_first_rollout_starts_heads_then_workers_then_the_router_once_the_engines_serve():
+    r = desired_rollout(target(replicas(2, 2), None))
+    r = r.decided(mark_changes(r, {}))
+    stopped = frozenset((u.host, u.unit) for u in r.units)   # a fresh cluster: nothing runs
+    actions = steps.restart(r, steps.UNITS, steps.Decisions(stopped=stopped))
+    # (the router's host writes its worker file, listing every replica, before anything starts)
+    assert [(a.kind, a.hosts) for a in actions][0] == ("swap", ["r0n0"])
+    # then each group marked current on every host (a barrier each) once it serves
+    assert [(a.kind, a.role, a.barrier, a.when) for a in actions[-3:]] == [
+        ("current", "", True, (steps.Keeps(g),)) for g in r.groups]
+    actions = actions[1:-3]
+    assert [(a.kind, a.role) for a in actions] == [
+        ("start", "heads"), ("start", "workers"), ("gate", ""), ("start", "routers"), ("gate", "")]
+    heads, workers, gate, router, router_gate = actions
+    assert heads.hosts == ["r0n0", "r1n0"] and workers.hosts == ["r0n1", "r1n1"]
+    assert all(p.joins for p in workers.parts)   # each worker waits for its head's rendezvous port
+    # the router starts only once every engine group serves, and its host waits for them too
+    assert router.when == router_gate.when == (steps.Serves(("engine-r0", "engine-r1")),)
+    assert "r0n0" in gate.hosts and set(present(gate.on("r0n0")).groups) == {"engine-r0", "engine-r1"}
+
+
+def test_a_running_cluster_is_stopped_routers_then_workers_then_heads_before_the_swap():
+    r = desired_rollout(target(replicas(1, 2), None))
+    r = r.decided(mark_changes(r, {}))
+    kinds = [(a.kind, a.role) for a in steps.restart(r, steps.UNITS)]
+    assert kinds[:4] == [("stop", "workers"), ("stop", "heads"), ("start", "heads"), ("start", "workers")]
+    changes = {(u.host, u.unit): ((f"{u.unit_path}.next", u.unit_path),) for u in r.units}
+    order = [a.kind for a in steps.restart(r, steps.UNITS, steps.Decisions(changes=changes))]
+    assert order.index("swap") == order.index("stop") + 2 and order.index("swap") < order.index("start")
+
+
+def test_a_roll_is_bounded_by_barriers_and_each_step_waits_for_the_one_before():
+    r = rolling_change()
+    actions = steps.restart(r, steps.UNITS)
+    waves = r.waves()
+    assert len(waves) == 3
+    for i, wave in enumerate(waves):
+        mine = [a for a in actions if a.wave == i]
+        assert mine[0].kind == "out" and mine[0].barrier and mine[0].call == steps.RouterCall("remove", i)
+        assert mine[-1].kind == "in" and mine[-1].barrier and mine[-1].call == steps.RouterCall("add", i)
+        # the step goes ahead only once the earlier replicas serve and are back in the router
+        earlier = tuple(g for w in waves[:i] for g in w)
+        assert mine[0].when == (steps.Serves(earlier, tuple(steps.RouterCall("add", j) for j in range(i))),
+                                steps.Begins(i, tuple(wave)))
+        # the replica restarts only once it is out of the router and its requests drained
+        drain = next(a for a in mine if a.kind == "drain")
+        assert steps.Serves(earlier, (*(steps.RouterCall("add", j) for j in range(i)), steps.RouterCall("remove", i))) in drain.when
+        assert drain.hosts == [u.host for u in r.group(wave[0]) if u.serves]
+        assert [a.kind for a in mine[1:-1]][:2] == ["drain", "stage"]
+        assert all(a.barrier is False for a in mine[1:-1])
+    # the router is not restarted by a roll
+    assert not any(a.kind in ("stop", "start") and a.role == "routers" for a in actions)
+
+
+def test_slurm_jobs_take_the_launchers_place_in_the_same_order():
+    r = rolling_change()
+    actions = steps.restart(r, steps.JobSteps("r0n0"), steps.Decisions(numbers={"engine-r0": 2},
+                                                                     metas={"engine-r0": "{}"}))
+    first = [a.kind for a in actions if a.wave == 0]
+    assert first == ["out", "drain", "record", "submit", "gate", "in"]
+    submit = next(a for a in actions if a.kind == "submit")
+    assert submit.hosts == ["r0n0"] and present(submit.on("r0n0")).stops == ("engine-r0",)
+    record = next(a for a in actions if a.kind == "record")
+    assert record.hosts == ["r0n0", "r0n1"] and "launch" in record.parts[0].script
+    # the router's worker file is the systemd units' (the jobs' router reads its URLs from its argv)
+    out = next(a for a in actions if a.kind == "out")
+    systemd_out = next(a for a in steps.restart(r, steps.UNITS) if a.kind == "out")
+    assert out.parts[0].script != systemd_out.parts[0].script
+
+
+def test_the_runbooks_start_is_one_step_of_the_restart():
+    r = desired_rollout(target(replicas(2, 2), None))
+    r = r.decided(mark_changes(r, {}))
+    whole = [a for a in steps.restart(r, steps.UNITS) if a.kind != "current"]
+
+    def what(actions: list[steps.Action]) -> list[tuple[str, str, tuple[steps.Part, ...]]]:
+        return [(a.kind, a.role, a.parts) for a in actions]
+
+    assert what(steps.start_of(r, r.groups)) == what(whole)
+    assert [name for name, _ in steps.order(r, whole)] == [
+        "stop routers", "stop workers", "stop heads", "start heads", "workers wait for the head's rendezvous port",
+        "start workers", "engine groups serve", "start router", "router serves"]
+    heads = next(a for a in whole if a.kind == "start" and a.role == "heads")
+    assert heads.parts[0].script == commands.start_units(list(heads.parts[0].units))
+
+
+def test_operations_are_told_apart_in_one_place():
+    """Barriers are actions of the list: nothing but one function edits pyinfra's loop position (an operation's
+    identity and order), and only :mod:`k3deploy.runtime.phases` holds it."""
+    import ast
+    from pathlib import Path
+
+    import k3deploy
+
+    package = Path(k3deploy.__file__).parent
+    found: dict[str, int] = {}
+    for path in sorted(package.rglob("*.py")):
+        if "node_tools" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Attribute) and node.attr == "loop_position":
+                        found.setdefault(f"{path.relative_to(package)}:{fn.name}", node.lineno)
+    assert list(found) == ["runtime/phases.py:_kind"]
