@@ -369,9 +369,10 @@ class JobControl:
 def launcher_for(rollout: Placement, queue: SlurmQueueReading | None = None,
                  inventory_hosts: Sequence[str] | None = None) -> Launcher:
     """The launcher of ``rollout``, from ``k3_launcher`` (the one place that reads it). Before the hosts are read
-    (what to ask them, from the rollout laid out only) it needs nothing more, and has no jobs yet. For a run (``inventory_hosts`` given) with ``slurm``: the plan checked
-    for Slurm and its submit host (:func:`k3deploy.model.slurm.check_submit`), and the ``queue`` that host read;
-    raises :class:`K3Error` (one line, the fix) where either is missing."""
+    (what to ask them, from the rollout laid out only) it needs nothing more, and has no jobs yet. For a run
+    (``inventory_hosts`` given) with ``slurm``: the plan checked for Slurm and its submit host
+    (:func:`k3deploy.model.slurm.check_submit`), and the ``queue`` that host read; raises :class:`K3Error` (one
+    line, the fix) where either is missing."""
     if rollout.vars.k3_launcher != "slurm":
         return Systemd(rollout)
     jobs = {j.group: j for j in slurm.jobs(rollout)} if isinstance(rollout, Rollout) else {}

@@ -5,10 +5,11 @@ The context is built once per run (first host to ask; the others wait for it) by
 derived host settings -> rendered units and env files -> installed state and revisions -> which groups restart.
 The phases render the rollout's steps (:mod:`k3deploy.model.steps`, the same steps the runbook prints) as
 operations: the stage's steps and the restart's actions (:func:`k3deploy.model.steps.restart`, whatever starts the
-groups) each from one call site, told apart by their place in the list (:func:`_kind`), so pyinfra's cross-host
-ordering follows the list (pyinfra orders ops by call site, not by host), and each only on the hosts it has
-something to do on (a barrier on every host): a tray pays the control machine for its own steps, not for every step
-of the rollout. A host's files are written in one command (:func:`~k3deploy.runtime.operations.write_files`).
+groups) each from one call site, told apart by their place in the list (``pyinfra_internals.operation_kind``), so
+pyinfra's cross-host ordering follows the list (pyinfra orders ops by call site, not by host), and each only on the
+hosts it has something to do on (a barrier on every host): a tray pays the control machine for its own steps, not
+for every step of the rollout.
+A host's files are written in one command (:func:`~k3deploy.runtime.operations.write_files`).
 
 Nothing is half-applied: a bad inventory, a failing preflight check or an engine flag the pinned engine refuses
 stops the run while it is being prepared (``--dry`` included), with every reason printed once and a non-zero exit.
@@ -19,8 +20,7 @@ from __future__ import annotations
 import shlex
 import sys
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
@@ -537,21 +537,8 @@ def stage_phase(ctx: RunContext) -> None:
     me = host.name
     for step in ctx.stage_steps.get(me, []):
         if step.applies or (me == ctx.summary_host and step.kind in ctx.stage_kinds):
-            with _kind(step.kind):
+            with pyinfra_internals.operation_kind(host, step.kind):
                 stage_step(name=step.name, step=step)
-
-
-@contextmanager
-def _kind(kind: int) -> Iterator[None]:
-    """Operations called in this block are told apart by ``kind`` (as pyinfra's ``host.loop`` tells the turns of a
-    loop apart): the same kind is the same operation on every host, whatever else each host calls, and among the
-    operations pyinfra may run next it orders them by kind. The one place that touches pyinfra's internals here
-    (``host.loop_position``, which pyinfra appends to an operation's order and identity)."""
-    host.loop_position.append(kind)
-    try:
-        yield
-    finally:
-        host.loop_position.pop()
 
 
 @deploy("Configure")
@@ -665,7 +652,7 @@ def start_phase(ctx: RunContext) -> None:
         if part is None and not action.barrier:
             continue
         op, kwargs = _operation(ctx, action, part, marks[-1] == index if marks else False)
-        with _kind(index):
+        with pyinfra_internals.operation_kind(host, index):
             op(name=action.name, **kwargs)
 
 

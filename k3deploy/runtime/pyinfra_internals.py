@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from copy import copy
 from functools import cache
 from importlib.metadata import version
@@ -268,3 +269,23 @@ def before_disconnect(host: Any, first: Callable[[], None]) -> None:
         return close(*args, **kwargs)
 
     connector.disconnect = disconnect
+
+
+@contextmanager
+def operation_kind(host: Any, kind: int) -> Iterator[None]:
+    """Operations ``host`` calls in this block are told apart by ``kind`` (as pyinfra's ``host.loop`` tells the turns
+    of a loop apart): the same kind is the same operation on every host, whatever else each host calls, and among the
+    operations pyinfra may run next it orders them by kind (``host.loop_position``, which pyinfra appends to an
+    operation's order and identity). The restart's barriers rely on it (:func:`k3deploy.runtime.phases.start_phase`).
+
+        >>> class H: loop_position: list[int] = []
+        >>> with operation_kind(H, 3): H.loop_position
+        [3]
+        >>> H.loop_position
+        []
+    """
+    host.loop_position.append(kind)
+    try:
+        yield
+    finally:
+        host.loop_position.pop()

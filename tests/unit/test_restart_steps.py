@@ -136,4 +136,4 @@ def test_operations_are_told_apart_in_one_place():
                 for node in ast.walk(fn):
                     if isinstance(node, ast.Attribute) and node.attr == "loop_position":
                         found.setdefault(f"{path.relative_to(package)}:{fn.name}", node.lineno)
-    assert list(found) == ["runtime/phases.py:_kind"]
+    assert list(found) == ["runtime/pyinfra_internals.py:operation_kind"]
