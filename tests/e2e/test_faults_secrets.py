@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 #: commands that print nothing of a deployment's variables, and why they are not run here
 NOT_RUN = {
-    "sim": "manages simulated clusters; reads no inventory's variables",
     "lint": "checks a recipe file, not an inventory",
     "options": "lists the recipe's hardware and strategies, not an inventory's variables",
 }
@@ -86,6 +85,7 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
         "unlock": [[inv], [inv, "--json"]],
         "watch": [[inv, "--once"], [inv, "--once", "--json"], [inv, "--repair", "--print-unit"]],
         "spares": [[inv], [inv, "--json"]],
+        "deploy": [[inv, "--dry", "--diff"]],
         "export": [["slurm", inv, "-o", str(tmp_path / "slurm")], ["slurm", inv, "-o", str(tmp_path / "slurm"), "--json"],
                    ["kubernetes", inv, "-o", str(tmp_path / "k8s")],
                    ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--json"]],
