@@ -512,6 +512,11 @@ def plan_rollout(plan: Plan, hosts: list[HostRecord], variables: Variables, *, i
     return render(lay_out(plan, hosts, variables, api_key), ifaces=ifaces, host_env=host_env)
 
 
+def files_differ(unit: UnitWork, have: Installed | None) -> bool:
+    """The unit file or the env file ``unit`` plans differs from what its host has (``have``; None: nothing read)."""
+    return have is None or have.unit_sha != sha256(unit.unit_text) or have.env_sha != sha256(unit.env_text)
+
+
 def mark_changes(rollout: Rollout, installed: Mapping[tuple[str, str], Installed]) -> frozenset[str]:
     """The groups that restart, from what the hosts have, ``(host, unit) -> Installed`` (:meth:`Rollout.decided`
     gives the rollout that restarts them).
@@ -526,8 +531,7 @@ def mark_changes(rollout: Rollout, installed: Mapping[tuple[str, str], Installed
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
         restarted = have.restarts > 0 and not rollout.vars.k3_heal   # with k3_heal the group recovers on its own
-        if have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text) or not have.running \
-                or restarted or have.answers is False:
+        if files_differ(u, have) or not have.running or restarted or have.answers is False:
             changed.add(u.group)
     if changed - {"router"} and "router" in rollout.groups and len(rollout.replicas) <= 1:
         changed.add("router")   # replicas roll behind a router that keeps serving

@@ -28,7 +28,7 @@ from k3deploy.errors import K3Error
 from k3deploy.facts.status import SlurmQueueReading
 from k3deploy.model import commands, slurm, steps
 from k3deploy.model.observed import Installed
-from k3deploy.model.rollout import Placement, Rollout, UnitWork, mark_changes, sha256
+from k3deploy.model.rollout import Placement, Rollout, UnitWork, files_differ, mark_changes, sha256
 from k3deploy.model.slurm import HostFiles, QueuedJob, SlurmJob
 from k3deploy.model.steps import StartSteps
 from k3deploy.runtime import readiness
@@ -139,11 +139,7 @@ class Systemd:
     def new_revision(self, group: str, installed: Mapping[tuple[str, str], Installed],
                      recorded: Mapping[str, str] | None) -> bool:
         """Some unit's unit or env file differs from what its host has (the configure phase stages it)."""
-        for u in self.rollout.group(group):
-            have = installed.get((u.host, u.unit))
-            if have is None or have.unit_sha != sha256(u.unit_text) or have.env_sha != sha256(u.env_text):
-                return True
-        return False
+        return any(files_differ(u, installed.get((u.host, u.unit))) for u in self.rollout.group(group))
 
     @property
     def control(self) -> GroupControl:

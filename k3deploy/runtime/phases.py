@@ -489,9 +489,7 @@ def _build(state: State) -> RunContext:
     if gate is not None:
         logger.info(f"--> k3deploy: SLO gate ({'a canary' if gate.kind == 'canary' else 'the group'}): "
                     + "; ".join(gate.lines()))
-    # what starts the groups, holding the decided rollout
-    chosen = launcher_for(r, gathered.slurm_queue, [h.name for h in state.inventory])
-    return RunContext(gathered, decided, state=state, lock=lock, chosen=chosen)
+    return RunContext(gathered, decided, state=state, lock=lock, chosen=launcher)
 
 
 def _spares_said(state: State, gathered: Gathered) -> None:
