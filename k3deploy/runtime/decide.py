@@ -58,7 +58,7 @@ def decide(gathered: Gathered, launcher: Launcher) -> Decided:
                if g not in gathered.rollback_to}
     metas = {g: _revision_meta(gathered, r, g, n, files[g]) for g, n in numbers.items()}
     marks = {g: n for g in r.changed_groups
-             if (n := _serving_revision(gathered, r, g, numbers, files[g])) is not None}
+             if (n := _serving_revision(gathered, g, numbers, files[g])) is not None}
     # a group whose nodes name different current revisions is marked again on every node: with the one this run
     # starts, else the one its files are
     repairs = tuple(g for g, h in gathered.history.items() if h.split and g in r.groups
@@ -86,8 +86,7 @@ def _recorded(gathered: Gathered, group: str) -> dict[str, str] | None:
     return rev.files if rev is not None else None
 
 
-def _revision_meta(gathered: Gathered, rollout: Rollout, group: str, number: int,
-                   files: dict[str, str] | None = None) -> str:
+def _revision_meta(gathered: Gathered, rollout: Rollout, group: str, number: int, files: dict[str, str]) -> str:
     """The ``meta.json`` of revision ``number`` of ``group``: what runs, from which variables, by which version."""
     first = gathered.target.resolved[gathered.target.records[0].name]
     variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
@@ -97,10 +96,10 @@ def _revision_meta(gathered: Gathered, rollout: Rollout, group: str, number: int
     return rev.to_json()
 
 
-def _serving_revision(gathered: Gathered, rollout: Rollout, group: str, numbers: Mapping[str, int],
-                      files: dict[str, str] | None = None) -> int | None:
+def _serving_revision(gathered: Gathered, group: str, numbers: Mapping[str, int], files: dict[str, str]) -> int | None:
     """The revision a restarted group runs once it serves: the one it was rolled back to, the one this run records
-    (``numbers``), or, when its files did not change, the recorded revision with exactly these files (a run that was
+    (``numbers``), or, when its files did not change, the recorded revision with exactly ``files`` (the launcher's
+    :meth:`~k3deploy.runtime.launchers.Launcher.revision_files`; a run that was
     stopped after putting them in place left it unmarked); None: the current one already."""
     if group in gathered.rollback_to:
         return gathered.rollback_to[group]
@@ -109,7 +108,5 @@ def _serving_revision(gathered: Gathered, rollout: Rollout, group: str, numbers:
     history = gathered.history.get(group)
     if history is None:
         return None
-    want = files if files is not None else {f"{u.host}:{p}": sha256(text) for u in rollout.group(group)
-                                            for p, text in ((u.unit_path, u.unit_text), (u.env_path, u.env_text))}
-    same = [n for n, rev in history.revisions.items() if rev.files == want]
+    same = [n for n, rev in history.revisions.items() if rev.files == files]
     return max(same) if same and max(same) != history.current else None
