@@ -10,9 +10,9 @@ Run: python benchmarks/resolve_matrix.py [--repeat 5] [--recipe PATH]
 Side by side with another checkout of k3deploy (the machine's load moves the figures by a third from minute to
 minute, so two figures compare only when taken in the same run, turn about):
 
-    git worktree add /tmp/c11349b c11349b
+    mkdir /tmp/c11349b && git archive c11349b | tar -x -C /tmp/c11349b
     python benchmarks/resolve_matrix.py --against /tmp/c11349b --rounds 7
-    git worktree remove /tmp/c11349b
+    rm -r /tmp/c11349b
 
 runs the matrix figure alone in a fresh process for this checkout and for the other (``PYTHONPATH`` set to each),
 alternately, ``--rounds`` times, and prints each checkout's figures and their median.

@@ -23,13 +23,20 @@ process) <= 25 ms for a first rollout, the re-run's no more than the first rollo
 simulated node shares this machine's CPUs, so what each node does itself (sshd, its shell, the simulated tools) grows
 with N here, where real nodes run in parallel: the wall time of a run is at least (control CPU + nodes' CPU) / cores.
 
+With ``--against DIR`` (another checkout of k3deploy, e.g. ``git archive COMMIT | tar -x -C DIR``) each cluster size
+is measured on this checkout, then on DIR (its own code and its own simulator, on a fresh cluster), and the two
+checkouts' rows are printed side by side (the second's names end in ``x``): the control CPU per added tray of both,
+under the same load.
+
 Run as root: python benchmarks/rollout.py [--runs multi_node_tp:2 ... multi_node_dep:72] [--prefix b] [--json]
+[--against DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import subprocess
@@ -44,15 +51,24 @@ PY = sys.executable
 PYINFRA = str(Path(PY).parent / "pyinfra")
 
 
-def k3(*args: str) -> str:
+def env_of(tree: Path) -> dict[str, str]:
+    """This process's environment with ``tree``'s code (and its simulator, where it has one as a package of its own)
+    first on the path; compiled bytecode is written on the first start and read on the others, as an installed tool's
+    is (``PYTHONDONTWRITEBYTECODE`` would have every deploy compile the package again)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "simulator")])}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def k3(*args: str, tree: Path = ROOT) -> str:
     return subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", *args], check=True,
-                          capture_output=True, text=True, cwd=ROOT).stdout
+                          capture_output=True, text=True, cwd=tree, env=env_of(tree)).stdout
 
 
-def sim_down(name: str) -> None:
+def sim_down(name: str, tree: Path = ROOT) -> None:
     """Remove the simulated cluster ``name`` if it is up (its absence is no error)."""
     subprocess.run([PY, "-c", "from k3deploy.cli import main; main()", "sim", "down", "--name", name],
-                   capture_output=True, cwd=ROOT)
+                   capture_output=True, cwd=tree, env=env_of(tree))
 
 
 def ssh(info: dict, rank: int, cmd: str) -> str:
@@ -71,15 +87,15 @@ def nodes_cpu(name: str) -> float:
     return 0.0
 
 
-def deploy(inventory: str, name: str = "") -> dict:
+def deploy(inventory: str, name: str = "", tree: Path = ROOT) -> dict:
     """One `pyinfra INVENTORY deploy/k3.py -y`: its wall time and the stage phase's, from its output as it comes; the
     CPU time of the control machine's pyinfra process and of the cluster ``name``'s nodes; the operations that ran
     commands (pyinfra's "Success")."""
     nodes_before = nodes_cpu(name)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.Popen([PYINFRA, inventory, "deploy/k3.py", "-y"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([PYINFRA, inventory, "deploy/k3.py", "-y"], cwd=tree, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env_of(tree))
     assert proc.stdout is not None
     began = configure = None
     lines = []
@@ -114,34 +130,34 @@ def engine_start(info: dict) -> float:
 def figures(run: dict, engine: float, n: int) -> dict:
     return {"deploy_s": round(run["wall_s"], 2), "engine_start_s": round(engine, 2),
             "stage_s": round(run["stage_s"], 2), "tool_s": round(run["wall_s"] - engine, 2),
-            "control_cpu_s": round(run["control_cpu_s"], 2), "nodes_cpu_s": round(run["nodes_cpu_s"], 2),
+            "control_cpu_s": round(run["control_cpu_s"], 3), "nodes_cpu_s": round(run["nodes_cpu_s"], 2),
             "ops_per_node": round(run["changed_ops"] / n, 1)}
 
 
-def measure(n: int, strategy: str, prefix: str = "b") -> dict:
-    name = f"{prefix}{strategy.split('_')[-1]}{n}"
-    sim_down(name)
+def measure(n: int, strategy: str, prefix: str = "b", tree: Path = ROOT, suffix: str = "") -> dict:
+    name = f"{prefix}{strategy.split('_')[-1]}{n}{suffix}"
+    sim_down(name, tree)
     info = json.loads(k3("sim", "up", "--hardware", "gb300", "--nodes", str(n), "--name", name, "--json",
-                         "--strategy", strategy))
+                         "--strategy", strategy, tree=tree))
     try:
-        first = figures(deploy(info["inventory"], name), engine_start(info), n)
+        first = figures(deploy(info["inventory"], name, tree), engine_start(info), n)
         gv = Path(info["inventory"]).parent / "group_vars" / "all.yml"
         gv.write_text(gv.read_text() + "k3_extra_env: {K3_BENCH_CHANGE: '1'}\n")
-        change = figures(deploy(info["inventory"], name), engine_start(info), n)
-        again = deploy(info["inventory"], name)
-        return {"nodes": n, "strategy": strategy, "first": first, "change": change,
+        change = figures(deploy(info["inventory"], name, tree), engine_start(info), n)
+        again = deploy(info["inventory"], name, tree)
+        return {"tree": str(tree), "nodes": n, "strategy": strategy, "first": first, "change": change,
                 "idempotent_rerun_s": round(again["wall_s"], 2),
-                "rerun_control_cpu_s": round(again["control_cpu_s"], 2),
+                "rerun_control_cpu_s": round(again["control_cpu_s"], 3),
                 "rerun_nodes_cpu_s": round(again["nodes_cpu_s"], 2), "rerun_ops": again["changed_ops"]}
     finally:
-        sim_down(name)
+        sim_down(name, tree)
 
 
 def per_added_tray(rows: list[dict]) -> None:
-    """Each row's control CPU per tray added since the smallest run (ms), for the first rollout and the re-run:
-    ``(cpu(N) - cpu(N0)) / (N - N0)`` (``None`` for the smallest run itself)."""
-    base = min(rows, key=lambda r: r["nodes"])
+    """Each row's control CPU per tray added since the smallest run of its checkout (ms), for the first rollout and
+    the re-run: ``(cpu(N) - cpu(N0)) / (N - N0)`` (``None`` for the smallest run itself)."""
     for r in rows:
+        base = min((b for b in rows if b["tree"] == r["tree"]), key=lambda b: b["nodes"])
         added = r["nodes"] - base["nodes"]
         r["control_cpu_ms_per_added_tray"] = {
             "first": round(1000 * (r["first"]["control_cpu_s"] - base["first"]["control_cpu_s"]) / added, 1),
@@ -156,27 +172,39 @@ def main() -> None:
                              "multi_node_dep:36", "multi_node_dep:72"])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--prefix", default="b", help="the simulated clusters' names start with it (b: btp2, bdep18, ...)")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another checkout of k3deploy, measured after this one at each size")
     args = ap.parse_args()
-    rows = [measure(int(n), strategy, args.prefix) for strategy, n in (r.split(":") for r in args.runs)]
+    for tree in [ROOT] + ([args.against.resolve()] if args.against is not None else []):
+        # its bytecode written before the first measured start, as an installed tool's is
+        subprocess.run([PY, "-m", "compileall", "-q", *(str(tree / d) for d in ("k3deploy", "simulator", "deploy")
+                                                         if (tree / d).is_dir())], check=True, env=env_of(tree))
+    rows = []
+    for strategy, n in (r.split(":") for r in args.runs):
+        rows.append(measure(int(n), strategy, args.prefix))
+        if args.against is not None:
+            rows.append(measure(int(n), strategy, args.prefix, args.against.resolve(), "x"))
     per_added_tray(rows)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'strategy':>15} {'nodes':>5} | first: {'deploy':>7} {'engine':>7} {'stage':>6} {'tool':>6} "
+    print(f"{'checkout':>20} {'strategy':>15} {'nodes':>5} | "
+          f"first: {'deploy':>7} {'engine':>7} {'stage':>6} {'tool':>6} "
           f"{'ctl cpu':>7} {'ops/n':>5} | change: {'deploy':>7} {'engine':>7} {'tool':>6} {'ctl cpu':>7} "
           f"{'nodes cpu':>9} {'ops/n':>5} | {'re-run':>7} {'ctl cpu':>7} {'nodes cpu':>9} {'ops':>4}")
     for r in rows:
         f, c = r["first"], r["change"]
-        print(f"{r['strategy']:>15} {r['nodes']:>5} | {f['deploy_s']:>14} {f['engine_start_s']:>7} {f['stage_s']:>6} "
+        print(f"{r['tree'][-20:]:>20} {r['strategy']:>15} {r['nodes']:>5} | "
+              f"{f['deploy_s']:>14} {f['engine_start_s']:>7} {f['stage_s']:>6} "
               f"{f['tool_s']:>6} {f['control_cpu_s']:>7} {f['ops_per_node']:>5} | {c['deploy_s']:>15} "
               f"{c['engine_start_s']:>7} {c['tool_s']:>6} {c['control_cpu_s']:>7} {c['nodes_cpu_s']:>9} "
               f"{c['ops_per_node']:>5} | {r['idempotent_rerun_s']:>7} {r['rerun_control_cpu_s']:>7} "
               f"{r['rerun_nodes_cpu_s']:>9} {r['rerun_ops']:>4}")
-    base = min(rows, key=lambda r: r["nodes"])
     for r in rows:
         per = r["control_cpu_ms_per_added_tray"]
         if per is not None:
-            print(f"control CPU per added tray, {base['nodes']} -> {r['nodes']} trays: first rollout "
+            base = min(b["nodes"] for b in rows if b["tree"] == r["tree"])
+            print(f"{r['tree']}: control CPU per added tray, {base} -> {r['nodes']} trays: first rollout "
                   f"{per['first']} ms, re-run {per['rerun']} ms")
 
 if __name__ == "__main__":

@@ -48,9 +48,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from k3deploy.errors import K3Error
-from k3deploy.recipe import fit
-from k3deploy.recipe.fit import did_you_mean
-from k3deploy.recipe.taxonomy import strategies
 from k3sim import base as sim_base
 from k3sim import faults as sim_faults
 from k3sim import network, outside, processes, profiles, rootfs
@@ -218,7 +215,7 @@ def choose_strategy(hardware: str, nodes: int, pools: dict[str, int] | None,
     unset ``k3_strategy`` deploys it too (the recipe's recommendation for the hardware): the recommended strategy
     that fits, or ``strategy`` when it fits; with P/D pools pd_cluster when the pools fit. SimError naming the sizes
     that fit otherwise."""
-    from k3deploy.recipe import load_recipe
+    from k3deploy.recipe import fit, load_recipe
     from k3deploy.recipe.offering import recommended
     from k3deploy.recipe.taxonomy import hardware as profiles_of
 
@@ -232,6 +229,8 @@ def choose_strategy(hardware: str, nodes: int, pools: dict[str, int] | None,
 
 def _choose(recipe: Any, hardware: str, nodes: int, pools: dict[str, int] | None,
             strategy: str | None) -> tuple[str, bool]:
+    from k3deploy.recipe import fit
+
     if pools:
         p, d = pools["prefill"], pools["decode"]
         if fit.pd_fits(recipe, hardware, p, d):
@@ -296,6 +295,9 @@ def up(
     ``nodes + K - 1``), in the inventory group ``spares``. ``vip``: the cluster's group_vars set ``k3_vip`` to
     ``<subnet>.250`` (:func:`~k3sim.network.vip_address`; the result's ``vip``).
     """
+    from k3deploy.recipe.offering import did_you_mean
+    from k3deploy.recipe.taxonomy import strategies
+
     say = progress or (lambda _m: None)
     validate_name(name)
     if spares < 0:

@@ -14,11 +14,13 @@ import os
 import shutil
 import uuid as _uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3deploy.errors import K3Error
-from k3deploy.recipe.taxonomy import hardware as hardware_profiles
 from k3sim.faults import FAULT_KINDS, Fault
+
+if TYPE_CHECKING:
+    from k3deploy.recipe.taxonomy import HardwareProfile
 
 #: node_tools tree, mirrored at the node's root
 NODE_TOOLS = Path(__file__).with_name("node_tools")
@@ -33,6 +35,13 @@ _NV_HGX_BUS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
 _NV_GRACE_BUS = ["00000008:01:00.0", "00000009:01:00.0", "00000018:01:00.0", "00000019:01:00.0"]
 _AMD_BUS = ["05", "26", "46", "65", "85", "a6", "c6", "e5"]
 _ASCEND_BUS = ["9D", "9F", "C1", "C3", "81", "83", "A1", "A3", "01", "03", "21", "23", "41", "43", "61", "63"]
+
+
+def hardware_profiles() -> dict[str, HardwareProfile]:
+    """The recipe's hardware profiles by id (read on first use: ``k3deploy --help`` lists ``sim`` without them)."""
+    from k3deploy.recipe.taxonomy import hardware
+
+    return hardware()
 
 
 def _ib(n: int, link_layer: str = "InfiniBand", part: int = 4129, fw: str = "28.39.2048",

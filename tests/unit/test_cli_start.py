@@ -1,7 +1,8 @@
 """What a ``k3deploy`` process imports before it answers: the offline commands (``resolve``, ``options``, ``lint``
-without ``--inventory``) start without gevent, pyinfra, paramiko, rich or jinja2, and are not patched for gevent; a
-command line that may reach hosts is patched first thing. The cold start itself is a figure of
-``benchmarks/resolve_matrix.py``, not a test."""
+without ``--inventory``) start without gevent, pyinfra, paramiko, rich or jinja2, and are not patched for gevent; the
+command list (``--help``, the simulator's ``sim`` included) starts without the recipe's models either (pydantic, yaml);
+a command line that may reach hosts is patched first thing. The cold start itself is a figure of
+``benchmarks/cold_start.py``, not a test."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ import pytest
 from helpers import ROOT
 
 HEAVY = ("gevent", "pyinfra", "pyinfra_cli", "paramiko", "rich", "jinja2")
+#: what the recipe's models import: a command that reads no recipe starts without them
+MODELS = ("pydantic", "pydantic_core", "yaml")
 
-#: runs the console entry point as the installed script does, and reports at exit what the process had imported
-PROBE = f"""
+#: runs the console entry point as the installed script does, and reports at exit which of HEAVY (a format field)
+#: the process had imported
+PROBE = """
 import atexit, json, sys
 
 def report():
     monkey = sys.modules.get("gevent.monkey")
     print(json.dumps({{
-        "heavy": sorted({{name.split(".")[0] for name in sys.modules}} & set({HEAVY!r})),
+        "heavy": sorted({{name.split(".")[0] for name in sys.modules}} & set({heavy!r})),
         "patched": bool(monkey and monkey.is_module_patched("socket")),
     }}), file=sys.stderr)
 
@@ -32,9 +36,9 @@ main()
 """
 
 
-def started(*args: str) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=ROOT, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=120)
+def started(*args: str, heavy: tuple[str, ...] = HEAVY) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, "-c", PROBE.format(heavy=heavy), *args], cwd=ROOT, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=120)
     last = proc.stderr.strip().splitlines()[-1]
     data: dict[str, object] = json.loads(last)
     return data
@@ -49,6 +53,10 @@ def started(*args: str) -> dict[str, object]:
 ])
 def test_offline_commands_import_no_host_machinery(args):
     assert started(*args) == {"heavy": [], "patched": False}
+
+
+def test_the_command_list_imports_neither_host_machinery_nor_the_recipe_models():
+    assert started("--help", heavy=HEAVY + MODELS) == {"heavy": [], "patched": False}
 
 
 @pytest.mark.parametrize("args", [
