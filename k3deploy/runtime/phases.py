@@ -30,6 +30,7 @@ import gevent.event
 import gevent.lock
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
+from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
@@ -709,14 +710,14 @@ def _operation(ctx: RunContext, action: steps.Action, part: steps.Part | None,
     return script, {**args, **({"_if": when} if when is not None else {})}
 
 
-def _submit(state: Any, host: Any, ctx: RunContext, stop: list[str], start: list[str]) -> bool:
+def _submit(state: State, host: Host, ctx: RunContext, stop: list[str], start: list[str]) -> bool:
     """On the submit host: cancel the jobs of ``stop``, submit those of ``start`` (:meth:`Slurm.resubmit`)."""
     launcher = ctx.launcher
     assert isinstance(launcher, Slurm)
     return launcher.resubmit({h.name: h for h in state.inventory}, stop, start)
 
 
-def _router_call(state: Any, host: Any, ctx: RunContext, key: RouterCall, text: str) -> bool:
+def _router_call(state: State, host: Host, ctx: RunContext, key: RouterCall, text: str) -> bool:
     """Run a router call (take replicas out, put them back) on the router's host; the roll goes on only if it
     succeeded (``ctx.run.router_calls[key]``)."""
     from k3deploy.runtime.readiness import run
@@ -736,7 +737,7 @@ def _both(here: bool, condition: Callable[[], bool]) -> bool:
     return here and condition()
 
 
-def _gate(state: Any, host: Any, ctx: RunContext, groups: list[str]) -> bool:
+def _gate(state: State, host: Host, ctx: RunContext, groups: list[str]) -> bool:
     """Every host of a restarting group waits for the group's readiness (the first to ask polls, for all of
     them); the host whose unit failed reports what it observed and fails, the others say why they stop."""
     hosts = {h.name: h for h in state.inventory}
@@ -764,7 +765,7 @@ def _gate(state: Any, host: Any, ctx: RunContext, groups: list[str]) -> bool:
     return ok
 
 
-def _wait_group(ctx: RunContext, group: str, hosts: dict[str, Any]) -> Failure | None:
+def _wait_group(ctx: RunContext, group: str, hosts: dict[str, Host]) -> Failure | None:
     """The group's readiness (:func:`wait_group`), never an exception: a gate that could not finish is the group's
     failure, named after what stopped it, so that every host waiting on the result hears it."""
     try:
@@ -812,7 +813,7 @@ def _gate_host(ctx: RunContext) -> str | None:
     return r.group(gate.groups[0])[0].host if r.group(gate.groups[0]) else None
 
 
-def _slo_gate(state: Any, host: Any, ctx: RunContext) -> bool:
+def _slo_gate(state: State, host: Host, ctx: RunContext) -> bool:
     """The SLO gate (:mod:`k3deploy.runtime.slo`): the canary groups against a replica on the previous revision, or
     each gated group against its previous revision's recorded figures. A canary that misses goes back to its
     previous revision here (so that the next operation puts it back into the router); a single group that misses
@@ -868,7 +869,7 @@ def _hold(ctx: RunContext, group: str, failure: Failure) -> None:
     ctx.run.gates[group] = result
 
 
-def _slo_verdict(state: Any, host: Any, ctx: RunContext) -> bool:
+def _slo_verdict(state: State, host: Host, ctx: RunContext) -> bool:
     """At the end of the start phase, where a group missed the SLO gate: the figures against the targets once more,
     what was done about it, and the run fails (exit non-zero)."""
     gate = ctx.gate
