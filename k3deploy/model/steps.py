@@ -448,8 +448,10 @@ class StartSteps(Protocol):
         """The router's start (and its gate), once the engine groups serve."""
 
 
-def _stop(role: str, start: HostStart) -> str:
-    return commands.stop_units(getattr(start, role))
+def _stop(role: str, stopped: frozenset[tuple[str, str]], start: HostStart) -> str:
+    """The stop of ``role``'s units on a host, but those read as stopped (empty: none runs)."""
+    up = [u for u in getattr(start, role) if (start.host, u) not in stopped]
+    return commands.stop_units(up) if up else ""
 
 
 def _unit_parts(plan: StartPlan, role: str, script: Callable[[HostStart], str]) -> tuple[Part, ...]:
@@ -506,7 +508,7 @@ class UnitSteps:
             for role, title in (("routers", "Stop routers of restarting groups"),
                                 ("workers", f"Stop workers of restarting groups{label}"),
                                 ("heads", f"Stop heads of restarting groups{label}")):
-                parts = _unit_parts(plan, role, partial(_stop, role))
+                parts = _unit_parts(plan, role, partial(_stop, role, decided.stopped))
                 if parts:
                     out.append(Action("stop", title, parts, when, wave=wave, role=role))
         # every host records and swaps before any head starts: a run killed after this leaves every member of a

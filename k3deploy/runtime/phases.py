@@ -682,14 +682,12 @@ def _operation(ctx: RunContext, action: steps.Action, part: steps.Part | None,
         assert part is not None
         gathered = ctx.gathered
         assert gathered is not None
-        args: dict[str, Any] = {"units": list(part.units), "_if": when, **limit}
+        args: dict[str, Any] = {"text": part.script, "_if": when, **limit}
         if kind == "stop":
-            args["seen"] = {u.unit: have.active for u in r.on_host(host.name)
-                            if (have := gathered.installed.get((u.host, u.unit))) is not None}
+            args.update(units=list(part.units), seen={u.unit: have.active for u in r.on_host(host.name)
+                                                      if (have := gathered.installed.get((u.host, u.unit)))
+                                                      is not None})
             return stop_units, args
-        if action.role == "workers":
-            args.update(joins=list(part.joins), timeout=r.vars.k3_rendezvous_timeout,
-                        config_dir=r.vars.k3_config_dir)
         return start_units, args
     if kind in ("gate", "submit"):
         assert part is not None
