@@ -40,7 +40,7 @@ from k3deploy.model.images import LocalImage, holds, named, run_ref
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
-from k3deploy.model.slurm import launch_path
+from k3deploy.model.slurm import host_files, launch_path
 from k3deploy.model.staging import (
     ARCHIVE,
     OUTSIDE,
@@ -72,6 +72,7 @@ class FileWrite:
     content: str = ""
     source: str | None = None
     kind: str = "text"
+    group: str = ""      # written only while no host of this group failed an earlier step ("": always)
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,26 @@ def unit_files(rollout: Rollout, unit: UnitWork, *, staged: bool) -> list[FileWr
             FileWrite(where(unit.unit_path), "644", unit.unit_text, kind="unit")]
 
 
+#: the systemd units' configure step (a rolling change's steps name theirs after it)
+CONFIGURE = "Env file (0600), staged, systemd unit, group member helper"
+
+
+@dataclass(frozen=True)
+class Configure:
+    """A host's configure step, the launcher's (:meth:`StartSteps.configure`): the directories it makes
+    (``dirs``, one operation named ``dirs_name``), then, in one operation named ``name``, the files it writes in
+    place and the ``staged`` units' env file (0600) and systemd unit written beside the live ones
+    (:func:`unit_files`); with ``restore``, owner and mode given back to the live ones where they drifted."""
+
+    host: str
+    name: str
+    files: tuple[FileWrite, ...] = ()
+    staged: tuple[str, ...] = ()
+    dirs: tuple[str, ...] = ()
+    dirs_name: str = ""
+    restore: bool = False
+
+
 # ------------------------------------------------------------------------------------------------ restart
 
 
@@ -433,6 +454,9 @@ class StartSteps(Protocol):
     def marks_in_roll(self) -> bool:
         """A rolled replica is marked current in its own step."""
 
+    def configure(self, rollout: Rollout, host: str) -> Configure | None:
+        """``host``'s configure step (None: nothing there)."""
+
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         """What runs before the first step (records written again)."""
 
@@ -477,6 +501,17 @@ class UnitSteps:
     idle: str = "every group runs the planned version: nothing restarts"
     worker_file: bool = True
     marks_in_roll: bool = True
+
+    def configure(self, rollout: Rollout, host: str) -> Configure:
+        """The engine units' helper, the units that answer the node's fence record to its peers and each unit's
+        next env file and systemd unit, staged, but a rolling change's replicas' (each gets its files in its own
+        step of the roll: a roll that stops leaves the replicas after it on the files they run); on every host,
+        even where nothing is written (every host's sequence keeps the same steps at the same depths)."""
+        made = helper(rollout, host)
+        files = [made.file] if made.applies and made.file is not None else []
+        rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()
+        return Configure(host, CONFIGURE, (*files, *fence_files(rollout, host)),
+                         tuple(u.unit for u in rollout.on_host(host) if u.group not in rolled), restore=True)
 
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         """Each record cut short on a host whose files hash to what the group's other nodes recorded, written
@@ -556,6 +591,21 @@ class JobSteps:
     idle: str = "every group's job runs the planned revision: nothing is submitted"
     worker_file: bool = False
     marks_in_roll: bool = False
+
+    def configure(self, rollout: Rollout, host: str) -> Configure | None:
+        """``host``'s Slurm files (:func:`k3deploy.model.slurm.host_files`): on each node its env files (0600) and
+        launch scripts and its groups' output directories, on the submit host the batch scripts; in place at once
+        (a running job keeps the files it started with: sbatch copied its batch script, each step's shell and
+        container read theirs when they started), a unit's not for a group with a member that failed an earlier
+        step. None: a host with none."""
+        mine = next((f for f in host_files(rollout, self.submit_host) if f.host == host), None)
+        if mine is None:
+            return None
+        groups = {p: u.group for u in rollout.on_host(host) for p in (u.env_path, launch_path(rollout, u))}
+        return Configure(host, "Env files (0600), launch scripts, batch scripts", tuple(
+            FileWrite(f.path, f.mode, f.text, kind="env" if f.mode == "0600" else "text", group=groups.get(f.path, ""))
+            for f in mine.files), dirs=(rollout.vars.k3_config_dir, *mine.dirs),
+            dirs_name="Slurm output and batch script directories")
 
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         return []

@@ -38,7 +38,6 @@ from pyinfra.operations import python
 from k3deploy.errors import K3Error
 from k3deploy.facts.batch import scripted
 from k3deploy.model import commands, steps, vip
-from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
@@ -55,7 +54,7 @@ from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.decide import Decided, changed_files, decide
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
-from k3deploy.runtime.launchers import Launcher, Slurm, Systemd, launcher_for
+from k3deploy.runtime.launchers import Launcher, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
     STOPPED,
@@ -91,13 +90,15 @@ class Refused:
 @dataclass
 class RunState:
     """What the run finds out as it goes, the only thing of the run that changes: each restarted group's readiness
-    result, the router calls of a roll, which restart steps went ahead, the SLO gate's findings."""
+    result, the router calls of a roll, which restart steps went ahead, the SLO gate's findings, the jobs it
+    submitted."""
 
     gates: dict[str, gevent.event.AsyncResult] = field(default_factory=dict)   # group -> its readiness result
     router_calls: dict[RouterCall, bool] = field(default_factory=dict)   # a call of a roll -> it succeeded
     begun: dict[int, bool] = field(default_factory=dict)   # step of the restart -> it went ahead (see :meth:`begins`)
     outcomes: dict[str, Outcome] = field(default_factory=dict)   # group -> what the SLO gate found
     reverted: set[str] = field(default_factory=set)   # groups the gate took back to their previous revision
+    submitted: dict[str, str] = field(default_factory=dict)   # group -> the id of the job this run submitted
 
 
 @dataclass(frozen=True)
@@ -542,29 +543,27 @@ def stage_phase(ctx: RunContext) -> None:
 
 @deploy("Configure")
 def configure_phase(ctx: RunContext) -> None:
-    """This host's files, all in one operation (one command): the engine units' helper, the units that answer its
-    fence record to its peers and, for each unit, the next env file (0600) and systemd unit, staged
-    (:func:`_staged`); owner and mode given back to the live ones where they drifted. With ``k3_launcher: slurm``
-    its Slurm files instead (:func:`_configure_jobs`)."""
+    """The spares' records (:func:`_spare_records`), then this host's configure step, the launcher's
+    (:meth:`k3deploy.model.steps.StartSteps.configure`): its directories, then its files in one operation (one
+    command): the files written in place (the engine units' helper, the units that answer its fence record, or a
+    Slurm job's files) and each staged unit's next env file (0600) and systemd unit (:func:`_staged`)."""
     _spare_records(ctx)
-    if isinstance(ctx.launcher, Slurm):
-        _configure_jobs(ctx)
-        return
     rollout, gathered = ctx.rollout, ctx.gathered
     assert gathered is not None
     me = host.name
-    helper = steps.helper(rollout, me)
-    files = [Written(GROUP_MEMBER, helper.file.content, helper.file.mode,
-                     seen=(gathered.helpers.get(me), None) if me in gathered.helpers else None)
-             ] if helper.applies and helper.file is not None else []
-    files += [Written(f.dest, f.content, f.mode, f.kind) for f in steps.fence_files(rollout, me)]
-    # with a rolling change, each replica gets its files in its own step of the roll (start phase): a roll that
-    # stops leaves the replicas after it on the files they run
-    rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()
-    files += _staged(ctx, [u for u in rollout.on_host(me) if u.group not in rolled])
+    step = ctx.launcher.start_steps.configure(rollout, me)
+    if step is None:
+        return
+    if step.dirs:
+        directories(name=step.dirs_name, paths=list(step.dirs))
+    files = [Written(f.dest, f.content, f.mode, f.kind,
+                     seen=(gathered.helpers.get(me), None) if f.dest == GROUP_MEMBER and me in gathered.helpers
+                     else None, when=partial(ctx.intact, [f.group]) if f.group else None) for f in step.files]
+    files += _staged(ctx, [u for u in rollout.on_host(me) if u.unit in step.staged])
     # (on every host, even where nothing is written: pyinfra orders operations by their depth in each host's own
     # sequence first, so every host's sequence keeps the same steps at the same depths)
-    write_files(name=CONFIGURE, files=files, restore=drifted(rollout.on_host(me), gathered.installed))
+    write_files(name=step.name, files=files,
+                restore=drifted(rollout.on_host(me), gathered.installed) if step.restore else ())
 
 
 def _spare_records(ctx: RunContext) -> None:
@@ -583,29 +582,6 @@ def _spare_records(ctx: RunContext) -> None:
         units = gathered.stand_down.get(me, [])
         script(name="Stand down: the units of a node that runs nothing, stopped and disabled",
                text=commands.stand_down(units) if units else "", active=bool(units))
-
-
-#: the configure phase's operation (a rolling change's steps name theirs after it)
-CONFIGURE = "Env file (0600), staged, systemd unit, group member helper"
-
-
-def _configure_jobs(ctx: RunContext) -> None:
-    """``k3_launcher: slurm``: this host's files (:func:`k3deploy.model.slurm.host_files`): on each node its env
-    files (0600) and launch scripts and its groups' output directories, on the submit host the batch scripts; in
-    place at once (a running job keeps the files it started with: sbatch copied its batch script, each step's shell
-    and container read theirs when they started). Not for a group with a member that failed an earlier step."""
-    launcher = ctx.launcher
-    assert isinstance(launcher, Slurm)
-    mine = launcher.files(host.name)
-    if mine is None:
-        return
-    directories(name="Slurm output and batch script directories", paths=[ctx.rollout.vars.k3_config_dir, *mine.dirs])
-    groups = {p: u.group for u in ctx.rollout.on_host(host.name)
-              for p in (u.env_path, slurm_model.launch_path(ctx.rollout, u))}
-    write_files(name="Env files (0600), launch scripts, batch scripts", files=[
-        Written(f.path, f.text, f.mode, "env" if f.mode == "0600" else "text",
-                when=partial(ctx.intact, [groups[f.path]]) if f.path in groups else None)
-        for f in mine.files])
 
 
 def _staged(ctx: RunContext, units: list[UnitWork], when: Callable[[], bool] | None = None) -> list[Written]:
@@ -709,10 +685,9 @@ def _operation(ctx: RunContext, action: steps.Action, part: steps.Part | None,
 
 
 def _submit(state: State, host: Host, ctx: RunContext, stop: list[str], start: list[str]) -> bool:
-    """On the submit host: cancel the jobs of ``stop``, submit those of ``start`` (:meth:`Slurm.resubmit`)."""
-    launcher = ctx.launcher
-    assert isinstance(launcher, Slurm)
-    return launcher.resubmit({h.name: h for h in state.inventory}, stop, start)
+    """On the submit host: cancel the jobs of ``stop``, submit those of ``start`` (the launcher's
+    :meth:`~k3deploy.runtime.launchers.Launcher.submit`), each job's id kept in the run's state."""
+    return ctx.launcher.submit({h.name: h for h in state.inventory}, stop, start, ctx.run.submitted)
 
 
 def _router_call(state: State, host: Host, ctx: RunContext, key: RouterCall, text: str) -> bool:
@@ -754,7 +729,7 @@ def _gate(state: State, host: Host, ctx: RunContext, groups: list[str]) -> bool:
             for line in failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
             changed = ctx.gathered is None or not _starts_served_revision(ctx.gathered, g)
-            advice = ctx.launcher.advice(g, failure.host, changed)
+            advice = ctx.launcher.advice(g, failure.host, changed, ctx.run.submitted)
             logger.error(f"[{host.name}] {advice}")
             ok = False
         else:
@@ -767,7 +742,7 @@ def _wait_group(ctx: RunContext, group: str, hosts: dict[str, Host]) -> Failure 
     """The group's readiness (:func:`wait_group`), never an exception: a gate that could not finish is the group's
     failure, named after what stopped it, so that every host waiting on the result hears it."""
     try:
-        return wait_group(ctx.rollout, group, hosts, control=ctx.launcher.control)
+        return wait_group(ctx.rollout, group, hosts, control=ctx.launcher.control(ctx.run.submitted))
     except Exception as exc:   # a lost connection the gate did not expect: the group does not serve
         head = ctx.rollout.group(group)[0]
         return Failure(head, "start", f"the readiness gate stopped: {type(exc).__name__}: {exc}",
