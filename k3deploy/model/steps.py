@@ -832,3 +832,52 @@ def smoke(rollout: Rollout) -> Step:
     first = rollout.units[0]
     return Step(0, f"Chat completion through {rollout.endpoint}", first.host, rollout.vars.k3_smoke_test,
                 commands.smoke_test(rollout.endpoint, served_model(rollout), first.env_path))
+
+
+# ------------------------------------------------------------------------------------------------ the whole rollout
+
+
+@dataclass(frozen=True)
+class RolloutSteps:
+    """The whole rollout as steps, in the order it runs (:func:`rollout`): the stage's steps (kind by kind, hosts in
+    inventory order within a kind), each host's configure step (the launcher's), the restart's actions
+    (:func:`restart`), the smoke test. The deploy's operations (:mod:`k3deploy.runtime.phases`) and the runbook
+    (:mod:`k3deploy.model.runbook.sections`) render it."""
+
+    stage: tuple[Step, ...]
+    configure: tuple[Configure, ...]
+    start: tuple[Action, ...]
+    smoke: Step
+
+    @property
+    def steps(self) -> list[Step | Configure | Action]:
+        """Every step, in the order they run."""
+        return [*self.stage, *self.configure, *self.start, self.smoke]
+
+    def configure_of(self, host: str) -> Configure | None:
+        """``host``'s configure step (None: nothing there)."""
+        return next((c for c in self.configure if c.host == host), None)
+
+
+def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | None = None,
+            decided: Decisions | None = None, *, hosts: Sequence[str] | None = None, tag: str | None = None,
+            images: Mapping[str, LocalImage | None] | None = None, leftover: Collection[str] = ()) -> RolloutSteps:
+    """Every step of a rollout of ``layout``, in order, whatever starts the groups (``launcher``): the stage
+    (:func:`stage`; ``plan``: how the artifacts reach the nodes, :func:`fresh` where not given; ``tag``, ``images``,
+    ``leftover`` as there), the configure step of each of ``hosts`` (default: the rollout's), the restart
+    (:func:`restart`, with the run's ``decided``), the smoke test. The one builder the deploy and the runbook
+    render: changing the rollout's order is changing this function (the restart's: :func:`restart`).
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> hosts = [HostRecord("n1", ("head",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.1"}),
+    ...          HostRecord("n2", ("workers",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.2"})]
+    >>> layout = desired_rollout(target(hosts, None))
+    >>> made = rollout(layout.decided(layout.groups))
+    >>> [c.host for c in made.configure], [a.kind for a in made.start], made.smoke.host
+    (['n1', 'n2'], ['stop', 'stop', 'start', 'start', 'gate', 'current'], 'n1')
+    """
+    configured = (launcher.configure(layout, h) for h in (layout.hosts if hosts is None else hosts))
+    return RolloutSteps(
+        tuple(stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover)),
+        tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)), smoke(layout))

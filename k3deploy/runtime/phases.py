@@ -155,16 +155,23 @@ class RunContext:
         return self.refusal is None
 
     @cached_property
-    def stage_steps(self) -> dict[str, list[Step]]:
-        """host -> its steps of the stage (:func:`k3deploy.model.steps.stage`), worked out once for the run from
-        what the facts saw (the images each host holds, an rsync daemon an earlier run left)."""
+    def rollout_steps(self) -> steps.RolloutSteps:
+        """Every step of the run, in order (:func:`k3deploy.model.steps.rollout`), built once from what the facts
+        saw (the images each host holds, an rsync daemon an earlier run left) and the run's decisions
+        (:meth:`decisions`); a configure step for every host of the inventory."""
         gathered = self.gathered
         assert gathered is not None
-        rollout = self.rollout
+        r = self.rollout
         leftover = {f.host for f in gathered.facts if getattr(f.stage_peers, "running", False)}
+        hosts = [h.name for h in self.state.inventory] if self.state is not None else r.hosts
+        return steps.rollout(r, self.launcher.start_steps, gathered.stage or steps.fresh(r), self.decisions(),
+                             hosts=hosts, tag=gathered.pinned_tag, images=gathered.images, leftover=leftover)
+
+    @cached_property
+    def stage_steps(self) -> dict[str, list[Step]]:
+        """host -> its steps of the stage."""
         out: dict[str, list[Step]] = {}
-        for step in steps.stage(rollout, gathered.stage or steps.fresh(rollout), tag=gathered.pinned_tag,
-                                images=gathered.images, leftover=leftover):
+        for step in self.rollout_steps.stage:
             out.setdefault(step.host, []).append(step)
         return out
 
@@ -220,9 +227,12 @@ class RunContext:
 
     @cached_property
     def actions(self) -> list[steps.Action]:
-        """Every operation of the start phase (:func:`k3deploy.model.steps.restart`), built once for the run from
-        its decisions: the revision numbers and marks, the files that move, the units read as stopped, the records
-        cut short a host writes again, the SLO gate."""
+        """Every operation of the start phase (:func:`k3deploy.model.steps.restart`)."""
+        return list(self.rollout_steps.start)
+
+    def decisions(self) -> steps.Decisions:
+        """What the restart's steps are built with: the revision numbers and marks, the files that move, the units
+        read as stopped, the records cut short a host writes again, the SLO gate."""
         gathered = self.gathered
         assert gathered is not None
         r = self.rollout
@@ -235,14 +245,13 @@ class RunContext:
                          if hist.rebuildable(n, h)]
             if mine:
                 rebuild[h] = tuple(mine)
-        decided = steps.Decisions(
+        return steps.Decisions(
             numbers=self.numbers, metas=self.metas, marks=self.marks, repairs=tuple(self.repairs),
             changes={(u.host, u.unit): tuple(changed_files(gathered, u)) for u in r.units},
             stopped=frozenset((u.host, u.unit) for u in r.units
                               if (have := gathered.installed.get((u.host, u.unit))) is not None
                               and have.active in STOPPED),
             rebuild=rebuild, gate=self.gate, gate_host=_gate_host(self))
-        return steps.restart(r, self.launcher.start_steps, decided)
 
     def holds(self, conditions: Sequence[steps.Condition]) -> Callable[[], bool]:
         """An ``_if`` that holds when every one of ``conditions`` does, evaluated in order when the operation runs."""
@@ -551,7 +560,7 @@ def configure_phase(ctx: RunContext) -> None:
     rollout, gathered = ctx.rollout, ctx.gathered
     assert gathered is not None
     me = host.name
-    step = ctx.launcher.start_steps.configure(rollout, me)
+    step = ctx.rollout_steps.configure_of(me)
     if step is None:
         return
     if step.dirs:
@@ -918,12 +927,12 @@ VIP_TIMEOUT = 60
 
 @deploy("Smoke test")
 def smoke_phase(ctx: RunContext) -> None:
-    r = ctx.rollout
-    if host.name != r.units[0].host:
+    r, step = ctx.rollout, ctx.rollout_steps.smoke
+    if host.name != step.host:
         return  # one request through the public endpoint, from the first host only
     every_group_serves = lambda: all(ctx.serves(g) for g in r.groups)  # noqa: E731
-    smoke(name=steps.smoke(r).name, endpoint=r.endpoint, model=steps.served_model(r), env_file=r.units[0].env_path,
-          active=r.vars.k3_smoke_test, _if=every_group_serves, _timeout=150 + r.vars.k3_link_timeout)
+    smoke(name=step.name, endpoint=r.endpoint, model=steps.served_model(r), env_file=r.units[0].env_path,
+          active=step.applies, _if=every_group_serves, _timeout=150 + r.vars.k3_link_timeout)
     if ctx.gathered is not None and ctx.gathered.rollback_to:
         python.call(name="Say what the rollback leaves behind", function=_after_rollback, ctx=ctx,
                     _if=every_group_serves)
