@@ -145,12 +145,18 @@ def test_the_runbook_and_the_operations_render_the_one_builder(monkeypatch):
     reordering there (here the workers started before their heads) shows in both, and nothing else orders them."""
     from dataclasses import replace
 
+    import pyinfra
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_state
+
     from helpers.clusters import records
     from k3deploy.model.runbook import Context, blocks, build, to_markdown
     from k3deploy.model.staging import stage_for
+    from k3deploy.runtime import phases
+    from k3deploy.runtime.decide import Decided
     from k3deploy.runtime.gather import Gathered
     from k3deploy.runtime.reading import HostReading
-    from unit.test_runbook_equals_operations import ordered
 
     wanted = target(records("gb300", "multi_node_tp", 2), None)
     r = desired_rollout(wanted)
@@ -168,8 +174,22 @@ def test_the_runbook_and_the_operations_render_the_one_builder(monkeypatch):
                 if b.when is None and b.text.strip() in starts]
 
     def operations() -> list[str]:
-        """The start phase's starts, in the order pyinfra runs them."""
-        names = [name.split(" | ", 1)[-1] for name, _ in ordered(r, gathered, monkeypatch)]
+        """The start phase's starts, in the order pyinfra runs them (its operations called for every host as
+        pyinfra's CLI calls them, on fresh nodes, connecting to none)."""
+        monkeypatch.setattr(pyinfra, "is_cli", True)
+        inventory = Inventory((r.hosts, {}))
+        state = State(inventory, Config())
+        state.current_deploy_filename = __file__
+        state.current_op_file_number = 0
+        state.set_stage(StateStage.Prepare)
+        decided = Decided(rollout=r, numbers={}, metas={}, marks={}, repairs=(), rollback_to={}, gate=None)
+        ctx = phases.RunContext(gathered, decided, state=state)
+        with ctx_state.use(state):
+            for h in inventory:
+                monkeypatch.setattr(h, "get_fact", lambda fact, **kwargs: fact.default())
+                with ctx_host.use(h):
+                    phases.start_phase(ctx=ctx)
+        names = [sorted(state.op_meta[op].names)[0].split(" | ", 1)[-1] for op in state.get_op_order()]
         return [n for n in names if n.startswith(("Start group heads", "Start workers"))]
 
     assert runbook() == ["heads", "workers"]
