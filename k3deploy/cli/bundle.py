@@ -55,20 +55,20 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
     log. Under ``k3_launcher: slurm``: per unit its launch script instead of a unit file and its step output in its
     group's newest job (and the job's own output, on its batch host) instead of a journal; the submit host's
     ``squeue`` in ``slurm/``."""
-    from k3deploy.cli.plan import jobs_plan, staging_lines
+    from k3deploy.cli.plan import plan_report, staging_lines
     from k3deploy.cli.status import status_of
-    from k3deploy.model.diff import build
 
     r = gathered.require_rollout()
     t = gathered.target
     first = t.resolved[t.records[0].name]
     secrets = list(secrets) + secret_values(gathered)
-    from k3deploy.runtime.launchers import Slurm, launcher_for
+    from k3deploy.runtime.launchers import launcher_for
 
-    batch = isinstance(launcher_for(r), Slurm)
+    launcher = launcher_for(r)
+    queue = launcher.queue_host is not None   # (Slurm: the submit host's queue)
 
     def plan() -> dict[str, Any]:
-        report = jobs_plan(gathered) if batch else build(r, gathered.installed, gathered.helpers)
+        report = plan_report(gathered)
         report.staging = staging_lines(gathered)
         return report.to_dict()
 
@@ -78,7 +78,7 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
         try:
             return what()
         except K3Error as exc:
-            if not batch:
+            if not queue:
                 raise
             return {"error": str(exc)}
 
@@ -94,13 +94,14 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
         files[f"hosts/{f.host}/facts.json"] = _json(f)
     for host, reading in gathered.readings.items():
         files[f"hosts/{host}/read.json"] = _json(reading)
-    if batch:
+    if queue:
         files.update(slurm_files(gathered))
     for u in r.units:
         have = gathered.installed.get((u.host, u.unit))
-        base = f"hosts/{u.host}/{u.container if batch else u.unit}"   # (under Slurm no systemd unit: its container)
+        name, runs_from = launcher.bundle_names(u)   # (under Slurm no systemd unit: its container, launch script)
+        base = f"hosts/{u.host}/{name}"
         if have is not None and have.unit_text is not None:
-            files[f"{base}.launch" if batch else f"{base}.unit"] = have.unit_text
+            files[f"{base}.{runs_from}"] = have.unit_text
         if have is not None and have.env_text is not None:
             files[f"{base}.env"] = have.env_text
         logs = gathered.logs.get((u.host, u.unit), {})

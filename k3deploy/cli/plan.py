@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from k3deploy.model.diff import PlanReport
     from k3deploy.runtime.decide import Decided
     from k3deploy.runtime.gather import Gathered
-    from k3deploy.runtime.launchers import Slurm
+    from k3deploy.runtime.launchers import Launcher
 
 EXIT_CHANGES = 3
 
@@ -50,10 +50,9 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
       k3deploy plan inventories/gb300.py --json | jq .restart_order
     """
     from k3deploy.cli.common import read_cluster
-    from k3deploy.model.diff import build, render_jobs_text, render_text
     from k3deploy.runtime.decide import decide
     from k3deploy.runtime.gather import require_reachable
-    from k3deploy.runtime.launchers import Slurm, launcher_for
+    from k3deploy.runtime.launchers import launcher_for
     from k3deploy.runtime.views import PLAN
 
     wanted: bool | int | None = None
@@ -70,9 +69,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
                             [r.name for r in gathered.target.records])
     decided = decide(gathered, launcher)
     rollout = decided.rollout
-    slurm = isinstance(launcher, Slurm)
-    report = jobs_plan(gathered, launcher, decided) if isinstance(launcher, Slurm) else \
-        build(rollout, gathered.installed, gathered.helpers)
+    report = plan_report(gathered, launcher, decided)
     report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
     gate = decided.gate
     report.gate = gate.lines() if gate is not None and report.has_changes else []
@@ -101,7 +98,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
         click.echo(f"Variables (group_vars merged, lowest first: {', '.join(first.files) or 'none'}):")
         for line in first.lines():
             click.echo(f"  {line}")
-        click.echo((render_jobs_text if slurm else render_text)(report, rollout), nl=False)
+        click.echo(launcher.plan_text(report, rollout), nl=False)
     refused = source_refusals(gathered)
     for line in refused:
         click.echo(f"error: {line}", err=True)
@@ -118,23 +115,20 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     return 3 if report.exit_code == 0 and repairs else report.exit_code
 
 
-def jobs_plan(gathered: Gathered, launcher: Slurm | None = None, decided: Decided | None = None) -> PlanReport:
-    """``k3_launcher: slurm``: the plan of each group's job (keep, submit, replace), decided as the deploy decides
-    it (``launcher``: :func:`k3deploy.runtime.launchers.launcher_for`, from the queue the submit host read; the
-    groups that restart: ``decided``, :func:`k3deploy.runtime.decide.decide`), and each unit's launch script and
-    env file changes (:func:`k3deploy.model.diff.build_jobs`)."""
-    from k3deploy.model.diff import build_jobs
+def plan_report(gathered: Gathered, launcher: Launcher | None = None, decided: Decided | None = None) -> PlanReport:
+    """The plan's report, decided as the deploy decides it (``launcher``: :func:`k3deploy.runtime.launchers.
+    launcher_for`, from the queue a submit host read; the groups that restart: ``decided``,
+    :func:`k3deploy.runtime.decide.decide`), as the launcher reports it (:meth:`~k3deploy.runtime.launchers.Launcher.
+    plan`: each unit's unit and env file changes and its restart, or each group's job, kept, submitted or replaced,
+    and each unit's launch script and env file changes). Raises :class:`K3Error` where a queue cannot be read."""
     from k3deploy.runtime.decide import decide
-    from k3deploy.runtime.launchers import Slurm, launcher_for
+    from k3deploy.runtime.launchers import launcher_for
 
     if launcher is None:
-        found = launcher_for(gathered.require_rollout(), gathered.slurm_queue,
-                             [r.name for r in gathered.target.records])
-        assert isinstance(found, Slurm)   # k3_launcher: slurm
-        launcher = found
+        launcher = launcher_for(gathered.require_rollout(), gathered.slurm_queue,
+                                [r.name for r in gathered.target.records])
     rollout = (decided or decide(gathered, launcher)).rollout
-    return build_jobs(rollout, gathered.installed, list(launcher.jobs.values()), list(launcher.queued),
-                      rollout.changed_groups)
+    return launcher.plan(rollout, gathered)
 
 
 def staging_lines(gathered: Gathered) -> list[str]:

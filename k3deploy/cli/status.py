@@ -88,23 +88,11 @@ def group_jobs_of(gathered: Gathered) -> dict[str, GroupJob] | None:
     """``k3_launcher: slurm``: each group's job as the submit host's ``squeue`` shows it (None: systemd units).
     Raises :class:`K3Error` (one line, the fix) where the submit host is not set, not in the inventory, or its
     squeue failed."""
-    from k3deploy.errors import K3Error
-    from k3deploy.model import slurm
-    from k3deploy.runtime.launchers import Slurm, launcher_for
+    from k3deploy.runtime.launchers import launcher_for
 
-    rollout = gathered.require_rollout()
-    if not isinstance(launcher_for(rollout), Slurm):
-        return None
-    submit = slurm.check_submit(rollout, [r.name for r in gathered.target.records])
-    if submit in (gathered.preflight.unreachable() if gathered.preflight else []):
-        raise K3Error(f"k3_slurm_submit_host {submit} is unreachable, so the Slurm queue cannot be read: check "
-                      f"that it answers over SSH (ssh {submit} squeue)")
-    queue = gathered.slurm_queue
-    if queue is None or queue.error is not None:
-        raise K3Error(f"k3_slurm_submit_host {submit}: squeue failed "
-                      f"({queue.error if queue is not None else 'not read'}): check that Slurm's commands work "
-                      f"there (ssh {submit} squeue)")
-    return slurm.group_jobs(slurm.jobs(rollout), queue.jobs)
+    return launcher_for(gathered.require_rollout()).group_jobs(
+        [r.name for r in gathered.target.records], gathered.preflight.unreachable() if gathered.preflight else [],
+        gathered.slurm_queue)
 
 
 def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console

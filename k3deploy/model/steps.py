@@ -40,7 +40,7 @@ from k3deploy.model.images import LocalImage, holds, named, run_ref
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
-from k3deploy.model.slurm import launch_path
+from k3deploy.model.slurm import host_files, launch_path
 from k3deploy.model.staging import (
     ARCHIVE,
     OUTSIDE,
@@ -72,6 +72,7 @@ class FileWrite:
     content: str = ""
     source: str | None = None
     kind: str = "text"
+    group: str = ""      # written only while no host of this group failed an earlier step ("": always)
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,26 @@ def unit_files(rollout: Rollout, unit: UnitWork, *, staged: bool) -> list[FileWr
             FileWrite(where(unit.unit_path), "644", unit.unit_text, kind="unit")]
 
 
+#: the systemd units' configure step (a rolling change's steps name theirs after it)
+CONFIGURE = "Env file (0600), staged, systemd unit, group member helper"
+
+
+@dataclass(frozen=True)
+class Configure:
+    """A host's configure step, the launcher's (:meth:`StartSteps.configure`): the directories it makes
+    (``dirs``, one operation named ``dirs_name``), then, in one operation named ``name``, the files it writes in
+    place and the ``staged`` units' env file (0600) and systemd unit written beside the live ones
+    (:func:`unit_files`); with ``restore``, owner and mode given back to the live ones where they drifted."""
+
+    host: str
+    name: str
+    files: tuple[FileWrite, ...] = ()
+    staged: tuple[str, ...] = ()
+    dirs: tuple[str, ...] = ()
+    dirs_name: str = ""
+    restore: bool = False
+
+
 # ------------------------------------------------------------------------------------------------ restart
 
 
@@ -433,6 +454,9 @@ class StartSteps(Protocol):
     def marks_in_roll(self) -> bool:
         """A rolled replica is marked current in its own step."""
 
+    def configure(self, rollout: Rollout, host: str) -> Configure | None:
+        """``host``'s configure step (None: nothing there)."""
+
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         """What runs before the first step (records written again)."""
 
@@ -448,8 +472,10 @@ class StartSteps(Protocol):
         """The router's start (and its gate), once the engine groups serve."""
 
 
-def _stop(role: str, start: HostStart) -> str:
-    return commands.stop_units(getattr(start, role))
+def _stop(role: str, stopped: frozenset[tuple[str, str]], start: HostStart) -> str:
+    """The stop of ``role``'s units on a host, but those read as stopped (empty: none runs)."""
+    up = [u for u in getattr(start, role) if (start.host, u) not in stopped]
+    return commands.stop_units(up) if up else ""
 
 
 def _unit_parts(plan: StartPlan, role: str, script: Callable[[HostStart], str]) -> tuple[Part, ...]:
@@ -475,6 +501,17 @@ class UnitSteps:
     idle: str = "every group runs the planned version: nothing restarts"
     worker_file: bool = True
     marks_in_roll: bool = True
+
+    def configure(self, rollout: Rollout, host: str) -> Configure:
+        """The engine units' helper, the units that answer the node's fence record to its peers and each unit's
+        next env file and systemd unit, staged, but a rolling change's replicas' (each gets its files in its own
+        step of the roll: a roll that stops leaves the replicas after it on the files they run); on every host,
+        even where nothing is written (every host's sequence keeps the same steps at the same depths)."""
+        made = helper(rollout, host)
+        files = [made.file] if made.applies and made.file is not None else []
+        rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()
+        return Configure(host, CONFIGURE, (*files, *fence_files(rollout, host)),
+                         tuple(u.unit for u in rollout.on_host(host) if u.group not in rolled), restore=True)
 
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         """Each record cut short on a host whose files hash to what the group's other nodes recorded, written
@@ -506,7 +543,7 @@ class UnitSteps:
             for role, title in (("routers", "Stop routers of restarting groups"),
                                 ("workers", f"Stop workers of restarting groups{label}"),
                                 ("heads", f"Stop heads of restarting groups{label}")):
-                parts = _unit_parts(plan, role, partial(_stop, role))
+                parts = _unit_parts(plan, role, partial(_stop, role, decided.stopped))
                 if parts:
                     out.append(Action("stop", title, parts, when, wave=wave, role=role))
         # every host records and swaps before any head starts: a run killed after this leaves every member of a
@@ -554,6 +591,21 @@ class JobSteps:
     idle: str = "every group's job runs the planned revision: nothing is submitted"
     worker_file: bool = False
     marks_in_roll: bool = False
+
+    def configure(self, rollout: Rollout, host: str) -> Configure | None:
+        """``host``'s Slurm files (:func:`k3deploy.model.slurm.host_files`): on each node its env files (0600) and
+        launch scripts and its groups' output directories, on the submit host the batch scripts; in place at once
+        (a running job keeps the files it started with: sbatch copied its batch script, each step's shell and
+        container read theirs when they started), a unit's not for a group with a member that failed an earlier
+        step. None: a host with none."""
+        mine = next((f for f in host_files(rollout, self.submit_host) if f.host == host), None)
+        if mine is None:
+            return None
+        groups = {p: u.group for u in rollout.on_host(host) for p in (u.env_path, launch_path(rollout, u))}
+        return Configure(host, "Env files (0600), launch scripts, batch scripts", tuple(
+            FileWrite(f.path, f.mode, f.text, kind="env" if f.mode == "0600" else "text", group=groups.get(f.path, ""))
+            for f in mine.files), dirs=(rollout.vars.k3_config_dir, *mine.dirs),
+            dirs_name="Slurm output and batch script directories")
 
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         return []
@@ -780,3 +832,52 @@ def smoke(rollout: Rollout) -> Step:
     first = rollout.units[0]
     return Step(0, f"Chat completion through {rollout.endpoint}", first.host, rollout.vars.k3_smoke_test,
                 commands.smoke_test(rollout.endpoint, served_model(rollout), first.env_path))
+
+
+# ------------------------------------------------------------------------------------------------ the whole rollout
+
+
+@dataclass(frozen=True)
+class RolloutSteps:
+    """The whole rollout as steps, in the order it runs (:func:`rollout`): the stage's steps (kind by kind, hosts in
+    inventory order within a kind), each host's configure step (the launcher's), the restart's actions
+    (:func:`restart`), the smoke test. The deploy's operations (:mod:`k3deploy.runtime.phases`) and the runbook
+    (:mod:`k3deploy.model.runbook.sections`) render it."""
+
+    stage: tuple[Step, ...]
+    configure: tuple[Configure, ...]
+    start: tuple[Action, ...]
+    smoke: Step
+
+    @property
+    def steps(self) -> list[Step | Configure | Action]:
+        """Every step, in the order they run."""
+        return [*self.stage, *self.configure, *self.start, self.smoke]
+
+    def configure_of(self, host: str) -> Configure | None:
+        """``host``'s configure step (None: nothing there)."""
+        return next((c for c in self.configure if c.host == host), None)
+
+
+def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | None = None,
+            decided: Decisions | None = None, *, hosts: Sequence[str] | None = None, tag: str | None = None,
+            images: Mapping[str, LocalImage | None] | None = None, leftover: Collection[str] = ()) -> RolloutSteps:
+    """Every step of a rollout of ``layout``, in order, whatever starts the groups (``launcher``): the stage
+    (:func:`stage`; ``plan``: how the artifacts reach the nodes, :func:`fresh` where not given; ``tag``, ``images``,
+    ``leftover`` as there), the configure step of each of ``hosts`` (default: the rollout's), the restart
+    (:func:`restart`, with the run's ``decided``), the smoke test. The one builder the deploy and the runbook
+    render: changing the rollout's order is changing this function (the restart's: :func:`restart`).
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> hosts = [HostRecord("n1", ("head",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.1"}),
+    ...          HostRecord("n2", ("workers",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.2"})]
+    >>> layout = desired_rollout(target(hosts, None))
+    >>> made = rollout(layout.decided(layout.groups))
+    >>> [c.host for c in made.configure], [a.kind for a in made.start], made.smoke.host
+    (['n1', 'n2'], ['stop', 'stop', 'start', 'start', 'gate', 'current'], 'n1')
+    """
+    configured = (launcher.configure(layout, h) for h in (layout.hosts if hosts is None else hosts))
+    return RolloutSteps(
+        tuple(stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover)),
+        tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)), smoke(layout))

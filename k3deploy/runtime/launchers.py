@@ -18,9 +18,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pyinfra import logger
 
@@ -34,6 +34,10 @@ from k3deploy.model.steps import StartSteps
 from k3deploy.runtime import readiness
 from k3deploy.runtime.readiness import GroupControl, run
 
+if TYPE_CHECKING:
+    from k3deploy.model.diff import PlanReport
+    from k3deploy.model.slurm import GroupJob
+
 
 class Readings(Protocol):
     """What a launcher reads of the hosts to say what changes (a :class:`k3deploy.runtime.gather.Gathered`)."""
@@ -43,6 +47,9 @@ class Readings(Protocol):
 
     @property
     def readings(self) -> Mapping[str, Any]: ...   # host -> its HostReading
+
+    @property
+    def helpers(self) -> Mapping[str, str | None]: ...   # host -> sha256 of its group member helper, where read
 
 
 class Launcher(Protocol):
@@ -82,17 +89,37 @@ class Launcher(Protocol):
         """A restart of ``group`` records a new revision: its files change (``installed``: what the hosts have;
         ``recorded``: what its current revision records, None: none)."""
 
-    @property
-    def control(self) -> GroupControl:
-        """What the readiness gate polls, shows of a failed unit, and stops."""
+    def control(self, submitted: Mapping[str, str]) -> GroupControl:
+        """What the readiness gate polls, shows of a failed unit, and stops (``submitted``: group -> the id of the
+        job this run submitted, the run's state)."""
 
-    def advice(self, group: str, host: str, changed: bool = True) -> str:
+    def advice(self, group: str, host: str, changed: bool = True, submitted: Mapping[str, str] | None = None) -> str:
         """What to do about a group that failed its gate on ``host`` (``changed``: the run started it with other
-        files than those of the revision it last served)."""
+        files than those of the revision it last served; ``submitted``: as for :meth:`control`)."""
 
     @property
     def start_steps(self) -> StartSteps:
-        """Its part of the restart's steps (:func:`k3deploy.model.steps.restart`)."""
+        """Its part of the rollout's steps (:func:`k3deploy.model.steps.restart`, its configure step)."""
+
+    def submit(self, hosts: Mapping[str, Any], stop: Sequence[str], start: Sequence[str],
+               submitted: dict[str, str]) -> bool:
+        """Its start steps' ``submit`` step on the submit host: cancel what runs ``stop``, submit ``start``, each
+        id kept in ``submitted``; False when a command failed (said why)."""
+
+    def plan(self, rollout: Rollout, gathered: Readings) -> PlanReport:
+        """``plan``'s report of ``rollout`` (the groups that restart decided: :func:`k3deploy.runtime.decide.decide`)
+        against what the hosts have."""
+
+    def plan_text(self, report: PlanReport, rollout: Rollout) -> str:
+        """That report for people."""
+
+    def group_jobs(self, inventory_hosts: Sequence[str], unreachable: Collection[str],
+                   queue: SlurmQueueReading | None) -> dict[str, GroupJob] | None:
+        """``status``: each group's job as the queue shows it (None: no jobs). Raises :class:`K3Error` (one line,
+        the fix) where the queue cannot be read."""
+
+    def bundle_names(self, unit: UnitWork) -> tuple[str, str]:
+        """What the bundle names ``unit``'s files after, and the suffix of the file it runs from."""
 
 
 @dataclass(frozen=True)
@@ -141,17 +168,41 @@ class Systemd:
         """Some unit's unit or env file differs from what its host has (the configure phase stages it)."""
         return any(files_differ(u, installed.get((u.host, u.unit))) for u in self.rollout.group(group))
 
-    @property
-    def control(self) -> GroupControl:
+    def control(self, submitted: Mapping[str, str]) -> GroupControl:
         """Each unit polled with :func:`~k3deploy.runtime.readiness.probe_script`, its journal and container log
         shown, the group stopped workers first."""
         return readiness.UnitControl()
 
-    def advice(self, group: str, host: str, changed: bool = True) -> str:
+    def advice(self, group: str, host: str, changed: bool = True, submitted: Mapping[str, str] | None = None) -> str:
         """When this run changed the group's files, the revisions it ran before (a rollback); when it did not (it
         restarted the revision it last served), the cause is on the node, where a rollback would not help. Both
         explain the ``Error: executed 0 commands`` pyinfra prints next."""
         return failure_advice(group, host, changed)
+
+    def submit(self, hosts: Mapping[str, Any], stop: Sequence[str], start: Sequence[str],
+               submitted: dict[str, str]) -> bool:
+        """Nothing: its start steps start the units by their scripts and have no ``submit`` step."""
+        return True
+
+    def plan(self, rollout: Rollout, gathered: Readings) -> PlanReport:
+        """Each unit's unit and env file changes and its restart (:func:`k3deploy.model.diff.build`)."""
+        from k3deploy.model.diff import build
+
+        return build(rollout, dict(gathered.installed), gathered.helpers)
+
+    def plan_text(self, report: PlanReport, rollout: Rollout) -> str:
+        from k3deploy.model.diff import render_text
+
+        return render_text(report, rollout)
+
+    def group_jobs(self, inventory_hosts: Sequence[str], unreachable: Collection[str],
+                   queue: SlurmQueueReading | None) -> dict[str, GroupJob] | None:
+        """None: systemd units, no jobs."""
+        return None
+
+    def bundle_names(self, unit: UnitWork) -> tuple[str, str]:
+        """The unit's name; its unit file."""
+        return unit.unit, "unit"
 
 
 def failure_advice(group: str, host: str, changed: bool) -> str:
@@ -179,7 +230,7 @@ def failure_advice(group: str, host: str, changed: bool) -> str:
 CANCEL_TIMEOUT = slurm.STOP_GRACE + 30
 
 
-@dataclass
+@dataclass(frozen=True)
 class Slurm:
     """``k3_launcher: slurm``: each group one batch job (:func:`k3deploy.model.slurm.jobs`), submitted from
     ``submit_host``; a job that runs the planned revision (its ``--comment``) is left alone."""
@@ -188,7 +239,6 @@ class Slurm:
     submit_host: str
     jobs: dict[str, SlurmJob]                  # group -> its planned job
     queued: tuple[QueuedJob, ...]              # what the queue held when the run read it
-    submitted: dict[str, str] = field(default_factory=dict)   # group -> the id of the job this run submitted
     name: ClassVar[str] = "slurm"
     slo_gated: ClassVar[bool] = False   # not gated yet
     refuses: ClassVar[Mapping[str, str]] = {
@@ -230,13 +280,14 @@ class Slurm:
                 failing.append(g)
         return frozenset(slurm.changed_groups(rollout, self.queued, failing))
 
-    def advice(self, group: str, host: str, changed: bool = True) -> str:
+    def advice(self, group: str, host: str, changed: bool = True, submitted: Mapping[str, str] | None = None) -> str:
         """The group's job was cancelled: where its step output and the job's own output are."""
         job = self.jobs[group]
-        where = slurm.step_output(self.rollout, group, self.submitted.get(group, "<job id>"), host)
-        return (f"group {group} is stopped: its job {self.submitted.get(group, '')} ({job.name}) was cancelled, so "
+        ids = submitted or {}
+        where = slurm.step_output(self.rollout, group, ids.get(group, "<job id>"), host)
+        return (f"group {group} is stopped: its job {ids.get(group, '')} ({job.name}) was cancelled, so "
                 f"it runs no half group. {host}'s step output is {host}:{where} (above); the job's own output is "
-                f"{slurm.job_output(self.rollout, group, self.submitted.get(group, '<job id>'))} on {job.nodes[0]}. "
+                f"{slurm.job_output(self.rollout, group, ids.get(group, '<job id>'))} on {job.nodes[0]}. "
                 "Fix the cause and run again (pyinfra reports this step next as 'Error: executed 0 commands': the "
                 "step is this readiness check, which runs no command of its own)")
 
@@ -261,13 +312,45 @@ class Slurm:
         """What ``host`` gets before a job runs there (launch scripts, env files, batch scripts, directories)."""
         return next((f for f in slurm.host_files(self.rollout, self.submit_host) if f.host == host), None)
 
-    @property
-    def control(self) -> GroupControl:
-        return JobControl(self)
+    def control(self, submitted: Mapping[str, str]) -> GroupControl:
+        return JobControl(self, submitted)
 
-    def resubmit(self, hosts: Mapping[str, Any], stop: Sequence[str], start: Sequence[str]) -> bool:
+    def plan(self, rollout: Rollout, gathered: Readings) -> PlanReport:
+        """Per group what happens to its job (keep, submit, replace), and each unit's launch script and env file
+        changes (:func:`k3deploy.model.diff.build_jobs`)."""
+        from k3deploy.model.diff import build_jobs
+
+        return build_jobs(rollout, gathered.installed, list(self.jobs.values()), list(self.queued),
+                          rollout.changed_groups)
+
+    def plan_text(self, report: PlanReport, rollout: Rollout) -> str:
+        from k3deploy.model.diff import render_jobs_text
+
+        return render_jobs_text(report, rollout)
+
+    def group_jobs(self, inventory_hosts: Sequence[str], unreachable: Collection[str],
+                   queue: SlurmQueueReading | None) -> dict[str, GroupJob] | None:
+        """Each group's job as the submit host's ``squeue`` shows it; raises :class:`K3Error` where the submit host
+        is not set, not in the inventory, unreachable, or its squeue failed."""
+        submit = slurm.check_submit(self.rollout, inventory_hosts)
+        if submit in unreachable:
+            raise K3Error(f"k3_slurm_submit_host {submit} is unreachable, so the Slurm queue cannot be read: check "
+                          f"that it answers over SSH (ssh {submit} squeue)")
+        if queue is None or queue.error is not None:
+            raise K3Error(f"k3_slurm_submit_host {submit}: squeue failed "
+                          f"({queue.error if queue is not None else 'not read'}): check that Slurm's commands work "
+                          f"there (ssh {submit} squeue)")
+        return slurm.group_jobs(list(self.jobs.values()), queue.jobs)
+
+    def bundle_names(self, unit: UnitWork) -> tuple[str, str]:
+        """Its container's name (no systemd unit); its launch script."""
+        return unit.container, "launch"
+
+    def submit(self, hosts: Mapping[str, Any], stop: Sequence[str], start: Sequence[str],
+               submitted: dict[str, str]) -> bool:
         """On the submit host: cancel the jobs of the groups ``stop`` (waiting until Slurm holds none of them), then
-        submit the jobs of ``start`` in order; each step logged. False when a command failed (said why)."""
+        submit the jobs of ``start`` in order, each id kept in ``submitted``; each step logged. False when a command
+        failed (said why)."""
         at = self.submit_host
         # (the run holds the deployment lock: no other run submits k3deploy's jobs meanwhile)
         held = [q for q in self.queued if q.name in {self.jobs[g].name for g in stop}]
@@ -286,8 +369,8 @@ class Slurm:
             if not ok or not lines:
                 logger.error(f"[{at}] sbatch of group {g}'s job {job.path} failed: {out.strip() or 'no output'}")
                 return False
-            self.submitted[g] = lines[-1].split(";")[0].strip()
-            logger.info(f"[{at}] group {g}: job {self.submitted[g]} ({job.name}, {job.comment}) submitted on "
+            submitted[g] = lines[-1].split(";")[0].strip()
+            logger.info(f"[{at}] group {g}: job {submitted[g]} ({job.name}, {job.comment}) submitted on "
                         f"{','.join(job.nodes)}")
         return True
 
@@ -325,6 +408,7 @@ class JobControl:
     shown by its step output, the group stopped by cancelling its job."""
 
     launcher: Slurm
+    submitted: Mapping[str, str]   # group -> the id of the job this run submitted
 
     def probe_script(self, work: UnitWork, model: str) -> str:
         from k3deploy.runtime.readiness import served_model
@@ -335,10 +419,10 @@ class JobControl:
 
     def label(self, work: UnitWork) -> str:
         job = self.launcher.jobs[work.group]
-        return f"{work.node.role} rank {work.rank} of job {self.launcher.submitted.get(work.group, '')} ({job.name})"
+        return f"{work.node.role} rank {work.rank} of job {self.submitted.get(work.group, '')} ({job.name})"
 
     def logs(self, hosts: Mapping[str, Any], work: UnitWork, docker: str, timeout: float | None = None) -> str:
-        job_id = self.launcher.submitted.get(work.group, "")
+        job_id = self.submitted.get(work.group, "")
         container = None if work.group == "router" and not self.launcher.rollout.vars.k3_router_image \
             else work.container
         path = slurm.step_output(self.launcher.rollout, work.group, job_id or "<job id>", work.host)
@@ -347,7 +431,7 @@ class JobControl:
 
     def culprit(self, hosts: Mapping[str, Any], units: list[UnitWork], seen: UnitWork) -> UnitWork:
         """The unit on the node whose step ended first, as the job's own output (on its first node) says."""
-        job_id = self.launcher.submitted.get(seen.group)
+        job_id = self.submitted.get(seen.group)
         if not job_id:
             return seen
         head = units[0]

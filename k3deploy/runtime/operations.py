@@ -4,9 +4,11 @@ the same scripts).
 
 Example (in a deploy file)::
 
+    from k3deploy.model import commands
     from k3deploy.runtime.operations import managed_file, start_units
     managed_file(name="env file", dest="/etc/k3deploy/k3-engine.env", content="A=1\\n", mode="600", kind="env")
-    start_units(name="worker, once its head listens", units=["k3-engine.service"], joins=[("10.0.0.1", 29501)])
+    start_units(name="worker, once its head listens",
+                text=commands.start_joined(["k3-engine.service"], [("10.0.0.1", 29501)], 300, "/etc/k3deploy"))
 """
 
 from __future__ import annotations
@@ -304,9 +306,10 @@ def from_control(src: str, dest: str, active: bool = True) -> Commands:
 
 
 @operation(is_idempotent=False)
-def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | None = None) -> Commands:
-    """Stop these units (and so their containers); nothing when ``active`` is false or they are not running.
-    ``seen``: each unit's ActiveState as this run already read it."""
+def stop_units(text: str, units: list[str], active: bool = True, seen: dict[str, str] | None = None) -> Commands:
+    """Run ``text``, the step's stop of ``units`` (and so of their containers,
+    :func:`k3deploy.model.commands.stop_units`: those not read as stopped); nothing when ``active`` is false, the
+    step stops nothing here or none of them runs. ``seen``: each unit's ActiveState as this run already read it."""
     if not active:
         host.noop("not part of a group that restarts")
         return
@@ -314,24 +317,22 @@ def stop_units(units: list[str], active: bool = True, seen: dict[str, str] | Non
     def state_of(u: str) -> str:
         return seen[u] if seen is not None and u in seen else host.get_fact(UnitState, unit=u).active
 
-    up = [u for u in units if state_of(u) not in STOPPED]
-    if not up:
+    if not text or all(state_of(u) in STOPPED for u in units):
         host.noop("already stopped")
         return
-    yield sh(commands.stop_units(up))
+    yield sh(text)
 
 
 @operation(is_idempotent=False)
-def start_units(units: list[str], active: bool = True, joins: Sequence[tuple[str, int]] = (),
-                timeout: int = 300, config_dir: str = "/etc/k3deploy") -> Commands:
-    """daemon-reload, reset failure counters, enable and (re)start these units; with ``joins``, first wait (up to
-    ``timeout`` seconds each) until each ``(address, port)`` accepts a TCP connection, tried from this host (no
-    payload is sent), and start only if the deployment lock in ``config_dir`` is as it was before the wait:
-    one command, :func:`k3deploy.model.commands.start_joined`, as :class:`k3deploy.model.steps.UnitSteps` writes it."""
-    if not active or not units:
+def start_units(text: str, active: bool = True) -> Commands:
+    """Run ``text``, the step's start of its units as :class:`k3deploy.model.steps.UnitSteps` writes it
+    (daemon-reload where needed, failure counters reset, enable and (re)start; a worker's first waits for its
+    head's rendezvous port: :func:`k3deploy.model.commands.start_joined`); nothing when ``active`` is false or the
+    step starts nothing here."""
+    if not active or not text:
         host.noop("nothing to start here")
         return
-    yield sh(commands.start_joined(units, joins, timeout, config_dir) if joins else commands.start_units(units))
+    yield sh(text)
 
 
 @operation(is_idempotent=False)

@@ -30,6 +30,7 @@ import gevent.event
 import gevent.lock
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
+from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
@@ -37,7 +38,6 @@ from pyinfra.operations import python
 from k3deploy.errors import K3Error
 from k3deploy.facts.batch import scripted
 from k3deploy.model import commands, steps, vip
-from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
@@ -54,7 +54,7 @@ from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.decide import Decided, changed_files, decide
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
-from k3deploy.runtime.launchers import Launcher, Slurm, Systemd, launcher_for
+from k3deploy.runtime.launchers import Launcher, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
 from k3deploy.runtime.operations import (
     STOPPED,
@@ -90,13 +90,15 @@ class Refused:
 @dataclass
 class RunState:
     """What the run finds out as it goes, the only thing of the run that changes: each restarted group's readiness
-    result, the router calls of a roll, which restart steps went ahead, the SLO gate's findings."""
+    result, the router calls of a roll, which restart steps went ahead, the SLO gate's findings, the jobs it
+    submitted."""
 
     gates: dict[str, gevent.event.AsyncResult] = field(default_factory=dict)   # group -> its readiness result
     router_calls: dict[RouterCall, bool] = field(default_factory=dict)   # a call of a roll -> it succeeded
     begun: dict[int, bool] = field(default_factory=dict)   # step of the restart -> it went ahead (see :meth:`begins`)
     outcomes: dict[str, Outcome] = field(default_factory=dict)   # group -> what the SLO gate found
     reverted: set[str] = field(default_factory=set)   # groups the gate took back to their previous revision
+    submitted: dict[str, str] = field(default_factory=dict)   # group -> the id of the job this run submitted
 
 
 @dataclass(frozen=True)
@@ -153,16 +155,23 @@ class RunContext:
         return self.refusal is None
 
     @cached_property
-    def stage_steps(self) -> dict[str, list[Step]]:
-        """host -> its steps of the stage (:func:`k3deploy.model.steps.stage`), worked out once for the run from
-        what the facts saw (the images each host holds, an rsync daemon an earlier run left)."""
+    def rollout_steps(self) -> steps.RolloutSteps:
+        """Every step of the run, in order (:func:`k3deploy.model.steps.rollout`), built once from what the facts
+        saw (the images each host holds, an rsync daemon an earlier run left) and the run's decisions
+        (:meth:`decisions`); a configure step for every host of the inventory."""
         gathered = self.gathered
         assert gathered is not None
-        rollout = self.rollout
+        r = self.rollout
         leftover = {f.host for f in gathered.facts if getattr(f.stage_peers, "running", False)}
+        hosts = [h.name for h in self.state.inventory] if self.state is not None else r.hosts
+        return steps.rollout(r, self.launcher.start_steps, gathered.stage or steps.fresh(r), self.decisions(),
+                             hosts=hosts, tag=gathered.pinned_tag, images=gathered.images, leftover=leftover)
+
+    @cached_property
+    def stage_steps(self) -> dict[str, list[Step]]:
+        """host -> its steps of the stage."""
         out: dict[str, list[Step]] = {}
-        for step in steps.stage(rollout, gathered.stage or steps.fresh(rollout), tag=gathered.pinned_tag,
-                                images=gathered.images, leftover=leftover):
+        for step in self.rollout_steps.stage:
             out.setdefault(step.host, []).append(step)
         return out
 
@@ -218,9 +227,12 @@ class RunContext:
 
     @cached_property
     def actions(self) -> list[steps.Action]:
-        """Every operation of the start phase (:func:`k3deploy.model.steps.restart`), built once for the run from
-        its decisions: the revision numbers and marks, the files that move, the units read as stopped, the records
-        cut short a host writes again, the SLO gate."""
+        """Every operation of the start phase (:func:`k3deploy.model.steps.restart`)."""
+        return list(self.rollout_steps.start)
+
+    def decisions(self) -> steps.Decisions:
+        """What the restart's steps are built with: the revision numbers and marks, the files that move, the units
+        read as stopped, the records cut short a host writes again, the SLO gate."""
         gathered = self.gathered
         assert gathered is not None
         r = self.rollout
@@ -233,14 +245,13 @@ class RunContext:
                          if hist.rebuildable(n, h)]
             if mine:
                 rebuild[h] = tuple(mine)
-        decided = steps.Decisions(
+        return steps.Decisions(
             numbers=self.numbers, metas=self.metas, marks=self.marks, repairs=tuple(self.repairs),
             changes={(u.host, u.unit): tuple(changed_files(gathered, u)) for u in r.units},
             stopped=frozenset((u.host, u.unit) for u in r.units
                               if (have := gathered.installed.get((u.host, u.unit))) is not None
                               and have.active in STOPPED),
             rebuild=rebuild, gate=self.gate, gate_host=_gate_host(self))
-        return steps.restart(r, self.launcher.start_steps, decided)
 
     def holds(self, conditions: Sequence[steps.Condition]) -> Callable[[], bool]:
         """An ``_if`` that holds when every one of ``conditions`` does, evaluated in order when the operation runs."""
@@ -541,29 +552,27 @@ def stage_phase(ctx: RunContext) -> None:
 
 @deploy("Configure")
 def configure_phase(ctx: RunContext) -> None:
-    """This host's files, all in one operation (one command): the engine units' helper, the units that answer its
-    fence record to its peers and, for each unit, the next env file (0600) and systemd unit, staged
-    (:func:`_staged`); owner and mode given back to the live ones where they drifted. With ``k3_launcher: slurm``
-    its Slurm files instead (:func:`_configure_jobs`)."""
+    """The spares' records (:func:`_spare_records`), then this host's configure step, the launcher's
+    (:meth:`k3deploy.model.steps.StartSteps.configure`): its directories, then its files in one operation (one
+    command): the files written in place (the engine units' helper, the units that answer its fence record, or a
+    Slurm job's files) and each staged unit's next env file (0600) and systemd unit (:func:`_staged`)."""
     _spare_records(ctx)
-    if isinstance(ctx.launcher, Slurm):
-        _configure_jobs(ctx)
-        return
     rollout, gathered = ctx.rollout, ctx.gathered
     assert gathered is not None
     me = host.name
-    helper = steps.helper(rollout, me)
-    files = [Written(GROUP_MEMBER, helper.file.content, helper.file.mode,
-                     seen=(gathered.helpers.get(me), None) if me in gathered.helpers else None)
-             ] if helper.applies and helper.file is not None else []
-    files += [Written(f.dest, f.content, f.mode, f.kind) for f in steps.fence_files(rollout, me)]
-    # with a rolling change, each replica gets its files in its own step of the roll (start phase): a roll that
-    # stops leaves the replicas after it on the files they run
-    rolled = {g for wave in rollout.waves() for g in wave} if rollout.rolling else set()
-    files += _staged(ctx, [u for u in rollout.on_host(me) if u.group not in rolled])
+    step = ctx.rollout_steps.configure_of(me)
+    if step is None:
+        return
+    if step.dirs:
+        directories(name=step.dirs_name, paths=list(step.dirs))
+    files = [Written(f.dest, f.content, f.mode, f.kind,
+                     seen=(gathered.helpers.get(me), None) if f.dest == GROUP_MEMBER and me in gathered.helpers
+                     else None, when=partial(ctx.intact, [f.group]) if f.group else None) for f in step.files]
+    files += _staged(ctx, [u for u in rollout.on_host(me) if u.unit in step.staged])
     # (on every host, even where nothing is written: pyinfra orders operations by their depth in each host's own
     # sequence first, so every host's sequence keeps the same steps at the same depths)
-    write_files(name=CONFIGURE, files=files, restore=drifted(rollout.on_host(me), gathered.installed))
+    write_files(name=step.name, files=files,
+                restore=drifted(rollout.on_host(me), gathered.installed) if step.restore else ())
 
 
 def _spare_records(ctx: RunContext) -> None:
@@ -582,29 +591,6 @@ def _spare_records(ctx: RunContext) -> None:
         units = gathered.stand_down.get(me, [])
         script(name="Stand down: the units of a node that runs nothing, stopped and disabled",
                text=commands.stand_down(units) if units else "", active=bool(units))
-
-
-#: the configure phase's operation (a rolling change's steps name theirs after it)
-CONFIGURE = "Env file (0600), staged, systemd unit, group member helper"
-
-
-def _configure_jobs(ctx: RunContext) -> None:
-    """``k3_launcher: slurm``: this host's files (:func:`k3deploy.model.slurm.host_files`): on each node its env
-    files (0600) and launch scripts and its groups' output directories, on the submit host the batch scripts; in
-    place at once (a running job keeps the files it started with: sbatch copied its batch script, each step's shell
-    and container read theirs when they started). Not for a group with a member that failed an earlier step."""
-    launcher = ctx.launcher
-    assert isinstance(launcher, Slurm)
-    mine = launcher.files(host.name)
-    if mine is None:
-        return
-    directories(name="Slurm output and batch script directories", paths=[ctx.rollout.vars.k3_config_dir, *mine.dirs])
-    groups = {p: u.group for u in ctx.rollout.on_host(host.name)
-              for p in (u.env_path, slurm_model.launch_path(ctx.rollout, u))}
-    write_files(name="Env files (0600), launch scripts, batch scripts", files=[
-        Written(f.path, f.text, f.mode, "env" if f.mode == "0600" else "text",
-                when=partial(ctx.intact, [groups[f.path]]) if f.path in groups else None)
-        for f in mine.files])
 
 
 def _staged(ctx: RunContext, units: list[UnitWork], when: Callable[[], bool] | None = None) -> list[Written]:
@@ -681,14 +667,12 @@ def _operation(ctx: RunContext, action: steps.Action, part: steps.Part | None,
         assert part is not None
         gathered = ctx.gathered
         assert gathered is not None
-        args: dict[str, Any] = {"units": list(part.units), "_if": when, **limit}
+        args: dict[str, Any] = {"text": part.script, "_if": when, **limit}
         if kind == "stop":
-            args["seen"] = {u.unit: have.active for u in r.on_host(host.name)
-                            if (have := gathered.installed.get((u.host, u.unit))) is not None}
+            args.update(units=list(part.units), seen={u.unit: have.active for u in r.on_host(host.name)
+                                                      if (have := gathered.installed.get((u.host, u.unit)))
+                                                      is not None})
             return stop_units, args
-        if action.role == "workers":
-            args.update(joins=list(part.joins), timeout=r.vars.k3_rendezvous_timeout,
-                        config_dir=r.vars.k3_config_dir)
         return start_units, args
     if kind in ("gate", "submit"):
         assert part is not None
@@ -709,14 +693,13 @@ def _operation(ctx: RunContext, action: steps.Action, part: steps.Part | None,
     return script, {**args, **({"_if": when} if when is not None else {})}
 
 
-def _submit(state: Any, host: Any, ctx: RunContext, stop: list[str], start: list[str]) -> bool:
-    """On the submit host: cancel the jobs of ``stop``, submit those of ``start`` (:meth:`Slurm.resubmit`)."""
-    launcher = ctx.launcher
-    assert isinstance(launcher, Slurm)
-    return launcher.resubmit({h.name: h for h in state.inventory}, stop, start)
+def _submit(state: State, host: Host, ctx: RunContext, stop: list[str], start: list[str]) -> bool:
+    """On the submit host: cancel the jobs of ``stop``, submit those of ``start`` (the launcher's
+    :meth:`~k3deploy.runtime.launchers.Launcher.submit`), each job's id kept in the run's state."""
+    return ctx.launcher.submit({h.name: h for h in state.inventory}, stop, start, ctx.run.submitted)
 
 
-def _router_call(state: Any, host: Any, ctx: RunContext, key: RouterCall, text: str) -> bool:
+def _router_call(state: State, host: Host, ctx: RunContext, key: RouterCall, text: str) -> bool:
     """Run a router call (take replicas out, put them back) on the router's host; the roll goes on only if it
     succeeded (``ctx.run.router_calls[key]``)."""
     from k3deploy.runtime.readiness import run
@@ -736,7 +719,7 @@ def _both(here: bool, condition: Callable[[], bool]) -> bool:
     return here and condition()
 
 
-def _gate(state: Any, host: Any, ctx: RunContext, groups: list[str]) -> bool:
+def _gate(state: State, host: Host, ctx: RunContext, groups: list[str]) -> bool:
     """Every host of a restarting group waits for the group's readiness (the first to ask polls, for all of
     them); the host whose unit failed reports what it observed and fails, the others say why they stop."""
     hosts = {h.name: h for h in state.inventory}
@@ -755,7 +738,7 @@ def _gate(state: Any, host: Any, ctx: RunContext, groups: list[str]) -> bool:
             for line in failure.report().splitlines():
                 logger.error(f"[{host.name}] {line}")
             changed = ctx.gathered is None or not _starts_served_revision(ctx.gathered, g)
-            advice = ctx.launcher.advice(g, failure.host, changed)
+            advice = ctx.launcher.advice(g, failure.host, changed, ctx.run.submitted)
             logger.error(f"[{host.name}] {advice}")
             ok = False
         else:
@@ -764,11 +747,11 @@ def _gate(state: Any, host: Any, ctx: RunContext, groups: list[str]) -> bool:
     return ok
 
 
-def _wait_group(ctx: RunContext, group: str, hosts: dict[str, Any]) -> Failure | None:
+def _wait_group(ctx: RunContext, group: str, hosts: dict[str, Host]) -> Failure | None:
     """The group's readiness (:func:`wait_group`), never an exception: a gate that could not finish is the group's
     failure, named after what stopped it, so that every host waiting on the result hears it."""
     try:
-        return wait_group(ctx.rollout, group, hosts, control=ctx.launcher.control)
+        return wait_group(ctx.rollout, group, hosts, control=ctx.launcher.control(ctx.run.submitted))
     except Exception as exc:   # a lost connection the gate did not expect: the group does not serve
         head = ctx.rollout.group(group)[0]
         return Failure(head, "start", f"the readiness gate stopped: {type(exc).__name__}: {exc}",
@@ -812,7 +795,7 @@ def _gate_host(ctx: RunContext) -> str | None:
     return r.group(gate.groups[0])[0].host if r.group(gate.groups[0]) else None
 
 
-def _slo_gate(state: Any, host: Any, ctx: RunContext) -> bool:
+def _slo_gate(state: State, host: Host, ctx: RunContext) -> bool:
     """The SLO gate (:mod:`k3deploy.runtime.slo`): the canary groups against a replica on the previous revision, or
     each gated group against its previous revision's recorded figures. A canary that misses goes back to its
     previous revision here (so that the next operation puts it back into the router); a single group that misses
@@ -868,7 +851,7 @@ def _hold(ctx: RunContext, group: str, failure: Failure) -> None:
     ctx.run.gates[group] = result
 
 
-def _slo_verdict(state: Any, host: Any, ctx: RunContext) -> bool:
+def _slo_verdict(state: State, host: Host, ctx: RunContext) -> bool:
     """At the end of the start phase, where a group missed the SLO gate: the figures against the targets once more,
     what was done about it, and the run fails (exit non-zero)."""
     gate = ctx.gate
@@ -944,12 +927,12 @@ VIP_TIMEOUT = 60
 
 @deploy("Smoke test")
 def smoke_phase(ctx: RunContext) -> None:
-    r = ctx.rollout
-    if host.name != r.units[0].host:
+    r, step = ctx.rollout, ctx.rollout_steps.smoke
+    if host.name != step.host:
         return  # one request through the public endpoint, from the first host only
     every_group_serves = lambda: all(ctx.serves(g) for g in r.groups)  # noqa: E731
-    smoke(name=steps.smoke(r).name, endpoint=r.endpoint, model=steps.served_model(r), env_file=r.units[0].env_path,
-          active=r.vars.k3_smoke_test, _if=every_group_serves, _timeout=150 + r.vars.k3_link_timeout)
+    smoke(name=step.name, endpoint=r.endpoint, model=steps.served_model(r), env_file=r.units[0].env_path,
+          active=step.applies, _if=every_group_serves, _timeout=150 + r.vars.k3_link_timeout)
     if ctx.gathered is not None and ctx.gathered.rollback_to:
         python.call(name="Say what the rollback leaves behind", function=_after_rollback, ctx=ctx,
                     _if=every_group_serves)

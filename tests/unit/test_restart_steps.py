@@ -1,6 +1,7 @@
 """The restart as one list of actions (:func:`k3deploy.model.steps.restart`): its order, its conditions and its
 barriers, for the systemd units and for Slurm jobs alike; the runbook renders one step of it
-(:func:`k3deploy.model.steps.start_of`)."""
+(:func:`k3deploy.model.steps.start_of`), and the whole rollout's steps (:func:`k3deploy.model.steps.rollout`) are
+what both the runbook and the deploy's operations render."""
 
 from __future__ import annotations
 
@@ -137,3 +138,72 @@ def test_operations_are_told_apart_in_one_place():
                     if isinstance(node, ast.Attribute) and node.attr == "loop_position":
                         found.setdefault(f"{path.relative_to(package)}:{fn.name}", node.lineno)
     assert list(found) == ["runtime/pyinfra_internals.py:operation_kind"]
+
+
+def test_the_runbook_and_the_operations_render_the_one_builder(monkeypatch):
+    """The runbook's start and the deploy's operations are the steps of :func:`k3deploy.model.steps.rollout`: a
+    reordering there (here the workers started before their heads) shows in both, and nothing else orders them."""
+    from dataclasses import replace
+
+    import pyinfra
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_state
+
+    from helpers.clusters import records
+    from k3deploy.model.runbook import Context, blocks, build, to_markdown
+    from k3deploy.model.staging import stage_for
+    from k3deploy.runtime import phases
+    from k3deploy.runtime.decide import Decided
+    from k3deploy.runtime.gather import Gathered
+    from k3deploy.runtime.reading import HostReading
+
+    wanted = target(records("gb300", "multi_node_tp", 2), None)
+    r = desired_rollout(wanted)
+    r = r.decided(mark_changes(r, {}))
+    gathered = Gathered(target=wanted, rollout=r, stage=stage_for(r, {}, {}),
+                        readings={h: HostReading(h, helper_read=True) for h in r.hosts})
+    starts = {a.parts[0].script: a.role for a in steps.rollout(r).start if a.kind == "start"}
+    assert set(starts.values()) == {"heads", "workers"}
+
+    def runbook() -> list[str]:
+        """Whose starts the runbook's bring-up runs, in order (not its rolling change or rollback)."""
+        doc = build(r, Context(inventory="inventories/x.py", preflight=[], addresses={h: h for h in r.hosts},
+                               ssh={h: ["ssh", h] for h in r.hosts}, brand="NVIDIA", guide=None, version="0"))
+        return [starts[b.text.strip()] for b in blocks(to_markdown(doc))
+                if b.when is None and b.text.strip() in starts]
+
+    def operations() -> list[str]:
+        """The start phase's starts, in the order pyinfra runs them (its operations called for every host as
+        pyinfra's CLI calls them, on fresh nodes, connecting to none)."""
+        monkeypatch.setattr(pyinfra, "is_cli", True)
+        inventory = Inventory((r.hosts, {}))
+        state = State(inventory, Config())
+        state.current_deploy_filename = __file__
+        state.current_op_file_number = 0
+        state.set_stage(StateStage.Prepare)
+        decided = Decided(rollout=r, numbers={}, metas={}, marks={}, repairs=(), rollback_to={}, gate=None)
+        ctx = phases.RunContext(gathered, decided, state=state)
+        with ctx_state.use(state):
+            for h in inventory:
+                monkeypatch.setattr(h, "get_fact", lambda fact, **kwargs: fact.default())
+                with ctx_host.use(h):
+                    phases.start_phase(ctx=ctx)
+        names = [sorted(state.op_meta[op].names)[0].split(" | ", 1)[-1] for op in state.get_op_order()]
+        return [n for n in names if n.startswith(("Start group heads", "Start workers"))]
+
+    assert runbook() == ["heads", "workers"]
+    assert operations() == ["Start group heads", "Start workers once their head's rendezvous port accepts connections"]
+    real = steps.rollout
+
+    def workers_first(*args: object, **kwargs: object) -> steps.RolloutSteps:
+        made = real(*args, **kwargs)  # type: ignore[arg-type]
+        start = list(made.start)
+        heads = next(i for i, a in enumerate(start) if a.kind == "start" and a.role == "heads")
+        workers = next(i for i, a in enumerate(start) if a.kind == "start" and a.role == "workers")
+        start[heads], start[workers] = start[workers], start[heads]
+        return replace(made, start=tuple(start))
+
+    monkeypatch.setattr(steps, "rollout", workers_first)
+    assert runbook() == ["workers", "heads"]
+    assert operations() == ["Start workers once their head's rendezvous port accepts connections", "Start group heads"]

@@ -110,8 +110,8 @@ def test_the_submit_host_reads_the_groups_jobs_and_no_other_host_does():
     assert not any(isinstance(r, ReadSlurmQueue) for r in plan_host(systemd, "n0", DEPLOY, None).requests)
 
 
-def launcher(r, queued=(), submitted=None) -> Slurm:
-    return Slurm(r, "n0", {j.group: j for j in slurm.jobs(r)}, tuple(queued), dict(submitted or {}))
+def launcher(r, queued=()) -> Slurm:
+    return Slurm(r, "n0", {j.group: j for j in slurm.jobs(r)}, tuple(queued))
 
 
 def test_a_running_job_of_the_planned_revision_is_kept_unless_it_does_not_answer():
@@ -154,8 +154,8 @@ def test_a_failing_worker_is_named_with_its_step_output_and_the_job_is_cancelled
         "srun: error: n1: task 0: Exited with exit code 1\nk3deploy: group engine: the step on n1 ended with exit "
         "code 1 (its output: n1:/x/n1.out); stopping the group's other steps\n")
     (tmp_path / "slurm" / "engine" / "7" / "n1.out").write_text("EngineCore failed to start.\n")
-    ctl = launcher(r, submitted={"engine": "7"})
-    fail = wait_group(r, "engine", hosts, sleep=lambda s: None, control=ctl.control)
+    ctl = launcher(r)
+    fail = wait_group(r, "engine", hosts, sleep=lambda s: None, control=ctl.control({"engine": "7"}))
     assert fail is not None and fail.host == "n1" and fail.unit.rank == 1
     assert fail.observed == "job k3-engine is no longer in the Slurm queue: it ended (seen from n0)"
     assert f"--- {tmp_path}/slurm/engine/7/n1.out (the step output, last 25 lines)" in fail.logs
@@ -163,7 +163,7 @@ def test_a_failing_worker_is_named_with_its_step_output_and_the_job_is_cancelled
     # the group's job is cancelled from the submit host (no half group); nothing is asked of systemd
     assert "--name=k3-engine" in (hosts["n0"].dir / "scancel").read_text()
     assert not any("systemctl" in c for h in hosts.values() for c in h.commands)
-    advice = ctl.advice("engine", "n1") or ""
+    advice = ctl.advice("engine", "n1", submitted={"engine": "7"}) or ""
     assert f"n1's step output is n1:{tmp_path}/slurm/engine/7/n1.out" in advice and "cancelled" in advice
 
 
@@ -172,7 +172,7 @@ def test_a_group_that_serves_passes_the_gate(tmp_path):
     hosts = {n: Host(tmp_path, n) for n in ("n0", "n1")}
     for h in hosts.values():
         h.set(squeue="RUNNING\n", code="200")
-    assert wait_group(r, "engine", hosts, sleep=lambda s: None, control=launcher(r, submitted={"engine": "7"}).control) \
+    assert wait_group(r, "engine", hosts, sleep=lambda s: None, control=launcher(r).control({"engine": "7"})) \
         is None
 
 

@@ -150,7 +150,7 @@ def stage(doc: Doc, rollout: Rollout, context: Context) -> None:
           f"(a read-only daemon on port {v.k3_stage_port}, cluster addresses only), which resumes partial files; every "
           "weight shard is verified against its sha256 before an engine may start.")
     said: set[int] = set()
-    for step in steps.stage(rollout, plan, tag=context.tag, images=context.images):
+    for step in steps.rollout(rollout, steps.UNITS, plan, tag=context.tag, images=context.images).stage:
         if not step.applies:
             continue
         h = step.host
@@ -200,11 +200,16 @@ def shared_file_copy(ssh: list[str], source: str, dest: str, mode: str) -> str:
 
 
 def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
+    """Each node's configure step (:func:`k3deploy.model.steps.rollout`, a fresh cluster's), its files written at
+    their live paths (the deploy stages a unit's beside the live ones; its restart puts them in place)."""
     doc.h(2, "3. Configure each node")
     doc.p("Write the env file (0600) and the systemd unit. Nothing is started yet.")
-    helpers = [h for h in rollout.hosts if steps.helper(rollout, h).applies]
+    made = {c.host: c for c in steps.rollout(rollout.decided(rollout.groups)).configure}
+    helper_of = {h: next((f for f in c.files if f.dest == GROUP_MEMBER), None) for h, c in made.items()}
+    fences_of = {h: [f for f in c.files if f.dest != GROUP_MEMBER] for h, c in made.items()}
+    helpers = [h for h in rollout.hosts if helper_of.get(h) is not None]
     shared: str | None = None
-    first = steps.helper(rollout, helpers[0]).file if helpers else None
+    first = helper_of[helpers[0]] if helpers else None
     if len(helpers) > 1 and first is not None:
         shared = f"{context.files_dir.rstrip('/')}/{first.dest.rsplit('/', 1)[-1]}"
         doc.p(f"The engine units' node-side helper `{GROUP_MEMBER}` (watches a member's group head, backs crash "
@@ -214,7 +219,7 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
         doc.block(CONTROL, shared_file_write(shared, first.content))
     fence_shared: dict[str, str] = {}   # a fence unit's path on the nodes -> its copy on the control machine
     if len(helpers) > 1:
-        fences = steps.fence_files(rollout, helpers[0])
+        fences = fences_of[helpers[0]]
         doc.p("The units that answer each engine node's fence record to its peers (who holds each rank; the engine "
               "units' start check asks them, see docs/spares.md, *Fencing*) are the same files on the "
               f"{len(helpers)} engine nodes: write them once on the control machine; each node's section below "
@@ -223,18 +228,19 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
             fence_shared[f.dest] = f"{context.files_dir.rstrip('/')}/{f.dest.rsplit('/', 1)[-1]}"
             doc.block(CONTROL, shared_file_write(fence_shared[f.dest], f.content))
     for h in rollout.hosts:
-        mine = rollout.on_host(h)
+        staged = made[h].staged if h in made else ()
+        mine = [u for u in rollout.on_host(h) if u.unit in staged]
         doc.h(3, h)
-        helper = steps.helper(rollout, h)
-        if helper.applies and helper.file is not None and shared is not None:
-            doc.p(f"Copy the shared `{shared}` to `{helper.file.dest}` on {h} (0{helper.file.mode}).")
-            doc.block(CONTROL, shared_file_copy(context.ssh.get(h, ["ssh", h]), shared, helper.file.dest,
-                                                "0" + helper.file.mode))
-        elif helper.applies and helper.file is not None:
+        helper = helper_of.get(h)
+        if helper is not None and shared is not None:
+            doc.p(f"Copy the shared `{shared}` to `{helper.dest}` on {h} (0{helper.mode}).")
+            doc.block(CONTROL, shared_file_copy(context.ssh.get(h, ["ssh", h]), shared, helper.dest,
+                                                "0" + helper.mode))
+        elif helper is not None:
             doc.p(f"The engine units' node-side helper `{GROUP_MEMBER}` (watches a member's group head, backs crash "
                   "loops off; see docs/operating.md, *Self-healing groups*).")
-            doc.block(h, commands.install_file(helper.file.dest, helper.file.content, "0" + helper.file.mode) + "\n")
-        fence = steps.fence_files(rollout, h)
+            doc.block(h, commands.install_file(helper.dest, helper.content, "0" + helper.mode) + "\n")
+        fence = fences_of.get(h, [])
         if fence and all(f.dest in fence_shared for f in fence):
             doc.p("Copy the shared fence units to " + ", ".join(f"`{f.dest}`" for f in fence) + f" on {h}.")
             for f in fence:
@@ -332,7 +338,9 @@ def restart_steps(doc: Doc, rollout: Rollout, actions: list[steps.Action], when:
 
 
 def start(doc: Doc, rollout: Rollout, context: Context) -> None:
-    actions = steps.start_of(rollout, rollout.groups)
+    """The restart's actions of a fresh cluster, where every group starts (:func:`k3deploy.model.steps.rollout`):
+    the deploy's own, without the revision bookkeeping (a mark applies to a recorded revision)."""
+    actions = list(steps.rollout(rollout.decided(rollout.groups)).start)
     doc.h(2, "4. Start, in this order")
     doc.p("A multi-node head cannot become healthy before its workers joined, so each group starts as: head, "
           "the workers wait for the head's rendezvous port, all workers, then readiness. "
@@ -366,7 +374,7 @@ def virtual_address(doc: Doc, rollout: Rollout, context: Context) -> None:
 
 def smoke(doc: Doc, rollout: Rollout, context: Context) -> None:
     doc.h(2, "5. Smoke test")
-    step = steps.smoke(rollout)
+    step = steps.rollout(rollout).smoke
     doc.p(f"One short chat completion through the public endpoint {rollout.endpoint}, as "
           f"`{steps.served_model(rollout)}`.")
     doc.block(step.host, step.script + "\n")
