@@ -13,7 +13,7 @@ rendered from each unit's engine spec (:class:`k3deploy.model.engine.EngineSpec`
 symbolic): the head's address as seen by the workers is ``$(LWS_LEADER_ADDRESS)``, a node's own address
 ``$(K3_POD_IP)`` (the pod's IP, from the downward API: with ``hostNetwork`` the node's), a worker's index
 ``$(LWS_WORKER_INDEX)`` where a flag's value is the node's rank (``--node-rank``), the group's size
-``$(LWS_GROUP_SIZE)`` (``--nnodes``).
+``$(LWS_GROUP_SIZE)`` (``--nnodes``: :class:`k3deploy.model.engine.GroupSize`).
 A value that is a multiple of the index (the data-parallel start rank: ``--data-parallel-start-rank`` = index x
 ``--data-parallel-size-local``) needs arithmetic, which only a shell does: that role's command is then
 ``/bin/sh -c 'exec vllm serve ... "$((LWS_WORKER_INDEX * 8 + 0))" ...'``, every other word quoted as it is (on
@@ -49,7 +49,7 @@ from typing import Any
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
-from k3deploy.model.engine import Rank, Ref, text
+from k3deploy.model.engine import GroupSize, Rank, Ref, text
 from k3deploy.model.engine import Word as SpecWord
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.secrets import API_KEY_ENV, is_secret
@@ -70,8 +70,6 @@ LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
 WORKER_INDEX = "LWS_WORKER_INDEX"
 GROUP_SIZE = "LWS_GROUP_SIZE"
-#: the flags whose value is the number of nodes in the group (written ``$(LWS_GROUP_SIZE)`` where it is the LWS size)
-GROUP_SIZE_FLAGS = ("--nnodes",)
 #: the pod's own IP (downward API ``status.podIP``), every per-node address of the plan
 POD_IP = "K3_POD_IP"
 HF_TOKEN = "HF_TOKEN"
@@ -143,12 +141,15 @@ Word = str | Derived
 
 def substituted(word: SpecWord, unit: UnitWork, tokens: Mapping[str, str]) -> str:
     """A word of ``unit``'s spec with its per-node values as LWS references: the head's address (on a worker)
-    ``$(LWS_LEADER_ADDRESS)``, its own ``$(K3_POD_IP)``; the site's shared blanks (``tokens``) in place of each
-    node's own."""
+    ``$(LWS_LEADER_ADDRESS)``, its own ``$(K3_POD_IP)``, the group's size ``$(LWS_GROUP_SIZE)``; the site's shared
+    blanks (``tokens``) in place of each node's own."""
     out: list[str] = []
     for part in word:
         if isinstance(part, Ref):
             out.append(ref(LEADER_ADDRESS) if part.name == "head" and unit.rank > 0 else ref(POD_IP))
+            continue
+        if isinstance(part, GroupSize):
+            out.append(ref(GROUP_SIZE))
             continue
         value = escape(part if isinstance(part, str) else part.value)
         for old, new in tokens.items():
@@ -295,17 +296,15 @@ def _env(rollout: Rollout, unit: UnitWork, tokens: Mapping[str, str]) -> list[Ob
     return out
 
 
-def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, size: int, pack: Pack | None, names: Names,
-         pool: str, tokens: Mapping[str, str], meta: dict[str, str]) -> Obj:
-    """The pod template of ``units`` (the head, or the workers) of one group of ``size`` nodes."""
+def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, pack: Pack | None, names: Names, pool: str,
+         tokens: Mapping[str, str], meta: dict[str, str]) -> Obj:
+    """The pod template of ``units`` (the head, or the workers) of one group."""
     v = rollout.vars
     unit = units[0]
     hw = hardware()[rollout.plan.hardware]
     multi = len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
     box = pack.container if pack is not None else None
     words = role_template(units, tokens)
-    words = [ref(GROUP_SIZE) if i and words[i - 1] in GROUP_SIZE_FLAGS and w == str(size) else w
-             for i, w in enumerate(words)]
     cmd, args = command(words, box.login_profile if box else None)
     mounts: list[Obj] = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CONTAINER_CACHE}]
     volumes: list[Obj] = [
@@ -388,8 +387,8 @@ def lws(rollout: Rollout, pool: str, groups: Sequence[Sequence[UnitWork]], names
                           "replica the same number of hosts")
     meta = {**labels(rollout, names, pool, revision), f"{LABEL_PREFIX}/pool": pool}
     role = f"{LABEL_PREFIX}/role"
-    leader = _pod(rollout, [head], head, size, pack, names, pool, tokens, {**meta, role: "leader"})
-    worker = _pod(rollout, units[1:], head, size, pack, names, pool, tokens, {**meta, role: "worker"}) \
+    leader = _pod(rollout, [head], head, pack, names, pool, tokens, {**meta, role: "leader"})
+    worker = _pod(rollout, units[1:], head, pack, names, pool, tokens, {**meta, role: "worker"}) \
         if size > 1 else leader
     hw = hardware()[rollout.plan.hardware]
     out: list[Obj] = []

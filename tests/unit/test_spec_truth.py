@@ -13,7 +13,7 @@ import pytest
 from helpers import ROOT
 from helpers.clusters import FAMILIES, STRATEGIES, smallest_rollout
 from k3deploy.model import kubernetes
-from k3deploy.model.engine import Rank, Ref, text
+from k3deploy.model.engine import GroupSize, Rank, Ref, text
 from k3deploy.model.hosttext import exec_start, parse_env
 
 #: the readers of host text: defined in k3deploy/model/hosttext.py only
@@ -120,6 +120,9 @@ def test_each_unit_renders_from_its_spec_and_its_addresses_are_symbolic(family):
             assert all(x.scale * u.rank + x.offset == int(x.value) for x in ranks), (strategy, u.unit, ranks)
             if "--node-rank" in u.node.argv:
                 assert Rank(1, 0, str(u.rank)) in ranks, (strategy, u.unit)
+            if "--nnodes" in u.node.argv:   # the group's size is symbolic: $(LWS_GROUP_SIZE) on Kubernetes
+                at = u.node.argv.index("--nnodes") + 1
+                assert u.require_spec().argv_words[at] == (GroupSize(str(len(r.group(u.group)))),), (strategy, u)
         if "router" not in r.groups or strategy != "pd_cluster":
             objs = kubernetes.manifests(r)
             assert all(a not in repr(objs) for a in heads.values()), strategy
