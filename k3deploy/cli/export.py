@@ -171,6 +171,7 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     """Write every job's batch script, each node's launch scripts and env files (no secret: each secret-named value
     is a placeholder, filled on the node from a 0600 file) and README.txt into ``out``; what was written."""
     from k3deploy.model import slurm
+    from k3deploy.model.hosttext import parse_env
     from k3deploy.model.runbook.blanks import secret_file, secret_token, without_secrets
 
     jobs = slurm.jobs(rollout)
@@ -200,8 +201,8 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     for hf in slurm.host_files(rollout, submit_host=None):
         for f in hf.files:
             text = f.text
-            if f.mode == "0600":
-                text, hidden = without_secrets(text)
+            if f.mode == "0600":   # an env file: its settings from its unit's spec (a kept one as a host holds it)
+                text, hidden = without_secrets(f.spec.env_map if f.spec is not None else parse_env(f.text))
                 if hidden:
                     secrets.setdefault(hf.host, []).extend(f"{n} in {f.path}" for n in hidden)
             put(f"nodes/{hf.host}{f.path}", text, int(f.mode, 8), hf.host, f.path)

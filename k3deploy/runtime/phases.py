@@ -603,7 +603,7 @@ def _configure_jobs(ctx: RunContext) -> None:
               for p in (u.env_path, slurm_model.launch_path(ctx.rollout, u))}
     write_files(name="Env files (0600), launch scripts, batch scripts", files=[
         Written(f.path, f.text, f.mode, "env" if f.mode == "0600" else "text",
-                when=partial(ctx.intact, [groups[f.path]]) if f.path in groups else None)
+                when=partial(ctx.intact, [groups[f.path]]) if f.path in groups else None, spec=f.spec)
         for f in mine.files])
 
 
@@ -621,9 +621,10 @@ def _staged(ctx: RunContext, units: list[UnitWork], when: Callable[[], bool] | N
         ok = partial(_all, [partial(ctx.intact, [unit.group]), *([when] if when else [])])
         env, unit_file = steps.unit_files(ctx.rollout, unit, staged=True)
         out += [Written(env.dest, env.content, env.mode, env.kind, seen=(have.env_sha, have.env_text) if have else None,
-                        live=unit.env_path, when=ok),
+                        live=unit.env_path, when=ok, spec=env.spec),
                 Written(unit_file.dest, unit_file.content, unit_file.mode, unit_file.kind,
-                        seen=(have.unit_sha, have.unit_text) if have else None, live=unit.unit_path, when=ok)]
+                        seen=(have.unit_sha, have.unit_text) if have else None, live=unit.unit_path, when=ok,
+                        spec=unit_file.spec)]
     return out
 
 
