@@ -43,15 +43,17 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import Any, ClassVar
+
+import yaml
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
 from k3deploy.model.engine import GroupSize, Rank, Ref, text
 from k3deploy.model.engine import Word as SpecWord
-from k3deploy.model.rollout import Rollout, UnitWork
+from k3deploy.model.rollout import Rollout, UnitWork, sha256
 from k3deploy.model.secrets import API_KEY_ENV, is_secret
 from k3deploy.model.units import CONTAINER_CACHE
 from k3deploy.recipe.taxonomy import hardware
@@ -473,20 +475,90 @@ def service(rollout: Rollout, names: Names, revision: str) -> Obj:
                      "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]}}
 
 
+def _objects(rollout: Rollout, tokens: Mapping[str, str]) -> list[tuple[tuple[str, ...], Obj]]:
+    """Every object of the rollout in apply order, each with the groups whose pods it runs (none: the Service)."""
+    names = check(rollout)
+    revision = plan_revision(rollout)
+    out: list[tuple[tuple[str, ...], Obj]] = []
+    for pool, groups in pools(rollout):
+        members = tuple(units[0].group for units in groups)
+        out += [(members, obj) for obj in lws(rollout, pool, groups, names, revision, tokens)]
+    if "router" in rollout.groups:
+        out.append((("router",), router(rollout, names, revision)))
+    out.append(((), service(rollout, names, revision)))
+    return out
+
+
 def manifests(rollout: Rollout, tokens: Mapping[str, str] | None = None) -> list[Obj]:
     """Every object of the rollout, in apply order: ComputeDomains, LeaderWorkerSets, the router's Deployment, the
     public Service. ``tokens``: a node's blank -> the one blank its pool's pod template carries."""
-    names = check(rollout)
-    revision = plan_revision(rollout)
-    out: list[Obj] = []
-    for pool, groups in pools(rollout):
-        out += lws(rollout, pool, groups, names, revision, tokens or {})
-    if "router" in rollout.groups:
-        out.append(router(rollout, names, revision))
-    out.append(service(rollout, names, revision))
-    return out
+    return [obj for _, obj in _objects(rollout, tokens or {})]
 
 
 def file_name(index: int, obj: Obj) -> str:
     """The file of an object: apply order, kind and name."""
     return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+
+
+#: the kinds of object whose pod template runs a unit
+POD_KINDS = ("LeaderWorkerSet", "Deployment")
+
+
+@dataclass(frozen=True)
+class Export:
+    """The Kubernetes export of a rollout, as what renders its files (the half of a launcher that every launcher
+    shares: :class:`k3deploy.runtime.launchers.Renderer`; an export starts nothing, so it is no launcher): one YAML
+    file per object (:func:`manifests`), named in apply order (:func:`file_name`). A unit runs from the manifest
+    of its pool's LeaderWorkerSet (the router: its Deployment); a revision of a group is those of its objects, as
+    Kubernetes keeps them (ControllerRevisions); its output is its pod's log (``kubectl logs``). Got from
+    :func:`k3deploy.runtime.launchers.export_for`.
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> r = desired_rollout(target([HostRecord("n1", ("head",), {"k3_hardware": "b300", "k3_ip": "10.0.0.1"})],
+    ...                            None))
+    >>> export = Export(r)
+    >>> list(export.objects), export.unit_file(r.units[0]), export.log_dir(r.units[0])
+    (['00-leaderworkerset-k3-engine.yaml', '01-service-k3-engine-api.yaml'], '00-leaderworkerset-k3-engine.yaml', None)
+    """
+
+    rollout: Rollout
+    #: a node's blank -> the one blank its pool's pod template carries
+    tokens: Mapping[str, str] = field(default_factory=dict, compare=False)
+    name: ClassVar[str] = "kubernetes"
+
+    @cached_property
+    def _placed(self) -> list[tuple[str, tuple[str, ...], Obj]]:
+        return [(file_name(i, obj), groups, obj) for i, (groups, obj) in enumerate(_objects(self.rollout,
+                                                                                            self.tokens))]
+
+    @property
+    def objects(self) -> dict[str, Obj]:
+        """file name -> object, in apply order."""
+        return {f: obj for f, _, obj in self._placed}
+
+    @property
+    def revision(self) -> str:
+        """The plan's revision, every object's ``revision`` label (:func:`plan_revision`)."""
+        return plan_revision(self.rollout)
+
+    def text(self, file: str) -> str:
+        """The YAML of one file of :attr:`objects`."""
+        text: str = yaml.safe_dump(self.objects[file], sort_keys=False, width=120)
+        return text
+
+    def unit_file(self, unit: UnitWork) -> str:
+        """The manifest whose pod template runs ``unit``: its pool's LeaderWorkerSet, or the router's Deployment."""
+        return next(f for f, groups, obj in self._placed if unit.group in groups and obj["kind"] in POD_KINDS)
+
+    def log_dir(self, unit: UnitWork) -> str | None:
+        """None: its pod's log (``kubectl logs``)."""
+        return None
+
+    def kept(self, unit: UnitWork) -> list[str]:
+        """The manifest ``unit`` runs from (:meth:`unit_file`)."""
+        return [self.unit_file(unit)]
+
+    def revision_files(self, group: str) -> dict[str, str]:
+        """``file -> sha256`` of the objects ``group``'s pods run from (its ComputeDomain, its LeaderWorkerSet)."""
+        return {f: sha256(self.text(f)) for f, groups, _ in self._placed if group in groups}
