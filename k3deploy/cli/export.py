@@ -1,5 +1,6 @@
 """``k3deploy export slurm``: the Slurm batch jobs of an inventory (or of a selection, host names as placeholders),
-for sites that submit their jobs themselves (docs/slurm.md)."""
+for sites that submit their jobs themselves (docs/slurm.md); ``k3deploy export kubernetes``: its manifests, as the
+export's renderer (:func:`k3deploy.runtime.launchers.export_for`) writes them (docs/kubernetes.md)."""
 
 from __future__ import annotations
 
@@ -171,6 +172,7 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     """Write every job's batch script, each node's launch scripts and env files (no secret: each secret-named value
     is a placeholder, filled on the node from a 0600 file) and README.txt into ``out``; what was written."""
     from k3deploy.model import slurm
+    from k3deploy.model.hosttext import parse_env
     from k3deploy.model.runbook.blanks import secret_file, secret_token, without_secrets
 
     jobs = slurm.jobs(rollout)
@@ -200,8 +202,8 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     for hf in slurm.host_files(rollout, submit_host=None):
         for f in hf.files:
             text = f.text
-            if f.mode == "0600":
-                text, hidden = without_secrets(text)
+            if f.mode == "0600":   # an env file: its settings from its unit's spec (a kept one as a host holds it)
+                text, hidden = without_secrets(f.spec.env_map if f.spec is not None else parse_env(f.text))
                 if hidden:
                     secrets.setdefault(hf.host, []).extend(f"{n} in {f.path}" for n in hidden)
             put(f"nodes/{hf.host}{f.path}", text, int(f.mode, 8), hf.host, f.path)
@@ -342,28 +344,27 @@ def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_
 
 def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
                       tokens: dict[str, str]) -> dict[str, Any]:
-    import yaml
-
-    from k3deploy.model import kubernetes
+    from k3deploy.runtime.launchers import export_for
     from k3deploy.vendors import pack_for_container
 
     shared = {b.token: f"@{b.name}@" for b in blanks}
-    objects = kubernetes.manifests(rollout, shared)
+    export = export_for(rollout, shared)
+    objects = export.objects   # (refused here, before anything is written, where the rollout cannot be exported)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise K3Error(f"-o {out}: cannot create it: {exc.strerror}: choose a writable path") from None
     files: list[dict[str, Any]] = []
-    for i, obj in enumerate(objects):
-        path = out / kubernetes.file_name(i, obj)
-        path.write_text(_shown(yaml.safe_dump(obj, sort_keys=False, width=120), tokens), encoding="utf-8")
+    for name, obj in objects.items():
+        path = out / name
+        path.write_text(_shown(export.text(name), tokens), encoding="utf-8")
         files.append({"file": str(path), "kind": obj["kind"], "name": obj["metadata"]["name"],
                       "apiVersion": obj["apiVersion"]})
     v = rollout.vars
     plan = rollout.plan
-    kinds = {o["kind"] for o in objects}
+    kinds = {o["kind"] for o in objects.values()}
     lines = [f"Kubernetes manifests of {plan.model} ({plan.strategy} on {plan.hardware}), written by "
-             f"`k3deploy export kubernetes` from {source}; plan revision {kubernetes.plan_revision(rollout)}.", "",
+             f"`k3deploy export kubernetes` from {source}; plan revision {export.revision}.", "",
              "1. The cluster needs: the LeaderWorkerSet controller (kubernetes-sigs/lws, API "
              "leaderworkerset.x-k8s.io/v1)"
              + (", the NVIDIA DRA driver with ComputeDomains (resource.nvidia.com)" if "ComputeDomain" in kinds
@@ -406,6 +407,6 @@ def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
               "docs/kubernetes.md of k3deploy says more."]
     readme = out / "README.txt"
     readme.write_text(_shown("\n".join(lines) + "\n", tokens), encoding="utf-8")
-    return {"dir": str(out), "readme": str(readme), "revision": kubernetes.plan_revision(rollout),
+    return {"dir": str(out), "readme": str(readme), "revision": export.revision,
             "objects": [{"kind": f["kind"], "name": f["name"]} for f in files], "files": files,
             "blanks": sorted(set(shared.values()))}

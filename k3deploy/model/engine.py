@@ -1,13 +1,15 @@
 """The engine spec: what one unit runs, the one source every launcher's files render from. Pure, frozen.
 
 Per unit: the plan's argv as words whose per-node values are symbolic (:class:`Ref`: the group head's address on
-a worker, the node's own address; :class:`Rank`: the node rank, the data-parallel start rank), the env file's
+a worker, the node's own address; :class:`Rank`: the node rank, the data-parallel start rank; :class:`GroupSize`:
+the number of nodes in the group, ``--nnodes``), the env file's
 settings (values likewise), the container it runs in (image,
 devices, mounts, flags: :class:`k3deploy.model.units.ContainerSpec`) and the systemd unit's settings
 (:class:`k3deploy.model.units.UnitSpec`, whose ``argv`` is the full command: ``docker run ...`` or the router's
 binary). The systemd unit and its env file (:attr:`EngineSpec.unit_text`, :attr:`EngineSpec.env_text`), a Slurm
 job's launch script (:func:`k3deploy.model.slurm.launch_script`), the Kubernetes pod templates
-(:mod:`k3deploy.model.kubernetes`: a :class:`Ref` is an LWS reference there) and the runbook all render from it;
+(:mod:`k3deploy.model.kubernetes`: a :class:`Ref` or :class:`GroupSize` is an LWS reference there) and the runbook
+all render from it (their per-node values as this node has them: :func:`text`);
 nothing rendered is read back (what is read back is what a host holds: :mod:`k3deploy.model.hosttext`).
 
 Example::
@@ -51,7 +53,14 @@ class Rank:
     value: str
 
 
-Part = str | Ref | Rank
+@dataclass(frozen=True)
+class GroupSize:
+    """The number of nodes in the unit's group (``--nnodes``). ``value`` is what it is (the same on every node)."""
+
+    value: str
+
+
+Part = str | Ref | Rank | GroupSize
 #: one argv word or env value: literal text and per-node values
 Word = tuple[Part, ...]
 
@@ -60,6 +69,8 @@ RANK_FLAGS: dict[str, Callable[[Sequence[str]], int | None]] = {
     "--node-rank": lambda argv: 1,
     "--data-parallel-start-rank": lambda argv: int_value(argv, "--data-parallel-size-local"),
 }
+#: the flags whose value is the number of nodes in the group
+SIZE_FLAGS = frozenset({"--nnodes"})
 
 
 def text(word: Word) -> str:
@@ -69,11 +80,14 @@ def text(word: Word) -> str:
     return "".join(p if isinstance(p, str) else p.value for p in word)
 
 
-def ranked(argv: Sequence[Word], rank: int) -> tuple[Word, ...]:
-    """``argv`` with the value of each flag of :data:`RANK_FLAGS` as a :class:`Rank` (where it is an integer).
+def ranked(argv: Sequence[Word], rank: int, size: int | None = None) -> tuple[Word, ...]:
+    """``argv`` with the value of each flag of :data:`RANK_FLAGS` as a :class:`Rank` (where it is an integer) and,
+    where it is ``size`` (the nodes of the group), that of each flag of :data:`SIZE_FLAGS` as :class:`GroupSize`.
 
     >>> ranked([("vllm",), ("--data-parallel-size-local",), ("8",), ("--data-parallel-start-rank",), ("16",)], 2)[4]
     (Rank(scale=8, offset=0, value='16'),)
+    >>> ranked([("vllm",), ("--nnodes",), ("2",), ("--node-rank",), ("1",)], 1, size=2)[2:]
+    ((GroupSize(value='2'),), ('--node-rank',), (Rank(scale=1, offset=0, value='1'),))
     """
     plain = [text(w) for w in argv]
     out = list(argv)
@@ -83,6 +97,8 @@ def ranked(argv: Sequence[Word], rank: int) -> tuple[Word, ...]:
         if scale is not None and plain[i].lstrip("-").isdigit():
             value = int(plain[i])
             out[i] = (Rank(scale, value - scale * rank, plain[i]),)
+        elif size is not None and plain[i - 1] in SIZE_FLAGS and plain[i] == str(size):
+            out[i] = (GroupSize(plain[i]),)
     return tuple(out)
 
 

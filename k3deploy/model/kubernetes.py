@@ -13,7 +13,7 @@ rendered from each unit's engine spec (:class:`k3deploy.model.engine.EngineSpec`
 symbolic): the head's address as seen by the workers is ``$(LWS_LEADER_ADDRESS)``, a node's own address
 ``$(K3_POD_IP)`` (the pod's IP, from the downward API: with ``hostNetwork`` the node's), a worker's index
 ``$(LWS_WORKER_INDEX)`` where a flag's value is the node's rank (``--node-rank``), the group's size
-``$(LWS_GROUP_SIZE)`` (``--nnodes``).
+``$(LWS_GROUP_SIZE)`` (``--nnodes``: :class:`k3deploy.model.engine.GroupSize`).
 A value that is a multiple of the index (the data-parallel start rank: ``--data-parallel-start-rank`` = index x
 ``--data-parallel-size-local``) needs arithmetic, which only a shell does: that role's command is then
 ``/bin/sh -c 'exec vllm serve ... "$((LWS_WORKER_INDEX * 8 + 0))" ...'``, every other word quoted as it is (on
@@ -43,15 +43,17 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from typing import Any, ClassVar
+
+import yaml
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
-from k3deploy.model.engine import Rank, Ref, text
+from k3deploy.model.engine import GroupSize, Rank, Ref, text
 from k3deploy.model.engine import Word as SpecWord
-from k3deploy.model.rollout import Rollout, UnitWork
+from k3deploy.model.rollout import Rollout, UnitWork, sha256
 from k3deploy.model.secrets import API_KEY_ENV, is_secret
 from k3deploy.model.units import CONTAINER_CACHE
 from k3deploy.recipe.taxonomy import hardware
@@ -70,8 +72,6 @@ LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
 WORKER_INDEX = "LWS_WORKER_INDEX"
 GROUP_SIZE = "LWS_GROUP_SIZE"
-#: the flags whose value is the number of nodes in the group (written ``$(LWS_GROUP_SIZE)`` where it is the LWS size)
-GROUP_SIZE_FLAGS = ("--nnodes",)
 #: the pod's own IP (downward API ``status.podIP``), every per-node address of the plan
 POD_IP = "K3_POD_IP"
 HF_TOKEN = "HF_TOKEN"
@@ -143,12 +143,15 @@ Word = str | Derived
 
 def substituted(word: SpecWord, unit: UnitWork, tokens: Mapping[str, str]) -> str:
     """A word of ``unit``'s spec with its per-node values as LWS references: the head's address (on a worker)
-    ``$(LWS_LEADER_ADDRESS)``, its own ``$(K3_POD_IP)``; the site's shared blanks (``tokens``) in place of each
-    node's own."""
+    ``$(LWS_LEADER_ADDRESS)``, its own ``$(K3_POD_IP)``, the group's size ``$(LWS_GROUP_SIZE)``; the site's shared
+    blanks (``tokens``) in place of each node's own."""
     out: list[str] = []
     for part in word:
         if isinstance(part, Ref):
             out.append(ref(LEADER_ADDRESS) if part.name == "head" and unit.rank > 0 else ref(POD_IP))
+            continue
+        if isinstance(part, GroupSize):
+            out.append(ref(GROUP_SIZE))
             continue
         value = escape(part if isinstance(part, str) else part.value)
         for old, new in tokens.items():
@@ -295,17 +298,15 @@ def _env(rollout: Rollout, unit: UnitWork, tokens: Mapping[str, str]) -> list[Ob
     return out
 
 
-def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, size: int, pack: Pack | None, names: Names,
-         pool: str, tokens: Mapping[str, str], meta: dict[str, str]) -> Obj:
-    """The pod template of ``units`` (the head, or the workers) of one group of ``size`` nodes."""
+def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, pack: Pack | None, names: Names, pool: str,
+         tokens: Mapping[str, str], meta: dict[str, str]) -> Obj:
+    """The pod template of ``units`` (the head, or the workers) of one group."""
     v = rollout.vars
     unit = units[0]
     hw = hardware()[rollout.plan.hardware]
     multi = len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
     box = pack.container if pack is not None else None
     words = role_template(units, tokens)
-    words = [ref(GROUP_SIZE) if i and words[i - 1] in GROUP_SIZE_FLAGS and w == str(size) else w
-             for i, w in enumerate(words)]
     cmd, args = command(words, box.login_profile if box else None)
     mounts: list[Obj] = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": CONTAINER_CACHE}]
     volumes: list[Obj] = [
@@ -388,8 +389,8 @@ def lws(rollout: Rollout, pool: str, groups: Sequence[Sequence[UnitWork]], names
                           "replica the same number of hosts")
     meta = {**labels(rollout, names, pool, revision), f"{LABEL_PREFIX}/pool": pool}
     role = f"{LABEL_PREFIX}/role"
-    leader = _pod(rollout, [head], head, size, pack, names, pool, tokens, {**meta, role: "leader"})
-    worker = _pod(rollout, units[1:], head, size, pack, names, pool, tokens, {**meta, role: "worker"}) \
+    leader = _pod(rollout, [head], head, pack, names, pool, tokens, {**meta, role: "leader"})
+    worker = _pod(rollout, units[1:], head, pack, names, pool, tokens, {**meta, role: "worker"}) \
         if size > 1 else leader
     hw = hardware()[rollout.plan.hardware]
     out: list[Obj] = []
@@ -474,20 +475,90 @@ def service(rollout: Rollout, names: Names, revision: str) -> Obj:
                      "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]}}
 
 
+def _objects(rollout: Rollout, tokens: Mapping[str, str]) -> list[tuple[tuple[str, ...], Obj]]:
+    """Every object of the rollout in apply order, each with the groups whose pods it runs (none: the Service)."""
+    names = check(rollout)
+    revision = plan_revision(rollout)
+    out: list[tuple[tuple[str, ...], Obj]] = []
+    for pool, groups in pools(rollout):
+        members = tuple(units[0].group for units in groups)
+        out += [(members, obj) for obj in lws(rollout, pool, groups, names, revision, tokens)]
+    if "router" in rollout.groups:
+        out.append((("router",), router(rollout, names, revision)))
+    out.append(((), service(rollout, names, revision)))
+    return out
+
+
 def manifests(rollout: Rollout, tokens: Mapping[str, str] | None = None) -> list[Obj]:
     """Every object of the rollout, in apply order: ComputeDomains, LeaderWorkerSets, the router's Deployment, the
     public Service. ``tokens``: a node's blank -> the one blank its pool's pod template carries."""
-    names = check(rollout)
-    revision = plan_revision(rollout)
-    out: list[Obj] = []
-    for pool, groups in pools(rollout):
-        out += lws(rollout, pool, groups, names, revision, tokens or {})
-    if "router" in rollout.groups:
-        out.append(router(rollout, names, revision))
-    out.append(service(rollout, names, revision))
-    return out
+    return [obj for _, obj in _objects(rollout, tokens or {})]
 
 
 def file_name(index: int, obj: Obj) -> str:
     """The file of an object: apply order, kind and name."""
     return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+
+
+#: the kinds of object whose pod template runs a unit
+POD_KINDS = ("LeaderWorkerSet", "Deployment")
+
+
+@dataclass(frozen=True)
+class Export:
+    """The Kubernetes export of a rollout, as what renders its files (the half of a launcher that every launcher
+    shares: :class:`k3deploy.runtime.launchers.Renderer`; an export starts nothing, so it is no launcher): one YAML
+    file per object (:func:`manifests`), named in apply order (:func:`file_name`). A unit runs from the manifest
+    of its pool's LeaderWorkerSet (the router: its Deployment); a revision of a group is those of its objects, as
+    Kubernetes keeps them (ControllerRevisions); its output is its pod's log (``kubectl logs``). Got from
+    :func:`k3deploy.runtime.launchers.export_for`.
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> r = desired_rollout(target([HostRecord("n1", ("head",), {"k3_hardware": "b300", "k3_ip": "10.0.0.1"})],
+    ...                            None))
+    >>> export = Export(r)
+    >>> list(export.objects), export.unit_file(r.units[0]), export.log_dir(r.units[0])
+    (['00-leaderworkerset-k3-engine.yaml', '01-service-k3-engine-api.yaml'], '00-leaderworkerset-k3-engine.yaml', None)
+    """
+
+    rollout: Rollout
+    #: a node's blank -> the one blank its pool's pod template carries
+    tokens: Mapping[str, str] = field(default_factory=dict, compare=False)
+    name: ClassVar[str] = "kubernetes"
+
+    @cached_property
+    def _placed(self) -> list[tuple[str, tuple[str, ...], Obj]]:
+        return [(file_name(i, obj), groups, obj) for i, (groups, obj) in enumerate(_objects(self.rollout,
+                                                                                            self.tokens))]
+
+    @property
+    def objects(self) -> dict[str, Obj]:
+        """file name -> object, in apply order."""
+        return {f: obj for f, _, obj in self._placed}
+
+    @property
+    def revision(self) -> str:
+        """The plan's revision, every object's ``revision`` label (:func:`plan_revision`)."""
+        return plan_revision(self.rollout)
+
+    def text(self, file: str) -> str:
+        """The YAML of one file of :attr:`objects`."""
+        text: str = yaml.safe_dump(self.objects[file], sort_keys=False, width=120)
+        return text
+
+    def unit_file(self, unit: UnitWork) -> str:
+        """The manifest whose pod template runs ``unit``: its pool's LeaderWorkerSet, or the router's Deployment."""
+        return next(f for f, groups, obj in self._placed if unit.group in groups and obj["kind"] in POD_KINDS)
+
+    def log_dir(self, unit: UnitWork) -> str | None:
+        """None: its pod's log (``kubectl logs``)."""
+        return None
+
+    def kept(self, unit: UnitWork) -> list[str]:
+        """The manifest ``unit`` runs from (:meth:`unit_file`)."""
+        return [self.unit_file(unit)]
+
+    def revision_files(self, group: str) -> dict[str, str]:
+        """``file -> sha256`` of the objects ``group``'s pods run from (its ComputeDomain, its LeaderWorkerSet)."""
+        return {f: sha256(self.text(f)) for f, groups, _ in self._placed if group in groups}

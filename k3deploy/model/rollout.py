@@ -473,6 +473,7 @@ def render(layout: Placement, *, ifaces: Mapping[str, str] | None = None,
     plan, variables = layout.plan, layout.vars
     units: list[UnitWork] = []
     heads = {u.group: u.node.address for u in layout.units if u.rank == 0}
+    sizes = {g: sum(u.group == g for u in layout.units) for g in heads}
     for placed in layout.units:
         node = _with_iface(placed.node, (ifaces or {}).get(placed.host))
         box = unit_container(layout, placed)
@@ -497,7 +498,8 @@ def render(layout: Placement, *, ifaces: Mapping[str, str] | None = None,
             if node.role != "router" else {**node.env, **keyed}
         head = heads.get(placed.group) if placed.rank > 0 else None
         argv: tuple[Word, ...] = ranked([words(p, f, node.values, head=head, own=node.address)
-                                         for p, f in zip(node.node.argv, node.argv, strict=True)], node.rank)
+                                         for p, f in zip(node.node.argv, node.argv, strict=True)], node.rank,
+                                        sizes.get(placed.group))
         spec = EngineSpec(argv_words=argv, env=env_words(env, node.node.env, node.values, head=head,
                                                          own=node.address),
                           container=box, unit=unit)

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
+from k3deploy.model.engine import EngineSpec
 from k3deploy.model.rollout import Placement, Rollout, UnitWork, sha256
 from k3deploy.model.units import cleanup_argv, render_template, stop_argv
 from k3deploy.recipe.taxonomy import hardware
@@ -336,6 +337,8 @@ class NodeFile:
     path: str
     text: str
     mode: str                       # octal, e.g. "0755"
+    #: an env file's engine spec, where it renders from one (None: kept as a host holds it, or not an env file)
+    spec: EngineSpec | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -358,8 +361,8 @@ def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
         dirs, files = out.setdefault(u.host, ([], []))
         if group_dir(rollout, u.group) not in dirs:
             dirs.append(group_dir(rollout, u.group))
-        files += [NodeFile(u.env_path, u.env_text, "0600"), NodeFile(launch_path(rollout, u),
-                                                                     launch_script(rollout, u), "0755")]
+        files += [NodeFile(u.env_path, u.env_text, "0600", u.spec if u.kept_env_text is None else None),
+                  NodeFile(launch_path(rollout, u), launch_script(rollout, u), "0755")]
     if submit is not None:
         dirs, files = out.setdefault(submit, ([], []))
         if rollout.vars.k3_slurm_dir not in dirs:

@@ -36,6 +36,8 @@ from functools import partial
 from typing import Literal, Protocol
 
 from k3deploy.model import commands
+from k3deploy.model.engine import EngineSpec
+from k3deploy.model.hosttext import parse_env
 from k3deploy.model.images import LocalImage, holds, named, run_ref
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
@@ -65,7 +67,9 @@ UNSERVE, VERIFY_BEFORE_START = 10_000, 10_001
 @dataclass(frozen=True)
 class FileWrite:
     """A file a step writes: ``content``, or the control machine's file ``source`` (a secret read only when
-    written); ``kind`` says how ``--diff`` shows it (``unit``, ``env``, ``secret``, ``text``)."""
+    written); ``kind`` says how ``--diff`` shows it (``unit``, ``env``, ``secret``, ``text``). A unit's env file or
+    systemd unit rendered from its engine spec carries it (``spec``): what the file says is taken from there, never
+    read back from ``content``; without one (a file as a host holds it, kept by a revision) it is read back."""
 
     dest: str
     mode: str
@@ -73,6 +77,12 @@ class FileWrite:
     source: str | None = None
     kind: str = "text"
     group: str = ""      # written only while no host of this group failed an earlier step ("": always)
+    spec: EngineSpec | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """An env file's settings: its spec's, or those of the text a host holds."""
+        return self.spec.env_map if self.spec is not None else parse_env(self.content)
 
 
 @dataclass(frozen=True)
@@ -289,8 +299,10 @@ def unit_files(rollout: Rollout, unit: UnitWork, *, staged: bool) -> list[FileWr
     def where(live: str) -> str:
         return commands.staged_path(live, config) if staged else live
 
-    return [FileWrite(where(unit.env_path), "600", unit.env_text, kind="env"),
-            FileWrite(where(unit.unit_path), "644", unit.unit_text, kind="unit")]
+    return [FileWrite(where(unit.env_path), "600", unit.env_text, kind="env",
+                      spec=unit.spec if unit.kept_env_text is None else None),
+            FileWrite(where(unit.unit_path), "644", unit.unit_text, kind="unit",
+                      spec=unit.spec if unit.kept_unit_text is None else None)]
 
 
 #: the systemd units' configure step (a rolling change's steps name theirs after it)
@@ -603,7 +615,8 @@ class JobSteps:
             return None
         groups = {p: u.group for u in rollout.on_host(host) for p in (u.env_path, launch_path(rollout, u))}
         return Configure(host, "Env files (0600), launch scripts, batch scripts", tuple(
-            FileWrite(f.path, f.mode, f.text, kind="env" if f.mode == "0600" else "text", group=groups.get(f.path, ""))
+            FileWrite(f.path, f.mode, f.text, kind="env" if f.mode == "0600" else "text", group=groups.get(f.path, ""),
+                      spec=f.spec)
             for f in mine.files), dirs=(rollout.vars.k3_config_dir, *mine.dirs),
             dirs_name="Slurm output and batch script directories")
 

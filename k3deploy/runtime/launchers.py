@@ -1,8 +1,10 @@
-"""What starts the engine groups, behind one interface (:class:`Launcher`): their systemd units (the default), with
-``k3_launcher: slurm`` one Slurm batch job per group submitted from ``k3_slurm_submit_host`` (docs/slurm.md), or the
-Kubernetes export's manifests (``k3deploy export kubernetes``). :func:`launcher_for` is the one reader of
-``k3_launcher``: the reads, the run, ``plan``, ``status``, ``history`` and ``bundle`` ask the launcher it gives what to
-read, what changes, which files a revision keeps, how a group is polled and stopped, and never compare its name.
+"""What starts the engine groups, behind one interface (:class:`Launcher`): their systemd units (the default), or with
+``k3_launcher: slurm`` one Slurm batch job per group submitted from ``k3_slurm_submit_host`` (docs/slurm.md).
+:func:`launcher_for` is the one reader of ``k3_launcher``: the reads, the run, ``plan``, ``status``, ``history`` and
+``bundle`` ask the launcher it gives what to read, what changes, which files a revision keeps, how a group is polled
+and stopped, and never compare its name. Its half that renders the files (:class:`Renderer`: the file each unit runs
+from, its output, what a revision keeps) is also what an export is: the Kubernetes manifests (``k3deploy export
+kubernetes``), from :func:`export_for`, start nothing.
 
 Example::
 
@@ -36,6 +38,7 @@ from k3deploy.runtime.readiness import GroupControl, run
 
 if TYPE_CHECKING:
     from k3deploy.model.diff import PlanReport
+    from k3deploy.model.kubernetes import Export
     from k3deploy.model.slurm import GroupJob
 
 
@@ -52,13 +55,33 @@ class Readings(Protocol):
     def helpers(self) -> Mapping[str, str | None]: ...   # host -> sha256 of its group member helper, where read
 
 
-class Launcher(Protocol):
-    """What starts a rollout's groups: what each host is asked (its units' files, the queue), which groups change,
-    what a revision keeps, how the readiness gate polls, reports and stops a group, and what the commands that read
-    the systemd units only say instead."""
+class Renderer(Protocol):
+    """What renders a rollout's files for what runs its units: the file each unit runs from, where its output is,
+    what a revision keeps and records. Every :class:`Launcher` is one, and so is an export that starts nothing
+    (:class:`k3deploy.model.kubernetes.Export`, from :func:`export_for`)."""
 
     #: how ``status`` names it (``systemd``, ``slurm``, ``kubernetes``)
     name: ClassVar[str]
+
+    def unit_file(self, unit: UnitWork) -> str:
+        """The file ``unit`` runs from (on its node: what is read and kept beside its env file)."""
+
+    def log_dir(self, unit: UnitWork) -> str | None:
+        """Where ``unit``'s output is on its node (None: its journal, or its pod's log)."""
+
+    def kept(self, unit: UnitWork) -> list[str]:
+        """The files of ``unit`` a revision keeps (on its node)."""
+
+    def revision_files(self, group: str) -> dict[str, str]:
+        """``host:path -> sha256`` of what ``group`` runs, as a revision records it (an export's: ``file ->
+        sha256``)."""
+
+
+class Launcher(Renderer, Protocol):
+    """What starts a rollout's groups: what each host is asked (its units' files, the queue), which groups change,
+    how the readiness gate polls, reports and stops a group, and what the commands that read the systemd units only
+    say instead; its files as its :class:`Renderer` renders them."""
+
     @property
     def queue_host(self) -> str | None:
         """The host whose queue the run reads with the hosts (None: no queue)."""
@@ -68,18 +91,6 @@ class Launcher(Protocol):
     refuses: ClassVar[Mapping[str, str]]
     #: what ``history`` says first about the revisions it keeps (empty: nothing)
     revision_note: ClassVar[str]
-
-    def unit_file(self, unit: UnitWork) -> str:
-        """The file ``unit`` runs from on its node (what is read and kept beside its env file)."""
-
-    def log_dir(self, unit: UnitWork) -> str | None:
-        """Where ``unit``'s output is on its node (None: its journal)."""
-
-    def kept(self, unit: UnitWork) -> list[str]:
-        """The files of ``unit`` a revision keeps on its node."""
-
-    def revision_files(self, group: str) -> dict[str, str]:
-        """``host:path -> sha256`` of what ``group`` runs, as a revision records it."""
 
     def changes(self, rollout: Rollout, gathered: Readings) -> frozenset[str]:
         """The groups that restart, from what the hosts have."""
@@ -464,3 +475,12 @@ def launcher_for(rollout: Placement, queue: SlurmQueueReading | None = None,
                       f"({queue.error if queue is not None else 'not read'}): check that Slurm's commands work "
                       f"there (ssh {submit} squeue)")
     return Slurm(rollout, submit, jobs, queue.jobs)
+
+
+def export_for(rollout: Rollout, tokens: Mapping[str, str] | None = None) -> Export:
+    """What renders the Kubernetes export of ``rollout`` (a :class:`Renderer`, not a :class:`Launcher`: an export
+    starts nothing): its manifests, whatever ``k3_launcher`` says. ``tokens``: a node's blank -> the one blank its
+    pool's pod template carries."""
+    from k3deploy.model.kubernetes import Export
+
+    return Export(rollout, dict(tokens or {}))

@@ -34,6 +34,7 @@ from pyinfra.operations import server
 from k3deploy.facts.rollout import FileOnHost, KeepalivedState, SmokeAnswer, UnitState, VipHeld
 from k3deploy.model import commands
 from k3deploy.model.diff import change_lines, env_file_changes, unit_file_changes
+from k3deploy.model.engine import EngineSpec
 from k3deploy.model.observed import ENV_MODE, UNIT_MODE, Installed
 from k3deploy.model.rollout import UnitWork
 from k3deploy.model.secrets import mask_line
@@ -134,8 +135,9 @@ def upload(dest: str, data: bytes, mode: str, private_in: str | None = None,
 
 
 def show_change(dest: str, kind: str, have: str | None, seen: tuple[str | None, str | None] | None, content: str,
-                live: str | None) -> None:
-    """Say, for ``--diff``, how a file changes (a secret: that it does, nothing of its contents)."""
+                live: str | None, spec: EngineSpec | None = None) -> None:
+    """Say, for ``--diff``, how a file changes (a secret: that it does, nothing of its contents; a unit's file
+    rendered from ``spec``: as :func:`file_diff` takes it from there)."""
     verb = "modify" if have else "create"
     if kind == "secret":
         host.log(f"Will {verb} {dest} (secret: contents not shown)", logger.info)
@@ -147,14 +149,15 @@ def show_change(dest: str, kind: str, have: str | None, seen: tuple[str | None, 
         old = None if lines is None else "".join(f"{x}\n" for x in lines)
     host.log(f"Will {verb} {live or dest}" + (f" (written to {dest} now, put in place at the restart)"
                                                if live else ""), logger.info)
-    for line in file_diff(kind, old, content):
+    for line in file_diff(kind, old, content, spec):
         logger.info("    %s", line)
 
 
 @dataclass(frozen=True)
 class Written:
     """One file of :func:`write_files`: ``content`` for ``dest`` (``mode``), as :func:`managed_file` takes it;
-    ``when``: written only while this holds (evaluated as the operation runs)."""
+    ``when``: written only while this holds (evaluated as the operation runs); ``spec``: the engine spec a unit's
+    env file or systemd unit renders from (:attr:`k3deploy.model.steps.FileWrite.spec`), what ``--diff`` shows."""
 
     dest: str
     content: str = field(repr=False)
@@ -163,6 +166,7 @@ class Written:
     seen: tuple[str | None, str | None] | None = field(default=None, repr=False)
     live: str | None = None
     when: Callable[[], bool] | None = None
+    spec: EngineSpec | None = field(default=None, repr=False, compare=False)
 
 
 @operation()
@@ -195,7 +199,7 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
                     host.log(f"Will give {f.dest} its owner and mode back (content unchanged): {drift}", logger.info)
             continue
         if state.config.DIFF:
-            show_change(f.dest, f.kind, have, f.seen, f.content, f.live)
+            show_change(f.dest, f.kind, have, f.seen, f.content, f.live, f.spec)
         todo.append(f)
     if not todo and not drifted:
         host.noop("every file is up to date")
@@ -262,12 +266,17 @@ def drifted(units: Sequence[UnitWork], installed: Mapping[tuple[str, str], Insta
 STOPPED = ("inactive", "absent", "failed")
 
 
-def file_diff(kind: str, old: str | None, new: str) -> list[str]:
-    """What changes in a file, for ``--diff``: per flag for units, per variable for env files."""
+def file_diff(kind: str, old: str | None, new: str, spec: EngineSpec | None = None) -> list[str]:
+    """What changes in a file, for ``--diff``: per flag for units, per variable for env files (secret values
+    masked). ``old`` is the file the host holds; a unit's systemd unit or env file rendered from ``spec`` is taken
+    from there (its ``ExecStart=`` words, its settings: ``new`` is not read back); without one (a file kept as a
+    host holds it, a unit of a template) ``new`` is read."""
     if kind == "unit":
+        if spec is not None:
+            return change_lines(unit_file_changes(old, spec.unit_text, spec.unit.exec_words()))
         return change_lines(unit_file_changes(old, new))
     if kind == "env":
-        return change_lines(env_file_changes(old, new))
+        return change_lines(env_file_changes(old, spec.env_map if spec is not None else new))
     return [line for line in difflib.unified_diff([mask_line(x) for x in (old or "").splitlines()],
                                                   [mask_line(x) for x in new.splitlines()], lineterm="", n=2)
             if not line.startswith(("---", "+++"))]

@@ -567,7 +567,8 @@ def configure_phase(ctx: RunContext) -> None:
         directories(name=step.dirs_name, paths=list(step.dirs))
     files = [Written(f.dest, f.content, f.mode, f.kind,
                      seen=(gathered.helpers.get(me), None) if f.dest == GROUP_MEMBER and me in gathered.helpers
-                     else None, when=partial(ctx.intact, [f.group]) if f.group else None) for f in step.files]
+                     else None, when=partial(ctx.intact, [f.group]) if f.group else None, spec=f.spec)
+             for f in step.files]
     files += _staged(ctx, [u for u in rollout.on_host(me) if u.unit in step.staged])
     # (on every host, even where nothing is written: pyinfra orders operations by their depth in each host's own
     # sequence first, so every host's sequence keeps the same steps at the same depths)
@@ -607,9 +608,10 @@ def _staged(ctx: RunContext, units: list[UnitWork], when: Callable[[], bool] | N
         ok = partial(_all, [partial(ctx.intact, [unit.group]), *([when] if when else [])])
         env, unit_file = steps.unit_files(ctx.rollout, unit, staged=True)
         out += [Written(env.dest, env.content, env.mode, env.kind, seen=(have.env_sha, have.env_text) if have else None,
-                        live=unit.env_path, when=ok),
+                        live=unit.env_path, when=ok, spec=env.spec),
                 Written(unit_file.dest, unit_file.content, unit_file.mode, unit_file.kind,
-                        seen=(have.unit_sha, have.unit_text) if have else None, live=unit.unit_path, when=ok)]
+                        seen=(have.unit_sha, have.unit_text) if have else None, live=unit.unit_path, when=ok,
+                        spec=unit_file.spec)]
     return out
 
 

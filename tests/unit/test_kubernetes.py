@@ -27,6 +27,8 @@ from helpers.kubernetes import (
 )
 from k3deploy.errors import K3Error
 from k3deploy.model import kubernetes as k8s
+from k3deploy.model.rollout import sha256
+from k3deploy.runtime.launchers import Launcher, Renderer, export_for
 
 CASES = sorted(cases())
 REGENERATE = "cd tests && ../.venv/bin/python -m helpers.kubernetes --write"
@@ -254,3 +256,34 @@ def test_the_init_containers_wait_as_written(tmp_path):
         assert proc.returncode == 0 and "rendezvous 127.0.0.1:29501 open" in proc.stdout, proc.stderr
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("case", ["b300-pd_cluster", "b300-multi_node_dep-r2", "gb300-multi_node_tp"])
+def test_the_export_renders_its_files_behind_the_launchers_renderer(case):
+    """The export is the files half of a launcher (:class:`Renderer`): each unit runs from the manifest whose pod
+    template runs it, a group's revision is its objects' files; it starts nothing (no :class:`Launcher` part)."""
+    rollout, blanks, _ = built(case)
+    shared = {b.token: f"@{b.name}@" for b in blanks}
+    renderer: Renderer = export_for(rollout, shared)   # (mypy: the export is a Renderer)
+    export = export_for(rollout, shared)
+    assert renderer.name == "kubernetes" and list(export.objects.values()) == manifests(case)
+    assert not any(hasattr(export, m) for m in Launcher.__dict__ if not m.startswith("_")
+                   and m not in Renderer.__dict__)
+    for u in rollout.units:
+        obj = export.objects[export.unit_file(u)]
+        names = k8s.check(rollout)
+        pool = u.group if rollout.plan.strategy == "pd_cluster" else "engine"
+        assert (obj["kind"], obj["metadata"]["name"]) == (("Deployment", names.router) if u.group == "router"
+                                                            else ("LeaderWorkerSet", names.lws(pool))), u.unit
+        assert export.kept(u) == [export.unit_file(u)] and export.log_dir(u) is None
+    for group in rollout.groups:
+        files = export.revision_files(group)
+        assert {export.unit_file(u) for u in rollout.group(group)} <= files.keys()
+        assert all(sha256(export.text(f)) == sha for f, sha in files.items())
+        assert all(export.objects[f]["kind"] != "Service" for f in files)
+
+
+def test_the_export_is_the_same_whatever_starts_the_groups_on_bare_metal():
+    rollout, blanks, _ = built("b300-multi_node_tp")
+    slurm = replace(rollout, vars=rollout.vars.model_copy(update={"k3_launcher": "slurm"}))
+    assert export_for(slurm).objects == export_for(rollout).objects

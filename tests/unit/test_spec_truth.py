@@ -1,20 +1,26 @@
 """The engine spec is the source of truth: what the rollout renders (unit files, env files, launch scripts) is never
 read back. Text is parsed only where it was read from a host (:mod:`k3deploy.model.hosttext`), so the Kubernetes
-pods, the plan, ``resolve`` and the runbook take the argv, env and image from each unit's
-:class:`~k3deploy.model.engine.EngineSpec`."""
+pods, the plan, ``resolve``, the deploy's ``--diff`` and the runbook (its secrets blanked) take the argv, env and
+image from each unit's :class:`~k3deploy.model.engine.EngineSpec`."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from helpers import ROOT
 from helpers.clusters import FAMILIES, STRATEGIES, smallest_rollout
-from k3deploy.model import kubernetes
-from k3deploy.model.engine import Rank, Ref, text
+from k3deploy.model import kubernetes, steps
+from k3deploy.model.engine import GroupSize, Rank, Ref, text
 from k3deploy.model.hosttext import exec_start, parse_env
+from k3deploy.model.rollout import Rollout
+from k3deploy.model.runbook import Context, blocks, build, to_markdown
+from k3deploy.model.runbook.blanks import secret_token, without_secrets
+from k3deploy.recipe.taxonomy import hardware
+from k3deploy.runtime.operations import file_diff
 
 #: the readers of host text: defined in k3deploy/model/hosttext.py only
 PARSERS = frozenset({"split_exec", "exec_start", "parse_env", "launch_argv", "_launch_argv", "env_of"})
@@ -120,6 +126,96 @@ def test_each_unit_renders_from_its_spec_and_its_addresses_are_symbolic(family):
             assert all(x.scale * u.rank + x.offset == int(x.value) for x in ranks), (strategy, u.unit, ranks)
             if "--node-rank" in u.node.argv:
                 assert Rank(1, 0, str(u.rank)) in ranks, (strategy, u.unit)
+            if "--nnodes" in u.node.argv:   # the group's size is symbolic: $(LWS_GROUP_SIZE) on Kubernetes
+                at = u.node.argv.index("--nnodes") + 1
+                assert u.require_spec().argv_words[at] == (GroupSize(str(len(r.group(u.group)))),), (strategy, u)
         if "router" not in r.groups or strategy != "pd_cluster":
             objs = kubernetes.manifests(r)
             assert all(a not in repr(objs) for a in heads.values()), strategy
+
+
+#: what a poisoned unit's rendered files say (:func:`_poisoned`): whatever reads them back shows it
+POISON_ENV = "K3_READ_BACK=the env file was read back\n"
+POISON_EXEC = 'ExecStart="/bin/false" "the unit file was read back"'
+SECRET = "s3cr3t-site-token"
+
+
+def _poisoned(rollout: Rollout) -> Rollout:
+    """``rollout`` whose units' rendered unit and env files (their specs' ``unit_text`` and ``env_text``) say
+    something else than their specs (the unit's ``ExecStart=``, every setting): code that takes a unit's command
+    and settings from its spec gives what it gives for ``rollout``; code that reads them back shows the poison."""
+    units = []
+    for u in rollout.units:
+        spec = dataclasses.replace(u.require_spec())
+        unit_text = "".join(f"{POISON_EXEC}\n" if line.startswith("ExecStart=") else line
+                            for line in u.unit_text.splitlines(keepends=True))
+        spec.__dict__.update(unit_text=unit_text, env_text=POISON_ENV)   # the rendered texts, cached
+        assert POISON_EXEC in spec.unit_text and spec.env_map == u.require_spec().env_map
+        units.append(dataclasses.replace(u, spec=spec))
+    return dataclasses.replace(rollout, units=units)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_deploys_file_diff_takes_each_unit_file_from_its_spec(family):
+    for strategy in STRATEGIES:
+        r = smallest_rollout(FAMILIES[family], strategy, k3_extra_env={"SITE_API_TOKEN": SECRET})
+        if r is None:
+            continue
+        other = r.units[-1]   # an old file a host holds: another unit's
+        shown_lines = []
+        for u, bad in zip(r.units, _poisoned(r).units, strict=True):
+            for real, shown in zip(steps.unit_files(r, u, staged=True), steps.unit_files(r, bad, staged=True),
+                                   strict=True):
+                assert shown.spec is bad.spec and (shown.content == POISON_ENV or POISON_EXEC in shown.content)
+                held = other.env_text if real.kind == "env" else other.unit_text
+                for old in (None, held):
+                    # the reference: the real rendered text read back (as a file a host holds is)
+                    want = file_diff(real.kind, old, real.content)
+                    assert file_diff(shown.kind, old, shown.content, shown.spec) == want, (strategy, u.unit)
+                    shown_lines += want
+        assert any(line.startswith("+ SITE_API_TOKEN=") for line in shown_lines), strategy   # shown, masked
+        assert SECRET not in "\n".join(shown_lines)
+
+
+def test_a_unit_that_keeps_a_hosts_files_is_diffed_from_them():
+    r = smallest_rollout(FAMILIES["NVIDIA"], "multi_node_tp")
+    assert r is not None
+    u = r.units[0]
+    kept = u.kept(unit_text=u.unit_text.replace("--tensor-parallel-size", "--tp"), env_text="A=1\n")
+    env, unit = steps.unit_files(r, kept, staged=True)
+    assert env.spec is None and unit.spec is None and env.settings == {"A": "1"}
+    assert file_diff(env.kind, u.env_text, env.content, env.spec) == ["+ A=1"] + [
+        f"- {k}={v}" for k, v in u.require_spec().env_map.items()]
+    assert any(line.startswith("+ --tp ") for line in file_diff(unit.kind, u.unit_text, unit.content, unit.spec))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_runbook_blanks_each_secret_from_the_spec(family):
+    r = next(r for s in ("multi_node_tp", "multi_node_tp_dp", "multi_node_dep")
+             if (r := smallest_rollout(FAMILIES[family], s, k3_extra_env={"SITE_API_TOKEN": SECRET})) is not None)
+    hosts = list(dict.fromkeys(u.host for u in r.units))
+    context = Context(inventory="inventories/x.py", preflight=[], addresses={h: h for h in hosts},
+                      ssh={h: ["ssh", h] for h in hosts}, brand=hardware()[r.plan.hardware].brand, guide=None,
+                      version="0")
+    md = to_markdown(build(_poisoned(r), context))
+    assert "K3_READ_BACK" not in md and SECRET not in md
+    written = "\n".join(b.text for b in blocks(md))
+    for u in r.units:
+        env, names = without_secrets(u.require_spec().env_map)
+        assert names == ["SITE_API_TOKEN"] and f"SITE_API_TOKEN={secret_token('SITE_API_TOKEN')}\n" in env
+        assert f"<<'K3_EOF'\n{env}K3_EOF\n" in written, u.unit
+
+
+def test_the_slurm_export_blanks_each_secret_from_the_spec(tmp_path):
+    from k3deploy.cli.export import _write
+
+    r = smallest_rollout(FAMILIES["NVIDIA"], "multi_node_tp", k3_extra_env={"SITE_API_TOKEN": SECRET})
+    assert r is not None
+    written = _write(_poisoned(r), [], "a test", tmp_path, {})
+    envs = {(f["host"], f["path"]): Path(f["file"]).read_text() for f in written["files"] if f["mode"] == "0600"}
+    assert envs.keys() == {(u.host, u.env_path) for u in r.units}
+    for u in r.units:
+        assert envs[u.host, u.env_path] == without_secrets(u.require_spec().env_map)[0]
+    everything = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    assert "K3_READ_BACK" not in everything and SECRET not in everything
+    assert secret_token("SITE_API_TOKEN") in everything

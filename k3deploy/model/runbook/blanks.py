@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.secrets import is_secret
+from k3deploy.model.units import env_file_text
 from k3deploy.vendors import pack_for
 from k3deploy.vendors.base import HostAnswers
 
@@ -85,21 +87,16 @@ def secret_file(config_dir: str, name: str) -> str:
     return f"{config_dir.rstrip('/')}/secrets/{name}"
 
 
-def without_secrets(env_text: str) -> tuple[str, list[str]]:
-    """An env file's text with each secret's value (:mod:`k3deploy.model.secrets`) replaced by its placeholder,
-    and the secrets' names.
+def without_secrets(env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """The env file of the settings ``env`` (a unit's, from its engine spec:
+    :attr:`~k3deploy.model.engine.EngineSpec.env_map`) with each secret's value (a setting whose name says it is one:
+    :mod:`k3deploy.model.secrets`) replaced by its placeholder, and the secrets' names.
 
-    >>> without_secrets("A=1\\nDB_PASSWORD=hunter2\\n")
+    >>> without_secrets({"A": "1", "DB_PASSWORD": "hunter2"})
     ('A=1\\nDB_PASSWORD=@SECRET_DB_PASSWORD@\\n', ['DB_PASSWORD'])
     """
-    lines, names = [], []
-    for line in env_text.splitlines(keepends=True):
-        name, sep, _ = line.partition("=")
-        if sep and is_secret(name):
-            names.append(name)
-            line = f"{name}={secret_token(name)}" + ("\n" if line.endswith("\n") else "")
-        lines.append(line)
-    return "".join(lines), names
+    names = [name for name in env if is_secret(name)]
+    return env_file_text({k: secret_token(k) if k in names else v for k, v in env.items()}), names
 
 
 def fill_secrets(env_path: str, names: list[str], config_dir: str) -> str:

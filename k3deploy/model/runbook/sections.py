@@ -255,7 +255,7 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
             env, unit = steps.unit_files(rollout, u, staged=False)
             doc.p(f"{u.unit}: the env file `{u.env_path}` and the unit `{u.unit_path}` "
                   f"({u.node.role} rank {u.rank}).")
-            env_text, hidden = without_secrets(env.content)
+            env_text, hidden = without_secrets(env.settings)
             key_file = rollout.vars.k3_api_key_file
             if key_file and API_KEY_ENV in hidden:
                 cfg = rollout.vars.k3_config_dir
