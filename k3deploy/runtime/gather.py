@@ -337,9 +337,7 @@ def take_spares(state: State, hosts: list[Host], wanted: Target, view: View, fac
     if changed:
         for host, reading in read_again(state, changed, again).items():
             old = readings.get(host)
-            if old is not None:
-                reading.lock, reading.lock_taken = old.lock, old.lock_taken
-            readings[host] = reading
+            readings[host] = replace(reading, lock=old.lock, lock_taken=old.lock_taken) if old is not None else reading
     report.results = [replace(r, status="warn", observed=f"{r.observed} ({settled.out[r.host]}; it runs nothing, "
                               "which stops no run)")
                       if r.status == "fail" and r.host in settled.out else r for r in report.results]

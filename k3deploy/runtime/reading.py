@@ -64,7 +64,7 @@ from k3deploy.runtime.views import View
 # ------------------------------------------------------------------------------------- the reading
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostReading:
     """What the rollout read on one host (its preflight facts are in :class:`HostFacts`); per unit by unit name,
     per group by group name. A field left at its default was not asked for (see :class:`View`)."""
@@ -89,6 +89,9 @@ class HostReading:
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
 
 
+#: the reading's fields kept per unit or per group (a request fills one entry of them)
+PER_KEY = frozenset(f.name for f in fields(HostReading) if f.default_factory is dict)
+
 # ------------------------------------------------------------------------------------- the requests
 
 
@@ -99,7 +102,8 @@ WHERE = {"argument": False}
 @dataclass(frozen=True)
 class Request(ABC):
     """One fact the rollout reads on a host, with its arguments (the request's fields, by the fact's parameter
-    names; a field marked ``WHERE`` only says where the value goes); :meth:`keep` puts its value in the reading."""
+    names; a field marked ``WHERE`` only says where the value goes); :meth:`keep` says where its value goes in the
+    reading."""
 
     fact: ClassVar[type[FactBase[Any]]]
 
@@ -107,8 +111,9 @@ class Request(ABC):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("argument", True)}
 
     @abstractmethod
-    def keep(self, value: Any, reading: HostReading) -> None:
-        """Put the fact's value where it belongs in ``reading``."""
+    def keep(self, value: Any) -> dict[str, Any]:
+        """Where the fact's value belongs in the reading: its fields this value fills (a field per unit or per group:
+        its one entry, ``{unit: value}``)."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +126,8 @@ class ReadUnit(Request):
     env_path: str
     token_path: str | None
 
-    def keep(self, value: Installed, reading: HostReading) -> None:
-        reading.installed[self.unit] = value
+    def keep(self, value: Installed) -> dict[str, Any]:
+        return {"installed": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -134,8 +139,8 @@ class ReadRegistry(Request):
     docker: str
 
 
-    def keep(self, value: list[str] | None, reading: HostReading) -> None:
-        reading.registry = value
+    def keep(self, value: list[str] | None) -> dict[str, Any]:
+        return {"registry": value}
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,8 @@ class ReadHelper(Request):
     def arguments(self) -> dict[str, Any]:
         return {"path": GROUP_MEMBER}
 
-    def keep(self, value: str | None, reading: HostReading) -> None:
-        reading.helper_read, reading.helper = True, value
+    def keep(self, value: str | None) -> dict[str, Any]:
+        return {"helper_read": True, "helper": value}
 
 
 @dataclass(frozen=True)
@@ -160,8 +165,8 @@ class ReadImage(Request):
     docker: str
 
 
-    def keep(self, value: LocalImage, reading: HostReading) -> None:
-        reading.image = value
+    def keep(self, value: LocalImage) -> dict[str, Any]:
+        return {"image": value}
 
 
 @dataclass(frozen=True)
@@ -173,8 +178,8 @@ class ReadWeights(Request):
     model: str
 
 
-    def keep(self, value: WeightsStatus, reading: HostReading) -> None:
-        reading.weights = value
+    def keep(self, value: WeightsStatus) -> dict[str, Any]:
+        return {"weights": value}
 
 
 @dataclass(frozen=True)
@@ -185,8 +190,8 @@ class ReadRouterCommand(Request):
     path: str
 
 
-    def keep(self, value: bool, reading: HostReading) -> None:
-        reading.router_command = value
+    def keep(self, value: bool) -> dict[str, Any]:
+        return {"router_command": value}
 
 
 @dataclass(frozen=True)
@@ -197,8 +202,8 @@ class ReadRouterWorkers(Request):
     router: str
 
 
-    def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
-        reading.router_workers = value
+    def keep(self, value: tuple[str, ...] | None) -> dict[str, Any]:
+        return {"router_workers": value}
 
 
 @dataclass(frozen=True)
@@ -209,8 +214,8 @@ class ReadLock(Request):
     config_dir: str
 
 
-    def keep(self, value: list[str], reading: HostReading) -> None:
-        reading.lock = value
+    def keep(self, value: list[str]) -> dict[str, Any]:
+        return {"lock": value}
 
 
 @dataclass(frozen=True)
@@ -222,8 +227,8 @@ class TakeLockThere(Request):
     config_dir: str
     record: str
 
-    def keep(self, value: list[str], reading: HostReading) -> None:
-        reading.lock_taken = value
+    def keep(self, value: list[str]) -> dict[str, Any]:
+        return {"lock_taken": value}
 
 
 @dataclass(frozen=True)
@@ -235,8 +240,8 @@ class ReadRevisions(Request):
     directory: str
 
 
-    def keep(self, value: GroupHistory, reading: HostReading) -> None:
-        reading.revisions[self.group] = value
+    def keep(self, value: GroupHistory) -> dict[str, Any]:
+        return {"revisions": {self.group: value}}
 
 
 @dataclass(frozen=True)
@@ -251,8 +256,8 @@ class ReadRunning(Request):
     env_file: str | None = None          # the unit's env file: the API key its requests carry
 
 
-    def keep(self, value: UnitRun, reading: HostReading) -> None:
-        reading.runs[self.unit] = value
+    def keep(self, value: UnitRun) -> dict[str, Any]:
+        return {"runs": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -264,8 +269,8 @@ class ReadEndpoint(Request):
     env_file: str | None = None          # a unit's env file on this host: the API key the request carries
 
 
-    def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
-        reading.endpoint_models = value
+    def keep(self, value: tuple[str, ...] | None) -> dict[str, Any]:
+        return {"endpoint_models": value}
 
 
 @dataclass(frozen=True)
@@ -277,8 +282,8 @@ class ReadHealth(Request):
     url: str | None
 
 
-    def keep(self, value: int | None, reading: HostReading) -> None:
-        reading.health[self.unit] = value
+    def keep(self, value: int | None) -> dict[str, Any]:
+        return {"health": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -295,8 +300,8 @@ class ReadLogs(Request):
     host: str | None = None
 
 
-    def keep(self, value: dict[str, str], reading: HostReading) -> None:
-        reading.logs[self.unit] = value
+    def keep(self, value: dict[str, str]) -> dict[str, Any]:
+        return {"logs": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -306,8 +311,8 @@ class ReadSlurmQueue(Request):
     fact = SlurmQueue
     names: tuple[str, ...]
 
-    def keep(self, value: SlurmQueueReading, reading: HostReading) -> None:
-        reading.slurm_queue = value
+    def keep(self, value: SlurmQueueReading) -> dict[str, Any]:
+        return {"slurm_queue": value}
 
 
 @dataclass(frozen=True)
@@ -317,8 +322,8 @@ class ReadSpareRecords(Request):
     fact = SpareRecords
     config_dir: str
 
-    def keep(self, value: SpareFiles, reading: HostReading) -> None:
-        reading.spare_files = value
+    def keep(self, value: SpareFiles) -> dict[str, Any]:
+        return {"spare_files": value}
 
 
 # ----------------------------------------------------------------------------------------- the plan
@@ -344,10 +349,11 @@ class ReadPlan:
         names = [self._name(i, request) for i, request in enumerate(self.requests)]
         if any(name not in values for name in names):
             return None
-        out = HostReading(self.host)
+        filled: dict[str, Any] = {}
         for name, request in zip(names, self.requests, strict=True):
-            request.keep(values[name], out)
-        return out
+            for where, value in request.keep(values[name]).items():
+                filled[where] = {**filled[where], **value} if where in PER_KEY and where in filled else value
+        return HostReading(self.host, **filled)
 
     @staticmethod
     def _name(index: int, request: Request) -> str:
