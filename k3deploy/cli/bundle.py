@@ -69,8 +69,7 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
 
     def plan() -> dict[str, Any]:
         report = jobs_plan(gathered) if batch else build(r, gathered.installed, gathered.helpers)
-        report.staging = staging_lines(gathered)
-        return report.to_dict()
+        return dataclasses.replace(report, staging=staging_lines(gathered)).to_dict()
 
     def either(what: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Under Slurm the plan and the status need the submit host's queue: where it could not be read the

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -51,7 +52,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     """
     from k3deploy.cli.common import read_cluster
     from k3deploy.model.diff import build, render_jobs_text, render_text
-    from k3deploy.runtime.decide import decide
+    from k3deploy.runtime.decide import decide, no_spare
     from k3deploy.runtime.gather import require_reachable
     from k3deploy.runtime.launchers import Slurm, launcher_for
     from k3deploy.runtime.views import PLAN
@@ -62,28 +63,28 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
             raise K3Error(f"--rollback {rollback}: use 'previous' or a revision number (k3deploy history {inventory})")
         wanted = True if rollback == "previous" else int(rollback)
     gathered = read_cluster("plan", inventory, view=PLAN, overrides={"k3_rollback": wanted})
-    if gathered.spares is not None and gathered.spares.unfilled:
-        raise K3Error("; ".join(u.line() for u in gathered.spares.unfilled) + ": a deploy now is refused; bring "
-                      f"the node back or add a spare (k3deploy spares {inventory})")
+    unfilled = no_spare(gathered)   # the deploy's own refusal, in its words
+    if unfilled is not None:
+        raise K3Error(unfilled.line())
     require_reachable(gathered)
     launcher = launcher_for(gathered.require_rollout(), gathered.slurm_queue,
                             [r.name for r in gathered.target.records])
     decided = decide(gathered, launcher)
     rollout = decided.rollout
     slurm = isinstance(launcher, Slurm)
-    report = jobs_plan(gathered, launcher, decided) if isinstance(launcher, Slurm) else \
+    built = jobs_plan(gathered, launcher, decided) if isinstance(launcher, Slurm) else \
         build(rollout, gathered.installed, gathered.helpers)
-    report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
+    # before the notes: what still has to be staged is a change too
+    staged = dataclasses.replace(built, staging=staging_lines(gathered))
     gate = decided.gate
-    report.gate = gate.lines() if gate is not None and report.has_changes else []
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
-    for host, rows in failures.items():
-        report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
-    report.notes += [f"warning: {w}" for w in rollout.plan.warnings]   # as the deploy logs them
-    report.notes += revision_notes(gathered, report.has_changes) + image_notes(gathered) + spare_notes(gathered)
-    report.notes += [f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock "
-                     f"{inventory} --run ID)" for line in gathered.lock_lines()]
+    report = dataclasses.replace(staged, gate=gate.lines() if gate is not None and staged.has_changes else [], notes=[
+        *staged.notes, *(f"preflight fails on {host}: {'; '.join(rows)}" for host, rows in failures.items()),
+        *(f"warning: {w}" for w in rollout.plan.warnings),   # as the deploy logs them
+        *revision_notes(gathered, staged.has_changes), *image_notes(gathered), *spare_notes(gathered),
+        *(f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock {inventory} "
+          f"--run ID)" for line in gathered.lock_lines())])
     t = gathered.target
     first = t.resolved[t.records[0].name]
     if as_json:

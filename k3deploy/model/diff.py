@@ -168,7 +168,7 @@ class HostPlan:
         return {"host": self.host, "role": self.role, "rank": self.rank, "changes": self.changes}
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanReport:
     hosts: list[HostPlan]
     restart_order: list[str]

@@ -52,7 +52,7 @@ from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import interrupts, pyinfra_internals
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
-from k3deploy.runtime.decide import Decided, changed_files, decide
+from k3deploy.runtime.decide import Decided, changed_files, decide, no_spare
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
 from k3deploy.runtime.launchers import Launcher, Slurm, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
@@ -433,11 +433,9 @@ def _build(state: State) -> RunContext:
         logger.warning(f"k3deploy: {w}")
     report = gathered.preflight
     assert report is not None
-    if gathered.spares is not None and gathered.spares.unfilled:
-        return _refuse([f"k3deploy: {u.line()}" for u in gathered.spares.unfilled],
-                       f"no spare left for {', '.join(u.lost for u in gathered.spares.unfilled)}: nothing was changed "
-                       "(bring the node back, add a host to the inventory's spares group, or release a quarantined "
-                       "one: k3deploy spares INVENTORY)", 1, lock)
+    unfilled = no_spare(gathered)
+    if unfilled is not None:
+        return _refuse([f"k3deploy: {line}" for line in unfilled.lines], unfilled.reason, 1, lock)
     _spares_said(state, gathered)
     failing = report.failures_by_host()
     if failing:
