@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 import sys
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
@@ -118,28 +118,8 @@ class RunContext:
         return self.decided.rollout
 
     @property
-    def numbers(self) -> Mapping[str, int]:
-        """group -> the revision number this run records."""
-        return self.decided.numbers if self.decided is not None else {}
-
-    @property
-    def metas(self) -> Mapping[str, str]:
-        """group -> that revision's meta.json."""
-        return self.decided.metas if self.decided is not None else {}
-
-    @property
-    def marks(self) -> Mapping[str, int]:
-        """group -> the revision marked current once it serves."""
-        return self.decided.marks if self.decided is not None else {}
-
-    @property
-    def repairs(self) -> tuple[str, ...]:
-        """Groups whose nodes name different current revisions."""
-        return self.decided.repairs if self.decided is not None else ()
-
-    @property
     def gate(self) -> GatePlan | None:
-        """The SLO gate of this run's restart (None: not gated)."""
+        """The SLO gate of this run's restart (None: not gated, or no run)."""
         return self.decided.gate if self.decided is not None else None
 
     @cached_property
@@ -221,9 +201,9 @@ class RunContext:
         """Every operation of the start phase (:func:`k3deploy.model.steps.restart`), built once for the run from
         its decisions: the revision numbers and marks, the files that move, the units read as stopped, the records
         cut short a host writes again, the SLO gate."""
-        gathered = self.gathered
-        assert gathered is not None
-        r = self.rollout
+        gathered, made = self.gathered, self.decided
+        assert gathered is not None and made is not None
+        r = made.rollout
         rebuild = {}
         for h in r.hosts:
             mine = []
@@ -234,7 +214,7 @@ class RunContext:
             if mine:
                 rebuild[h] = tuple(mine)
         decided = steps.Decisions(
-            numbers=self.numbers, metas=self.metas, marks=self.marks, repairs=tuple(self.repairs),
+            numbers=made.numbers, metas=made.metas, marks=made.marks, repairs=made.repairs,
             changes={(u.host, u.unit): tuple(changed_files(gathered, u)) for u in r.units},
             stopped=frozenset((u.host, u.unit) for u in r.units
                               if (have := gathered.installed.get((u.host, u.unit))) is not None
@@ -302,7 +282,7 @@ class RunContext:
         for g in r.groups:
             cur = history[g].current if g in history else None
             was = f"revision {cur}" if cur is not None else "what it ran before (no recorded revision)"
-            new = f"revision {self.numbers[g]}" if g in self.numbers else "its files"
+            new = f"revision {self.decided.numbers[g]}" if g in self.decided.numbers else "its files"
             result = self.run.gates.get(g)
             failure = result.get() if result is not None and result.ready() else None
             if g not in r.changed_groups:
@@ -820,14 +800,15 @@ def _slo_gate(state: Any, host: Any, ctx: RunContext) -> bool:
     assert gate is not None and gathered is not None
     hosts = {h.name: h for h in state.inventory}
     r = ctx.rollout
-    if not any(g in ctx.numbers for g in gate.groups):
+    numbers = ctx.decided.numbers if ctx.decided is not None else {}
+    if not any(g in numbers for g in gate.groups):
         logger.info(f"[{host.name}] SLO gate: {', '.join(gate.groups)} restarted with the files of a recorded "
                     "revision (a repair, not a change): nothing to judge")
         return True
     if gate.kind == "canary":
-        outcomes = slo_gate.canary(hosts, r, gate, ctx.numbers, gathered.history)
+        outcomes = slo_gate.canary(hosts, r, gate, numbers, gathered.history)
     else:
-        outcomes = [slo_gate.single(hosts, r, gate, g, ctx.numbers.get(g), gathered.history.get(g))
+        outcomes = [slo_gate.single(hosts, r, gate, g, numbers.get(g), gathered.history.get(g))
                     for g in gate.groups if ctx.serves(g)]
     ok = True
     for o in outcomes:

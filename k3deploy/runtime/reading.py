@@ -1,5 +1,6 @@
 """Reading the hosts: per host a typed plan of what the rollout reads there (:class:`ReadPlan`, a tuple of
-:class:`Request` values, built by :func:`plan_host` from the layout and the :class:`~k3deploy.runtime.views.View`),
+:class:`Request` values, built by :func:`plan_host` from the layout and the :class:`~k3deploy.runtime.views.View`;
+every host's at once by :func:`plan_hosts`, with the run's one launcher),
 read in the same one command as the host's preflight facts (:func:`read_hosts`), into one typed
 :class:`HostReading` per host.
 
@@ -16,6 +17,7 @@ Example::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -58,7 +60,7 @@ from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
 from k3deploy.runtime.connections import connect
-from k3deploy.runtime.launchers import launcher_for
+from k3deploy.runtime.launchers import Launcher, launcher_for
 from k3deploy.runtime.views import View
 
 # ------------------------------------------------------------------------------------- the reading
@@ -360,13 +362,22 @@ class ReadPlan:
         return f"{type(request).__name__}.{index}"
 
 
-def plan_host(layout: Placement, host: str, view: View, resolver: str | None) -> ReadPlan:
+def plan_hosts(layout: Placement, hosts: Sequence[str], view: View, resolver: str | None) -> dict[str, ReadPlan]:
+    """Each of ``hosts``' :func:`plan_host`, with one launcher (:func:`~k3deploy.runtime.launchers.launcher_for`)
+    for them all."""
+    launcher = launcher_for(layout)
+    return {host: plan_host(layout, host, view, resolver, launcher) for host in hosts}
+
+
+def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
+              launcher: Launcher | None = None) -> ReadPlan:
     """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
     image's digests there, the weights, the lock and the revisions of every group with a unit here; on
     ``k3_slurm_submit_host`` (``k3_launcher: slurm``) the groups' jobs in the Slurm queue; on ``resolver``
     the digest the registry gives for the image's tag (also in a view that reads nothing installed but pins the
     image); with ``running`` each unit as it runs and, on the first host, what the endpoint lists; else with
-    ``health`` whether each serving unit's ``/health`` answers; with ``log_lines`` each unit's logs."""
+    ``health`` whether each serving unit's ``/health`` answers; with ``log_lines`` each unit's logs. ``launcher``:
+    the layout's (:func:`plan_hosts` makes one for every host; None: made here)."""
     variables = layout.vars
     registry = ReadRegistry(layout.plan.image, variables.k3_docker)
     if not view.installed:
@@ -374,7 +385,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None) ->
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
-    launcher = launcher_for(layout)
+    launcher = launcher if launcher is not None else launcher_for(layout)
     out: list[Request] = [ReadUnit(u.unit, launcher.unit_file(u), u.env_path,
                                    token if u.group != "router" else None) for u in mine]
     if host == resolver:
