@@ -67,7 +67,12 @@ def test_every_host_is_planned_with_one_launcher_for_the_run(layout: Placement,
 
     made: list[object] = []
     real = reading.launcher_for
-    monkeypatch.setattr(reading, "launcher_for", lambda *args: made.append(args) or real(*args))
+
+    def counted(*args: Any) -> Any:
+        made.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(reading, "launcher_for", counted)
     plans = plan_hosts(layout, layout.hosts, views.STATUS, resolver=layout.hosts[0])
     assert len(made) == 1 and list(plans) == layout.hosts
     monkeypatch.undo()
