@@ -68,9 +68,7 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
     queue = launcher.queue_host is not None   # (Slurm: the submit host's queue)
 
     def plan() -> dict[str, Any]:
-        report = plan_report(gathered)
-        report.staging = staging_lines(gathered)
-        return report.to_dict()
+        return dataclasses.replace(plan_report(gathered), staging=staging_lines(gathered)).to_dict()
 
     def either(what: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Under Slurm the plan and the status need the submit host's queue: where it could not be read the

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -50,7 +51,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
       k3deploy plan inventories/gb300.py --json | jq .restart_order
     """
     from k3deploy.cli.common import read_cluster
-    from k3deploy.runtime.decide import decide
+    from k3deploy.runtime.decide import decide, no_spare
     from k3deploy.runtime.gather import require_reachable
     from k3deploy.runtime.launchers import launcher_for
     from k3deploy.runtime.views import PLAN
@@ -61,26 +62,25 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
             raise K3Error(f"--rollback {rollback}: use 'previous' or a revision number (k3deploy history {inventory})")
         wanted = True if rollback == "previous" else int(rollback)
     gathered = read_cluster("plan", inventory, view=PLAN, overrides={"k3_rollback": wanted})
-    if gathered.spares is not None and gathered.spares.unfilled:
-        raise K3Error("; ".join(u.line() for u in gathered.spares.unfilled) + ": a deploy now is refused; bring "
-                      f"the node back or add a spare (k3deploy spares {inventory})")
+    unfilled = no_spare(gathered)   # the deploy's own refusal, in its words
+    if unfilled is not None:
+        raise K3Error(unfilled.line())
     require_reachable(gathered)
     launcher = launcher_for(gathered.require_rollout(), gathered.slurm_queue,
                             [r.name for r in gathered.target.records])
     decided = decide(gathered, launcher)
     rollout = decided.rollout
-    report = plan_report(gathered, launcher, decided)
-    report.staging = staging_lines(gathered)   # before the notes: what still has to be staged is a change too
+    # before the notes: what still has to be staged is a change too
+    staged = dataclasses.replace(plan_report(gathered, launcher, decided), staging=staging_lines(gathered))
     gate = decided.gate
-    report.gate = gate.lines() if gate is not None and report.has_changes else []
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
-    for host, rows in failures.items():
-        report.notes.append(f"preflight fails on {host}: {'; '.join(rows)}")
-    report.notes += [f"warning: {w}" for w in rollout.plan.warnings]   # as the deploy logs them
-    report.notes += revision_notes(gathered, report.has_changes) + image_notes(gathered) + spare_notes(gathered)
-    report.notes += [f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock "
-                     f"{inventory} --run ID)" for line in gathered.lock_lines()]
+    report = dataclasses.replace(staged, gate=gate.lines() if gate is not None and staged.has_changes else [], notes=[
+        *staged.notes, *(f"preflight fails on {host}: {'; '.join(rows)}" for host, rows in failures.items()),
+        *(f"warning: {w}" for w in rollout.plan.warnings),   # as the deploy logs them
+        *revision_notes(gathered, staged.has_changes), *image_notes(gathered), *spare_notes(gathered),
+        *(f"{line}: a deploy now would be refused (wait for it; if that run is gone: k3deploy unlock {inventory} "
+          f"--run ID)" for line in gathered.lock_lines())])
     t = gathered.target
     first = t.resolved[t.records[0].name]
     if as_json:

@@ -24,7 +24,7 @@ from k3deploy.model.hosttext import exec_start, launch_argv, parse_env
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.secrets import mask_value
-from k3deploy.model.slurm import QueuedJob, SlurmJob, decide, launch_path, launch_script
+from k3deploy.model.slurm import QueuedJob, SlurmJob, job_actions, launch_path, launch_script
 from k3deploy.model.units import GROUP_MEMBER, group_member_text
 
 #: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
@@ -168,7 +168,7 @@ class HostPlan:
         return {"host": self.host, "role": self.role, "rank": self.rank, "changes": self.changes}
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanReport:
     hosts: list[HostPlan]
     restart_order: list[str]
@@ -392,7 +392,7 @@ def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed],
     the groups the deploy would resubmit (``changed``: :meth:`k3deploy.runtime.launchers.Slurm.changes`)."""
     rollout = rollout.decided(changed)
     order = rollout.restart_order()
-    decisions = {d.group: d for d in decide(jobs, queued)}
+    decisions = {d.group: d for d in job_actions(jobs, queued)}
     rows: list[dict[str, Any]] = []
     for job in jobs:
         d = decisions[job.group]

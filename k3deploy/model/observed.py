@@ -50,7 +50,7 @@ class FileMeta:
         return FileMeta(int(parts[0]), int(parts[1]), parts[2])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Installed:
     """What one unit looks like on its host now."""
 

@@ -304,9 +304,11 @@ def target(records: list[HostRecord], inventory_file: str | None,
                           f"{found[1]} carries a secret (seen by ps on the nodes, written into their 0644 unit files):"
                           " remove it from the recipe; the API key goes in a 0600 file named by k3_api_key_file")
     if variables.k3_extra_args:
-        for line in check_extra_args(recs, variables, plan, resolved[recs[0].name].source("k3_extra_args"), recipe):
-            if line not in plan.warnings:
-                plan.warnings.append(line)   # shown by the deploy, plan and resolve with the plan's own warnings
+        lines = [w for w in dict.fromkeys(check_extra_args(recs, variables, plan, resolved[recs[0].name].source(
+            "k3_extra_args"), recipe)) if w not in plan.warnings]
+        if lines:   # shown by the deploy, plan and resolve with the plan's own warnings
+            plan = plan.model_copy(update={"warnings": [*plan.warnings, *lines]})
+            layout = replace(layout, plan=plan)
     need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image)
     return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout, overrides)
 

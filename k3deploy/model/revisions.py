@@ -58,7 +58,7 @@ class Revision:
         return cls(**known)
 
 
-@dataclass
+@dataclass(frozen=True)
 class GroupHistory:
     """The revisions of one group as its hosts report them: as one host lists them (``kept``: revision -> the
     files its directory holds there), or combined over the group's hosts (:func:`combine`: ``hosts`` read, ``held``:
@@ -157,23 +157,26 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
     >>> h.numbers, h.restorable(1), h.lacking(1)
     ([1], False, ['n2'])
     """
-    out = GroupHistory(group=group, hosts=[host for host, _ in listed])
+    revisions: dict[int, Revision] = {}
+    figures: dict[int, str] = {}
+    corrupt: dict[int, dict[str, str]] = {}
+    sums: dict[int, dict[str, dict[str, str]]] = {}
+    marked: set[int] = set()
     for host, h in listed:
-        if out.current is None:
-            out.current = h.current
-        out.currents[host] = h.current
+        marked |= h.marked
         for n, rev in h.revisions.items():
-            out.revisions.setdefault(n, rev)
-        out.marked |= h.marked
+            revisions.setdefault(n, rev)
         for n, record in h.figures.items():
-            out.figures.setdefault(n, record)
+            figures.setdefault(n, record)
         for n, paths in h.corrupt.items():
-            out.corrupt.setdefault(n, {})[host] = next(iter(paths.values()))
+            corrupt.setdefault(n, {})[host] = next(iter(paths.values()))
         for n, by in h.sums.items():
-            out.sums.setdefault(n, {})[host] = next(iter(by.values()))
-    for n, rev in out.revisions.items():
-        out.held[n] = [host for host, h in listed if n in h.revisions and holds(rev, host, h.kept.get(n))]
-    return out
+            sums.setdefault(n, {})[host] = next(iter(by.values()))
+    held = {n: [host for host, h in listed if n in h.revisions and holds(rev, host, h.kept.get(n))]
+            for n, rev in revisions.items()}
+    return GroupHistory(group=group, revisions=revisions, hosts=[host for host, _ in listed], held=held,
+                        current=next((h.current for _, h in listed if h.current is not None), None), marked=marked,
+                        figures=figures, corrupt=corrupt, sums=sums, currents={host: h.current for host, h in listed})
 
 
 def revisions_dir(config_dir: str, group: str) -> str:
@@ -321,12 +324,19 @@ def parse_listing(lines: list[str]) -> GroupHistory:
     >>> cut.numbers, cut.corrupt, cut.sums
     ([], {1: {'': '/etc/k3deploy/revisions/engine/1/meta.json'}}, {1: {'': {'e.env': 'ab12', 'meta.json': 'cd34'}}})
     """
-    history = GroupHistory(group="")
+    current: int | None = None
+    group = ""
+    revisions: dict[int, Revision] = {}
+    kept_by: dict[int, list[str]] = {}
+    marked: set[int] = set()
+    figures_by: dict[int, str] = {}
+    corrupt: dict[int, dict[str, str]] = {}
+    sums_by: dict[int, dict[str, dict[str, str]]] = {}
     chunks: list[tuple[list[str], list[str], list[str], str, list[str]]] = []
     for line in lines:
         if line.startswith("K3_CURRENT="):
             value = line[len("K3_CURRENT="):].strip()
-            history.current = int(value) if value.isdigit() else None
+            current = int(value) if value.isdigit() else None
         elif line.startswith("K3_META="):
             chunks.append(([], [], [], line[len("K3_META="):].strip(), []))
         elif line.startswith("K3_KEPT=") and chunks:
@@ -343,14 +353,15 @@ def parse_listing(lines: list[str]) -> GroupHistory:
         except (ValueError, TypeError):
             number = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
             if number.isdigit():   # a record cut short: its revision, where it is, what its files hash to
-                history.corrupt[int(number)] = {"": path}
-                history.sums[int(number)] = {"": dict(zip(sums[1::2], sums[0::2], strict=False))}
+                corrupt[int(number)] = {"": path}
+                sums_by[int(number)] = {"": dict(zip(sums[1::2], sums[0::2], strict=False))}
             continue
-        history.revisions[rev.number] = rev
-        history.kept[rev.number] = kept
+        revisions[rev.number] = rev
+        kept_by[rev.number] = kept
         if "served" in kept:
-            history.marked.add(rev.number)
+            marked.add(rev.number)
         if figures:
-            history.figures[rev.number] = figures[-1]
-        history.group = rev.group
-    return history
+            figures_by[rev.number] = figures[-1]
+        group = rev.group
+    return GroupHistory(group=group, revisions=revisions, current=current, kept=kept_by, marked=marked,
+                        figures=figures_by, corrupt=corrupt, sums=sums_by)

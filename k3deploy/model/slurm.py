@@ -473,17 +473,17 @@ class Decision:
     why: str
 
 
-def decide(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob]) -> list[Decision]:
+def job_actions(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob]) -> list[Decision]:
     """Per planned job, in submit order: ``keep`` when exactly one job of its name is queued, active (:data:`ACTIVE`)
     and carries the planned comment (nothing changed: a re-run submits nothing); ``submit`` when none of its name is
     queued; else ``replace`` (a job of another revision, an ended one, or several of one name).
 
     >>> job = SlurmJob("engine", "k3-engine", ("n0",), "/d/k3-engine.sbatch", "", "ab", "k3deploy:engine:ab")
-    >>> [d.action for d in decide([job], [QueuedJob("7", "k3-engine", "RUNNING", "k3deploy:engine:ab", "n0")])]
+    >>> [d.action for d in job_actions([job], [QueuedJob("7", "k3-engine", "RUNNING", "k3deploy:engine:ab", "n0")])]
     ['keep']
-    >>> decide([job], [QueuedJob("7", "k3-engine", "RUNNING", "k3deploy:engine:00", "n0")])[0].cancel
+    >>> job_actions([job], [QueuedJob("7", "k3-engine", "RUNNING", "k3deploy:engine:00", "n0")])[0].cancel
     ('7',)
-    >>> decide([job], [])[0].action
+    >>> job_actions([job], [])[0].action
     'submit'
     """
     out = []
@@ -503,10 +503,10 @@ def decide(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob]) -> list[Dec
 
 def changed_groups(rollout: Rollout, queued: Sequence[QueuedJob], failing: Sequence[str] = ()) -> set[str]:
     """The groups whose job must be (re)submitted (what :func:`k3deploy.model.rollout.mark_changes` is to the systemd
-    launcher): every group that :func:`decide` does not keep, and the ``failing`` ones (a kept job whose serving
+    launcher): every group that :func:`job_actions` does not keep, and the ``failing`` ones (a kept job whose serving
     nodes do not answer ``/health``); the router too when an engine group it fronts changes and there are no
     replicas (replicas roll behind a router that keeps serving)."""
-    changed = {d.group for d in decide(jobs(rollout), queued) if d.action != "keep"} | set(failing)
+    changed = {d.group for d in job_actions(jobs(rollout), queued) if d.action != "keep"} | set(failing)
     if changed - {"router"} and "router" in rollout.groups and len(rollout.replicas) <= 1:
         changed.add("router")
     return changed

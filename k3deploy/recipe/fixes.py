@@ -13,29 +13,23 @@ docs/layout.md. The rollout, ``k3deploy plan``, the runbook and ``resolve --inve
 from __future__ import annotations
 
 from k3deploy.recipe.argv import flag_value, has_flag
-from k3deploy.recipe.plan import NodePlan, Plan
+from k3deploy.recipe.plan import Plan
 
 LB_FLAGS = ("--data-parallel-hybrid-lb", "--data-parallel-external-lb")
 
 
 def deployable(plan: Plan) -> Plan:
-    """A copy of ``plan`` with the engine fixes applied (the input is not changed)."""
-    out = plan.model_copy(deep=True)
-    groups: dict[str, list[NodePlan]] = {}
-    for node in out.nodes:
-        if node.role in ("head", "worker"):
-            groups.setdefault("engine", []).append(node)
-    for nodes in groups.values():
-        head = nodes[0]
-        internal_lb = not any(has_flag(head.argv, f) for f in LB_FLAGS)
-        fixed = []
-        for w in nodes[1:]:
-            starts_dp = flag_value(w.argv, "--data-parallel-start-rank", "-dpr") is not None
-            if internal_lb and starts_dp and not has_flag(w.argv, "--headless"):
-                w.argv.append("--headless")
-                fixed.append(w.rank)
-        if fixed:
-            out.warnings.append(
-                f"{plan.strategy}: workers {', '.join(map(str, fixed))} get --headless (vLLM 0.33.0 refuses remote "
-                f"engines that are not headless in internal-LB mode; the recipes builder omits it)")
-    return out
+    """``plan`` with the engine fixes applied: a new plan where one applies (the input is not changed)."""
+    engines = [n for n in plan.nodes if n.role in ("head", "worker")]
+    if not engines:
+        return plan
+    internal_lb = not any(has_flag(engines[0].argv, f) for f in LB_FLAGS)
+    fixed = {id(w) for w in engines[1:] if internal_lb and not has_flag(w.argv, "--headless")
+             and flag_value(w.argv, "--data-parallel-start-rank", "-dpr") is not None}
+    if not fixed:
+        return plan
+    nodes = [n.model_copy(update={"argv": [*n.argv, "--headless"]}) if id(n) in fixed else n for n in plan.nodes]
+    ranks = [n.rank for n in plan.nodes if id(n) in fixed]
+    return plan.model_copy(update={"nodes": nodes, "warnings": [
+        *plan.warnings, f"{plan.strategy}: workers {', '.join(map(str, ranks))} get --headless (vLLM 0.33.0 refuses "
+        "remote engines that are not headless in internal-LB mode; the recipes builder omits it)"]})

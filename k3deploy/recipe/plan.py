@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from k3deploy.recipe.argv import has_flag
 from k3deploy.recipe.printing import format_command, format_router, format_site_docker_run, site_docker_run_argv
@@ -16,7 +16,10 @@ class NodePlan(BaseModel):
     ``role`` is ``head``/``worker`` (single- and multi-node strategies), or ``prefill``/``decode``/``router``
     (pd_cluster). ``rank`` is the node rank (0 = head) or the index within a P/D pool. ``argv`` is the
     unquoted argument vector (``vllm serve <model> ...`` or ``vllm-router ...``); ``env`` is in insertion order.
+    Frozen: a changed node is a new one (``model_copy(update=...)``).
     """
+
+    model_config = ConfigDict(frozen=True)
 
     role: str
     rank: int
@@ -54,7 +57,11 @@ class Plan(BaseModel):
         >>> plan = resolve(load_recipe(), hardware="gb300")
         >>> plan.strategy, [(n.role, n.rank) for n in plan.nodes]
         ('multi_node_tp', [('head', 0), ('worker', 1)])
+
+    Frozen: another image or other nodes make a new plan (``model_copy(update=...)``).
     """
+
+    model_config = ConfigDict(frozen=True)
 
     recipe: str
     model: str

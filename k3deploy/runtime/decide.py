@@ -1,8 +1,9 @@
-"""What a run does, decided once from what was read: the groups that restart, the revision each records and the one
-it is marked with once it serves, the groups whose marks are repaired, and the SLO gate. ``deploy/k3.py`` (through
-:mod:`k3deploy.runtime.phases`) and ``k3deploy plan`` call the same :func:`decide`, so the plan shows what the
-deploy does. Nothing here reads a host or changes anything: a :class:`Decided` is a frozen value made from a
-:class:`~k3deploy.runtime.gather.Gathered` and the run's launcher.
+"""What a run does, decided once from what was read: whether it may go ahead at all where a lost member has no spare
+(:func:`no_spare`), the groups that restart, the revision each records and the one it is marked with once it
+serves, the groups whose marks are repaired, and the SLO gate. ``deploy/k3.py`` (through
+:mod:`k3deploy.runtime.phases`) and ``k3deploy plan`` call the same :func:`no_spare` and :func:`decide`, so the
+plan shows, and refuses, what the deploy does. Nothing here reads a host or changes anything: a :class:`Decided` is
+a frozen value made from a :class:`~k3deploy.runtime.gather.Gathered` and the run's launcher.
 
 Example::
 
@@ -43,6 +44,39 @@ class Decided:
     repairs: tuple[str, ...]       # groups whose nodes name different current revisions
     rollback_to: Mapping[str, int]   # group -> the revision a rollback restores
     gate: GatePlan | None          # the SLO gate of the restart (None: not gated)
+
+
+@dataclass(frozen=True)
+class NoSpare:
+    """A run refused because a lost member has no spare to take its rank (:func:`no_spare`): each such member, one
+    line each, and the line that refuses the run. The deploy and ``k3deploy plan`` refuse in these words.
+
+    >>> refusal = NoSpare(("group engine: n2 (rank 1) is lost (unreachable: timed out) and no spare is left",),
+    ...                   "no spare left for n2: nothing was changed (...)")
+    >>> refusal.line()
+    'group engine: n2 (rank 1) is lost (unreachable: timed out) and no spare is left; no spare left for n2: ...'
+    """
+
+    lines: tuple[str, ...]   # each lost member no spare replaces
+    reason: str              # what the run does about it: nothing, and how to go on
+
+    def line(self) -> str:
+        """The refusal on one line (``k3deploy plan``'s error)."""
+        return "; ".join((*self.lines, self.reason))
+
+
+def no_spare(gathered: Gathered) -> NoSpare | None:
+    """The refusal of a run in which a member is lost (unreachable, quarantined) and no spare takes its rank: decided
+    from the spares' settlement before anything else (a lost member also fails the preflight, which this names
+    better); None: every rank is held."""
+    settled = gathered.spares
+    if settled is None or not settled.unfilled:
+        return None
+    inventory = gathered.target.inventory or "INVENTORY"
+    return NoSpare(tuple(u.line() for u in settled.unfilled),
+                   f"no spare left for {', '.join(u.lost for u in settled.unfilled)}: nothing was changed (bring the "
+                   "node back, add a host to the inventory's spares group, or release a quarantined one: k3deploy "
+                   f"spares {inventory})")
 
 
 def decide(gathered: Gathered, launcher: Launcher) -> Decided:

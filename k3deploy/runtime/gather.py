@@ -71,7 +71,7 @@ from k3deploy.runtime.connections import (
 )
 from k3deploy.runtime.launchers import launcher_for
 from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
-from k3deploy.runtime.reading import HostReading, ReadPlan, TakeLockThere, plan_host, read_again, read_hosts
+from k3deploy.runtime.reading import HostReading, ReadPlan, TakeLockThere, plan_hosts, read_again, read_hosts
 from k3deploy.runtime.views import DEPLOY, View
 
 # ------------------------------------------------------------------------------------------ gathered
@@ -224,7 +224,7 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
 
     layout = wanted.layout   # which unit runs where: all the reading needs (the rollout is rendered once, below)
     resolver = image_resolver(layout) if layout is not None and (view.installed or view.pins_image) else None
-    plans = {h.name: plan_host(layout, h.name, view, resolver) for h in hosts} if layout is not None else {}
+    plans = plan_hosts(layout, [h.name for h in hosts], view, resolver) if layout is not None else {}
     asked_plans = dict(plans)
     if lock is not None:
         for name, plan in plans.items():
@@ -331,15 +331,13 @@ def take_spares(state: State, hosts: list[Host], wanted: Target, view: View, fac
     layout = moved.require_layout()
     if resolver is not None:   # the first engine host resolves the image's tag: a spare, if it took the head's place
         resolver = image_resolver(layout)
-    again = {h.name: plan_host(layout, h.name, view, resolver) for h in hosts}
+    again = plan_hosts(layout, [h.name for h in hosts], view, resolver)
     changed = [h for h in hosts if h.name not in unreachable and h.name in plans and again[h.name] != plans[h.name]
                and (layout.on_host(h.name) or h.name == resolver)]
     if changed:
         for host, reading in read_again(state, changed, again).items():
             old = readings.get(host)
-            if old is not None:
-                reading.lock, reading.lock_taken = old.lock, old.lock_taken
-            readings[host] = reading
+            readings[host] = replace(reading, lock=old.lock, lock_taken=old.lock_taken) if old is not None else reading
     report.results = [replace(r, status="warn", observed=f"{r.observed} ({settled.out[r.host]}; it runs nothing, "
                               "which stops no run)")
                       if r.status == "fail" and r.host in settled.out else r for r in report.results]

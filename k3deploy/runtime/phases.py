@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 import sys
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
@@ -52,7 +52,7 @@ from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import interrupts, pyinfra_internals
 from k3deploy.runtime import slo as slo_gate
 from k3deploy.runtime.connections import connector_drift
-from k3deploy.runtime.decide import Decided, changed_files, decide
+from k3deploy.runtime.decide import Decided, changed_files, decide, no_spare
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
 from k3deploy.runtime.launchers import Launcher, Systemd, launcher_for
 from k3deploy.runtime.lock import Lock, LockHeld, this_run
@@ -120,28 +120,8 @@ class RunContext:
         return self.decided.rollout
 
     @property
-    def numbers(self) -> Mapping[str, int]:
-        """group -> the revision number this run records."""
-        return self.decided.numbers if self.decided is not None else {}
-
-    @property
-    def metas(self) -> Mapping[str, str]:
-        """group -> that revision's meta.json."""
-        return self.decided.metas if self.decided is not None else {}
-
-    @property
-    def marks(self) -> Mapping[str, int]:
-        """group -> the revision marked current once it serves."""
-        return self.decided.marks if self.decided is not None else {}
-
-    @property
-    def repairs(self) -> tuple[str, ...]:
-        """Groups whose nodes name different current revisions."""
-        return self.decided.repairs if self.decided is not None else ()
-
-    @property
     def gate(self) -> GatePlan | None:
-        """The SLO gate of this run's restart (None: not gated)."""
+        """The SLO gate of this run's restart (None: not gated, or no run)."""
         return self.decided.gate if self.decided is not None else None
 
     @cached_property
@@ -233,9 +213,9 @@ class RunContext:
     def decisions(self) -> steps.Decisions:
         """What the restart's steps are built with: the revision numbers and marks, the files that move, the units
         read as stopped, the records cut short a host writes again, the SLO gate."""
-        gathered = self.gathered
-        assert gathered is not None
-        r = self.rollout
+        gathered, made = self.gathered, self.decided
+        assert gathered is not None and made is not None
+        r = made.rollout
         rebuild = {}
         for h in r.hosts:
             mine = []
@@ -246,7 +226,7 @@ class RunContext:
             if mine:
                 rebuild[h] = tuple(mine)
         return steps.Decisions(
-            numbers=self.numbers, metas=self.metas, marks=self.marks, repairs=tuple(self.repairs),
+            numbers=made.numbers, metas=made.metas, marks=made.marks, repairs=tuple(made.repairs),
             changes={(u.host, u.unit): tuple(changed_files(gathered, u)) for u in r.units},
             stopped=frozenset((u.host, u.unit) for u in r.units
                               if (have := gathered.installed.get((u.host, u.unit))) is not None
@@ -313,7 +293,7 @@ class RunContext:
         for g in r.groups:
             cur = history[g].current if g in history else None
             was = f"revision {cur}" if cur is not None else "what it ran before (no recorded revision)"
-            new = f"revision {self.numbers[g]}" if g in self.numbers else "its files"
+            new = f"revision {self.decided.numbers[g]}" if g in self.decided.numbers else "its files"
             result = self.run.gates.get(g)
             failure = result.get() if result is not None and result.ready() else None
             if g not in r.changed_groups:
@@ -444,11 +424,9 @@ def _build(state: State) -> RunContext:
         logger.warning(f"k3deploy: {w}")
     report = gathered.preflight
     assert report is not None
-    if gathered.spares is not None and gathered.spares.unfilled:
-        return _refuse([f"k3deploy: {u.line()}" for u in gathered.spares.unfilled],
-                       f"no spare left for {', '.join(u.lost for u in gathered.spares.unfilled)}: nothing was changed "
-                       "(bring the node back, add a host to the inventory's spares group, or release a quarantined "
-                       "one: k3deploy spares INVENTORY)", 1, lock)
+    unfilled = no_spare(gathered)
+    if unfilled is not None:
+        return _refuse([f"k3deploy: {line}" for line in unfilled.lines], unfilled.reason, 1, lock)
     _spares_said(state, gathered)
     failing = report.failures_by_host()
     if failing:
@@ -807,14 +785,15 @@ def _slo_gate(state: State, host: Host, ctx: RunContext) -> bool:
     assert gate is not None and gathered is not None
     hosts = {h.name: h for h in state.inventory}
     r = ctx.rollout
-    if not any(g in ctx.numbers for g in gate.groups):
+    numbers = ctx.decided.numbers if ctx.decided is not None else {}
+    if not any(g in numbers for g in gate.groups):
         logger.info(f"[{host.name}] SLO gate: {', '.join(gate.groups)} restarted with the files of a recorded "
                     "revision (a repair, not a change): nothing to judge")
         return True
     if gate.kind == "canary":
-        outcomes = slo_gate.canary(hosts, r, gate, ctx.numbers, gathered.history)
+        outcomes = slo_gate.canary(hosts, r, gate, numbers, gathered.history)
     else:
-        outcomes = [slo_gate.single(hosts, r, gate, g, ctx.numbers.get(g), gathered.history.get(g))
+        outcomes = [slo_gate.single(hosts, r, gate, g, numbers.get(g), gathered.history.get(g))
                     for g in gate.groups if ctx.serves(g)]
     ok = True
     for o in outcomes:

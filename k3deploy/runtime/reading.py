@@ -1,5 +1,6 @@
 """Reading the hosts: per host a typed plan of what the rollout reads there (:class:`ReadPlan`, a tuple of
-:class:`Request` values, built by :func:`plan_host` from the layout and the :class:`~k3deploy.runtime.views.View`),
+:class:`Request` values, built by :func:`plan_host` from the layout and the :class:`~k3deploy.runtime.views.View`;
+every host's at once by :func:`plan_hosts`, with the run's one launcher),
 read in the same one command as the host's preflight facts (:func:`read_hosts`), into one typed
 :class:`HostReading` per host.
 
@@ -16,6 +17,7 @@ Example::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -58,13 +60,13 @@ from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
 from k3deploy.runtime.connections import connect
-from k3deploy.runtime.launchers import launcher_for
+from k3deploy.runtime.launchers import Launcher, launcher_for
 from k3deploy.runtime.views import View
 
 # ------------------------------------------------------------------------------------- the reading
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostReading:
     """What the rollout read on one host (its preflight facts are in :class:`HostFacts`); per unit by unit name,
     per group by group name. A field left at its default was not asked for (see :class:`View`)."""
@@ -89,6 +91,9 @@ class HostReading:
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
 
 
+#: the reading's fields kept per unit or per group (a request fills one entry of them)
+PER_KEY = frozenset(f.name for f in fields(HostReading) if f.default_factory is dict)
+
 # ------------------------------------------------------------------------------------- the requests
 
 
@@ -99,7 +104,8 @@ WHERE = {"argument": False}
 @dataclass(frozen=True)
 class Request(ABC):
     """One fact the rollout reads on a host, with its arguments (the request's fields, by the fact's parameter
-    names; a field marked ``WHERE`` only says where the value goes); :meth:`keep` puts its value in the reading."""
+    names; a field marked ``WHERE`` only says where the value goes); :meth:`keep` says where its value goes in the
+    reading."""
 
     fact: ClassVar[type[FactBase[Any]]]
 
@@ -107,8 +113,9 @@ class Request(ABC):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("argument", True)}
 
     @abstractmethod
-    def keep(self, value: Any, reading: HostReading) -> None:
-        """Put the fact's value where it belongs in ``reading``."""
+    def keep(self, value: Any) -> dict[str, Any]:
+        """Where the fact's value belongs in the reading: its fields this value fills (a field per unit or per group:
+        its one entry, ``{unit: value}``)."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +128,8 @@ class ReadUnit(Request):
     env_path: str
     token_path: str | None
 
-    def keep(self, value: Installed, reading: HostReading) -> None:
-        reading.installed[self.unit] = value
+    def keep(self, value: Installed) -> dict[str, Any]:
+        return {"installed": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,8 @@ class ReadRegistry(Request):
     docker: str
 
 
-    def keep(self, value: list[str] | None, reading: HostReading) -> None:
-        reading.registry = value
+    def keep(self, value: list[str] | None) -> dict[str, Any]:
+        return {"registry": value}
 
 
 @dataclass(frozen=True)
@@ -147,8 +154,8 @@ class ReadHelper(Request):
     def arguments(self) -> dict[str, Any]:
         return {"path": GROUP_MEMBER}
 
-    def keep(self, value: str | None, reading: HostReading) -> None:
-        reading.helper_read, reading.helper = True, value
+    def keep(self, value: str | None) -> dict[str, Any]:
+        return {"helper_read": True, "helper": value}
 
 
 @dataclass(frozen=True)
@@ -160,8 +167,8 @@ class ReadImage(Request):
     docker: str
 
 
-    def keep(self, value: LocalImage, reading: HostReading) -> None:
-        reading.image = value
+    def keep(self, value: LocalImage) -> dict[str, Any]:
+        return {"image": value}
 
 
 @dataclass(frozen=True)
@@ -173,8 +180,8 @@ class ReadWeights(Request):
     model: str
 
 
-    def keep(self, value: WeightsStatus, reading: HostReading) -> None:
-        reading.weights = value
+    def keep(self, value: WeightsStatus) -> dict[str, Any]:
+        return {"weights": value}
 
 
 @dataclass(frozen=True)
@@ -185,8 +192,8 @@ class ReadRouterCommand(Request):
     path: str
 
 
-    def keep(self, value: bool, reading: HostReading) -> None:
-        reading.router_command = value
+    def keep(self, value: bool) -> dict[str, Any]:
+        return {"router_command": value}
 
 
 @dataclass(frozen=True)
@@ -197,8 +204,8 @@ class ReadRouterWorkers(Request):
     router: str
 
 
-    def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
-        reading.router_workers = value
+    def keep(self, value: tuple[str, ...] | None) -> dict[str, Any]:
+        return {"router_workers": value}
 
 
 @dataclass(frozen=True)
@@ -209,8 +216,8 @@ class ReadLock(Request):
     config_dir: str
 
 
-    def keep(self, value: list[str], reading: HostReading) -> None:
-        reading.lock = value
+    def keep(self, value: list[str]) -> dict[str, Any]:
+        return {"lock": value}
 
 
 @dataclass(frozen=True)
@@ -222,8 +229,8 @@ class TakeLockThere(Request):
     config_dir: str
     record: str
 
-    def keep(self, value: list[str], reading: HostReading) -> None:
-        reading.lock_taken = value
+    def keep(self, value: list[str]) -> dict[str, Any]:
+        return {"lock_taken": value}
 
 
 @dataclass(frozen=True)
@@ -235,8 +242,8 @@ class ReadRevisions(Request):
     directory: str
 
 
-    def keep(self, value: GroupHistory, reading: HostReading) -> None:
-        reading.revisions[self.group] = value
+    def keep(self, value: GroupHistory) -> dict[str, Any]:
+        return {"revisions": {self.group: value}}
 
 
 @dataclass(frozen=True)
@@ -251,8 +258,8 @@ class ReadRunning(Request):
     env_file: str | None = None          # the unit's env file: the API key its requests carry
 
 
-    def keep(self, value: UnitRun, reading: HostReading) -> None:
-        reading.runs[self.unit] = value
+    def keep(self, value: UnitRun) -> dict[str, Any]:
+        return {"runs": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -264,8 +271,8 @@ class ReadEndpoint(Request):
     env_file: str | None = None          # a unit's env file on this host: the API key the request carries
 
 
-    def keep(self, value: tuple[str, ...] | None, reading: HostReading) -> None:
-        reading.endpoint_models = value
+    def keep(self, value: tuple[str, ...] | None) -> dict[str, Any]:
+        return {"endpoint_models": value}
 
 
 @dataclass(frozen=True)
@@ -277,8 +284,8 @@ class ReadHealth(Request):
     url: str | None
 
 
-    def keep(self, value: int | None, reading: HostReading) -> None:
-        reading.health[self.unit] = value
+    def keep(self, value: int | None) -> dict[str, Any]:
+        return {"health": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -295,8 +302,8 @@ class ReadLogs(Request):
     host: str | None = None
 
 
-    def keep(self, value: dict[str, str], reading: HostReading) -> None:
-        reading.logs[self.unit] = value
+    def keep(self, value: dict[str, str]) -> dict[str, Any]:
+        return {"logs": {self.unit: value}}
 
 
 @dataclass(frozen=True)
@@ -306,8 +313,8 @@ class ReadSlurmQueue(Request):
     fact = SlurmQueue
     names: tuple[str, ...]
 
-    def keep(self, value: SlurmQueueReading, reading: HostReading) -> None:
-        reading.slurm_queue = value
+    def keep(self, value: SlurmQueueReading) -> dict[str, Any]:
+        return {"slurm_queue": value}
 
 
 @dataclass(frozen=True)
@@ -317,8 +324,8 @@ class ReadSpareRecords(Request):
     fact = SpareRecords
     config_dir: str
 
-    def keep(self, value: SpareFiles, reading: HostReading) -> None:
-        reading.spare_files = value
+    def keep(self, value: SpareFiles) -> dict[str, Any]:
+        return {"spare_files": value}
 
 
 # ----------------------------------------------------------------------------------------- the plan
@@ -344,23 +351,33 @@ class ReadPlan:
         names = [self._name(i, request) for i, request in enumerate(self.requests)]
         if any(name not in values for name in names):
             return None
-        out = HostReading(self.host)
+        filled: dict[str, Any] = {}
         for name, request in zip(names, self.requests, strict=True):
-            request.keep(values[name], out)
-        return out
+            for where, value in request.keep(values[name]).items():
+                filled[where] = {**filled[where], **value} if where in PER_KEY and where in filled else value
+        return HostReading(self.host, **filled)
 
     @staticmethod
     def _name(index: int, request: Request) -> str:
         return f"{type(request).__name__}.{index}"
 
 
-def plan_host(layout: Placement, host: str, view: View, resolver: str | None) -> ReadPlan:
+def plan_hosts(layout: Placement, hosts: Sequence[str], view: View, resolver: str | None) -> dict[str, ReadPlan]:
+    """Each of ``hosts``' :func:`plan_host`, with one launcher (:func:`~k3deploy.runtime.launchers.launcher_for`)
+    for them all."""
+    launcher = launcher_for(layout)
+    return {host: plan_host(layout, host, view, resolver, launcher) for host in hosts}
+
+
+def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
+              launcher: Launcher | None = None) -> ReadPlan:
     """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
     image's digests there, the weights, the lock and the revisions of every group with a unit here; on
     ``k3_slurm_submit_host`` (``k3_launcher: slurm``) the groups' jobs in the Slurm queue; on ``resolver``
     the digest the registry gives for the image's tag (also in a view that reads nothing installed but pins the
     image); with ``running`` each unit as it runs and, on the first host, what the endpoint lists; else with
-    ``health`` whether each serving unit's ``/health`` answers; with ``log_lines`` each unit's logs."""
+    ``health`` whether each serving unit's ``/health`` answers; with ``log_lines`` each unit's logs. ``launcher``:
+    the layout's (:func:`plan_hosts` makes one for every host; None: made here)."""
     variables = layout.vars
     registry = ReadRegistry(layout.plan.image, variables.k3_docker)
     if not view.installed:
@@ -368,7 +385,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None) ->
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
-    launcher = launcher_for(layout)
+    launcher = launcher if launcher is not None else launcher_for(layout)
     out: list[Request] = [ReadUnit(u.unit, launcher.unit_file(u), u.env_path,
                                    token if u.group != "router" else None) for u in mine]
     if host == resolver:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -138,7 +139,7 @@ def test_an_image_change_is_shown_as_now_to_planned(gb300):
 def test_a_stopped_unit_restarts_its_group(gb300):
     installed = installed_as_planned(gb300)
     head = gb300.units[0]
-    installed[(head.host, head.unit)].active = "failed"
+    installed[(head.host, head.unit)] = replace(installed[(head.host, head.unit)], active="failed")
     report = build(gb300, installed)
     assert report.exit_code == 3 and len(report.restart_order) == 2
     assert report.hosts[0].changes[0]["reason"] == "not running (failed)"
@@ -148,7 +149,7 @@ def test_pd_cluster_router_restarts_after_the_pools():
     r = gather("inventories/pd_b300.py", INVENTORY_ONLY).require_rollout()
     installed = installed_as_planned(r)
     decode = next(u for u in r.units if u.group == "decode")
-    installed[(decode.host, decode.unit)].active = "inactive"
+    installed[(decode.host, decode.unit)] = replace(installed[(decode.host, decode.unit)], active="inactive")
     report = build(r, installed)
     groups = [key.split(":")[1] for key in report.restart_order]
     assert groups[-1].endswith("router.service")

@@ -25,6 +25,7 @@ from k3deploy.runtime.reading import (
     ReadRunning,
     ReadUnit,
     plan_host,
+    plan_hosts,
 )
 
 
@@ -58,6 +59,24 @@ def test_each_view_asks_what_its_command_needs(layout: Placement) -> None:
     assert ReadEndpoint not in {type(r) for r in plan_host(layout, worker, views.STATUS, resolver=None).requests}
     logs = [r for r in plan_host(layout, head, views.bundle(7), resolver=None).requests if isinstance(r, ReadLogs)]
     assert logs and all(r.lines == 7 for r in logs)
+
+
+def test_every_host_is_planned_with_one_launcher_for_the_run(layout: Placement,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import k3deploy.runtime.reading as reading
+
+    made: list[object] = []
+    real = reading.launcher_for
+
+    def counted(*args: Any) -> Any:
+        made.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(reading, "launcher_for", counted)
+    plans = plan_hosts(layout, layout.hosts, views.STATUS, resolver=layout.hosts[0])
+    assert len(made) == 1 and list(plans) == layout.hosts
+    monkeypatch.undo()
+    assert plans == {h: plan_host(layout, h, views.STATUS, resolver=layout.hosts[0]) for h in layout.hosts}
 
 
 def test_the_values_land_in_a_typed_reading(layout: Placement) -> None:

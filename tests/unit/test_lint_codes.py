@@ -540,12 +540,8 @@ def variant_larger_than_the_node(recipe):
 def pd_pool_smaller_than_the_variant(recipe):
     base = resolve(recipe, hardware="h200", strategy="pd_cluster")
 
-    def one_prefill_node(p: Plan) -> None:
-        for n in p.nodes:
-            if n.role == "prefill":
-                n.pool_nodes = 1
-
-    return added(recipe, base, edit(base, one_prefill_node))
+    one_prefill_node = [n.model_copy(update={"pool_nodes": 1}) if n.role == "prefill" else n for n in base.nodes]
+    return added(recipe, base, base.model_copy(update={"nodes": one_prefill_node}))
 
 
 @case("router-timeout", "warning", "vllm-router waits 600 s for its workers")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from k3deploy.errors import K3Error
@@ -56,7 +58,7 @@ def test_a_record_cut_short_everywhere_still_takes_its_number() -> None:
 def test_a_split_marker_is_named_with_each_node() -> None:
     h = combine("engine", [("n1", parse_listing(listing([1, 2], 1))), ("n2", parse_listing(listing([1, 2], 2)))])
     assert h.split and h.currents == {"n1": 1, "n2": 2}
-    h.runs_now = 2
+    h = replace(h, runs_now=2)
     assert "(n1: 1, n2: 2); the nodes run revision 2" in h.split_line()
 
 

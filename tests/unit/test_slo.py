@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_the_gate_a_plan_shows():
     assert gate is not None and (gate.kind, gate.groups, gate.baseline) == ("canary", ("engine-r0",), "engine-r1")
     assert plan_gate(change, rollback=True) is None   # going back to what served is not gated
     report = build(change, installed(running))
-    report.gate = gate.lines()
+    report = replace(report, gate=gate.lines())
     text = render_text(report, change)
     assert "SLO gate (docs/gate.md):" in text
     assert "engine-r0 (the canary) and engine-r1 (still on the previous revision)" in text

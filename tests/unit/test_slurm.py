@@ -389,7 +389,7 @@ def test_a_rerun_with_nothing_changed_keeps_every_job_and_a_change_replaces_its_
     assert slurm.changed_groups(r, [_queued(j) for j in (prefill, decode, router)]) == set()
     assert r.changed_groups == set()
     queued = [_queued(prefill), _queued(decode, "k3deploy:decode:0000000000000000"), _queued(router)]
-    decisions = slurm.decide([prefill, decode, router], queued)
+    decisions = slurm.job_actions([prefill, decode, router], queued)
     assert [d.action for d in decisions] == ["keep", "replace", "keep"]
     assert decisions[1].cancel == (queued[1].id,)
     # a P/D pool that changes takes the router with it; an ended job or none at all is (re)submitted

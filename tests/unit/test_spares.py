@@ -300,6 +300,25 @@ def test_the_deploy_without_a_spare_says_which_group_and_node_and_changes_nothin
     assert "no spare left for @fake/gb300-1: nothing was changed" in run.stdout
 
 
+def test_the_deploy_and_the_plan_refuse_a_lost_member_without_a_spare_in_the_same_words(tmp_path):
+    from helpers import k3
+    from k3deploy.runtime.decide import no_spare
+    from k3deploy.runtime.gather import gather
+    from k3deploy.runtime.views import PLAN
+
+    inventory = fake_trays(tmp_path, quarantined=True, spare=False)
+    refusal = no_spare(gather(inventory, PLAN))
+    assert refusal is not None and refusal.lines == (
+        "group engine: @fake/gb300-1 (rank 1) is lost (quarantined: XID 79 on GPU 0) and no spare is left",)
+    assert refusal.reason.startswith("no spare left for @fake/gb300-1: nothing was changed (bring the node back")
+    assert refusal.reason.endswith(f"k3deploy spares {inventory})")
+    plan = k3("plan", inventory)
+    assert plan.returncode == 2 and refusal.line() in plan.stderr, plan.stderr
+    run = dry_run(inventory)
+    assert run.returncode == 1 and f"--> k3deploy: {refusal.reason}" in run.stdout, run.stdout
+    assert all(f"k3deploy: {line}" in run.stdout for line in refusal.lines)
+
+
 def test_the_spares_command_lists_and_releases_only_a_quarantined_node(tmp_path):
     from helpers import k3
 

@@ -6,8 +6,8 @@ as Markdown or HTML, and read back (:func:`blocks`) so a runbook can be executed
   bring-up.
 * HTML: ``<pre><code class="language-sh" data-node="NAME" data-when="...">``.
 
-    >>> d = Doc(); d.block("n1", "echo hi")
-    >>> blocks(to_markdown(d))
+    >>> d = Draft(); d.block("n1", "echo hi")
+    >>> blocks(to_markdown(d.done()))
     [Block(node='n1', text='echo hi\\n', when=None)]
 """
 
@@ -19,19 +19,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass
+@dataclass(frozen=True)
 class Block:
     node: str
     text: str
     when: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Doc:
-    """The runbook as a flat list of items: ("h", level, text), ("p", text), ("block", Block),
-    ("table", header, rows)."""
+    """The runbook as a flat sequence of items: ("h", level, text), ("p", text), ("block", Block), ("code", text),
+    ("table", header, rows); written whole by a :class:`Draft`."""
+
+    items: tuple[tuple[Any, ...], ...] = ()
+
+
+@dataclass
+class Draft:
+    """A runbook being written, section by section (:func:`k3deploy.model.runbook.sections.build`): each call adds
+    one item; :meth:`done` gives the :class:`Doc`."""
 
     items: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def done(self) -> Doc:
+        return Doc(tuple(self.items))
 
     def h(self, level: int, text: str) -> None:
         self.items.append(("h", level, text))

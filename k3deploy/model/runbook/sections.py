@@ -22,7 +22,7 @@ from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import Rollout
 from k3deploy.model.runbook.blanks import Blank, fill_secrets, secret_file, secret_token, without_secrets
 from k3deploy.model.runbook.checks import check_command, node_commands, spot_for
-from k3deploy.model.runbook.document import Doc
+from k3deploy.model.runbook.document import Doc, Draft
 from k3deploy.model.secrets import API_KEY_ENV, mask_argv
 from k3deploy.model.staging import StagePlan, summary
 from k3deploy.model.units import GROUP_MEMBER
@@ -68,7 +68,7 @@ class Context:
     files_dir: str = "k3-runbook-files"
 
 
-def title(doc: Doc, rollout: Rollout, context: Context) -> None:
+def title(doc: Draft, rollout: Rollout, context: Context) -> None:
     plan = rollout.plan
     doc.h(1, f"Bring-up runbook: {plan.model} on {len(rollout.hosts)} x {plan.hardware} ({plan.strategy})")
     inventory = context.inventory
@@ -87,7 +87,7 @@ def title(doc: Doc, rollout: Rollout, context: Context) -> None:
           "`when=rollback` or `when=troubleshooting` are only for those situations.")
 
 
-def blanks(doc: Doc, rollout: Rollout, context: Context) -> None:
+def blanks(doc: Draft, rollout: Rollout, context: Context) -> None:
     if not context.blanks:
         return
     doc.h(2, "Values to read from the nodes first")
@@ -101,7 +101,7 @@ def blanks(doc: Doc, rollout: Rollout, context: Context) -> None:
         doc.block(h, "\n".join(f"echo {b.token}=$({b.command})" for b in context.blanks if b.host == h) + "\n", "check")
 
 
-def prerequisites(doc: Doc, rollout: Rollout, ctx: Context) -> None:
+def prerequisites(doc: Draft, rollout: Rollout, ctx: Context) -> None:
     doc.h(2, "1. Prerequisites")
     if ctx.blanks and not ctx.preflight:
         doc.p("Each node must pass the checks `k3deploy preflight` runs; this runbook was written offline, so "
@@ -138,7 +138,7 @@ def prerequisites(doc: Doc, rollout: Rollout, ctx: Context) -> None:
                   [[x.check, x.required, x.observed, x.status, x.fix or "-"] for x in cluster])
 
 
-def stage(doc: Doc, rollout: Rollout, context: Context) -> None:
+def stage(doc: Draft, rollout: Rollout, context: Context) -> None:
     """The image and the weights: over the uplink once, then node to node (:mod:`k3deploy.model.staging`), as the
     stage's steps (:func:`k3deploy.model.steps.stage`), kind by kind: the deploy runs each kind on every node at
     once, in this order."""
@@ -199,7 +199,7 @@ def shared_file_copy(ssh: list[str], source: str, dest: str, mode: str) -> str:
     return f"{shlex.join(ssh)} {shlex.quote(remote)} < {shlex.quote(source)}\n"
 
 
-def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
+def configure(doc: Draft, rollout: Rollout, context: Context) -> None:
     """Each node's configure step (:func:`k3deploy.model.steps.rollout`, a fresh cluster's), its files written at
     their live paths (the deploy stages a unit's beside the live ones; its restart puts them in place)."""
     doc.h(2, "3. Configure each node")
@@ -285,7 +285,7 @@ def configure(doc: Doc, rollout: Rollout, context: Context) -> None:
                 doc.code(shlex.join(argv))
 
 
-def restart_steps(doc: Doc, rollout: Rollout, actions: list[steps.Action], when: str | None, *, stop: bool) -> None:
+def restart_steps(doc: Draft, rollout: Rollout, actions: list[steps.Action], when: str | None, *, stop: bool) -> None:
     """The stops, starts and gates of a (re)start as the deploy runs them, per host: the same actions
     (:func:`k3deploy.model.steps.start_of`, one step of :func:`k3deploy.model.steps.restart`) rendered as blocks;
     ``stop`` includes the stops. (Recording a revision and putting its files in place is the deploy's; here the
@@ -337,7 +337,7 @@ def restart_steps(doc: Doc, rollout: Rollout, actions: list[steps.Action], when:
                 doc.block(u.host, steps.wait_serving(rollout, u), when)
 
 
-def start(doc: Doc, rollout: Rollout, context: Context) -> None:
+def start(doc: Draft, rollout: Rollout, context: Context) -> None:
     """The restart's actions of a fresh cluster, where every group starts (:func:`k3deploy.model.steps.rollout`):
     the deploy's own, without the revision bookkeeping (a mark applies to a recorded revision)."""
     actions = list(steps.rollout(rollout.decided(rollout.groups)).start)
@@ -351,7 +351,7 @@ def start(doc: Doc, rollout: Rollout, context: Context) -> None:
     restart_steps(doc, rollout, actions, None, stop=False)
 
 
-def virtual_address(doc: Doc, rollout: Rollout, context: Context) -> None:
+def virtual_address(doc: Draft, rollout: Rollout, context: Context) -> None:
     """With ``k3_vip``: keepalived on every host and spare (:mod:`k3deploy.model.vip`), then the wait on the host
     that serves the endpoint until it holds the address."""
     members = vip.members(rollout)
@@ -372,7 +372,7 @@ def virtual_address(doc: Doc, rollout: Rollout, context: Context) -> None:
     doc.block(rollout.vip_holder, commands.wait_vip(rollout.endpoint, address, 60) + "\n")
 
 
-def smoke(doc: Doc, rollout: Rollout, context: Context) -> None:
+def smoke(doc: Draft, rollout: Rollout, context: Context) -> None:
     doc.h(2, "5. Smoke test")
     step = steps.rollout(rollout).smoke
     doc.p(f"One short chat completion through the public endpoint {rollout.endpoint}, as "
@@ -380,7 +380,7 @@ def smoke(doc: Doc, rollout: Rollout, context: Context) -> None:
     doc.block(step.host, step.script + "\n")
 
 
-def rolling(doc: Doc, rollout: Rollout, context: Context) -> None:
+def rolling(doc: Draft, rollout: Rollout, context: Context) -> None:
     """With replicas: an engine change, one replica at a time behind the router (as the deploy rolls it)."""
     router = next((u for u in rollout.units if u.group == "router"), None)
     if len(rollout.replicas) < 2 or router is None or not router.serves:
@@ -410,7 +410,7 @@ def rolling(doc: Doc, rollout: Rollout, context: Context) -> None:
                                                    rollout.router_list(router, rollout.replicas)) + "\n", "rolling")
 
 
-def rollback(doc: Doc, rollout: Rollout, context: Context) -> None:
+def rollback(doc: Draft, rollout: Rollout, context: Context) -> None:
     cfg = rollout.vars.k3_config_dir.rstrip("/")
     doc.h(2, "6. Rollback")
     doc.p("Every rollout that restarts a group keeps what then runs as the group's next revision in "
@@ -452,7 +452,7 @@ def _note(notes: list[str], *words: str) -> str:
     return ""
 
 
-def troubleshooting(doc: Doc, rollout: Rollout, ctx: Context) -> None:
+def troubleshooting(doc: Draft, rollout: Rollout, ctx: Context) -> None:
     v, plan = rollout.vars, rollout.plan
     doc.h(2, "7. Troubleshooting")
     notes = _notes(ctx.guide)
@@ -492,7 +492,7 @@ SECTIONS = (title, blanks, prerequisites, stage, configure, start, virtual_addre
 
 def build(rollout: Rollout, context: Context) -> Doc:
     """The runbook of one rollout, section by section."""
-    doc = Doc()
+    doc = Draft()
     for section in SECTIONS:
         section(doc, rollout, context)
-    return doc
+    return doc.done()
