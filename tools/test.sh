@@ -19,9 +19,8 @@ bash tools/setup.sh
 bash tools/lint.sh
 # the real vLLM 0.33.0 / vllm-router 0.1.17 parsers, in their own venv, for the conformance tests
 bash tools/engine-venv.sh >/dev/null
-# four test processes (pytest-xdist) on this 2-core machine, a test module at a time each (a module-scoped
-# simulated cluster stays in one process), the longest modules first (tests/conftest.py orders them by their
-# measured times): the end-to-end modules mostly wait (node boots, engine starts, polls), so four of them keep the
-# two cores busy where two left them half idle; the CPU-bound unit modules come last, when the long waits are
-# done (docs/testing.md). K3_TEST_PROCESSES sets another count; `-n 0` among the arguments runs it in one process.
-exec .venv/bin/pytest -q -n "${K3_TEST_PROCESSES:-4}" --dist loadscope --no-loadscope-reorder "$@"
+# two test processes (pytest-xdist), a test module at a time each (a module-scoped simulated cluster stays in one
+# process), the longest modules first (tests/conftest.py orders them by their measured times): the simulated
+# clusters' waits overlap with the other process's work. K3_TEST_PROCESSES sets another count (four were not
+# faster here: docs/testing.md); `-n 0` among the arguments runs it in one process.
+exec .venv/bin/pytest -q -n "${K3_TEST_PROCESSES:-2}" --dist loadscope --no-loadscope-reorder "$@"
