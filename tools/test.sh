@@ -21,5 +21,6 @@ bash tools/lint.sh
 bash tools/engine-venv.sh >/dev/null
 # two test processes (pytest-xdist), a test module at a time each (a module-scoped simulated cluster stays in one
 # process), the longest modules first (tests/conftest.py orders them by their measured times): the simulated
-# clusters' waits overlap with the other process's work. `-n 0` among the arguments runs it in one process.
-exec .venv/bin/pytest -q -n 2 --dist loadscope --no-loadscope-reorder "$@"
+# clusters' waits overlap with the other process's work. K3_TEST_PROCESSES sets another count (four were not
+# faster here: docs/testing.md); `-n 0` among the arguments runs it in one process.
+exec .venv/bin/pytest -q -n "${K3_TEST_PROCESSES:-2}" --dist loadscope --no-loadscope-reorder "$@"

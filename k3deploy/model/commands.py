@@ -635,8 +635,25 @@ def logs(unit: str, container: str | None, docker: str, lines: int = 25) -> str:
     script = (f"echo {shlex.quote(f'--- journalctl -u {unit} (last {lines} lines)')}; "
               f"journalctl -u {shlex.quote(unit)} -n {lines} --no-pager 2>&1 | tail -n {lines}")
     if container:
-        script += "; " + _container_log(container, docker, lines, "the unit runs it", "the journal")
+        script += _stop_found_none(container) + "; " + _container_log(container, docker, lines, "the unit runs it",
+                                                                          "the journal")
     return script
+
+
+def _stop_found_none(container: str) -> str:
+    """A filter of a unit's journal: the unit's ``ExecStop`` (``docker stop``) of a unit stopped while its engine had
+    just exited (its ``--rm`` container removed) or before ``docker run`` had created the container (a crash loop
+    stopped by the rollout's stop) found no container; docker's "No such container" would read as a second fault,
+    so the line says what it means instead.
+
+        >>> _stop_found_none("k3-engine").split("/")[1]
+        'Error response from daemon: No such container: k3-engine$'
+    """
+    said = (f"(docker stop found no container {container}: stopped while its engine had exited or before its "
+            "container was created; not a fault)")
+    name = container.replace(".", r"\.")      # a container name is letters, digits, '_', '.' and '-'
+    found = f"Error response from daemon: No such container: {name}$"
+    return f" | sed {shlex.quote(f's/{found}/{said}/')}"
 
 
 def _container_log(container: str, docker: str, lines: int, runs_it: str, where: str) -> str:

@@ -61,6 +61,9 @@ FAULT_KINDS: dict[str, str] = {
                   "default Critical) with an error code in npu-smi info -t health and the npu-smi info table (Ascend)",
     "engine-crash": "the vLLM engine exits 1 shortly after start",
     "engine-slow": "engine-slow=SECONDS: weight loading takes SECONDS longer (wall-clock, not scaled)",
+    "docker-slow-create": "docker-slow-create=SECONDS: docker run takes SECONDS (wall-clock) before it creates its "
+                          "container, as a busy dockerd does: a unit stopped meanwhile has no container to stop (a "
+                          "docker run already waiting keeps its wait when the fault is cleared)",
     "engine-api-key": "engine-api-key=KEY: the engine requires API key KEY whatever its environment says, as an image "
                       "whose own environment or entrypoint sets one (vLLM: 401 on /v1/* without it)",
 }
@@ -73,6 +76,7 @@ CLUSTER_FAULT_KINDS: dict[str, str] = {
 
 #: kinds that need ``=VALUE``
 VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "fabric-health", "cluster-uuid", "engine-slow",
+                         "docker-slow-create",
                          "engine-api-key",
                          "npu-link-down", "mount-missing", "default-route", "xid", "ecc", "nvlink-down", "npu-health"})
 
@@ -200,13 +204,14 @@ def _check_value(kind: str, value: str, text: str) -> str:
         return value.rstrip("/")
     if kind in ("xid", "ecc", "nvlink-down", "npu-health"):
         return _health_value(kind, value, text)
-    if kind == "engine-slow":
+    if kind in ("engine-slow", "docker-slow-create"):
         try:
             seconds = float(value)
         except ValueError:
             seconds = -1.0
         if not 0 <= seconds <= 86400:
-            raise K3Error(f"bad engine-slow value {value!r} in {text!r}: give extra load seconds, e.g. 5")
+            what = "extra load seconds" if kind == "engine-slow" else "seconds before the container is created"
+            raise K3Error(f"bad {kind} value {value!r} in {text!r}: give {what}, e.g. 5")
     return value
 
 

@@ -219,6 +219,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     links_down: list[int] = []
     paths_missing: list[str] = []
     extra_load = 0.0
+    create_delay = 0.0
     image_key: str | None = None
     rdma = [dict(d) for d in prof["rdma"]]
     for f in mine:
@@ -296,6 +297,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             crash = True
         elif f.kind == "engine-slow":
             extra_load += float(_value(f))
+        elif f.kind == "docker-slow-create":
+            create_delay += float(_value(f))
         elif f.kind == "engine-api-key":
             image_key = _value(f)
         # disk-full, sshd-down and default-route are applied by the cluster itself (mounts, services, routes)
@@ -326,7 +329,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "modules_unloaded": modules_unloaded,
         "tools_missing": missing,
         "paths_missing": paths_missing,
-        "engine": {"crash": crash, "extra_load_seconds": extra_load,
+        "engine": {"crash": crash, "extra_load_seconds": extra_load, "create_delay_seconds": create_delay,
                    **({"api_key": image_key} if image_key is not None else {})},
         "docker_data_dir": DOCKER_DATA_DIR,
         "faults": [str(f) for f in mine],

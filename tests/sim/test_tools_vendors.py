@@ -347,7 +347,7 @@ def test_the_tool_cache_answers_image_inspect_and_ls_while_the_image_store_is_un
 
 def test_parse_fault_accepts_every_kind():
     samples = {"driver": "=570.86.15", "gpu-count": "=7", "gpu-model": "=NVIDIA H100",
-               "fabric": "=In Progress", "fabric-health": "=degraded-bandwidth", "cluster-uuid": f"={UUID}", "engine-slow": "=5", "engine-api-key": "=k3", "npu-link-down": "=3",
+               "fabric": "=In Progress", "fabric-health": "=degraded-bandwidth", "cluster-uuid": f"={UUID}", "engine-slow": "=5", "docker-slow-create": "=5", "engine-api-key": "=k3", "npu-link-down": "=3",
                "mount-missing": "=/usr/local/dcmi", "default-route": "=front-end", "xid": "=79", "ecc": "=uncorrectable:1",
                "nvlink-down": "=3", "npu-health": "=5:Alarm"}
     for kind in FAULT_KINDS:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, k3
+from helpers import ROOT, k3, k3_here
 from k3deploy import RecipeError, SelectionError, load_recipe, parse_recipe, resolve
 
 K3 = sys.executable, "-m", "k3deploy"
@@ -44,7 +44,7 @@ def test_vendored_recipe_is_the_upstream_file_byte_for_byte():
     ([], "missing --hardware"),
 ])
 def test_cli_bad_input(args, needle):
-    proc = k3("resolve", *args)
+    proc = k3_here("resolve", *args)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -53,7 +53,7 @@ def test_cli_bad_input(args, needle):
 
 
 def test_cli_bad_integer_is_usage_error():
-    proc = k3("resolve", "--hardware", "b300", "--nodes", "two")
+    proc = k3_here("resolve", "--hardware", "b300", "--nodes", "two")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "'two'" in proc.stderr
 
 
@@ -63,7 +63,7 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     with pytest.raises(RecipeError) as exc:
         load_recipe(bad)
     assert str(bad) in str(exc.value) and ":5:" in str(exc.value)
-    proc = k3("resolve", "--hardware", "b300", "--recipe", str(bad))
+    proc = k3_here("resolve", "--hardware", "b300", "--recipe", str(bad))
     assert proc.returncode == 2 and f"{bad}:5:" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -136,7 +136,7 @@ def inventory(tmp_path, all_yml: str, hosts: str | None = None):
 
 def refused(tmp_path, all_yml: str, hosts: str | None = None) -> str:
     """The one line ``resolve --inventory`` refuses these variables with."""
-    proc = k3("resolve", "--inventory", str(inventory(tmp_path, all_yml, hosts)))
+    proc = k3_here("resolve", "--inventory", str(inventory(tmp_path, all_yml, hosts)))
     assert proc.returncode == 2, (proc.stdout[-500:], proc.stderr)
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert len(proc.stderr) < 600, proc.stderr    # a long value is shown cut short
@@ -203,7 +203,7 @@ def test_duplicate_key_in_group_vars_names_file_key_and_line(tmp_path):
     line = refused(tmp_path, "k3_unit_name: a\nk3_poll_interval: 2\nk3_unit_name: b\n")
     assert "group_vars/all.yml:5: duplicate key 'k3_unit_name' (first on line 3)" in line, line
     (tmp_path / "group_vars" / "all.yml").write_text("k3_hardware: gb300\nk3_extra_env: {A: '1', A: '2'}\n")
-    proc = k3("resolve", "--inventory", str(tmp_path / "inventories" / "site.py"))
+    proc = k3_here("resolve", "--inventory", str(tmp_path / "inventories" / "site.py"))
     assert proc.returncode == 2 and "all.yml:2: duplicate key 'A' (first on line 2)" in proc.stderr, proc.stderr
 
 
@@ -211,7 +211,7 @@ def test_good_values_pass(tmp_path):
     inv = inventory(tmp_path, 'k3_ip: "fd00::2"\nk3_router_host: router-1.example.org\nk3_unit_name: k3-engine_2.b\n'
                     'k3_extra_args: ["--served-model-name", "org/Kimi\\\\K3"]\nk3_extra_env: {A: "tab-free"}\n'
                     "k3_config_dir: /etc/k3deploy/site\n")
-    proc = k3("resolve", "--inventory", str(inv))
+    proc = k3_here("resolve", "--inventory", str(inv))
     assert proc.returncode == 0, proc.stderr
 
 

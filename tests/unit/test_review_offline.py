@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, k3
+from helpers import PYINFRA, ROOT, k3, k3_here
 
 
 def layout(tmp_path: Path, all_yml: str, group_yml: str = "", hosts: str | None = None) -> Path:
@@ -37,7 +37,7 @@ SELECTION = "k3_hardware: gb300\n"
 
 def test_vars_names_the_file_of_every_value(tmp_path):
     inv = layout(tmp_path, SELECTION + "k3_poll_interval: 2.0\n", "k3_strategy: multi_node_tp\n")
-    proc = k3("vars", str(inv), "--json", cwd=tmp_path)
+    proc = k3_here("vars", str(inv), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["files"] == ["group_vars/all.yml", "group_vars/site.yml"]
@@ -45,12 +45,12 @@ def test_vars_names_the_file_of_every_value(tmp_path):
     assert n2["k3_hardware"] == {"value": "gb300", "from": "group_vars/all.yml"}
     assert n2["k3_strategy"] == {"value": "multi_node_tp", "from": "group_vars/site.yml"}
     assert n2["k3_ip"] == {"value": "192.0.2.12", "from": "inventory host n2"}
-    everything = json.loads(k3("vars", str(inv), "--host", "n1", "--all", "--json", cwd=tmp_path).stdout)
+    everything = json.loads(k3_here("vars", str(inv), "--host", "n1", "--all", "--json", cwd=tmp_path).stdout)
     assert everything["hosts"]["n1"]["k3_unit_name"] == {"value": "k3-engine", "from": "default"}
     assert list(everything["hosts"]) == ["n1"]
-    resolved = json.loads(k3("resolve", "--inventory", str(inv), "--json", cwd=tmp_path).stdout)
+    resolved = json.loads(k3_here("resolve", "--inventory", str(inv), "--json", cwd=tmp_path).stdout)
     assert resolved["variables"]["k3_strategy"]["from"] == "group_vars/site.yml"
-    text = k3("resolve", "--inventory", str(inv), cwd=tmp_path).stdout
+    text = k3_here("resolve", "--inventory", str(inv), cwd=tmp_path).stdout
     assert "# k3_strategy = 'multi_node_tp'  (group_vars/site.yml)" in text
 
 
@@ -58,7 +58,7 @@ def test_group_vars_of_the_working_directory_do_not_leak_in(tmp_path):
     inv = layout(tmp_path / "site", SELECTION + "k3_strategy: multi_node_tp\n")
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "all.yml").write_text("k3_image: ':leaked'\n")
-    data = json.loads(k3("vars", str(inv), "--json", cwd=tmp_path).stdout)
+    data = json.loads(k3_here("vars", str(inv), "--json", cwd=tmp_path).stdout)
     assert "k3_image" not in data["hosts"]["n1"] and data["files"] == ["site/group_vars/all.yml"]
 
 
@@ -72,7 +72,7 @@ def test_a_misspelt_variable_names_its_file_and_the_closest_name(tmp_path):
 def test_pyinfra_connection_settings_pass_through_group_vars(tmp_path):
     inv = layout(tmp_path, SELECTION + "k3_strategy: multi_node_tp\nssh_port: 22\nssh_connect_retries: 2\n"
                  "_sudo: true\n")
-    data = json.loads(k3("vars", str(inv), "--json", cwd=tmp_path).stdout)
+    data = json.loads(k3_here("vars", str(inv), "--json", cwd=tmp_path).stdout)
     assert data["hosts"]["n1"]["ssh_port"] == {"value": 22, "from": "group_vars/all.yml"}
     assert data["hosts"]["n1"]["ssh_connect_retries"]["value"] == 2
     # and pyinfra runs get them too, from the project's directory (its config.py reads them; no group_data/)
@@ -83,7 +83,7 @@ def test_pyinfra_connection_settings_pass_through_group_vars(tmp_path):
     assert hosts["n1"]["ssh_port"] == 22 and hosts["n2"]["ssh_connect_retries"] == 2
     # anything else that is not k3_* is refused, naming the file
     (tmp_path / "group_vars" / "all.yml").write_text(SELECTION + "hardware: gb300\n")
-    bad = k3("vars", str(inv), cwd=tmp_path)
+    bad = k3_here("vars", str(inv), cwd=tmp_path)
     assert bad.returncode == 2 and "group_vars/all.yml: 'hardware' is neither a k3deploy variable" in bad.stderr
 
 
@@ -99,7 +99,7 @@ def test_pyinfra_connection_settings_pass_through_group_vars(tmp_path):
 def test_k3_extra_args_are_checked_against_the_pinned_engine(tmp_path, args, message):
     inv = layout(tmp_path, SELECTION + f"k3_strategy: multi_node_tp\nk3_extra_args: {args}\n")
     for command in (("resolve", "--inventory", str(inv)), ("lint", "--inventory", str(inv)), ("plan", str(inv))):
-        proc = k3(*command, cwd=tmp_path)
+        proc = (k3 if command[0] == "plan" else k3_here)(*command, cwd=tmp_path)
         assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
         assert message in proc.stderr and "k3_extra_args (group_vars/all.yml)" in proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
@@ -107,7 +107,7 @@ def test_k3_extra_args_are_checked_against_the_pinned_engine(tmp_path, args, mes
 
 def test_lint_inventory_lints_what_the_inventory_deploys(tmp_path):
     inv = layout(tmp_path, SELECTION + 'k3_strategy: multi_node_tp\nk3_extra_args: ["--max-num-seqs", "64"]\n')
-    proc = k3("lint", "--inventory", str(inv), "--json", cwd=tmp_path)
+    proc = k3_here("lint", "--inventory", str(inv), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["errors"] == 0 and all(f["severity"] != "error" for f in data["findings"])
@@ -117,10 +117,10 @@ def test_an_abbreviated_flag_in_k3_extra_args_is_warned_with_its_file(tmp_path):
     inv = layout(tmp_path, SELECTION + 'k3_strategy: multi_node_tp\nk3_extra_args: ["--max-num-seq", "64"]\n')
     needle = ("k3_extra_args (group_vars/all.yml): --max-num-seq is an abbreviation argparse expands to "
               "--max-num-seqs: write --max-num-seqs in full")
-    resolved = k3("resolve", "--inventory", str(inv), cwd=tmp_path)
+    resolved = k3_here("resolve", "--inventory", str(inv), cwd=tmp_path)
     assert resolved.returncode == 0 and f"warning: {needle}" in resolved.stderr, resolved.stderr
     # lint --inventory blames the file that set it, not a recipe key
-    linted = k3("lint", "--inventory", str(inv), "--json", cwd=tmp_path)
+    linted = k3_here("lint", "--inventory", str(inv), "--json", cwd=tmp_path)
     found = [f for f in json.loads(linted.stdout)["findings"] if f["code"] == "flag-abbrev"]
     assert [f["path"] for f in found] == ["k3_extra_args (group_vars/all.yml)"], found
     # the deploy says so even when it stops at the preflight (@fake hosts have no GPU), before its verdict
@@ -142,7 +142,7 @@ def test_k3_extra_env_is_applied_last_and_validated(tmp_path):
         lines = u.env_text.splitlines()
         assert "NCCL_DEBUG=INFO" in lines and "HF_HUB_OFFLINE=0" in lines and "HF_HUB_OFFLINE=1" not in lines
     (tmp_path / "group_vars" / "all.yml").write_text(SELECTION + "k3_extra_env: {'BAD NAME': x}\n")
-    bad = k3("resolve", "--inventory", str(inv), cwd=tmp_path)
+    bad = k3_here("resolve", "--inventory", str(inv), cwd=tmp_path)
     assert bad.returncode == 2 and "group_vars/all.yml: variable k3_extra_env" in bad.stderr
     assert "'BAD NAME' is not an environment variable name" in bad.stderr
 
@@ -262,10 +262,10 @@ def test_fixes_name_where_the_selection_lives_and_the_driver_being_moved_to():
 
 
 def test_options_give_pd_pools_their_gpu_floor():
-    data = json.loads(k3("options", "--hardware", "b300", "--json").stdout)
+    data = json.loads(k3_here("options", "--hardware", "b300", "--json").stdout)
     pd = next(r for r in data["hardware"]["b300"]["strategies"] if r["strategy"] == "pd_cluster")
     assert pd["min_gpus"] > 0 and pd["min_gpus"] == sum(pd["min_gpus_per_pool"].values())
-    assert "(per pool)" in k3("options", "--hardware", "b300").stdout
+    assert "(per pool)" in k3_here("options", "--hardware", "b300").stdout
 
 
 def test_files_on_the_control_machine_are_checked_before_anything_else(tmp_path):
@@ -281,13 +281,13 @@ def test_files_on_the_control_machine_are_checked_before_anything_else(tmp_path)
     for i, (extra, what, fix) in enumerate(cases):
         (tmp_path / str(i)).mkdir()
         inv = layout(tmp_path / str(i), SELECTION + "k3_strategy: multi_node_tp\n" + extra)
-        bad = k3("resolve", "--inventory", str(inv), cwd=tmp_path)
+        bad = k3_here("resolve", "--inventory", str(inv), cwd=tmp_path)
         assert bad.returncode == 2 and what in bad.stderr and fix in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     token.chmod(0o600)
     (tmp_path / "ok").mkdir()
     inv = layout(tmp_path / "ok", SELECTION + "k3_strategy: multi_node_tp\n" + f"k3_hf_token_file: {token}\n")
-    assert k3("resolve", "--inventory", str(inv), cwd=tmp_path).returncode == 0
+    assert k3_here("resolve", "--inventory", str(inv), cwd=tmp_path).returncode == 0
 
 
 def test_plan_after_a_rollback_says_the_variables_ask_for_newer_settings_only_when_they_do():

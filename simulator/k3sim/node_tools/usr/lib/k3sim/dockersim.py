@@ -896,6 +896,8 @@ def cmd_run(argv):
     gpus = visible_gpus(cfg, opts, env, img)
     name = opts["vals"].get("--name")
     cid = secrets.token_hex(32)
+    # fault docker-slow-create: a busy dockerd takes this long to create the container (a stop meanwhile finds none)
+    time.sleep(float(cfg.get("engine", {}).get("create_delay_seconds", 0)))
     with Lock():
         if name:
             for m in all_containers():
