@@ -287,8 +287,7 @@ def fence_files(rollout: Rollout, host: str) -> list[FileWrite]:
     if not helper(rollout, host).applies:
         return []
     v = rollout.vars
-    return [FileWrite(path, "644", text, kind="unit") for path, text in fence_units(v.k3_fence_port,
-                                                                                 v.k3_config_dir).items()]
+    return [FileWrite(path, "644", text) for path, text in fence_units(v.k3_fence_port, v.k3_config_dir).items()]
 
 
 def unit_files(rollout: Rollout, unit: UnitWork, *, staged: bool) -> list[FileWrite]:

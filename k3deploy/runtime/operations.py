@@ -269,8 +269,9 @@ STOPPED = ("inactive", "absent", "failed")
 def file_diff(kind: str, old: str | None, new: str, spec: EngineSpec | None = None) -> list[str]:
     """What changes in a file, for ``--diff``: per flag for units, per variable for env files (secret values
     masked). ``old`` is the file the host holds; a unit's systemd unit or env file rendered from ``spec`` is taken
-    from there (its ``ExecStart=`` words, its settings: ``new`` is not read back); without one (a file kept as a
-    host holds it, a unit of a template) ``new`` is read."""
+    from there (its ``ExecStart=`` words, its settings: ``new`` is not read back); without one, a file kept as a
+    host held it (a revision's), ``new`` is that host's text. Any other file (``kind="text"``: the fence's units,
+    the helper) is shown line by line."""
     if kind == "unit":
         if spec is not None:
             return change_lines(unit_file_changes(old, spec.unit_text, spec.unit.exec_words()))

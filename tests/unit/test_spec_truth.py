@@ -219,3 +219,18 @@ def test_the_slurm_export_blanks_each_secret_from_the_spec(tmp_path):
     everything = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
     assert "K3_READ_BACK" not in everything and SECRET not in everything
     assert secret_token("SITE_API_TOKEN") in everything
+
+
+def test_only_an_engine_units_files_are_diffed_as_units_and_each_carries_its_spec():
+    """A file ``--diff`` shows per flag or per variable (kind ``unit``/``env``) is an engine unit's, rendered from its
+    spec; the others (the fence's units, the group member helper) are shown line by line, never read back."""
+    r = smallest_rollout(FAMILIES["NVIDIA"], "multi_node_tp")
+    assert r is not None
+    made = steps.rollout(r.decided(r.groups))
+    files = [f for c in made.configure for f in c.files]
+    assert any("k3-fence" in f.dest for f in files)   # the fence's units are among them
+    for f in files:
+        assert (f.spec is not None) == (f.kind in ("unit", "env")), f.dest
+    fence = next(f for f in files if f.dest.endswith("@.service"))
+    shown = [line for line in file_diff(fence.kind, None, fence.content, fence.spec) if not line.startswith("@@")]
+    assert shown == [f"+{line}" for line in fence.content.splitlines()]
