@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
-from k3deploy.facts.base import FactError
+from k3deploy.facts.base import FactError, K3Fact
 from k3deploy.facts.health import HealthReading
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
-from k3deploy.facts.nvidia import GpuTopology
-from k3deploy.facts.rdma import RdmaDevice
+from k3deploy.facts.rdma import GpuTopology, RdmaDevice
 from k3deploy.facts.rollout import StageDaemon
 from k3deploy.model.health import Health
 from k3deploy.model.requirements import Requirements
@@ -210,6 +209,9 @@ class VendorChecks:
     pack: Pack
     #: the type of a host's facts on this vendor's hardware: the common ones and the pack's own fields
     facts_type: type[HostFacts] = HostFacts
+    #: every fact of the vendor with the arguments a capture of a machine runs it with (``python -m
+    #: k3deploy.preflight.runner --local``: :data:`k3deploy.preflight.runner.CAPTURE_FACTS`)
+    capture: tuple[tuple[type[K3Fact[Any]], dict[str, Any]], ...] = ()
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         """The vendor's facts to read on a host of this plan (before the RDMA ports and the common facts), each

@@ -31,14 +31,14 @@ from pyinfra.api.inventory import Inventory  # noqa: E402
 from pyinfra.api.state import State  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
-from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
 from k3deploy.facts import host as hostfacts  # noqa: E402
+from k3deploy.facts import rdma  # noqa: E402
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
 from k3deploy.facts.batch import read_batch  # noqa: E402
 from k3deploy.facts.rollout import StagePeers  # noqa: E402
 from k3deploy.model.requirements import Requirements  # noqa: E402
 from k3deploy.preflight.base import FactSpec  # noqa: E402
-from k3deploy.preflight.checks import HostFacts, vendor_checks  # noqa: E402
+from k3deploy.preflight.checks import VENDOR_CHECKS, HostFacts, vendor_checks  # noqa: E402
 
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
 #: DockerRootDir unless ``k3_image_dir`` names a directory
@@ -151,28 +151,13 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
 
 # ------------------------------------------------------------------------- local raw capture
 
-#: every fact with the arguments used for a capture run
+#: every fact with the arguments used for a capture run: each pack's (its preflight side's ``capture``), then the
+#: RDMA and the common ones
 CAPTURE_FACTS: list[tuple[type[K3Fact[Any]], dict[str, Any]]] = [
-    (nvidia.NvidiaGpus, {}),
-    (nvidia.NvidiaDriverFlavour, {}),
-    (nvidia.NvidiaContainerToolkit, {}),
-    (nvidia.FabricManager, {}),
-    (nvidia.Imex, {}),
-    (nvidia.ImexDomain, {}),
-    (nvidia.NvlinkFabric, {}),
-    (nvidia.GpuNicTopology, {}),
-    (nvidia.NvidiaHealth, {}),
+    *(fact for checks in VENDOR_CHECKS.values() for fact in checks.capture),
     (rdma.RdmaDevices, {}),
     (rdma.KernelModules, {}),
     (rdma.DmabufPrerequisites, {}),
-    (amd.AmdSmiVersion, {}),
-    (amd.RocmDriverVersion, {}),
-    (amd.AmdGpus, {}),
-    (amd.AmdHealth, {}),
-    (ascend.NpuSmiInfo, {}),
-    (ascend.AscendVersions, {}),
-    (ascend.HccnNetwork, {"devices": 16}),
-    (ascend.AscendHealth, {}),
     (hostfacts.KernelVersion, {}),
     (hostfacts.DockerRuntime, {}),
     (hostfacts.ImageStoreFree, {}),

@@ -246,7 +246,9 @@ class Pack:
     ``docker run`` form runs a single node (else ``no_site_docker_why``); ``probes``: the ids of the cluster-wide
     probes its preflight side runs (:meth:`k3deploy.preflight.base.VendorChecks.probes`); ``health``: the kinds of
     hardware-health event its tools report (:class:`HealthKind`); ``troubles``: the runbook's troubleshooting entries;
-    ``guide_notes``: (words, heading) of the guide's notes the runbook quotes for this vendor."""
+    ``guide_notes``: (words, heading) of the guide's notes the runbook quotes for this vendor; ``rank``: where the
+    pack comes among the packs (:data:`k3deploy.vendors.PACKS`: the table of docs/requirements.md, the brands a
+    refusal names)."""
 
     name: str
     brand: str
@@ -266,6 +268,7 @@ class Pack:
     troubles: tuple[Trouble, ...] = ()
     guide_notes: tuple[tuple[tuple[str, ...], str], ...] = ()
     common: tuple[Check, ...] = field(default=(), repr=False)
+    rank: int = 100
 
     def check(self, check_id: str) -> Check:
         """The registered check of this id: the vendor's own, else the common one."""

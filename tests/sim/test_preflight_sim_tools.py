@@ -13,15 +13,15 @@ import pytest
 
 sim_profiles = pytest.importorskip("k3sim.profiles")
 from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts import nvidia  # noqa: E402
-from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
 from k3deploy.facts.host import AddressInterface, DiskSpace, Ipv4Address  # noqa: E402
-from k3deploy.facts.nvidia import ImexState  # noqa: E402
 from k3deploy.model.requirements import Requirements  # noqa: E402
 from k3deploy.preflight.checks import run_checks, vendor_checks  # noqa: E402
 from k3deploy.preflight.runner import fact_plan  # noqa: E402
 from k3deploy.recipe.taxonomy import hardware  # noqa: E402
+from k3deploy.vendors.ascend.facts import AscendVersionInfo  # noqa: E402
+from k3deploy.vendors.nvidia import facts as nvidia  # noqa: E402
 from k3deploy.vendors.nvidia.checks import NvidiaFacts  # noqa: E402
+from k3deploy.vendors.nvidia.facts import ImexState  # noqa: E402
 from k3sim.faults import parse_fault  # noqa: E402
 
 GIB = 1024**3

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from helpers import FIXTURES
-from k3deploy.facts import amd
-from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
 from k3deploy.facts.rdma import RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import run_checks
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.amd import facts as amd
 from k3deploy.vendors.amd.checks import AmdFacts
+from k3deploy.vendors.amd.facts import AmdGpu, AmdSmiVersions, PeerMemory, RocmDriver
 
 GIB = 1024**3
 PEERS = PeerMemory(path="/sys/kernel/mm/memory_peers/amdkfd/version", version="1.0")

@@ -10,16 +10,16 @@ import json
 import pytest
 
 from helpers import FIXTURES
-from k3deploy.facts.amd import AmdHealth, parse_amd_ecc
-from k3deploy.facts.ascend import AscendHealth, parse_npu_health
 from k3deploy.facts.health import HealthReading
-from k3deploy.facts.nvidia import NvidiaHealth, parse_ecc_remap, parse_nvlink_status, parse_xid_log
 from k3deploy.model.health import Health, HealthEvent
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import HEALTH
 from k3deploy.preflight.checks import HostFacts, run_checks
 from k3deploy.preflight.runner import fact_plan
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.amd.facts import AmdHealth, parse_amd_ecc
+from k3deploy.vendors.ascend.facts import AscendHealth, parse_npu_health
+from k3deploy.vendors.nvidia.facts import NvidiaHealth, parse_ecc_remap, parse_nvlink_status, parse_xid_log
 
 
 def lines(name: str) -> list[str]:

@@ -221,12 +221,12 @@ def test_local_capture_prints_raw_and_parsed_for_every_fact(tmp_path):
 
 def test_facts_work_with_the_pyinfra_fact_command():
     proc = subprocess.run([sys.executable, "-m", "pyinfra", "@local", "fact", "k3deploy.facts.host.KernelVersion",
-                           "k3deploy.facts.nvidia.NvidiaGpus", "--json"],
+                           "k3deploy.vendors.nvidia.facts.NvidiaGpus", "--json"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["k3deploy.facts.host.KernelVersion"]["@local"]["release"]
-    gpus = data["k3deploy.facts.nvidia.NvidiaGpus"]["@local"]
+    gpus = data["k3deploy.vendors.nvidia.facts.NvidiaGpus"]["@local"]
     assert isinstance(gpus, list) if shutil.which("nvidia-smi") else gpus["kind"] == "absent"
 
 

@@ -242,11 +242,11 @@ def test_revisions_are_recorded_listed_and_chosen(tmp_path):
 def test_fixes_name_where_the_selection_lives_and_the_driver_being_moved_to():
     from dataclasses import replace
 
-    from k3deploy.facts.nvidia import FabricManagerState, NvidiaGpu
     from k3deploy.model.requirements import Requirements
     from k3deploy.preflight.checks import run_checks
     from k3deploy.recipe.taxonomy import hardware
     from k3deploy.vendors.nvidia.checks import NvidiaFacts
+    from k3deploy.vendors.nvidia.facts import FabricManagerState, NvidiaGpu
 
     req = Requirements(hardware()["h200"], "default", 1680.0, nodes=1, strategy="single_node_tp",
                        hardware_from="group_vars/site.yml", image="vllm/vllm-openai:kimi-k3@sha256:" + "a" * 64)

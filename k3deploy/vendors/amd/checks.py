@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3deploy.facts import amd as facts_amd
-from k3deploy.facts.amd import AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
@@ -26,6 +24,8 @@ from k3deploy.preflight.base import (
     as_type,
 )
 from k3deploy.vendors import amd as vendor
+from k3deploy.vendors.amd import facts as facts_amd
+from k3deploy.vendors.amd.facts import AmdSmiVersions, PeerMemory, RocmDriver
 
 
 @dataclass
@@ -134,6 +134,12 @@ class AmdRun(VendorRun):
 class AmdChecks(VendorChecks):
     pack = vendor.PACK
     facts_type = AmdFacts
+    capture = (
+        (facts_amd.AmdSmiVersion, {}),
+        (facts_amd.RocmDriverVersion, {}),
+        (facts_amd.AmdGpus, {}),
+        (facts_amd.AmdHealth, {}),
+    )
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         return [

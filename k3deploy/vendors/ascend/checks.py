@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k3deploy.facts import ascend as facts_ascend
-from k3deploy.facts.ascend import NpuInfo
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
@@ -29,6 +27,8 @@ from k3deploy.preflight.base import (
 )
 from k3deploy.preflight.rounds import ping_round
 from k3deploy.vendors import ascend as vendor
+from k3deploy.vendors.ascend import facts as facts_ascend
+from k3deploy.vendors.ascend.facts import NpuInfo
 
 
 @dataclass
@@ -212,6 +212,12 @@ class AscendRun(VendorRun):
 class AscendChecks(VendorChecks):
     pack = vendor.PACK
     facts_type = AscendFacts
+    capture = (
+        (facts_ascend.NpuSmiInfo, {}),
+        (facts_ascend.AscendVersions, {}),
+        (facts_ascend.HccnNetwork, {"devices": 16}),
+        (facts_ascend.AscendHealth, {}),
+    )
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         plan: list[FactSpec] = [("npu", facts_ascend.NpuSmiInfo, {}), ("ascend", facts_ascend.AscendVersions, {})]

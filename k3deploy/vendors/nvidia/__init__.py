@@ -162,6 +162,7 @@ TROUBLES = (
 
 PACK = Pack(
     name="nvidia",
+    rank=1,
     brand="NVIDIA",
     container_key="nvidia",
     tool="nvidia-smi",

@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3deploy.facts import nvidia as facts_nvidia
 from k3deploy.facts import rdma
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.facts.host import AddressInterface
@@ -36,6 +35,7 @@ from k3deploy.preflight.base import (
 )
 from k3deploy.vendors import nvidia as vendor
 from k3deploy.vendors.base import Setting
+from k3deploy.vendors.nvidia import facts as facts_nvidia
 from k3deploy.vendors.nvidia import probe
 
 
@@ -529,6 +529,17 @@ class NcclAllReduce(ClusterProbe):
 class NvidiaChecks(VendorChecks):
     pack = vendor.PACK
     facts_type = NvidiaFacts
+    capture = (
+        (facts_nvidia.NvidiaGpus, {}),
+        (facts_nvidia.NvidiaDriverFlavour, {}),
+        (facts_nvidia.NvidiaContainerToolkit, {}),
+        (facts_nvidia.FabricManager, {}),
+        (facts_nvidia.Imex, {}),
+        (facts_nvidia.ImexDomain, {}),
+        (facts_nvidia.NvlinkFabric, {}),
+        (facts_nvidia.GpuNicTopology, {}),
+        (facts_nvidia.NvidiaHealth, {}),
+    )
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         sel = requirements
