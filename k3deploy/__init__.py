@@ -68,6 +68,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     runtime/slo.py (the SLO gate run: the probe load, the canary against a replica on the previous revision,
     going back to a recorded revision),
     runtime/phases.py (the phases of deploy/k3.py), runtime/pyinfra_internals.py (all that touches pyinfra's internals),
+    runtime/command.py (the deploy's command lines: what ``k3deploy deploy`` runs, the inventory and the command of a
+    run, the watch loop's repair),
     runtime/lock.py (the deployment lock: one run at a time changes a cluster; a lease its holder renews),
     runtime/interrupts.py (a run stopped by SIGINT, SIGTERM or SIGHUP: each group's state, the lock given back, a
     non-zero exit), runtime/launchers.py (what starts the groups, behind one interface: systemd units or, with

@@ -46,11 +46,11 @@ from k3deploy.model.staging import engines as stage_engines
 from k3deploy.model.staging import summary
 from k3deploy.model.steps import RouterCall, Step
 from k3deploy.model.units import GROUP_MEMBER
-from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import interrupts, pyinfra_internals
 from k3deploy.runtime import slo as slo_gate
+from k3deploy.runtime.command import inventory_argument, shown_command
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.decide import Decided, changed_files, decide
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
@@ -318,7 +318,7 @@ class RunContext:
             else:
                 out.append(f"group {g}: restarting, not serving: its units were stopped for the change and may be "
                            f"starting {new}")
-        command = shlex.join(["pyinfra", *sys.argv[1:]]) if sys.argv[1:] else "pyinfra INVENTORY deploy/k3.py -y"
+        command = shown_command()
         out.append(f"to converge every group: {command} (it takes the lock, and restarts and gates each group that "
                    "does not serve the planned revision)")
         return out
@@ -408,7 +408,7 @@ def _lock_taken(lock: Lock) -> None:
 def _build(state: State) -> RunContext:
     """Read the hosts, refuse what may not go ahead, decide the run (:func:`~k3deploy.runtime.decide.decide`) and
     say what it does."""
-    spec = inventory_path_from_argv()
+    spec = inventory_argument()
     held: list[Lock] = []
 
     def state_now() -> list[str]:
