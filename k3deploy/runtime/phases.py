@@ -35,7 +35,7 @@ from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
 
 from k3deploy.errors import K3Error
-from k3deploy.facts.batch import scripted
+from k3deploy.facts import batch
 from k3deploy.model import commands, steps, vip
 from k3deploy.model import slurm as slurm_model
 from k3deploy.model.pipeline import Target
@@ -387,8 +387,8 @@ def _take_lock(state: State, spec: str | None, target: Target, holder: list[Lock
     """Before any host is read (so before the revision numbers are chosen): the deployment lock
     (:mod:`k3deploy.runtime.lock`) on the first host; on the others the command that reads them takes it first
     (:func:`~k3deploy.runtime.gather.gather_in_run`). ``--dry`` takes none and names a held one."""
-    # pyinfra's @fake hosts (tests of the deploy's own logic) answer scripted facts only: nothing there to lock
-    hosts = {h.name: h for h in state.inventory if h.connected and not scripted(h)}
+    # hosts whose facts are read one at a time answer scripted outputs (a test's): nothing there to lock
+    hosts = {h.name: h for h in state.inventory if h.connected and not batch.one_at_a_time(h)}
     dirs = {n: target.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
         return None

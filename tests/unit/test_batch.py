@@ -81,7 +81,13 @@ def test_one_command_holds_every_fact_behind_its_own_marker():
         [f"echo {MARK}{name}" for name, _, _ in ITEMS]
 
 
-def test_a_fake_host_is_read_one_fact_at_a_time():
+def test_a_fake_host_is_read_one_fact_at_a_time(monkeypatch):
+    from pyinfra.connectors.fake import FakeConnector
+
+    from k3deploy.facts import batch
+
+    # the fact-source seam: a test names the hosts that answer one scripted output per command
+    monkeypatch.setattr(batch, "one_at_a_time", lambda host: isinstance(host.connector, FakeConnector))
     state, host = _connected("@fake/n1", {"fake_delay": 0, "fake_delay_jitter": 0,
                                           "fake_responses": {"uname -r": ["6.8.0-1031-nvidia-64k"]}})
     kernel = [item for item in ITEMS if item[1] is runner.hostfacts.KernelVersion]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FIXTURES, ROOT, k3
+from helpers import FAKE_HOSTS, FIXTURES, ROOT, k3
 
 FIX = FIXTURES
 GIB = 1024**3
@@ -75,7 +75,7 @@ def write_fake_inventory(tmp_path: Path, bad_fabric_on: int | None = None, **dat
     (tmp_path / "hosts.json").write_text(json.dumps(hosts))
     inventory = tmp_path / "fake_gb300.py"
     inventory.write_text(
-        "import json\nfrom pathlib import Path\n"
+        FAKE_HOSTS + "import json\nfrom pathlib import Path\n"
         "trays = ([tuple(h) for h in json.loads((Path(__file__).parent / 'hosts.json').read_text())],\n"
         "         {'k3_hardware': 'gb300', 'k3_strategy': 'multi_node_tp'})\n"
     )

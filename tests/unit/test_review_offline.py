@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, k3
+from helpers import FAKE_HOSTS, PYINFRA, ROOT, k3
 
 
 def layout(tmp_path: Path, all_yml: str, group_yml: str = "", hosts: str | None = None) -> Path:
@@ -170,7 +170,7 @@ def pyinfra_run(inv: Path, *args: str) -> subprocess.CompletedProcess:
 ])
 @pytest.mark.parametrize("mode", [("--dry", "--diff"), ("-y",)], ids=["dry", "apply"])
 def test_a_refused_run_says_why_once_and_exits_non_zero(tmp_path, all_yml, rank, code, message, mode):
-    inv = layout(tmp_path, all_yml, hosts=FAKE.replace("RANK", rank))
+    inv = layout(tmp_path, all_yml, hosts=FAKE_HOSTS + FAKE.replace("RANK", rank))
     run = pyinfra_run(inv, *mode)
     assert run.returncode == code, run.stdout[-3000:]
     assert run.stdout.count(message) == 1, run.stdout[-3000:]
