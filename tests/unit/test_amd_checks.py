@@ -239,7 +239,7 @@ def test_the_front_end_nic_stays_out_of_nccl_ib_hca_on_amd():
     """Before, AMD read no topology: every active port went to NCCL_IB_HCA, the front-end NIC's too."""
     from k3deploy.vendors.amd.checks import CHECKS
 
-    assert ("topology", amd.AmdGpuNicTopology, {}) in CHECKS.facts(sel("mi300x", 2))
+    assert ("topology", amd.AmdGpuNicTopology, {}) in [read.spec for read in CHECKS.facts(sel("mi300x", 2))]
     hosts = [mi355x(f"mi-{i}", f"10.1.0.{11 + i}") for i in range(2)]
     for host in hosts:
         host.rdma = [*present_list(host.rdma), RdmaDevice("mlx5_8", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 1024,

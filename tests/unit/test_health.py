@@ -130,7 +130,7 @@ def test_the_fact_plan_reads_health_with_the_config_dir():
 
 def facts_with(host: str, events: tuple[HealthEvent, ...] = (), quarantined: str | None = None) -> HostFacts:
     facts = HostFacts(host=host)
-    facts.keep(HEALTH, HealthReading(events, quarantined))
+    facts.read_health(HealthReading(events, quarantined))
     return facts
 
 
@@ -199,7 +199,7 @@ def test_health_that_could_not_be_read_warns_with_the_command_to_run():
     from k3deploy.facts.base import FactError
 
     facts = HostFacts(host="node1")
-    facts.keep(HEALTH, FactError(kind="failed", tool="nvidia-smi", command="x", first_line="channel closed"))
+    facts.read_health(FactError(kind="failed", tool="nvidia-smi", command="x", first_line="channel closed"))
     status, observed, fix = results_of(facts)[("node1", "hardware.health")]
     assert status == "warn" and "channel closed" in observed
     assert fix.startswith("run `dmesg | grep -E") and fix.endswith("on node1 and read it")

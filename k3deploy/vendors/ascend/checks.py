@@ -20,6 +20,7 @@ from k3deploy.preflight.base import (
     FactSpec,
     HostFacts,
     ProbeRound,
+    Read,
     Results,
     VendorChecks,
     VendorRun,
@@ -40,6 +41,15 @@ class AscendFacts(HostFacts):
     npu: NpuInfo | FactError | None = None
     ascend: facts_ascend.AscendVersionInfo | FactError | None = None
     hccn: list[facts_ascend.NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
+
+    def read_npu(self, value: NpuInfo | FactError) -> None:
+        self.npu = value
+
+    def read_ascend(self, value: facts_ascend.AscendVersionInfo | FactError) -> None:
+        self.ascend = value
+
+    def read_hccn(self, value: list[facts_ascend.NpuPort] | FactError) -> None:
+        self.hccn = value
 
 
 def own(facts: HostFacts) -> AscendFacts:
@@ -220,9 +230,11 @@ class AscendChecks(VendorChecks):
     )
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
-        plan: list[FactSpec] = [("npu", facts_ascend.NpuSmiInfo, {}), ("ascend", facts_ascend.AscendVersions, {})]
+        plan: list[FactSpec] = [Read("npu", facts_ascend.NpuSmiInfo, AscendFacts.read_npu),
+                                Read("ascend", facts_ascend.AscendVersions, AscendFacts.read_ascend)]
         if requirements.needs_rdma:  # across nodes (or P/D) the NPUs talk over their own ports: read them
-            plan.append(("hccn", facts_ascend.HccnNetwork, {"devices": int(requirements.hardware.gpu_count)}))
+            plan.append(Read("hccn", facts_ascend.HccnNetwork, AscendFacts.read_hccn,
+                             {"devices": int(requirements.hardware.gpu_count)}))
         return plan
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
@@ -235,7 +247,7 @@ class AscendChecks(VendorChecks):
         return AscendRun(requirements, hosts)
 
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
-        return (HEALTH, facts_ascend.AscendHealth, {"config_dir": config_dir})
+        return Read(HEALTH, facts_ascend.AscendHealth, HostFacts.read_health, {"config_dir": config_dir})
 
     def probes(self) -> tuple[ClusterProbe, ...]:
         return (NpuPeerRound(),)
