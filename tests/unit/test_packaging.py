@@ -86,3 +86,20 @@ def test_an_installed_package_adds_a_command_and_hides_none(tmp_path):
     assert "a plugin's resolve" not in resolve.stdout and resolve.stdout.lstrip().startswith("{")
     unknown = k3("no-such-command")
     assert unknown.returncode == 2 and "No such command 'no-such-command'" in unknown.stderr
+
+
+def test_a_runs_inventory_and_command_are_read_as_pyinfra_reads_them_whatever_the_folders(tmp_path):
+    """The inventory of a run (its group_vars, its lock record) is pyinfra's own reading of the command line: an
+    inventory in a folder named ``deploy`` is the inventory, the deploy file in one is not; an interrupted run names
+    the command the user ran."""
+    from k3deploy.runtime.command import DEPLOY, inventory_argument, pyinfra_argv, shown_command
+
+    inv = tmp_path / "deploy" / "site.py"
+    inv.parent.mkdir()
+    inv.write_text("nodes = ['n1']\n")
+    assert inventory_argument(["pyinfra", *pyinfra_argv(str(inv), ["-y"])]) == str(inv)
+    assert inventory_argument(["pyinfra", "-y", "--limit", "n1", str(inv), "deploy/k3.py", "--dry"]) == str(inv)
+    assert inventory_argument(["pyinfra", "@local", str(DEPLOY)]) is None
+    assert shown_command(["pyinfra", *pyinfra_argv(str(inv), ["--dry", "--diff"])]) == \
+        f"k3deploy deploy {inv} --dry --diff"
+    assert shown_command(["pyinfra", str(inv), "deploy/k3.py", "-y"]) == f"pyinfra {inv} deploy/k3.py -y"
