@@ -116,3 +116,15 @@ def test_the_offline_runbook_says_what_it_assumes_of_each_node(tmp_path):
     assert "Not read, assumed" in first and "NCCL_DMABUF_ENABLE=0" in first
     blocks = re.findall(r"```[^\n]*\n(.*?)```", first, re.S)
     assert blocks and all("# assumed, not read: DMA-BUF GPUDirect RDMA is usable" in b for b in blocks)
+
+
+@pytest.mark.parametrize("kind", ["kubernetes", "slurm"])
+def test_the_exports_say_what_they_assume_of_each_node(tmp_path, kind):
+    out = tmp_path / kind
+    exclusive = ["--exclusive", "user"] if kind == "slurm" else []   # the router shares the head's node
+    proc = subprocess.run([*K3DEPLOY, "export", kind, "--hardware", "b300", "--strategy", "multi_node_dep", "-o",
+                           str(out), *exclusive], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    readme = (out / "README.txt").read_text()
+    assert "@IB_HCA" in readme and "Assumed, not read: DMA-BUF GPUDirect RDMA is usable on every node" in readme
+    assert "NCCL_DMABUF_ENABLE=0" in readme
