@@ -25,8 +25,8 @@ from k3deploy.vendors import PACKS, Pack, Spot, pack_for, pack_for_container
 
 #: one example inventory per hardware family (HGX, NVL72 trays, AMD Instinct, Ascend A3) and a P/D one
 INVENTORIES = ["b300.py", "h100.py", "gb300.py", "gb200.py", "mi355x.py", "ascend910c.py", "pd_b300.py"]
-FACT_MODULES = ("k3deploy.vendors.nvidia.facts", "k3deploy.vendors.amd.facts", "k3deploy.vendors.ascend.facts",
-                "k3deploy.facts.rdma", "k3deploy.facts.host", "k3deploy.facts.rollout")
+FACT_MODULES = (*(f"k3deploy.vendors.{pack.name}.facts" for pack in PACKS), "k3deploy.facts.rdma", "k3deploy.facts.host",
+                "k3deploy.facts.rollout")
 
 
 def rollout(inventory: str):
