@@ -1,14 +1,7 @@
 """pyinfra runs this file from the working directory before it loads the inventory and connects to any host
-(``pyinfra INVENTORY deploy/k3.py``, run from here; from anywhere, ``k3deploy deploy INVENTORY`` runs this file,
-which the package ships as ``k3deploy/data/deploy/config.py``): each host gets the connection settings (``ssh_user``,
-``ssh_key``, ...) of the group_vars files that apply to it, wherever the inventory lives (see
-:func:`k3deploy.runtime.connections.give_pyinfra_group_vars`), the deploy's SSH connections offer AES-GCM first
-(see :func:`k3deploy.runtime.connections.prefer_aead_ciphers`), and an interruption from here on ends the run with a
-non-zero exit saying what it left (:mod:`k3deploy.runtime.interrupts`)."""
+(``pyinfra INVENTORY deploy/k3.py``, run from here): it runs the deploy's configuration, the package's
+``k3deploy/data/deploy/config.py`` (what ``k3deploy deploy INVENTORY`` loads from anywhere)."""
 
-from k3deploy.runtime.connections import give_pyinfra_group_vars, prefer_aead_ciphers
-from k3deploy.runtime.interrupts import before_connecting
+from k3deploy.runtime.command import CONFIG
 
-give_pyinfra_group_vars()
-prefer_aead_ciphers()
-before_connecting()
+exec(compile(CONFIG.read_text(), str(CONFIG), "exec"))

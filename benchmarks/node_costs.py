@@ -61,7 +61,7 @@ def facts_command(inventory: str, host: str) -> str:
     h = next(h for h in state.inventory if h.name == host)
     plan = runner.fact_plan(t.requirements, runner.host_address(h), t.vars.k3_model_cache, t.vars.k3_image_dir or "")
     extra = plan_host(t.require_layout(), host, DEPLOY, resolver=None).specs()
-    return str(Batch().command(specs([*plan, *extra])))
+    return str(Batch().command(specs([*(read.spec for read in plan), *extra])))
 
 
 def main() -> None:

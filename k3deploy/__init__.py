@@ -26,9 +26,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     vendors/base.py (Pack, Check, Transport, Container: what a pack is), vendors/common.py (the checks every host
     gets), vendors/nvidia/ (HGX and NVL72 trays), vendors/amd/ (Instinct), vendors/ascend/ (A2/A3): each a pure
     ``__init__`` (its pack: check ids with command, requirement and fix; transport settings; container devices,
-    mounts and flags; floors; the one derivation of the transport settings) and vendors/<family>/checks.py (the
-    facts it reads, its judges and its cluster-wide probes: preflight layer; NVIDIA's NCCL probe in
-    vendors/nvidia/probe.py);
+    mounts and flags; floors; the one derivation of the transport settings), vendors/<family>/facts.py (its
+    pyinfra facts: facts layer) and vendors/<family>/checks.py (the facts it reads, its judges and its cluster-wide
+    probes: preflight layer; NVIDIA's NCCL probe in vendors/nvidia/probe.py); the packs are found, not listed;
     vendors/table.py (docs/requirements.md's table of what preflight checks per vendor, generated from the registry).
 
     model/variables.py (every knob, group_vars merged), model/inventory.py (host records, roles, the plan of an
@@ -68,13 +68,15 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     runtime/slo.py (the SLO gate run: the probe load, the canary against a replica on the previous revision,
     going back to a recorded revision),
     runtime/phases.py (the phases of deploy/k3.py), runtime/pyinfra_internals.py (all that touches pyinfra's internals),
+    runtime/command.py (the deploy's command lines: what ``k3deploy deploy`` runs, the inventory and the command of a
+    run, the watch loop's repair),
     runtime/lock.py (the deployment lock: one run at a time changes a cluster; a lease its holder renews),
     runtime/interrupts.py (a run stopped by SIGINT, SIGTERM or SIGHUP: each group's state, the lock given back, a
     non-zero exit), runtime/launchers.py (what starts the groups, behind one interface: systemd units or, with
     k3_launcher: slurm, one Slurm batch job per group; launcher_for, the one reader of k3_launcher).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
-    facts/base.py, facts/nvidia.py, facts/amd.py, facts/ascend.py, facts/rdma.py, facts/host.py,
+    facts/base.py, facts/rdma.py (and how near each NIC sits to the accelerators), facts/host.py,
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
     facts/health.py (what the vendors' hardware-health facts share: the quarantine record),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they

@@ -1,17 +1,18 @@
 """``k3deploy deploy INVENTORY [pyinfra options...]``: the deploy from any directory, without a clone.
 
 The same run as ``pyinfra INVENTORY deploy/k3.py`` from a clone's top directory: pyinfra runs the deploy file the
-package ships (:data:`DEPLOY`, the clone's ``deploy/k3.py``) with the package's copy of the clone's ``config.py``
-(:data:`CONFIG`: each host gets the connection settings of its group_vars, SSH offers AES-GCM first, an
-interruption ends the run saying what it left), so the working directory does not matter. The process becomes
+package ships (:data:`k3deploy.runtime.command.DEPLOY`, which the clone's ``deploy/k3.py`` runs) with the package's
+``config.py`` (:data:`k3deploy.runtime.command.CONFIG`: each host gets the connection settings of its group_vars, SSH
+offers AES-GCM first, an interruption ends the run saying what it left and the ``k3deploy deploy`` line that
+converges it), so the working directory does not matter. The process becomes
 pyinfra's (same exit codes, same output); every option after INVENTORY goes to pyinfra as it is::
 
     k3deploy deploy site/inventory.py -y                           # roll out
     k3deploy deploy site/inventory.py --dry --diff                 # review first
     k3deploy deploy site/inventory.py -y --data k3_rollback=true   # back to each group's previous revision
 
-    >>> pyinfra_argv("site/inventory.py", ["-y"])[-3:]
-    ['site/inventory.py', '.../k3deploy/data/deploy/k3.py', '-y']
+    >>> pyinfra_argv("site/inventory.py", ["-y"])[:1]
+    ['--config']
 """
 
 from __future__ import annotations
@@ -23,11 +24,7 @@ from pathlib import Path
 import click
 
 from k3deploy.errors import K3Error
-
-#: what pyinfra runs: the deploy file and the configuration it loads before the inventory (a clone's ``deploy/k3.py``
-#: and ``config.py``, shipped inside the package)
-DEPLOY = Path(__file__).resolve().parents[1] / "data" / "deploy" / "k3.py"
-CONFIG = DEPLOY.with_name("config.py")
+from k3deploy.runtime.command import pyinfra_argv
 
 
 def check_inventory(inventory: str) -> None:
@@ -45,11 +42,6 @@ def check_inventory(inventory: str) -> None:
     if not path.is_file() or path.suffix != ".py":
         raise K3Error(f"inventory {inventory!r}: not a pyinfra inventory file: give the path of one (a .py file, "
                       "e.g. inventories/gb300.py of a clone)")
-
-
-def pyinfra_argv(inventory: str, options: list[str]) -> list[str]:
-    """pyinfra's command line for the deploy of ``inventory``, with pyinfra's ``options``."""
-    return ["--config", str(CONFIG), inventory, str(DEPLOY), *options]
 
 
 @click.command("deploy", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -228,6 +228,7 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
         lines.append(f"{step}. Fill the blanks: what the deploy reads from each node is written as a token; replace "
                      "each on its node with what the command prints there:")
         lines += [f"   {b.token} ({b.host}: {b.what}): {b.command}" for b in blanks]
+        lines += assumed_lines(rollout, blanks)
         lines.append("")
         step += 1
     if secrets:
@@ -342,6 +343,16 @@ def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_
                f"kubectl apply -f {output} (first read {written['readme']})")
 
 
+def assumed_lines(rollout: Any, blanks: list[Any]) -> list[str]:
+    """What the blanks' settings assume of each node instead of reading it (the vendor's GPU path to the RDMA ports:
+    :func:`k3deploy.model.runbook.blanks.assumed`), as README.txt says it under the blanks."""
+    from k3deploy.model.runbook.blanks import assumed
+    from k3deploy.vendors import pack_for_container
+
+    pack = pack_for_container(rollout.plan.vendor)
+    return [f"   Assumed, not read: {text}." for text in assumed(pack.brand, blanks)] if pack is not None else []
+
+
 def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
                       tokens: dict[str, str]) -> dict[str, Any]:
     from k3deploy.runtime.launchers import export_for
@@ -388,6 +399,7 @@ def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
             if shared[b.token] not in seen:
                 seen.add(shared[b.token])
                 lines.append(f"   {shared[b.token]} ({b.what}): {b.command}")
+        lines += assumed_lines(rollout, blanks)
         step += 1
     lines.append(f"{step}. kubectl apply -f {out}   (in file order: "
                  + ", ".join(f"{f['kind']} {f['name']}" for f in files) + ")")

@@ -1,7 +1,7 @@
 """``k3deploy watch INVENTORY [--repair]``: the control loop a site runs as a service. Every ``k3_watch_interval``
 seconds it reads each group's state (the status view, as ``k3deploy status`` reads it: one command per host; a host
 that does not answer is a member down), logs one line per change and per action, and with ``--repair`` runs the
-deploy (``pyinfra INVENTORY deploy/k3.py -y``, this interpreter, from this checkout) for a group that stays down past
+deploy (``k3deploy deploy INVENTORY -y``, the installed deploy, with this interpreter) for a group that stays down past
 ``k3_watch_grace``, backing off after a repair that did not bring it back. What to do is decided by
 :mod:`k3deploy.model.watch`; this module reads, logs and runs.
 
@@ -39,9 +39,8 @@ from k3deploy.errors import K3Error
 if TYPE_CHECKING:
     from k3deploy.model.watch import Change, Decision, Knobs, Look, Watch
 
-#: the checkout the command runs from: its ``deploy/k3.py`` is what a repair runs
+#: the directory the watch loop's systemd unit runs in
 CHECKOUT = Path(__file__).resolve().parents[2]
-DEPLOY = "deploy/k3.py"
 #: what the deploy prints when another run holds the deployment lock (:class:`k3deploy.runtime.lock.LockHeld`)
 LOCK_REFUSAL = "holds the deployment lock"
 #: lines of a repair's output kept to say why it failed (pyinfra's results table alone is a line per operation)
@@ -212,15 +211,17 @@ def _stand_down(log: Log, inventory: str, returned: list[Returned]) -> None:
 
 
 def deploy_argv(inventory: str) -> list[str]:
-    """The repair: the deploy of the whole inventory, with this interpreter (run from :data:`CHECKOUT`)."""
-    return [sys.executable, "-m", "pyinfra", str(Path(inventory).resolve()), DEPLOY, "-y"]
+    """The repair: the deploy of the whole inventory (``k3deploy deploy INVENTORY -y``), with this interpreter."""
+    from k3deploy.runtime.command import repair_argv
+
+    return repair_argv(str(Path(inventory).resolve()))
 
 
 def run_repair(inventory: str, stop: Stop) -> tuple[int, float, list[str]]:
     """Run the deploy, its output passed on to stderr as it comes: its exit code, seconds, and its last lines."""
     t0 = time.monotonic()
     tail: deque[str] = deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen(deploy_argv(inventory), cwd=CHECKOUT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(deploy_argv(inventory), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
     stop.child = proc
     try:
@@ -296,7 +297,7 @@ def _decision(log: Log, decision: Decision, repair: bool, inventory: str, count:
             "lock is free", action=decision.action, groups=list(decision.groups), lock=decision.why)
     elif decision.action == REPAIR:
         log("due", f"{', '.join(decision.groups)} not up past its grace ({decision.why}): not repairing without "
-            f"--repair (pyinfra {inventory} {DEPLOY} -y repairs it)", action=decision.action,
+            f"--repair (k3deploy deploy {inventory} -y repairs it)", action=decision.action,
             groups=list(decision.groups))
     else:
         what = "waiting" if decision.action == WAIT else "backing off"
@@ -308,7 +309,7 @@ def _decision(log: Log, decision: Decision, repair: bool, inventory: str, count:
 def _repair(log: Log, watch: Watch, decision: Decision, inventory: str, stop: Stop, grace: float) -> None:
     """Run the deploy for the groups of ``decision``, and log what came of it."""
     log("repair", f"repairing {', '.join(decision.groups)} ({decision.why}, grace {grace:.0f} s): "
-        f"pyinfra {inventory} {DEPLOY} -y", groups=list(decision.groups), why=decision.why,
+        f"k3deploy deploy {inventory} -y", groups=list(decision.groups), why=decision.why,
         command=deploy_argv(inventory))
     rc, took, tail = run_repair(inventory, stop)
     if rc != 0 and any(LOCK_REFUSAL in x for x in tail):
@@ -418,9 +419,6 @@ def watch(inventory: str, repair: bool, grace: int | None, interval: int | None,
     """
     if not Path(inventory).is_file():
         raise K3Error(f"inventory {inventory!r} is not a file: give the inventory's .py file (as pyinfra takes it)")
-    if repair and not (CHECKOUT / DEPLOY).is_file():
-        raise K3Error(f"--repair runs {DEPLOY} of the k3deploy checkout, and {CHECKOUT / DEPLOY} is not there: run "
-                      "k3deploy from its clone (README, The first hour)")
     if print_unit:
         text, name = unit(inventory, repair, grace, interval)
         if as_json:

@@ -4,9 +4,9 @@
 marker line and hands each fact its own output, through that fact's own ``process``: the values are exactly what
 ``host.get_fact`` returns one fact at a time.
 
-A host of pyinfra's ``@fake`` connector answers each command from a table of scripted outputs, one output per
-command, so it cannot answer a batch: :func:`read_batch` reads its facts one at a time (same values, one command
-per fact), which keeps ``@fake`` inventories usable as test fixtures.
+A host that answers each command from a table of scripted outputs, one output per command, cannot answer a batch:
+:func:`read_batch` reads the facts of the hosts :data:`one_at_a_time` names one at a time (same values, one command
+per fact). It names none; a test whose hosts are scripted sets it (the fact-source seam).
 
 The batch's output comes back gzip-compressed and base64-encoded where the host has ``gzip`` and ``base64`` (every
 Linux distribution does): a few dozen lines instead of several hundred, which is what the control machine spends its
@@ -30,11 +30,10 @@ import gzip
 import importlib
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyinfra.api.facts import FactBase, get_fact
-from pyinfra.connectors.fake import FakeConnector
 
 #: the line before each fact's output, and the line a fact prints when its required command is missing
 MARK = "K3_FACT="
@@ -95,19 +94,22 @@ def value(cls: type[FactBase[Any]], lines: list[str] | None) -> Any:
     return cls().process(lines)
 
 
-def scripted(host: Any) -> bool:
-    """Whether ``host`` answers each command from a table of scripted outputs instead of running it in a shell
-    (pyinfra's ``@fake`` connector, the tests' scripted hosts): it is read one fact at a time, and holds no lock. The
-    one place the product names a connector."""
-    return isinstance(host.connector, FakeConnector)
+def in_one_command(host: Any) -> bool:
+    """False: every host runs a batch in a shell (the default of :data:`one_at_a_time`)."""
+    return False
+
+
+#: the hosts whose facts are read one at a time, a command each, and that hold no deployment lock (the deploy takes
+#: none there): none, unless a test sets it for hosts that answer one scripted output per command
+one_at_a_time: Callable[[Any], bool] = in_one_command
 
 
 def read_batch(state: Any, host: Any, items: Sequence[Spec]) -> dict[str, Any]:
     """The value of each fact in ``items`` on ``host``, by name: one command for the lot (one round trip), or one
-    command per fact on an ``@fake`` host. Connection errors propagate, as from ``get_fact``."""
+    command per fact on a host :data:`one_at_a_time` names. Connection errors propagate, as from ``get_fact``."""
     if not items:
         return {}
-    if scripted(host):
+    if one_at_a_time(host):
         return {name: get_fact(state, host, cls, kwargs=kwargs, apply_failed_hosts=False)
                 for name, cls, kwargs in items}
     raw = get_fact(state, host, Batch, kwargs={"specs": specs(items)}, apply_failed_hosts=False) or {}

@@ -2,8 +2,8 @@
 :mod:`k3deploy.model.health` and the node's quarantine record), the quarantine record's section and its parser, and
 how the sections of one health command are run (each tool under ``timeout``, the command always ends with exit 0).
 
-The vendor facts (:class:`k3deploy.facts.nvidia.NvidiaHealth`, :class:`k3deploy.facts.amd.AmdHealth`,
-:class:`k3deploy.facts.ascend.AscendHealth`) add their tools' sections and parse them.
+The vendor facts (:class:`k3deploy.vendors.nvidia.facts.NvidiaHealth`, :class:`k3deploy.vendors.amd.facts.AmdHealth`,
+:class:`k3deploy.vendors.ascend.facts.AscendHealth`) add their tools' sections and parse them.
 
     >>> parse_quarantine(['{"reason": "XID 79 on GPU 0", "events": [], "when": "2026-12-05T10:00:00Z"}'])
     'XID 79 on GPU 0'

@@ -19,8 +19,37 @@ from k3deploy.facts.base import (
     sections,
     version_key,
 )
-from k3deploy.facts.nvidia import GDR_NEAREST, GpuTopology
 from k3deploy.vendors.common import dpu_model
+
+# ------------------------------------------------------------------------- GPU/NIC topology
+
+#: ``nvidia-smi topo -m`` relations, closest first (its legend): same PCIe switch, several bridges, through the CPU's
+#: host bridge, across host bridges of one NUMA node, across NUMA nodes
+TOPO_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+#: the farthest relation at which NCCL uses GPUDirect RDMA between a GPU and a NIC by default (its
+#: ``NCCL_NET_GDR_LEVEL`` default; a NIC beyond it logs "GPU Direct RDMA Disabled for GPU ... (distance 6 > 4)")
+GDR_NEAREST = ("PIX", "PXB")
+
+
+@dataclass(frozen=True)
+class GpuTopology(Jsonable):
+    """The GPU/NIC part of ``nvidia-smi topo -m``: for each NIC (by its RDMA device name from the NIC legend), its
+    relation to each GPU (``PIX`` ... ``SYS``)."""
+
+    gpus: list[str] = field(default_factory=list)
+    nics: dict[str, list[str]] = field(default_factory=dict)   # mlx5_0 -> [relation to GPU0, GPU1, ...]
+
+    def nearest(self, device: str) -> str | None:
+        """The closest relation of ``device`` to any GPU (None: the matrix does not list it)."""
+        rels = [r for r in self.nics.get(device, []) if r in TOPO_RELATIONS]
+        return min(rels, key=TOPO_RELATIONS.index) if rels else None
+
+    @property
+    def separates(self) -> bool:
+        """Some NIC is PIX/PXB to a GPU: the matrix tells GPU NICs from the others. On Grace (GB200/GB300) every NIC
+        is ``SYS`` from every GPU (the GPUs hang off the CPU through NVLink-C2C), so it tells nothing there."""
+        return any(self.nearest(n) in GDR_NEAREST for n in self.nics)
+
 
 # ------------------------------------------------------------------------------- ibv_devinfo
 

@@ -611,14 +611,6 @@ def reader() -> Callable[[Path], dict[str, Any]]:
     return read
 
 
-def inventory_path_from_argv(argv: list[str] | None = None) -> str | None:
-    """The inventory file of a ``pyinfra INVENTORY deploy/k3.py`` run (its first existing .py argument)."""
-    for arg in (argv if argv is not None else sys.argv)[1:]:
-        if arg.endswith(".py") and Path(arg).is_file() and "deploy" not in Path(arg).parts[:-1]:
-            return arg
-    return None
-
-
 def group_vars_dirs(inventory_file: str | None) -> list[Path]:
     """Where ``group_vars/`` is looked up, lowest precedence first: one level above the inventory file (the
     project layout), then next to it (the most specific, e.g. a simulated cluster's own selection)."""

@@ -10,15 +10,14 @@ imports them).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from k3deploy.facts.base import FactError
+from k3deploy.facts.base import FactError, K3Fact
 from k3deploy.facts.health import HealthReading
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, KernelRelease
-from k3deploy.facts.nvidia import GpuTopology
-from k3deploy.facts.rdma import RdmaDevice
+from k3deploy.facts.rdma import GpuTopology, RdmaDevice
 from k3deploy.facts.rollout import StageDaemon
 from k3deploy.model.health import Health
 from k3deploy.model.requirements import Requirements
@@ -30,10 +29,42 @@ GIB = 1024**3
 
 Status = Literal["pass", "warn", "fail"]
 
-#: a fact to read on a host: (field of HostFacts or of the pack's facts type, fact class, arguments)
-FactSpec = tuple[str, type[Any], dict[str, Any]]
-#: the fact plan's name of the hardware-health fact (:meth:`VendorChecks.health`; :meth:`HostFacts.keep`)
+#: the fact plan's name of the hardware-health fact (:meth:`VendorChecks.health`; :meth:`HostFacts.read_health`)
 HEALTH = "health"
+
+Facts = TypeVar("Facts", bound="HostFacts")
+Value = TypeVar("Value")
+
+
+@dataclass(frozen=True)
+class Read(Generic[Facts, Value]):
+    """One fact to read on a host: its name in the host's batch (the field it fills), the fact and its arguments,
+    and ``into``, the facts type's method that fills that field with what was read (the fact's value or its
+    :class:`FactError`): typed, so a fact whose value is not its field's type is a type error, not a setattr.
+
+        >>> from k3deploy.facts.host import KernelVersion
+        >>> read, f = Read("kernel", KernelVersion, HostFacts.read_kernel), HostFacts("n1")
+        >>> read.into(f, KernelVersion().process(["6.8.0-45-generic", "K3_EXIT=0"]))
+        >>> read.spec[0], f.kernel.release
+        ('kernel', '6.8.0-45-generic')
+    """
+
+    name: str
+    fact: type[K3Fact[Value]]
+    into: Callable[[Facts, Value | FactError], None]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> tuple[str, type[K3Fact[Value]], dict[str, Any]]:
+        """As the facts batch takes it (:func:`k3deploy.facts.batch.read_batch`): (name, fact, arguments)."""
+        return self.name, self.fact, self.kwargs
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.spec)
+
+
+#: a fact to read on a host of a pack's facts type
+FactSpec = Read[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -74,24 +105,45 @@ class HostFacts:
     iface: str | None = None  # k3_iface: the interface the site names for NCCL/Gloo sockets (not read from the host)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def keep(self, attr: str, value: Any) -> None:
-        """Set the fact ``attr`` to what was read: the health fact's reading fills :attr:`health` and
-        :attr:`quarantined` (its error, :attr:`health_error`); any other fact its own field.
+    def read_rdma(self, value: list[RdmaDevice] | FactError) -> None:
+        self.rdma = value
+
+    def read_topology(self, value: GpuTopology | FactError) -> None:
+        self.topology = value
+
+    def read_kernel(self, value: KernelRelease | FactError) -> None:
+        self.kernel = value
+
+    def read_runtime(self, value: ContainerRuntime | FactError) -> None:
+        self.runtime = value
+
+    def read_disk_images(self, value: DiskSpace | FactError) -> None:
+        self.disk_images = value
+
+    def read_disk_cache(self, value: DiskSpace | FactError) -> None:
+        self.disk_cache = value
+
+    def read_shm(self, value: DiskSpace | FactError) -> None:
+        self.shm = value
+
+    def read_interface(self, value: AddressInterface | FactError) -> None:
+        self.interface = value
+
+    def read_stage_peers(self, value: StageDaemon | FactError) -> None:
+        self.stage_peers = value
+
+    def read_health(self, value: HealthReading | FactError) -> None:
+        """The health fact's reading fills :attr:`health` and :attr:`quarantined` (its error, :attr:`health_error`).
 
             >>> f = HostFacts("n1")
-            >>> f.keep(HEALTH, HealthReading((), "XID 79 on GPU 0"))
+            >>> f.read_health(HealthReading((), "XID 79 on GPU 0"))
             >>> f.health_read, f.quarantined, f.health.summary()
             (True, 'XID 79 on GPU 0', 'ok')
         """
-        if attr != HEALTH:
-            if attr not in {f.name for f in fields(self)}:
-                raise AttributeError(f"{type(self).__name__} has no fact {attr!r}")
-            setattr(self, attr, value)
-            return
         self.health_read = True
         if isinstance(value, HealthReading):
             self.health, self.quarantined = value.health, value.quarantined
-        elif isinstance(value, FactError):
+        else:
             self.health_error = value
 
 
@@ -210,6 +262,9 @@ class VendorChecks:
     pack: Pack
     #: the type of a host's facts on this vendor's hardware: the common ones and the pack's own fields
     facts_type: type[HostFacts] = HostFacts
+    #: every fact of the vendor with the arguments a capture of a machine runs it with (``python -m
+    #: k3deploy.preflight.runner --local``: :data:`k3deploy.preflight.runner.CAPTURE_FACTS`)
+    capture: tuple[tuple[type[K3Fact[Any]], dict[str, Any]], ...] = ()
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         """The vendor's facts to read on a host of this plan (before the RDMA ports and the common facts), each

@@ -6,7 +6,7 @@ strategy, variant, node count) and one :class:`HostFacts` per node and returns o
 ``"cluster"``). Every result carries what was observed, what is required and the fix.
 
 The checks every host gets are here; a vendor's own are judged by its pack's preflight side
-(``k3deploy/vendors/<family>/checks.py``, :data:`VENDOR_CHECKS`), whose floors live with the pure pack
+(``k3deploy/vendors/<family>/checks.py``, found by :data:`VENDOR_CHECKS`), whose floors live with the pure pack
 (:mod:`k3deploy.vendors.nvidia` and its siblings). Each check's id, command, requirement and fix are registered
 there too (:meth:`k3deploy.vendors.base.Pack.check`).
 
@@ -19,12 +19,12 @@ Thresholds are module variables so a site can change them before calling :func:`
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, DiskSpace
-from k3deploy.facts.nvidia import GpuTopology
-from k3deploy.facts.rdma import RdmaDevice, choose_ports
+from k3deploy.facts.rdma import GpuTopology, RdmaDevice, choose_ports
 from k3deploy.facts.rollout import StageDaemon
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
@@ -41,12 +41,9 @@ from k3deploy.preflight.base import (
     gib,
     unit_name,
 )
-from k3deploy.vendors import pack_for
-from k3deploy.vendors.amd.checks import CHECKS as AMD_CHECKS
-from k3deploy.vendors.ascend.checks import CHECKS as ASCEND_CHECKS
+from k3deploy.vendors import PACKS, Pack, pack_for
 from k3deploy.vendors.base import Spot
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE, SHM_MIN_GIB
-from k3deploy.vendors.nvidia.checks import CHECKS as NVIDIA_CHECKS
 
 __all__ = [
     "CLUSTER", "VENDOR_CHECKS", "CheckResult", "HostFacts", "Status", "failed_hosts", "run_checks", "summarize",
@@ -59,8 +56,19 @@ CACHE_DISK_FACTOR = 1.0
 #: the checks every host gets (id, command, requirement, fix), by id
 _COMMON = {check.id: check for check in COMMON}
 
-#: the preflight side of every vendor pack, by pack name
-VENDOR_CHECKS: dict[str, VendorChecks] = {c.pack.name: c for c in (NVIDIA_CHECKS, AMD_CHECKS, ASCEND_CHECKS)}
+
+
+def preflight_side(pack: Pack) -> VendorChecks:
+    """The pack's preflight side: ``CHECKS`` of its ``checks`` module (``k3deploy/vendors/<name>/checks.py``)."""
+    module = f"k3deploy.vendors.{pack.name}.checks"
+    checks = getattr(importlib.import_module(module), "CHECKS", None)
+    if not isinstance(checks, VendorChecks) or checks.pack is not pack:
+        raise ImportError(f"{module} has no CHECKS of the {pack.name} pack: define CHECKS, its VendorChecks")
+    return checks
+
+
+#: the preflight side of every vendor pack, by pack name (found in the packs: :func:`preflight_side`)
+VENDOR_CHECKS: dict[str, VendorChecks] = {pack.name: preflight_side(pack) for pack in PACKS}
 
 
 def vendor_checks(sel: Requirements) -> VendorChecks:

@@ -31,14 +31,14 @@ from pyinfra.api.inventory import Inventory  # noqa: E402
 from pyinfra.api.state import State  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
-from k3deploy.facts import amd, ascend, nvidia, rdma  # noqa: E402
 from k3deploy.facts import host as hostfacts  # noqa: E402
+from k3deploy.facts import rdma  # noqa: E402
 from k3deploy.facts.base import FactError, K3Fact  # noqa: E402
-from k3deploy.facts.batch import read_batch  # noqa: E402
+from k3deploy.facts.batch import Spec, read_batch  # noqa: E402
 from k3deploy.facts.rollout import StagePeers  # noqa: E402
 from k3deploy.model.requirements import Requirements  # noqa: E402
-from k3deploy.preflight.base import FactSpec  # noqa: E402
-from k3deploy.preflight.checks import HostFacts, vendor_checks  # noqa: E402
+from k3deploy.preflight.base import FactSpec, Read  # noqa: E402
+from k3deploy.preflight.checks import VENDOR_CHECKS, HostFacts, vendor_checks  # noqa: E402
 
 #: where weights are cached on a node (``k3_model_cache`` overrides it); images are measured in Docker's own
 #: DockerRootDir unless ``k3_image_dir`` names a directory
@@ -79,7 +79,8 @@ def host_address(host: Any) -> str:
 
 def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str,
               config_dir: str = DEFAULT_CONFIG_DIR) -> list[FactSpec]:
-    """Which facts to read on a host of this selection (field of its pack's facts type, fact, arguments): the pack's
+    """Which facts to read on a host of this selection (each a :class:`~k3deploy.preflight.base.Read`: the field of
+    its pack's facts type it fills, the fact, its arguments): the pack's
     (:meth:`k3deploy.preflight.base.VendorChecks.facts`), its hardware health with the quarantine record in
     ``config_dir`` (:meth:`~k3deploy.preflight.base.VendorChecks.health`), the RDMA ports where its engines use
     them, then the common ones."""
@@ -89,16 +90,16 @@ def fact_plan(sel: Requirements, address: str, cache_dir: str, image_dir: str,
     if health is not None:
         plan.append(health)
     if sel.needs_rdma and judges.pack.transport.rdma_ports:
-        plan.append(("rdma", rdma.RdmaDevices, {}))
+        plan.append(Read("rdma", rdma.RdmaDevices, HostFacts.read_rdma))
     plan += [
-        ("kernel", hostfacts.KernelVersion, {}),
-        ("runtime", hostfacts.DockerRuntime, {}),
-        ("disk_images", hostfacts.DiskFree, {"path": image_dir}) if image_dir
-        else ("disk_images", hostfacts.ImageStoreFree, {}),
-        ("disk_cache", hostfacts.DiskFree, {"path": cache_dir}),
-        ("shm", hostfacts.ShmSize, {}),
-        ("interface", hostfacts.InterfaceForAddress, {"address": address}),
-        ("stage_peers", StagePeers, {}),
+        Read("kernel", hostfacts.KernelVersion, HostFacts.read_kernel),
+        Read("runtime", hostfacts.DockerRuntime, HostFacts.read_runtime),
+        Read("disk_images", hostfacts.DiskFree, HostFacts.read_disk_images, {"path": image_dir}) if image_dir
+        else Read("disk_images", hostfacts.ImageStoreFree, HostFacts.read_disk_images),
+        Read("disk_cache", hostfacts.DiskFree, HostFacts.read_disk_cache, {"path": cache_dir}),
+        Read("shm", hostfacts.ShmSize, HostFacts.read_shm),
+        Read("interface", hostfacts.InterfaceForAddress, HostFacts.read_interface, {"address": address}),
+        Read("stage_peers", StagePeers, HostFacts.read_stage_peers),
     ]
     return plan
 
@@ -111,7 +112,7 @@ LOST_CONNECTION = "lost the connection while reading the facts: "
 
 
 def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None = None,
-               image_dir: str | None = None, extra: list[FactSpec] | None = None,
+               image_dir: str | None = None, extra: list[Spec] | None = None,
                ib_hca: str | None = None, iface: str | None = None, config_dir: str | None = None) -> HostFacts:
     """Read the facts of one connected host in one command (one round trip), ``extra`` facts included (their
     values land in ``HostFacts.extra`` by name). ``ib_hca`` (``k3_ib_hca``; default: the host's inventory data)
@@ -132,18 +133,19 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
     extra = list(extra or [])
     try:
         with ctx_state.use(state), ctx_host.use(host):
-            got = read_batch(state, host, [*plan, *extra])
+            got = read_batch(state, host, [*(read.spec for read in plan), *extra])
     except ConnectError as exc:
         facts.unreachable = f"{LOST_CONNECTION}{exc}"
         return facts
     except Exception as exc:  # a dropped SSH channel, a timeout: every fact of this host failed
         reason = f"{type(exc).__name__}: {exc}"[:200]
-        for attr, cls, _ in plan:
-            facts.keep(attr, FactError(kind="failed", tool=cls.tool, command=cls.shown_command, first_line=reason))
+        for read in plan:
+            read.into(facts, FactError(kind="failed", tool=read.fact.tool, command=read.fact.shown_command,
+                                       first_line=reason))
         facts.unreachable = None if plan else reason
         return facts
-    for attr, _, _ in plan:
-        facts.keep(attr, got[attr])
+    for read in plan:
+        read.into(facts, got[read.name])
     for name, _, _ in extra:
         facts.extra[name] = got[name]
     return facts
@@ -151,28 +153,13 @@ def host_facts(state: State, host: Any, sel: Requirements, cache_dir: str | None
 
 # ------------------------------------------------------------------------- local raw capture
 
-#: every fact with the arguments used for a capture run
+#: every fact with the arguments used for a capture run: each pack's (its preflight side's ``capture``), then the
+#: RDMA and the common ones
 CAPTURE_FACTS: list[tuple[type[K3Fact[Any]], dict[str, Any]]] = [
-    (nvidia.NvidiaGpus, {}),
-    (nvidia.NvidiaDriverFlavour, {}),
-    (nvidia.NvidiaContainerToolkit, {}),
-    (nvidia.FabricManager, {}),
-    (nvidia.Imex, {}),
-    (nvidia.ImexDomain, {}),
-    (nvidia.NvlinkFabric, {}),
-    (nvidia.GpuNicTopology, {}),
-    (nvidia.NvidiaHealth, {}),
+    *(fact for checks in VENDOR_CHECKS.values() for fact in checks.capture),
     (rdma.RdmaDevices, {}),
     (rdma.KernelModules, {}),
     (rdma.DmabufPrerequisites, {}),
-    (amd.AmdSmiVersion, {}),
-    (amd.RocmDriverVersion, {}),
-    (amd.AmdGpus, {}),
-    (amd.AmdHealth, {}),
-    (ascend.NpuSmiInfo, {}),
-    (ascend.AscendVersions, {}),
-    (ascend.HccnNetwork, {"devices": 16}),
-    (ascend.AscendHealth, {}),
     (hostfacts.KernelVersion, {}),
     (hostfacts.DockerRuntime, {}),
     (hostfacts.ImageStoreFree, {}),

@@ -36,7 +36,7 @@ from pyinfra.context import ctx_state, host
 from pyinfra.operations import python
 
 from k3deploy.errors import K3Error
-from k3deploy.facts.batch import scripted
+from k3deploy.facts import batch
 from k3deploy.model import commands, steps, vip
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, sha256
@@ -46,11 +46,11 @@ from k3deploy.model.staging import engines as stage_engines
 from k3deploy.model.staging import summary
 from k3deploy.model.steps import RouterCall, Step
 from k3deploy.model.units import GROUP_MEMBER
-from k3deploy.model.variables import inventory_path_from_argv
 from k3deploy.preflight.across import preflight_count
 from k3deploy.preflight.checks import CLUSTER
 from k3deploy.runtime import interrupts, pyinfra_internals
 from k3deploy.runtime import slo as slo_gate
+from k3deploy.runtime.command import inventory_argument, shown_command
 from k3deploy.runtime.connections import connector_drift
 from k3deploy.runtime.decide import Decided, changed_files, decide, no_spare
 from k3deploy.runtime.gather import Gathered, gather_in_run, refused_stage
@@ -309,7 +309,7 @@ class RunContext:
             else:
                 out.append(f"group {g}: restarting, not serving: its units were stopped for the change and may be "
                            f"starting {new}")
-        command = shlex.join(["pyinfra", *sys.argv[1:]]) if sys.argv[1:] else "pyinfra INVENTORY deploy/k3.py -y"
+        command = shown_command()
         out.append(f"to converge every group: {command} (it takes the lock, and restarts and gates each group that "
                    "does not serve the planned revision)")
         return out
@@ -378,8 +378,8 @@ def _take_lock(state: State, spec: str | None, target: Target, holder: list[Lock
     """Before any host is read (so before the revision numbers are chosen): the deployment lock
     (:mod:`k3deploy.runtime.lock`) on the first host; on the others the command that reads them takes it first
     (:func:`~k3deploy.runtime.gather.gather_in_run`). ``--dry`` takes none and names a held one."""
-    # pyinfra's @fake hosts (tests of the deploy's own logic) answer scripted facts only: nothing there to lock
-    hosts = {h.name: h for h in state.inventory if h.connected and not scripted(h)}
+    # hosts whose facts are read one at a time answer scripted outputs (a test's): nothing there to lock
+    hosts = {h.name: h for h in state.inventory if h.connected and not batch.one_at_a_time(h)}
     dirs = {n: target.host_vars(n).k3_config_dir for n in hosts}
     if dry_run() or not hosts:
         return None
@@ -399,7 +399,7 @@ def _lock_taken(lock: Lock) -> None:
 def _build(state: State) -> RunContext:
     """Read the hosts, refuse what may not go ahead, decide the run (:func:`~k3deploy.runtime.decide.decide`) and
     say what it does."""
-    spec = inventory_path_from_argv()
+    spec = inventory_argument()
     held: list[Lock] = []
 
     def state_now() -> list[str]:

@@ -12,10 +12,11 @@ The rest of the code finds the pack once and asks it; nothing outside the packs 
 keeps it so). Where a vendor's hardware differs (HGX boards vs NVL72 trays, MI300X vs MI355X, A2 vs A3), the
 difference is data of its pack or of the hardware profile (``taxonomy.yaml``), not a branch elsewhere.
 
-Adding a vendor family: a package ``vendors/<family>/`` with its ``PACK`` (``__init__.py``) and its ``CHECKS``
-(``checks.py``: its facts type on top of :class:`k3deploy.preflight.base.HostFacts`, the facts it reads, its judges
-and probes), listed in :data:`PACKS` and in :data:`k3deploy.preflight.checks.VENDOR_CHECKS`; its facts
-(``facts/<family>.py``) and its simulated tools (``simulator/k3sim/node_tools``); docs/architecture.md lists the rest.
+Adding a vendor family: a package ``vendors/<family>/`` with its ``PACK`` (``__init__.py``), its facts
+(``facts.py``) and its ``CHECKS`` (``checks.py``: its facts type on top of :class:`k3deploy.preflight.base.HostFacts`,
+the facts it reads, its judges and probes), and its simulated tools (``simulator/k3sim/node_tools``); the packs are
+found, not listed (:data:`PACKS`, :data:`k3deploy.preflight.checks.VENDOR_CHECKS`); docs/architecture.md lists the
+rest.
 
     >>> pack_for("NVIDIA").name, pack_for_container("npu").brand, pack_for_container("none")
     ('nvidia', 'Huawei', None)
@@ -27,14 +28,30 @@ and probes), listed in :data:`PACKS` and in :data:`k3deploy.preflight.checks.VEN
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
 from k3deploy.errors import K3Error
-from k3deploy.vendors import amd, ascend, nvidia
 from k3deploy.vendors.base import Check, Container, Pack, Spot, Transport
 
+
+def discover() -> tuple[Pack, ...]:
+    """The ``PACK`` of every package of this one (a vendor family each), by their ``rank``. A pack's name is its
+    package's, where its facts and its preflight side are found."""
+    found = []
+    for module in pkgutil.iter_modules(__path__):
+        pack = getattr(importlib.import_module(f"{__name__}.{module.name}"), "PACK", None) if module.ispkg else None
+        if isinstance(pack, Pack):
+            if pack.name != module.name:
+                raise ImportError(f"the pack of k3deploy/vendors/{module.name} is named {pack.name!r}: name it "
+                                  f"{module.name!r}, as its package")
+            found.append(pack)
+    return tuple(sorted(found, key=lambda pack: (pack.rank, pack.name)))
+
+
 #: every pack, one per vendor family
-PACKS: tuple[Pack, ...] = (nvidia.PACK, amd.PACK, ascend.PACK)
+PACKS: tuple[Pack, ...] = discover()
 
 __all__ = ["PACKS", "Check", "Container", "Pack", "Spot", "Transport", "pack_for", "pack_for_container"]
 

@@ -70,7 +70,10 @@ class Transport:
     NCCL's exact-match form ``=eth1``); ``address_env``: a variable set to that address; ``nvlink_env``: set to 1
     where the trays talk over multi-node NVLink (``nvlink_why``: why, of the hardware's id); ``rdma_ports``: NCCL/UCX
     use the host's RDMA ports (False: the accelerators have their own ports); ``ucx_tls``: RC verbs plus the vendor's
-    GPU-memory copy transport for the P/D KV transfer (NIXL over UCX), None where there is none."""
+    GPU-memory copy transport for the P/D KV transfer (NIXL over UCX), None where there is none; ``gpu_path_assumed``:
+    what the derivation from blanks (no facts: the offline runbook, the Kubernetes export) assumes of the GPU's path
+    to the RDMA ports, which a host's facts decide online (``HostAnswers.gpu_path``), and what a node where it does
+    not hold needs ("": the vendor sets nothing for it)."""
 
     socket_env: tuple[str, ...]
     exact_socket_env: tuple[str, ...] = ()
@@ -79,6 +82,7 @@ class Transport:
     rdma_ports: bool = True
     ucx_tls: str | None = None
     nvlink_why: str = "{hardware}: multi-node NVLink"
+    gpu_path_assumed: str = ""
 
     def nvlink(self, hardware: Any) -> str | None:
         """Why the hardware's trays talk over multi-node NVLink (an NVL72 compute tray: ``nvlink_why``), as far as
@@ -246,7 +250,9 @@ class Pack:
     ``docker run`` form runs a single node (else ``no_site_docker_why``); ``probes``: the ids of the cluster-wide
     probes its preflight side runs (:meth:`k3deploy.preflight.base.VendorChecks.probes`); ``health``: the kinds of
     hardware-health event its tools report (:class:`HealthKind`); ``troubles``: the runbook's troubleshooting entries;
-    ``guide_notes``: (words, heading) of the guide's notes the runbook quotes for this vendor."""
+    ``guide_notes``: (words, heading) of the guide's notes the runbook quotes for this vendor; ``rank``: where the
+    pack comes among the packs (:data:`k3deploy.vendors.PACKS`: the table of docs/requirements.md, the brands a
+    refusal names)."""
 
     name: str
     brand: str
@@ -266,6 +272,7 @@ class Pack:
     troubles: tuple[Trouble, ...] = ()
     guide_notes: tuple[tuple[tuple[str, ...], str], ...] = ()
     common: tuple[Check, ...] = field(default=(), repr=False)
+    rank: int = 100
 
     def check(self, check_id: str) -> Check:
         """The registered check of this id: the vendor's own, else the common one."""

@@ -493,7 +493,7 @@ def warm_script(hardware: str, ip: str) -> str:
 
     need = Requirements(hardware_profiles()[hardware], "default", None, nodes=2, multi_node=True)
     compile_ = "python3 -m compileall -q /usr/lib/k3sim >/dev/null 2>&1\n"
-    return compile_ + Batch().command(specs(fact_plan(need, ip, DEFAULT_CACHE_DIR, ""))) + "\n"
+    return compile_ + Batch().command(specs([read.spec for read in fact_plan(need, ip, DEFAULT_CACHE_DIR, "")])) + "\n"
 
 
 def _install(src: Path, dest: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -75,7 +76,9 @@ def test_a_group_stopped_for_good_serves_again_with_the_loop_running_and_no_othe
     assert (down["group"], down["state"]) == ("engine", "down") and "down (" in down["why"]
     (repair,) = [e for e in loop.events if e["event"] == "repair"]
     assert repair["groups"] == ["engine"]
-    assert repair["command"][1:3] == ["-m", "pyinfra"] and repair["command"][-2:] == ["deploy/k3.py", "-y"]
+    # the installed deploy (k3deploy deploy INVENTORY -y), not a clone's deploy/k3.py
+    assert repair["command"][1:4] == ["-m", "k3deploy.cli", "deploy"] and repair["command"][-1] == "-y"
+    assert Path(repair["command"][-2]) == Path(cluster.inventory).resolve()
     (ended,) = [e for e in loop.events if e["event"] == "repaired"]
     assert ended["rc"] == 0, loop.stderr[-3000:]
     back = [e for e in loop.events if e["event"] == "state" and e["state"] == "up"]

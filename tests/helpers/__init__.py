@@ -48,6 +48,11 @@ BIN = Path(sys.executable).parent
 PYINFRA = str(BIN / "pyinfra")
 #: how the tests run the command line: this interpreter, so that no installed script is needed
 K3DEPLOY = [sys.executable, "-c", "from k3deploy.cli import main; main()"]
+#: the first lines of an inventory of pyinfra's @fake hosts, which answer one scripted output per command: their facts
+#: are read one at a time and no deployment lock is taken there (``k3deploy.facts.batch.one_at_a_time``), in every
+#: process that loads the inventory (pytest's, pyinfra's, k3deploy's)
+FAKE_HOSTS = ("from pyinfra.connectors.fake import FakeConnector as _Fake\nimport k3deploy.facts.batch as _batch\n"
+              "_batch.one_at_a_time = lambda host: isinstance(host.connector, _Fake)\n")
 
 
 def k3(*args: str, check: bool = False, cwd: Path | str = ROOT, timeout: float | None = 600,

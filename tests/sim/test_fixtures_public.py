@@ -11,7 +11,10 @@ import subprocess
 import pytest
 
 from helpers import FIXTURES
-from k3deploy.facts import amd, ascend, host, nvidia, rdma
+from k3deploy.facts import host, rdma
+from k3deploy.vendors.amd import facts as amd
+from k3deploy.vendors.ascend import facts as ascend
+from k3deploy.vendors.nvidia import facts as nvidia
 
 FIX = FIXTURES
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"

@@ -13,15 +13,16 @@ import pytest
 
 sim_profiles = pytest.importorskip("k3sim.profiles")
 from k3deploy.errors import K3Error  # noqa: E402
-from k3deploy.facts import nvidia  # noqa: E402
-from k3deploy.facts.ascend import AscendVersionInfo  # noqa: E402
 from k3deploy.facts.host import AddressInterface, DiskSpace, Ipv4Address  # noqa: E402
-from k3deploy.facts.nvidia import ImexState  # noqa: E402
 from k3deploy.model.requirements import Requirements  # noqa: E402
 from k3deploy.preflight.checks import run_checks, vendor_checks  # noqa: E402
 from k3deploy.preflight.runner import fact_plan  # noqa: E402
 from k3deploy.recipe.taxonomy import hardware  # noqa: E402
+from k3deploy.vendors.ascend.checks import AscendFacts  # noqa: E402
+from k3deploy.vendors.ascend.facts import AscendVersionInfo  # noqa: E402
+from k3deploy.vendors.nvidia import facts as nvidia  # noqa: E402
 from k3deploy.vendors.nvidia.checks import NvidiaFacts  # noqa: E402
+from k3deploy.vendors.nvidia.facts import ImexState  # noqa: E402
 from k3sim.faults import parse_fault  # noqa: E402
 
 GIB = 1024**3
@@ -60,17 +61,19 @@ def cluster(hw: str, nodes: int, faults: list[str], tmp_path, variant="default",
                    PATH=f"{stub}:{TOOLS}/usr/bin:{TOOLS}/usr/local/bin:{TOOLS}/usr/local/Ascend/driver/tools:"
                         f"{os.environ['PATH']}")
         facts = vendor_checks(sel).facts_type(host=f"node{rank}", address=ip)
-        for attr, cls, kwargs in fact_plan(sel, ip, "/var/lib/k3deploy/cache", "/var/lib/docker"):
-            if attr not in NODE_LEVEL:
-                facts.keep(attr, run_fact(cls, kwargs, env))
+        for read in fact_plan(sel, ip, "/var/lib/k3deploy/cache", "/var/lib/docker"):
+            if read.name not in NODE_LEVEL:
+                read.into(facts, run_fact(read.fact, read.kwargs, env))
         facts.disk_images = DiskSpace("/var/lib/docker", "/dev/nvme0n1", 4096 * GIB, 3000 * GIB, "/")
         facts.disk_cache = DiskSpace("/var/lib/k3deploy", "/dev/nvme0n1", 4096 * GIB, 3000 * GIB, "/")
         facts.shm = DiskSpace("/dev/shm", "tmpfs", 64 * GIB, 64 * GIB, "/dev/shm")
         facts.interface = AddressInterface(ip, "eth0", "eth0", [Ipv4Address("eth0", ip, 24)])
         if sel.mnnvl:  # device nodes under /dev exist only inside a node
-            facts.keep("imex", ImexState("active", ["channel0"], 234))
+            assert isinstance(facts, NvidiaFacts)
+            facts.read_imex(ImexState("active", ["channel0"], 234))
         if hw.startswith("ascend"):
-            facts.keep("ascend", AscendVersionInfo("25.5.0", "7.7.0.1.231", None, []))
+            assert isinstance(facts, AscendFacts)
+            facts.read_ascend(AscendVersionInfo("25.5.0", "7.7.0.1.231", None, []))
         hosts.append(facts)
     return sel, hosts
 
@@ -225,7 +228,7 @@ def test_the_quarantine_record_is_read_with_the_health(tmp_path):
     (tmp_path / "quarantine").write_text(json.dumps({"reason": "XID 79 on GPU 0 (fallen off the bus)",
                                                      "events": [], "when": "2026-12-05T10:00:00Z"}))
     facts = NvidiaFacts(host="node0")
-    facts.keep("health", run_fact(nvidia.NvidiaHealth, kwargs, env))
+    facts.read_health(run_fact(nvidia.NvidiaHealth, kwargs, env))
     assert facts.quarantined == "XID 79 on GPU 0 (fallen off the bus)"
     sel, _ = cluster("gb300", 2, [], tmp_path)
     results = [r for r in run_checks(sel, [facts]) if r.check == "node.quarantine"]

@@ -327,7 +327,7 @@ def test_proprietary_kernel_module_flavour(tmp_path):
 
 
 def test_topo_matrix_places_the_nics_as_real_machines_do(tmp_path):
-    from k3deploy.facts.nvidia import parse_topo
+    from k3deploy.vendors.nvidia.facts import parse_topo
 
     hgx = tool(node(tmp_path, "b300"), "usr/bin/nvidia-smi", "topo", "-m").stdout
     real = (Path(__file__).parents[1] / "fixtures/nvidia/topo-m-h100.txt").read_text().splitlines()

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from helpers import FIXTURES
-from k3deploy.facts import amd
-from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
 from k3deploy.facts.rdma import RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import run_checks
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.amd import facts as amd
 from k3deploy.vendors.amd.checks import AmdFacts
+from k3deploy.vendors.amd.facts import AmdGpu, AmdSmiVersions, PeerMemory, RocmDriver
 
 GIB = 1024**3
 PEERS = PeerMemory(path="/sys/kernel/mm/memory_peers/amdkfd/version", version="1.0")
@@ -239,7 +239,7 @@ def test_the_front_end_nic_stays_out_of_nccl_ib_hca_on_amd():
     """Before, AMD read no topology: every active port went to NCCL_IB_HCA, the front-end NIC's too."""
     from k3deploy.vendors.amd.checks import CHECKS
 
-    assert ("topology", amd.AmdGpuNicTopology, {}) in CHECKS.facts(sel("mi300x", 2))
+    assert ("topology", amd.AmdGpuNicTopology, {}) in [read.spec for read in CHECKS.facts(sel("mi300x", 2))]
     hosts = [mi355x(f"mi-{i}", f"10.1.0.{11 + i}") for i in range(2)]
     for host in hosts:
         host.rdma = [*present_list(host.rdma), RdmaDevice("mlx5_8", ports=[RdmaPort(1, "PORT_ACTIVE", "Ethernet", 1024,

@@ -14,6 +14,8 @@ from pyinfra.context import ctx_host, ctx_state
 from helpers import FIXTURES
 from k3deploy.facts.batch import MARK, Batch, read_batch, specs
 from k3deploy.preflight import runner
+from k3deploy.vendors.ascend.facts import NpuSmiInfo
+from k3deploy.vendors.nvidia.facts import NvidiaGpus
 
 #: every preflight fact, by a name of its own
 ITEMS = [(f"f{i}", cls, kwargs) for i, (cls, kwargs) in enumerate(runner.CAPTURE_FACTS)]
@@ -67,10 +69,10 @@ def test_a_batch_gives_each_fact_the_value_it_has_alone(gpu_tools):
     for k, v in batched.items():
         if isinstance(v, runner.hostfacts.DiskSpace):
             assert abs(v.available_bytes - alone[k].available_bytes) < 64 << 20
-    gpus = batched[f"f{[c for c, _ in runner.CAPTURE_FACTS].index(runner.nvidia.NvidiaGpus)}"]
+    gpus = batched[f"f{[c for c, _ in runner.CAPTURE_FACTS].index(NvidiaGpus)}"]
     assert gpus and len(gpus) == 4 and "GB300" in gpus[0].name   # a tool that is there: its parsed output
-    missing = [name for name, cls, _ in ITEMS if cls is runner.ascend.NpuSmiInfo]
-    assert batched[missing[0]] == runner.ascend.NpuSmiInfo.default()  # a tool that is not: the fact's default
+    missing = [name for name, cls, _ in ITEMS if cls is NpuSmiInfo]
+    assert batched[missing[0]] == NpuSmiInfo.default()  # a tool that is not: the fact's default
 
 
 def test_one_command_holds_every_fact_behind_its_own_marker():
@@ -79,7 +81,13 @@ def test_one_command_holds_every_fact_behind_its_own_marker():
         [f"echo {MARK}{name}" for name, _, _ in ITEMS]
 
 
-def test_a_fake_host_is_read_one_fact_at_a_time():
+def test_a_fake_host_is_read_one_fact_at_a_time(monkeypatch):
+    from pyinfra.connectors.fake import FakeConnector
+
+    from k3deploy.facts import batch
+
+    # the fact-source seam: a test names the hosts that answer one scripted output per command
+    monkeypatch.setattr(batch, "one_at_a_time", lambda host: isinstance(host.connector, FakeConnector))
     state, host = _connected("@fake/n1", {"fake_delay": 0, "fake_delay_jitter": 0,
                                           "fake_responses": {"uname -r": ["6.8.0-1031-nvidia-64k"]}})
     kernel = [item for item in ITEMS if item[1] is runner.hostfacts.KernelVersion]

@@ -7,8 +7,11 @@ from typing import Any
 import pytest
 
 from helpers import FIXTURES, read
-from k3deploy.facts import amd, ascend, host, nvidia, rdma
+from k3deploy.facts import host, rdma
 from k3deploy.facts.base import FactError, split_exit, version_at_least, version_key
+from k3deploy.vendors.amd import facts as amd
+from k3deploy.vendors.ascend import facts as ascend
+from k3deploy.vendors.nvidia import facts as nvidia
 
 FIX = FIXTURES
 

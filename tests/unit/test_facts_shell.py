@@ -8,12 +8,12 @@ import subprocess
 import pytest
 
 from helpers import FIXTURES
-from k3deploy.facts import nvidia
 from k3deploy.facts.base import FactError
 from k3deploy.facts.health import HealthReading
-from k3deploy.facts.nvidia import parse_nvidia_health
 from k3deploy.facts.rdma import DmabufPrerequisites
 from k3deploy.facts.rollout import UnitOnHost, WeightsState
+from k3deploy.vendors.nvidia import facts as nvidia
+from k3deploy.vendors.nvidia.facts import parse_nvidia_health
 
 
 def _fact(fact, **kwargs):

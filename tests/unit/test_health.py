@@ -10,16 +10,16 @@ import json
 import pytest
 
 from helpers import FIXTURES
-from k3deploy.facts.amd import AmdHealth, parse_amd_ecc
-from k3deploy.facts.ascend import AscendHealth, parse_npu_health
 from k3deploy.facts.health import HealthReading
-from k3deploy.facts.nvidia import NvidiaHealth, parse_ecc_remap, parse_nvlink_status, parse_xid_log
 from k3deploy.model.health import Health, HealthEvent
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import HEALTH
 from k3deploy.preflight.checks import HostFacts, run_checks
 from k3deploy.preflight.runner import fact_plan
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.amd.facts import AmdHealth, parse_amd_ecc
+from k3deploy.vendors.ascend.facts import AscendHealth, parse_npu_health
+from k3deploy.vendors.nvidia.facts import NvidiaHealth, parse_ecc_remap, parse_nvlink_status, parse_xid_log
 
 
 def lines(name: str) -> list[str]:
@@ -130,7 +130,7 @@ def test_the_fact_plan_reads_health_with_the_config_dir():
 
 def facts_with(host: str, events: tuple[HealthEvent, ...] = (), quarantined: str | None = None) -> HostFacts:
     facts = HostFacts(host=host)
-    facts.keep(HEALTH, HealthReading(events, quarantined))
+    facts.read_health(HealthReading(events, quarantined))
     return facts
 
 
@@ -199,7 +199,7 @@ def test_health_that_could_not_be_read_warns_with_the_command_to_run():
     from k3deploy.facts.base import FactError
 
     facts = HostFacts(host="node1")
-    facts.keep(HEALTH, FactError(kind="failed", tool="nvidia-smi", command="x", first_line="channel closed"))
+    facts.read_health(FactError(kind="failed", tool="nvidia-smi", command="x", first_line="channel closed"))
     status, observed, fix = results_of(facts)[("node1", "hardware.health")]
     assert status == "warn" and "channel closed" in observed
     assert fix.startswith("run `dmesg | grep -E") and fix.endswith("on node1 and read it")

@@ -24,6 +24,7 @@ from pyinfra.api import FactBase
 import k3deploy.facts
 from k3deploy.facts.batch import Batch, specs
 from k3deploy.model import commands
+from k3deploy.vendors import PACKS
 
 #: public functions of commands.py that return data, not a script
 NOT_SCRIPTS = {"model_dir", "hub_dir", "archive_path", "chat_body", "staged_path"}
@@ -139,10 +140,12 @@ def command_functions() -> list[str]:
 
 def facts_taking_strings() -> list[type[FactBase[Any]]]:
     found: dict[str, type[FactBase[Any]]] = {}
-    for info in pkgutil.iter_modules(k3deploy.facts.__path__):
-        module = importlib.import_module(f"k3deploy.facts.{info.name}")
+    names = [f"k3deploy.facts.{info.name}" for info in pkgutil.iter_modules(k3deploy.facts.__path__)]
+    names += [f"k3deploy.vendors.{pack.name}.facts" for pack in PACKS]   # each pack's facts
+    for name in names:
+        module = importlib.import_module(name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if (issubclass(cls, FactBase) and cls.__module__.startswith("k3deploy.facts.") and cls is not Batch
+            if (issubclass(cls, FactBase) and cls.__module__ == name and cls is not Batch
                     and not inspect.isabstract(cls) and takes_strings(cls.command, skip=1)):
                 found[f"{cls.__module__}.{cls.__qualname__}"] = cls
     return [found[k] for k in sorted(found)]

@@ -24,11 +24,7 @@ LAYER_OF = {
     "k3deploy.errors": "errors",
     "k3deploy": "recipe",  # the package's front door re-exports the recipe engine's API
     "k3deploy.recipe": "recipe",
-    "k3deploy.vendors": "vendors",  # the pure vendor packs: what each vendor needs, as data
-    "k3deploy.vendors.nvidia.checks": "preflight",  # a vendor's fact plan and the judges of its checks
-    "k3deploy.vendors.nvidia.probe": "preflight",  # a vendor's cluster-wide probe
-    "k3deploy.vendors.amd.checks": "preflight",
-    "k3deploy.vendors.ascend.checks": "preflight",
+    "k3deploy.vendors": "vendors",  # the pure vendor packs: what each vendor needs, as data (but PACK_MODULES)
     "k3deploy.model": "model",
     "k3deploy.facts": "facts",
     "k3deploy.preflight": "preflight",
@@ -37,6 +33,10 @@ LAYER_OF = {
     "k3deploy.data.deploy.k3": "cli",  # the deploy file and its pyinfra configuration, as `k3deploy deploy` runs them
     "k3deploy.data.deploy.config": "cli",
 }
+
+#: the layer of a pack's module by its name, in every pack (``k3deploy.vendors.<family>.<name>``), so that a new
+#: pack needs no line here: its facts, the judges of its checks with its fact plan, its cluster-wide probe
+PACK_MODULES = {"facts": "facts", "checks": "preflight", "probe": "preflight"}
 
 #: the layers that never load pyinfra, pyinfra_cli, gevent or paramiko (and what they never import)
 PURE = ("errors", "recipe", "vendors", "model")
@@ -53,6 +53,9 @@ MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py")) if 
 
 
 def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 4 and parts[:2] == ["k3deploy", "vendors"] and parts[3] in PACK_MODULES:
+        return PACK_MODULES[parts[3]]
     prefixes = [p for p in LAYER_OF if module == p or module.startswith(p + ".")]
     return LAYER_OF[max(prefixes, key=len)]
 

@@ -7,9 +7,16 @@ from __future__ import annotations
 import dataclasses
 
 from helpers import FIXTURES, ROOT, read
-from k3deploy.facts import nvidia
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
-from k3deploy.facts.nvidia import (
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
+from k3deploy.model.requirements import Requirements
+from k3deploy.preflight.checks import run_checks
+from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors import Spot
+from k3deploy.vendors import nvidia as vendor
+from k3deploy.vendors.nvidia import facts as nvidia
+from k3deploy.vendors.nvidia.checks import CHECKS, NvidiaFacts
+from k3deploy.vendors.nvidia.facts import (
     FabricManagerState,
     GpuFabric,
     ImexDomainState,
@@ -18,13 +25,6 @@ from k3deploy.facts.nvidia import (
     NvidiaGpu,
     ToolkitVersion,
 )
-from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
-from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import run_checks
-from k3deploy.recipe.taxonomy import hardware
-from k3deploy.vendors import Spot
-from k3deploy.vendors import nvidia as vendor
-from k3deploy.vendors.nvidia.checks import CHECKS, NvidiaFacts
 
 GIB = 1024**3
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"

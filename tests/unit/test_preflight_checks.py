@@ -8,12 +8,20 @@ import dataclasses
 import pytest
 
 from helpers import FIXTURES, present, read
-from k3deploy.facts import nvidia
-from k3deploy.facts.amd import AmdGpu, AmdSmiVersions, RocmDriver
-from k3deploy.facts.ascend import AscendVersionInfo, NpuChip, NpuInfo, NpuPort
 from k3deploy.facts.base import FactError
 from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
-from k3deploy.facts.nvidia import (
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
+from k3deploy.model.requirements import Requirements
+from k3deploy.preflight.checks import run_checks
+from k3deploy.preflight.settings import derive_settings
+from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.amd.checks import AmdFacts
+from k3deploy.vendors.amd.facts import AmdGpu, AmdSmiVersions, RocmDriver
+from k3deploy.vendors.ascend.checks import AscendFacts, peer_checks, peer_targets
+from k3deploy.vendors.ascend.facts import AscendVersionInfo, NpuChip, NpuInfo, NpuPort
+from k3deploy.vendors.nvidia import facts as nvidia
+from k3deploy.vendors.nvidia.checks import NvidiaFacts
+from k3deploy.vendors.nvidia.facts import (
     FabricManagerState,
     GpuFabric,
     ImexDomainState,
@@ -22,14 +30,6 @@ from k3deploy.facts.nvidia import (
     NvidiaGpu,
     ToolkitVersion,
 )
-from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
-from k3deploy.model.requirements import Requirements
-from k3deploy.preflight.checks import run_checks
-from k3deploy.preflight.settings import derive_settings
-from k3deploy.recipe.taxonomy import hardware
-from k3deploy.vendors.amd.checks import AmdFacts
-from k3deploy.vendors.ascend.checks import AscendFacts, peer_checks, peer_targets
-from k3deploy.vendors.nvidia.checks import NvidiaFacts
 
 FIX = FIXTURES
 GIB = 1024**3
@@ -479,7 +479,7 @@ def test_ascend_network_names_each_npu_whose_port_is_down_or_unhealthy():
 
 
 def test_ascend_peers_pings_same_index_npus_and_names_each_unreachable_pair():
-    from k3deploy.facts.ascend import NpuPing
+    from k3deploy.vendors.ascend.facts import NpuPing
 
     hosts = [a3_host("a3-0", "10.2.0.1"), a3_host("a3-1", "10.2.0.2")]
     for r, f in enumerate(hosts):
@@ -508,8 +508,8 @@ def test_ascend_peers_pings_same_index_npus_and_names_each_unreachable_pair():
 
 
 def test_ascend_network_is_read_across_nodes_only_and_its_status_is_a_setting(monkeypatch):
-    from k3deploy.facts.ascend import HccnNetwork
     from k3deploy.preflight.runner import fact_plan
+    from k3deploy.vendors.ascend.facts import HccnNetwork
 
     plan = {name: (cls, kw) for name, cls, kw in fact_plan(sel("ascend_910c", 2, variant="ascend_w4a8"), "", "/c", "")}
     assert plan["hccn"] == (HccnNetwork, {"devices": 16})
@@ -611,7 +611,7 @@ def test_a_full_cache_disk_passes_when_the_weights_are_there_already():
 # ------------------------------------------------------------------------- hardware truth
 
 def _amd_names(fixture: str) -> list[str | None]:
-    from k3deploy.facts.amd import AmdGpus
+    from k3deploy.vendors.amd.facts import AmdGpus
     value = read(AmdGpus().process(["K3_SECTION=sysfs", "K3_SECTION=vram", "K3_SECTION=name",
                                     *(FIX / fixture).read_text().splitlines(), "K3_EXIT=0"]))
     return [g.name for g in value]
@@ -639,7 +639,7 @@ def test_an_mi250_node_does_not_pass_for_an_mi300x():
 
 
 def test_an_amd_node_is_recognised_by_its_pci_device_id_whatever_its_name():
-    from k3deploy.facts.amd import AmdGpus
+    from k3deploy.vendors.amd.facts import AmdGpus
     gpus = AmdGpus().process([*(FIX / "amd/sysfs-drm-mi355x-no-product-name.txt").read_text().splitlines(),
                               "K3_EXIT=0"])
     host = mi355x_host("mi-0")
@@ -748,7 +748,7 @@ def test_a_gb200_tray_without_multi_node_nvlink_fails_as_not_an_nvl72_compute_tr
 def _roce_node_with_storage_nic() -> NvidiaFacts:
     """A RoCE-only HGX node (8 GPU NICs, each PIX to its GPU) with a bonded front-end/storage NIC, port up, on the
     first socket (NODE to its GPUs): the real H200's `nvidia-smi topo -m` of tests/fixtures/nvidia/topo-m-h200-bond.txt."""
-    from k3deploy.facts.nvidia import parse_topo
+    from k3deploy.vendors.nvidia.facts import parse_topo
 
     host = h200_host("h200-0", "10.0.0.1")
     topo = parse_topo((FIX / "nvidia/topo-m-h200-bond.txt").read_text().splitlines())
@@ -775,7 +775,7 @@ def test_a_nic_near_no_gpu_is_not_given_to_nccl():
 
 
 def test_affinity_leaves_grace_trays_alone():
-    from k3deploy.facts.nvidia import parse_topo
+    from k3deploy.vendors.nvidia.facts import parse_topo
 
     hosts = gb300_cluster()
     hosts[0].topology = parse_topo((FIX / "nvidia/topo-m-gb200.txt").read_text().splitlines())  # every NIC SYS

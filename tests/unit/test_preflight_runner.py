@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FIXTURES, ROOT, k3
+from helpers import FAKE_HOSTS, FIXTURES, ROOT, k3
 
 FIX = FIXTURES
 GIB = 1024**3
@@ -75,7 +75,7 @@ def write_fake_inventory(tmp_path: Path, bad_fabric_on: int | None = None, **dat
     (tmp_path / "hosts.json").write_text(json.dumps(hosts))
     inventory = tmp_path / "fake_gb300.py"
     inventory.write_text(
-        "import json\nfrom pathlib import Path\n"
+        FAKE_HOSTS + "import json\nfrom pathlib import Path\n"
         "trays = ([tuple(h) for h in json.loads((Path(__file__).parent / 'hosts.json').read_text())],\n"
         "         {'k3_hardware': 'gb300', 'k3_strategy': 'multi_node_tp'})\n"
     )
@@ -221,12 +221,12 @@ def test_local_capture_prints_raw_and_parsed_for_every_fact(tmp_path):
 
 def test_facts_work_with_the_pyinfra_fact_command():
     proc = subprocess.run([sys.executable, "-m", "pyinfra", "@local", "fact", "k3deploy.facts.host.KernelVersion",
-                           "k3deploy.facts.nvidia.NvidiaGpus", "--json"],
+                           "k3deploy.vendors.nvidia.facts.NvidiaGpus", "--json"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["k3deploy.facts.host.KernelVersion"]["@local"]["release"]
-    gpus = data["k3deploy.facts.nvidia.NvidiaGpus"]["@local"]
+    gpus = data["k3deploy.vendors.nvidia.facts.NvidiaGpus"]["@local"]
     assert isinstance(gpus, list) if shutil.which("nvidia-smi") else gpus["kind"] == "absent"
 
 

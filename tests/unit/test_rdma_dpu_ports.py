@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from helpers import FIXTURES
 from k3deploy.facts.host import AddressInterface, Ipv4Address
-from k3deploy.facts.nvidia import GpuFabric, NvidiaGpu, parse_topo
 from k3deploy.facts.rdma import DmabufSupport, RdmaDevice, RdmaDevices, RdmaPort, choose_ports
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import run_checks
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors.nvidia.checks import NvidiaFacts
+from k3deploy.vendors.nvidia.facts import GpuFabric, NvidiaGpu, parse_topo
 
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
 CX8, BF3 = 4131, 41692   # vendor_part_id: ConnectX-8 (0x1023), BlueField-3 (0xa2dc)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, k3, k3_here
+from helpers import FAKE_HOSTS, PYINFRA, ROOT, k3, k3_here
 
 
 def layout(tmp_path: Path, all_yml: str, group_yml: str = "", hosts: str | None = None) -> Path:
@@ -170,7 +170,7 @@ def pyinfra_run(inv: Path, *args: str) -> subprocess.CompletedProcess:
 ])
 @pytest.mark.parametrize("mode", [("--dry", "--diff"), ("-y",)], ids=["dry", "apply"])
 def test_a_refused_run_says_why_once_and_exits_non_zero(tmp_path, all_yml, rank, code, message, mode):
-    inv = layout(tmp_path, all_yml, hosts=FAKE.replace("RANK", rank))
+    inv = layout(tmp_path, all_yml, hosts=FAKE_HOSTS + FAKE.replace("RANK", rank))
     run = pyinfra_run(inv, *mode)
     assert run.returncode == code, run.stdout[-3000:]
     assert run.stdout.count(message) == 1, run.stdout[-3000:]
@@ -242,11 +242,11 @@ def test_revisions_are_recorded_listed_and_chosen(tmp_path):
 def test_fixes_name_where_the_selection_lives_and_the_driver_being_moved_to():
     from dataclasses import replace
 
-    from k3deploy.facts.nvidia import FabricManagerState, NvidiaGpu
     from k3deploy.model.requirements import Requirements
     from k3deploy.preflight.checks import run_checks
     from k3deploy.recipe.taxonomy import hardware
     from k3deploy.vendors.nvidia.checks import NvidiaFacts
+    from k3deploy.vendors.nvidia.facts import FabricManagerState, NvidiaGpu
 
     req = Requirements(hardware()["h200"], "default", 1680.0, nodes=1, strategy="single_node_tp",
                        hardware_from="group_vars/site.yml", image="vllm/vllm-openai:kimi-k3@sha256:" + "a" * 64)

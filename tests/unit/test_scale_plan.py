@@ -7,7 +7,6 @@ import pytest
 
 from k3deploy import resolve
 from k3deploy.errors import SelectionError
-from k3deploy.facts.nvidia import GpuFabric, NvidiaGpu
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.checks import run_checks
 from k3deploy.recipe.argv import flag_value
@@ -15,6 +14,7 @@ from k3deploy.recipe.fixes import deployable
 from k3deploy.recipe.lint import lint_plan
 from k3deploy.recipe.taxonomy import BUILDER_MAX_NODES, hardware
 from k3deploy.vendors.nvidia.checks import NvidiaFacts
+from k3deploy.vendors.nvidia.facts import GpuFabric, NvidiaGpu
 
 
 @pytest.mark.parametrize("nodes", [18, 36, 72])

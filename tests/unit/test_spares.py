@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import FAKE_HOSTS
 from k3deploy.errors import K3Error
 from k3deploy.facts.spares import SpareRecords
 from k3deploy.model import commands
@@ -201,7 +202,7 @@ def fake_trays(tmp_path: Path, *, worker: str = "fake", spare: bool = True, quar
     (tmp_path / "group_vars").mkdir(exist_ok=True)
     (tmp_path / "group_vars" / "all.yml").write_text("k3_hardware: gb300\nk3_strategy: multi_node_tp\n")
     inventory = tmp_path / "trays.py"
-    inventory.write_text("import json\nfrom pathlib import Path\n"
+    inventory.write_text(FAKE_HOSTS + "import json\nfrom pathlib import Path\n"
                          "_g = json.loads((Path(__file__).parent / 'hosts.json').read_text())\n"
                          + "".join(f"{g} = [tuple(h) for h in _g[{g!r}]]\n" for g in groups))
     return str(inventory)

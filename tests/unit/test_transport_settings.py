@@ -5,12 +5,16 @@ settings the online derivation gives for those facts: UCX_* and the vendors' NVL
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import pytest
 
+from helpers import K3DEPLOY, ROOT
 from k3deploy.facts.host import AddressInterface, Ipv4Address
 from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
 from k3deploy.model.requirements import Requirements
-from k3deploy.model.runbook.blanks import offline_env
+from k3deploy.model.runbook.blanks import assumed, offline_env
 from k3deploy.preflight.settings import derive_settings
 from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors.nvidia.checks import NvidiaFacts
@@ -82,3 +86,45 @@ def test_a_host_without_dma_buf_gets_the_vendors_gpu_path_setting_online():
     s = derive_settings(need, facts)
     assert s.env["NCCL_DMABUF_ENABLE"] == "0" and s.peermem_required
     assert list(s.env).index("NCCL_DMABUF_ENABLE") == list(s.env).index("NCCL_IB_HCA") + 1
+
+
+def test_the_offline_derivation_says_what_it_assumes_of_the_gpu_path():
+    """Offline, no fact tells whether DMA-BUF is usable: the settings assume what passes preflight (no
+    NCCL_DMABUF_ENABLE, as online for such a host), and say so with what a node where it does not hold gets online."""
+    need = Requirements(hardware()["h200"], "default", None, nodes=2, multi_node=True)
+    env, blanks = offline_env(need, "n1", ADDRESS)
+    (text,) = assumed("NVIDIA", blanks)
+    assert "NCCL_DMABUF_ENABLE" not in env and "NCCL_DMABUF_ENABLE" not in derive_settings(need, host()).env
+    without = host()
+    without.dmabuf = DmabufSupport("5.4.0-42-generic", False, True, True, False, ["kernel 5.4.0 < 5.12"])
+    online = derive_settings(need, without)
+    assert f"NCCL_DMABUF_ENABLE={online.env['NCCL_DMABUF_ENABLE']}" in text and online.peermem_required
+    assert "nvidia_peermem" in text
+    # no RDMA ports read (one node), or a vendor whose GPU path no fact decides: nothing assumed
+    assert assumed("NVIDIA", offline_env(Requirements(hardware()["h200"], "default", None, nodes=1), "n1",
+                                         ADDRESS)[1]) == []
+    mi = Requirements(hardware()["mi355x"], "default", None, nodes=2, multi_node=True)
+    assert assumed("AMD", offline_env(mi, "n1", ADDRESS)[1]) == []
+
+
+def test_the_offline_runbook_says_what_it_assumes_of_each_node(tmp_path):
+    out = tmp_path / "runbook.md"
+    proc = subprocess.run([*K3DEPLOY, "runbook", "inventories/b200.py", "-o", str(out), "--offline"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first = out.read_text().split("## Values to read from the nodes first", 1)[1].split("\n## ", 1)[0]
+    assert "Not read, assumed" in first and "NCCL_DMABUF_ENABLE=0" in first
+    blocks = re.findall(r"```[^\n]*\n(.*?)```", first, re.S)
+    assert blocks and all("# assumed, not read: DMA-BUF GPUDirect RDMA is usable" in b for b in blocks)
+
+
+@pytest.mark.parametrize("kind", ["kubernetes", "slurm"])
+def test_the_exports_say_what_they_assume_of_each_node(tmp_path, kind):
+    out = tmp_path / kind
+    exclusive = ["--exclusive", "user"] if kind == "slurm" else []   # the router shares the head's node
+    proc = subprocess.run([*K3DEPLOY, "export", kind, "--hardware", "b300", "--strategy", "multi_node_dep", "-o",
+                           str(out), *exclusive], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    readme = (out / "README.txt").read_text()
+    assert "@IB_HCA" in readme and "Assumed, not read: DMA-BUF GPUDirect RDMA is usable on every node" in readme
+    assert "NCCL_DMABUF_ENABLE=0" in readme

@@ -25,7 +25,8 @@ from k3deploy.vendors import PACKS, Pack, Spot, pack_for, pack_for_container
 
 #: one example inventory per hardware family (HGX, NVL72 trays, AMD Instinct, Ascend A3) and a P/D one
 INVENTORIES = ["b300.py", "h100.py", "gb300.py", "gb200.py", "mi355x.py", "ascend910c.py", "pd_b300.py"]
-FACT_MODULES = ("nvidia", "amd", "ascend", "rdma", "host", "rollout")
+FACT_MODULES = (*(f"k3deploy.vendors.{pack.name}.facts" for pack in PACKS), "k3deploy.facts.rdma", "k3deploy.facts.host",
+                "k3deploy.facts.rollout")
 
 
 def rollout(inventory: str):
@@ -35,7 +36,7 @@ def rollout(inventory: str):
 
 
 def fact_classes() -> dict[str, type[K3Fact]]:
-    mods = [importlib.import_module(f"k3deploy.facts.{m}") for m in FACT_MODULES]
+    mods = [importlib.import_module(m) for m in FACT_MODULES]
     return {n: c for m in mods for n, c in vars(m).items() if inspect.isclass(c) and issubclass(c, K3Fact)}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from k3deploy.model.requirements import Requirements
@@ -40,6 +40,8 @@ def interface_command(address: str) -> str:
     return f"ip -o -4 addr show | awk -v a={shlex.quote(address)} '{{split($4, x, \"/\")}} x[1] == a {{print $2}}'"
 
 
+#: the blank of a node's RDMA ports (NCCL_IB_HCA, UCX_NET_DEVICES)
+PORTS = "IB_HCA"
 HCA_COMMAND = ("ibv_devinfo | awk '/hca_id:/ {d=$2} /port:/ {p=$2} "
                "/PORT_ACTIVE/ {printf \"%s%s:%s\", s, d, p; s=\",\"}'")
 
@@ -49,8 +51,8 @@ def offline_env(req: Requirements, host: str, address: str,
     """The env settings the rollout derives from a node's facts, by the same derivation
     (:meth:`k3deploy.vendors.base.Transport.settings`) with blanks for what the node would answer (and the blanks
     themselves): the socket interface (``iface_setting``, ``k3_iface``, when given) and the RDMA ports. What a
-    host's facts decide beyond those, the vendor's GPU path to the ports, is what passes preflight there: DMA-BUF
-    (no ``NCCL_DMABUF_ENABLE``).
+    host's facts decide beyond those, the vendor's GPU path to the ports, is assumed to be what passes preflight
+    there, and said so (:func:`assumed`): DMA-BUF on NVIDIA (no ``NCCL_DMABUF_ENABLE``).
 
     >>> from k3deploy.recipe.taxonomy import hardware
     >>> need = Requirements(hardware()["h200"], "default", None, nodes=2, multi_node=True, pd=True)
@@ -70,11 +72,26 @@ def offline_env(req: Requirements, host: str, address: str,
         name, why = iface.token, f"carries {address}"
     answers = HostAnswers(name, why, address, transport.nvlink(req.hardware))
     if req.needs_rdma and transport.rdma_ports:
-        hca = Blank(host, "IB_HCA", "the RDMA ports with an active link (NCCL_IB_HCA after its =, UCX_NET_DEVICES)",
+        hca = Blank(host, PORTS, "the RDMA ports with an active link (NCCL_IB_HCA after its =, UCX_NET_DEVICES)",
                     HCA_COMMAND)
         blanks.append(hca)
         answers = replace(answers, ports=hca.token, ports_why="RDMA ports with an active link")
     return {key: value for key, value, _ in transport.settings(answers, req.pd)}, blanks
+
+
+def assumed(brand: str, blanks: Sequence[Blank]) -> list[str]:
+    """What :func:`offline_env` assumed of each node instead of reading it, as the runbook says it: the vendor's GPU
+    path to the RDMA ports (``Transport.gpu_path_assumed``), where the blanks read the ports.
+
+    >>> from k3deploy.recipe.taxonomy import hardware
+    >>> need = Requirements(hardware()["h200"], "default", None, nodes=2, multi_node=True)
+    >>> assumed("NVIDIA", offline_env(need, "n1", "10.0.0.11")[1])[0][:37]
+    'DMA-BUF GPUDirect RDMA is usable on e'
+    >>> assumed("NVIDIA", offline_env(Requirements(hardware()["h200"], "default", None, nodes=1), "n1", "10.0.0.11")[1])
+    []
+    """
+    text = pack_for(brand).transport.gpu_path_assumed
+    return [text] if text and any(b.name == PORTS for b in blanks) else []
 
 
 def secret_token(name: str) -> str:

@@ -20,7 +20,7 @@ from k3deploy.model.diff import planned_exec
 from k3deploy.model.images import LocalImage
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import Rollout
-from k3deploy.model.runbook.blanks import Blank, fill_secrets, secret_file, secret_token, without_secrets
+from k3deploy.model.runbook.blanks import Blank, assumed, fill_secrets, secret_file, secret_token, without_secrets
 from k3deploy.model.runbook.checks import check_command, node_commands, spot_for
 from k3deploy.model.runbook.document import Doc, Draft
 from k3deploy.model.secrets import API_KEY_ENV, mask_argv
@@ -97,8 +97,12 @@ def blanks(doc: Draft, rollout: Rollout, context: Context) -> None:
           "regenerate it once the nodes answer SSH (`k3deploy runbook` without `--offline` fills them in).")
     doc.table(["blank", "node", "what", "command"], [[f"`{b.token}`", b.host, b.what, f"`{b.command}`"]
                                                      for b in context.blanks])
+    notes = [f"# assumed, not read: {text}" for text in assumed(context.brand, context.blanks)]
+    if notes:
+        doc.p("Not read, assumed (each node's block says it again): " + " ".join(n[20:] for n in notes) + ".")
     for h in dict.fromkeys(b.host for b in context.blanks):
-        doc.block(h, "\n".join(f"echo {b.token}=$({b.command})" for b in context.blanks if b.host == h) + "\n", "check")
+        doc.block(h, "\n".join([*(f"echo {b.token}=$({b.command})" for b in context.blanks if b.host == h), *notes])
+                  + "\n", "check")
 
 
 def prerequisites(doc: Draft, rollout: Rollout, ctx: Context) -> None:

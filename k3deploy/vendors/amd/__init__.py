@@ -68,6 +68,7 @@ HEALTH_KINDS = (
 
 PACK = Pack(
     name="amd",
+    rank=2,
     brand="AMD",
     container_key="amd",
     tool="rocm-smi",

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3deploy.facts import amd as facts_amd
-from k3deploy.facts.amd import AmdSmiVersions, PeerMemory, RocmDriver
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
@@ -20,12 +18,15 @@ from k3deploy.preflight.base import (
     Device,
     FactSpec,
     HostFacts,
+    Read,
     Results,
     VendorChecks,
     VendorRun,
     as_type,
 )
 from k3deploy.vendors import amd as vendor
+from k3deploy.vendors.amd import facts as facts_amd
+from k3deploy.vendors.amd.facts import AmdSmiVersions, PeerMemory, RocmDriver
 
 
 @dataclass
@@ -38,6 +39,18 @@ class AmdFacts(HostFacts):
     rocm_driver: RocmDriver | FactError | None = None
     amd_gpus: list[facts_amd.AmdGpu] | FactError | None = None
     amd_peer_memory: PeerMemory | FactError | None = None  # the amdkfd peer-memory interface RCCL uses
+
+    def read_amd_versions(self, value: AmdSmiVersions | FactError) -> None:
+        self.amd_versions = value
+
+    def read_rocm_driver(self, value: RocmDriver | FactError) -> None:
+        self.rocm_driver = value
+
+    def read_amd_gpus(self, value: list[facts_amd.AmdGpu] | FactError) -> None:
+        self.amd_gpus = value
+
+    def read_amd_peer_memory(self, value: PeerMemory | FactError) -> None:
+        self.amd_peer_memory = value
 
 
 def own(facts: HostFacts) -> AmdFacts:
@@ -134,14 +147,21 @@ class AmdRun(VendorRun):
 class AmdChecks(VendorChecks):
     pack = vendor.PACK
     facts_type = AmdFacts
+    capture = (
+        (facts_amd.AmdSmiVersion, {}),
+        (facts_amd.RocmDriverVersion, {}),
+        (facts_amd.AmdGpus, {}),
+        (facts_amd.AmdHealth, {}),
+    )
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
+        rdma: list[FactSpec] = [Read("amd_peer_memory", facts_amd.AmdPeerMemory, AmdFacts.read_amd_peer_memory),
+                                Read("topology", facts_amd.AmdGpuNicTopology, HostFacts.read_topology)]
         return [
-            ("amd_gpus", facts_amd.AmdGpus, {}),
-            ("amd_versions", facts_amd.AmdSmiVersion, {}),
-            ("rocm_driver", facts_amd.RocmDriverVersion, {}),
-            *([("amd_peer_memory", facts_amd.AmdPeerMemory, {}), ("topology", facts_amd.AmdGpuNicTopology, {})]
-              if requirements.needs_rdma else []),
+            Read("amd_gpus", facts_amd.AmdGpus, AmdFacts.read_amd_gpus),
+            Read("amd_versions", facts_amd.AmdSmiVersion, AmdFacts.read_amd_versions),
+            Read("rocm_driver", facts_amd.RocmDriverVersion, AmdFacts.read_rocm_driver),
+            *(rdma if requirements.needs_rdma else []),
         ]
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
@@ -156,7 +176,7 @@ class AmdChecks(VendorChecks):
         return AmdRun(requirements, hosts)
 
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
-        return (HEALTH, facts_amd.AmdHealth, {"config_dir": config_dir})
+        return Read(HEALTH, facts_amd.AmdHealth, HostFacts.read_health, {"config_dir": config_dir})
 
 
 CHECKS = AmdChecks()

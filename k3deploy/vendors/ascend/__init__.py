@@ -58,6 +58,7 @@ HEALTH_KINDS = (
 
 PACK = Pack(
     name="ascend",
+    rank=3,
     brand="Huawei",
     container_key="npu",
     tool="npu-smi",

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k3deploy.facts import ascend as facts_ascend
-from k3deploy.facts.ascend import NpuInfo
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import (
@@ -22,6 +20,7 @@ from k3deploy.preflight.base import (
     FactSpec,
     HostFacts,
     ProbeRound,
+    Read,
     Results,
     VendorChecks,
     VendorRun,
@@ -29,6 +28,8 @@ from k3deploy.preflight.base import (
 )
 from k3deploy.preflight.rounds import ping_round
 from k3deploy.vendors import ascend as vendor
+from k3deploy.vendors.ascend import facts as facts_ascend
+from k3deploy.vendors.ascend.facts import NpuInfo
 
 
 @dataclass
@@ -40,6 +41,15 @@ class AscendFacts(HostFacts):
     npu: NpuInfo | FactError | None = None
     ascend: facts_ascend.AscendVersionInfo | FactError | None = None
     hccn: list[facts_ascend.NpuPort] | FactError | None = None  # the NPUs' network ports (multi-node Ascend)
+
+    def read_npu(self, value: NpuInfo | FactError) -> None:
+        self.npu = value
+
+    def read_ascend(self, value: facts_ascend.AscendVersionInfo | FactError) -> None:
+        self.ascend = value
+
+    def read_hccn(self, value: list[facts_ascend.NpuPort] | FactError) -> None:
+        self.hccn = value
 
 
 def own(facts: HostFacts) -> AscendFacts:
@@ -212,11 +222,19 @@ class AscendRun(VendorRun):
 class AscendChecks(VendorChecks):
     pack = vendor.PACK
     facts_type = AscendFacts
+    capture = (
+        (facts_ascend.NpuSmiInfo, {}),
+        (facts_ascend.AscendVersions, {}),
+        (facts_ascend.HccnNetwork, {"devices": 16}),
+        (facts_ascend.AscendHealth, {}),
+    )
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
-        plan: list[FactSpec] = [("npu", facts_ascend.NpuSmiInfo, {}), ("ascend", facts_ascend.AscendVersions, {})]
+        plan: list[FactSpec] = [Read("npu", facts_ascend.NpuSmiInfo, AscendFacts.read_npu),
+                                Read("ascend", facts_ascend.AscendVersions, AscendFacts.read_ascend)]
         if requirements.needs_rdma:  # across nodes (or P/D) the NPUs talk over their own ports: read them
-            plan.append(("hccn", facts_ascend.HccnNetwork, {"devices": int(requirements.hardware.gpu_count)}))
+            plan.append(Read("hccn", facts_ascend.HccnNetwork, AscendFacts.read_hccn,
+                             {"devices": int(requirements.hardware.gpu_count)}))
         return plan
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
@@ -229,7 +247,7 @@ class AscendChecks(VendorChecks):
         return AscendRun(requirements, hosts)
 
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
-        return (HEALTH, facts_ascend.AscendHealth, {"config_dir": config_dir})
+        return Read(HEALTH, facts_ascend.AscendHealth, HostFacts.read_health, {"config_dir": config_dir})
 
     def probes(self) -> tuple[ClusterProbe, ...]:
         return (NpuPeerRound(),)

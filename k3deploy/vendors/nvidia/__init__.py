@@ -162,6 +162,7 @@ TROUBLES = (
 
 PACK = Pack(
     name="nvidia",
+    rank=1,
     brand="NVIDIA",
     container_key="nvidia",
     tool="nvidia-smi",
@@ -173,6 +174,9 @@ PACK = Pack(
         nvlink_env=("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"),
         ucx_tls="rc,cuda_copy",
         nvlink_why="{hardware} NVL72 compute tray: multi-node NVLink through IMEX",
+        gpu_path_assumed="DMA-BUF GPUDirect RDMA is usable on every node (preflight's rdma.gpudirect passes), so no "
+                         "NCCL_DMABUF_ENABLE is set; where it is not, add NCCL_DMABUF_ENABLE=0 to the node's engine "
+                         "env files (and, on x86, load nvidia_peermem), as the deploy does from the node's facts",
     ),
     container=Container(
         flags=("--gpus", "all"),

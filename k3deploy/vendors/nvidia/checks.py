@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3deploy.facts import nvidia as facts_nvidia
 from k3deploy.facts import rdma
 from k3deploy.facts.base import FactError, version_at_least
 from k3deploy.facts.host import AddressInterface
@@ -27,6 +26,7 @@ from k3deploy.preflight.base import (
     FactSpec,
     HostFacts,
     ProbeRound,
+    Read,
     Results,
     VendorChecks,
     VendorRun,
@@ -36,6 +36,7 @@ from k3deploy.preflight.base import (
 )
 from k3deploy.vendors import nvidia as vendor
 from k3deploy.vendors.base import Setting
+from k3deploy.vendors.nvidia import facts as facts_nvidia
 from k3deploy.vendors.nvidia import probe
 
 
@@ -56,6 +57,36 @@ class NvidiaFacts(HostFacts):
     modules: LoadedModules | FactError | None = None
     dmabuf: DmabufSupport | FactError | None = None
     data_direct: list[facts_nvidia.DataDirectFunction] | FactError | None = None
+
+    def read_gpus(self, value: list[facts_nvidia.NvidiaGpu] | FactError) -> None:
+        self.gpus = value
+
+    def read_flavour(self, value: facts_nvidia.DriverFlavour | FactError) -> None:
+        self.flavour = value
+
+    def read_toolkit(self, value: facts_nvidia.ToolkitVersion | FactError) -> None:
+        self.toolkit = value
+
+    def read_fabric_manager(self, value: facts_nvidia.FabricManagerState | FactError) -> None:
+        self.fabric_manager = value
+
+    def read_imex(self, value: facts_nvidia.ImexState | FactError) -> None:
+        self.imex = value
+
+    def read_imex_domain(self, value: facts_nvidia.ImexDomainState | FactError) -> None:
+        self.imex_domain = value
+
+    def read_fabric(self, value: list[facts_nvidia.GpuFabric] | FactError) -> None:
+        self.fabric = value
+
+    def read_modules(self, value: LoadedModules | FactError) -> None:
+        self.modules = value
+
+    def read_dmabuf(self, value: DmabufSupport | FactError) -> None:
+        self.dmabuf = value
+
+    def read_data_direct(self, value: list[facts_nvidia.DataDirectFunction] | FactError) -> None:
+        self.data_direct = value
 
 
 def own(facts: HostFacts) -> NvidiaFacts:
@@ -529,30 +560,43 @@ class NcclAllReduce(ClusterProbe):
 class NvidiaChecks(VendorChecks):
     pack = vendor.PACK
     facts_type = NvidiaFacts
+    capture = (
+        (facts_nvidia.NvidiaGpus, {}),
+        (facts_nvidia.NvidiaDriverFlavour, {}),
+        (facts_nvidia.NvidiaContainerToolkit, {}),
+        (facts_nvidia.FabricManager, {}),
+        (facts_nvidia.Imex, {}),
+        (facts_nvidia.ImexDomain, {}),
+        (facts_nvidia.NvlinkFabric, {}),
+        (facts_nvidia.GpuNicTopology, {}),
+        (facts_nvidia.NvidiaHealth, {}),
+    )
 
     def facts(self, requirements: Requirements) -> list[FactSpec]:
         sel = requirements
         plan: list[FactSpec] = [
-            ("gpus", facts_nvidia.NvidiaGpus, {}),
-            ("toolkit", facts_nvidia.NvidiaContainerToolkit, {}),
+            Read("gpus", facts_nvidia.NvidiaGpus, NvidiaFacts.read_gpus),
+            Read("toolkit", facts_nvidia.NvidiaContainerToolkit, NvidiaFacts.read_toolkit),
         ]
         if sel.hardware.id in vendor.NVSWITCH_HARDWARE:
             # Fabric Manager, and each GPU's registration with the NVSwitch fabric (it can stay In Progress while the
             # service is active)
-            plan += [("fabric_manager", facts_nvidia.FabricManager, {}), ("fabric", facts_nvidia.NvlinkFabric, {})]
+            plan += [Read("fabric_manager", facts_nvidia.FabricManager, NvidiaFacts.read_fabric_manager),
+                     Read("fabric", facts_nvidia.NvlinkFabric, NvidiaFacts.read_fabric)]
         elif getattr(sel.hardware, "nvl", False):
-            plan.append(("fabric", facts_nvidia.NvlinkFabric, {}))
+            plan.append(Read("fabric", facts_nvidia.NvlinkFabric, NvidiaFacts.read_fabric))
             if sel.mnnvl:
-                plan += [("imex", facts_nvidia.Imex, {}), ("imex_domain", facts_nvidia.ImexDomain, {})]
+                plan += [Read("imex", facts_nvidia.Imex, NvidiaFacts.read_imex),
+                         Read("imex_domain", facts_nvidia.ImexDomain, NvidiaFacts.read_imex_domain)]
         if sel.needs_rdma:
             plan += [
-                ("topology", facts_nvidia.GpuNicTopology, {}),
-                ("flavour", facts_nvidia.NvidiaDriverFlavour, {}),
-                ("modules", rdma.KernelModules, {}),
-                ("dmabuf", rdma.DmabufPrerequisites, {}),
+                Read("topology", facts_nvidia.GpuNicTopology, HostFacts.read_topology),
+                Read("flavour", facts_nvidia.NvidiaDriverFlavour, NvidiaFacts.read_flavour),
+                Read("modules", rdma.KernelModules, NvidiaFacts.read_modules),
+                Read("dmabuf", rdma.DmabufPrerequisites, NvidiaFacts.read_dmabuf),
             ]
             if sel.hardware.id in vendor.DATA_DIRECT_HARDWARE:
-                plan.append(("data_direct", facts_nvidia.DataDirect, {}))
+                plan.append(Read("data_direct", facts_nvidia.DataDirect, NvidiaFacts.read_data_direct))
         return plan
 
     def devices(self, facts: HostFacts) -> list[Device] | FactError | None:
@@ -570,7 +614,7 @@ class NvidiaChecks(VendorChecks):
     def health(self, requirements: Requirements, config_dir: str) -> FactSpec | None:
         """XID events, ECC and row remapping, NVLink links; a link down is fatal on an NVL72 compute tray."""
         nvl = bool(getattr(requirements.hardware, "nvl", False))
-        return (HEALTH, facts_nvidia.NvidiaHealth, {"config_dir": config_dir, "nvl": nvl})
+        return Read(HEALTH, facts_nvidia.NvidiaHealth, HostFacts.read_health, {"config_dir": config_dir, "nvl": nvl})
 
     def nvlink(self, requirements: Requirements, facts: HostFacts) -> str | None:
         """GB200/GB300 NVL72 compute trays (not where the tray's GPUs report no NVLink fabric at all, as a GB200 NVL4

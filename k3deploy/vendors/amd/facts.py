@@ -17,7 +17,7 @@ from k3deploy.facts.base import (
     sections,
 )
 from k3deploy.facts.health import QUARANTINE_SECTION, HealthReading, health_command, parse_quarantine, section
-from k3deploy.facts.nvidia import GpuTopology
+from k3deploy.facts.rdma import GpuTopology
 from k3deploy.model.health import HealthEvent
 from k3deploy.vendors.amd import KALLSYMS_GREP, PACK, PEER_MEMORY_PATHS, PEER_MEMORY_SYMBOL
 
