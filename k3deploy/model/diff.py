@@ -324,7 +324,7 @@ def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
     of its :data:`~k3deploy.model.units.GROUP_MEMBER`, when read); what restarts is decided exactly as the deploy
     decides it (:func:`~k3deploy.model.rollout.mark_changes`)."""
     rollout = rollout.decided(mark_changes(rollout, installed))
-    order = rollout.restart_order()
+    order = steps.start_order(rollout)
     hosts: dict[str, HostPlan] = {}
     helper = sha256(group_member_text())
     for u in rollout.units:
@@ -385,13 +385,14 @@ def launch_file_changes(old_text: str | None, new_text: str,
 
 
 def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed], jobs: list[SlurmJob],
-               queued: list[QueuedJob], changed: Set[str]) -> PlanReport:
+               queued: list[QueuedJob], changed: Set[str], start: steps.StartSteps) -> PlanReport:
     """The plan under ``k3_launcher: slurm``: per unit its launch script and env file against what its node holds
     (``installed``: under Slurm a unit's file is its launch script), per group what happens to its job (keep,
     submit, or replace: the queued job ids cancelled first), from the queue the submit host read (``queued``) and
-    the groups the deploy would resubmit (``changed``: :meth:`k3deploy.runtime.launchers.Slurm.changes`)."""
+    the groups the deploy would resubmit (``changed``: :meth:`k3deploy.runtime.launchers.Slurm.changes`), in the
+    order its ``start`` steps submit them (:func:`k3deploy.model.steps.start_order`)."""
     rollout = rollout.decided(changed)
-    order = rollout.restart_order()
+    order = steps.start_order(rollout, start)
     decisions = {d.group: d for d in job_actions(jobs, queued)}
     rows: list[dict[str, Any]] = []
     for job in jobs:

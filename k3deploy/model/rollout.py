@@ -10,7 +10,7 @@ each host needs no more), :func:`render` renders every unit and env file once th
 Example::
 
     >>> rollout = plan_rollout(plan, hosts, variables)                            # doctest: +SKIP
-    >>> rollout.decided(mark_changes(rollout, installed)).restart_order()        # doctest: +SKIP
+    >>> rollout.decided(mark_changes(rollout, installed)).changed_groups        # doctest: +SKIP
 
 Order rules (vLLM 0.33.0): a multi-node head cannot become healthy before its workers joined, so a group
 starts as head -> head's rendezvous port accepts TCP -> all workers -> readiness of the serving nodes.
@@ -231,10 +231,6 @@ class Rollout(Placement):
         if "router" in self.changed_groups:
             return []
         return [g for g in self.replicas if g not in self.changed_groups and self.in_router(g) is False]
-
-    def restart_order(self) -> list[str]:
-        """``host:unit`` in the order they would be started: engine groups (P/D pools), then the router."""
-        return [f"{u.host}:{u.unit}" for g in self.groups if g in self.changed_groups for u in self.group(g)]
 
     def start_plan(self, groups: set[str] | None = None) -> StartPlan:
         """How ``groups`` (default: the changed ones) restart, per host and phase, as the deploy runs it."""

@@ -677,6 +677,28 @@ def swap(rollout: Rollout, host: str, groups: Sequence[str], decided: Decisions)
     return [*parts, commands.swap_in(pairs)] if pairs else parts
 
 
+def start_order(rollout: Rollout, launcher: StartSteps | None = None) -> list[str]:
+    """``host:unit`` in the order the restart (:func:`restart`) starts them, what ``plan`` shows: each ``start``
+    action's units, or each group of a ``submit`` (a job starts its head, then its workers); ``launcher``: whose
+    start steps (default: systemd units', :data:`UNITS`).
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> hosts = [HostRecord("n1", ("head",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.1"}),
+    ...          HostRecord("n2", ("workers",), {"k3_hardware": "gb300", "k3_ip": "10.0.0.2"})]
+    >>> layout = desired_rollout(target(hosts, None))
+    >>> start_order(layout.decided(layout.groups))
+    ['n1:k3-engine.service', 'n2:k3-engine.service']
+    """
+    out: list[str] = []
+    for action in restart(rollout, launcher if launcher is not None else UNITS):
+        if action.kind == "start":
+            out += [f"{p.host}:{u}" for p in action.parts for u in p.units]
+        elif action.kind == "submit":
+            out += [f"{u.host}:{u.unit}" for p in action.parts for g in p.groups for u in rollout.group(g)]
+    return list(dict.fromkeys(out))
+
+
 def restart(rollout: Rollout, launcher: StartSteps, decided: Decisions | None = None) -> list[Action]:
     """Every operation of the start phase, in order: what the launcher runs first; the replicas the router left
     out put back; then each step of the restart (one, or with a rolling change one per wave of replicas): the
@@ -847,6 +869,13 @@ def smoke(rollout: Rollout) -> Step:
 
 
 # ------------------------------------------------------------------------------------------------ the whole rollout
+
+
+#: the rollout's parts after the preflight, in the order they run: the deploy runs its phases in this order
+#: (:func:`k3deploy.runtime.phases.roll_out`) and the runbook writes its sections in it
+#: (:func:`k3deploy.model.runbook.sections.build`), so reordering the rollout is changing this tuple (the order
+#: within the restart: :func:`restart`)
+ORDER: tuple[str, ...] = ("stage", "configure", "start", "virtual address", "smoke")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Example::
     >>> gathered = gather("inventories/gb300.py", PLAN)                                    # doctest: +SKIP
     >>> launcher = launcher_for(gathered.require_rollout(), gathered.slurm_queue, hosts)    # doctest: +SKIP
     >>> decided = decide(gathered, launcher)                                               # doctest: +SKIP
-    >>> decided.rollout.restart_order(), decided.numbers                                   # doctest: +SKIP
+    >>> decided.rollout.changed_groups, decided.numbers                                    # doctest: +SKIP
 """
 
 from __future__ import annotations

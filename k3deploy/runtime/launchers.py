@@ -332,7 +332,7 @@ class Slurm:
         from k3deploy.model.diff import build_jobs
 
         return build_jobs(rollout, gathered.installed, list(self.jobs.values()), list(self.queued),
-                          rollout.changed_groups)
+                          rollout.changed_groups, self.start_steps)
 
     def plan_text(self, report: PlanReport, rollout: Rollout) -> str:
         from k3deploy.model.diff import render_jobs_text

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, Protocol
 
 import gevent.event
 import gevent.lock
@@ -506,6 +506,20 @@ def _spares_said(state: State, gathered: Gathered) -> None:
 # ------------------------------------------------------------------------------------------------ phases
 
 
+class Phase(Protocol):
+    """A phase of the deploy (a pyinfra deploy function): called with the run's context."""
+
+    def __call__(self, *, ctx: RunContext) -> object: ...
+
+
+def roll_out(ctx: RunContext) -> None:
+    """The rollout after the preflight: each phase of :data:`PHASES` in the order of
+    :data:`k3deploy.model.steps.ORDER` (the runbook's sections follow the same tuple)."""
+    for part in steps.ORDER:
+        PHASES[part](ctx=ctx)
+
+
+
 @deploy("Preflight")
 def preflight_phase(ctx: RunContext) -> None:
     if ctx.refusal is not None:
@@ -932,3 +946,9 @@ def _after_rollback(ctx: RunContext) -> None:
         logger.warning(f"k3deploy: group {group} now runs revision {number} (rolled back). The variables "
                        f"(group_vars, inventory) still describe {wanted}: the next run without k3_rollback goes "
                        "forward to them again; change them to stay on this revision")
+
+
+#: each part of the rollout (:data:`k3deploy.model.steps.ORDER`) and the phase that renders its steps
+PHASES: dict[str, Phase] = {
+    "stage": stage_phase, "configure": configure_phase, "start": start_phase, "virtual address": vip_phase,
+    "smoke": smoke_phase}

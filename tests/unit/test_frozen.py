@@ -21,6 +21,7 @@ from k3deploy.model.runbook import Block, Doc, blocks, to_markdown
 from k3deploy.model.runbook.document import Draft
 from k3deploy.model.spares import Settled
 from k3deploy.model.staging import Artifact, StagePlan
+from k3deploy.model.steps import start_order
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.runtime.decide import Decided, NoSpare
@@ -121,6 +122,6 @@ def test_what_restarts_is_a_new_rollout_and_the_rendered_one_is_left_as_it_was()
     changed = mark_changes(rollout, {})   # nothing installed: every group starts
     decided = rollout.decided(changed)
     assert changed == {"engine"} and decided.changed_groups == changed
-    assert rollout.changed_groups == frozenset() and rollout.restart_order() == []
-    assert decided.restart_order() == [f"{u.host}:{u.unit}" for u in rollout.units]
+    assert rollout.changed_groups == frozenset() and start_order(rollout) == []
+    assert start_order(decided) == [f"{u.host}:{u.unit}" for u in rollout.units]
     assert decided.units == rollout.units and decided.decided(router_workers=("x",)).changed_groups == changed

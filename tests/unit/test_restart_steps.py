@@ -207,3 +207,31 @@ def test_the_runbook_and_the_operations_render_the_one_builder(monkeypatch):
     monkeypatch.setattr(steps, "rollout", workers_first)
     assert runbook() == ["workers", "heads"]
     assert operations() == ["Start workers once their head's rendezvous port accepts connections", "Start group heads"]
+
+
+def test_the_rollout_order_is_one_tuple(monkeypatch):
+    """The deploy's phases and the runbook's sections after the preflight follow :data:`steps.ORDER`: a reordering
+    there shows in both, and the deploy file calls no phase of the rollout by name."""
+    import ast
+
+    from k3deploy.model.runbook import sections
+    from k3deploy.runtime import command, phases
+
+    assert set(phases.PHASES) == set(sections.PARTS) == set(steps.ORDER)
+    phase_names = {getattr(f, "__name__", "") for f in phases.PHASES.values()}
+    order = ("configure", "stage", "smoke", "virtual address", "start")
+    assert sorted(order) == sorted(steps.ORDER) and order != steps.ORDER
+    monkeypatch.setattr(steps, "ORDER", order)
+    called: list[str] = []
+
+    def recorder(part: str):
+        return lambda *, ctx: called.append(part)
+
+    monkeypatch.setattr(phases, "PHASES", {p: recorder(p) for p in phases.PHASES})
+    phases.roll_out(ctx=None)  # type: ignore[arg-type]   # the recorders read no context
+    assert called == list(order)
+    written = [s for s in sections.sections() if s in sections.PARTS.values()]
+    assert written == [sections.PARTS[p] for p in order]
+    tree = ast.parse(command.DEPLOY.read_text())
+    named = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "roll_out" in named and not named & phase_names

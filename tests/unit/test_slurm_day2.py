@@ -14,7 +14,7 @@ from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import Rollout
 from k3deploy.model.status import assess
-from k3deploy.model.steps import served_model
+from k3deploy.model.steps import JobSteps, served_model
 
 
 def _sha(text: str) -> str:
@@ -116,7 +116,7 @@ def test_the_plan_keeps_a_job_that_runs_the_planned_revision_and_changes_nothing
     (job,) = slurm.jobs(r)
     queued = [slurm.QueuedJob("41", job.name, "RUNNING", job.comment, "n[0-1]")]
     _, installed = _reading(r)
-    report = build_jobs(r, installed, [job], queued, slurm.changed_groups(r, queued))
+    report = build_jobs(r, installed, [job], queued, slurm.changed_groups(r, queued), JobSteps("n0"))
     assert not report.has_changes and report.exit_code == 0
     assert [(j["group"], j["action"], j["cancel"]) for j in report.jobs or []] == [("engine", "keep", [])]
     text = render_jobs_text(report, r)
@@ -134,7 +134,7 @@ def test_the_plan_replaces_a_job_of_another_revision_naming_the_ids_to_cancel_an
     assert old != slurm.launch_script(r, worker)
     installed[(worker.host, worker.unit)] = Installed(unit_text=old, unit_sha=_sha(old), env_sha=_sha(worker.env_text),
                                                       env_text=worker.env_text)
-    report = build_jobs(r, installed, [job], queued, slurm.changed_groups(r, queued))
+    report = build_jobs(r, installed, [job], queued, slurm.changed_groups(r, queued), JobSteps("n0"))
     assert report.has_changes and report.exit_code == 3
     (row,) = report.jobs or []
     assert (row["action"], row["cancel"], row["comment"]) == ("replace", ["41"], job.comment)
@@ -149,7 +149,7 @@ def test_the_plan_replaces_a_job_of_another_revision_naming_the_ids_to_cancel_an
 def test_the_plan_submits_a_group_with_no_job_and_new_files():
     r = _rollout()
     (job,) = slurm.jobs(r)
-    report = build_jobs(r, {}, [job], [], slurm.changed_groups(r, []))
+    report = build_jobs(r, {}, [job], [], slurm.changed_groups(r, []), JobSteps("n0"))
     (row,) = report.jobs or []
     assert row["action"] == "submit" and row["cancel"] == []
     files = [c["path"] for h in report.hosts for c in h.changes if c["kind"] == "file"]

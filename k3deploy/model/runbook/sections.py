@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -490,13 +490,23 @@ def troubleshooting(doc: Draft, rollout: Rollout, ctx: Context) -> None:
             doc.p(text)
 
 
-SECTIONS = (title, blanks, prerequisites, stage, configure, start, virtual_address, smoke, rolling, rollback,
-            troubleshooting)
+#: a section of the runbook: it writes its part of the document
+Section = Callable[[Draft, Rollout, Context], None]
+
+#: each part of the rollout (:data:`k3deploy.model.steps.ORDER`) and the section that writes its steps
+PARTS: dict[str, Section] = {"stage": stage, "configure": configure, "start": start,
+                             "virtual address": virtual_address, "smoke": smoke}
+
+
+def sections() -> list[Section]:
+    """The runbook's sections in order: what to have and fill in, the rollout's parts in the order the deploy runs
+    them (:data:`k3deploy.model.steps.ORDER`), then day 2 and troubleshooting."""
+    return [title, blanks, prerequisites, *(PARTS[part] for part in steps.ORDER), rolling, rollback, troubleshooting]
 
 
 def build(rollout: Rollout, context: Context) -> Doc:
     """The runbook of one rollout, section by section."""
     doc = Draft()
-    for section in SECTIONS:
+    for section in sections():
         section(doc, rollout, context)
     return doc.done()
