@@ -33,7 +33,7 @@ def test_the_product_wheel_holds_the_tool_and_no_simulator(tmp_path):
     for name in ("k3.py", "config.py"):
         assert not (built / name).is_symlink() and not (ROOT / "k3deploy" / "data" / "deploy" / name).is_symlink()
         assert (built / name).read_text() == (ROOT / "k3deploy" / "data" / "deploy" / name).read_text()
-    assert "start_phase(ctx=run)" in (built / "k3.py").read_text()
+    assert "roll_out(ctx=run)" in (built / "k3.py").read_text()
     assert "give_pyinfra_group_vars()" in (built / "config.py").read_text()
 
 
