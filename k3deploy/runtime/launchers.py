@@ -59,7 +59,7 @@ class Readings(Protocol):
 class Renderer(Protocol):
     """What renders a rollout's files for what runs its units: the file each unit runs from, where its output is,
     what a revision keeps and records. Every :class:`Launcher` is one, and so is an export that starts nothing
-    (:class:`k3deploy.model.kubernetes.Export`, from :func:`export_for`)."""
+    (:class:`k3deploy.model.kubernetes.Export`, :class:`k3deploy.model.slurm.Export`: from :func:`export_for`)."""
 
     #: how ``status`` names it (``systemd``, ``slurm``, ``kubernetes``)
     name: ClassVar[str]
