@@ -1,6 +1,7 @@
 """``k3deploy export slurm``: the Slurm batch jobs of an inventory (or of a selection, host names as placeholders),
-for sites that submit their jobs themselves (docs/slurm.md); ``k3deploy export kubernetes``: its manifests, as the
-export's renderer (:func:`k3deploy.runtime.launchers.export_for`) writes them (docs/kubernetes.md)."""
+for sites that submit their jobs themselves (docs/slurm.md); ``k3deploy export kubernetes``: its manifests
+(docs/kubernetes.md). Each writes what its export's renderer (:func:`k3deploy.runtime.launchers.export_for`)
+renders."""
 
 from __future__ import annotations
 
@@ -174,14 +175,16 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     from k3deploy.model import slurm
     from k3deploy.model.hosttext import parse_env
     from k3deploy.model.runbook.blanks import secret_file, secret_token, without_secrets
+    from k3deploy.runtime.launchers import export_for
 
-    jobs = slurm.jobs(rollout)
+    export = export_for(rollout, kind="slurm")
+    jobs = export.jobs
     files: list[dict[str, Any]] = []
     secrets: dict[str, list[str]] = {}
 
     # every file's place is checked before the first is written: none outside -o, nothing half written
     for rel in [f"{job.name}.sbatch" for job in jobs] + [f"nodes/{hf.host}{f.path}" for hf in
-                                                         slurm.host_files(rollout, submit_host=None) for f in hf.files]:
+                                                         export.host_files for f in hf.files]:
         if ".." in Path(rel).parts or not (out / rel).resolve().is_relative_to(out.resolve()):
             raise K3Error(f"{rel!r} would be written outside -o {out}: rename the host or path it is made of (plain "
                           "names only)")
@@ -199,7 +202,7 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
 
     for job in jobs:
         put(f"{job.name}.sbatch", job.script, 0o644, None, job.path)
-    for hf in slurm.host_files(rollout, submit_host=None):
+    for hf in export.host_files:
         for f in hf.files:
             text = f.text
             if f.mode == "0600":   # an env file: its settings from its unit's spec (a kept one as a host holds it)
@@ -212,7 +215,7 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
              f"written by `k3deploy export slurm` from {source}.", "",
              "1. On each node, put its files in place (as root): nodes/<node>/<path> goes to <path> with the mode it "
              "has here, and create the directories of the jobs' output:"]
-    for hf in slurm.host_files(rollout, submit_host=None):
+    for hf in export.host_files:
         placed = ", ".join(f"{f.path} ({f.mode})" for f in hf.files)
         lines.append(f"   {hf.host}: mkdir -p {' '.join(hf.dirs)}; {placed}")
     lines += ["   The launch scripts run the same containers as the systemd units of `pyinfra INVENTORY deploy/k3.py`; "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,8 +157,10 @@ def _unit_other_lines(text: str | None) -> list[str]:
 # ------------------------------------------------------------------------------- the plan
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostPlan:
+    """What changes on one host (its first unit's role and rank), in order; built whole (:func:`host_plans`)."""
+
     host: str
     role: str
     rank: int
@@ -166,6 +168,22 @@ class HostPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "role": self.role, "rank": self.rank, "changes": self.changes}
+
+
+def host_plans(rollout: Rollout, changes: Mapping[str, Sequence[dict[str, Any]]]) -> list[HostPlan]:
+    """Each host of ``rollout`` in order, with its ``changes`` (host -> its changes, in order; none where absent).
+
+    >>> from types import SimpleNamespace as N
+    >>> units = [N(host="n1", node=N(role="head"), rank=0), N(host="n1", node=N(role="head"), rank=0),
+    ...          N(host="n2", node=N(role="worker"), rank=1)]
+    >>> [(h.host, h.rank, h.changes) for h in host_plans(N(units=units), {"n2": [{"kind": "restart"}]})]
+    [('n1', 0, []), ('n2', 1, [{'kind': 'restart'}])]
+    """
+    first: dict[str, UnitWork] = {}
+    for u in rollout.units:
+        first.setdefault(u.host, u)
+    return [HostPlan(host=h, role=u.node.role, rank=u.rank, changes=list(changes.get(h, ())))
+            for h, u in first.items()]
 
 
 @dataclass(frozen=True)
@@ -325,31 +343,29 @@ def build(rollout: Rollout, installed: dict[tuple[str, str], Installed],
     decides it (:func:`~k3deploy.model.rollout.mark_changes`)."""
     rollout = rollout.decided(mark_changes(rollout, installed))
     order = steps.start_order(rollout)
-    hosts: dict[str, HostPlan] = {}
+    hosts: dict[str, list[dict[str, Any]]] = {}
     helper = sha256(group_member_text())
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
-        hp = hosts.get(u.host)
-        if hp is None:
-            hp = hosts[u.host] = HostPlan(host=u.host, role=u.node.role, rank=u.rank)
+        changes_here = hosts.setdefault(u.host, [])
         if helpers is not None and u.group != "router" and u.host in helpers and helpers[u.host] != helper \
-                and not any(c["kind"] == "file" and c["path"] == GROUP_MEMBER for c in hp.changes):
-            hp.changes.append({"kind": "file", "unit": u.unit, "path": GROUP_MEMBER,
-                               "op": "create" if helpers[u.host] is None else "modify"})
+                and not any(c["kind"] == "file" and c["path"] == GROUP_MEMBER for c in changes_here):
+            changes_here.append({"kind": "file", "unit": u.unit, "path": GROUP_MEMBER,
+                                 "op": "create" if helpers[u.host] is None else "modify"})
         changes = unit_changes(u, have)
-        hp.changes += changes
+        changes_here += changes
         token = token_path(rollout.vars.k3_config_dir) if rollout.vars.k3_hf_token_file else None
-        if any(c["kind"] == "drift" and c["path"] == token for c in hp.changes):
+        if any(c["kind"] == "drift" and c["path"] == token for c in changes_here):
             token = None   # one token file per host, read with each of its engine units
-        hp.changes += file_drift(u, have, token)
+        changes_here += file_drift(u, have, token)
         key = f"{u.host}:{u.unit}"
         if key in order:
-            hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
-                               "group": u.group, "reason": _reason(u, have, bool(changes))})
+            changes_here.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
+                                 "group": u.group, "reason": _reason(u, have, bool(changes))})
     notes = [rollout.how_changes_roll(), *filter(None, [vip.describe(rollout)])]
     missing = rollout.missing_from_router()
     notes += [f"{g} serves but the router leaves it out: the run puts it back into the router" for g in missing]
-    return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint, notes=notes,
+    return PlanReport(hosts=host_plans(rollout, hosts), restart_order=order, endpoint=rollout.endpoint, notes=notes,
                       steps=rollout.waves() if rollout.rolling else [], router_missing=missing)
 
 
@@ -408,30 +424,28 @@ def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed],
                      "queued": [{"id": q.id, "state": q.state, "comment": q.comment} for q in mine],
                      "nodes": list(job.nodes), "comment": job.comment, "why": why})
     reasons = {r["group"]: r["why"] for r in rows}
-    hosts: dict[str, HostPlan] = {}
+    hosts: dict[str, list[dict[str, Any]]] = {}
     for u in rollout.units:
         have = installed.get((u.host, u.unit), Installed())
-        hp = hosts.get(u.host)
-        if hp is None:
-            hp = hosts[u.host] = HostPlan(host=u.host, role=u.node.role, rank=u.rank)
+        changes_here = hosts.setdefault(u.host, [])
         script, path = launch_script(rollout, u), launch_path(rollout, u)
         if have.unit_sha != sha256(script):
             if have.unit_text is None:
-                hp.changes.append({"kind": "file", "unit": u.unit, "path": path, "op": "create"})
-            hp.changes += [{**c, "unit": u.unit}
-                           for c in launch_file_changes(have.unit_text, script, planned_command(u))]
+                changes_here.append({"kind": "file", "unit": u.unit, "path": path, "op": "create"})
+            changes_here += [{**c, "unit": u.unit}
+                             for c in launch_file_changes(have.unit_text, script, planned_command(u))]
         if have.env_sha != sha256(u.env_text):
             if have.env_text is None:
-                hp.changes.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
-            hp.changes += [{**c, "unit": u.unit} for c in env_file_changes(have.env_text, planned_env(u))]
+                changes_here.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
+            changes_here += [{**c, "unit": u.unit} for c in env_file_changes(have.env_text, planned_env(u))]
         key = f"{u.host}:{u.unit}"
         if key in order:
-            hp.changes.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
-                               "group": u.group, "reason": reasons.get(u.group, "its group's job is resubmitted")})
+            changes_here.append({"kind": "restart", "unit": u.unit, "position": order.index(key) + 1,
+                                 "group": u.group, "reason": reasons.get(u.group, "its group's job is resubmitted")})
     notes = [rollout.how_changes_roll(), *filter(None, [vip.describe(rollout)])]
     missing = rollout.missing_from_router()
     notes += [f"{g} serves but the router leaves it out: the run puts it back into the router" for g in missing]
-    return PlanReport(hosts=list(hosts.values()), restart_order=order, endpoint=rollout.endpoint, notes=notes,
+    return PlanReport(hosts=host_plans(rollout, hosts), restart_order=order, endpoint=rollout.endpoint, notes=notes,
                       steps=rollout.waves() if rollout.rolling else [], router_missing=missing, jobs=rows)
 
 

@@ -35,6 +35,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import ClassVar
 
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
@@ -369,6 +371,64 @@ def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
             dirs.append(rollout.vars.k3_slurm_dir)
         files += [NodeFile(j.path, j.script, "0644") for j in jobs(rollout)]
     return [HostFiles(h, tuple(d), tuple(f)) for h, (d, f) in out.items()]
+
+
+@dataclass(frozen=True)
+class Export:
+    """The Slurm files of a rollout, as what renders them (:class:`k3deploy.runtime.launchers.Renderer`): each
+    group's job (:func:`jobs`), and per host its files (:func:`host_files`; with ``submit_host``, the batch scripts
+    placed there). A unit runs from its launch script, its output is its group's directory, a revision keeps its
+    launch script and env file. The Slurm launcher renders through it (its files are the deploy's), and so does
+    ``k3deploy export slurm`` (no submit host: the site submits the jobs). Got from
+    :func:`k3deploy.runtime.launchers.export_for`.
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> r = desired_rollout(target([HostRecord("n1", ("head",), {"k3_hardware": "b300", "k3_ip": "10.0.0.1"})],
+    ...                            None))
+    >>> export = Export(r)
+    >>> [j.name for j in export.jobs], export.unit_file(r.units[0]), export.log_dir(r.units[0])
+    (['k3-engine'], '/etc/k3deploy/k3-engine.launch', '/var/lib/k3deploy/slurm/engine')
+    """
+
+    rollout: Placement
+    #: where the batch scripts are placed (None: nowhere, the site submits them)
+    submit_host: str | None = None
+    name: ClassVar[str] = "slurm"
+
+    @cached_property
+    def jobs(self) -> list[SlurmJob]:
+        """Every group's job in submit order (:func:`jobs`)."""
+        return jobs(self.rollout)
+
+    @cached_property
+    def host_files(self) -> list[HostFiles]:
+        """Per host, what it gets before a job runs there (:func:`host_files`)."""
+        return host_files(self.rollout, self.submit_host)
+
+    def files(self, host: str) -> HostFiles | None:
+        """What ``host`` gets (None: nothing)."""
+        return next((f for f in self.host_files if f.host == host), None)
+
+    def unit_file(self, unit: UnitWork) -> str:
+        """Its launch script: what its job's step runs."""
+        return launch_path(self.rollout, unit)
+
+    def log_dir(self, unit: UnitWork) -> str | None:
+        """Its group's directory under ``k3_slurm_dir``, where each job's step output is."""
+        return group_dir(self.rollout, unit.group)
+
+    def kept(self, unit: UnitWork) -> list[str]:
+        """The files of ``unit`` a revision keeps on its node: its launch script and env file."""
+        return [launch_path(self.rollout, unit), unit.env_path]
+
+    def revision_files(self, group: str) -> dict[str, str]:
+        """``host:path -> sha256`` of what ``group`` runs (:meth:`kept`), as a revision records it."""
+        out = {}
+        for u in self.rollout.group(group):
+            out[f"{u.host}:{launch_path(self.rollout, u)}"] = sha256(launch_script(self.rollout, u))
+            out[f"{u.host}:{u.env_path}"] = sha256(u.env_text)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------- commands

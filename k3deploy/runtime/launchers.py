@@ -4,7 +4,7 @@
 ``bundle`` ask the launcher it gives what to read, what changes, which files a revision keeps, how a group is polled
 and stopped, and never compare its name. Its half that renders the files (:class:`Renderer`: the file each unit runs
 from, its output, what a revision keeps) is also what an export is: the Kubernetes manifests (``k3deploy export
-kubernetes``), from :func:`export_for`, start nothing.
+kubernetes``) and the Slurm batch jobs (``k3deploy export slurm``), from :func:`export_for`, start nothing.
 
 Example::
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, overload
 
 from pyinfra import logger
 
@@ -58,7 +59,7 @@ class Readings(Protocol):
 class Renderer(Protocol):
     """What renders a rollout's files for what runs its units: the file each unit runs from, where its output is,
     what a revision keeps and records. Every :class:`Launcher` is one, and so is an export that starts nothing
-    (:class:`k3deploy.model.kubernetes.Export`, from :func:`export_for`)."""
+    (:class:`k3deploy.model.kubernetes.Export`, :class:`k3deploy.model.slurm.Export`: from :func:`export_for`)."""
 
     #: how ``status`` names it (``systemd``, ``slurm``, ``kubernetes``)
     name: ClassVar[str]
@@ -271,13 +272,18 @@ class Slurm:
         """Record, then cancel and submit the jobs on the submit host (:class:`k3deploy.model.steps.JobSteps`)."""
         return steps.JobSteps(self.submit_host)
 
+    @cached_property
+    def renderer(self) -> slurm.Export:
+        """What renders its files (the export's renderer, with the batch scripts placed on the submit host)."""
+        return slurm.Export(self.rollout, self.submit_host)
+
     def unit_file(self, unit: UnitWork) -> str:
         """Its launch script: what its job's step runs."""
-        return slurm.launch_path(self.rollout, unit)
+        return self.renderer.unit_file(unit)
 
     def log_dir(self, unit: UnitWork) -> str | None:
         """Its group's directory under ``k3_slurm_dir``, where each job's step output is."""
-        return slurm.group_dir(self.rollout, unit.group)
+        return self.renderer.log_dir(unit)
 
     def changes(self, rollout: Rollout, gathered: Readings) -> frozenset[str]:
         """The groups that restart (:func:`k3deploy.model.slurm.changed_groups`): a group whose job is not
@@ -309,19 +315,15 @@ class Slurm:
 
     def kept(self, unit: UnitWork) -> list[str]:
         """The files of ``unit`` a revision keeps on its node: its launch script and env file."""
-        return [slurm.launch_path(self.rollout, unit), unit.env_path]
+        return self.renderer.kept(unit)
 
     def revision_files(self, group: str) -> dict[str, str]:
         """``host:path -> sha256`` of what ``group`` runs (:meth:`kept`), as a revision records it."""
-        out = {}
-        for u in self.rollout.group(group):
-            out[f"{u.host}:{slurm.launch_path(self.rollout, u)}"] = sha256(slurm.launch_script(self.rollout, u))
-            out[f"{u.host}:{u.env_path}"] = sha256(u.env_text)
-        return out
+        return self.renderer.revision_files(group)
 
     def files(self, host: str) -> HostFiles | None:
         """What ``host`` gets before a job runs there (launch scripts, env files, batch scripts, directories)."""
-        return next((f for f in slurm.host_files(self.rollout, self.submit_host) if f.host == host), None)
+        return self.renderer.files(host)
 
     def control(self, submitted: Mapping[str, str]) -> GroupControl:
         return JobControl(self, submitted)
@@ -477,10 +479,24 @@ def launcher_for(rollout: Placement, queue: SlurmQueueReading | None = None,
     return Slurm(rollout, submit, jobs, queue.jobs)
 
 
-def export_for(rollout: Rollout, tokens: Mapping[str, str] | None = None) -> Export:
-    """What renders the Kubernetes export of ``rollout`` (a :class:`Renderer`, not a :class:`Launcher`: an export
-    starts nothing): its manifests, whatever ``k3_launcher`` says. ``tokens``: a node's blank -> the one blank its
-    pool's pod template carries."""
+@overload
+def export_for(rollout: Rollout, tokens: Mapping[str, str] | None = None,
+               kind: Literal["kubernetes"] = "kubernetes") -> Export: ...
+
+
+@overload
+def export_for(rollout: Rollout, tokens: Mapping[str, str] | None = None, *,
+               kind: Literal["slurm"]) -> slurm.Export: ...
+
+
+def export_for(rollout: Rollout, tokens: Mapping[str, str] | None = None,
+               kind: Literal["kubernetes", "slurm"] = "kubernetes") -> Export | slurm.Export:
+    """What renders the ``kind`` export of ``rollout`` (a :class:`Renderer`, not a :class:`Launcher`: an export
+    starts nothing), whatever ``k3_launcher`` says: the Kubernetes manifests (``tokens``: a node's blank -> the one
+    blank its pool's pod template carries), or the Slurm batch jobs and each node's files, as the Slurm launcher
+    renders them with no submit host (the site submits the jobs)."""
+    if kind == "slurm":
+        return slurm.Export(rollout)
     from k3deploy.model.kubernetes import Export
 
     return Export(rollout, dict(tokens or {}))

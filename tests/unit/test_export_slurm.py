@@ -105,3 +105,40 @@ def test_the_runbook_of_a_slurm_site_is_refused_naming_export_slurm(tmp_path):
     assert proc.returncode == 2 and not out.exists(), proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "k3_launcher: slurm" in line and f"k3deploy export slurm {inventory} -o DIR" in line
+
+
+def test_the_export_writes_what_the_slurm_renderer_renders_the_launchers_files(tmp_path):
+    """``export slurm`` and the Slurm launcher render through one :class:`Renderer` (:class:`slurm.Export`): the
+    export writes its jobs and each node's launch scripts as it renders them, and the launcher's files, what a unit
+    runs from and what a revision keeps are that renderer's (with the batch scripts placed on the submit host)."""
+    from k3deploy.cli.export import _write
+    from k3deploy.model import slurm
+    from k3deploy.model.binding import HostRecord
+    from k3deploy.model.pipeline import desired_rollout, target
+    from k3deploy.runtime.launchers import Launcher, Renderer, Slurm, export_for, launcher_for
+
+    data = {"k3_hardware": "gb300", "k3_launcher": "slurm", "k3_slurm_submit_host": "login1"}
+    rollout = desired_rollout(target([HostRecord("n1", ("head",), {**data, "k3_ip": "10.0.0.1"}),
+                                      HostRecord("n2", ("workers",), {**data, "k3_ip": "10.0.0.2"})], None))
+    renderer: Renderer = export_for(rollout, kind="slurm")   # (mypy: the export is a Renderer)
+    export = export_for(rollout, kind="slurm")
+    assert renderer.name == "slurm" and export.jobs == slurm.jobs(rollout)
+    assert not any(hasattr(export, m) for m in Launcher.__dict__ if not m.startswith("_")
+                   and m not in Renderer.__dict__)
+    written = _write(rollout, [], "a test", tmp_path / "out", {})
+    for job in export.jobs:
+        assert (tmp_path / "out" / f"{job.name}.sbatch").read_text() == job.script
+    launches = [(hf.host, f) for hf in export.host_files for f in hf.files if f.mode == "0755"]
+    assert launches and all((tmp_path / "out" / "nodes" / h / f.path.lstrip("/")).read_text() == f.text
+                            for h, f in launches)
+    assert {(f["host"], f["path"]) for f in written["files"]} == \
+        {(None, j.path) for j in export.jobs} | {(hf.host, f.path) for hf in export.host_files for f in hf.files}
+    launcher = launcher_for(rollout)
+    assert isinstance(launcher, Slurm)
+    placed = slurm.Export(rollout, "login1")
+    for u in rollout.units:
+        assert launcher.unit_file(u) == export.unit_file(u) in {f.path for h, f in launches if h == u.host}
+        assert launcher.kept(u) == export.kept(u) and launcher.log_dir(u) == export.log_dir(u)
+        assert launcher.files(u.host) == placed.files(u.host)
+    assert launcher.files("login1") == placed.files("login1") is not None
+    assert all(launcher.revision_files(g) == export.revision_files(g) for g in rollout.groups)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from helpers.clusters import records
 from k3deploy import load_recipe, resolve
 from k3deploy.model.binding import BoundNode
-from k3deploy.model.diff import PlanReport, build
+from k3deploy.model.diff import HostPlan, PlanReport, build
 from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.revisions import GroupHistory, Revision, combine, parse_listing
@@ -30,8 +30,8 @@ from k3deploy.runtime.phases import RouterCall, RunContext
 from k3deploy.runtime.reading import HostReading, ReadPlan, ReadRevisions, ReadUnit
 
 FROZEN = [UnitWork, Placement, Rollout, HostStart, StartPlan, BoundNode, Artifact, StagePlan, Settled,
-          Gathered, Decided, NoSpare, RunContext, RouterCall, HostReading, GroupHistory, Installed, PlanReport, Doc,
-          Block]
+          Gathered, Decided, NoSpare, RunContext, RouterCall, HostReading, GroupHistory, Installed, PlanReport, HostPlan,
+          Doc, Block]
 
 
 @pytest.mark.parametrize("kind", FROZEN, ids=lambda k: k.__name__)
@@ -86,6 +86,10 @@ def test_the_plan_report_and_the_runbook_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.staging = ["x"]   # type: ignore[misc]
     assert dataclasses.replace(report, staging=["x"]).has_changes and report.staging == []
+    host = report.hosts[0]
+    assert host.changes   # built whole: each host's changes, in order, given when it is made
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        host.changes = []   # type: ignore[misc]
     draft = Draft()
     draft.h(1, "Runbook")
     draft.block("n1", "echo hi")
