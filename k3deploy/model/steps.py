@@ -7,9 +7,11 @@ applies, decided here from what the hosts hold (nothing on a fresh cluster, some
 and what changes. The restart is one list of :class:`Action` (:func:`restart`): each step of a roll (out of the
 router, drain, the launcher's stop, record and swap and starts, or its record and submit, the gate, the SLO gate,
 back into the router), with typed conditions (:data:`Condition`) and barriers, whatever starts the groups (the
-launcher's :class:`StartSteps`). :mod:`k3deploy.runtime.phases` renders the steps and actions as pyinfra operations
-(one operation per step kind or action, called on the hosts it applies to); :mod:`k3deploy.model.runbook.sections`
-renders the same steps and actions (:func:`start_of`) as command blocks, so the two run the same commands.
+launcher's :class:`StartSteps`). The virtual address is steps too (:func:`virtual_address`: keepalived, or the
+refusal where its interface is unknown, then the holder's wait). :mod:`k3deploy.runtime.phases` renders the steps
+and actions as pyinfra operations (one operation per step kind or action, called on the hosts it applies to);
+:mod:`k3deploy.model.runbook.sections` renders the same steps and actions (:func:`start_of`) as command blocks, so
+the two run the same commands.
 
 Pure: no pyinfra, no host I/O.
 
@@ -30,12 +32,13 @@ Example::
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal, Protocol
 
-from k3deploy.model import commands
+from k3deploy.model import commands, vip
 from k3deploy.model.engine import EngineSpec
 from k3deploy.model.hosttext import parse_env
 from k3deploy.model.images import LocalImage, holds, named, run_ref
@@ -868,6 +871,106 @@ def smoke(rollout: Rollout) -> Step:
                 commands.smoke_test(rollout.endpoint, served_model(rollout), first.env_path))
 
 
+# ------------------------------------------------------------------------------------------------ virtual address
+
+
+@dataclass(frozen=True)
+class Keepalived:
+    """Step: keepalived on ``host`` running ``content`` as its configuration ``conf``, ``unit`` enabled (``package``
+    installed where it is missing): the configuration written beside the live one (``staged``), checked and applied
+    (``apply``)."""
+
+    host: str
+    name: str
+    conf: str
+    content: str
+    unit: str = vip.KEEPALIVED_UNIT
+    package: str = vip.KEEPALIVED_PACKAGE
+
+    @property
+    def staged(self) -> str:
+        """Where the new configuration is written before ``keepalived -t`` checks it."""
+        return f"{self.conf}.k3-next"
+
+    @property
+    def apply(self) -> str:
+        """The script that checks the staged configuration, moves it into place and reloads the unit."""
+        return commands.keepalived_apply(self.staged, self.conf, self.unit)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Step: ``host`` cannot take part (``why``, one line naming the fix): it fails the host, changing nothing."""
+
+    host: str
+    name: str
+    why: str
+
+    @property
+    def script(self) -> str:
+        return f"echo {shlex.quote(self.why)} >&2; exit 1"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Step: on ``host``, once ``when`` holds, wait up to ``timeout`` seconds until it holds the virtual address
+    ``vip`` and ``endpoint`` answers ``/health`` on it."""
+
+    host: str
+    name: str
+    endpoint: str
+    vip: str
+    timeout: int
+    when: tuple[Condition, ...] = ()
+
+    @property
+    def script(self) -> str:
+        return commands.wait_vip(self.endpoint, self.vip, self.timeout)
+
+
+#: a step of the virtual address
+VipStep = Keepalived | Refusal | Hold
+
+
+def virtual_address(rollout: Rollout, *, blank: str | None = None) -> tuple[VipStep, ...]:
+    """With ``k3_vip``: keepalived on every host of the rollout and every spare (:func:`k3deploy.model.vip.members`,
+    its configuration :func:`~k3deploy.model.vip.keepalived_conf`), then, on the host that serves the endpoint, once
+    every group serves, the wait until it holds the address. A host whose interface for the address is unknown (not
+    read, no ``k3_vip_interface``) gets a refusal instead, or, with ``blank``, a configuration naming that blank (the
+    runbook's). Nothing without ``k3_vip``.
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> from k3deploy.model.pipeline import desired_rollout, target
+    >>> common = {"k3_hardware": "gb300", "k3_vip": "10.0.0.250"}
+    >>> layout = desired_rollout(target([HostRecord("n1", ("head",), {**common, "k3_ip": "10.0.0.1"}),
+    ...                                  HostRecord("n2", ("workers",), {**common, "k3_ip": "10.0.0.2"})], None))
+    >>> [(type(s).__name__, s.host) for s in virtual_address(layout)]
+    [('Refusal', 'n1'), ('Refusal', 'n2')]
+    >>> [(type(s).__name__, s.host) for s in virtual_address(layout, blank="IFACE")]
+    [('Keepalived', 'n1'), ('Keepalived', 'n2'), ('Hold', 'n1')]
+    >>> virtual_address(layout, blank="IFACE")[-1].when
+    (Serves(groups=('engine',), calls=()),)
+    """
+    address = rollout.vars.k3_vip
+    if address is None:
+        return ()
+    out: list[VipStep] = []
+    for host in vip.members(rollout):
+        interface = rollout.vars.k3_vip_interface or rollout.ifaces.get(host) or blank
+        if interface is None:
+            out.append(Refusal(host, "keepalived: the virtual address's interface",
+                                   f"no interface for the virtual address {address} on {host}: its cluster interface "
+                                   "was not read; set k3_vip_interface"))
+        else:
+            out.append(Keepalived(host, f"keepalived: virtual address {address} (VRRP)", vip.KEEPALIVED_CONF,
+                                      vip.keepalived_conf(rollout, host, interface)))
+    holder = rollout.vip_holder
+    if holder is not None and any(isinstance(s, Keepalived) and s.host == holder for s in out):
+        out.append(Hold(holder, f"Virtual address {address} held here, {rollout.endpoint} answering",
+                            rollout.endpoint, address, vip.HOLD_TIMEOUT, (Serves(tuple(rollout.groups)),)))
+    return tuple(out)
+
+
 # ------------------------------------------------------------------------------------------------ the whole rollout
 
 
@@ -882,18 +985,20 @@ ORDER: tuple[str, ...] = ("stage", "configure", "start", "virtual address", "smo
 class RolloutSteps:
     """The whole rollout as steps, in the order it runs (:func:`rollout`): the stage's steps (kind by kind, hosts in
     inventory order within a kind), each host's configure step (the launcher's), the restart's actions
-    (:func:`restart`), the smoke test. The deploy's operations (:mod:`k3deploy.runtime.phases`) and the runbook
-    (:mod:`k3deploy.model.runbook.sections`) render it."""
+    (:func:`restart`), the virtual address's steps (:func:`virtual_address`), the smoke test. The deploy's
+    operations (:mod:`k3deploy.runtime.phases`) and the runbook (:mod:`k3deploy.model.runbook.sections`) render
+    it."""
 
     stage: tuple[Step, ...]
     configure: tuple[Configure, ...]
     start: tuple[Action, ...]
+    vip: tuple[VipStep, ...]
     smoke: Step
 
     @property
-    def steps(self) -> list[Step | Configure | Action]:
+    def steps(self) -> list[Step | Configure | Action | VipStep]:
         """Every step, in the order they run."""
-        return [*self.stage, *self.configure, *self.start, self.smoke]
+        return [*self.stage, *self.configure, *self.start, *self.vip, self.smoke]
 
     def configure_of(self, host: str) -> Configure | None:
         """``host``'s configure step (None: nothing there)."""
@@ -906,8 +1011,9 @@ def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | Non
     """Every step of a rollout of ``layout``, in order, whatever starts the groups (``launcher``): the stage
     (:func:`stage`; ``plan``: how the artifacts reach the nodes, :func:`fresh` where not given; ``tag``, ``images``,
     ``leftover`` as there), the configure step of each of ``hosts`` (default: the rollout's), the restart
-    (:func:`restart`, with the run's ``decided``), the smoke test. The one builder the deploy and the runbook
-    render: changing the rollout's order is changing this function (the restart's: :func:`restart`).
+    (:func:`restart`, with the run's ``decided``), the virtual address (:func:`virtual_address`), the smoke test.
+    The one builder the deploy and the runbook render: changing the rollout's order is changing this function (the
+    restart's: :func:`restart`).
 
     >>> from k3deploy.model.binding import HostRecord
     >>> from k3deploy.model.pipeline import desired_rollout, target
@@ -921,4 +1027,5 @@ def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | Non
     configured = (launcher.configure(layout, h) for h in (layout.hosts if hosts is None else hosts))
     return RolloutSteps(
         tuple(stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover)),
-        tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)), smoke(layout))
+        tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)),
+        virtual_address(layout), smoke(layout))

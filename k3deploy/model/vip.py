@@ -9,6 +9,9 @@ next deploy run (its configuration is rewritten with the holder's priority), and
 serves no ``/health`` and so never takes the address back. The rollout's endpoint is ``http://<k3_vip>:<port>``
 (:func:`k3deploy.model.rollout.lay_out`): ``status``, the smoke test and the runbook use it.
 
+What the deploy does for it is one list of steps, built by :func:`k3deploy.model.steps.virtual_address` and rendered
+by both the deploy's virtual address phase and the runbook's section.
+
 Pure: the configuration is rendered from ``templates/k3-keepalived.conf.j2`` (no logic in it); the scripts that
 check and apply it are :mod:`k3deploy.model.commands`'.
 
@@ -52,6 +55,9 @@ CHECK_INTERVAL = 2
 CHECK_TIMEOUT = 2
 FALL = 2
 RISE = 1
+#: seconds the host that serves the endpoint may take to hold the virtual address (VRRP: its check passes, then it
+#: waits about three adverts for a master before it takes over)
+HOLD_TIMEOUT = 60
 
 
 def members(rollout: Rollout) -> list[str]:

@@ -17,7 +17,6 @@ stops the run while it is being prepared (``--dry`` included), with every reason
 
 from __future__ import annotations
 
-import shlex
 import sys
 import weakref
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from pyinfra.operations import python
 
 from k3deploy.errors import K3Error
 from k3deploy.facts import batch
-from k3deploy.model import commands, steps, vip
+from k3deploy.model import commands, steps
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
@@ -892,32 +891,20 @@ def _starts_served_revision(gathered: Gathered, group: str) -> bool:
 
 @deploy("Virtual address")
 def vip_phase(ctx: RunContext) -> None:
-    """``k3_vip``: keepalived on every host of the rollout and every spare, with its configuration
-    (:func:`k3deploy.model.vip.keepalived_conf`: the host that serves the endpoint has the holder's priority), then,
-    on that host, once every group serves, a wait until it holds the address and the endpoint answers on it. Nothing
+    """``k3_vip``: this host's steps of the virtual address (:func:`k3deploy.model.steps.virtual_address`), each as
+    its operation: keepalived with its configuration, the refusal where the address's interface is unknown, and, on
+    the host that serves the endpoint, once its condition holds, the wait until it holds the address. Nothing
     without ``k3_vip``."""
-    r = ctx.rollout
-    me = host.name
-    if me not in vip.members(r):
-        return
-    interface = r.vars.k3_vip_interface or r.ifaces.get(me)
-    if interface is None:
-        why = (f"no interface for the virtual address {r.vars.k3_vip} on {me}: its cluster interface was not read; "
-               "set k3_vip_interface")
-        script(name="keepalived: the virtual address's interface", text=f"echo {shlex.quote(why)} >&2; exit 1")
-        return
-    keepalived(name=f"keepalived: virtual address {r.vars.k3_vip} (VRRP)", conf=vip.KEEPALIVED_CONF,
-               content=vip.keepalived_conf(r, me, interface), unit=vip.KEEPALIVED_UNIT, package=vip.KEEPALIVED_PACKAGE)
-    if me == r.vip_holder:
-        assert r.vars.k3_vip is not None
-        vip_held(name=f"Virtual address {r.vars.k3_vip} held here, {r.endpoint} answering", endpoint=r.endpoint,
-                 vip=r.vars.k3_vip, timeout=VIP_TIMEOUT, _if=lambda: all(ctx.serves(g) for g in r.groups),
-                 _timeout=VIP_TIMEOUT + r.vars.k3_link_timeout)
-
-
-#: seconds the host that serves the endpoint may take to hold the virtual address (VRRP: its check passes, then it
-#: waits about three adverts for a master before it takes over)
-VIP_TIMEOUT = 60
+    for step in ctx.rollout_steps.vip:
+        if step.host != host.name:
+            continue
+        if isinstance(step, steps.Refusal):
+            script(name=step.name, text=step.script)
+        elif isinstance(step, steps.Keepalived):
+            keepalived(name=step.name, conf=step.conf, content=step.content, unit=step.unit, package=step.package)
+        else:
+            vip_held(name=step.name, endpoint=step.endpoint, vip=step.vip, timeout=step.timeout,
+                     _if=ctx.holds(step.when), _timeout=step.timeout + ctx.rollout.vars.k3_link_timeout)
 
 
 @deploy("Smoke test")

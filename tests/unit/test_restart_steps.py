@@ -235,3 +235,121 @@ def test_the_rollout_order_is_one_tuple(monkeypatch):
     tree = ast.parse(command.DEPLOY.read_text())
     named = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "roll_out" in named and not named & phase_names
+
+
+def test_the_runbooks_virtual_address_and_the_deploys_are_the_same_steps(monkeypatch):
+    """The runbook's virtual address and the deploy's operations of its phase are the steps of
+    :func:`k3deploy.model.steps.virtual_address`: the same files and scripts, the holder's wait under its typed
+    condition; a change there (here the holder's wait dropped, a configuration changed) shows in both."""
+    import io
+    import shlex
+    from dataclasses import replace
+
+    import pyinfra
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.command import FileUploadCommand, StringCommand
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_state
+
+    from k3deploy.facts.rollout import KeepalivedState, KeepalivedStatus
+    from k3deploy.model.runbook import Context, blocks, build, to_markdown
+    from k3deploy.model.staging import stage_for
+    from k3deploy.runtime import phases
+    from k3deploy.runtime.decide import Decided
+    from k3deploy.runtime.gather import Gathered
+    from k3deploy.runtime.reading import HostReading
+
+    common = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp", "k3_vip": "10.0.0.250"}
+    records = [HostRecord("n1", ("head",), {**common, "k3_ip": "10.0.0.1"}),
+               HostRecord("n2", ("workers",), {**common, "k3_ip": "10.0.0.2", "rank": 1}),
+               HostRecord("n9", ("spares",), {**common, "k3_ip": "10.0.0.9"})]
+    wanted = target(records, None)
+    r = desired_rollout(wanted, ifaces={"n1": "eth0", "n9": "eth1"})   # n2's interface was not read
+    r = r.decided(mark_changes(r, {}))
+    made = steps.virtual_address(r)
+    assert [(type(s).__name__, s.host) for s in made] == [
+        ("Keepalived", "n1"), ("Refusal", "n2"), ("Keepalived", "n9"), ("Hold", "n1")]
+    hold = made[-1]
+    assert isinstance(hold, steps.Hold) and hold.when == (steps.Serves(tuple(r.groups)),)
+    assert steps.rollout(r).vip == made
+
+    def runbook() -> list[str]:
+        """The runbook's blocks of the virtual address, in order."""
+        doc = build(r, Context(inventory="inventories/x.py", preflight=[], addresses={h: h for h in r.hosts},
+                               ssh={h: ["ssh", h] for h in r.hosts}, brand="NVIDIA", guide=None, version="0"))
+        text = to_markdown(doc)
+        section = text[text.index("## 4b. The virtual address"):text.index("## 5. ")]
+        return [b.text for b in blocks(section)]
+
+    def written(step: steps.VipStep) -> str:
+        if isinstance(step, steps.Keepalived):
+            return commands.install_file(step.staged, step.content, "0644") + step.apply + "\n"
+        return step.script + "\n"
+
+    def operations() -> list[tuple[str, str, list[str], list[bytes]]]:
+        """The phase's operations as pyinfra's CLI calls them for every host (keepalived read as installed, not yet
+        configured), connecting to none: each one's host, name, scripts and uploads."""
+        monkeypatch.setattr(pyinfra, "is_cli", True)
+        inventory = Inventory(([*r.hosts, *r.spares], {}))
+        state = State(inventory, Config())
+        state.current_deploy_filename = __file__
+        state.current_op_file_number = 0
+        state.set_stage(StateStage.Prepare)
+        gathered = Gathered(target=wanted, rollout=r, stage=stage_for(r, {}, {}),
+                            readings={h: HostReading(h, helper_read=True) for h in r.hosts})
+        decided = Decided(rollout=r, numbers={}, metas={}, marks={}, repairs=(), rollback_to={}, gate=None)
+        ctx = phases.RunContext(gathered, decided, state=state)
+
+        def fact(kind: type, **kwargs: object) -> object:
+            if kind is KeepalivedState:
+                return KeepalivedStatus("/usr/sbin/keepalived", None, "inactive", "disabled")
+            return kind().default()
+
+        with ctx_state.use(state):
+            for h in inventory:
+                monkeypatch.setattr(h, "get_fact", fact)
+                with ctx_host.use(h):
+                    phases.vip_phase(ctx=ctx)
+            out = []
+            for op in state.get_op_order():
+                for h in inventory:
+                    data = state.ops[h].get(op)
+                    if data is None:
+                        continue
+                    with ctx_host.use(h):
+                        cmds = list(data.command_generator())
+                    out.append((h.name, sorted(state.op_meta[op].names)[0].split(" | ", 1)[-1],
+                                [c.get_raw_value() for c in cmds if isinstance(c, StringCommand)],
+                                [c.src.getvalue() for c in cmds
+                                 if isinstance(c, FileUploadCommand) and isinstance(c.src, io.BytesIO)]))
+        return out
+
+    def check(made: tuple[steps.VipStep, ...]) -> None:
+        blanked = steps.virtual_address(r, blank="IFACE")   # the runbook's: an interface not read is a blank
+        assert [s.host for s in blanked] == [s.host for s in made]
+        assert runbook() == [written(s) for s in blanked]
+        ops = operations()
+        assert sorted((h, n) for h, n, _, _ in ops) == sorted((s.host, s.name) for s in made)
+        for s in made:
+            (_, _, scripts, uploads), = [o for o in ops if o[:2] == (s.host, s.name)]
+            if isinstance(s, steps.Keepalived):   # the runbook's file and script, as the deploy writes and runs them
+                assert uploads == [s.content.encode()] and scripts[-1] == f"sh -c {shlex.quote(s.apply)}"
+            elif isinstance(s, steps.Refusal):
+                assert scripts == [f"sh -c {shlex.quote(s.script)}"] and "set k3_vip_interface" in s.script
+            else:   # the wait runs at execution, once its condition holds
+                assert scripts == [] and uploads == []
+
+    check(made)
+    real = steps.virtual_address
+
+    def changed(layout: Rollout, **kwargs: object) -> tuple[steps.VipStep, ...]:
+        made = real(layout, **kwargs)  # type: ignore[arg-type]
+        return tuple(replace(s, content=s.content + "# changed\n") if isinstance(s, steps.Keepalived) else s
+                     for s in made if not isinstance(s, steps.Hold))
+
+    monkeypatch.setattr(steps, "virtual_address", changed)
+    again = steps.rollout(r).vip
+    assert not any(isinstance(s, steps.Hold) for s in again) and all(
+        s.content.endswith("# changed\n") for s in again if isinstance(s, steps.Keepalived))
+    check(again)
+    assert "wait until it holds" not in "".join(runbook())

@@ -356,24 +356,26 @@ def start(doc: Draft, rollout: Rollout, context: Context) -> None:
 
 
 def virtual_address(doc: Draft, rollout: Rollout, context: Context) -> None:
-    """With ``k3_vip``: keepalived on every host and spare (:mod:`k3deploy.model.vip`), then the wait on the host
-    that serves the endpoint until it holds the address."""
-    members = vip.members(rollout)
-    address = rollout.vars.k3_vip
-    if not members or address is None or rollout.vip_holder is None:
+    """With ``k3_vip``: the deploy's steps of the virtual address (:func:`k3deploy.model.steps.virtual_address`;
+    an interface not read is a blank): keepalived on every host and spare (:mod:`k3deploy.model.vip`), then the wait
+    on the host that serves the endpoint until it holds the address."""
+    made = steps.virtual_address(rollout, blank="IFACE")
+    if not made or rollout.vip_holder is None:
         return
     doc.h(2, "4b. The virtual address")
     doc.p(f"Clients use {rollout.endpoint}: the {vip.describe(rollout)}. On each host, keepalived's configuration "
           f"(`{vip.KEEPALIVED_CONF}`; install Debian's `{vip.KEEPALIVED_PACKAGE}` package first where it is missing), "
           "checked with `keepalived -t`, then the unit enabled and reloaded.")
-    staged = f"{vip.KEEPALIVED_CONF}.k3-next"
-    for h in members:
-        interface = rollout.vars.k3_vip_interface or rollout.ifaces.get(h, "IFACE")
-        doc.h(3, h)
-        doc.block(h, commands.install_file(staged, vip.keepalived_conf(rollout, h, interface), "0644")
-                  + commands.keepalived_apply(staged, vip.KEEPALIVED_CONF, vip.KEEPALIVED_UNIT) + "\n")
-    doc.p(f"On {rollout.vip_holder}, once the groups serve: wait until it holds {address} and the endpoint answers.")
-    doc.block(rollout.vip_holder, commands.wait_vip(rollout.endpoint, address, 60) + "\n")
+    for step in made:
+        if isinstance(step, steps.Keepalived):
+            doc.h(3, step.host)
+            doc.block(step.host, commands.install_file(step.staged, step.content, "0644") + step.apply + "\n")
+        elif isinstance(step, steps.Refusal):
+            doc.h(3, step.host)
+            doc.block(step.host, step.script + "\n")
+        else:
+            doc.p(f"On {step.host}, once the groups serve: wait until it holds {step.vip} and the endpoint answers.")
+            doc.block(step.host, step.script + "\n")
 
 
 def smoke(doc: Draft, rollout: Rollout, context: Context) -> None:
