@@ -35,6 +35,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import partial
 from typing import Literal, Protocol
 
@@ -60,11 +61,49 @@ from k3deploy.model.staging import (
 from k3deploy.model.units import GROUP_MEMBER, fence_units, group_member_text
 from k3deploy.recipe.argv import served_model_name
 
-#: the stage's step kinds, in the order they run (the rounds from a peer come between ``SERVE`` and ``UNSERVE``)
-(STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE,
- EXPORT, SERVE) = range(12)
-ROUND = 100          # round i of the fan-out is kind ROUND + i
-UNSERVE, VERIFY_BEFORE_START = 10_000, 10_001
+
+class StagePart(Enum):
+    """The stage's parts, in the order they run: a part's value is its place (the rounds from a peer come between
+    ``SERVE`` and ``UNSERVE``, each a :class:`StageKind` of ``ROUND`` numbered within it)."""
+
+    STOP_LEFTOVER = 0
+    TOKEN = 1
+    PULL = 2
+    ARCHIVE_COPY = 3
+    ARCHIVE_LOAD = 4
+    NAME_BUILD = 5
+    HUB = 6
+    WEIGHTS_COPY = 7
+    WEIGHTS_VERIFY = 8
+    REQUIRE = 9
+    EXPORT = 10
+    SERVE = 11
+    ROUND = 100
+    UNSERVE = 10_000
+    VERIFY_BEFORE_START = 10_001
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """What a stage step is across hosts: its ``part`` of the stage and, for a round of the fan-out from a peer,
+    which round (``round``, 0 the first). The same kind runs on every host at once, kinds in their ``order``.
+
+    >>> StageKind(StagePart.ROUND, 1).order > StageKind(StagePart.SERVE).order, StageKind(StagePart.TOKEN).order
+    (True, 1)
+    """
+
+    part: StagePart
+    round: int = 0
+
+    @property
+    def order(self) -> int:
+        """Its place among the stage's kinds."""
+        return self.part.value + self.round
+
+
+#: the kind of each part of the stage but the rounds from a peer (round ``i``: ``StageKind(StagePart.ROUND, i)``)
+(STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE, EXPORT,
+ SERVE, UNSERVE, VERIFY_BEFORE_START) = (StageKind(p) for p in StagePart if p is not StagePart.ROUND)
 
 
 @dataclass(frozen=True)
@@ -79,7 +118,7 @@ class FileWrite:
     content: str = ""
     source: str | None = None
     kind: str = "text"
-    group: str = ""      # written only while no host of this group failed an earlier step ("": always)
+    when: tuple[Condition, ...] = ()   # what must hold when it is written (:class:`Intact`: its group's members)
     spec: EngineSpec | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -101,10 +140,11 @@ class Copy:
 class Step:
     """One thing a rollout does on one host: a script, a file or a copy from the control machine.
 
-    ``kind`` names the step across hosts (the same kind runs on every host at once, in the order of the kinds);
-    ``applies`` is false where the step has nothing to do on this host (what the host holds, or its role)."""
+    ``kind`` names a stage step across hosts (the same kind runs on every host at once, in the order of the kinds;
+    None: a step of no stage); ``applies`` is false where the step has nothing to do on this host (what the host
+    holds, or its role)."""
 
-    kind: int
+    kind: StageKind | None
     name: str
     host: str
     applies: bool
@@ -153,7 +193,7 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
     steps: list[Step] = []
     hosts = stage_hosts(rollout)   # the spares standing by are staged too
 
-    def each(kind: int, name: str, build: Callable[[str], Step | None]) -> None:
+    def each(kind: StageKind, name: str, build: Callable[[str], Step | None]) -> None:
         for name_of_host in hosts:
             made = build(name_of_host)
             steps.append(made if made is not None else Step(kind, name, name_of_host, False))
@@ -245,10 +285,10 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                     parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
                     said.append("then it removes the image archive (it sends to no peer)")
                 peers = tuple(dict.fromkeys(p for p in (from_image, from_weights) if p))
-                return Step(ROUND + index, name, h, bool(parts), " && ".join(parts), why=", ".join(said),
-                            peers=peers)
+                return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), " && ".join(parts),
+                            why=", ".join(said), peers=peers)
 
-            each(ROUND + index, name, receive)
+            each(StageKind(StagePart.ROUND, index), name, receive)
         each(UNSERVE, "Peers: stop serving, remove image archives", lambda h: Step(
             UNSERVE, "Peers: stop serving, remove image archives", h, h in plan.takes_part and h not in done_early,
             commands.stop_serving(variables.k3_stage_dir, image_ref),
@@ -279,7 +319,7 @@ def before_start(rollout: Rollout, plan: StagePlan) -> set[str]:
 def helper(rollout: Rollout, host: str) -> Step:
     """The engine units' node-side helper (:data:`~k3deploy.model.units.GROUP_MEMBER`), on a host with an
     engine."""
-    return Step(0, f"Group member helper {GROUP_MEMBER}", host,
+    return Step(None, f"Group member helper {GROUP_MEMBER}", host,
                 any(u.group != "router" for u in rollout.on_host(host)),
                 file=FileWrite(GROUP_MEMBER, "755", group_member_text()))
 
@@ -365,7 +405,15 @@ class Missed:
     """Condition: a group missed the SLO gate in this run."""
 
 
-Condition = Serves | Begins | Keeps | Missed
+@dataclass(frozen=True)
+class Intact:
+    """Condition: no host of ``group`` failed an earlier step of this run (and the run was not interrupted): the
+    group's files may be written."""
+
+    group: str
+
+
+Condition = Serves | Begins | Keeps | Missed | Intact
 @dataclass(frozen=True)
 class RouterCall:
     """A call of a roll to the router: take step ``step``'s replicas out (``remove``) or put them back (``add``)."""
@@ -617,8 +665,8 @@ class JobSteps:
             return None
         groups = {p: u.group for u in rollout.on_host(host) for p in (u.env_path, launch_path(rollout, u))}
         return Configure(host, "Env files (0600), launch scripts, batch scripts", tuple(
-            FileWrite(f.path, f.mode, f.text, kind="env" if f.mode == "0600" else "text", group=groups.get(f.path, ""),
-                      spec=f.spec)
+            FileWrite(f.path, f.mode, f.text, kind="env" if f.mode == "0600" else "text",
+                      when=(Intact(groups[f.path]),) if f.path in groups else (), spec=f.spec)
             for f in mine.files), dirs=(rollout.vars.k3_config_dir, *mine.dirs),
             dirs_name="Slurm output and batch script directories")
 
@@ -867,7 +915,7 @@ def smoke(rollout: Rollout) -> Step:
     """One short chat completion through the public endpoint, from the first host, with the API key its first unit's
     env file holds (where the engines have one)."""
     first = rollout.units[0]
-    return Step(0, f"Chat completion through {rollout.endpoint}", first.host, rollout.vars.k3_smoke_test,
+    return Step(None, f"Chat completion through {rollout.endpoint}", first.host, rollout.vars.k3_smoke_test,
                 commands.smoke_test(rollout.endpoint, served_model(rollout), first.env_path))
 
 

@@ -194,9 +194,10 @@ class RunContext:
         return out
 
     @cached_property
-    def stage_kinds(self) -> set[int]:
+    def stage_kinds(self) -> set[steps.StageKind]:
         """The kinds of stage step that apply on some host (the others are no operation)."""
-        return {step.kind for mine in self.stage_steps.values() for step in mine if step.applies}
+        return {step.kind for mine in self.stage_steps.values() for step in mine
+                if step.applies and step.kind is not None}
 
     @cached_property
     def summary_host(self) -> str:
@@ -242,6 +243,8 @@ class RunContext:
                 checks.append(partial(self.begins, c.wave, list(c.groups)))
             elif isinstance(c, steps.Keeps):
                 checks.append(partial(self.keeps, c.group))
+            elif isinstance(c, steps.Intact):
+                checks.append(partial(self.intact, [c.group]))
             else:
                 checks.append(self.missed)
         return checks[0] if len(checks) == 1 else partial(_all, checks)
@@ -536,8 +539,8 @@ def stage_phase(ctx: RunContext) -> None:
     (each operation costs the control machine a little for every host of the inventory, even those it skips)."""
     me = host.name
     for step in ctx.stage_steps.get(me, []):
-        if step.applies or (me == ctx.summary_host and step.kind in ctx.stage_kinds):
-            with pyinfra_internals.operation_kind(host, step.kind):
+        if step.kind is not None and (step.applies or (me == ctx.summary_host and step.kind in ctx.stage_kinds)):
+            with pyinfra_internals.operation_kind(host, step.kind.order):
                 stage_step(name=step.name, step=step)
 
 
@@ -558,7 +561,7 @@ def configure_phase(ctx: RunContext) -> None:
         directories(name=step.dirs_name, paths=list(step.dirs))
     files = [Written(f.dest, f.content, f.mode, f.kind,
                      seen=(gathered.helpers.get(me), None) if f.dest == GROUP_MEMBER and me in gathered.helpers
-                     else None, when=partial(ctx.intact, [f.group]) if f.group else None, spec=f.spec)
+                     else None, when=ctx.holds(f.when) if f.when else None, spec=f.spec)
              for f in step.files]
     files += _staged(ctx, [u for u in rollout.on_host(me) if u.unit in step.staged])
     # (on every host, even where nothing is written: pyinfra orders operations by their depth in each host's own
@@ -596,7 +599,7 @@ def _staged(ctx: RunContext, units: list[UnitWork], when: Callable[[], bool] | N
     out = []
     for unit in units:
         have = gathered.installed.get((unit.host, unit.unit))
-        ok = partial(_all, [partial(ctx.intact, [unit.group]), *([when] if when else [])])
+        ok = partial(_all, [ctx.holds((steps.Intact(unit.group),)), *([when] if when else [])])
         env, unit_file = steps.unit_files(ctx.rollout, unit, staged=True)
         out += [Written(env.dest, env.content, env.mode, env.kind, seen=(have.env_sha, have.env_text) if have else None,
                         live=unit.env_path, when=ok, spec=env.spec),

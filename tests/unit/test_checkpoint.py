@@ -168,12 +168,12 @@ def test_a_refused_run_says_per_node_what_it_was_to_do():
 def test_a_copy_from_a_peer_names_the_peer():
     from k3deploy.model.binding import HostRecord
     from k3deploy.model.pipeline import desired_rollout, target
-    from k3deploy.model.steps import ROUND, fresh, stage
+    from k3deploy.model.steps import StageKind, StagePart, fresh, stage
 
     hosts = [HostRecord(f"n{i}", ("head",) if i == 1 else ("workers",), {"k3_hardware": "gb300",
                                                                           "k3_ip": f"10.0.0.{i}"}) for i in (1, 2)]
     rollout = desired_rollout(target(hosts, None))
-    (step,) = [s for s in stage(rollout, fresh(rollout)) if s.kind == ROUND and s.applies]
+    (step,) = [s for s in stage(rollout, fresh(rollout)) if s.kind == StageKind(StagePart.ROUND, 0) and s.applies]
     assert step.host == "n2" and step.peers == ("n1",)
 
 

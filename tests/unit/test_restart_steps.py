@@ -353,3 +353,47 @@ def test_the_runbooks_virtual_address_and_the_deploys_are_the_same_steps(monkeyp
         s.content.endswith("# changed\n") for s in again if isinstance(s, steps.Keepalived))
     check(again)
     assert "wait until it holds" not in "".join(runbook())
+
+
+def test_the_stages_steps_are_typed_kinds_in_their_order():
+    """Each stage step names its kind (:class:`~k3deploy.model.steps.StageKind`): the kinds come in their order, the
+    fan-out's rounds numbered within their part, and a step of no stage (the smoke test) has none."""
+    r = desired_rollout(target(replicas(2, 2), None))
+    plan = steps.fresh(r)
+    made = steps.stage(r, plan)
+    assert all(isinstance(s.kind, steps.StageKind) for s in made)
+    orders = [present(s.kind).order for s in made]
+    assert orders == sorted(orders)
+    kinds = list(dict.fromkeys(present(s.kind) for s in made))
+    assert [k.part for k in kinds][:2] == [steps.StagePart.STOP_LEFTOVER, steps.StagePart.TOKEN]
+    assert kinds[-1] == steps.VERIFY_BEFORE_START
+    rounds = [k.round for k in kinds if k.part is steps.StagePart.ROUND]
+    assert plan.rounds > 0 and rounds == list(range(plan.rounds))
+    # every host has one step of each kind, in the same order
+    for h in r.hosts:
+        assert [s.kind for s in made if s.host == h] == kinds
+    assert steps.smoke(r).kind is None
+
+
+def test_a_slurm_nodes_unit_files_are_written_only_while_its_group_is_intact():
+    """The configure step's "no member of the group failed an earlier step" is a condition of the restart's kind
+    (:class:`~k3deploy.model.steps.Intact`), evaluated by the one :meth:`RunContext.holds`."""
+    from pyinfra.api import Config, Inventory, State
+
+    from k3deploy.model.slurm import launch_path
+    from k3deploy.runtime import phases
+    from k3deploy.runtime.decide import Decided
+
+    r = desired_rollout(target(replicas(2, 2, k3_slurm_exclusive="user"), None))
+    r = r.decided(mark_changes(r, {}))
+    configure = present(steps.JobSteps("r0n0").configure(r, "r1n1"))
+    unit = next(u for u in r.units if u.host == "r1n1")
+    conditions = {f.dest: f.when for f in configure.files}
+    assert conditions[unit.env_path] == conditions[launch_path(r, unit)] == (steps.Intact("engine-r1"),)
+    inventory = Inventory((r.hosts, {}))
+    state = State(inventory, Config())
+    state.failed_hosts.add(present(inventory.get_host("r1n0")))
+    decided = Decided(rollout=r, numbers={}, metas={}, marks={}, repairs=(), rollback_to={}, gate=None)
+    ctx = phases.RunContext(None, decided, state=state)
+    assert not ctx.holds(conditions[unit.env_path])()
+    assert ctx.holds((steps.Intact("engine-r0"),))()

@@ -158,9 +158,9 @@ def stage(doc: Draft, rollout: Rollout, context: Context) -> None:
         if not step.applies:
             continue
         h = step.host
-        if step.kind >= steps.ROUND and step.kind < steps.UNSERVE and step.kind not in said:
-            said.add(step.kind)
-            index = step.kind - steps.ROUND
+        index = step.kind.round if step.kind is not None and step.kind.part is steps.StagePart.ROUND else None
+        if index is not None and index not in said:
+            said.add(index)
             doc.p(f"Round {index + 1} of {plan.rounds}: each of these nodes copies from the peer named (all at once).")
         if step.file is not None and step.file.source is not None:
             doc.p(f"Copy the Hugging Face token from `{step.file.source}` on the control machine to {step.file.dest} "
@@ -180,8 +180,7 @@ def stage(doc: Draft, rollout: Rollout, context: Context) -> None:
                                f"{shlex.quote(shlex.join(context.ssh.get(h, ['ssh', h])[:-1]))} "
                                f"{shlex.quote(step.copy.src)} {shlex.quote(target)}\n")
         else:
-            doc.p(f"{h}: {step.why}." if step.kind >= steps.ROUND and step.kind < steps.UNSERVE
-                  else f"On {h}, {step.why}.")
+            doc.p(f"{h}: {step.why}." if index is not None else f"On {h}, {step.why}.")
             doc.block(h, step.script + "\n")
 
 
