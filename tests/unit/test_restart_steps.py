@@ -6,6 +6,7 @@ what both the runbook and the deploy's operations render."""
 from __future__ import annotations
 
 from helpers import present
+from helpers.pyinfra_state import cli_state
 from k3deploy.model import commands, steps
 from k3deploy.model.binding import HostRecord
 from k3deploy.model.observed import Installed
@@ -146,8 +147,6 @@ def test_the_runbook_and_the_operations_render_the_one_builder(monkeypatch):
     from dataclasses import replace
 
     import pyinfra
-    from pyinfra.api import Config, Inventory, State
-    from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_host, ctx_state
 
     from helpers.clusters import records
@@ -177,11 +176,8 @@ def test_the_runbook_and_the_operations_render_the_one_builder(monkeypatch):
         """The start phase's starts, in the order pyinfra runs them (its operations called for every host as
         pyinfra's CLI calls them, on fresh nodes, connecting to none)."""
         monkeypatch.setattr(pyinfra, "is_cli", True)
-        inventory = Inventory((r.hosts, {}))
-        state = State(inventory, Config())
-        state.current_deploy_filename = __file__
-        state.current_op_file_number = 0
-        state.set_stage(StateStage.Prepare)
+        state = cli_state(r.hosts, __file__)
+        inventory = state.inventory
         decided = Decided(rollout=r, numbers={}, metas={}, marks={}, repairs=(), rollback_to={}, gate=None)
         ctx = phases.RunContext(gathered, decided, state=state)
         with ctx_state.use(state):
@@ -246,9 +242,7 @@ def test_the_runbooks_virtual_address_and_the_deploys_are_the_same_steps(monkeyp
     from dataclasses import replace
 
     import pyinfra
-    from pyinfra.api import Config, Inventory, State
     from pyinfra.api.command import FileUploadCommand, StringCommand
-    from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_host, ctx_state
 
     from k3deploy.facts.rollout import KeepalivedState, KeepalivedStatus
@@ -290,11 +284,8 @@ def test_the_runbooks_virtual_address_and_the_deploys_are_the_same_steps(monkeyp
         """The phase's operations as pyinfra's CLI calls them for every host (keepalived read as installed, not yet
         configured), connecting to none: each one's host, name, scripts and uploads."""
         monkeypatch.setattr(pyinfra, "is_cli", True)
-        inventory = Inventory(([*r.hosts, *r.spares], {}))
-        state = State(inventory, Config())
-        state.current_deploy_filename = __file__
-        state.current_op_file_number = 0
-        state.set_stage(StateStage.Prepare)
+        state = cli_state([*r.hosts, *r.spares], __file__)
+        inventory = state.inventory
         gathered = Gathered(target=wanted, rollout=r, stage=stage_for(r, {}, {}),
                             readings={h: HostReading(h, helper_read=True) for h in r.hosts})
         decided = Decided(rollout=r, numbers={}, metas={}, marks={}, repairs=(), rollback_to={}, gate=None)

@@ -19,14 +19,13 @@ from typing import Any
 
 import pyinfra
 import pytest
-from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, RsyncCommand, StringCommand
-from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
 from helpers import parts
 from helpers.clusters import FAMILIES, STRATEGIES, smallest_rollout
 from helpers.clusters import records as cluster_records
+from helpers.pyinfra_state import cli_state
 from k3deploy.facts.rollout import SmokeAnswer
 from k3deploy.model import commands, steps
 from k3deploy.model.binding import HostRecord
@@ -76,11 +75,8 @@ def ordered(r: Rollout, gathered: Gathered,
             monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, list[Any]]]]:
     """The operations in the order pyinfra runs them: each one's name and, per host, the commands it yields."""
     monkeypatch.setattr(pyinfra, "is_cli", True)
-    inventory = Inventory((r.hosts, {}))
-    state = State(inventory, Config())
-    state.current_deploy_filename = __file__
-    state.current_op_file_number = 0
-    state.set_stage(StateStage.Prepare)
+    state = cli_state(r.hosts, __file__)
+    inventory = state.inventory
     decided = Decided(rollout=r, numbers={g: 1 for g in r.changed_groups}, metas={g: "{}\n" for g in r.changed_groups},
                       marks={g: 1 for g in r.changed_groups}, repairs=(), rollback_to={}, gate=None)
     ctx = phases.RunContext(gathered, decided, state=state)
