@@ -368,11 +368,12 @@ def smoke(endpoint: str, model: str, active: bool = True, env_file: str | None =
 
 
 @operation()
-def keepalived(conf: str, content: str, unit: str, package: str) -> Commands:
+def keepalived(conf: str, content: str, unit: str, package: str, staged: str, apply: str) -> Commands:
     """keepalived on this host running ``content`` as its configuration ``conf``, its ``unit`` enabled: nothing when
     it already does. Not installed: the host's package manager installs ``package`` (pyinfra's ``server.packages``).
-    The new configuration is written beside the live one, checked with ``keepalived -t`` (a refused one fails the
-    host and leaves the running one), moved into place, and the unit reloaded (started when it is not running)."""
+    The new configuration is written beside the live one (``staged``), and ``apply`` checks it with ``keepalived -t``
+    (a refused one fails the host and leaves the running one), moves it into place and reloads the unit (started
+    when it is not running): the step's own path and script (:class:`k3deploy.model.steps.Keepalived`)."""
     have = host.get_fact(KeepalivedState, conf=conf, unit=unit)
     data = content.encode()
     if have.binary and have.conf_sha == hashlib.sha256(data).hexdigest() and have.runs:
@@ -382,9 +383,8 @@ def keepalived(conf: str, content: str, unit: str, package: str) -> Commands:
         yield from server.packages._inner(packages=[package])
     if state.config.DIFF:
         show_change(conf, "text", have.conf_sha, None, content, None)
-    staged = f"{conf}.k3-next"
     yield from upload(staged, data, "644")
-    yield sh(commands.keepalived_apply(staged, conf, unit))
+    yield sh(apply)
 
 
 @operation(is_idempotent=False)

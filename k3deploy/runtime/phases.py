@@ -904,7 +904,8 @@ def vip_phase(ctx: RunContext) -> None:
         if isinstance(step, steps.Refusal):
             script(name=step.name, text=step.script)
         elif isinstance(step, steps.Keepalived):
-            keepalived(name=step.name, conf=step.conf, content=step.content, unit=step.unit, package=step.package)
+            keepalived(name=step.name, conf=step.conf, content=step.content, unit=step.unit, package=step.package,
+                       staged=step.staged, apply=step.apply)
         else:
             vip_held(name=step.name, endpoint=step.endpoint, vip=step.vip, timeout=step.timeout,
                      _if=ctx.holds(step.when), _timeout=step.timeout + ctx.rollout.vars.k3_link_timeout)
