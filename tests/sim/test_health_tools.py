@@ -87,7 +87,8 @@ def test_npu_smi_prints_the_a2_layout_of_the_real_910b_tables(tmp_path):
     assert out[3:6] == real[1:4]                              # the header: Chip without Phy-ID
     widths = [[len(cell) for cell in line.split("|")] for line in (real[4], real[5])]
     assert [[len(cell) for cell in line.split("|")] for line in out[6:8]] == widths
-    assert re.fullmatch(r"\| 15 {24}\| 0000:[0-9A-F]{2}:00\.0 .*", out[6 + 3 * 15 + 1])
+    assert out[6 + 3 * 15].startswith("| 15    Ascend910 ")           # NPU 15, then its one chip, chip 0
+    assert re.fullmatch(r"\| 0 {25}\| 0000:[0-9A-F]{2}:00\.0 .*", out[6 + 3 * 15 + 1])
     a3 = tool(tmp_path, "ascend_910c", [], "npu-smi", "info").splitlines()
     assert a3[4].startswith("| Chip  Phy-ID ")
 
