@@ -22,6 +22,9 @@ FAULT_KINDS: dict[str, str] = {
     "no-dmabuf": "DMA-BUF memory registration fails (errno 524), as with an mlx5 kernel driver without DMA-BUF memory "
                  "regions (nothing on the host shows it); NCCL needs NCCL_DMABUF_ENABLE=0 + nvidia_peermem",
     "no-peermem": "the nvidia_peermem kernel module is not loaded",
+    "no-amd-smi": "amd-smi is not installed (amdgpu-dkms alone, the layout the AMD pack recommends): the health fact "
+                  "reads the amdgpu RAS counters in sysfs instead, which a simulated node cannot show (nspawn cannot "
+                  "add /sys/class/drm), so its health is unknown: a warning (AMD)",
     "no-peer-memory": "the node has no amdkfd peer-memory interface (no /sys/kernel/mm/memory_peers/amdkfd/version, "
                       "no ib_register_peer_memory_client): RCCL stages GPU transfers through host memory (AMD)",
     "fabric": "fabric=STATE: the NVLink fabric State is STATE (N/A, Not Started, In Progress, Completed); on HGX "
@@ -37,6 +40,8 @@ FAULT_KINDS: dict[str, str] = {
     "npu-link-down": "npu-link-down=N[,M...]: the network port of NPU N (hccn_tool device id) is down: "
                      "'link status: DOWN', 'net health status: Fault'; hccn_tool pings from it and to it (from the "
                      "other nodes) lose every packet (Ascend)",
+    "npu-smi-a2": "the node's npu-smi prints the Atlas A2 (910B) layout: one chip per NPU, its chip row carrying the "
+                  "chip id alone (no Phy-ID), npu-smi info -t health -i N -c 0 per NPU (Ascend)",
     "mount-missing": "mount-missing=PATH: PATH, a host path the engine container bind-mounts (e.g. "
                      "/usr/local/Ascend/driver/tools/hccn_tool), is not on the node (Ascend)",
     "rail-only": "the node's GPU NICs hang off rail switches with no spine: its port i reaches port i of the other "
@@ -55,6 +60,9 @@ FAULT_KINDS: dict[str, str] = {
     "ecc": "ecc=KIND[:GPU]: GPU GPU (default 0) reports ECC errors: uncorrectable (volatile DRAM uncorrectable, a "
            "pending row remap), correctable, pending-remap, remap-failure (nvidia-smi -q -d ECC,ROW_REMAPPER), on AMD "
            "uncorrectable, correctable or deferred (amd-smi metric --ecc)",
+    "recovery": "recovery=ACTION[:GPU]: the driver's recovery action for GPU GPU (default 0) changes to ACTION (none, "
+                "reset, reboot, drain-p2p, drain-and-reset): nvidia-smi -q prints it as GPU Recovery Action and the "
+                "kernel log shows XID 154 announcing it (NVIDIA, driver 570 and later)",
     "nvlink-down": "nvlink-down=LINK[:GPU]: NVLink link LINK of GPU GPU (default 0) is <inactive> in nvidia-smi nvlink "
                    "-s (NVIDIA boards with NVLink)",
     "npu-health": "npu-health=NPU[:STATE]: both chips of NPU NPU report Health STATE (Warning, Alarm, Critical; "
@@ -78,10 +86,13 @@ CLUSTER_FAULT_KINDS: dict[str, str] = {
 VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "fabric-health", "cluster-uuid", "engine-slow",
                          "docker-slow-create",
                          "engine-api-key",
-                         "npu-link-down", "mount-missing", "default-route", "xid", "ecc", "nvlink-down", "npu-health"})
+                         "npu-link-down", "mount-missing", "default-route", "xid", "ecc", "nvlink-down", "npu-health",
+                         "recovery"})
 
 #: ECC error kinds the simulated tools report (fault ``ecc``); AMD's amd-smi knows the first three
 ECC_KINDS = ("uncorrectable", "correctable", "deferred", "pending-remap", "remap-failure")
+#: the driver's recovery actions a fault can set (fault ``recovery``: NVML's nvmlDeviceGpuRecoveryAction_t 0-4)
+RECOVERY_ACTIONS = ("none", "reset", "reboot", "drain-p2p", "drain-and-reset")
 #: NPU chip health states of ``npu-smi info -t health`` a fault can set (fault ``npu-health``)
 NPU_STATES = ("Warning", "Alarm", "Critical")
 
@@ -202,7 +213,7 @@ def _check_value(kind: str, value: str, text: str) -> str:
             raise K3Error(f"bad path {value!r} in {text!r}: choose a host path the Ascend engine container "
                           f"bind-mounts: {', '.join(sorted(hosts))}")
         return value.rstrip("/")
-    if kind in ("xid", "ecc", "nvlink-down", "npu-health"):
+    if kind in ("xid", "ecc", "nvlink-down", "npu-health", "recovery"):
         return _health_value(kind, value, text)
     if kind in ("engine-slow", "docker-slow-create"):
         try:
@@ -237,6 +248,10 @@ def _health_value(kind: str, value: str, text: str) -> str:
         if not what.isdigit() or not 1 <= int(what) <= 999:
             raise K3Error(f"bad XID {what!r} in {text!r}: give the XID code, e.g. 79 (fallen off the bus)")
         return f"{int(what)}{gpu}"
+    if kind == "recovery":
+        if what.lower() not in RECOVERY_ACTIONS:
+            raise K3Error(f"bad recovery action {what!r} in {text!r}: choose one of {', '.join(RECOVERY_ACTIONS)}")
+        return f"{what.lower()}{gpu}"
     if kind == "ecc":
         if what.lower() not in ECC_KINDS:
             raise K3Error(f"bad ECC kind {what!r} in {text!r}: choose one of {', '.join(ECC_KINDS)}")

@@ -265,6 +265,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             if nodes < 2:
                 raise K3Error(f"fault {str(f)!r} needs a peer: start at least 2 nodes")
             imex_down = True
+        elif f.kind == "npu-smi-a2" and vendor != "ascend":
+            raise K3Error(f"fault {str(f)!r} applies to Ascend hardware only, not {hardware!r}")
         elif f.kind in ("npu-link-down", "mount-missing"):
             if vendor != "ascend":
                 raise K3Error(f"fault {str(f)!r} applies to Ascend hardware only, not {hardware!r}")
@@ -281,9 +283,13 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             # RoCE: the GPU NICs' ports are Ethernet (no LIDs); the BlueField-3 beside them already is
             rdma = [{**d, "link_layer": "Ethernet", "sm_lid": 0, "port_lid": 0} if d.get("gpu") is not None else d
                     for d in rdma]
+        elif f.kind == "no-amd-smi":
+            if vendor != "amd":
+                raise K3Error(f"fault {str(f)!r} applies to AMD hardware only, not {hardware!r}")
+            missing.append("amd-smi")
         elif f.kind == "no-peer-memory" and vendor != "amd":
             raise K3Error(f"fault {str(f)!r} applies to AMD hardware only, not {hardware!r}")
-        elif f.kind in ("xid", "nvlink-down") and vendor != "nvidia":
+        elif f.kind in ("xid", "nvlink-down", "recovery") and vendor != "nvidia":
             raise K3Error(f"fault {str(f)!r} applies to NVIDIA hardware only, not {hardware!r}")
         elif f.kind == "nvlink-down" and fabric is None and nvswitch is None:
             raise K3Error(f"fault {str(f)!r} needs GPUs with NVLink (an NVL tray or an HGX board), not {hardware!r}")
@@ -359,21 +365,25 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                             "innerversion": prof["innerversion"], "links_down": links_down,
                             "peer_links_down": peers_down,
                             # a SuperPoD (A3) mainboard runs -hccs_ping; others answer that they do not support it
-                            "hccs_ping": prof.get("hccs_ping", True)}
+                            "hccs_ping": prof.get("hccs_ping", True),
+                            # npu-smi's table: A3 (two dies per NPU, chip and Phy-ID) or A2 (fault npu-smi-a2)
+                            "layout": "a2" if any(f.kind == "npu-smi-a2" for f in mine) else "a3"}
     return config
 
 
 def _health(faults: list[Fault], gpus: int) -> dict[str, list[dict[str, Any]]]:
-    """What the node's tools report as failing (faults ``xid``, ``ecc``, ``nvlink-down``, ``npu-health``): the kernel
-    log's XIDs, each GPU's ECC errors and links down, each NPU's health (the simulated ``dmesg``, ``nvidia-smi``,
-    ``amd-smi`` and ``npu-smi`` read it).
+    """What the node's tools report as failing (faults ``xid``, ``ecc``, ``nvlink-down``, ``npu-health``,
+    ``recovery``): the kernel log's XIDs, each GPU's ECC errors and links down, each NPU's health, each GPU's recovery
+    action (the simulated ``dmesg``, ``nvidia-smi``, ``amd-smi`` and ``npu-smi`` read it).
 
-        >>> _health([Fault(1, "xid", "79"), Fault(1, "npu-health", "3:Alarm")], 4)
-        {'xid': [{'code': 79, 'gpu': 0}], 'ecc': [], 'nvlink_down': [], 'npu': [{'npu': 3, 'state': 'Alarm'}]}
+        >>> _health([Fault(1, "xid", "79"), Fault(1, "npu-health", "3:Alarm"), Fault(1, "recovery", "reboot:2")], 4)
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'xid': [{'code': 79, 'gpu': 0}], 'ecc': [], 'nvlink_down': [], 'npu': [{'npu': 3, 'state': 'Alarm'}],
+         'recovery': [{'action': 'reboot', 'gpu': 2}]}
     """
-    out: dict[str, list[dict[str, Any]]] = {"xid": [], "ecc": [], "nvlink_down": [], "npu": []}
+    out: dict[str, list[dict[str, Any]]] = {"xid": [], "ecc": [], "nvlink_down": [], "npu": [], "recovery": []}
     for f in faults:
-        if f.kind not in ("xid", "ecc", "nvlink-down", "npu-health"):
+        if f.kind not in ("xid", "ecc", "nvlink-down", "npu-health", "recovery"):
             continue
         what, _, where = _value(f).partition(":")
         if f.kind == "npu-health":
@@ -386,6 +396,8 @@ def _health(faults: list[Fault], gpus: int) -> dict[str, list[dict[str, Any]]]:
             out["xid"].append({"code": int(what), "gpu": int(where)})
         elif f.kind == "ecc":
             out["ecc"].append({"kind": what, "gpu": int(where)})
+        elif f.kind == "recovery":
+            out["recovery"].append({"action": what, "gpu": int(where)})
         else:
             out["nvlink_down"].append({"link": int(what), "gpu": int(where)})
     return out

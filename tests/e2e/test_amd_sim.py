@@ -1,6 +1,8 @@
 """`k3deploy preflight` against a simulated MI355X pair: healthy it passes, with one amdgpu version and the amdkfd
 peer-memory interface on both nodes; `1:driver=6.0.0` fails that node (below the ROCm 7 image's floor) and the group
-(two amdgpu versions), `1:no-peer-memory` fails its GPUDirect RDMA (RCCL would stage through host memory)."""
+(two amdgpu versions), `1:no-peer-memory` fails its GPUDirect RDMA (RCCL would stage through host memory),
+`1:no-amd-smi` (amdgpu-dkms alone, no RAS counters a simulated node can show) makes its health unknown: a warning,
+never a pass."""
 
 from __future__ import annotations
 
@@ -78,3 +80,19 @@ def test_a_partitioned_gpu_count_points_to_spx_and_nps1(pair):
     count = results(report)[(f"{NAME}-node2", "gpu.count")]
     assert rc == 1 and count["status"] == "fail" and count["observed"] == "64 devices"
     assert "SPX" in count["fix"] and "NPS1" in count["fix"] and "MIG" not in count["fix"]
+
+
+def test_without_amd_smi_the_health_is_unknown_a_warning_not_a_pass(pair):
+    k3("sim", "fault", "--name", NAME, "1:no-amd-smi", check=True)
+    try:
+        rc, report = preflight(pair.inventory)
+        status = k3("status", pair.inventory)
+    finally:
+        k3("sim", "fault", "--name", NAME, "--clear", check=True)
+    assert rc == 0 and failing(report) == set(), failing(report)
+    health = results(report)[(f"{NAME}-node2", "hardware.health")]
+    assert health["status"] == "warn", health
+    assert health["observed"] == ("health unknown on node (nothing reads the GPUs' errors: no amd-smi, no amdgpu RAS "
+                                  "counters in sysfs)")
+    assert results(report)[(f"{NAME}-node1", "hardware.health")]["status"] == "pass"
+    assert f"health: {NAME}-node2: health unknown on node" in status.stdout, status.stdout

@@ -59,6 +59,40 @@ def test_ecc_faults_change_their_gpus_counters(tmp_path, fault, lines):
     assert not any(line in other.splitlines() for line in lines)
 
 
+def test_nvidia_smi_q_prints_the_recovery_action_where_the_real_565_report_does(tmp_path):
+    real = (FIXTURES / "nvidia/nvidia-smi-q-h100-565.txt").read_text()
+    out = tool(tmp_path, "h200", ["1:recovery=reset:3"], "nvidia-smi", "-q")
+    gpus = out.split("\nGPU ")[1:]
+    assert len(gpus) == 8
+    around = [k for k in keys(real) if k.strip() in ("GPU Reset Status", "Reset Required",
+                                                     "Drain and Reset Recommended", "GPU Recovery Action")]
+    assert [k for k in keys(gpus[0]) if k.strip() in {a.strip() for a in around}] == around
+    assert [m.group(1) for g in gpus if (m := re.search(r"GPU Recovery Action +: (.+)", g))] == [
+        "None", "None", "None", "Reset", "None", "None", "None", "None"]
+
+
+@pytest.mark.parametrize("action, words", [("reboot", "0x0 (None) to 0x2 (Node Reboot Required)"),
+                                           ("reset", "0x0 (None) to 0x1 (GPU Reset Required)"),
+                                           ("none", "0x1 (GPU Reset Required) to 0x0 (None)")])
+def test_dmesg_announces_the_recovery_action_as_xid_154(tmp_path, action, words):
+    real = (FIXTURES / "nvidia/dmesg-xid-79-154-reboot.txt").read_text().splitlines()[1]
+    out = tool(tmp_path, "gb300", [f"1:recovery={action}:1"], "dmesg").splitlines()
+    assert out[-1].endswith(f"NVRM: Xid (PCI:0009:01:00): 154, GPU recovery action changed from {words}")
+    assert real.endswith("154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)")
+
+
+def test_npu_smi_prints_the_a2_layout_of_the_real_910b_tables(tmp_path):
+    real = (FIXTURES / "ascend/npu-smi-info-a2-910b2-excerpt.txt").read_text().splitlines()
+    out = tool(tmp_path, "ascend_910c", ["1:npu-smi-a2"], "npu-smi", "info").splitlines()
+    assert out[3:6] == real[1:4]                              # the header: Chip without Phy-ID
+    widths = [[len(cell) for cell in line.split("|")] for line in (real[4], real[5])]
+    assert [[len(cell) for cell in line.split("|")] for line in out[6:8]] == widths
+    assert out[6 + 3 * 15].startswith("| 15    Ascend910 ")           # NPU 15, then its one chip, chip 0
+    assert re.fullmatch(r"\| 0 {25}\| 0000:[0-9A-F]{2}:00\.0 .*", out[6 + 3 * 15 + 1])
+    a3 = tool(tmp_path, "ascend_910c", [], "npu-smi", "info").splitlines()
+    assert a3[4].startswith("| Chip  Phy-ID ")
+
+
 def test_nvlink_status_prints_every_link_as_the_real_tool(tmp_path):
     real = (FIXTURES / "nvidia/nvlink-s-v100-inactive-azhpc73.txt").read_text().splitlines()
     out = tool(tmp_path, "gb300", ["1:nvlink-down=3:1"], "nvidia-smi", "nvlink", "-s").splitlines()

@@ -110,7 +110,13 @@ def test_healthy_gb300_pair_passes(tmp_path):
         # hardware health: a fatal event refuses that node; one that is not fatal only warns
         ("gb300", "0:xid=95:3", [("node0", "hardware.health")]),
         ("gb300", "1:xid=13", []),
-        ("gb300", "1:ecc=uncorrectable", [("node1", "hardware.health")]),
+        # a pending remap and a volatile uncorrectable count with recovery action None warn; the driver's own
+        # recovery action, and XID 154 announcing it, decide
+        ("gb300", "1:ecc=uncorrectable", []),
+        ("gb300", "1:ecc=pending-remap", []),
+        ("gb300", "1:recovery=none", []),
+        ("gb300", "1:recovery=reboot", [("node1", "hardware.health")]),
+        ("h200", "0:recovery=drain-p2p:5", [("node0", "hardware.health")]),
         ("gb300", "1:ecc=remap-failure:2", [("node1", "hardware.health")]),
         ("gb300", "1:nvlink-down=3", [("node1", "hardware.health")]),
     ],
@@ -209,12 +215,39 @@ def test_amd_and_ascend_health_faults(tmp_path):
     sel, hosts = cluster("ascend_910c", 2, ["1:npu-health=3", "0:npu-health=2:Warning"], tmp_path,
                          variant="ascend_w4a8", vram=1711.0)
     results = run_checks(sel, hosts)
-    # the table's Health column fails ascend.health for any state but OK; only Alarm and Critical are fatal
-    assert failures(results) == [("node0", "ascend.health"), ("node1", "ascend.health"), ("node1", "hardware.health")]
+    # one rule for the table's Health column and the health model: Alarm and Critical fail, a Warning warns
+    assert failures(results) == [("node1", "ascend.health"), ("node1", "hardware.health")]
+    assert {(r.check, r.status) for r in results if r.host == "node0" and "health" in r.check} == {
+        ("ascend.health", "warn"), ("hardware.health", "warn")}
     assert hosts[1].health.summary() == ("NPU health Critical 80E18008 on NPU 3 chip 0; "
                                          "NPU health Critical 80E18008 on NPU 3 chip 1")
     assert hosts[0].health.summary() == ("NPU health Warning 80CB8009 on NPU 2 chip 0 (not fatal); "
                                          "NPU health Warning 80CB8009 on NPU 2 chip 1 (not fatal)")
+
+
+def test_amd_without_amd_smi_reports_health_unknown_never_no_event(tmp_path):
+    """amdgpu-dkms alone: no amd-smi, and the simulated node shows no RAS counters in sysfs: health is unknown, a
+    warning that names what was missing; nothing is quarantined for it."""
+    sel, hosts = cluster("mi355x", 2, ["1:no-amd-smi"], tmp_path)
+    results = run_checks(sel, hosts)
+    assert [f for f in failures(results) if "health" in f[1] or f[1].startswith("rocm")] == []
+    (warn,) = [r for r in results if r.check == "hardware.health" and r.host == "node1"]
+    assert warn.status == "warn"
+    assert warn.observed == ("health unknown on node (nothing reads the GPUs' errors: no amd-smi, no amdgpu RAS "
+                             "counters in sysfs)")
+    assert hosts[1].health.fatal == () and "amd-smi" in hosts[1].health.events[0].text
+    assert [r.status for r in results if r.check == "hardware.health" and r.host == "node0"] == ["pass"]
+
+
+def test_an_a2_nodes_chips_are_read_by_the_health_command(tmp_path):
+    """The A2 table's chip rows carry the chip id alone: the health command reads each chip not OK all the same."""
+    sel, hosts = cluster("ascend_910c", 2, ["0:npu-smi-a2", "0:npu-health=5:Alarm", "1:npu-smi-a2",
+                                            "1:npu-health=2:Warning"], tmp_path, variant="ascend_w4a8", vram=1711.0)
+    results = run_checks(sel, hosts)
+    assert failures(results) == [("node0", "ascend.health"), ("node0", "hardware.health")]
+    assert hosts[0].health.summary() == "NPU health Alarm 80E18005 on NPU 5 chip 0"
+    assert hosts[1].health.summary() == "NPU health Warning 80CB8009 on NPU 2 chip 0 (not fatal)"
+    assert [r.observed for r in results if r.check == "gpu.count" and r.host == "node1"] == ["16"]
 
 
 def test_the_quarantine_record_is_read_with_the_health(tmp_path):

@@ -349,7 +349,7 @@ def test_parse_fault_accepts_every_kind():
     samples = {"driver": "=570.86.15", "gpu-count": "=7", "gpu-model": "=NVIDIA H100",
                "fabric": "=In Progress", "fabric-health": "=degraded-bandwidth", "cluster-uuid": f"={UUID}", "engine-slow": "=5", "docker-slow-create": "=5", "engine-api-key": "=k3", "npu-link-down": "=3",
                "mount-missing": "=/usr/local/dcmi", "default-route": "=front-end", "xid": "=79", "ecc": "=uncorrectable:1",
-               "nvlink-down": "=3", "npu-health": "=5:Alarm"}
+               "nvlink-down": "=3", "npu-health": "=5:Alarm", "recovery": "=reboot:1"}
     for kind in FAULT_KINDS:
         fault = parse_fault(f"2:{kind}{samples.get(kind, '')}")
         assert fault == Fault(2, kind, samples[kind][1:] if kind in samples else None)
@@ -372,6 +372,7 @@ def test_parse_fault_accepts_every_kind():
     ("1:ecc=double", ["bad ECC kind 'double'", "uncorrectable", "remap-failure"]),
     ("1:nvlink-down=18", ["bad NVLink link '18'", "0 to 17"]),
     ("1:npu-health=3:Broken", ["bad NPU health '3:Broken'", "Critical"]),
+    ("1:recovery=flr", ["bad recovery action 'flr'", "drain-and-reset"]),
     ("1:xid=79:gpu1", ["bad GPU index 'gpu1'"]),
 ])
 def test_bad_faults_name_the_text_and_the_fix(text, words):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import subprocess
 
 import pytest
 
@@ -19,7 +21,15 @@ from k3deploy.preflight.runner import fact_plan
 from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors.amd.facts import AmdHealth, parse_amd_ecc
 from k3deploy.vendors.ascend.facts import AscendHealth, parse_npu_health
-from k3deploy.vendors.nvidia.facts import NvidiaHealth, parse_ecc_remap, parse_nvlink_status, parse_xid_log
+from k3deploy.vendors.nvidia.facts import (
+    NvidiaHealth,
+    parse_ecc_remap,
+    parse_nvidia_health,
+    parse_nvlink_status,
+    parse_recovery_actions,
+    parse_xid_log,
+    recovery_events,
+)
 
 
 def lines(name: str) -> list[str]:
@@ -59,16 +69,23 @@ def test_nvlink5_xids_are_fatal_only_where_the_driver_says_fatal():
                              ("GPU 0000:9b:00", "xid", "94", False)]
 
 
-def test_a_pending_row_remap_is_fatal_until_the_gpu_is_reset():
+def test_a_pending_row_remap_warns_unless_the_recovery_action_asks_for_more():
     events = parse_ecc_remap(lines("nvidia/nvidia-smi-q-a100-remap-pending.txt"), {})
-    # 177 correctable DRAM errors are no event; the pending remap is
-    assert shown(events) == [("GPU 0000:10:1c", "row-remap", "pending", True)]
+    # 177 correctable DRAM errors are no event; the pending remap is, shown: running and new work continue
+    assert shown(events) == [("GPU 0000:10:1c", "row-remap", "pending", False)]
+    assert shown(parse_ecc_remap(lines("nvidia/nvidia-smi-q-a100-remap-pending.txt"), {},
+                                 {"GPU 0000:10:1c": "None"})) == [("GPU 0000:10:1c", "row-remap", "pending", False)]
+    for action in ("Reset", "Reboot", "Drain P2P"):
+        assert shown(parse_ecc_remap(lines("nvidia/nvidia-smi-q-a100-remap-pending.txt"), {},
+                                     {"GPU 0000:10:1c": action})) == [("GPU 0000:10:1c", "row-remap", "pending", True)]
 
 
-def test_a_volatile_uncorrectable_ecc_error_is_fatal_the_aggregate_alone_is_not():
+def test_a_volatile_uncorrectable_ecc_error_warns_the_aggregate_alone_is_no_event():
     block = lines("nvidia/nvidia-smi-q-ecc-sram-uncorrectable.txt")
     events = parse_ecc_remap(["GPU 00000000:10:1C.0", *block], {(0, 0x10, 0x1C): "GPU 2"})
-    assert shown(events) == [("GPU 2", "ecc", "uncorrectable=1", True)]
+    assert shown(events) == [("GPU 2", "ecc", "uncorrectable=1", False)]
+    assert shown(parse_ecc_remap(["GPU 00000000:10:1C.0", *block], {(0, 0x10, 0x1C): "GPU 2"}, {"GPU 2": "Reset"})
+                 ) == [("GPU 2", "ecc", "uncorrectable=1", True)]
     assert events[0].text == "Volatile SRAM Uncorrectable : 1"
     only_aggregate = [line.replace("Uncorrectable            : 1", "Uncorrectable            : 0") for line in block]
     assert parse_ecc_remap(["GPU 00000000:10:1C.0", *only_aggregate], {}) == []
@@ -79,6 +96,52 @@ def test_a_clean_535_report_has_no_event():
     failed = [line.replace("Remapping Failure Occurred        : No", "Remapping Failure Occurred        : Yes")
               for line in lines("nvidia/nvidia-smi-q-ecc-a10g-535.txt")]
     assert shown(parse_ecc_remap(failed, {})) == [("GPU 0000:00:1e", "row-remap", "failure", True)]
+
+
+def test_the_recovery_action_of_a_real_565_report_is_read_and_none_is_no_event():
+    report = lines("nvidia/nvidia-smi-q-h100-565.txt")
+    actions = parse_recovery_actions(report, {(0, 0x18, 0): "GPU 0"})
+    assert actions == {"GPU 0": "None"}
+    assert recovery_events(actions) == [] and parse_ecc_remap(report, {(0, 0x18, 0): "GPU 0"}, actions) == []
+    # the same report with the driver asking for each action: one fatal event on that GPU, named as nvidia-smi does
+    for printed, name in (("Reset", "Reset"), ("Reboot", "Reboot"), ("Drain P2P", "Drain P2P"),
+                          ("GPU_RESET", "Reset"), ("Drain and Reset", "Drain and Reset"), ("N/A", "None")):
+        changed = [line.replace(": None", f": {printed}") if "GPU Recovery Action" in line else line
+                   for line in report]
+        events = recovery_events(parse_recovery_actions(changed, {(0, 0x18, 0): "GPU 0"}))
+        assert shown(events) == ([] if name == "None" else [("GPU 0", "recovery", name, True)])
+    # a driver before 565 prints no such row: nothing is read, nothing is judged by it
+    assert parse_recovery_actions(lines("nvidia/nvidia-smi-q-ecc-a10g-535.txt"), {}) == {}
+
+
+def test_xid_154_is_judged_by_the_action_it_announces_and_the_newest_decides():
+    events = parse_xid_log(lines("nvidia/dmesg-xid-79-154-reboot.txt"), {(0, 1, 0): "GPU 0"})
+    assert shown(events) == [("GPU 0", "xid", "79", True), ("GPU 0", "xid", "154", True)]
+    assert Health.of(events).summary() == ("XID 79 on GPU 0 (fallen off the bus); "
+                                           "XID 154 on GPU 0 (GPU recovery action changed)")
+    line = lines("nvidia/dmesg-xid-79-154-reboot.txt")[1]
+    for words, fatal in (("0x0 (None)", False), ("0x1 (GPU Reset Required)", True), ("0x3 (Drain P2P)", True),
+                         ("0x4 (Drain and Reset)", True), ("0x9 (PF FLR)", True)):
+        changed = line.replace("0x2 (Node Reboot Required)", words)
+        assert [e.fatal for e in parse_xid_log([changed], {})] == [fatal], words
+    # a reset that brought the action back to None: the earlier announcement is shown, not fatal
+    back = line.replace("from 0x0 (None) to 0x2 (Node Reboot Required)", "from 0x2 (Node Reboot Required) to 0x0 (None)")
+    assert [e.fatal for e in parse_xid_log([line, back], {})] == [False, False]
+    assert [e.fatal for e in parse_xid_log([back, line], {})] == [False, True]
+
+
+def test_the_health_reading_joins_the_recovery_action_to_the_ecc_rows():
+    remap = lines("nvidia/nvidia-smi-q-a100-remap-pending.txt")
+    gpus = ["K3_SECTION=nvl", "0", "K3_SECTION=gpus", "0, 00000000:10:1C.0"]
+    calm = parse_nvidia_health([*gpus, "K3_SECTION=recovery", "GPU 00000000:10:1C.0",
+                                "    GPU Recovery Action                   : None", "K3_SECTION=ecc", *remap])
+    assert calm.health.fatal == () and calm.health.summary() == "row remap pending on GPU 0 (not fatal)"
+    acting = parse_nvidia_health([*gpus, "K3_SECTION=recovery", "GPU 00000000:10:1C.0",
+                                  "    GPU Recovery Action                   : Reset", "K3_SECTION=ecc", *remap])
+    assert shown(list(acting.health.fatal)) == [("GPU 0", "recovery", "Reset", True),
+                                                ("GPU 0", "row-remap", "pending", True)]
+    assert acting.health.summary().startswith("GPU recovery action Reset on GPU 0 (GPU reset required)")
+    assert any(fix.startswith("stop the engines on the node and reset the GPU") for fix in acting.health.fixes())
 
 
 def test_inactive_nvlinks_are_fatal_on_nvl72_trays_only():
@@ -97,12 +160,69 @@ def test_amd_uncorrectable_ras_errors_are_fatal():
     assert shown(parse_amd_ecc(bad)) == [("GPU 0", "ras", "uncorrectable=3", True)]
 
 
+def test_amd_health_reads_the_ras_counters_in_sysfs_without_amd_smi_else_says_unknown(tmp_path):
+    """The fact's own command over a sysfs tree laid out as the kernel's (card1 a GPU with its ras/ folder, a
+    connector beside it, card2 without RAS): amd-smi missing, the counters decide; with none, health is unknown."""
+    doc = (FIXTURES / "amd/sysfs-ras-err-count-kernel-doc.txt").read_text()     # the kernel docs' "ue: 0\nce: 1"
+    ras = tmp_path / "drm/card1/device/ras"
+    ras.mkdir(parents=True)
+    (ras / "gfx_err_count").write_text(doc)
+    (ras / "umc_err_count").write_text("ue: 2\nce: 1\nde: 1\n")   # UMC adds "de" (deferred) since Linux 6.8
+    (tmp_path / "drm/card1-DP-1/device/ras").mkdir(parents=True)
+    (tmp_path / "drm/card1-DP-1/device/ras/umc_err_count").write_text("ue: 9\nce: 0\n")
+    (tmp_path / "drm/card2/device").mkdir(parents=True)
+    command = AmdHealth().command(config_dir=str(tmp_path)).replace("/sys/class/drm", str(tmp_path / "drm"))
+    env = {"PATH": "/usr/bin:/bin"}                                 # no amd-smi on this PATH
+    assert "grep -H . /sys/class/drm/card*/device/ras/*_err_count" in AmdHealth().command()
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env).stdout.splitlines()
+    reading = AmdHealth().process(out)
+    assert isinstance(reading, HealthReading)
+    assert shown(list(reading.events)) == [("card1", "ras", "uncorrectable=2", True), ("card1", "ras", "deferred=1", False)]
+    assert reading.events[0].text == "card1 umc_err_count: ue: 2"
+    for f in ras.iterdir():
+        f.unlink()
+    ras.rmdir()
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env).stdout.splitlines()
+    unknown = AmdHealth().process(out)
+    assert isinstance(unknown, HealthReading) and not unknown.health.fatal
+    assert shown(list(unknown.events)) == [("node", "unread", "unknown", False)]
+    assert "amd-smi" in unknown.events[0].text and "/sys/class/drm/card*/device/ras/*_err_count" in unknown.events[0].text
+
+
 def test_npu_health_alarm_and_critical_are_fatal_warning_is_not():
     ok = lines("ascend/npu-smi-info-t-health-chip-ok.txt")
     assert parse_npu_health(["K3_NPU=0 0", *ok]) == []
     for state, fatal in (("Warning", False), ("Alarm", True), ("Critical", True), ("UNKNOWN", True)):
         chip = [line.replace(": OK", f": {state}") for line in ok]
         assert shown(parse_npu_health(["K3_NPU=4 1", *chip])) == [("NPU 4 chip 1", "npu-health", state, fatal)]
+
+
+@pytest.mark.parametrize("table, expected", [
+    ("ascend/npu-smi-info-a2-910b2-excerpt.txt", ["1 0"]),       # A2: the chip row carries the chip id alone
+    ("ascend/npu-smi-info-a2.txt", ["1 0"]),                     # its NPU 1 is in Warning already
+    ("ascend/npu-smi-info-a3.txt", ["1 0", "1 1"]),              # A3: chip and Phy-ID
+    ("ascend/npu-smi-info-a3-26.0.rc2-excerpt.txt", []),         # NPU 0 only
+])
+def test_the_health_command_finds_the_chips_not_ok_in_a2_and_a3_tables(table, expected, tmp_path):
+    """The command's own awk over real tables, NPU 1 turned to Alarm where the table has one: each chip of it is
+    named (A2 tables were never read before: their chip rows have one number)."""
+    from k3deploy.vendors.ascend.facts import _NPU_CHIPS
+
+    text = (FIXTURES / table).read_text()
+    sick = re.sub(r"(\| 1 +\S+ +\| )OK   ", r"\1Alarm", text)
+    (tmp_path / "table").write_text(sick)
+    script = _NPU_CHIPS.replace("npu-smi info |", f"cat {tmp_path / 'table'} |")
+    got = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert got == expected
+
+
+def test_one_rule_for_an_ascend_warning_in_preflight_and_the_health_model():
+    from k3deploy.vendors.ascend import NPU_FATAL_STATES
+
+    assert "Warning" not in NPU_FATAL_STATES and {"Alarm", "Critical", "UNKNOWN"} == NPU_FATAL_STATES
+    ok = lines("ascend/npu-smi-info-t-health-chip-ok.txt")
+    warning = parse_npu_health(["K3_NPU=1 0", *[line.replace(": OK", ": Warning") for line in ok]])
+    assert [e.fatal for e in warning] == [False]
 
 
 @pytest.mark.parametrize("fact, kwargs", [(NvidiaHealth, {"nvl": True}), (AmdHealth, {}), (AscendHealth, {})])

@@ -454,10 +454,14 @@ def test_ascend_pair_passes_and_faults_fail_only_their_node():
     results = run_checks(s, hosts)
     assert failures(results) == []
     assert "rdma.devices" not in {r.check for r in results}  # HCCS/RoCE on the NPUs, not ibverbs
-    hosts[1].npu = NpuInfo("25.5.0", read(hosts[1].npu).chips[:15] + [dataclasses.replace(read(hosts[1].npu).chips[15],
-                                                                                      health="Warning")])
+    chips = read(hosts[1].npu).chips
+    hosts[1].npu = NpuInfo("25.5.0", chips[:15] + [dataclasses.replace(chips[15], health="Alarm")])
     hosts[0].ascend = AscendVersionInfo("25.5.0", None, None, ["/usr/local/dcmi"])
     assert failures(run_checks(s, hosts)) == [("a3-0", "ascend.mounts"), ("a3-1", "ascend.health")]
+    # a Warning (a minor alarm) only warns, as the health model has it
+    hosts[1].npu = NpuInfo("25.5.0", chips[:15] + [dataclasses.replace(chips[15], health="Warning")])
+    (warned,) = [r for r in run_checks(s, hosts) if r.host == "a3-1" and r.check == "ascend.health"]
+    assert (warned.status, warned.observed) == ("warn", "NPU 7 chip 1: Warning")
 
 
 def test_ascend_network_names_each_npu_whose_port_is_down_or_unhealthy():

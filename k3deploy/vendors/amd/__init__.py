@@ -64,7 +64,18 @@ def _peer_memory_command() -> str:
 HEALTH_KINDS = (
     HealthKind("ras", "ECC", "uncorrectable memory errors: reboot the node (the driver retires the bad pages, amd-smi "
                "bad-pages lists them); errors that come back mean the GPU must be replaced"),
+    HealthKind("unread", "health", "install amd-smi (amd-smi metric --ecc), or run an amdgpu with RAS enabled (its "
+               "error counters under /sys/class/drm/card*/device/ras/), so that the GPUs' errors can be read",
+               (("unknown", ("nothing reads the GPUs' errors: no amd-smi, no amdgpu RAS counters in sysfs", "")),)),
 )
+
+#: the amdgpu kernel driver's RAS error counters, one file per IP block of each GPU ("umc_err_count", "gfx_err_count",
+#: ...): ``ue: N`` (uncorrectable), ``ce: N`` (correctable) and, for UMC (the memory controller) since the driver
+#: shows deferred errors, ``de: N``. The kernel's amdgpu documentation, "AMDGPU RAS Support", "RAS Error Count sysfs
+#: Interface" (https://docs.kernel.org/gpu/amdgpu/ras.html; drivers/gpu/drm/amd/amdgpu/amdgpu_ras.c,
+#: ``amdgpu_ras_sysfs_read``; the ``de`` line: commit 2c7a1560e8a6, "drm/amdgpu: Show deferred error count for UMC").
+#: The health fact reads them where amd-smi is not installed (amdgpu-dkms alone, the layout this pack recommends).
+RAS_COUNTERS = "/sys/class/drm/card*/device/ras/*_err_count"
 
 PACK = Pack(
     name="amd",
@@ -105,9 +116,10 @@ PACK = Pack(
         Check("gpu.memory", "rocm-smi --showmeminfo vram",
               "the planned nodes' GPU memory >= the variant's planning minimum",
               "plan more nodes, or choose a smaller variant", each_node=False),
-        Check("hardware.health", "amd-smi metric --ecc",
+        Check("hardware.health", f"amd-smi metric --ecc; grep -H . {RAS_COUNTERS}",
               "no uncorrectable ECC (RAS) error on any GPU since the driver loaded (deferred errors are shown, not "
-              "fatal)",
+              "fatal), read by amd-smi or, without it, from amdgpu's RAS counters in sysfs; neither: health unknown "
+              "(a warning)",
               "the node must not serve: drain it: " + QUARANTINE_NOTE + "; reboot it so that the "
               "driver retires the bad pages (amd-smi bad-pages lists them), and replace the GPU if the errors come "
               "back", fact="AmdHealth"),

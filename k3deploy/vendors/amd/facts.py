@@ -19,7 +19,7 @@ from k3deploy.facts.base import (
 from k3deploy.facts.health import QUARANTINE_SECTION, HealthReading, health_command, parse_quarantine, section
 from k3deploy.facts.rdma import GpuTopology
 from k3deploy.model.health import HealthEvent
-from k3deploy.vendors.amd import KALLSYMS_GREP, PACK, PEER_MEMORY_PATHS, PEER_MEMORY_SYMBOL
+from k3deploy.vendors.amd import KALLSYMS_GREP, PACK, PEER_MEMORY_PATHS, PEER_MEMORY_SYMBOL, RAS_COUNTERS
 
 ROCM_HINT = "is the amdgpu driver with ROCm SMI (amd-smi / rocm-smi) installed?"
 
@@ -446,21 +446,68 @@ def parse_amd_ecc(lines: list[str]) -> list[HealthEvent]:
     return events
 
 
+_RAS_LINE_RE = re.compile(r"/(?P<card>card\d+)/device/ras/(?P<name>\w+_err_count):"
+                          r"(?P<key>ue|ce|de):\s*(?P<value>\d+)\s*$")
+
+
+def parse_amd_ras(lines: list[str]) -> list[HealthEvent]:
+    """amdgpu's RAS error counters (:data:`~k3deploy.vendors.amd.RAS_COUNTERS`) as ``grep -H .`` prints them, one
+    ``PATH:key: N`` line each: an uncorrectable count above 0 is fatal, a deferred one is shown, correctable ones are
+    not events (as :func:`parse_amd_ecc` judges amd-smi's totals). A connector (``card1-DP-1``) is not a GPU.
+
+    >>> out = parse_amd_ras(["/sys/class/drm/card1/device/ras/umc_err_count:ue: 2",
+    ...     "/sys/class/drm/card1/device/ras/umc_err_count:ce: 7",
+    ...     "/sys/class/drm/card1/device/ras/gfx_err_count:ue: 0",
+    ...     "/sys/class/drm/card2/device/ras/umc_err_count:de: 1"])
+    >>> [(e.device, e.kind, e.code, e.fatal, e.text) for e in out]  # doctest: +NORMALIZE_WHITESPACE
+    [('card1', 'ras', 'uncorrectable=2', True, 'card1 umc_err_count: ue: 2'),
+     ('card2', 'ras', 'deferred=1', False, 'card2 umc_err_count: de: 1')]
+    """
+    events: list[HealthEvent] = []
+    for raw in lines:
+        match = _RAS_LINE_RE.search(raw.strip())
+        if match is None or not int(match.group("value")):
+            continue
+        value, card = int(match.group("value")), match.group("card")
+        text = f"{card} {match.group('name')}: {match.group('key')}: {value}"
+        if match.group("key") == "ue":
+            events.append(HealthEvent(card, "ras", f"uncorrectable={value}", text, True))
+        elif match.group("key") == "de":
+            events.append(HealthEvent(card, "ras", f"deferred={value}", text, False))
+    return events
+
+
 def parse_amd_health(lines: list[str]) -> HealthReading:
-    """The sections of :class:`AmdHealth`: ``ecc`` and ``quarantine``.
+    """The sections of :class:`AmdHealth`: ``ecc`` (amd-smi), ``ras`` (amdgpu's counters in sysfs, read where amd-smi
+    reported no GPU) and ``quarantine``; with neither, health is unknown: a warning that says so, never "no event".
 
     >>> parse_amd_health(["K3_SECTION=ecc", "GPU: 3", "    ECC:", "        TOTAL_UNCORRECTABLE_COUNT: 1",
     ...                   "K3_SECTION=quarantine"]).health.summary()
     'ECC uncorrectable=1 on GPU 3'
+    >>> parse_amd_health(["K3_SECTION=ecc", "sh: 1: amd-smi: not found", "K3_SECTION=ras",
+    ...     "/sys/class/drm/card1/device/ras/umc_err_count:ue: 0", "K3_SECTION=quarantine"]).health.summary()
+    'ok'
+    >>> parse_amd_health(["K3_SECTION=ecc", "sh: 1: amd-smi: not found", "K3_SECTION=ras"]).health.summary()
+    "health unknown on node (nothing reads the GPUs' errors: no amd-smi, no amdgpu RAS counters in sysfs)"
     """
     parts = sections(lines)
-    return HealthReading(tuple(parse_amd_ecc(parts.get("ecc", []))),
-                         parse_quarantine(parts.get(QUARANTINE_SECTION, [])))
+    ecc = parts.get("ecc", [])
+    ras = parts.get("ras", [])
+    if any(_AMD_GPU_RE.match(line.strip()) for line in ecc):
+        events = parse_amd_ecc(ecc)
+    elif any(_RAS_LINE_RE.search(line.strip()) for line in ras):
+        events = parse_amd_ras(ras)
+    else:
+        said = next((line.strip() for line in ecc if line.strip()), "no output")
+        events = [HealthEvent("node", "unread", "unknown",
+                              f"amd-smi metric --ecc: {said[:160]}; no {RAS_COUNTERS}", False)]
+    return HealthReading(tuple(events), parse_quarantine(parts.get(QUARANTINE_SECTION, [])))
 
 
 class AmdHealth(K3Fact[HealthReading]):
-    """Uncorrectable and deferred ECC (RAS) errors per GPU (``amd-smi metric --ecc``) and the node's quarantine
-    record (``<k3_config_dir>/quarantine``), in one command; a tool that fails adds nothing.
+    """Uncorrectable and deferred ECC (RAS) errors per GPU (``amd-smi metric --ecc``; where amd-smi is not installed,
+    the amdgpu driver's RAS counters in sysfs) and the node's quarantine record (``<k3_config_dir>/quarantine``), in
+    one command; with neither to read, an event says health is unknown (not fatal).
 
     ``TOTAL_UNCORRECTABLE_COUNT: 2`` under ``GPU: 0`` → ``HealthEvent(device='GPU 0', kind='ras',
     code='uncorrectable=2', fatal=True)``.
@@ -471,7 +518,9 @@ class AmdHealth(K3Fact[HealthReading]):
     shown_command = PACK.command_of("hardware.health")
 
     def command(self, config_dir: str = "/etc/k3deploy") -> str:
-        return health_command([section("ecc", "amd-smi metric --ecc")], config_dir)
+        # each GPU's RAS counters, one PATH:LINE each (cards without RAS have no ras/ folder)
+        return health_command([section("ecc", "amd-smi metric --ecc"),
+                               section("ras", f"grep -H . {RAS_COUNTERS}")], config_dir)
 
     def parse(self, lines: list[str]) -> HealthReading:
         return parse_amd_health(lines)

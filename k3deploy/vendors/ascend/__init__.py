@@ -49,6 +49,14 @@ def _each_npu(spot: Spot, queries: tuple[str, ...]) -> str:
     return f"t={HCCN}; for i in $(seq 0 {max(0, spot.devices - 1)}); do {body}; done"
 
 
+#: a chip's health states (``npu-smi info`` Health column, ``npu-smi info -t health``), after Huawei's DCMI reference
+#: ``dcmi_get_device_health`` (the same value npu-smi prints; the open CANN driver's docs, mirrored at
+#: https://github.com/verylucky01/driver/blob/04370735071371c28a9ae26fc9e7d9455cf490c3/docs/zh/Ascend_910_93_DCMI_API/Ascend_910_93_DCMI_API/dcmi_get_device_health.md):
+#: 0 OK (normal), 1 Warning (一般告警, a minor alarm), 2 Alarm (重要告警, major), 3 Critical (紧急告警, urgent),
+#: 0xFFFFFFFF the device does not exist (npu-smi: UNKNOWN); the most severe alarm of the chip decides. The one rule
+#: preflight's ``ascend.health`` and the health model share: these keep a node from serving, a Warning is shown.
+NPU_FATAL_STATES = frozenset({"Alarm", "Critical", "UNKNOWN"})
+
 #: the kind of hardware-health event Ascend's tools report (:mod:`k3deploy.model.health`), and how a node comes back
 HEALTH_KINDS = (
     HealthKind("npu-health", "NPU health", "read the NPU's error code (npu-smi info -t health -i N) in the product's "
@@ -86,8 +94,10 @@ PACK = Pack(
         Check("gpu.count", "npu-smi info", "the hardware's NPUs per node", "a device is missing: repair the node"),
         Check("ascend.driver", "npu-smi info", "working npu-smi",
               "install the Ascend driver and firmware (HDK) so that npu-smi works, then reboot", fact="NpuSmiInfo"),
-        Check("ascend.health", "npu-smi info", "every NPU chip Health OK",
-              "check npu-smi info -t health -i <id> and the device log; replace or reset the NPU"),
+        Check("ascend.health", "npu-smi info",
+              "no NPU chip in Health Alarm, Critical or UNKNOWN (a Warning, a minor alarm, is shown, not fatal)",
+              "check npu-smi info -t health -i <id> -c <chip> and the device log; reset the NPU (npu-smi set -t "
+              "reset -i N -c 0) or replace it"),
         Check("ascend.versions", "cat /usr/local/Ascend/driver/version.info",
               f"driver (HDK) >= {DRIVER_RECOMMENDED} recommended; version.info and mounted paths present",
               "install the Ascend driver and firmware (HDK)", fact="AscendVersions"),

@@ -99,8 +99,13 @@ def _check_ascend(out: Results, facts: AscendFacts) -> None:
     if isinstance(facts.npu, NpuInfo):
         health = vendor.PACK.check("ascend.health")
         sick = [f"NPU {c.npu} chip {c.chip}: {c.health}" for c in facts.npu.chips if c.health != "OK"]
-        if sick:
+        fatal = [c for c in facts.npu.chips if c.health in vendor.NPU_FATAL_STATES]
+        if fatal:
             out.add(facts.host, "ascend.health", "fail", "; ".join(sick), health.required, health.fix)
+        elif sick:
+            out.add(facts.host, "ascend.health", "warn", "; ".join(sick), health.required,
+                    "not fatal (a Warning is a minor alarm): the node serves; read npu-smi info -t health -i <id> -c "
+                    "<chip> and watch whether it becomes an Alarm")
         else:
             out.add(facts.host, "ascend.health", "pass", f"{len(facts.npu.chips)} chips OK", health.required)
 

@@ -17,7 +17,7 @@ from k3deploy.facts.health import (
     parse_quarantine,
 )
 from k3deploy.model.health import HealthEvent
-from k3deploy.vendors.ascend import PACK
+from k3deploy.vendors.ascend import NPU_FATAL_STATES, PACK
 
 NPU_HINT = "is the Ascend driver (HDK) with npu-smi installed?"
 _BUS_ID_RE = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
@@ -431,16 +431,14 @@ class HccnPing(K3Fact[list[NpuPing]]):
 
 # ------------------------------------------------------------------------------ hardware health
 
-#: ``npu-smi info -t health`` states (Huawei's npu-smi reference): OK, Warning (minor alarm), Alarm (major), Critical
-#: (urgent), UNKNOWN (the device does not exist or did not start); the ones that keep a node from serving
-NPU_FATAL_STATES = frozenset({"Alarm", "Critical", "UNKNOWN"})
 #: the chips whose Health in the ``npu-smi info`` table is not OK, one ``<npu id> <chip id>`` line each (an NPU row
-#: ``| 0     Ascend910 | OK | ...`` is followed by its chip row ``| 0     0 | 0000:9D:00.0 | ...``): only those are
-#: asked for their error code, so a healthy node costs one npu-smi call
+#: ``| 0     Ascend910 | OK | ...`` is followed by its chip row: on A3 ``| 0     0 | 0000:9D:00.0 | ...``, chip and
+#: Phy-ID, on A2 ``| 0                         | 0000:C1:00.0 | ...``, the chip id alone): only those are asked for
+#: their error code, so a healthy node costs one npu-smi call
 _NPU_CHIPS = ("npu-smi info | awk -F'|' 'NF > 3 { split($2, a, \" \"); "
-              "if (a[1] ~ /^[0-9]+$/ && a[2] !~ /^[0-9]+$/) { npu = a[1]; h = $3; gsub(/ /, \"\", h) } "
-              "else if (a[1] ~ /^[0-9]+$/ && a[2] ~ /^[0-9]+$/ && h != \"\") { if (h != \"OK\") print npu, a[1]; "
-              "h = \"\" } }'")
+              "if (a[1] ~ /^[0-9]+$/ && a[2] != \"\" && a[2] !~ /^[0-9]+$/) { npu = a[1]; h = $3; gsub(/ /, \"\", h) } "
+              "else if (a[1] ~ /^[0-9]+$/ && (a[2] == \"\" || a[2] ~ /^[0-9]+$/) && h != \"\") { "
+              "if (h != \"OK\") print npu, a[1]; h = \"\" } }'")
 _NPU_CHIP_MARK = "K3_NPU="
 
 

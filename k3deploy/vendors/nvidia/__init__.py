@@ -94,21 +94,64 @@ XID_CODES: dict[str, tuple[str, bool]] = {
     "148": ("NVLink NVLPW control error", True),
     "149": ("NVLink NETIR error", True),
     "150": ("NVLink MSE error", True),
+    # the driver's own recovery action changed (R570+): fatal as the action it announces (RECOVERY_ACTIONS)
+    "154": ("GPU recovery action changed", True),
 }
 #: the NVLink5 XIDs, fatal only where their line says ``Fatal`` (leptonai/gpud pull request 1174: the driver prints
 #: ``Nonfatal`` for the others)
 NVLINK5_XIDS = frozenset({"144", "145", "146", "147", "148", "149", "150"})
 
+#: the driver's recovery action for a GPU (NVML ``nvmlDeviceGpuRecoveryAction_t``, R570+; ``nvidia-smi -q`` prints it
+#: as ``GPU Recovery Action``, XID 154 announces each change as ``from 0xA (...) to 0xB (...)``): NVML's number ->
+#: (what ``nvidia-smi -q`` prints, what the driver asks for). NVIDIA's "GPU Memory Error Management", "Error Recovery
+#: and Response Flags" (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html):
+#: None: "the GPU can be immediately used again by starting a new GPU process"; Reset: terminate all GPU processes and
+#: reset the GPU; Reboot: the fault "may have left the OS in an inconsistent state"; Drain P2P: quiesce all
+#: peer-to-peer traffic, then query again; Drain and Reset. The numbers 5-7 are those of newer NVML headers
+#: (cuda-python's ``DeviceGpuRecoveryAction``). Every action but None keeps the GPU from serving.
+RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
+    0: ("None", "no action needed"),
+    1: ("Reset", "GPU reset required"),
+    2: ("Reboot", "node reboot required"),
+    3: ("Drain P2P", "peer-to-peer traffic must be drained"),
+    4: ("Drain and Reset", "peer-to-peer traffic must be drained, then the GPU reset"),
+    5: ("Recover IMEX Domain", "the IMEX domain must be recovered"),
+    6: ("Bus Reset", "the GPU's PCIe bus must be reset"),
+    7: ("System Reboot", "system reboot required"),
+}
+#: what the ``GPU Recovery Action`` row may print for "nothing to do" (older drivers: the row is absent or N/A)
+RECOVERY_NONE = frozenset({"None", "N/A", "[N/A]", "Not Supported", "[Not Supported]", ""})
+
+
+def recovery_action_name(printed: str) -> str:
+    """The action as :data:`RECOVERY_ACTIONS` names it, whatever spelling the tool printed (``GPU_RESET``,
+    ``NODE_REBOOT``, ``Drain P2P``); unknown spellings are kept as printed.
+
+        >>> recovery_action_name("GPU_RESET"), recovery_action_name("Reboot"), recovery_action_name("DRAIN_AND_RESET")
+        ('Reset', 'Reboot', 'Drain and Reset')
+    """
+    key = printed.strip().upper().replace(" ", "_").removeprefix("GPU_RECOVERY_ACTION_")
+    aliases = {"GPU_RESET": "Reset", "NODE_REBOOT": "Reboot", "DRAIN_P2P": "Drain P2P"}
+    if key in aliases:
+        return aliases[key]
+    for name, _ in RECOVERY_ACTIONS.values():
+        if key == name.upper().replace(" ", "_"):
+            return name
+    return printed.strip()
+
+
 #: what the health fact reads, as a person runs it (docs/health.md: which events are fatal and why)
 HEALTH_COMMAND = ("dmesg | grep -E 'NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus'; "
-                  "nvidia-smi -q -d ECC,ROW_REMAPPER; nvidia-smi nvlink -s")
+                  "nvidia-smi -q; nvidia-smi -q -d ECC,ROW_REMAPPER; "
+                  "nvidia-smi nvlink -s")
 HEALTH_REQUIRED = ("no fatal GPU event: no XID " + ", ".join(c for c, (_, fatal) in XID_CODES.items()
-                                                     if fatal and c not in NVLINK5_XIDS)
+                                                     if fatal and c not in NVLINK5_XIDS and c != "154")
                    + " in the kernel log since boot (nor an NVLink5 XID " + min(NVLINK5_XIDS) + "-" + max(NVLINK5_XIDS)
-                   + " the driver calls Fatal), no uncorrectable ECC error since the driver loaded, no pending or "
-                   "failed row remap, every NVLink link up on NVL72 trays")
-HEALTH_FIX = ("the node must not serve: drain it: " + QUARANTINE_NOTE + "; then reset the GPU "
-              "(nvidia-smi -r -i N) or reboot for a pending remap or an ECC/XID event, reseat or replace the GPU or "
+                   + " the driver calls Fatal, nor an XID 154 announcing a recovery action other than None), GPU "
+                   "Recovery Action None on every GPU, no failed row remap, every NVLink link up on NVL72 trays (a "
+                   "pending row remap or an uncorrectable ECC error with recovery action None is shown, not fatal)")
+HEALTH_FIX = ("the node must not serve: drain it: " + QUARANTINE_NOTE + "; then do what the GPU Recovery Action "
+              "asks (nvidia-smi -q): reset the GPU (nvidia-smi -r -i N) or reboot, reseat or replace the GPU or "
               "tray for XID 79, a row remapping failure or a link that stays down; the kernel log keeps an XID until "
               "the next boot")
 
@@ -120,6 +163,22 @@ XID_FIXES = {
     "74": "an NVLink error: check the GPU's NVLink cables and the NVLink switch tray (nvidia-smi nvlink -s, "
           "nvidia-smi nvlink -e), then reset the GPU (nvidia-smi -r -i N) or reboot",
     "64": "the GPU could not remap a failing memory row: run NVIDIA's field diagnostic and replace the GPU (RMA)",
+    "154": "the driver asks for a recovery action (the XID line says which; nvidia-smi -q shows GPU Recovery "
+           "Action): a reset (engines stopped, nvidia-smi -r -i N), a reboot of the node, or draining peer-to-peer "
+           "traffic first; the kernel log keeps the XID until the next boot",
+}
+
+#: what to do about each recovery action the driver asks for (NVIDIA's error recovery flags, above)
+RECOVERY_FIXES = {
+    "Reset": "stop the engines on the node and reset the GPU (nvidia-smi -r -i N); it serves again after the reset",
+    "Reboot": "reboot the node: the fault may have left the OS in an inconsistent state",
+    "Drain P2P": "stop every process that uses peer-to-peer traffic (the engines) and read GPU Recovery Action again: "
+                 "it then names a reset, a reboot or None",
+    "Drain and Reset": "stop every process that uses peer-to-peer traffic (the engines), then reset the GPU "
+                       "(nvidia-smi -r -i N)",
+    "Recover IMEX Domain": "restart nvidia-imex on every tray of the NVLink domain (systemctl restart nvidia-imex)",
+    "Bus Reset": "reset the GPU's PCIe bus, or power-cycle the node",
+    "System Reboot": "reboot the node",
 }
 
 #: the kinds of hardware-health event NVIDIA's tools report (:mod:`k3deploy.model.health`), and how a node comes back
@@ -127,6 +186,10 @@ HEALTH_KINDS = (
     HealthKind("xid", "XID", "reset the GPU (nvidia-smi -r -i N, engines stopped) or reboot the node; an XID stays in "
                "the kernel log until the next boot, and one that comes back means the GPU must be replaced",
                tuple((code, (meaning, XID_FIXES.get(code, ""))) for code, (meaning, _) in XID_CODES.items())),
+    HealthKind("recovery", "GPU recovery action", "do what the driver's GPU Recovery Action asks (nvidia-smi -q), "
+               "then rerun preflight",
+               tuple((name, (meaning, RECOVERY_FIXES.get(name, ""))) for name, meaning in RECOVERY_ACTIONS.values()
+                     if name != "None")),
     HealthKind("ecc", "ECC", "reset the GPU (nvidia-smi -r -i N, engines stopped) or reboot: it applies the pending "
                "row remap and clears the volatile counters; errors that come back mean the GPU must be replaced"),
     HealthKind("row-remap", "row remap", "a pending remap: reset the GPU (nvidia-smi -r -i N) or reboot to apply "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from k3deploy.facts.base import (
     ABSENT_MARK,
@@ -28,7 +28,14 @@ from k3deploy.facts.health import (
 )
 from k3deploy.facts.rdma import GpuTopology
 from k3deploy.model.health import HealthEvent
-from k3deploy.vendors.nvidia import NVLINK5_XIDS, PACK, XID_CODES
+from k3deploy.vendors.nvidia import (
+    NVLINK5_XIDS,
+    PACK,
+    RECOVERY_ACTIONS,
+    RECOVERY_NONE,
+    XID_CODES,
+    recovery_action_name,
+)
 
 DRIVER_HINT = "is the NVIDIA driver installed?"
 NA_VALUES = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
@@ -36,9 +43,29 @@ _DRIVER_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _MEMORY_RE = re.compile(r"^(\d+)(\s*MiB)?$")
 
 
+_XID154_TO_RE = re.compile(r"\bto 0x(?P<value>[0-9A-Fa-f]+)")
+
+
+def announced_action(text: str) -> str | None:
+    """The recovery action an XID 154 line announces (``... changed from 0x0 (None) to 0x2 (Node Reboot Required)``),
+    as :data:`~k3deploy.vendors.nvidia.RECOVERY_ACTIONS` names it; None where the line does not say.
+
+        >>> announced_action("154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)")
+        'Reboot'
+        >>> announced_action("154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)")
+        'None'
+    """
+    match = _XID154_TO_RE.search(text)
+    if match is None:
+        return None
+    value = int(match.group("value"), 16)
+    return RECOVERY_ACTIONS[value][0] if value in RECOVERY_ACTIONS else f"0x{value:x}"
+
+
 def xid_event(device: str, code: str, text: str) -> HealthEvent:
     """One XID line's event: its fatality from the pack's :data:`~k3deploy.vendors.nvidia.XID_CODES` (an unknown code
-    is not fatal; an NVLink5 XID is fatal where its line says ``Fatal``).
+    is not fatal; an NVLink5 XID is fatal where its line says ``Fatal``; an XID 154 as the recovery action it
+    announces: fatal but for None).
 
         >>> xid_event("GPU 00000000:1B:00.0", "48", "...").fatal
         True
@@ -46,10 +73,15 @@ def xid_event(device: str, code: str, text: str) -> HealthEvent:
         (False, False)
         >>> xid_event("GPU 1", "145", "145, RLW_RXPIPE Nonfatal XC0 i0 Link 13").fatal
         False
+        >>> xid_event("GPU 0", "154", "154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)"
+        ...           ).fatal
+        False
     """
     fatal = XID_CODES.get(code, ("", False))[1]
     if code in NVLINK5_XIDS:
         fatal = " Fatal " in f" {text} "
+    elif code == "154":
+        fatal = announced_action(text) != "None"
     return HealthEvent(device, "xid", code, text, fatal)
 
 
@@ -827,6 +859,9 @@ KERNEL_LOG_LINES = 400
 #: without a colon: ``parse_ecc_remap`` places a row by the titles above it) and the rows that can make an event (an
 #: uncorrectable count above 0, a Yes); a healthy GPU sends its titles only
 ECC_LINES = "^GPU |Uncorrectable[^:]*: *[1-9]|: *Yes *$|^[^:]+$"
+#: the lines of ``nvidia-smi -q`` the node sends back for the recovery actions: the GPU headers and their ``GPU
+#: Recovery Action`` row
+RECOVERY_LINES = "^GPU |GPU Recovery Action"
 #: the lines of ``nvidia-smi nvlink -s`` the node sends back: each GPU's header and the links that are down (an NVL72
 #: tray's GPUs print 18 links each)
 NVLINK_LINES = "^GPU |inactive"
@@ -901,18 +936,39 @@ def parse_xid_log(lines: list[str], names: dict[tuple[int, int, int], str]) -> l
             events.append(xid_event(_device(off_bus, names), "79", f"NVRM: The NVIDIA GPU {off_bus} ... "
                                     + line[line.find("NVRM:"):].removeprefix("NVRM: ")))
             off_bus = None
-    return events
+    return _latest_recovery(events)
+
+
+def _latest_recovery(events: list[HealthEvent]) -> list[HealthEvent]:
+    """Each GPU's XID 154 lines announce its recovery action as it changes: the newest one decides, the earlier ones
+    are shown, not fatal (a GPU whose action went back to None after a reset serves again).
+
+        >>> reset = xid_event("GPU 0", "154", "154, ... changed from 0x0 (None) to 0x1 (GPU Reset Required)")
+        >>> back = xid_event("GPU 0", "154", "154, ... changed from 0x1 (GPU Reset Required) to 0x0 (None)")
+        >>> [e.fatal for e in _latest_recovery([reset, back])], [e.fatal for e in _latest_recovery([back, reset])]
+        ([False, False], [False, True])
+    """
+    last = {e.device: i for i, e in enumerate(events) if e.code == "154"}
+    return [replace(e, fatal=False) if e.code == "154" and last[e.device] != i else e for i, e in enumerate(events)]
 
 
 def _count(value: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def parse_ecc_remap(lines: list[str], names: dict[tuple[int, int, int], str]) -> list[HealthEvent]:
+def parse_ecc_remap(lines: list[str], names: dict[tuple[int, int, int], str],
+                    actions: dict[str, str] | None = None) -> list[HealthEvent]:
     """``nvidia-smi -q -d ECC,ROW_REMAPPER``: per GPU, the uncorrectable ECC errors since the driver loaded (the
     ``Volatile`` DRAM and SRAM counters: a GPU reset clears them), the aggregate SRAM threshold (NVIDIA's field
     diagnostic's RMA threshold), a pending row remap or page retirement (applied by a GPU reset) and a row remapping
     failure (the GPU is out of spare rows: RMA).
+
+    A pending remap and the volatile uncorrectable errors are shown, not fatal, while the GPU's recovery action
+    (``actions``: device -> the action ``GPU Recovery Action`` prints, :func:`parse_recovery_actions`) is None or
+    unknown: NVIDIA's memory error management guide, "Error Recovery and Response Flags": with the remap pending flag
+    set "unaffected applications can continue running without affecting accuracy and performance, and new workloads
+    can be launched", and with recovery action None "the GPU can be immediately used again by starting a new GPU
+    process". Under any other action they are fatal with it.
 
     >>> out = parse_ecc_remap(["GPU 00000000:1B:00.0", "    ECC Errors", "        Volatile",
     ...     "            DRAM Uncorrectable            : 2", "        Aggregate",
@@ -920,8 +976,9 @@ def parse_ecc_remap(lines: list[str], names: dict[tuple[int, int, int], str]) ->
     ...     "        Pending                           : Yes",
     ...     "        Remapping Failure Occurred        : No"], {(0, 27, 0): "GPU 0"})
     >>> [(e.device, e.kind, e.code, e.fatal) for e in out]
-    [('GPU 0', 'ecc', 'uncorrectable=2', True), ('GPU 0', 'row-remap', 'pending', True)]
+    [('GPU 0', 'ecc', 'uncorrectable=2', False), ('GPU 0', 'row-remap', 'pending', False)]
     """
+    actions = actions or {}
     events: list[HealthEvent] = []
     device: str | None = None
     block: list[str] = []            # the enclosing block headers, outermost first, by indent
@@ -930,10 +987,14 @@ def parse_ecc_remap(lines: list[str], names: dict[tuple[int, int, int], str]) ->
     volatile = 0
     found: list[HealthEvent] = []    # the GPU's other events, after its ECC errors
 
+    def acting(gpu: str) -> bool:
+        return actions.get(gpu, "None") not in RECOVERY_NONE
+
     def flush() -> None:
         nonlocal volatile, uncorrectable, found
         if device is not None and volatile:
-            events.append(HealthEvent(device, "ecc", f"uncorrectable={volatile}", "; ".join(uncorrectable), True))
+            events.append(HealthEvent(device, "ecc", f"uncorrectable={volatile}", "; ".join(uncorrectable),
+                                      acting(device)))
         events.extend(found)
         volatile, uncorrectable, found = 0, [], []
 
@@ -965,13 +1026,47 @@ def parse_ecc_remap(lines: list[str], names: dict[tuple[int, int, int], str]) ->
         elif where == "ECC Errors/Aggregate" and key == "SRAM Threshold Exceeded" and value == "Yes":
             found.append(HealthEvent(device, "ecc", "SRAM threshold exceeded", " ".join(text.split()), True))
         elif where == "Remapped Rows" and key == "Pending" and value == "Yes":
-            found.append(HealthEvent(device, "row-remap", "pending", " ".join(text.split()), True))
+            found.append(HealthEvent(device, "row-remap", "pending", " ".join(text.split()), acting(device)))
         elif where == "Remapped Rows" and key == "Remapping Failure Occurred" and value == "Yes":
             found.append(HealthEvent(device, "row-remap", "failure", " ".join(text.split()), True))
         elif where == "Retired Pages" and key == "Pending Page Blacklist" and value == "Yes":
-            found.append(HealthEvent(device, "row-remap", "page retirement pending", " ".join(text.split()), True))
+            found.append(HealthEvent(device, "row-remap", "page retirement pending", " ".join(text.split()),
+                                     acting(device)))
     flush()
     return events
+
+
+def parse_recovery_actions(lines: list[str], names: dict[tuple[int, int, int], str]) -> dict[str, str]:
+    """``nvidia-smi -q | grep -E '^GPU |GPU Recovery Action'``: each GPU's recovery action as the driver reports it
+    now (R570+; older drivers print no such row: no entry), as :data:`~k3deploy.vendors.nvidia.RECOVERY_ACTIONS`
+    names it.
+
+    >>> parse_recovery_actions(["GPU 00000000:18:00.0", "    GPU Recovery Action                   : None",
+    ...     "GPU 00000000:2A:00.0", "    GPU Recovery Action                   : GPU_RESET"], {(0, 0x18, 0): "GPU 0"})
+    {'GPU 0': 'None', 'GPU 0000:2a:00': 'Reset'}
+    """
+    out: dict[str, str] = {}
+    device: str | None = None
+    for raw in lines:
+        header = _SMI_GPU_RE.match(raw.rstrip())
+        if header:
+            device = _device(header.group("pci"), names)
+            continue
+        key, sep, value = raw.strip().partition(":")
+        if device is not None and sep and key.strip() == "GPU Recovery Action":
+            out[device] = recovery_action_name(value) if value.strip() not in RECOVERY_NONE else "None"
+    return out
+
+
+def recovery_events(actions: dict[str, str]) -> list[HealthEvent]:
+    """A fatal event for each GPU whose recovery action is not None: the driver asks for a reset, a reboot or a
+    drain before the GPU serves again.
+
+    >>> [(e.device, e.kind, e.code, e.fatal, e.text) for e in recovery_events({"GPU 0": "None", "GPU 3": "Reboot"})]
+    [('GPU 3', 'recovery', 'Reboot', True, 'GPU Recovery Action : Reboot')]
+    """
+    return [HealthEvent(device, "recovery", action, f"GPU Recovery Action : {action}", True)
+            for device, action in actions.items() if action not in RECOVERY_NONE]
 
 
 def parse_nvlink_status(lines: list[str], fatal: bool) -> list[HealthEvent]:
@@ -1005,8 +1100,8 @@ def parse_nvlink_status(lines: list[str], fatal: bool) -> list[HealthEvent]:
 
 
 def parse_nvidia_health(lines: list[str]) -> HealthReading:
-    """The sections of :class:`NvidiaHealth`: ``nvl`` (1 on an NVL72 compute tray), ``gpus``, ``kernel``, ``ecc``,
-    ``nvlink``, ``quarantine``.
+    """The sections of :class:`NvidiaHealth`: ``nvl`` (1 on an NVL72 compute tray), ``gpus``, ``kernel``,
+    ``recovery``, ``ecc``, ``nvlink``, ``quarantine``.
 
     >>> r = parse_nvidia_health(["K3_SECTION=nvl", "1", "K3_SECTION=gpus", "0, 00000008:01:00.0",
     ...     "K3_SECTION=kernel", "[ 5.1] NVRM: Xid (PCI:0008:01:00): 48, pid=0, name=x, An uncorrectable double bit",
@@ -1017,15 +1112,18 @@ def parse_nvidia_health(lines: list[str]) -> HealthReading:
     parts = sections(lines)
     names = gpu_names(parts.get("gpus", []))
     nvl = first_line(parts.get("nvl", [])) == "1"
-    events = [*parse_xid_log(parts.get("kernel", []), names), *parse_ecc_remap(parts.get("ecc", []), names),
+    actions = parse_recovery_actions(parts.get("recovery", []), names)
+    events = [*parse_xid_log(parts.get("kernel", []), names), *recovery_events(actions),
+              *parse_ecc_remap(parts.get("ecc", []), names, actions),
               *parse_nvlink_status(parts.get("nvlink", []), nvl)]
     return HealthReading(tuple(dict.fromkeys(events)), parse_quarantine(parts.get(QUARANTINE_SECTION, [])))
 
 
 class NvidiaHealth(K3Fact[HealthReading]):
     """What says a GPU or link is failing, and the node's quarantine record, in one command: XID events in the kernel
-    log since boot (``dmesg``; ``journalctl -k -b`` where dmesg is not allowed), uncorrectable ECC errors and row
-    remapping (``nvidia-smi -q -d ECC,ROW_REMAPPER``), NVLink links down (``nvidia-smi nvlink -s``), and
+    log since boot (``dmesg``; ``journalctl -k -b`` where dmesg is not allowed), each GPU's recovery action (``GPU
+    Recovery Action`` of ``nvidia-smi -q``), uncorrectable ECC errors and row remapping (``nvidia-smi -q -d
+    ECC,ROW_REMAPPER``), NVLink links down (``nvidia-smi nvlink -s``), and
     ``<k3_config_dir>/quarantine``. Each tool runs under ``timeout``; a tool that fails adds nothing.
 
     ``NVRM: Xid (PCI:0008:01:00): 79, ... GPU has fallen off the bus.`` →
@@ -1046,6 +1144,7 @@ class NvidiaHealth(K3Fact[HealthReading]):
             f"echo {SECTION_MARK}nvl; echo {1 if nvl else 0}",
             section("gpus", "nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader"),
             f"echo {SECTION_MARK}kernel; {kernel}",
+            section("recovery", "nvidia-smi -q", keep=RECOVERY_LINES),
             section("ecc", "nvidia-smi -q -d ECC,ROW_REMAPPER", keep=ECC_LINES),
             section("nvlink", "nvidia-smi nvlink -s", keep=NVLINK_LINES, ignore_case=True),
         ], config_dir)
