@@ -85,11 +85,21 @@ def export_slurm(inventory: str | None, output: str, as_json: bool, recipe_path:
                f"{written['readme']}")
 
 
-def _from_inventory(inventory: str, overrides: dict[str, Any]) -> tuple[Any, list[Any], str]:
+def _from_inventory(inventory: str, overrides: dict[str, Any],
+                    read_nodes: bool = False) -> tuple[Any, list[Any], str]:
+    """The rollout of ``inventory``: what the nodes would tell as blanks, or (``read_nodes``) read from them over SSH
+    as the deploy reads them (a node that preflight fails is named on stderr, as the runbook does)."""
     from k3deploy.cli.common import read_cluster
-    from k3deploy.runtime.views import OFFLINE_RUNBOOK
+    from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.views import EXPORT, OFFLINE_RUNBOOK
 
-    gathered = read_cluster("export slurm", inventory, view=OFFLINE_RUNBOOK, overrides=overrides)
+    gathered = read_cluster("export", inventory, view=EXPORT if read_nodes else OFFLINE_RUNBOOK, overrides=overrides)
+    if read_nodes:
+        require_reachable(gathered)
+        failing = sorted(gathered.preflight.failures_by_host()) if gathered.preflight else []
+        if failing:
+            click.echo(f"warning: preflight fails on {', '.join(failing)} (k3deploy preflight {inventory} says "
+                       "what to fix): the settings read there may not be what they should", err=True)
     return gathered.require_rollout(), list(gathered.blanks), inventory
 
 
@@ -322,9 +332,12 @@ NOT_ON_KUBERNETES = ("container.runtime", "disk.images", "stage.peers", "router.
               help="k3_max_unavailable: groups a rolling update takes down at once.")
 @click.option("--pod-network", is_flag=True, default=None,
               help="k3_k8s_host_network: false (engine pods on the pod network instead of the node's).")
+@click.option("--read-nodes", is_flag=True, default=False,
+              help="With an inventory: read each node over SSH, as the deploy does, for what the inventory leaves "
+                   "out (its interface, RDMA ports; the image's digest).")
 @json_option
 def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_path: str | None,
-                      replicas: int | None, pod_network: bool | None, **params: Any) -> None:
+                      replicas: int | None, pod_network: bool | None, read_nodes: bool, **params: Any) -> None:
     """Write the Kubernetes manifests of INVENTORY (or of a selection: --hardware H [--strategy S --nodes N
     --replicas R ...]): its Namespace, a LeaderWorkerSet per engine pool (and the ComputeDomain of NVL trays, the
     DRA claim templates), the router's Deployment, the public Service, one YAML file each; README.txt (the
@@ -338,6 +351,7 @@ def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_
       k3deploy export kubernetes inventories/gb300.py -o k8s-gb300
       k3deploy export kubernetes --hardware b300 --strategy multi_node_dep --nodes 2 --replicas 2 -o k8s \
           --iface eth1 --ib-hca mlx5_0:1,mlx5_1:1
+      k3deploy export kubernetes inventories/gb300.py -o k8s-gb300 --read-nodes
       k3deploy export kubernetes --hardware b300 --strategy pd_cluster --prefill-nodes 1 --decode-nodes 2 -o k8s-pd
     """
     overrides: dict[str, Any] = {var: params.pop(opt) for opt, var in KUBERNETES_OPTIONS.items()
@@ -352,9 +366,11 @@ def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_
         if given:
             raise K3Error(f"{', '.join(given)} cannot be combined with an inventory: the selection comes from the "
                           "inventory's group_vars (k3_hardware, k3_strategy, ...) and its replicas from k3_replica")
-        rollout, blanks, source = _from_inventory(inventory, overrides)
+        rollout, blanks, source = _from_inventory(inventory, overrides, read_nodes)
         tokens: dict[str, str] = {}
     else:
+        if read_nodes:
+            raise K3Error("--read-nodes reads an inventory's nodes: give the inventory instead of a selection")
         rollout, blanks, source, tokens = _from_selection(params, recipe_path, overrides, replicas or 1)
     written = _write_kubernetes(rollout, blanks, source, Path(output), tokens)
     if as_json:
@@ -388,7 +404,7 @@ def _refuse_blanks(blanks: list[Any]) -> None:
     if PORTS in names:
         wanted.append("--ib-hca DEV:PORT,... (k3_ib_hca, each device with its port: `ibv_devinfo` on a node)")
     raise K3Error(f"export kubernetes reads no node, so what the deploy would read there must be given: "
-                  f"{' and '.join(wanted)}")
+                  f"{' and '.join(wanted)}; or, from an inventory, --read-nodes (over SSH, as the deploy reads them)")
 
 
 def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,

@@ -128,6 +128,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         (["--hardware", "b300", "--strategy", "multi_node_tp", *SITE, "--rdma", "dra"], "--rdma-class NAME"),
         (["--hardware", "ascend_910c", "--variant", "ascend_w4a8", "--strategy", "multi_node_tp_dp", "--iface", "eth1",
           "--gpus", "dra"], "have no DRA driver"),
+        (["--hardware", "b300", "--read-nodes"], "--read-nodes reads an inventory's nodes"),
         (["--hardware", "b300", "--iface", "eth1", "--rdma-resource", "infiniband"], "--rdma-resource DOMAIN/NAME"),
     ):
         proc = k3_here("export", "kubernetes", *args, "-o", str(tmp_path / "x"))
