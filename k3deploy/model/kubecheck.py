@@ -220,8 +220,9 @@ def needs(rollout: Rollout, objects: Sequence[Obj]) -> list[Need]:
         cls = request["exactly"]["deviceClassName"]
         if request["name"] == "gpus" and box is not None:
             driver = box.k8s_dra_driver
-            out.append(Need(f"the DeviceClass {cls} ({DRA_API}) of {driver}", driver,
-                            _device_class(cls, f"install {driver}")))
+            out.append(Need(f"the DeviceClass {cls} ({DRA_API}) of {driver}",
+                            f"the driver creates the DeviceClass {cls} (the vendor pack's k8s_dra_class, with its "
+                            "source)", _device_class(cls, f"install {driver}")))
         else:
             out.append(Need(f"the DeviceClass {cls} of the site's RDMA DRA driver (k3_k8s_rdma_class)",
                             "the site's DRA driver", _device_class(cls, "install the RDMA DRA driver, or give "
