@@ -343,16 +343,16 @@ def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_
     DRA claim templates), the router's Deployment, the public Service, one YAML file each; README.txt (the
     prerequisites with their minimum versions, what to create first, the preflight checks the site runs itself)
     and check.sh (kubectl commands that verify the prerequisites). `sh DIR/check.sh`, then `kubectl apply -f DIR`.
-    Nothing is contacted. What the deploy would read from the nodes (the cluster interface, the RDMA ports) comes
-    from the inventory or --iface / --ib-hca; without it the export refuses.
+    What the deploy would read from the nodes (the cluster interface, the RDMA ports) comes from the inventory,
+    --iface / --ib-hca, or the nodes over SSH (--read-nodes, the only option that contacts anything); without it
+    the export refuses.
 
     \b
     Examples:
-      k3deploy export kubernetes inventories/gb300.py -o k8s-gb300
-      k3deploy export kubernetes --hardware b300 --strategy multi_node_dep --nodes 2 --replicas 2 -o k8s \
-          --iface eth1 --ib-hca mlx5_0:1,mlx5_1:1
       k3deploy export kubernetes inventories/gb300.py -o k8s-gb300 --read-nodes
-      k3deploy export kubernetes --hardware b300 --strategy pd_cluster --prefill-nodes 1 --decode-nodes 2 -o k8s-pd
+      k3deploy export kubernetes inventories/gb300.py -o k8s-gb300 --iface eth1 --ib-hca mlx5_0:1,mlx5_1:1
+      k3deploy export kubernetes -H b300 -s multi_node_dep --replicas 2 -o k8s --iface eth1 --ib-hca mlx5_0:1
+      k3deploy export kubernetes -H gb300 -s multi_node_tp -o k8s --iface eth1 --ib-hca mlx5_0:1 --gpus dra
     """
     overrides: dict[str, Any] = {var: params.pop(opt) for opt, var in KUBERNETES_OPTIONS.items()
                                  if params.get(opt) is not None}
