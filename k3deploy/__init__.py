@@ -51,8 +51,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     which are fatal), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
     model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
     the sbatch/squeue/scancel/sacct commands), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
-    pod template per role running the plan's argv, per-node values from LWS), model/watch.py (the watch loop's
-    decision from each group's state over time: nothing, wait, repair or back off; its systemd unit),
+    pod template per role running the plan's argv, per-node values from LWS), model/kubecheck.py (what a cluster
+    needs for them, with minimum versions, and check.sh: kubectl commands that verify it), model/watch.py (the
+    watch loop's decision from each group's state over time: nothing, wait, repair or back off; its systemd unit),
     model/spares.py (hot spares: a lost member's rank given to a spare, the substitutions and quarantines the nodes
     record), model/vip.py (the site's virtual address: keepalived's VRRP configuration per host, held by the host
     that serves the endpoint).

@@ -85,11 +85,21 @@ def export_slurm(inventory: str | None, output: str, as_json: bool, recipe_path:
                f"{written['readme']}")
 
 
-def _from_inventory(inventory: str, overrides: dict[str, Any]) -> tuple[Any, list[Any], str]:
+def _from_inventory(inventory: str, overrides: dict[str, Any],
+                    read_nodes: bool = False) -> tuple[Any, list[Any], str]:
+    """The rollout of ``inventory``: what the nodes would tell as blanks, or (``read_nodes``) read from them over SSH
+    as the deploy reads them (a node that preflight fails is named on stderr, as the runbook does)."""
     from k3deploy.cli.common import read_cluster
-    from k3deploy.runtime.views import OFFLINE_RUNBOOK
+    from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.views import EXPORT, OFFLINE_RUNBOOK
 
-    gathered = read_cluster("export slurm", inventory, view=OFFLINE_RUNBOOK, overrides=overrides)
+    gathered = read_cluster("export", inventory, view=EXPORT if read_nodes else OFFLINE_RUNBOOK, overrides=overrides)
+    if read_nodes:
+        require_reachable(gathered)
+        failing = sorted(gathered.preflight.failures_by_host()) if gathered.preflight else []
+        if failing:
+            click.echo(f"warning: preflight fails on {', '.join(failing)} (k3deploy preflight {inventory} says "
+                       "what to fix): the settings read there may not be what they should", err=True)
     return gathered.require_rollout(), list(gathered.blanks), inventory
 
 
@@ -279,9 +289,11 @@ def _shown(text: str, tokens: dict[str, str]) -> str:
 
 
 #: ``--option`` -> the variable it sets (for this export only)
-KUBERNETES_OPTIONS = {"iface": "k3_iface", "secret": "k3_k8s_secret", "cache_pvc": "k3_k8s_cache_pvc",
-                      "topology_key": "k3_k8s_topology_key", "rdma_resource": "k3_k8s_rdma_resource",
-                      "max_unavailable": "k3_max_unavailable"}
+KUBERNETES_OPTIONS = {"iface": "k3_iface", "ib_hca": "k3_ib_hca", "namespace": "k3_k8s_namespace",
+                      "secret": "k3_k8s_secret", "cache_pvc": "k3_k8s_cache_pvc",
+                      "topology_key": "k3_k8s_topology_key", "gpus": "k3_k8s_gpus", "rdma": "k3_k8s_rdma",
+                      "rdma_resource": "k3_k8s_rdma_resource", "rdma_class": "k3_k8s_rdma_class",
+                      "rdma_count": "k3_k8s_rdma_count", "max_unavailable": "k3_max_unavailable"}
 
 
 #: checks of the bare-metal path that a Kubernetes site does not need: no Docker daemon or data root (the kubelet's
@@ -297,29 +309,50 @@ NOT_ON_KUBERNETES = ("container.runtime", "disk.images", "stage.peers", "router.
 @click.option("-o", "--output", "output", required=True, metavar="DIR",
               help="Directory to write into (created; files already there are replaced).")
 @click.option("--iface", default=None, metavar="NAME",
-              help="k3_iface: the cluster interface on every node (NCCL/GLOO); default: a blank named in README.txt.")
+              help="k3_iface: the cluster interface on every node (NCCL/GLOO); needed across nodes unless the "
+                   "inventory sets it.")
+@click.option("--ib-hca", default=None, metavar="DEV:PORT,...",
+              help="k3_ib_hca: the RDMA ports on every node (NCCL_IB_HCA, UCX_NET_DEVICES), each with its port, "
+                   "e.g. mlx5_0:1,mlx5_1:1; needed across nodes on NVIDIA and AMD unless the inventory sets it.")
+@click.option("--namespace", default=None, metavar="NAME", help="k3_k8s_namespace: the namespace of every object.")
 @click.option("--secret", default=None, metavar="NAME", help="k3_k8s_secret: the Secret holding HF_TOKEN.")
 @click.option("--cache-pvc", default=None, metavar="NAME",
               help="k3_k8s_cache_pvc: a PVC for the model cache (default: hostPath k3_model_cache).")
 @click.option("--topology-key", default=None, metavar="LABEL", help="k3_k8s_topology_key (NVL trays).")
+@click.option("--gpus", type=click.Choice(["device-plugin", "dra"]), default=None,
+              help="k3_k8s_gpus: the accelerators as the device plugin's resource, or claimed through DRA.")
+@click.option("--rdma", type=click.Choice(["device-plugin", "dra"]), default=None,
+              help="k3_k8s_rdma: the RDMA devices as a device plugin's resource, or claimed through DRA.")
 @click.option("--rdma-resource", default=None, metavar="NAME", help="k3_k8s_rdma_resource (an RDMA device plugin's).")
+@click.option("--rdma-class", default=None, metavar="NAME",
+              help="k3_k8s_rdma_class (an RDMA DRA driver's DeviceClass).")
+@click.option("--rdma-count", type=click.IntRange(min=1, max=64), default=None,
+              help="k3_k8s_rdma_count: RDMA devices per engine pod.")
 @click.option("--max-unavailable", type=click.IntRange(min=1), default=None,
               help="k3_max_unavailable: groups a rolling update takes down at once.")
 @click.option("--pod-network", is_flag=True, default=None,
               help="k3_k8s_host_network: false (engine pods on the pod network instead of the node's).")
+@click.option("--read-nodes", is_flag=True, default=False,
+              help="With an inventory: read each node over SSH, as the deploy does, for what the inventory leaves "
+                   "out (its interface, RDMA ports; the image's digest).")
 @json_option
 def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_path: str | None,
-                      replicas: int | None, pod_network: bool | None, **params: Any) -> None:
+                      replicas: int | None, pod_network: bool | None, read_nodes: bool, **params: Any) -> None:
     """Write the Kubernetes manifests of INVENTORY (or of a selection: --hardware H [--strategy S --nodes N
-    --replicas R ...]): a LeaderWorkerSet per engine pool (and the ComputeDomain of NVL trays), the router's
-    Deployment, the public Service, one YAML file each, and README.txt (what to create first, the preflight checks
-    the site runs itself). `kubectl apply -f DIR` takes them. Nothing is contacted.
+    --replicas R ...]): its Namespace, a LeaderWorkerSet per engine pool (and the ComputeDomain of NVL trays, the
+    DRA claim templates), the router's Deployment, the public Service, one YAML file each; README.txt (the
+    prerequisites with their minimum versions, what to create first, the preflight checks the site runs itself)
+    and check.sh (kubectl commands that verify the prerequisites). `sh DIR/check.sh`, then `kubectl apply -f DIR`.
+    What the deploy would read from the nodes (the cluster interface, the RDMA ports) comes from the inventory,
+    --iface / --ib-hca, or the nodes over SSH (--read-nodes, the only option that contacts anything); without it
+    the export refuses.
 
     \b
     Examples:
-      k3deploy export kubernetes inventories/gb300.py -o k8s-gb300
-      k3deploy export kubernetes --hardware b300 --strategy multi_node_dep --nodes 2 --replicas 2 -o k8s --iface eth1
-      k3deploy export kubernetes --hardware b300 --strategy pd_cluster --prefill-nodes 1 --decode-nodes 2 -o k8s-pd
+      k3deploy export kubernetes inventories/gb300.py -o k8s-gb300 --read-nodes
+      k3deploy export kubernetes inventories/gb300.py -o k8s-gb300 --iface eth1 --ib-hca mlx5_0:1,mlx5_1:1
+      k3deploy export kubernetes -H b300 -s multi_node_dep --replicas 2 -o k8s --iface eth1 --ib-hca mlx5_0:1
+      k3deploy export kubernetes -H gb300 -s multi_node_tp -o k8s --iface eth1 --ib-hca mlx5_0:1 --gpus dra
     """
     overrides: dict[str, Any] = {var: params.pop(opt) for opt, var in KUBERNETES_OPTIONS.items()
                                  if params.get(opt) is not None}
@@ -333,9 +366,11 @@ def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_
         if given:
             raise K3Error(f"{', '.join(given)} cannot be combined with an inventory: the selection comes from the "
                           "inventory's group_vars (k3_hardware, k3_strategy, ...) and its replicas from k3_replica")
-        rollout, blanks, source = _from_inventory(inventory, overrides)
+        rollout, blanks, source = _from_inventory(inventory, overrides, read_nodes)
         tokens: dict[str, str] = {}
     else:
+        if read_nodes:
+            raise K3Error("--read-nodes reads an inventory's nodes: give the inventory instead of a selection")
         rollout, blanks, source, tokens = _from_selection(params, recipe_path, overrides, replicas or 1)
     written = _write_kubernetes(rollout, blanks, source, Path(output), tokens)
     if as_json:
@@ -343,7 +378,7 @@ def export_kubernetes(inventory: str | None, output: str, as_json: bool, recipe_
         return
     click.echo(f"wrote {len(written['files'])} file(s) to {output}: "
                f"{', '.join(o['kind'] + ' ' + o['name'] for o in written['objects'])}; "
-               f"kubectl apply -f {output} (first read {written['readme']})")
+               f"sh {written['check']}, then kubectl apply -f {output} (first read {written['readme']})")
 
 
 def assumed_lines(rollout: Any, blanks: list[Any]) -> list[str]:
@@ -356,14 +391,33 @@ def assumed_lines(rollout: Any, blanks: list[Any]) -> list[str]:
     return [f"   Assumed, not read: {text}." for text in assumed(pack.brand, blanks)] if pack is not None else []
 
 
+def _refuse_blanks(blanks: list[Any]) -> None:
+    """An export to apply leaves nothing to fill: each value the deploy would read from a node must be given."""
+    from k3deploy.model.runbook.blanks import PORTS
+
+    names = {b.name for b in blanks}
+    if not names:
+        return
+    wanted = []
+    if "IFACE" in names:
+        wanted.append("--iface NAME (k3_iface: the cluster interface, `ip -o -4 addr show` on a node)")
+    if PORTS in names:
+        wanted.append("--ib-hca DEV:PORT,... (k3_ib_hca, each device with its port: `ibv_devinfo` on a node)")
+    raise K3Error(f"export kubernetes reads no node, so what the deploy would read there must be given: "
+                  f"{' and '.join(wanted)}; or, from an inventory, --read-nodes (over SSH, as the deploy reads them)")
+
+
 def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
                       tokens: dict[str, str]) -> dict[str, Any]:
+    from k3deploy.model import kubecheck
+    from k3deploy.model.kubernetes import templates_of
     from k3deploy.runtime.launchers import export_for
     from k3deploy.vendors import pack_for_container
 
-    shared = {b.token: f"@{b.name}@" for b in blanks}
-    export = export_for(rollout, shared)
+    _refuse_blanks(blanks)
+    export = export_for(rollout)
     objects = export.objects   # (refused here, before anything is written, where the rollout cannot be exported)
+    checks = kubecheck.needs(rollout, list(objects.values()))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -374,54 +428,49 @@ def _write_kubernetes(rollout: Any, blanks: list[Any], source: str, out: Path,
         path.write_text(_shown(export.text(name), tokens), encoding="utf-8")
         files.append({"file": str(path), "kind": obj["kind"], "name": obj["metadata"]["name"],
                       "apiVersion": obj["apiVersion"]})
+    check = out / "check.sh"
+    check.write_text(kubecheck.script(checks, str(out)), encoding="utf-8")
+    os.chmod(check, 0o755)
     v = rollout.vars
     plan = rollout.plan
-    kinds = {o["kind"] for o in objects.values()}
+    ns = v.k3_k8s_namespace
     lines = [f"Kubernetes manifests of {plan.model} ({plan.strategy} on {plan.hardware}), written by "
-             f"`k3deploy export kubernetes` from {source}; plan revision {export.revision}.", "",
-             "1. The cluster needs: the LeaderWorkerSet controller (kubernetes-sigs/lws, API "
-             "leaderworkerset.x-k8s.io/v1)"
-             + (", the NVIDIA DRA driver with ComputeDomains (resource.nvidia.com)" if "ComputeDomain" in kinds
-                else "")
-             + ", and the accelerators' device plugin on every node.",
-             f"2. Create the Secret the pods read the Hugging Face token from (never written here): kubectl create "
-             f"secret generic {v.k3_k8s_secret} --from-file=HF_TOKEN=<file holding the token>"
-             + (f" --from-file=VLLM_API_KEY={v.k3_api_key_file} (the API key the engines require: their probes and "
-                "every client send it)" if v.k3_api_key_file else "")
-             + " (and one key per secret-named value of k3_extra_env)."]
-    step = 3
-    cache = (f"the PVC {v.k3_k8s_cache_pvc}" if v.k3_k8s_cache_pvc else
-             f"{v.k3_model_cache} on every node (hostPath)")
-    lines.append(f"{step}. Put the weights in {cache}: the pods run with HF_HUB_OFFLINE=1 as the units do (the "
-                 "deploy's stage does it over SSH; or set HF_HUB_OFFLINE: '0' in k3_extra_env to download).")
-    step += 1
-    if shared:
-        lines.append(f"{step}. Fill the blanks (the same on every node of a pool; or export again with --iface):")
-        seen: set[str] = set()
-        for b in blanks:
-            if shared[b.token] not in seen:
-                seen.add(shared[b.token])
-                lines.append(f"   {shared[b.token]} ({b.what}): {b.command}")
-        lines += assumed_lines(rollout, blanks)
-        step += 1
-    lines.append(f"{step}. kubectl apply -f {out}   (in file order: "
-                 + ", ".join(f"{f['kind']} {f['name']}" for f in files) + ")")
-    step += 1
+             f"`k3deploy export kubernetes` from {source}; plan revision {export.revision}. Every object is in the "
+             f"namespace {ns} ({files[0]['file'].rsplit('/', 1)[-1]}).", "",
+             f"Prerequisites, each with the source of its minimum (sh {check} checks each on the cluster kubectl "
+             "points at):"]
+    lines += [f"   - {c.what} [{c.source}]" for c in checks]
     pack = pack_for_container(plan.vendor)
+    if pack is not None and pack.transport.gpu_path_assumed and any(
+            "NCCL_IB_HCA" == e.get("name") for o in objects.values() for t in templates_of(o)
+            for c in t["spec"]["containers"] for e in c.get("env", [])):
+        lines.append(f"   Assumed, not read: {pack.transport.gpu_path_assumed} (on Kubernetes: in k3_extra_env).")
     if pack is not None:
         lines += ["", "Preflight: where the site lets k3deploy reach the nodes over SSH, `k3deploy preflight "
                   "INVENTORY` runs every check below; where it does not, the site runs them itself on each node "
-                  "before the "
-                  "pods start (Kubernetes checks none of them):"]
+                  "before the pods start (Kubernetes checks none of them):"]
         for c in pack.all_checks():
             if c.where == "node" and c.id not in NOT_ON_KUBERNETES:
                 lines.append(f"   {c.id}: {c.required}")
-    lines += ["", f"The public endpoint: Service {files[-1]['name']} (ClusterIP; expose it as the site does).",
+    lines += ["", f"The public endpoint: Service {ns}/{files[-1]['name']} (ClusterIP; expose it as the site does). "
               "LeaderWorkerSet recreates a whole group when one of its pods fails once the group has started "
               "(RecreateGroupAfterStart); workers wait for the head's rendezvous port in an init container. "
-              "docs/kubernetes.md of k3deploy says more."]
+              "docs/kubernetes.md of k3deploy says more.", "", "Steps:"]
+    secret_keys = " --from-file=HF_TOKEN=<file holding the token>" + (
+        f" --from-file=VLLM_API_KEY={v.k3_api_key_file}" if v.k3_api_key_file else "")
+    lines.append(f"1. Create the namespace and the Secret the pods read the Hugging Face token from (never written "
+                 f"here; and one key per secret-named value of k3_extra_env): kubectl apply -f {files[0]['file']}; "
+                 f"kubectl create secret generic -n {ns} {v.k3_k8s_secret}{secret_keys}")
+    cache = (f"the PVC {ns}/{v.k3_k8s_cache_pvc}" if v.k3_k8s_cache_pvc else
+             f"{v.k3_model_cache} on every node (hostPath)")
+    lines.append(f"2. Put the weights in {cache}: the pods run with HF_HUB_OFFLINE=1 as the units do (the "
+                 "deploy's stage does it over SSH; or set HF_HUB_OFFLINE: '0' in k3_extra_env to download).")
+    lines.append(f"3. sh {check}   (one line per prerequisite: ok, or missing with its fix; exit 1 if one is "
+                 "missing)")
+    lines.append(f"4. kubectl apply -f {out}   (in file order: "
+                 + ", ".join(f"{f['kind']} {f['name']}" for f in files) + ")")
     readme = out / "README.txt"
     readme.write_text(_shown("\n".join(lines) + "\n", tokens), encoding="utf-8")
-    return {"dir": str(out), "readme": str(readme), "revision": export.revision,
-            "objects": [{"kind": f["kind"], "name": f["name"]} for f in files], "files": files,
-            "blanks": sorted(set(shared.values()))}
+    return {"dir": str(out), "readme": str(readme), "check": str(check), "namespace": ns,
+            "revision": export.revision,
+            "objects": [{"kind": f["kind"], "name": f["name"]} for f in files], "files": files}

@@ -64,6 +64,17 @@ from k3deploy.vendors.common import SHM_MIN_GIB
 Obj = dict[str, Any]
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
+#: DRA's API (GA in Kubernetes 1.34): the ResourceClaimTemplates of GPUs and RDMA devices (``k3_k8s_gpus``,
+#: ``k3_k8s_rdma``: ``dra``)
+DRA_API = "resource.k8s.io/v1"
+#: the namespace label that sets the Pod Security Standard enforced on its pods
+POD_SECURITY = "pod-security.kubernetes.io/enforce"
+#: the capabilities the ``baseline`` Pod Security Standard allows a container to add (kubernetes.io, Pod Security
+#: Standards, "Capabilities"); any other needs ``privileged``
+BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                                   "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
+#: an extended resource's name (a device plugin's: ``domain/name``)
+RESOURCE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 #: the LWS annotation that keeps each group inside one topology domain (one value of the topology key)
 EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 #: the labels LWS puts on its pods
@@ -232,8 +243,10 @@ class Names:
 
 
 def check(rollout: Rollout) -> Names:
-    """The object names of a rollout; raises :class:`K3Error` where ``k3_unit_name`` is not a DNS label."""
-    base = rollout.vars.k3_unit_name
+    """The object names of a rollout; raises :class:`K3Error` where ``k3_unit_name`` is not a DNS label, nor the
+    other names the export writes (namespace, Secret, PVC, RDMA resource or class) what Kubernetes takes."""
+    v = rollout.vars
+    base = v.k3_unit_name
     if not DNS_LABEL.fullmatch(base) or len(base) > MAX_NAME:
         raise K3Error(f"k3_unit_name: {base!r} cannot name Kubernetes objects: set a lowercase name of letters, "
                       f"digits and '-' (at most {MAX_NAME} characters), e.g. k3-engine")
@@ -241,7 +254,35 @@ def check(rollout: Rollout) -> Names:
         if name is not None and not DNS_LABEL.fullmatch(name):
             raise K3Error(f"{name!r} is not a Kubernetes object name: give k3_k8s_secret and k3_k8s_cache_pvc "
                           "lowercase names of letters, digits and '-'")
+    if not DNS_LABEL.fullmatch(v.k3_k8s_namespace) or len(v.k3_k8s_namespace) > 63:
+        raise K3Error(f"k3_k8s_namespace: {v.k3_k8s_namespace!r} is not a namespace name: give --namespace a "
+                      "lowercase name of letters, digits and '-' (at most 63 characters), e.g. k3")
+    if not RESOURCE_NAME.fullmatch(v.k3_k8s_rdma_resource):
+        raise K3Error(f"k3_k8s_rdma_resource: {v.k3_k8s_rdma_resource!r} is not an extended resource name: give "
+                      "--rdma-resource DOMAIN/NAME as the site's RDMA device plugin advertises it, e.g. "
+                      "rdma/rdma_shared_device_a")
+    if v.k3_k8s_rdma == "dra" and _needs_rdma(rollout):
+        cls = v.k3_k8s_rdma_class
+        if cls is None or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", cls):
+            given = "" if cls is None else f", not {cls!r}"
+            raise K3Error(f"k3_k8s_rdma: dra needs the DeviceClass of the site's RDMA DRA driver: give --rdma-class "
+                          f"NAME (k3_k8s_rdma_class; `kubectl get deviceclasses` lists them){given}")
+    pack = pack_for_container(rollout.plan.vendor)
+    if v.k3_k8s_gpus == "dra" and (pack is None or pack.container.k8s_dra_class is None):
+        brand = pack.brand if pack is not None else rollout.plan.vendor
+        raise K3Error(f"k3_k8s_gpus: dra: {brand} accelerators have no DRA driver to claim them from: use "
+                      "--gpus device-plugin (k3_k8s_gpus)")
     return Names(base)
+
+
+def _multi(rollout: Rollout) -> bool:
+    return len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
+
+
+def _needs_rdma(rollout: Rollout) -> bool:
+    """Whether the engine pods need RDMA devices: across nodes, on a vendor whose engines use them."""
+    pack = pack_for_container(rollout.plan.vendor)
+    return _multi(rollout) and pack is not None and pack.container.rdma_devices
 
 
 def pools(rollout: Rollout) -> list[tuple[str, list[list[UnitWork]]]]:
@@ -304,7 +345,7 @@ def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, pack: Pack
     v = rollout.vars
     unit = units[0]
     hw = hardware()[rollout.plan.hardware]
-    multi = len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
+    multi = _multi(rollout)
     box = pack.container if pack is not None else None
     words = role_template(units, tokens)
     cmd, args = command(words, box.login_profile if box else None)
@@ -318,17 +359,14 @@ def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, pack: Pack
         volumes.append({"name": f"driver-{i}", "hostPath": {"path": host_path}})
         mounts.append({"name": f"driver-{i}", "mountPath": inside, "readOnly": True})
     limits: dict[str, Any] = {}
-    if box is not None and box.k8s_resource:
+    claims = [(c.name, c.template) for c in claim_templates(rollout, names, pool)]
+    if box is not None and box.k8s_resource and v.k3_k8s_gpus == "device-plugin":
         limits[box.k8s_resource] = hw.gpu_count
     caps = list(box.k8s_capabilities if box else ())
-    rdma = multi and box is not None and box.rdma_devices
-    if rdma:
+    if _needs_rdma(rollout):
         caps.append("IPC_LOCK")   # the units' --cap-add IPC_LOCK --ulimit memlock=-1: locks memory without limit
-        if v.k3_k8s_rdma_resource:
-            limits[v.k3_k8s_rdma_resource] = 1
-        else:
-            volumes.append({"name": "infiniband", "hostPath": {"path": "/dev/infiniband"}})
-            mounts.append({"name": "infiniband", "mountPath": "/dev/infiniband"})
+        if v.k3_k8s_rdma == "device-plugin":   # the plugin puts /dev/infiniband's devices into the container
+            limits[v.k3_k8s_rdma_resource] = v.k3_k8s_rdma_count
     security: Obj = {}
     if caps:
         security["capabilities"] = {"add": caps}
@@ -366,14 +404,63 @@ def _pod(rollout: Rollout, units: Sequence[UnitWork], head: UnitWork, pack: Pack
             "bash", "-c", escape(wait).replace("K3LEADER", ref(LEADER_ADDRESS))]}]
     spec["containers"] = [container]
     if hw.nvl and multi and box is not None and box.k8s_imex_api:
-        spec["resourceClaims"] = [{"name": "imex-channel", "resourceClaimTemplateName": _claim(names, pool)}]
-        container["resources"] = {**container.get("resources", {}), "claims": [{"name": "imex-channel"}]}
+        claims.append(("imex-channel", _claim(names, pool)))
+    if claims:
+        spec["resourceClaims"] = [{"name": n, "resourceClaimTemplateName": t} for n, t in claims]
+        container["resources"] = {**container.get("resources", {}), "claims": [{"name": n} for n, _ in claims]}
     spec["volumes"] = volumes
     return {"metadata": {"labels": dict(meta)}, "spec": spec}
 
 
 def _claim(names: Names, pool: str) -> str:
     return f"{names.lws(pool)}-imex-channel"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A DRA claim of every engine pod of a pool: ``count`` devices of the DeviceClass ``device_class``, from the
+    ResourceClaimTemplate ``template`` (one claim per pod)."""
+
+    name: str
+    template: str
+    device_class: str
+    count: int
+
+    def object(self, meta: Mapping[str, str]) -> Obj:
+        return {"apiVersion": DRA_API, "kind": "ResourceClaimTemplate",
+                "metadata": {"name": self.template, "labels": dict(meta)},
+                "spec": {"spec": {"devices": {"requests": [{"name": self.name, "exactly": {
+                    "deviceClassName": self.device_class, "allocationMode": "ExactCount", "count": self.count}}]}}}}
+
+
+def claim_templates(rollout: Rollout, names: Names, pool: str) -> list[Claim]:
+    """The DRA claims of a pool's engine pods: its GPUs (``k3_k8s_gpus: dra``, the pack's DeviceClass), its RDMA
+    devices (``k3_k8s_rdma: dra`` across nodes, ``k3_k8s_rdma_class``)."""
+    v = rollout.vars
+    pack = pack_for_container(rollout.plan.vendor)
+    out: list[Claim] = []
+    if v.k3_k8s_gpus == "dra" and pack is not None and pack.container.k8s_dra_class:
+        out.append(Claim("gpus", f"{names.lws(pool)}-gpus", pack.container.k8s_dra_class,
+                         hardware()[rollout.plan.hardware].gpu_count))
+    if v.k3_k8s_rdma == "dra" and _needs_rdma(rollout) and v.k3_k8s_rdma_class:
+        out.append(Claim("rdma", f"{names.lws(pool)}-rdma", v.k3_k8s_rdma_class, v.k3_k8s_rdma_count))
+    return out
+
+
+def same_env(rollout: Rollout, pool: str, units: Sequence[UnitWork], tokens: Mapping[str, str]) -> None:
+    """Refuses (:class:`K3Error`) ``units`` (the heads, or the workers, of a pool: one pod template each) whose env
+    differs otherwise than by their per-node values, e.g. a cluster interface (``k3_iface``) or RDMA ports
+    (``k3_ib_hca``) set per host."""
+    if len(units) < 2:
+        return
+    first = {e["name"]: e.get("value") for e in _env(rollout, units[0], tokens)}
+    for u in units[1:]:
+        env = {e["name"]: e.get("value") for e in _env(rollout, u, tokens)}
+        for key in sorted(first.keys() | env.keys()):
+            if first.get(key) != env.get(key):
+                raise K3Error(f"{key} is {first.get(key)!r} on {units[0].host} and {env.get(key)!r} on {u.host}, but "
+                              f"one pod template runs both (pool {pool}): give the nodes of a pool the same "
+                              "k3_iface, k3_ib_hca and k3_extra_env")
 
 
 def lws(rollout: Rollout, pool: str, groups: Sequence[Sequence[UnitWork]], names: Names, revision: str,
@@ -389,16 +476,17 @@ def lws(rollout: Rollout, pool: str, groups: Sequence[Sequence[UnitWork]], names
                           "replica the same number of hosts")
     meta = {**labels(rollout, names, pool, revision), f"{LABEL_PREFIX}/pool": pool}
     role = f"{LABEL_PREFIX}/role"
+    same_env(rollout, pool, [g[0] for g in groups], tokens)
+    same_env(rollout, pool, [u for g in groups for u in g[1:]], tokens)
     leader = _pod(rollout, [head], head, pack, names, pool, tokens, {**meta, role: "leader"})
     worker = _pod(rollout, units[1:], head, pack, names, pool, tokens, {**meta, role: "worker"}) \
         if size > 1 else leader
     hw = hardware()[rollout.plan.hardware]
-    out: list[Obj] = []
+    out: list[Obj] = [c.object(meta) for c in claim_templates(rollout, names, pool)]
     annotations = {f"{LABEL_PREFIX}/model": rollout.plan.model}
     if hw.nvl and size > 1:
         annotations[EXCLUSIVE_TOPOLOGY] = rollout.vars.k3_k8s_topology_key
-    multi = len([n for n in rollout.plan.nodes if n.role != "router"]) > 1
-    if hw.nvl and multi and pack is not None and pack.container.k8s_imex_api:
+    if hw.nvl and _multi(rollout) and pack is not None and pack.container.k8s_imex_api:
         out.append({"apiVersion": pack.container.k8s_imex_api, "kind": "ComputeDomain",
                     "metadata": {"name": f"{names.lws(pool)}-imex", "labels": dict(meta)},
                     "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": _claim(names, pool)}}}})
@@ -475,10 +563,69 @@ def service(rollout: Rollout, names: Names, revision: str) -> Obj:
                      "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]}}
 
 
+def pod_security(objects: Sequence[Obj]) -> tuple[str, list[str]]:
+    """The Pod Security Standard level the pods of ``objects`` need (``baseline``, or ``privileged``) and what needs
+    it, as the standard (kubernetes.io, "Pod Security Standards") defines the ``baseline`` level: no host
+    networking, no privileged container, no hostPath volume, no added capability outside
+    :data:`BASELINE_CAPABILITIES`, no ``Unconfined`` seccomp profile. (``restricted`` wants non-root containers
+    dropping every capability: the engine images run as root.)
+
+    >>> pod_security([{"kind": "Deployment", "spec": {"template": {"spec": {"containers": [{"name": "a"}]}}}}])
+    ('baseline', [])
+    """
+    why: dict[str, None] = {}
+    for obj in objects:
+        for template in templates_of(obj):
+            spec = template["spec"]
+            if spec.get("hostNetwork"):
+                why["host networking (hostNetwork: the engines use the node's interfaces and RDMA ports)"] = None
+            paths = [vol["hostPath"]["path"] for vol in spec.get("volumes", ()) if "hostPath" in vol]
+            if paths:
+                why[f"hostPath volumes ({', '.join(paths)})"] = None
+            for c in spec.get("initContainers", []) + spec.get("containers", []):
+                sec = c.get("securityContext", {})
+                if sec.get("privileged"):
+                    why["privileged containers"] = None
+                added = [x for x in sec.get("capabilities", {}).get("add", ()) if x not in BASELINE_CAPABILITIES]
+                if added:
+                    why[f"the capabilities {', '.join(added)}"] = None
+                if sec.get("seccompProfile", {}).get("type") == "Unconfined":
+                    why["an Unconfined seccomp profile"] = None
+    return ("privileged" if why else "baseline"), list(why)
+
+
+def templates_of(obj: Obj) -> list[Obj]:
+    """The pod templates of an object: an LWS's leader and worker, a Deployment's; none of any other kind."""
+    if obj["kind"] == "LeaderWorkerSet":
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        return [lwt[k] for k in ("leaderTemplate", "workerTemplate") if k in lwt]
+    if obj["kind"] == "Deployment":
+        return [obj["spec"]["template"]]
+    return []
+
+
+def namespace(rollout: Rollout, names: Names, revision: str, objects: Sequence[Obj]) -> Obj:
+    """The ``Namespace`` of every object, labelled with the Pod Security Standard its pods need
+    (:func:`pod_security`)."""
+    level, _ = pod_security(objects)
+    meta = {k: val for k, val in labels(rollout, names, "namespace", revision).items()
+            if k.startswith("app.kubernetes.io/") and k != "app.kubernetes.io/component"}
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": rollout.vars.k3_k8s_namespace, "labels": {**meta, POD_SECURITY: level}}}
+
+
+def _in_namespace(obj: Obj, ns: str) -> Obj:
+    meta = obj["metadata"]
+    return {**obj, "metadata": {"name": meta["name"], "namespace": ns,
+                                **{k: val for k, val in meta.items() if k != "name"}}}
+
+
 def _objects(rollout: Rollout, tokens: Mapping[str, str]) -> list[tuple[tuple[str, ...], Obj]]:
-    """Every object of the rollout in apply order, each with the groups whose pods it runs (none: the Service)."""
+    """Every object of the rollout in apply order, each with the groups whose pods it runs (none: the Namespace,
+    the Service)."""
     names = check(rollout)
     revision = plan_revision(rollout)
+    ns = rollout.vars.k3_k8s_namespace
     out: list[tuple[tuple[str, ...], Obj]] = []
     for pool, groups in pools(rollout):
         members = tuple(units[0].group for units in groups)
@@ -486,12 +633,14 @@ def _objects(rollout: Rollout, tokens: Mapping[str, str]) -> list[tuple[tuple[st
     if "router" in rollout.groups:
         out.append((("router",), router(rollout, names, revision)))
     out.append(((), service(rollout, names, revision)))
-    return out
+    placed = [(groups, _in_namespace(obj, ns)) for groups, obj in out]
+    return [((), namespace(rollout, names, revision, [obj for _, obj in out])), *placed]
 
 
 def manifests(rollout: Rollout, tokens: Mapping[str, str] | None = None) -> list[Obj]:
-    """Every object of the rollout, in apply order: ComputeDomains, LeaderWorkerSets, the router's Deployment, the
-    public Service. ``tokens``: a node's blank -> the one blank its pool's pod template carries."""
+    """Every object of the rollout, in apply order: the Namespace, then in it ResourceClaimTemplates,
+    ComputeDomains, LeaderWorkerSets, the router's Deployment, the public Service. ``tokens``: a node's blank -> the
+    one blank its pool's pod template carries."""
     return [obj for _, obj in _objects(rollout, tokens or {})]
 
 
@@ -518,8 +667,10 @@ class Export:
     >>> r = desired_rollout(target([HostRecord("n1", ("head",), {"k3_hardware": "b300", "k3_ip": "10.0.0.1"})],
     ...                            None))
     >>> export = Export(r)
-    >>> list(export.objects), export.unit_file(r.units[0]), export.log_dir(r.units[0])
-    (['00-leaderworkerset-k3-engine.yaml', '01-service-k3-engine-api.yaml'], '00-leaderworkerset-k3-engine.yaml', None)
+    >>> list(export.objects)
+    ['00-namespace-k3.yaml', '01-leaderworkerset-k3-engine.yaml', '02-service-k3-engine-api.yaml']
+    >>> export.unit_file(r.units[0]), export.log_dir(r.units[0])
+    ('01-leaderworkerset-k3-engine.yaml', None)
     """
 
     rollout: Rollout

@@ -383,10 +383,31 @@ class Variables(BaseModel):
         "Kubernetes export: engine pods use the node's network (`hostNetwork`), as the units' `--network host`: "
         "NCCL/GLOO/UCX see the node's interfaces and RDMA ports under the names the plan sets; false: the pod "
         "network (only where the CNI carries RDMA, e.g. SR-IOV/Multus, added by the site)."))
-    k3_k8s_rdma_resource: str | None = Field(None, description=(
-        "Kubernetes export, multi-node: the extended resource of the site's RDMA device plugin (e.g. "
-        "`rdma/rdma_shared_device_a`), one per engine pod; default: the node's `/dev/infiniband` as a hostPath "
-        "volume (the pod also needs access to those devices, e.g. a privileged runtime class)."))
+    k3_k8s_namespace: str = Field("k3", description=(
+        "Kubernetes export: the namespace of every object, written as a `Namespace` labelled with the PodSecurity "
+        "level its pods need (`privileged` with host networking, hostPath volumes or added capabilities)."))
+    k3_k8s_gpus: Literal["device-plugin", "dra"] = Field("device-plugin", description=(
+        "Kubernetes export: how the engine pods get their accelerators. `device-plugin`: the vendor's extended "
+        "resource (`nvidia.com/gpu`, `amd.com/gpu`, `huawei.com/Ascend910`: data of the packs), what the GPU "
+        "operators install by default and every vendor has; `dra`: a `ResourceClaimTemplate` of the vendor's DRA "
+        "DeviceClass (`gpu.nvidia.com`, `gpu.amd.com`; `resource.k8s.io/v1`, Kubernetes >= 1.34), for clusters "
+        "whose GPUs only a DRA driver hands out (they have no extended resource)."))
+    k3_k8s_rdma: Literal["device-plugin", "dra"] = Field("device-plugin", description=(
+        "Kubernetes export, multi-node: how the engine pods get their RDMA devices. `device-plugin`: "
+        "`k3_k8s_rdma_count` of `k3_k8s_rdma_resource`; `dra`: a `ResourceClaimTemplate` of `k3_k8s_rdma_count` "
+        "devices of the DeviceClass `k3_k8s_rdma_class`. Never `/dev/infiniband` by hostPath: an unprivileged "
+        "container gets no access to device nodes mounted so."))
+    k3_k8s_rdma_resource: str = Field("rdma/rdma_shared_device_a", description=(
+        "Kubernetes export, multi-node, `k3_k8s_rdma: device-plugin`: the extended resource of the site's RDMA "
+        "device plugin. Default: the name NVIDIA's Network Operator configures for the k8s-rdma-shared-dev-plugin "
+        "(one resource shares every selected HCA of the node, all an engine uses); e.g. `nvidia.com/hostdev` "
+        "with SR-IOV's device plugin (then `k3_k8s_rdma_count` = the NICs per pod)."))
+    k3_k8s_rdma_class: str | None = Field(None, description=(
+        "Kubernetes export, multi-node, `k3_k8s_rdma: dra`: the DeviceClass of the site's RDMA DRA driver (no "
+        "default: each driver names its own); the export refuses `dra` without it."))
+    k3_k8s_rdma_count: int = Field(1, ge=1, le=64, description=(
+        "Kubernetes export, multi-node: RDMA devices (device-plugin resources or DRA devices) per engine pod; 1 for "
+        "a shared-device resource, the NICs per node for one device per NIC."))
     k3_k8s_cache_pvc: str | None = Field(None, description=(
         "Kubernetes export: a PersistentVolumeClaim (ReadWriteMany) holding the model cache; default: the node's "
         "`k3_model_cache` directory as a hostPath volume, as on bare metal."))

@@ -377,8 +377,9 @@ def render_offline(wanted: Target, view: View) -> tuple[Rollout | None, list[Bla
     host_env: dict[str, dict[str, str]] = {}
     ifaces: dict[str, str] = {}
     for rec in wanted.records:
-        iface = wanted.host_vars(rec.name).k3_iface
-        env, mine = offline_env(wanted.requirements, rec.name, rec.address, iface)
+        mine_vars = wanted.host_vars(rec.name)
+        iface = mine_vars.k3_iface
+        env, mine = offline_env(wanted.requirements, rec.name, rec.address, iface, mine_vars.k3_ib_hca)
         host_env[rec.name] = env
         ifaces[rec.name] = iface or next(b.token for b in mine if b.name == "IFACE")
         blanks += mine

@@ -9,6 +9,7 @@ view                          hosts read   what it adds to the plan and the roll
 :data:`OFFLINE_RUNBOOK`       none         the rollout with each node's settings left as named blanks
 :data:`PREFLIGHT`             facts        every check (no plan needed): ``k3deploy preflight``
 :data:`RUNBOOK`               facts        every check, the image's tag pinned to its digest: ``runbook``
+:data:`EXPORT`                facts        as RUNBOOK: ``export kubernetes --read-nodes`` (each node's settings)
 :data:`HISTORY`               + installed  what the hosts run and keep (units, image, weights, revisions, lock)
 :data:`SPARES`                + installed  who stands in for whom, what stands by or is quarantined: ``spares``
 :data:`PLAN`, :data:`DEPLOY`  + health     whether each serving unit answers ``/health``: ``plan``, the deploy
@@ -52,6 +53,8 @@ OFFLINE_RUNBOOK = View("offline runbook", reads_hosts=False, blanks=True)
 PREFLIGHT = View("preflight", needs_plan=False)
 #: ``k3deploy runbook``: every host checked, the image's tag pinned
 RUNBOOK = View("runbook", pins_image=True)
+#: ``export kubernetes --read-nodes``: the nodes' settings (interface, RDMA ports) read, the image's tag pinned
+EXPORT = View("export", pins_image=True)
 #: ``k3deploy history``: the revisions the hosts keep
 HISTORY = View("history", installed=True)
 #: ``k3deploy spares``: the spares, the quarantined nodes and the substitutions the nodes record

@@ -163,7 +163,10 @@ class Container:
     plugin advertises (one per accelerator), ``k8s_capabilities`` the Linux capabilities the ``docker run`` flags
     add, ``k8s_privileged`` a privileged container (as ``--privileged``), ``k8s_unconfined`` no seccomp profile (as
     ``--security-opt seccomp=unconfined``), ``k8s_imex_api`` the API of the DRA
-    driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one."""
+    driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one; ``k8s_device_plugin``
+    names what advertises ``k8s_resource`` (the export's README.txt says it), ``k8s_dra_class`` the DeviceClass
+    of the vendor's DRA driver (``k3_k8s_gpus: dra``; None: the vendor has none) and ``k8s_dra_driver`` names that
+    driver, with the version it needs."""
 
     flags: tuple[str, ...] = ()
     per_device: str | None = None
@@ -181,6 +184,9 @@ class Container:
     k8s_privileged: bool = False
     k8s_unconfined: bool = False
     k8s_imex_api: str | None = None
+    k8s_device_plugin: str = ""
+    k8s_dra_class: str | None = None
+    k8s_dra_driver: str = ""
 
     def run_flags(self, gpus_per_node: int) -> list[str]:
         """The ``docker run`` words before the volumes."""

@@ -103,7 +103,7 @@ def test_the_key_is_in_no_output_no_argv_and_no_file_but_0600_ones(keyed: Keyed,
             ["resolve", "--inventory", inv], ["resolve", "--inventory", inv, "--json"], ["history", inv],
             ["history", inv, "--json"], ["status", inv], ["status", inv, "--json"], ["runbook", inv, "-o", str(md)],
             ["bundle", inv, "-o", str(bundle)], ["export", "slurm", inv, "-o", str(tmp_path / "slurm")],
-            ["export", "kubernetes", inv, "-o", str(tmp_path / "k8s")]]
+            ["export", "kubernetes", inv, "-o", str(tmp_path / "k8s"), "--read-nodes"]]
     seen = {"deploy": keyed.deployed}
     for args in runs:
         proc = k3(*args, check=False)

@@ -87,8 +87,8 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
         "spares": [[inv], [inv, "--json"]],
         "deploy": [[inv, "--dry", "--diff"]],
         "export": [["slurm", inv, "-o", str(tmp_path / "slurm")], ["slurm", inv, "-o", str(tmp_path / "slurm"), "--json"],
-                   ["kubernetes", inv, "-o", str(tmp_path / "k8s")],
-                   ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--json"]],
+                   ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--read-nodes"],
+                   ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--read-nodes", "--json"]],
     }
     assert set(runs) | set(NOT_RUN) == set(COMMANDS), "a new command: add it to runs (or NOT_RUN with a reason)"
     seen = dict(deployed.outputs)

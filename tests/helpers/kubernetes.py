@@ -2,8 +2,9 @@
 
 Every strategy the recipe offers on one hardware of each vendor family (b300 and the NVL trays gb300 for NVIDIA,
 mi355x for AMD, ascend_910c for Ascend), at the recipes site's node count, plus replicas; each case is built as
-``k3deploy export kubernetes --hardware H --strategy S [--replicas R]`` builds it (host placeholders, blanks shared
-per pool). The golden files are ``tests/golden/kubernetes/<case>.yaml``; regenerate them after an intended change::
+``k3deploy export kubernetes --hardware H --strategy S [--replicas R]`` builds it (host placeholders; the site's
+interface and RDMA ports given, :data:`SITE`); and GPUs and RDMA claimed through DRA. The golden files are
+``tests/golden/kubernetes/<case>.yaml``; regenerate them after an intended change::
 
     cd tests && ../.venv/bin/python -m helpers.kubernetes --write
 
@@ -35,10 +36,19 @@ GOLDEN_K8S = GOLDEN / "kubernetes"
 #: the Kubernetes release whose built-in schemas the objects must satisfy (kubernetes-validate's, strict)
 K8S_VERSION = "1.34.0"
 HARDWARE = ("b300", "gb300", "mi355x", "ascend_910c")
+#: what the export needs of the site that it cannot read (``--iface``, ``--ib-hca``), for every case
+SITE = {"k3_iface": "eth1", "k3_ib_hca": "mlx5_0:1,mlx5_1:1"}
 #: extra cases beyond one per strategy: replicas behind a router
-EXTRA = {"b300-multi_node_dep-r2": {"hardware": "b300", "strategy": "multi_node_dep", "replicas": 2},
+EXTRA: dict[str, dict[str, Any]] = {
+         "b300-multi_node_dep-r2": {"hardware": "b300", "strategy": "multi_node_dep", "replicas": 2},
          "mi355x-multi_node_tp-r3": {"hardware": "mi355x", "strategy": "multi_node_tp", "replicas": 3},
-         "b300-single_node_tp-r2": {"hardware": "b300", "strategy": "single_node_tp", "replicas": 2}}
+         "b300-single_node_tp-r2": {"hardware": "b300", "strategy": "single_node_tp", "replicas": 2},
+         # GPUs and RDMA devices claimed through DRA (k3_k8s_gpus, k3_k8s_rdma: dra), beside the IMEX channel
+         "gb300-multi_node_tp-dra": {"hardware": "gb300", "strategy": "multi_node_tp", "overrides": {
+             "k3_k8s_gpus": "dra", "k3_k8s_rdma": "dra", "k3_k8s_rdma_class": "rdma.example.com",
+             "k3_k8s_rdma_count": 2}},
+         "mi355x-multi_node_tp-dra": {"hardware": "mi355x", "strategy": "multi_node_tp", "overrides": {
+             "k3_k8s_gpus": "dra"}}}
 
 
 @cache
@@ -62,9 +72,10 @@ def built(case: str) -> tuple[Any, list[Any], dict[str, str]]:
 
     sel = dict(cases()[case])
     replicas = int(sel.pop("replicas", 1))
+    overrides = {**SITE, **sel.pop("overrides", {})}
     params: dict[str, Any] = {"hardware": None, "strategy": None, "variant": "default", "features": None,
                               "nodes": None, "prefill_nodes": None, "decode_nodes": None, "image": None, **sel}
-    rollout, blanks, _, tokens = _from_selection(params, None, {}, replicas)
+    rollout, blanks, _, tokens = _from_selection(params, None, overrides, replicas)
     return rollout, blanks, tokens
 
 

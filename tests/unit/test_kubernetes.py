@@ -104,7 +104,8 @@ def test_one_lws_per_pool_with_the_plans_shape(case):
             assert engine["image"] == rollout.plan.image
             assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in \
                 template["spec"]["volumes"]
-            assert any(r.endswith("gpu") or "Ascend" in r for r in engine["resources"]["limits"])
+            assert any(r.endswith("gpu") or "Ascend" in r for r in engine["resources"].get("limits", {})) or \
+                {"name": "gpus"} in engine["resources"]["claims"]
     nvl = case.startswith("gb300") and not case.endswith("single_node_tp")
     assert bool(_objects(case, "ComputeDomain")) == nvl
     assert ("router" in rollout.groups) == bool(_objects(case, "Deployment"))
@@ -200,7 +201,8 @@ def test_secrets_are_referenced_never_written(tmp_path):
     rollout, _, _, _ = _from_selection(params, None, {"k3_extra_env": {"SITE_API_TOKEN": "s3cr3t-value"}})
     text = json.dumps(k8s.manifests(rollout))
     assert "s3cr3t-value" not in text
-    env = k8s.manifests(rollout)[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["env"]
+    lws = next(o for o in k8s.manifests(rollout) if o["kind"] == "LeaderWorkerSet")
+    env = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["env"]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "secretKeyRef" in e.get("valueFrom", {})}
     assert refs["SITE_API_TOKEN"] == {"name": "k3deploy-secrets", "key": "SITE_API_TOKEN"}
     assert refs["HF_TOKEN"]["name"] == "k3deploy-secrets" and refs["HF_TOKEN"]["optional"] is True
@@ -287,3 +289,67 @@ def test_the_export_is_the_same_whatever_starts_the_groups_on_bare_metal():
     rollout, blanks, _ = built("b300-multi_node_tp")
     slurm = replace(rollout, vars=rollout.vars.model_copy(update={"k3_launcher": "slurm"}))
     assert export_for(slurm).objects == export_for(rollout).objects
+
+
+# ---------------------------------------------------------------------------------------------- resources, namespace
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_object_is_in_the_namespace_that_comes_first(case):
+    objects = manifests(case)
+    assert objects[0]["kind"] == "Namespace" and objects[0]["metadata"]["name"] == "k3"
+    level, why = k8s.pod_security(objects[1:])
+    assert objects[0]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == level
+    assert all(o["metadata"]["namespace"] == "k3" for o in objects[1:])
+    rollout, _, _ = built(case)
+    assert level == "privileged" and any("host networking" in w for w in why) == rollout.vars.k3_k8s_host_network
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rdma_comes_from_a_resource_never_a_host_path(case):
+    rollout, _, _ = built(case)
+    for obj in manifests(case):
+        for _, template in pod_templates(obj):
+            assert not any(v.get("hostPath", {}).get("path") == "/dev/infiniband" for v in template["spec"].get("volumes", []))
+            engine = template["spec"]["containers"][0]
+            rdma = engine.get("resources", {}).get("limits", {}).get("rdma/rdma_shared_device_a")
+            claims = [c["name"] for c in engine.get("resources", {}).get("claims", [])]
+            if obj["kind"] == "Deployment" or not k8s._needs_rdma(rollout):
+                assert rdma is None and "rdma" not in claims, (case, obj["metadata"]["name"])
+            elif rollout.vars.k3_k8s_rdma == "dra":
+                assert rdma is None and "rdma" in claims
+            else:
+                assert rdma == 1 and "rdma" not in claims
+
+
+def test_gpus_and_rdma_claimed_through_dra():
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in manifests("gb300-multi_node_tp-dra")}
+    gpus = objects[("ResourceClaimTemplate", "k3-engine-gpus")]["spec"]["spec"]["devices"]["requests"][0]
+    assert gpus == {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
+                                                "count": 4}}
+    rdma = objects[("ResourceClaimTemplate", "k3-engine-rdma")]["spec"]["spec"]["devices"]["requests"][0]
+    assert rdma["exactly"]["deviceClassName"] == "rdma.example.com" and rdma["exactly"]["count"] == 2
+    for _, template in pod_templates(objects[("LeaderWorkerSet", "k3-engine")]):
+        assert template["spec"]["resourceClaims"] == [
+            {"name": "gpus", "resourceClaimTemplateName": "k3-engine-gpus"},
+            {"name": "rdma", "resourceClaimTemplateName": "k3-engine-rdma"},
+            {"name": "imex-channel", "resourceClaimTemplateName": "k3-engine-imex-channel"}]
+        resources = template["spec"]["containers"][0]["resources"]
+        assert "limits" not in resources       # no nvidia.com/gpu: a DRA-only cluster has none
+        assert resources["claims"] == [{"name": "gpus"}, {"name": "rdma"}, {"name": "imex-channel"}]
+    amd = [o for o in manifests("mi355x-multi_node_tp-dra") if o["kind"] == "ResourceClaimTemplate"]
+    assert [o["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] for o in amd] == ["gpu.amd.com"]
+
+
+def test_a_pod_network_with_a_volume_claim_needs_only_baseline():
+    from k3deploy.cli.export import _from_selection
+
+    params: dict[str, Any] = {"hardware": "b300", "strategy": "single_node_tp", "variant": "default",
+                              "features": None, "nodes": None, "prefill_nodes": None, "decode_nodes": None,
+                              "image": None}
+    rollout, _, _, _ = _from_selection(params, None, {"k3_iface": "eth1", "k3_k8s_host_network": False,
+                                                      "k3_k8s_cache_pvc": "kimi", "k3_k8s_namespace": "kimi"})
+    objects = k8s.manifests(rollout)
+    assert objects[0]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert k8s.pod_security(objects) == ("baseline", [])
+    assert builtin_errors(objects[0]) == []

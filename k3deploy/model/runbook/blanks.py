@@ -46,11 +46,12 @@ HCA_COMMAND = ("ibv_devinfo | awk '/hca_id:/ {d=$2} /port:/ {p=$2} "
                "/PORT_ACTIVE/ {printf \"%s%s:%s\", s, d, p; s=\",\"}'")
 
 
-def offline_env(req: Requirements, host: str, address: str,
-                iface_setting: str | None = None) -> tuple[dict[str, str], list[Blank]]:
+def offline_env(req: Requirements, host: str, address: str, iface_setting: str | None = None,
+                ib_hca: str | None = None) -> tuple[dict[str, str], list[Blank]]:
     """The env settings the rollout derives from a node's facts, by the same derivation
     (:meth:`k3deploy.vendors.base.Transport.settings`) with blanks for what the node would answer (and the blanks
-    themselves): the socket interface (``iface_setting``, ``k3_iface``, when given) and the RDMA ports. What a
+    themselves): the socket interface (``iface_setting``, ``k3_iface``, when given) and the RDMA ports (``ib_hca``,
+    ``k3_ib_hca``, when it names each port: a device alone means its active ports, which only the node knows). What a
     host's facts decide beyond those, the vendor's GPU path to the ports, is assumed to be what passes preflight
     there, and said so (:func:`assumed`): DMA-BUF on NVIDIA (no ``NCCL_DMABUF_ENABLE``).
 
@@ -61,6 +62,9 @@ def offline_env(req: Requirements, host: str, address: str,
     ('=@IFACE_n1@', '@IFACE_n1@', '=@IB_HCA_n1@', '@IB_HCA_n1@')
     >>> offline_env(need, "n1", "10.0.0.11", "bond0")[0]["NCCL_SOCKET_IFNAME"]
     '=bond0'
+    >>> env, blanks = offline_env(need, "n1", "10.0.0.11", "bond0", "mlx5_0:1,mlx5_3:1")
+    >>> env["NCCL_IB_HCA"], env["UCX_NET_DEVICES"], blanks
+    ('=mlx5_0:1,mlx5_3:1', 'mlx5_0:1,mlx5_3:1', [])
     """
     transport = pack_for(req).transport
     blanks: list[Blank] = []
@@ -71,7 +75,9 @@ def offline_env(req: Requirements, host: str, address: str,
         blanks.append(iface)
         name, why = iface.token, f"carries {address}"
     answers = HostAnswers(name, why, address, transport.nvlink(req.hardware))
-    if req.needs_rdma and transport.rdma_ports:
+    if req.needs_rdma and transport.rdma_ports and ib_hca and all(":" in p for p in ib_hca.split(",")):
+        answers = replace(answers, ports=ib_hca, ports_why="k3_ib_hca")
+    elif req.needs_rdma and transport.rdma_ports:
         hca = Blank(host, PORTS, "the RDMA ports with an active link (NCCL_IB_HCA after its =, UCX_NET_DEVICES)",
                     HCA_COMMAND)
         blanks.append(hca)

@@ -97,6 +97,11 @@ PACK = Pack(
         k8s_resource="amd.com/gpu",
         k8s_capabilities=("SYS_PTRACE",),
         k8s_unconfined=True,
+        # ROCm/k8s-device-plugin README; ROCm/k8s-gpu-dra-driver v1.0.0 release notes: DeviceClass gpu.amd.com on
+        # resource.k8s.io/v1
+        k8s_device_plugin="the AMD GPU device plugin (github.com/ROCm/k8s-device-plugin, or the AMD GPU Operator)",
+        k8s_dra_class="gpu.amd.com",
+        k8s_dra_driver="the AMD GPU DRA driver >= v1.0.0 (github.com/ROCm/k8s-gpu-dra-driver)",
     ),
     checks=(
         Check("gpu.model", "rocm-smi --showproductname", "the hardware's GPU product names or PCI device ids",

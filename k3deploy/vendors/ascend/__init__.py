@@ -87,6 +87,8 @@ PACK = Pack(
         login_profile=PROFILE,
         k8s_resource="huawei.com/Ascend910",
         k8s_privileged=True,
+        # Ascend MindCluster's Ascend Device Plugin (huawei.com/Ascend910 on Atlas 800 A2/A3); no DRA driver
+        k8s_device_plugin="the Ascend Device Plugin of MindCluster (gitcode.com/Ascend/mind-cluster)",
     ),
     checks=(
         Check("gpu.model", "npu-smi info", "the hardware's NPU product names",

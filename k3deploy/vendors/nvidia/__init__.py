@@ -251,6 +251,12 @@ PACK = Pack(
         imex_units=("nvidia-imex.service",),
         k8s_resource="nvidia.com/gpu",
         k8s_imex_api="resource.nvidia.com/v1beta1",
+        # NVIDIA/k8s-device-plugin README (or the GPU Operator, which installs it)
+        k8s_device_plugin="the NVIDIA device plugin (github.com/NVIDIA/k8s-device-plugin, or the GPU Operator)",
+        # kubernetes-sigs/dra-driver-nvidia-gpu deployments/helm/.../templates/deviceclass-gpu.yaml: gpu.nvidia.com;
+        # pkg/featuregates/featuregates.go at v25.8.0: IMEXDaemonsWithDNSNames on by default (ComputeDomain numNodes 0)
+        k8s_dra_class="gpu.nvidia.com",
+        k8s_dra_driver="the NVIDIA DRA driver for GPUs >= v25.8.0 (github.com/kubernetes-sigs/dra-driver-nvidia-gpu)",
     ),
     checks=(
         Check("gpu.model", "nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c",
