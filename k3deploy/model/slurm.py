@@ -44,6 +44,7 @@ from k3deploy.model.engine import EngineSpec
 from k3deploy.model.rollout import Placement, Rollout, UnitWork, sha256
 from k3deploy.model.units import cleanup_argv, render_template, stop_argv
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors import pack_for_container
 
 BATCH_TEMPLATE = "k3-slurm-job.sbatch.j2"
 LAUNCH_TEMPLATE = "k3-slurm-launch.sh.j2"
@@ -206,12 +207,25 @@ def launch_script(rollout: Placement, unit: UnitWork) -> str:
 # ---------------------------------------------------------------------------------------------- batch scripts
 
 
+def gres_name(vendor: str) -> str:
+    """The accelerators' GRES name on a site of this vendor family's pack (its container key, ``Plan.vendor``):
+    the pack's ``Container.slurm_gres``.
+
+    >>> gres_name("nvidia"), gres_name("amd"), gres_name("npu")
+    ('gpu', 'gpu', 'npu')
+    """
+    pack = pack_for_container(vendor)
+    return pack.container.slurm_gres if pack is not None else "gpu"
+
+
 def gres(rollout: Placement, group: str) -> str:
-    """The ``--gres`` of a group's job ("" for the router's, or with ``k3_slurm_gres: ""``)."""
+    """The ``--gres`` of a group's job ("" for the router's, or with ``k3_slurm_gres: ""``): ``{gres}`` is the
+    pack's GRES name (:func:`gres_name`), ``{gpus_per_node}`` the hardware's accelerators per node."""
     if group == "router" or not rollout.vars.k3_slurm_gres:
         return ""
     gpus = hardware()[rollout.plan.hardware].gpu_count
-    return rollout.vars.k3_slurm_gres.replace("{gpus_per_node}", str(gpus))
+    return rollout.vars.k3_slurm_gres.replace("{gpus_per_node}", str(gpus)).replace(
+        "{gres}", gres_name(rollout.plan.vendor))
 
 
 def sbatch_options(rollout: Placement, group: str) -> list[str]:

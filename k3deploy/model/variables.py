@@ -363,9 +363,10 @@ class Variables(BaseModel):
     k3_slurm_exclusive: Literal["node", "user"] = Field("node", description=(
         "`node` = `--exclusive` (no other job on a job's nodes); `user` = `--exclusive=user` (only this user's jobs: "
         "k3deploy's own jobs may share a node, e.g. the router beside a P/D pool)."))
-    k3_slurm_gres: str = Field("gpu:{gpus_per_node}", description=(
-        "`--gres` of each engine job (`{gpus_per_node}` = the hardware's GPUs per node); `\"\"` = no `--gres` (a "
-        "site without GPU GRES). The router's job asks for none."))
+    k3_slurm_gres: str = Field("{gres}:{gpus_per_node}", description=(
+        "`--gres` of each engine job (`{gres}` = the vendor pack's GRES name: `gpu` for NVIDIA and AMD, `npu` for "
+        "Ascend; `{gpus_per_node}` = the hardware's GPUs per node); e.g. `gpu:{gpus_per_node}` where a site names "
+        "its NPUs `gpu`; `\"\"` = no `--gres` (a site without GPU GRES). The router's job asks for none."))
     k3_slurm_dir: str = Field("/var/lib/k3deploy/slurm", description=(
         "Directory for the batch scripts (on `k3_slurm_submit_host`) and the jobs' and steps' output "
         "(`<dir>/<group>/<job id>/<node>.out` on each node)."))
@@ -533,7 +534,7 @@ class Variables(BaseModel):
     @field_validator("k3_slurm_gres")
     @classmethod
     def _slurm_gres(cls, value: str) -> str:
-        if not SLURM_GRES.fullmatch(value.replace("{gpus_per_node}", "1")):
+        if not SLURM_GRES.fullmatch(value.replace("{gpus_per_node}", "1").replace("{gres}", "gpu")):
             raise ValueError(f"{_shown(value)} is not a --gres value: give NAME[:TYPE]:COUNT (e.g. gpu:4 or "
                              "gpu:{gpus_per_node}), or \"\" for none")
         return value

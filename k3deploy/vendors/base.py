@@ -163,7 +163,10 @@ class Container:
     plugin advertises (one per accelerator), ``k8s_capabilities`` the Linux capabilities the ``docker run`` flags
     add, ``k8s_privileged`` a privileged container (as ``--privileged``), ``k8s_unconfined`` no seccomp profile (as
     ``--security-opt seccomp=unconfined``), ``k8s_imex_api`` the API of the DRA
-    driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one."""
+    driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one.
+
+    Under Slurm (:mod:`k3deploy.model.slurm`): ``slurm_gres`` is the name of the accelerators' generic resource in
+    the site's ``gres.conf`` (``Name=``), what an engine job's ``--gres`` asks for (``k3_slurm_gres`` overrides)."""
 
     flags: tuple[str, ...] = ()
     per_device: str | None = None
@@ -181,6 +184,7 @@ class Container:
     k8s_privileged: bool = False
     k8s_unconfined: bool = False
     k8s_imex_api: str | None = None
+    slurm_gres: str = "gpu"
 
     def run_flags(self, gpus_per_node: int) -> list[str]:
         """The ``docker run`` words before the volumes."""

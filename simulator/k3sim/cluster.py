@@ -479,8 +479,9 @@ def _up_locked(
         prof = profiles.profile(hardware)
         gpus = int(prof["gpus"])
         state["slurm"] = sim_slurm.record(state, cpus, gpus)
-        slurm_files = (sim_slurm.render_conf(name, [(nd.name, nd.ip) for nd in nodes], cpus, gpus),
-                       sim_slurm.render_gres(sim_slurm.gpu_files(str(prof.get("vendor", "nvidia")), gpus)),
+        gres_name = sim_slurm.gres_name(str(prof.get("vendor", "nvidia")))
+        slurm_files = (sim_slurm.render_conf(name, [(nd.name, nd.ip) for nd in nodes], cpus, gpus, gres_name),
+                       sim_slurm.render_gres(sim_slurm.gpu_files(str(prof.get("vendor", "nvidia")), gpus), gres_name),
                        sim_slurm.new_key())
     save_state(state)
     if slurm_files is not None:

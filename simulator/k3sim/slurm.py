@@ -6,7 +6,8 @@ The base root (:mod:`k3sim.base`) carries the packages with their units disabled
 - ``/etc/munge/munge.key``: one random key per cluster (0600, owner munge), the same on every node;
 - ``/etc/slurm/slurm.conf`` (:func:`render_conf`) and ``/etc/slurm/gres.conf`` (:func:`render_gres`), the same on
   every node: the controller on the rank-0 node, one ``NodeName`` per node (the node's host name, which every
-  node's ``/etc/hosts`` resolves), the nodes' GPUs as the generic resource ``gpu``, partition ``k3`` over all nodes;
+  node's ``/etc/hosts`` resolves), the nodes' GPUs as a generic resource named as the vendor's pack names it
+  (:func:`gres_name`: ``gpu``, ``npu`` on Ascend), partition ``k3`` over all nodes;
 - the units enabled for ``multi-user.target``: ``munge`` and ``slurmd`` on every node, ``slurmctld`` on rank 0.
 
 Everything lives in the nodes' own roots and cgroups, so ``sim down`` removes it with the nodes. The cluster's
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from k3deploy.vendors import PACKS
 from k3sim.host import SimError, write_atomic
 
 #: the partition every node of a --slurm cluster is in (the default one)
@@ -45,7 +47,17 @@ UNITS_CONTROLLER = ("slurmctld.service",)
 CRED_EXPIRE = 10
 
 
-def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus: int) -> str:
+def gres_name(vendor: str) -> str:
+    """The GRES name of a simulated node of ``vendor`` (a profile's ``nvidia``, ``amd``, ``ascend``): its pack's
+    (``Container.slurm_gres``), as a site of that vendor names it and the deploy's ``--gres`` asks for it.
+
+    >>> gres_name("nvidia"), gres_name("ascend")
+    ('gpu', 'npu')
+    """
+    return next((p.container.slurm_gres for p in PACKS if p.name == vendor), "gpu")
+
+
+def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus: int, gres_name: str = "gpu") -> str:
     """``slurm.conf`` of a simulated cluster: ``nodes`` are (host name, address), the first one runs slurmctld.
 
     >>> text = render_conf("sl1", [("sl1-node1", "10.1.2.11"), ("sl1-node2", "10.1.2.12")], 2, 4)
@@ -59,7 +71,7 @@ def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus:
     if not nodes:
         raise SimError("a Slurm cluster needs at least one node")
     head, head_ip = nodes[0]
-    gres = f" Gres=gpu:{gpus}" if gpus else ""
+    gres = f" Gres={gres_name}:{gpus}" if gpus else ""
     lines = [
         f"# slurm.conf of the simulated cluster {cluster!r}, written by k3deploy sim up --slurm",
         f"ClusterName={cluster}",
@@ -95,8 +107,8 @@ def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus:
         "MinJobAge=300",
     ]
     if gpus:
-        lines += ["# the nodes' GPUs as the generic resource gpu (gres.conf names their device files)",
-                  "GresTypes=gpu"]
+        lines += [f"# the nodes' GPUs as the generic resource {gres_name} (gres.conf names their device files)",
+                  f"GresTypes={gres_name}"]
     lines += [f"NodeName={nm} NodeAddr={ip} CPUs={cpus}{gres} State=UNKNOWN" for nm, ip in nodes]
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(nm for nm, _ in nodes)} Default=YES MaxTime=INFINITE "
                  "State=UP")
@@ -117,16 +129,18 @@ def gpu_files(vendor: str, gpus: int) -> list[str]:
     return [f"/dev/davinci{i}" for i in range(gpus)]
 
 
-def render_gres(files: Sequence[str]) -> str:
-    """``gres.conf``: one ``gpu`` per device file. slurmd 22.05 counts a ``gpu`` without ``File=`` as none (the node
-    is then drained: "gres/gpu count reported lower than configured"), so the GPUs are named by their files, as on a
-    site; with ``TaskPlugin=task/none`` nothing opens or confines them.
+def render_gres(files: Sequence[str], name: str = "gpu") -> str:
+    """``gres.conf``: one ``name`` (``gpu``, ``npu``: :func:`gres_name`) per device file. slurmd 22.05 counts a
+    ``gpu`` without ``File=`` as none (the node is then drained: "gres/gpu count reported lower than configured"),
+    so the GPUs are named by their files, as on a site; with ``TaskPlugin=task/none`` nothing opens or confines them.
 
     >>> render_gres(["/dev/nvidia0", "/dev/nvidia1"]).splitlines()[1:]
     ['Name=gpu File=/dev/nvidia0', 'Name=gpu File=/dev/nvidia1']
+    >>> render_gres(["/dev/davinci0"], "npu").splitlines()[1:]
+    ['Name=npu File=/dev/davinci0']
     """
     head = "# gres.conf of a simulated node, written by k3deploy sim up --slurm\n"
-    return head + "".join(f"Name=gpu File={f}\n" for f in files)
+    return head + "".join(f"Name={name} File={f}\n" for f in files)
 
 
 def check_base(base: Path) -> None:
