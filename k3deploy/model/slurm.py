@@ -145,7 +145,8 @@ def segment(rollout: Placement) -> bool:
 IMEX_SWITCH = "switch/nvidia_imex"
 #: where the IMEX channels' device nodes are (the driver's, and the switch plugin's per step)
 IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
-#: the keys of ``scontrol show config`` the deploy reads (src/api/config_info.c prints each ``%-23s = %s``)
+#: the keys of ``scontrol show config`` the deploy reads (src/api/config_info.c prints each ``%-23s = %s``; a key
+#: that lists programs, ``Prolog``, as ``Prolog[0]``, ``Prolog[1]``, ... from 24.05)
 SITE_KEYS = ("SLURM_VERSION", "SwitchType", "SwitchParameters", "Prolog", "PrologFlags", "TopologyPlugin")
 
 
@@ -185,7 +186,7 @@ def parse_site(version_text: str, config_text: str) -> SlurmSite:
     """The site from ``scontrol --version`` (``slurm 24.05.3``) and ``scontrol show config``; the version from the
     config's ``SLURM_VERSION`` where ``--version`` said none.
 
-    >>> parse_site("slurm 24.05.3", "SwitchType              = switch/nvidia_imex\\nProlog                  = "
+    >>> parse_site("slurm 24.05.3", "SwitchType              = switch/nvidia_imex\\nProlog[0]               = "
     ...            "/etc/slurm/prolog.d/*")
     SlurmSite(version='24.05.3', switch='switch/nvidia_imex', prolog=('/etc/slurm/prolog.d/*',), error=None)
     >>> parse_site("", "").error
@@ -195,7 +196,9 @@ def parse_site(version_text: str, config_text: str) -> SlurmSite:
     words = version_text.split()
     version = next((w for w in words if re.fullmatch(r"\d{2}\.\d{1,2}(\.\d+)?(-\S+)?", w)), None)
     version = (version or conf.get("SLURM_VERSION") or "").split("-")[0] or None
-    prolog = tuple(p.strip() for p in conf.get("Prolog", "").split(",") if p.strip())
+    # to 23.11 one ``Prolog = A,B``; from 24.05 one ``Prolog[N] = A`` per program (src/api/config_info.c)
+    prolog = tuple(p.strip() for key, value in conf.items() if re.fullmatch(r"Prolog(\[\d+\])?", key)
+                   for p in value.split(",") if p.strip())
     return SlurmSite(version, conf.get("SwitchType") or None, prolog,
                      None if version else "scontrol printed no version")
 

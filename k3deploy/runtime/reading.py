@@ -45,6 +45,7 @@ from k3deploy.facts.status import (
     RouterWorkers,
     SlurmQueue,
     SlurmQueueReading,
+    SlurmSiteFact,
     TakeLock,
     UnitLogs,
     UnitRun,
@@ -55,7 +56,7 @@ from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
 from k3deploy.model.rollout import Placement
-from k3deploy.model.slurm import job_name
+from k3deploy.model.slurm import SlurmSite, job_name
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
@@ -88,6 +89,7 @@ class HostReading:
     logs: dict[str, dict[str, str]] = field(default_factory=dict)    # unit -> journal, container log (``log_lines``)
     registry: list[str] | None = None          # the registry's answer for the image's tag (the resolving host)
     slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
+    slurm_site: SlurmSite | None = None        # its Slurm's version and settings (k3_slurm_submit_host)
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
 
 
@@ -318,6 +320,16 @@ class ReadSlurmQueue(Request):
 
 
 @dataclass(frozen=True)
+class ReadSlurmSite(Request):
+    """The site's Slurm as the submit host's ``scontrol`` says it: its version, ``SwitchType``, ``Prolog``."""
+
+    fact = SlurmSiteFact
+
+    def keep(self, value: SlurmSite) -> dict[str, Any]:
+        return {"slurm_site": value}
+
+
+@dataclass(frozen=True)
 class ReadSpareRecords(Request):
     """The node's spare records (:mod:`k3deploy.model.spares`): substitutions in effect, its quarantine."""
 
@@ -398,7 +410,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if len(layout.replicas) > 1:   # which replicas the router sends requests to
         out += [ReadRouterWorkers(u.serves) for u in mine if u.group == "router" and u.serves]
     if host == launcher.queue_host:   # the groups' jobs
-        out.append(ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups)))
+        out += [ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups)), ReadSlurmSite()]
     out.append(ReadLock(variables.k3_config_dir))
     out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
             for g in layout.groups if any(u.host == host for u in layout.group(g))]

@@ -4,6 +4,8 @@ it (a standing domain, or a channel per job), read from the submit host's ``scon
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from helpers.clusters import FAMILIES, records, smallest_rollout
@@ -11,6 +13,7 @@ from k3deploy.errors import K3Error
 from k3deploy.model import slurm
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import Rollout
+from k3deploy.model.variables import Variables
 from k3deploy.recipe.taxonomy import hardware
 
 
@@ -67,3 +70,76 @@ def test_segment_is_kept_only_where_the_sites_slurm_accepts_it_with_nodelist(seg
     (job,) = slurm.jobs(_rollout(k3_slurm_segment=segment, k3_slurm_version=version))
     lines = _sbatch(job.script)
     assert ("--segment=2" in lines) is kept and "--nodelist=n0,n1" in lines
+
+
+# ---------------------------------------------------------------------------------------------- IMEX as the site runs it
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def _site(name: str, version: str = "") -> slurm.SlurmSite:
+    return slurm.parse_site(version, (FIX / name).read_text())
+
+
+def test_the_site_is_read_from_real_scontrol_show_config_text() -> None:
+    per_job = _site("scontrol-show-config-24.05-nvidia-imex.txt", "slurm 24.05.3")
+    assert (per_job.version, per_job.switch, per_job.prolog) == ("24.05.3", slurm.IMEX_SWITCH,
+                                                                 ("/etc/slurm/prolog.d/*",))
+    assert per_job.imex_per_job
+    prolog = _site("scontrol-show-config-25.11-imex-prolog.txt")      # the version from SLURM_VERSION
+    assert (prolog.version, prolog.switch, prolog.prolog) == ("25.11.0", None, ("/etc/slurm/imex-prolog.sh",))
+    assert not prolog.imex_per_job
+    old = _site("scontrol-show-config-22.05-debian.txt", "slurm-wlm 22.05.8")
+    assert (old.version, old.switch, old.imex_per_job) == ("22.05.8", "switch/none", False)
+
+
+def test_the_fact_reads_version_and_config_from_its_command_output() -> None:
+    from k3deploy.facts.status import SITE_CONFIG, SITE_VERSION, SlurmSiteFact
+
+    text = (FIX / "scontrol-show-config-24.05-nvidia-imex.txt").read_text().splitlines()
+    got = SlurmSiteFact().process([SITE_VERSION, "slurm 24.05.3", SITE_CONFIG, *text])
+    assert got == _site("scontrol-show-config-24.05-nvidia-imex.txt", "slurm 24.05.3")
+
+
+@pytest.mark.parametrize(("fixture", "given", "mode", "version"), [
+    ("scontrol-show-config-24.05-nvidia-imex.txt", {}, "per_job", "24.05"),
+    ("scontrol-show-config-22.05-debian.txt", {}, "standing", "22.05"),
+    ("scontrol-show-config-25.11-imex-prolog.txt", {"k3_imex_prolog": "/etc/slurm/imex-prolog.sh"}, "per_job", "25.11"),
+    ("scontrol-show-config-24.05-nvidia-imex.txt", {"k3_imex": "standing", "k3_slurm_version": "24.11"}, None, None),
+])
+def test_what_the_variables_leave_to_the_site_follows_its_scontrol(fixture: str, given: dict[str, str],
+                                                                   mode: str | None, version: str | None) -> None:
+    v = Variables(k3_hardware="gb300", **given)
+    decided = slurm.site_variables(v, _site(fixture))
+    assert decided.get("k3_imex") == mode and decided.get("k3_slurm_version") == version
+
+
+@pytest.mark.parametrize(("fixture", "given", "status"), [
+    ("scontrol-show-config-24.05-nvidia-imex.txt", {"k3_imex": "per_job"}, "pass"),
+    ("scontrol-show-config-22.05-debian.txt", {"k3_imex": "per_job"}, "fail"),
+    ("scontrol-show-config-25.11-imex-prolog.txt", {"k3_imex": "per_job",
+                                                    "k3_imex_prolog": "/etc/slurm/imex-prolog.sh"}, "pass"),
+    ("scontrol-show-config-24.05-nvidia-imex.txt", {"k3_imex": "per_job"}, "pass"),
+    ("scontrol-show-config-25.11-imex-prolog.txt", {"k3_imex": "per_job",
+                                                    "k3_imex_prolog": "/opt/site/other-prolog"}, "fail"),
+    ("scontrol-show-config-22.05-debian.txt", {"k3_imex": "standing"}, "pass"),
+])
+def test_imex_per_job_needs_the_switch_plugin_or_the_named_prolog(fixture: str, given: dict[str, str],
+                                                                  status: str) -> None:
+    from k3deploy.preflight.across import slurm_site_checks
+
+    wanted = target(records("gb300", "multi_node_tp", 2, **given), None)
+    assert wanted.requirements.imex_per_job is (given["k3_imex"] == "per_job")
+    (result,) = slurm_site_checks("login1", _site(fixture, ""), wanted.vars, wanted.requirements)
+    assert (result.host, result.check, result.status) == ("login1", "slurm.site", status), result
+    if status == "fail":
+        assert "k3_imex" in result.observed and "\n" not in result.observed and result.fix
+
+
+def test_an_unread_site_is_a_warning_naming_what_was_assumed() -> None:
+    from k3deploy.preflight.across import slurm_site_checks
+
+    wanted = target(records("gb300", "multi_node_tp", 2), None)
+    (result,) = slurm_site_checks("login1", slurm.SlurmSite(error="scontrol gave no answer"), wanted.vars,
+                                  wanted.requirements)
+    assert result.status == "warn" and "k3_slurm_version auto" in result.observed
