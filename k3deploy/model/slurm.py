@@ -43,7 +43,7 @@ from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
 from k3deploy.model.engine import EngineSpec
 from k3deploy.model.rollout import Placement, Rollout, UnitWork, sha256
-from k3deploy.model.units import cleanup_argv, render_template, stop_argv
+from k3deploy.model.units import ContainerSpec, cleanup_argv, render_template, stop_argv
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors import pack_for_container
@@ -295,6 +295,7 @@ def launch_script(rollout: Placement, unit: UnitWork) -> str:
                 f"The Slurm launcher's form of the systemd unit {unit.unit}: the same command, the same env file "
                 f"({unit.env_path})."]
     argv = engine.command
+    imex = imex_lines(rollout, spec, argv)
     if spec is None:
         body = ["# Slurm stops the step with SIGTERM (scancel, the end of the job), as systemd stops the unit.",
                 f"exec {shlex.join(argv)}"]
@@ -306,11 +307,40 @@ def launch_script(rollout: Placement, unit: UnitWork) -> str:
             "# leave its container running, so the container is stopped here as the unit's ExecStop= stops it.",
             f"stop_container() {{ {shlex.join(stop_argv(spec))} >/dev/null; }}",
             f"trap 'stop_container; wait \"$run\"; exit {STOPPED}' TERM INT HUP",
-            f"{shlex.join(argv)} &",
+            *(imex[0] if imex else []),
+            f"{imex[1] if imex else shlex.join(argv)} &",
             "run=$!",
             'wait "$run"',
         ]
     return render_template(LAUNCH_TEMPLATE, managed=MANAGED, comments=comments, body=body)
+
+
+def imex_lines(rollout: Placement, spec: ContainerSpec | None, argv: Sequence[str]) -> tuple[list[str], str] | None:
+    """With IMEX per job (``k3_imex: per_job``) and a container that uses IMEX: the launch script's lines that
+    find the channel(s) the job was given, and its ``docker run`` line with them in place of the standing channel 0
+    (None: no IMEX per job here). In the step, ``/dev/nvidia-caps-imex-channels`` holds the job's channel: under
+    switch/nvidia_imex, a tmpfs of the step's own mount namespace with only ``channelN``; with the site's prolog,
+    the channel it created. Each goes to ``docker run`` as ``--device``; ``NVIDIA_IMEX_CHANNELS`` (their numbers,
+    as the NVIDIA Container Toolkit >= 1.17 reads it) is exported for runtimes that set up the container with
+    libnvidia-container (enroot, apptainer). None found: the step fails at once, naming the node."""
+    pack = pack_for_container(spec.vendor) if spec is not None else None
+    device = pack.container.imex_device if pack is not None else None
+    if rollout.vars.k3_imex != "per_job" or spec is None or not spec.imex or device not in argv:
+        return None
+    at = list(argv).index(str(device))
+    run = f'{shlex.join(argv[:at - 1])} "${{imex[@]}}" {shlex.join(argv[at + 1:])}'
+    missing = shlex.quote(f"k3deploy: no IMEX channel in {IMEX_CHANNELS_DIR} for this job on ") + '"$(hostname)"' \
+        + shlex.quote(f": k3_imex is per_job, and neither Slurm's {IMEX_SWITCH} nor the site's IMEX prolog gave "
+                      "the job one (scontrol show config | grep -E 'SwitchType|Prolog')")
+    return [
+        "# IMEX per job (k3_imex: per_job): the channel(s) Slurm's switch/nvidia_imex, or the site's prolog, gave",
+        "# this job, not a standing channel 0: each to docker as --device, their numbers as NVIDIA_IMEX_CHANNELS",
+        "imex=(); ids=",
+        f'for c in {IMEX_CHANNELS_DIR}/channel*; do [ -e "$c" ] || continue; imex+=(--device "$c"); '
+        'ids="${ids:+$ids,}${c##*channel}"; done',
+        f'[ "${{#imex[@]}}" -gt 0 ] || {{ echo {missing} >&2; exit 1; }}',
+        'export NVIDIA_IMEX_CHANNELS="$ids"',
+    ], run
 
 
 # ---------------------------------------------------------------------------------------------- batch scripts

@@ -4,6 +4,8 @@ it (a standing domain, or a channel per job), read from the submit host's ``scon
 
 from __future__ import annotations
 
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,46 @@ def test_an_unread_site_is_a_warning_naming_what_was_assumed() -> None:
     (result,) = slurm_site_checks("login1", slurm.SlurmSite(error="scontrol gave no answer"), wanted.vars,
                                   wanted.requirements)
     assert result.status == "warn" and "k3_slurm_version auto" in result.observed
+
+
+def _launch(imex: str) -> str:
+    r = _rollout(k3_imex=imex)
+    return slurm.launch_script(r, r.units[1])
+
+
+def test_a_standing_domain_hands_the_container_channel_0_as_the_unit_does() -> None:
+    script = _launch("standing")
+    assert "--device /dev/nvidia-caps-imex-channels/channel0" in script and "NVIDIA_IMEX_CHANNELS" not in script
+
+
+def _run_launch(script: str, tmp_path: Path, channels: list[str]) -> subprocess.CompletedProcess[str]:
+    """The launch script run with bash, its IMEX channel directory and docker stood in for in ``tmp_path`` (the
+    stand-in docker prints its arguments and NVIDIA_IMEX_CHANNELS)."""
+    dev = tmp_path / "imex-channels"
+    dev.mkdir()
+    for c in channels:
+        (dev / c).touch()
+    docker = tmp_path / "docker"
+    docker.write_text('#!/bin/bash\n[ "$1" = run ] && printf "%s\\n" "NVIDIA_IMEX_CHANNELS=${NVIDIA_IMEX_CHANNELS-}" '
+                      '"$@"\nexit 0\n')
+    docker.chmod(0o755)
+    text = script.replace(slurm.IMEX_CHANNELS_DIR, str(dev)).replace("/usr/bin/docker", str(docker))
+    return subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=30)
+
+
+def test_per_job_the_launch_script_passes_the_jobs_channels_not_channel_0(tmp_path: Path) -> None:
+    script = _launch("per_job")
+    assert "channel0" not in script and "${imex[@]}" in script
+    got = _run_launch(script, tmp_path, ["channel7"])
+    assert got.returncode == 0, got.stderr
+    words = got.stdout.splitlines()
+    assert words[0] == "NVIDIA_IMEX_CHANNELS=7"
+    at = words.index("--device", words.index("--gpus"))
+    assert words[at + 1] == str(tmp_path / "imex-channels" / "channel7")
+    assert not [w for w in words if w.endswith("channel0")]
+
+
+def test_per_job_a_job_given_no_channel_fails_at_once_naming_the_node(tmp_path: Path) -> None:
+    got = _run_launch(_launch("per_job"), tmp_path, [])
+    assert got.returncode == 1 and got.stdout == ""
+    assert "no IMEX channel" in got.stderr and socket.gethostname() in got.stderr and "switch/nvidia_imex" in got.stderr
