@@ -203,7 +203,7 @@ def parse_site(version_text: str, config_text: str) -> SlurmSite:
                      None if version else "scontrol printed no version")
 
 
-def site_variables(v: Variables, site: SlurmSite) -> dict[str, str]:
+def site_variables(variables: Variables, site: SlurmSite) -> dict[str, str]:
     """What the site decides of the variables left to it (``auto``): ``k3_slurm_version`` (its Slurm, MAJOR.MINOR)
     and ``k3_imex`` (``per_job`` where Slurm gives each job its channel, or the site names the prolog that does;
     else ``standing``). A variable the inventory sets is the site's word and is kept.
@@ -215,10 +215,10 @@ def site_variables(v: Variables, site: SlurmSite) -> dict[str, str]:
     {'k3_slurm_version': '22.05'}
     """
     out = {}
-    if v.k3_slurm_version == UNKNOWN_VERSION and site.version:
+    if variables.k3_slurm_version == UNKNOWN_VERSION and site.version:
         out["k3_slurm_version"] = ".".join(site.version.split(".")[:2])
-    if v.k3_imex == "auto":
-        out["k3_imex"] = "per_job" if site.imex_per_job or v.k3_imex_prolog else "standing"
+    if variables.k3_imex == "auto":
+        out["k3_imex"] = "per_job" if site.imex_per_job or variables.k3_imex_prolog else "standing"
     return out
 
 

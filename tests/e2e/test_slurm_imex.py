@@ -46,3 +46,25 @@ def test_imex_per_job_is_read_from_the_site_checked_as_such_and_each_job_gets_it
         assert imex and all(d.startswith(channel) for d in imex), devices      # the job's channel, not channel 0
     launch = sim.ssh(1, "cat /etc/k3deploy/k3-engine.launch").stdout
     assert "channel0" not in launch and "NVIDIA_IMEX_CHANNELS" in launch
+
+    # --segment: the site's Slurm (24.05, read from the submit host) does not accept it with --nodelist
+    sim.set_vars("k3_slurm_segment: true\n")
+    refused = deploy(sim.inventory)
+    assert refused.returncode == 2, why(refused)
+    assert ("k3_slurm_segment: true needs Slurm >= 25.11 (sbatch accepts --segment with --nodelist from 25.11), "
+            "the site's Slurm is 24.05: set k3_slurm_segment: auto") in refused.stdout
+    assert jobs(sim) == [job]                                               # nothing changed
+    sim.set_vars("k3_slurm_segment: auto\n")                                # left out on 24.05: the job is kept
+    kept = deploy(sim.inventory)
+    assert kept.returncode == 0, why(kept)
+    assert jobs(sim) == [job]
+    assert "--segment" not in sim.ssh(0, "cat /var/lib/k3deploy/slurm/k3-engine.sbatch").stdout
+
+    # the inventory's word over the site's: a standing domain is asked for, and this site has none
+    sim.set_vars("k3_imex: standing\n")
+    pre = k3("preflight", sim.inventory, "--json")
+    assert pre.returncode == 1, pre.stdout[-3000:] + pre.stderr
+    hosts = json.loads(pre.stdout)["hosts"]
+    for node in sim.info["nodes"]:
+        (imex,) = [r for r in hosts[node["name"]]["results"] if r["check"] == "nvidia.imex"]
+        assert imex["status"] == "fail" and "no channel0" in imex["observed"], imex
