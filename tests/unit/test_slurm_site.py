@@ -188,3 +188,34 @@ def test_per_job_a_job_given_no_channel_fails_at_once_naming_the_node(tmp_path: 
     got = _run_launch(_launch("per_job"), tmp_path, [])
     assert got.returncode == 1 and got.stdout == ""
     assert "no IMEX channel" in got.stderr and socket.gethostname() in got.stderr and "switch/nvidia_imex" in got.stderr
+
+
+# ---------------------------------------------------------------------------------------------- spares under Slurm
+
+
+def test_a_spare_in_a_replicas_worker_rebuilds_only_that_replicas_job() -> None:
+    """A spare takes replica 1's worker (n3, lost): only engine-r1's job changes (the spare in its --nodelist, a new
+    revision in its --comment); replica 0's job and the router's keep their comment and are left alone."""
+    from k3deploy.model.binding import HostRecord
+
+    data = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp", "k3_slurm_exclusive": "user"}
+
+    def hosts(worker: str) -> list[HostRecord]:
+        names = ["n0", "n1", "n2", worker]
+        return [HostRecord(names[i], ("head",) if i % 2 == 0 else ("workers",),
+                           {**data, "k3_ip": f"192.0.2.{10 + i if names[i] != 's9' else 99}", "rank": i % 2,
+                            "k3_replica": i // 2}) for i in range(4)]
+
+    before = slurm.jobs(desired_rollout(target(hosts("n3"), None)))
+    moved = desired_rollout(target(hosts("s9"), None))
+    after = slurm.jobs(moved)
+    assert [(j.name, j.nodes) for j in after] == [("k3-engine-r0", ("n0", "n1")), ("k3-engine-r1", ("n2", "s9")),
+                                                  ("k3-router", ("n0",))]
+    assert [a.comment == b.comment for a, b in zip(after, before, strict=True)] == [True, False, True]
+    queued = [slurm.QueuedJob(str(41 + i), j.name, "RUNNING", j.comment, ",".join(j.nodes))
+              for i, j in enumerate(before)]
+    decisions = {d.group: d for d in slurm.job_actions(after, queued)}
+    assert {g: d.action for g, d in decisions.items()} == {"engine-r0": "keep", "engine-r1": "replace",
+                                                          "router": "keep"}
+    assert decisions["engine-r1"].cancel == ("42",)
+    assert slurm.changed_groups(moved, queued) == {"engine-r1"}
