@@ -220,3 +220,16 @@ def test_a_spare_in_a_replicas_worker_rebuilds_only_that_replicas_job() -> None:
                                                           "router": "keep"}
     assert decisions["engine-r1"].cancel == ("42",)
     assert slurm.changed_groups(moved, queued) == {"engine-r1"}
+
+
+def test_export_slurm_renders_imex_per_job_when_told(tmp_path: Path) -> None:
+    from helpers import k3
+
+    for mode, channel0 in (("per_job", False), ("standing", True)):
+        out = tmp_path / mode
+        proc = k3("export", "slurm", "--hardware", "gb300", "--strategy", "multi_node_tp", "--nodes", "2", "-o",
+                  str(out), "--imex", mode, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        scripts = [p.read_text() for p in out.rglob("*.launch")]
+        assert len(scripts) == 2
+        assert all(("channel0" in s) is channel0 and ("NVIDIA_IMEX_CHANNELS" in s) is not channel0 for s in scripts)
