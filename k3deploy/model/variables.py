@@ -380,7 +380,8 @@ class Variables(BaseModel):
     k3_imex: Literal["auto", "standing", "per_job"] = Field("auto", description=(
         "How the site runs IMEX on GB200/GB300 trays (multi-node NVLink): `standing` = one IMEX domain always up, "
         "channel 0 on every tray (preflight checks the daemon, channel 0 and the domain); `per_job` = a channel per "
-        "Slurm job (`SwitchType=switch/nvidia_imex`, Slurm >= 24.05, or the site's prolog `k3_imex_prolog`): "
+        "Slurm job (`k3_launcher: slurm` only; `SwitchType=switch/nvidia_imex`, Slurm >= 24.05, or the site's "
+        "prolog `k3_imex_prolog`): "
         "preflight checks the IMEX packages and the site's Slurm, each job's launch script passes the channel(s) "
         "the job was given. `auto` = per_job where the submit host's `scontrol show config` says switch/nvidia_imex "
         "(or `k3_imex_prolog` is set), else standing (docs/slurm.md)."))

@@ -233,3 +233,13 @@ def test_export_slurm_renders_imex_per_job_when_told(tmp_path: Path) -> None:
         scripts = [p.read_text() for p in out.rglob("*.launch")]
         assert len(scripts) == 2
         assert all(("channel0" in s) is channel0 and ("NVIDIA_IMEX_CHANNELS" in s) is not channel0 for s in scripts)
+
+
+def test_imex_per_job_under_systemd_units_is_refused_in_one_line() -> None:
+    from k3deploy.runtime.launchers import launcher_for
+
+    r = desired_rollout(target(records("gb300", "multi_node_tp", 2, k3_imex="per_job", k3_launcher="systemd"), None))
+    with pytest.raises(K3Error) as exc:
+        launcher_for(r)
+    assert "k3_imex: per_job needs k3_launcher: slurm" in str(exc.value) and "\n" not in str(exc.value)
+    assert launcher_for(_rollout(k3_imex="standing")).name == "systemd"
