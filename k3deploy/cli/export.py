@@ -17,7 +17,7 @@ from k3deploy.errors import K3Error
 #: ``--option`` -> the variable it sets (for this export only)
 SLURM_OPTIONS = {"partition": "k3_slurm_partition", "account": "k3_slurm_account", "qos": "k3_slurm_qos",
                  "time_limit": "k3_slurm_time", "exclusive": "k3_slurm_exclusive", "gres": "k3_slurm_gres",
-                 "slurm_version": "k3_slurm_version", "slurm_dir": "k3_slurm_dir"}
+                 "slurm_version": "k3_slurm_version", "slurm_dir": "k3_slurm_dir", "imex": "k3_imex"}
 
 
 @click.group("export")
@@ -39,9 +39,12 @@ def export() -> None:
 @click.option("--gres", default=None, help="k3_slurm_gres of the engine jobs ('' for none).")
 @click.option("--slurm-version", default=None, metavar="X.Y", help="k3_slurm_version: the site's Slurm version.")
 @click.option("--slurm-dir", default=None, metavar="PATH", help="k3_slurm_dir on the nodes.")
+@click.option("--imex", type=click.Choice(["standing", "per_job"]), default=None,
+              help="k3_imex on GB200/GB300: standing (channel 0 in every job) or per_job (each job's channel, from "
+                   "Slurm's switch/nvidia_imex or the site's prolog); default: standing, nothing being read.")
 @click.option("--segment", is_flag=True, default=None,
-              help="k3_slurm_segment: request each group's nodes in one topology block (--segment; Slurm >= 23.11 "
-                   "with topology/block, e.g. an NVL72 rack; give --slurm-version).")
+              help="k3_slurm_segment: request each group's nodes in one topology block (--segment; with --nodelist "
+                   "from Slurm 25.11, topology/block, e.g. an NVL72 rack; give --slurm-version).")
 @json_option
 def export_slurm(inventory: str | None, output: str, as_json: bool, recipe_path: str | None, segment: bool | None,
                  **params: Any) -> None:
@@ -58,7 +61,7 @@ def export_slurm(inventory: str | None, output: str, as_json: bool, recipe_path:
     Examples:
       k3deploy export slurm inventories/gb300.py -o slurm-gb300
       k3deploy export slurm --hardware gb300 --strategy multi_node_tp --nodes 2 -o slurm-gb300 --partition gpu
-      k3deploy export slurm --hardware gb300 --nodes 18 -o rack --segment --slurm-version 24.05
+      k3deploy export slurm --hardware gb300 --nodes 18 -o rack --segment --slurm-version 25.11
     """
     overrides: dict[str, Any] = {var: params.pop(opt) for opt, var in SLURM_OPTIONS.items()
                                  if params.get(opt) is not None}

@@ -32,7 +32,7 @@ from k3deploy.model.commands import (
     unit_logs,
     unit_status,
 )
-from k3deploy.model.slurm import QueuedJob, parse_queue, queue
+from k3deploy.model.slurm import SITE_KEYS, QueuedJob, SlurmSite, parse_queue, parse_site, queue
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -195,6 +195,40 @@ class DeployLock(FactBase["list[str]"]):
     @staticmethod
     def default() -> list[str]:
         return []
+
+
+#: the lines :class:`SlurmSiteFact`'s command prints before ``scontrol --version`` and ``scontrol show config``
+SITE_VERSION, SITE_CONFIG = "K3_SLURM_VERSION", "K3_SLURM_CONFIG"
+
+
+class SlurmSiteFact(FactBase[SlurmSite]):
+    """What the submit host's Slurm says of the site (:class:`k3deploy.model.slurm.SlurmSite`): ``scontrol
+    --version`` and the lines of ``scontrol show config`` the deploy reads (:data:`k3deploy.model.slurm.SITE_KEYS`).
+
+        >>> SlurmSiteFact().process([SITE_VERSION, "slurm 24.05.3", SITE_CONFIG,
+        ...                          "SwitchType              = switch/nvidia_imex"])
+        SlurmSite(version='24.05.3', switch='switch/nvidia_imex', prolog=(), error=None)
+        >>> SlurmSiteFact().process([SITE_VERSION, "bash: scontrol: command not found", SITE_CONFIG]).error
+        'scontrol printed no version: bash: scontrol: command not found'
+    """
+
+    def command(self) -> str:
+        keys = "|".join(SITE_KEYS)
+        return (f"echo {SITE_VERSION}; scontrol --version 2>&1 | tail -n 3; echo {SITE_CONFIG}; "
+                f"scontrol show config 2>/dev/null | grep -E '^({keys})(\\[[0-9]+\\])? +='")
+
+    def process(self, output: list[str]) -> SlurmSite:
+        text = "\n".join(output)
+        _, _, rest = text.partition(SITE_VERSION)
+        version, _, config = rest.partition(SITE_CONFIG)
+        site = parse_site(version, config)
+        if site.error is not None and version.strip():
+            return SlurmSite(site.version, site.switch, site.prolog, f"{site.error}: {' '.join(version.split())}")
+        return site
+
+    @staticmethod
+    def default() -> SlurmSite:
+        return SlurmSite(error="scontrol gave no answer")
 
 
 #: the line :class:`SlurmQueue`'s command prints first when ``squeue`` answered (its lines follow), and when it

@@ -283,7 +283,8 @@ def target(records: list[HostRecord], inventory_file: str | None,
     recipe = load_recipe(variables.k3_recipe)
     hw_from = resolved[recs[0].name].source("k3_hardware")
     try:
-        base = replace(_requirements(variables, engine_count(recs) or len(recs), recipe), hardware_from=hw_from)
+        base = replace(_requirements(variables, engine_count(recs) or len(recs), recipe), hardware_from=hw_from,
+                       imex_per_job=variables.k3_imex == "per_job")
     except SelectionError as exc:
         key = next((k for k in ("hardware", "variant", "strategy") if str(exc).startswith(f"unknown {k}")), None)
         if key is None:
@@ -309,7 +310,8 @@ def target(records: list[HostRecord], inventory_file: str | None,
         if lines:   # shown by the deploy, plan and resolve with the plan's own warnings
             plan = plan.model_copy(update={"warnings": [*plan.warnings, *lines]})
             layout = replace(layout, plan=plan)
-    need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image)
+    need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image,
+                   imex_per_job=variables.k3_imex == "per_job")
     return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout, overrides)
 
 

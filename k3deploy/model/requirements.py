@@ -33,6 +33,7 @@ class Requirements:
     image: str | None = None            # the image the plan runs (a fix names it as planned, digest and all)
     one_nvlink_domain: bool = True      # every node must sit in one NVLink domain (tensor parallelism across trays)
     expert_parallel_across_nodes: bool = False   # an expert-parallel group spans nodes (its all-to-all crosses them)
+    imex_per_job: bool = False          # IMEX per Slurm job (k3_imex: per_job): no standing domain, no channel 0
 
     @property
     def brand(self) -> str:

@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,16 +43,23 @@ from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
 from k3deploy.model.engine import EngineSpec
 from k3deploy.model.rollout import Placement, Rollout, UnitWork, sha256
-from k3deploy.model.units import cleanup_argv, render_template, stop_argv
+from k3deploy.model.units import ContainerSpec, cleanup_argv, render_template, stop_argv
+from k3deploy.model.variables import Variables
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors import pack_for_container
 
 BATCH_TEMPLATE = "k3-slurm-job.sbatch.j2"
 LAUNCH_TEMPLATE = "k3-slurm-launch.sh.j2"
 #: the job name prefix with the default ``k3_unit_name``
 JOB_PREFIX = "k3"
 DEFAULT_UNIT_NAME = "k3-engine"
-#: the first Slurm release with ``--segment`` (topology/block)
-SEGMENT_SINCE = (23, 11)
+#: the first Slurm release whose sbatch accepts ``--segment`` together with ``--nodelist`` (each job names its nodes):
+#: sbatch(1) of 25.11 (doc/man/man1/sbatch.1 at slurm-25-11-0-1) adds "When used in conjunction with
+#: --nodelist=<node_list>: The requested node count must be less than or equal to the total number of unique nodes
+#: specified in the --nodelist argument"; 23.11 to 25.05 document ``--segment`` without it
+SEGMENT_SINCE = (25, 11)
+#: what ``k3_slurm_version: auto`` is where no submit host was read (``export slurm``): not known
+UNKNOWN_VERSION = "auto"
 #: what a squeue line holds (``%i %j %T %k %N``: job id, name, state, comment, nodes)
 QUEUE_FORMAT = "%i %j %T %k %N"
 #: seconds the batch script gives the other steps to stop (their containers' ``docker stop -t 60``) after one ended
@@ -109,13 +117,109 @@ def script_path(rollout: Placement, group: str) -> str:
 
 
 def version_tuple(version: str) -> tuple[int, int]:
-    """``"23.11"`` or ``"23.11.4"`` -> ``(23, 11)``.
+    """``"25.11"`` or ``"25.11.1"`` -> ``(25, 11)``.
 
-    >>> version_tuple("23.11.4") >= SEGMENT_SINCE, version_tuple("22.05") >= SEGMENT_SINCE
+    >>> version_tuple("25.11.1") >= SEGMENT_SINCE, version_tuple("24.05") >= SEGMENT_SINCE
     (True, False)
     """
     major, minor = version.split(".")[:2]
     return int(major), int(minor)
+
+
+def segment(rollout: Placement) -> bool:
+    """Whether each job asks for its nodes in one topology block (``--segment``): ``k3_slurm_segment: true``
+    (:func:`check` refuses it on a Slurm before :data:`SEGMENT_SINCE`), or ``auto`` on a site whose Slurm is known
+    to accept it with ``--nodelist``."""
+    v = rollout.vars
+    if v.k3_slurm_segment == "auto":
+        return v.k3_slurm_version != UNKNOWN_VERSION and version_tuple(v.k3_slurm_version) >= SEGMENT_SINCE
+    return bool(v.k3_slurm_segment)
+
+
+# ---------------------------------------------------------------------------------------------- the site
+
+
+#: the switch plugin that gives each job an IMEX channel of its own (Slurm >= 24.05; slurm.conf(5) SwitchType, source
+#: src/plugins/switch/nvidia_imex: it mounts a tmpfs on /dev/nvidia-caps-imex-channels in each step's mount namespace
+#: holding only the job's ``channelN``, N from 1, channel 0 reserved)
+IMEX_SWITCH = "switch/nvidia_imex"
+#: where the IMEX channels' device nodes are (the driver's, and the switch plugin's per step)
+IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
+#: the keys of ``scontrol show config`` the deploy reads (src/api/config_info.c prints each ``%-23s = %s``; a key
+#: that lists programs, ``Prolog``, as ``Prolog[0]``, ``Prolog[1]``, ... from 24.05)
+SITE_KEYS = ("SLURM_VERSION", "SwitchType", "SwitchParameters", "Prolog", "PrologFlags", "TopologyPlugin")
+
+
+@dataclass(frozen=True)
+class SlurmSite:
+    """What the submit host's Slurm says of the site: its version (``scontrol --version``) and the settings of
+    ``scontrol show config`` that decide what a job may use (``switch``: ``SwitchType``; ``prolog``: ``Prolog``, the
+    programs slurmd runs before a job on each node). ``error``: what was not read, and why."""
+
+    version: str | None = None
+    switch: str | None = None
+    prolog: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def imex_per_job(self) -> bool:
+        """Slurm gives each job its IMEX channel (``SwitchType=switch/nvidia_imex``)."""
+        return self.switch == IMEX_SWITCH
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` as ``key -> value`` (``(null)`` is "").
+
+    >>> parse_config("Configuration data as of 2026-12-06T10:00:00\\nSwitchType              = switch/nvidia_imex\\n"
+    ...              "Prolog                  = (null)\\n")
+    {'SwitchType': 'switch/nvidia_imex', 'Prolog': ''}
+    """
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = "" if value.strip() == "(null)" else value.strip()
+    return out
+
+
+def parse_site(version_text: str, config_text: str) -> SlurmSite:
+    """The site from ``scontrol --version`` (``slurm 24.05.3``) and ``scontrol show config``; the version from the
+    config's ``SLURM_VERSION`` where ``--version`` said none.
+
+    >>> parse_site("slurm 24.05.3", "SwitchType              = switch/nvidia_imex\\nProlog[0]               = "
+    ...            "/etc/slurm/prolog.d/*")
+    SlurmSite(version='24.05.3', switch='switch/nvidia_imex', prolog=('/etc/slurm/prolog.d/*',), error=None)
+    >>> parse_site("", "").error
+    'scontrol printed no version'
+    """
+    conf = parse_config(config_text)
+    words = version_text.split()
+    version = next((w for w in words if re.fullmatch(r"\d{2}\.\d{1,2}(\.\d+)?(-\S+)?", w)), None)
+    version = (version or conf.get("SLURM_VERSION") or "").split("-")[0] or None
+    # to 23.11 one ``Prolog = A,B``; from 24.05 one ``Prolog[N] = A`` per program (src/api/config_info.c)
+    prolog = tuple(p.strip() for key, value in conf.items() if re.fullmatch(r"Prolog(\[\d+\])?", key)
+                   for p in value.split(",") if p.strip())
+    return SlurmSite(version, conf.get("SwitchType") or None, prolog,
+                     None if version else "scontrol printed no version")
+
+
+def site_variables(variables: Variables, site: SlurmSite) -> dict[str, str]:
+    """What the site decides of the variables left to it (``auto``): ``k3_slurm_version`` (its Slurm, MAJOR.MINOR)
+    and ``k3_imex`` (``per_job`` where Slurm gives each job its channel, or the site names the prolog that does;
+    else ``standing``). A variable the inventory sets is the site's word and is kept.
+
+    >>> from k3deploy.model.variables import Variables
+    >>> site_variables(Variables(k3_hardware="gb300"), SlurmSite("24.05.3", IMEX_SWITCH))
+    {'k3_slurm_version': '24.05', 'k3_imex': 'per_job'}
+    >>> site_variables(Variables(k3_hardware="gb300", k3_imex="standing"), SlurmSite("22.05.8", "switch/none"))
+    {'k3_slurm_version': '22.05'}
+    """
+    out = {}
+    if variables.k3_slurm_version == UNKNOWN_VERSION and site.version:
+        out["k3_slurm_version"] = ".".join(site.version.split(".")[:2])
+    if variables.k3_imex == "auto":
+        out["k3_imex"] = "per_job" if site.imex_per_job or variables.k3_imex_prolog else "standing"
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -123,13 +227,19 @@ def version_tuple(version: str) -> tuple[int, int]:
 
 def check(rollout: Placement) -> None:
     """Refuse a plan Slurm cannot run as planned (:class:`K3Error`, one line with the fix): ``--segment`` on a Slurm
-    older than 23.11; a host in two groups while each job takes its nodes whole (``k3_slurm_exclusive: node``: the
-    second job would wait for ever); two engine groups on one host both asking for its GPUs."""
+    older than 25.11 (or of no known version); a host in two groups while each job takes its nodes whole
+    (``k3_slurm_exclusive: node``: the second job would wait for ever); two engine groups on one host both asking
+    for its GPUs."""
     v = rollout.vars
-    if v.k3_slurm_segment and version_tuple(v.k3_slurm_version) < SEGMENT_SINCE:
-        raise K3Error(f"k3_slurm_segment: true needs Slurm >= 23.11 (topology/block), k3_slurm_version is "
-                      f"{v.k3_slurm_version}: set k3_slurm_version to the site's version (`sinfo -V`) or "
-                      "k3_slurm_segment: false")
+    if v.k3_slurm_segment is True:
+        if v.k3_slurm_version == UNKNOWN_VERSION:
+            raise K3Error("k3_slurm_segment: true needs Slurm >= 25.11 (--segment with --nodelist), and the site's "
+                          "Slurm version is not known here: set k3_slurm_version to it (`scontrol --version` on the "
+                          "submit host), or k3_slurm_segment: auto (left out where it does not hold) or false")
+        if version_tuple(v.k3_slurm_version) < SEGMENT_SINCE:
+            raise K3Error(f"k3_slurm_segment: true needs Slurm >= 25.11 (sbatch accepts --segment with --nodelist "
+                          f"from 25.11), the site's Slurm is {v.k3_slurm_version}: set k3_slurm_segment: auto (left "
+                          "out until the site runs 25.11) or false")
     groups_of: dict[str, list[str]] = {}
     for u in rollout.units:
         if u.group not in groups_of.setdefault(u.host, []):
@@ -185,6 +295,7 @@ def launch_script(rollout: Placement, unit: UnitWork) -> str:
                 f"The Slurm launcher's form of the systemd unit {unit.unit}: the same command, the same env file "
                 f"({unit.env_path})."]
     argv = engine.command
+    imex = imex_lines(rollout, spec, argv)
     if spec is None:
         body = ["# Slurm stops the step with SIGTERM (scancel, the end of the job), as systemd stops the unit.",
                 f"exec {shlex.join(argv)}"]
@@ -196,22 +307,64 @@ def launch_script(rollout: Placement, unit: UnitWork) -> str:
             "# leave its container running, so the container is stopped here as the unit's ExecStop= stops it.",
             f"stop_container() {{ {shlex.join(stop_argv(spec))} >/dev/null; }}",
             f"trap 'stop_container; wait \"$run\"; exit {STOPPED}' TERM INT HUP",
-            f"{shlex.join(argv)} &",
+            *(imex[0] if imex else []),
+            f"{imex[1] if imex else shlex.join(argv)} &",
             "run=$!",
             'wait "$run"',
         ]
     return render_template(LAUNCH_TEMPLATE, managed=MANAGED, comments=comments, body=body)
 
 
+def imex_lines(rollout: Placement, spec: ContainerSpec | None, argv: Sequence[str]) -> tuple[list[str], str] | None:
+    """With IMEX per job (``k3_imex: per_job``) and a container that uses IMEX: the launch script's lines that
+    find the channel(s) the job was given, and its ``docker run`` line with them in place of the standing channel 0
+    (None: no IMEX per job here). In the step, ``/dev/nvidia-caps-imex-channels`` holds the job's channel: under
+    switch/nvidia_imex, a tmpfs of the step's own mount namespace with only ``channelN``; with the site's prolog,
+    the channel it created. Each goes to ``docker run`` as ``--device``; ``NVIDIA_IMEX_CHANNELS`` (their numbers,
+    as the NVIDIA Container Toolkit >= 1.17 reads it) is exported for runtimes that set up the container with
+    libnvidia-container (enroot, apptainer). None found: the step fails at once, naming the node."""
+    pack = pack_for_container(spec.vendor) if spec is not None else None
+    device = pack.container.imex_device if pack is not None else None
+    if rollout.vars.k3_imex != "per_job" or spec is None or not spec.imex or device not in argv:
+        return None
+    at = list(argv).index(str(device))
+    run = f'{shlex.join(argv[:at - 1])} "${{imex[@]}}" {shlex.join(argv[at + 1:])}'
+    missing = shlex.quote(f"k3deploy: no IMEX channel in {IMEX_CHANNELS_DIR} for this job on ") + '"$(hostname)"' \
+        + shlex.quote(f": k3_imex is per_job, and neither Slurm's {IMEX_SWITCH} nor the site's IMEX prolog gave "
+                      "the job one (scontrol show config | grep -E 'SwitchType|Prolog')")
+    return [
+        "# IMEX per job (k3_imex: per_job): the channel(s) Slurm's switch/nvidia_imex, or the site's prolog, gave",
+        "# this job, not a standing channel 0: each to docker as --device, their numbers as NVIDIA_IMEX_CHANNELS",
+        "imex=(); ids=",
+        f'for c in {IMEX_CHANNELS_DIR}/channel*; do [ -e "$c" ] || continue; imex+=(--device "$c"); '
+        'ids="${ids:+$ids,}${c##*channel}"; done',
+        f'[ "${{#imex[@]}}" -gt 0 ] || {{ echo {missing} >&2; exit 1; }}',
+        'export NVIDIA_IMEX_CHANNELS="$ids"',
+    ], run
+
+
 # ---------------------------------------------------------------------------------------------- batch scripts
 
 
+def gres_name(vendor: str) -> str:
+    """The accelerators' GRES name on a site of this vendor family's pack (its container key, ``Plan.vendor``):
+    the pack's ``Container.slurm_gres``.
+
+    >>> gres_name("nvidia"), gres_name("amd"), gres_name("npu")
+    ('gpu', 'gpu', 'npu')
+    """
+    pack = pack_for_container(vendor)
+    return pack.container.slurm_gres if pack is not None else "gpu"
+
+
 def gres(rollout: Placement, group: str) -> str:
-    """The ``--gres`` of a group's job ("" for the router's, or with ``k3_slurm_gres: ""``)."""
+    """The ``--gres`` of a group's job ("" for the router's, or with ``k3_slurm_gres: ""``): ``{gres}`` is the
+    pack's GRES name (:func:`gres_name`), ``{gpus_per_node}`` the hardware's accelerators per node."""
     if group == "router" or not rollout.vars.k3_slurm_gres:
         return ""
     gpus = hardware()[rollout.plan.hardware].gpu_count
-    return rollout.vars.k3_slurm_gres.replace("{gpus_per_node}", str(gpus))
+    return rollout.vars.k3_slurm_gres.replace("{gpus_per_node}", str(gpus)).replace(
+        "{gres}", gres_name(rollout.plan.vendor))
 
 
 def sbatch_options(rollout: Placement, group: str) -> list[str]:
@@ -226,7 +379,7 @@ def sbatch_options(rollout: Placement, group: str) -> list[str]:
                         ("qos", v.k3_slurm_qos), ("time", v.k3_slurm_time)):
         if value:
             out.append(f"--{flag}={value}")
-    if v.k3_slurm_segment:
+    if segment(rollout):
         out.append(f"--segment={len(nodes)}")
     out += [f"--output={group_dir(rollout, group)}/%j.out", "--open-mode=append", "--requeue"]
     return out

@@ -68,7 +68,7 @@ SLURM_GRES = re.compile(r"([A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)*(,[A-Za-z0-9_.-]+(:
 IFACE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 #: the variables that are paths on the nodes
 NODE_PATHS = ("k3_config_dir", "k3_model_cache", "k3_stage_dir", "k3_image_dir", "k3_router_bin",
-              "k3_slurm_dir")
+              "k3_slurm_dir", "k3_imex_prolog")
 
 
 def is_address(value: str) -> bool:
@@ -363,17 +363,32 @@ class Variables(BaseModel):
     k3_slurm_exclusive: Literal["node", "user"] = Field("node", description=(
         "`node` = `--exclusive` (no other job on a job's nodes); `user` = `--exclusive=user` (only this user's jobs: "
         "k3deploy's own jobs may share a node, e.g. the router beside a P/D pool)."))
-    k3_slurm_gres: str = Field("gpu:{gpus_per_node}", description=(
-        "`--gres` of each engine job (`{gpus_per_node}` = the hardware's GPUs per node); `\"\"` = no `--gres` (a "
-        "site without GPU GRES). The router's job asks for none."))
+    k3_slurm_gres: str = Field("{gres}:{gpus_per_node}", description=(
+        "`--gres` of each engine job (`{gres}` = the vendor pack's GRES name: `gpu` for NVIDIA and AMD, `npu` for "
+        "Ascend; `{gpus_per_node}` = the hardware's GPUs per node); e.g. `gpu:{gpus_per_node}` where a site names "
+        "its NPUs `gpu`; `\"\"` = no `--gres` (a site without GPU GRES). The router's job asks for none."))
     k3_slurm_dir: str = Field("/var/lib/k3deploy/slurm", description=(
         "Directory for the batch scripts (on `k3_slurm_submit_host`) and the jobs' and steps' output "
         "(`<dir>/<group>/<job id>/<node>.out` on each node)."))
-    k3_slurm_segment: bool = Field(False, description=(
+    k3_slurm_segment: bool | Literal["auto"] = Field(False, description=(
         "Render `#SBATCH --segment=<nodes of the group>`: the group's nodes in one block of the site's "
-        "topology/block plugin (an NVL72 rack). Needs Slurm >= 23.11 (`k3_slurm_version`)."))
-    k3_slurm_version: str = Field("22.05", description=(
-        "The site's Slurm version (`sinfo -V`), MAJOR.MINOR: what the job scripts may use (22.05 is Debian 12's)."))
+        "topology/block plugin (an NVL72 rack). Slurm accepts it beside `--nodelist` from 25.11: `true` is refused "
+        "on an older Slurm (`k3_slurm_version`); `auto` = only where the site's Slurm is 25.11 or later."))
+    k3_slurm_version: str = Field("auto", description=(
+        "The site's Slurm version, MAJOR.MINOR: what the job scripts may use. `auto` = as the submit host's "
+        "`scontrol --version` says (read by preflight, plan and the deploy; not known to `export slurm`)."))
+    k3_imex: Literal["auto", "standing", "per_job"] = Field("auto", description=(
+        "How the site runs IMEX on GB200/GB300 trays (multi-node NVLink): `standing` = one IMEX domain always up, "
+        "channel 0 on every tray (preflight checks the daemon, channel 0 and the domain); `per_job` = a channel per "
+        "Slurm job (`k3_launcher: slurm` only; `SwitchType=switch/nvidia_imex`, Slurm >= 24.05, or the site's "
+        "prolog `k3_imex_prolog`): "
+        "preflight checks the IMEX packages and the site's Slurm, each job's launch script passes the channel(s) "
+        "the job was given. `auto` = per_job where the submit host's `scontrol show config` says switch/nvidia_imex "
+        "(or `k3_imex_prolog` is set), else standing (docs/slurm.md)."))
+    k3_imex_prolog: str | None = Field(None, description=(
+        "With per-job IMEX and no switch/nvidia_imex: the site's Slurm prolog that writes each job's "
+        "`nodes_config.cfg`, starts IMEX and creates the job's channel (preflight wants it in the submit host's "
+        "`scontrol show config` `Prolog`)."))
     k3_slurm_requeue_max: int = Field(3, ge=0, le=100, description=(
         "Times a group's job requeues itself when a step ends after the group served (a node failed, an engine "
         "died): Slurm starts it again, whole, on the same nodes after its requeue delay. 0: never; the next deploy "
@@ -554,7 +569,7 @@ class Variables(BaseModel):
     @field_validator("k3_slurm_gres")
     @classmethod
     def _slurm_gres(cls, value: str) -> str:
-        if not SLURM_GRES.fullmatch(value.replace("{gpus_per_node}", "1")):
+        if not SLURM_GRES.fullmatch(value.replace("{gpus_per_node}", "1").replace("{gres}", "gpu")):
             raise ValueError(f"{_shown(value)} is not a --gres value: give NAME[:TYPE]:COUNT (e.g. gpu:4 or "
                              "gpu:{gpus_per_node}), or \"\" for none")
         return value
@@ -562,9 +577,9 @@ class Variables(BaseModel):
     @field_validator("k3_slurm_version")
     @classmethod
     def _slurm_version(cls, value: str) -> str:
-        if not re.fullmatch(r"\d{2}\.\d{1,2}(\.\d+)?", value):
-            raise ValueError(f"{_shown(value)} is not a Slurm version: give MAJOR.MINOR as `sinfo -V` prints it "
-                             "(e.g. 23.11)")
+        if value != "auto" and not re.fullmatch(r"\d{2}\.\d{1,2}(\.\d+)?", value):
+            raise ValueError(f"{_shown(value)} is not a Slurm version: give MAJOR.MINOR as `scontrol --version` "
+                             "prints it (e.g. 25.11), or auto")
         return value
 
     @field_validator("k3_unit_name")

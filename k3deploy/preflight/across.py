@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from fnmatch import fnmatch
 from typing import Any
 
 from pyinfra.api.state import State
@@ -28,7 +29,9 @@ from k3deploy.model import images as image_pins
 from k3deploy.model.pipeline import Target
 from k3deploy.model.requirements import Requirements
 from k3deploy.model.rollout import Placement, Rollout
+from k3deploy.model.slurm import SlurmSite
 from k3deploy.model.staging import engines
+from k3deploy.model.variables import Variables
 from k3deploy.preflight.base import ProbeRound, probe_not_run
 from k3deploy.preflight.checks import CheckResult, HostFacts, vendor_checks
 from k3deploy.preflight.reach import RdmaReach, reach_checks, reach_targets
@@ -67,6 +70,34 @@ def router_checks(executable: Mapping[str, bool], path: str) -> list[CheckResult
                                    "pip install vllm-router==0.1.17 on the router host, or set k3_router_bin to "
                                    "where it is (or k3_router_image to run it from an image)"))
     return out
+
+
+def slurm_site_checks(host: str, site: SlurmSite, variables: Variables, need: Requirements) -> list[CheckResult]:
+    """The site's Slurm as the submit host ``host`` read it (``k3_launcher: slurm``): its version (what
+    ``k3_slurm_version: auto`` and ``k3_slurm_segment: auto`` follow) and, where the plan runs IMEX per job
+    (``k3_imex: per_job``, multi-node NVLink), what hands each job its channel: ``SwitchType=switch/nvidia_imex``, or
+    the prolog ``k3_imex_prolog`` names among the site's ``Prolog``. ``variables``: after the site's word
+    (:func:`k3deploy.model.slurm.site_variables`)."""
+    check = pack_for(need).check("slurm.site")
+    if site.error is not None:
+        return [CheckResult(host, "slurm.site", "warn", f"{site.error} (k3_slurm_version {variables.k3_slurm_version}"
+                            f", k3_imex {variables.k3_imex})", check.required,
+                            "make `scontrol --version` and `scontrol show config` answer on the submit host, or set "
+                            "k3_slurm_version and k3_imex to the site's")]
+    seen = (f"Slurm {site.version}, SwitchType {site.switch or '(none)'}, Prolog "
+            f"{', '.join(site.prolog) or '(none)'}")
+    if need.mnnvl and variables.k3_imex == "per_job" and not site.imex_per_job:
+        prolog = variables.k3_imex_prolog
+        if prolog is None:
+            return [CheckResult(host, "slurm.site", "fail", f"k3_imex: per_job, but {seen}: nothing gives a job its "
+                                "IMEX channel", check.required, check.fix)]
+        if not any(fnmatch(prolog, p) or p == prolog for p in site.prolog):
+            return [CheckResult(host, "slurm.site", "fail", f"k3_imex_prolog {prolog} is not a Prolog of the site "
+                                f"({seen})", check.required,
+                                f"add {prolog} to slurm.conf's Prolog (or its directory's glob) and `scontrol "
+                                "reconfigure`, or set k3_imex_prolog to the prolog the site runs")]
+    mode = f"; IMEX {variables.k3_imex}" if need.mnnvl else ""
+    return [CheckResult(host, "slurm.site", "pass", f"{seen}{mode}", check.required)]
 
 
 def image_resolver(rollout: Placement) -> str | None:

@@ -31,6 +31,7 @@ from k3deploy.errors import K3Error
 from k3deploy.facts.rollout import WeightsStatus
 from k3deploy.facts.status import SlurmQueueReading, UnitRun
 from k3deploy.model import images as image_pins
+from k3deploy.model import slurm
 from k3deploy.model.binding import HostRecord
 from k3deploy.model.checkpoint import SourceCheck, check_archive, check_source
 from k3deploy.model.images import LocalImage, Resolution
@@ -58,6 +59,7 @@ from k3deploy.preflight.across import (
     rdma_reach_round,
     router_checks,
     run_probes,
+    slurm_site_checks,
 )
 from k3deploy.preflight.checks import HostFacts
 from k3deploy.preflight.report import PreflightReport, check
@@ -233,7 +235,13 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     facts, readings = read_hosts(state, hosts, wanted, plans, connect_first=connect_first)
     if lock is not None:
         lock.settle({host: r.lock_taken for host, r in readings.items()})
+    site = next(((h, r.slurm_site) for h, r in readings.items() if r.slurm_site is not None), None)
+    if site is not None and (decided := slurm.site_variables(wanted.vars, site[1])):
+        # what the variables leave to the site (auto), as its Slurm says it: before the checks and the rendering
+        wanted = target(wanted.records, wanted.inventory, {**(wanted.overrides or {}), **decided})
     report = check(wanted.requirements, facts)
+    if site is not None:
+        report.results += slurm_site_checks(site[0], site[1], wanted.vars, wanted.requirements)
     spares: Standing | None = None
     if layout is not None and view.installed:
         spares = take_spares(state, hosts, wanted, view, facts, readings, report, asked_plans, resolver)

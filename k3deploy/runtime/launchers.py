@@ -467,6 +467,10 @@ def launcher_for(rollout: Placement, queue: SlurmQueueReading | None = None,
     (:func:`k3deploy.model.slurm.check_submit`), and the ``queue`` that host read; raises :class:`K3Error` (one
     line, the fix) where either is missing."""
     if rollout.vars.k3_launcher != "slurm":
+        if rollout.vars.k3_imex == "per_job":   # a channel per job is Slurm's to give (docs/slurm.md)
+            raise K3Error("k3_imex: per_job needs k3_launcher: slurm (Slurm's switch/nvidia_imex, or the site's "
+                          "prolog, gives each job its IMEX channel): with systemd units set k3_imex: standing (or "
+                          "auto)")
         return Systemd(rollout)
     jobs = {j.group: j for j in slurm.jobs(rollout)} if isinstance(rollout, Rollout) else {}
     if inventory_hosts is None:

@@ -45,6 +45,7 @@ from k3deploy.facts.status import (
     RouterWorkers,
     SlurmQueue,
     SlurmQueueReading,
+    SlurmSiteFact,
     TakeLock,
     UnitLogs,
     UnitRun,
@@ -55,7 +56,7 @@ from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
 from k3deploy.model.rollout import Placement
-from k3deploy.model.slurm import job_name
+from k3deploy.model.slurm import SlurmSite, job_name
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
@@ -88,6 +89,7 @@ class HostReading:
     logs: dict[str, dict[str, str]] = field(default_factory=dict)    # unit -> journal, container log (``log_lines``)
     registry: list[str] | None = None          # the registry's answer for the image's tag (the resolving host)
     slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
+    slurm_site: SlurmSite | None = None        # its Slurm's version and settings (k3_slurm_submit_host)
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
 
 
@@ -318,6 +320,16 @@ class ReadSlurmQueue(Request):
 
 
 @dataclass(frozen=True)
+class ReadSlurmSite(Request):
+    """The site's Slurm as the submit host's ``scontrol`` says it: its version, ``SwitchType``, ``Prolog``."""
+
+    fact = SlurmSiteFact
+
+    def keep(self, value: SlurmSite) -> dict[str, Any]:
+        return {"slurm_site": value}
+
+
+@dataclass(frozen=True)
 class ReadSpareRecords(Request):
     """The node's spare records (:mod:`k3deploy.model.spares`): substitutions in effect, its quarantine."""
 
@@ -373,19 +385,21 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
               launcher: Launcher | None = None) -> ReadPlan:
     """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
     image's digests there, the weights, the lock and the revisions of every group with a unit here; on
-    ``k3_slurm_submit_host`` (``k3_launcher: slurm``) the groups' jobs in the Slurm queue; on ``resolver``
+    ``k3_slurm_submit_host`` (``k3_launcher: slurm``) the groups' jobs in the Slurm queue and the site's Slurm
+    (its ``scontrol``, in every view that reads the hosts, ``preflight`` too); on ``resolver``
     the digest the registry gives for the image's tag (also in a view that reads nothing installed but pins the
     image); with ``running`` each unit as it runs and, on the first host, what the endpoint lists; else with
     ``health`` whether each serving unit's ``/health`` answers; with ``log_lines`` each unit's logs. ``launcher``:
     the layout's (:func:`plan_hosts` makes one for every host; None: made here)."""
     variables = layout.vars
     registry = ReadRegistry(layout.plan.image, variables.k3_docker)
+    launcher = launcher if launcher is not None else launcher_for(layout)
+    site: tuple[Request, ...] = (ReadSlurmSite(),) if host == launcher.queue_host else ()   # preflight reads it too
     if not view.installed:
-        return ReadPlan(host, (registry,) if view.pins_image and host == resolver else ())
+        return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site)
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
-    launcher = launcher if launcher is not None else launcher_for(layout)
     out: list[Request] = [ReadUnit(u.unit, launcher.unit_file(u), u.env_path,
                                    token if u.group != "router" else None) for u in mine]
     if host == resolver:
@@ -398,7 +412,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if len(layout.replicas) > 1:   # which replicas the router sends requests to
         out += [ReadRouterWorkers(u.serves) for u in mine if u.group == "router" and u.serves]
     if host == launcher.queue_host:   # the groups' jobs
-        out.append(ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups)))
+        out += [ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups)), *site]
     out.append(ReadLock(variables.k3_config_dir))
     out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
             for g in layout.groups if any(u.host == host for u in layout.group(g))]

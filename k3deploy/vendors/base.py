@@ -166,7 +166,10 @@ class Container:
     driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one; ``k8s_device_plugin``
     names what advertises ``k8s_resource`` (the export's README.txt says it), ``k8s_dra_class`` the DeviceClass
     of the vendor's DRA driver (``k3_k8s_gpus: dra``; None: the vendor has none) and ``k8s_dra_driver`` names that
-    driver, with the version it needs."""
+    driver, with the version it needs.
+
+    Under Slurm (:mod:`k3deploy.model.slurm`): ``slurm_gres`` is the name of the accelerators' generic resource in
+    the site's ``gres.conf`` (``Name=``), what an engine job's ``--gres`` asks for (``k3_slurm_gres`` overrides)."""
 
     flags: tuple[str, ...] = ()
     per_device: str | None = None
@@ -187,6 +190,7 @@ class Container:
     k8s_device_plugin: str = ""
     k8s_dra_class: str | None = None
     k8s_dra_driver: str = ""
+    slurm_gres: str = "gpu"
 
     def run_flags(self, gpus_per_node: int) -> list[str]:
         """The ``docker run`` words before the volumes."""

@@ -85,6 +85,11 @@ COMMON: tuple[Check, ...] = (
           "the vllm-router command at k3_router_bin (the router unit's ExecStart)",
           "pip install vllm-router==0.1.17 on the router host, or set k3_router_bin to where it is (or "
           "k3_router_image to run it from an image)", each_node=False),
+    Check("slurm.site", "scontrol --version; scontrol show config | grep -E '^(SwitchType|Prolog) '",
+          "with k3_launcher: slurm, the site's Slurm read on k3_slurm_submit_host (its version; with IMEX per job, "
+          "SwitchType=switch/nvidia_imex or the prolog k3_imex_prolog names)",
+          "make scontrol answer on the submit host; for IMEX per job set SwitchType=switch/nvidia_imex (Slurm >= "
+          "24.05) or name the site's IMEX prolog in k3_imex_prolog, or set k3_imex: standing", each_node=False),
     Check("image.digest", lambda spot: f"docker buildx imagetools inspect {shlex.quote(spot.image)}",
           "the registry names the build of the image's tag (every node runs that one digest)",
           "pin the build: k3_image: REPO@sha256:<digest>, or let the node reach the registry", each_node=False),

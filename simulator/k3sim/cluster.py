@@ -277,6 +277,7 @@ def up(
     slurm: bool = False,
     spares: int = 0,
     vip: bool = False,
+    imex: str = "standing",
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -293,7 +294,9 @@ def up(
     keeps a node out; the result's ``slurm``).
     ``spares`` K adds K nodes of the same hardware after the ``nodes`` engine nodes (ranks ``nodes`` ..
     ``nodes + K - 1``), in the inventory group ``spares``. ``vip``: the cluster's group_vars set ``k3_vip`` to
-    ``<subnet>.250`` (:func:`~k3sim.network.vip_address`; the result's ``vip``).
+    ``<subnet>.250`` (:func:`~k3sim.network.vip_address`; the result's ``vip``). ``imex`` ``"per-job"`` (with
+    ``slurm``, on IMEX hardware): IMEX as a Slurm >= 24.05 site with ``SwitchType=switch/nvidia_imex`` runs it, on
+    Debian's 22.05 (:func:`k3sim.slurm.imex_files`): no standing daemon or channel 0, a channel per job.
     """
     from k3deploy.recipe.offering import did_you_mean
     from k3deploy.recipe.taxonomy import strategies
@@ -367,6 +370,11 @@ def up(
             network.check_conflicts(name, subnet)
         else:
             subnet = network.free_subnet(name, subnet)
+        if imex not in ("standing", "per-job"):
+            raise SimError(f"--imex {imex!r}: give standing or per-job")
+        if imex == "per-job" and not (slurm and profiles.profile(hardware).get("imex")):
+            raise SimError(f"--imex per-job needs --slurm and IMEX hardware (gb200, gb300), not {hardware!r}"
+                           + ("" if slurm else " without --slurm"))
         base = sim_base.ensure_base(say)
         if slurm:
             sim_slurm.check_base(base)
@@ -382,7 +390,8 @@ def up(
             shaping = {"uplink_mbps": float(uplink_mbps), "cluster_mbps": float(cluster_mbps),
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
-                                strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares, vip)
+                                strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares, vip,
+                                imex == "per-job")
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -418,6 +427,7 @@ def _up_locked(
     slurm: bool = False,
     spares: int = 0,
     vip: bool = False,
+    imex_per_job: bool = False,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -478,9 +488,11 @@ def _up_locked(
         cpus = os.cpu_count() or 1  # what each node's slurmd finds: the nodes share the host's CPUs
         prof = profiles.profile(hardware)
         gpus = int(prof["gpus"])
-        state["slurm"] = sim_slurm.record(state, cpus, gpus)
-        slurm_files = (sim_slurm.render_conf(name, [(nd.name, nd.ip) for nd in nodes], cpus, gpus),
-                       sim_slurm.render_gres(sim_slurm.gpu_files(str(prof.get("vendor", "nvidia")), gpus)),
+        state["slurm"] = {**sim_slurm.record(state, cpus, gpus), "imex": "per-job" if imex_per_job else "standing"}
+        gres_name = sim_slurm.gres_name(str(prof.get("vendor", "nvidia")))
+        slurm_files = (sim_slurm.render_conf(name, [(nd.name, nd.ip) for nd in nodes], cpus, gpus, gres_name,
+                                             imex_per_job),
+                       sim_slurm.render_gres(sim_slurm.gpu_files(str(prof.get("vendor", "nvidia")), gpus), gres_name),
                        sim_slurm.new_key())
     save_state(state)
     if slurm_files is not None:
@@ -505,9 +517,11 @@ def _up_locked(
     for nd, rec in zip(nodes, state["nodes"], strict=True):
         node_faults = [f for f in faults if f.rank == nd.rank]
         doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, faults, time_scale, cluster_uuid)
+        if imex_per_job:  # no standing IMEX: no channel 0, the daemon not started at boot (k3sim.slurm.imex_files)
+            doc = {**doc, "imex_per_job": True}
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
         if slurm_files is not None:
-            sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0)
+            sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0, imex_per_job=imex_per_job)
         network.prepare_net(nd, br, subnet, shaping["cluster_mbps"])
         if doc.get("rails"):  # the GPU NICs, one subnet per rail, in the cluster's fabric namespace
             network.prepare_rails(name, nd.rank, nd.netns, doc["rails"])

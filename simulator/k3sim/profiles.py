@@ -604,7 +604,7 @@ def device_nodes(config: dict[str, Any]) -> list[str]:
     devs: list[str] = []
     if vendor == "nvidia":
         devs += [f"/dev/nvidia{i}" for i in range(n)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
-        if config["driver"].get("imex"):
+        if config["driver"].get("imex") and not config.get("imex_per_job"):   # per job: a channel per Slurm job
             devs.append("/dev/nvidia-caps-imex-channels/channel0")
     elif vendor == "amd":
         devs += ["/dev/kfd"] + [f"/dev/dri/renderD{128 + i}" for i in range(n)]

@@ -6,7 +6,8 @@ The base root (:mod:`k3sim.base`) carries the packages with their units disabled
 - ``/etc/munge/munge.key``: one random key per cluster (0600, owner munge), the same on every node;
 - ``/etc/slurm/slurm.conf`` (:func:`render_conf`) and ``/etc/slurm/gres.conf`` (:func:`render_gres`), the same on
   every node: the controller on the rank-0 node, one ``NodeName`` per node (the node's host name, which every
-  node's ``/etc/hosts`` resolves), the nodes' GPUs as the generic resource ``gpu``, partition ``k3`` over all nodes;
+  node's ``/etc/hosts`` resolves), the nodes' GPUs as a generic resource named as the vendor's pack names it
+  (:func:`gres_name`: ``gpu``, ``npu`` on Ascend), partition ``k3`` over all nodes;
 - the units enabled for ``multi-user.target``: ``munge`` and ``slurmd`` on every node, ``slurmctld`` on rank 0.
 
 Everything lives in the nodes' own roots and cgroups, so ``sim down`` removes it with the nodes. The cluster's
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from k3deploy.vendors import PACKS
 from k3sim.host import SimError, write_atomic
 
 #: the partition every node of a --slurm cluster is in (the default one)
@@ -45,7 +47,18 @@ UNITS_CONTROLLER = ("slurmctld.service",)
 CRED_EXPIRE = 10
 
 
-def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus: int) -> str:
+def gres_name(vendor: str) -> str:
+    """The GRES name of a simulated node of ``vendor`` (a profile's ``nvidia``, ``amd``, ``ascend``): its pack's
+    (``Container.slurm_gres``), as a site of that vendor names it and the deploy's ``--gres`` asks for it.
+
+    >>> gres_name("nvidia"), gres_name("ascend")
+    ('gpu', 'npu')
+    """
+    return next((p.container.slurm_gres for p in PACKS if p.name == vendor), "gpu")
+
+
+def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus: int, gres_name: str = "gpu",
+                imex_per_job: bool = False) -> str:
     """``slurm.conf`` of a simulated cluster: ``nodes`` are (host name, address), the first one runs slurmctld.
 
     >>> text = render_conf("sl1", [("sl1-node1", "10.1.2.11"), ("sl1-node2", "10.1.2.12")], 2, 4)
@@ -59,7 +72,7 @@ def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus:
     if not nodes:
         raise SimError("a Slurm cluster needs at least one node")
     head, head_ip = nodes[0]
-    gres = f" Gres=gpu:{gpus}" if gpus else ""
+    gres = f" Gres={gres_name}:{gpus}" if gpus else ""
     lines = [
         f"# slurm.conf of the simulated cluster {cluster!r}, written by k3deploy sim up --slurm",
         f"ClusterName={cluster}",
@@ -94,9 +107,13 @@ def render_conf(cluster: str, nodes: Sequence[tuple[str, str]], cpus: int, gpus:
         "InactiveLimit=0",
         "MinJobAge=300",
     ]
+    if imex_per_job:
+        lines += ["# IMEX per job (sim up --imex per-job): Slurm's switch/nvidia_imex (24.05) stood in for by a",
+                  "# prolog and an epilog of the simulator's, run by slurmd as root on a job's nodes when allocated",
+                  f"Prolog={IMEX_PROLOG}", f"Epilog={IMEX_EPILOG}", "PrologFlags=Alloc"]
     if gpus:
-        lines += ["# the nodes' GPUs as the generic resource gpu (gres.conf names their device files)",
-                  "GresTypes=gpu"]
+        lines += [f"# the nodes' GPUs as the generic resource {gres_name} (gres.conf names their device files)",
+                  f"GresTypes={gres_name}"]
     lines += [f"NodeName={nm} NodeAddr={ip} CPUs={cpus}{gres} State=UNKNOWN" for nm, ip in nodes]
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(nm for nm, _ in nodes)} Default=YES MaxTime=INFINITE "
                  "State=UP")
@@ -117,16 +134,18 @@ def gpu_files(vendor: str, gpus: int) -> list[str]:
     return [f"/dev/davinci{i}" for i in range(gpus)]
 
 
-def render_gres(files: Sequence[str]) -> str:
-    """``gres.conf``: one ``gpu`` per device file. slurmd 22.05 counts a ``gpu`` without ``File=`` as none (the node
-    is then drained: "gres/gpu count reported lower than configured"), so the GPUs are named by their files, as on a
-    site; with ``TaskPlugin=task/none`` nothing opens or confines them.
+def render_gres(files: Sequence[str], name: str = "gpu") -> str:
+    """``gres.conf``: one ``name`` (``gpu``, ``npu``: :func:`gres_name`) per device file. slurmd 22.05 counts a
+    ``gpu`` without ``File=`` as none (the node is then drained: "gres/gpu count reported lower than configured"),
+    so the GPUs are named by their files, as on a site; with ``TaskPlugin=task/none`` nothing opens or confines them.
 
     >>> render_gres(["/dev/nvidia0", "/dev/nvidia1"]).splitlines()[1:]
     ['Name=gpu File=/dev/nvidia0', 'Name=gpu File=/dev/nvidia1']
+    >>> render_gres(["/dev/davinci0"], "npu").splitlines()[1:]
+    ['Name=npu File=/dev/davinci0']
     """
     head = "# gres.conf of a simulated node, written by k3deploy sim up --slurm\n"
-    return head + "".join(f"Name=gpu File={f}\n" for f in files)
+    return head + "".join(f"Name={name} File={f}\n" for f in files)
 
 
 def check_base(base: Path) -> None:
@@ -151,8 +170,58 @@ def _ids(root: Path, user: str) -> tuple[int, int]:
     raise SimError(f"no user {user!r} in {root}/etc/passwd: rebuild the base with 'k3deploy sim base --rebuild'")
 
 
-def prepare_node(root: Path, conf: str, gres: str, key: bytes, controller: bool) -> None:
-    """Write the cluster's key and configuration into a node's root and enable its Slurm units (before boot)."""
+#: the simulated switch/nvidia_imex (sim up --imex per-job): programs slurmd runs on each node of a job
+IMEX_PROLOG, IMEX_EPILOG = "/etc/slurm/k3sim-imex-prolog", "/etc/slurm/k3sim-imex-epilog"
+#: what the simulated site's ``scontrol --version`` says with ``--imex per-job``: a Slurm with switch/nvidia_imex
+IMEX_SLURM_VERSION = "24.05.3"
+
+
+def imex_files() -> dict[str, str]:
+    """What a node of a ``--imex per-job`` cluster gets (path in its root -> text), standing in for Slurm >= 24.05's
+    ``SwitchType=switch/nvidia_imex`` on Debian's 22.05, which has no such plugin:
+
+    - the prolog (slurm.conf ``Prolog=``, ``PrologFlags=Alloc``: on every node of a job, before it runs) creates
+      the job's channel ``/dev/nvidia-caps-imex-channels/channelN``, N = 1 + job id mod 2047 (the plugin hands out
+      channels 1 to ``imex_channel_count`` = 2048, channel 0 reserved: src/plugins/switch/nvidia_imex), as a
+      placeholder file like the node's other device nodes; the epilog removes it. Unlike the plugin, which
+      mounts a tmpfs holding only the job's channel in each step's own mount namespace, the channel is in the
+      node's /dev, where ``docker run --device`` finds it;
+    - ``/usr/local/bin/scontrol`` (before /usr/bin on PATH) answers ``--version`` and ``show config`` as such a
+      site's 24.05 does (``SwitchType = switch/nvidia_imex``, ``SwitchParameters = imex_channel_count=2048``,
+      ``SLURM_VERSION``; the simulator's prolog, the plugin's stand-in, not listed) and runs the real scontrol for
+      everything else.
+
+    >>> sorted(imex_files())
+    ['etc/slurm/k3sim-imex-epilog', 'etc/slurm/k3sim-imex-prolog', 'usr/local/bin/scontrol']
+    """
+    channel = '/dev/nvidia-caps-imex-channels/channel$(( ${SLURM_JOB_ID:-0} % 2047 + 1 ))'
+    head = "#!/bin/sh\n# written by k3deploy sim up --slurm --imex per-job: the simulated switch/nvidia_imex\n"
+    scontrol = f"""#!/bin/bash
+# written by k3deploy sim up --slurm --imex per-job: scontrol as a Slurm {IMEX_SLURM_VERSION} site with
+# SwitchType=switch/nvidia_imex answers (Debian's 22.05 underneath: /usr/bin/scontrol)
+case "$1" in
+  --version|-V|version) echo "slurm {IMEX_SLURM_VERSION}"; exit 0 ;;
+  show|sho)
+    if [ "${{2:-}}" = config ]; then
+      /usr/bin/scontrol show config | sed -E -e 's|^(SwitchType +=).*|\\1 switch/nvidia_imex|' \\
+        -e 's|^(SwitchParameters +=).*|\\1 imex_channel_count=2048|' \\
+        -e 's|^(SLURM_VERSION +=).*|\\1 {IMEX_SLURM_VERSION}|' \\
+        -e '\\|^Prolog +=.*{IMEX_PROLOG}|d' -e '\\|^Epilog +=.*{IMEX_EPILOG}|d'
+      exit "${{PIPESTATUS[0]}}"
+    fi ;;
+esac
+exec /usr/bin/scontrol "$@"
+"""
+    return {
+        IMEX_PROLOG.lstrip("/"): head + f"mkdir -p /dev/nvidia-caps-imex-channels && : > \"{channel}\"\nexit 0\n",
+        IMEX_EPILOG.lstrip("/"): head + f"rm -f \"{channel}\"\nexit 0\n",
+        "usr/local/bin/scontrol": scontrol,
+    }
+
+
+def prepare_node(root: Path, conf: str, gres: str, key: bytes, controller: bool, imex_per_job: bool = False) -> None:
+    """Write the cluster's key and configuration into a node's root and enable its Slurm units (before boot); with
+    ``imex_per_job`` the simulated switch/nvidia_imex (:func:`imex_files`), and no IMEX daemon at boot."""
     muid, mgid = _ids(root, "munge")
     kdir = root / "etc/munge"
     kdir.mkdir(parents=True, exist_ok=True)
@@ -182,6 +251,11 @@ def prepare_node(root: Path, conf: str, gres: str, key: bytes, controller: bool)
     write_atomic(conf_d / "k3sim-slurm.conf", SYSTEM_CONF, 0o644)
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
+    if imex_per_job:
+        for rel, text in imex_files().items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(root / rel, text, 0o755)
+        (wants / "nvidia-imex.service").unlink(missing_ok=True)   # IMEX per job: no standing daemon
     for unit in UNITS_ALL + (UNITS_CONTROLLER if controller else ()):
         link = wants / unit
         if not link.is_symlink():

@@ -4,6 +4,7 @@ record, what sinfo/squeue are read into, the inventory's launcher variables and 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,44 @@ def test_inventory_of_replicas_or_hybrid_lb_lets_the_front_router_share_the_head
     lines = text.splitlines()
     i = next(n for n, ln in enumerate(lines) if ln.startswith("k3_slurm_exclusive:"))
     assert lines[i - 1].startswith("# ") and "router" in lines[i - 1]
+
+
+def test_an_ascend_cluster_names_its_npus_as_the_pack_does():
+    assert slurm.gres_name("ascend") == "npu" and slurm.gres_name("amd") == "gpu"
+    conf = conf_dict(slurm.render_conf("sl9", NODES[:1], 8, 16, slurm.gres_name("ascend")))
+    assert conf["GresTypes"] == ["npu"] and conf["NodeName"] == ["sl9-node1 NodeAddr=10.9.0.11 CPUs=8 Gres=npu:16 "
+                                                                 "State=UNKNOWN"]
+    assert slurm.render_gres(slurm.gpu_files("ascend", 2), "npu").splitlines()[1:] == [
+        "Name=npu File=/dev/davinci0", "Name=npu File=/dev/davinci1"]
+
+
+def test_imex_per_job_adds_the_simulated_switch_s_prolog_and_epilog(tmp_path):
+    conf = conf_dict(slurm.render_conf("sl9", NODES, 2, 4, imex_per_job=True))
+    assert conf["Prolog"] == [slurm.IMEX_PROLOG] and conf["Epilog"] == [slurm.IMEX_EPILOG]
+    assert conf["PrologFlags"] == ["Alloc"] and "Prolog" not in conf_dict(slurm.render_conf("sl9", NODES, 2, 4))
+    files = slurm.imex_files()
+    dev = tmp_path / "dev"
+    prolog = files[slurm.IMEX_PROLOG.lstrip("/")].replace("/dev/", f"{dev}/")
+    epilog = files[slurm.IMEX_EPILOG.lstrip("/")].replace("/dev/", f"{dev}/")
+    env = {"SLURM_JOB_ID": "4095", "PATH": "/usr/bin:/bin"}
+    assert subprocess.run(["sh", "-c", prolog], env=env, check=False).returncode == 0
+    assert sorted(p.name for p in (dev / "nvidia-caps-imex-channels").iterdir()) == ["channel2"]   # 4095 % 2047 + 1
+    assert subprocess.run(["sh", "-c", epilog], env=env, check=False).returncode == 0
+    assert list((dev / "nvidia-caps-imex-channels").iterdir()) == []
+
+
+def test_the_per_job_scontrol_answers_as_a_24_05_site_with_switch_nvidia_imex(tmp_path):
+    real = tmp_path / "real-scontrol"
+    text = (Path(__file__).resolve().parents[1] / "fixtures/slurm/scontrol-show-config-22.05-debian.txt").read_text()
+    text = text.replace("Prolog                  = (null)", f"Prolog                  = {slurm.IMEX_PROLOG}")
+    (tmp_path / "config.txt").write_text(text)
+    real.write_text(f"#!/bin/sh\ncat {tmp_path / 'config.txt'}\n")
+    real.chmod(0o755)
+    wrapper = slurm.imex_files()["usr/local/bin/scontrol"].replace("/usr/bin/scontrol", str(real))
+    got = subprocess.run(["bash", "-c", wrapper, "scontrol", "show", "config"], capture_output=True, text=True,
+                         check=True).stdout
+    from k3deploy.model.slurm import parse_site
+    version = subprocess.run(["bash", "-c", wrapper, "scontrol", "--version"], capture_output=True, text=True,
+                             check=True).stdout
+    site = parse_site(version, got)
+    assert (site.version, site.switch, site.prolog, site.imex_per_job) == ("24.05.3", "switch/nvidia_imex", (), True)

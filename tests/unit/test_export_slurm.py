@@ -81,7 +81,7 @@ def test_export_refuses_what_slurm_cannot_run_in_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
     proc = _export("--hardware", "gb300", "--strategy", "multi_node_tp", "--nodes", "2", "-o", str(tmp_path / "b"),
                    "--segment")
-    assert proc.returncode == 2 and "k3_slurm_version" in proc.stderr and "23.11" in proc.stderr
+    assert proc.returncode == 2 and "k3_slurm_version" in proc.stderr and "25.11" in proc.stderr
     proc = _export("inventories/gb300.py", "--hardware", "h200", "-o", str(tmp_path / "c"))
     assert proc.returncode == 2 and "--hardware" in proc.stderr
     proc = _export("--hardware", "gb300", "-o", str(tmp_path / "d"), "--time", "soon")
@@ -91,7 +91,7 @@ def test_export_refuses_what_slurm_cannot_run_in_one_line(tmp_path):
 def test_export_segment_requests_the_groups_nodes_in_one_block(tmp_path):
     out = tmp_path / "rack"
     proc = _export("--hardware", "gb300", "--strategy", "multi_node_tp", "--nodes", "2", "-o", str(out), "--segment",
-                   "--slurm-version", "24.05")
+                   "--slurm-version", "25.11")
     assert proc.returncode == 0, proc.stderr
     assert "--segment=2" in _sbatch(out / "k3-engine.sbatch")
     assert "wrote 5 file(s)" in proc.stdout

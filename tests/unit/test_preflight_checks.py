@@ -786,3 +786,22 @@ def test_affinity_leaves_grace_trays_alone():
     hosts[0].rdma = [RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)]) for i in range(4)]
     s = derive_settings(sel("gb300", 3), hosts[0])
     assert s.env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
+
+
+def test_imex_per_job_asks_for_the_packages_not_a_standing_domain_or_channel_0():
+    """k3_imex: per_job (Slurm's switch/nvidia_imex, or the site's prolog): between jobs the daemon is stopped and
+    no channel exists; that passes, with the packages on the tray. A tray without nvidia-imex fails, naming it."""
+    per_job = dataclasses.replace(sel("gb300", 3), imex_per_job=True)
+    hosts = gb300_cluster()
+    for h in hosts:
+        h.imex = ImexState("inactive", [], 234, installed=True)
+        h.imex_domain = nvidia.ImexDomain().error("failed", ["could not connect"], exit_code=255)
+    results = run_checks(per_job, hosts)
+    assert failures(results) == []
+    assert [r.observed for r in results if r.check == "nvidia.imex"][0] == (
+        "IMEX per job: nvidia-imex installed (daemon inactive, no channel outside any job)")
+    assert sorted(f[1] for f in failures(run_checks(sel("gb300", 3), hosts))) == ["nvidia.imex"] * 3  # standing
+    hosts[2].imex = ImexState("inactive", [], None, installed=False)
+    assert failures(run_checks(per_job, hosts)) == [("gb300-2", "nvidia.imex")]
+    bad = next(r for r in run_checks(per_job, hosts) if r.host == "gb300-2" and r.check == "nvidia.imex")
+    assert "no nvidia-imex on the tray" in bad.observed and "install the IMEX packages" in bad.fix

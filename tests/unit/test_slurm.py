@@ -91,7 +91,7 @@ def test_bash_runs_the_launch_script_with_the_units_argv_word_for_word(tmp_path)
 
 def test_every_rendered_script_is_valid_bash():
     for family, strategy, r in [*offered(), *offered(k3_router_image="lmsysorg/vllm-router:v0.1.17",
-                                                   k3_slurm_segment=True, k3_slurm_version="24.05")]:
+                                                   k3_slurm_segment=True, k3_slurm_version="25.11")]:
         texts = [j.script for j in slurm.jobs(r)] + [slurm.launch_script(r, u) for u in r.units]
         for text in texts:
             proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=30)
@@ -116,7 +116,7 @@ def test_the_sbatch_lines_follow_the_variables():
     assert "--output=/var/lib/k3deploy/slurm/engine/%j.out" in lines
     (job,) = slurm.jobs(_rollout(k3_slurm_partition="gpu", k3_slurm_account="ml", k3_slurm_qos="high",
                                  k3_slurm_time="7-00:00:00", k3_slurm_exclusive="user", k3_slurm_gres="",
-                                 k3_slurm_segment=True, k3_slurm_version="23.11", k3_slurm_dir="/scratch/k3",
+                                 k3_slurm_segment=True, k3_slurm_version="25.11", k3_slurm_dir="/scratch/k3",
                                  k3_unit_name="site-a"))
     lines = _sbatch(job.script)
     assert "--exclusive=user" in lines and "--exclusive" not in lines
@@ -170,8 +170,8 @@ def test_the_router_beside_a_pool_is_refused_with_whole_node_jobs():
     assert slurm.jobs(_rollout("pd_cluster", "b300", 3, k3_slurm_exclusive="user"))
 
 
-def test_segment_needs_slurm_23_11_and_the_submit_host_must_be_known():
-    with pytest.raises(K3Error, match=r"k3_slurm_segment.*23\.11.*22\.05"):
+def test_segment_needs_slurm_25_11_and_the_submit_host_must_be_known():
+    with pytest.raises(K3Error, match=r"k3_slurm_segment.*25\.11.*not known"):
         slurm.jobs(_rollout(k3_slurm_segment=True))
     r = _rollout()
     with pytest.raises(K3Error, match="k3_slurm_submit_host"):

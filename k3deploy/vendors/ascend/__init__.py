@@ -29,6 +29,11 @@ DRIVER_RECOMMENDED = "25.5"
 NETWORK_STATUS: Literal["pass", "warn", "fail"] = "fail"
 
 DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+#: the NPUs' generic resource under Slurm (``gres.conf``: ``Name=npu File=/dev/davinci[0-7]``). Slurm has no GRES
+#: plugin of its own for NPUs (gres.conf(5): a name other than gpu, mps, shard or nic is a generic resource bound
+#: to its ``File=`` devices), so the name is the site's: ``npu`` is the one Ascend Slurm sites use; Huawei's
+#: MindCluster documents scheduling for Kubernetes and Volcano only. ``k3_slurm_gres`` overrides it
+SLURM_GRES = "npu"
 #: (host path, container path) of the driver files vllm-ascend's guides bind-mount, in their order
 MOUNTS = (
     ("/usr/local/dcmi", "/usr/local/dcmi"),
@@ -86,6 +91,7 @@ PACK = Pack(
         rdma_devices=False,
         login_profile=PROFILE,
         k8s_resource="huawei.com/Ascend910",
+        slurm_gres=SLURM_GRES,
         k8s_privileged=True,
         # Ascend MindCluster's Ascend Device Plugin (huawei.com/Ascend910 on Atlas 800 A2/A3); no DRA driver
         k8s_device_plugin="the Ascend Device Plugin of MindCluster (gitcode.com/Ascend/mind-cluster)",

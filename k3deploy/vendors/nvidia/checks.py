@@ -288,6 +288,9 @@ def _check_imex(out: Results, sel: Requirements, facts: NvidiaFacts, trays: list
     if isinstance(imex, FactError):
         out.error(facts.host, "nvidia.imex", imex, required, vendor.PACK.check("nvidia.imex").fix)
         return
+    if sel.imex_per_job:
+        _check_imex_per_job(out, sel, facts, imex, trays)
+        return
     problems = []
     if imex.service != "active":
         problems.append(f"nvidia-imex {imex.service}" + (f" ({imex.detail})" if imex.detail else ""))
@@ -303,6 +306,24 @@ def _check_imex(out: Results, sel: Requirements, facts: NvidiaFacts, trays: list
     else:
         out.add(facts.host, "nvidia.imex", "pass", f"active, {', '.join(imex.channels)}", required)
     if imex.service == "active":  # an inactive daemon is reported above: its domain cannot be read
+        _check_imex_domain(out, sel, facts, trays or [facts])
+
+
+def _check_imex_per_job(out: Results, sel: Requirements, facts: NvidiaFacts, imex: facts_nvidia.ImexState,
+                        trays: list[NvidiaFacts] | None) -> None:
+    """IMEX per Slurm job (``k3_imex: per_job``): Slurm's switch/nvidia_imex, or the site's prolog, gives each job its
+    channel and may run IMEX only inside a job, so neither a running daemon nor channel 0 is asked for outside one;
+    the IMEX packages must be on the tray (what the switch plugin and the prolog start). A daemon that runs
+    between jobs (switch/nvidia_imex beside a standing daemon) is still asked for its domain."""
+    required = vendor.PACK.check("nvidia.imex").required
+    outside = (f"daemon {imex.service}, {', '.join(imex.channels) or 'no channel'} outside any job")
+    if imex.installed is False:
+        out.add(facts.host, "nvidia.imex", "fail", f"IMEX per job, but no nvidia-imex on the tray ({outside})",
+                required, "install the IMEX packages of the driver's branch (nvidia-imex) on every tray: the site's "
+                "Slurm (switch/nvidia_imex, or its IMEX prolog) starts IMEX for each job from them")
+        return
+    out.add(facts.host, "nvidia.imex", "pass", f"IMEX per job: nvidia-imex installed ({outside})", required)
+    if imex.service == "active":
         _check_imex_domain(out, sel, facts, trays or [facts])
 
 

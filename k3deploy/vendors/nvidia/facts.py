@@ -341,14 +341,19 @@ class ImexState(Jsonable):
     channels: list[str] = field(default_factory=list)  # entries of /dev/nvidia-caps-imex-channels
     major: int | None = None  # from /proc/devices
     detail: str = ""
+    installed: bool | None = None  # command -v nvidia-imex found it (None: not asked)
 
 
 def parse_imex(lines: list[str]) -> ImexState:
-    """Sections ``state``, ``channels`` (``ls /dev/nvidia-caps-imex-channels``), ``devices``.
+    """Sections ``state``, ``channels`` (``ls /dev/nvidia-caps-imex-channels``), ``devices``, ``installed``
+    (``command -v nvidia-imex``: the IMEX packages, whether or not the daemon runs).
 
     >>> parse_imex(["K3_SECTION=state", "active", "K3_SECTION=channels", "channel0",
     ...             "K3_SECTION=devices", "234 nvidia-caps-imex-channels"])
-    ImexState(service='active', channels=['channel0'], major=234, detail='')
+    ImexState(service='active', channels=['channel0'], major=234, detail='', installed=None)
+    >>> parse_imex(["K3_SECTION=state", "inactive", "K3_SECTION=channels", "K3_SECTION=devices",
+    ...             "234 nvidia-caps-imex-channels", "K3_SECTION=installed", "/usr/bin/nvidia-imex"]).installed
+    True
     """
     parts = sections(lines)
     if "state" not in parts:
@@ -365,7 +370,9 @@ def parse_imex(lines: list[str]) -> ImexState:
         if match:
             major = int(match.group(1))
     detail = "" if state != "unknown" else first_line(parts["state"])
-    return ImexState(service=state, channels=channels, major=major, detail=detail)
+    installed = (any(line.strip().endswith("/nvidia-imex") for line in parts["installed"])
+                 if "installed" in parts else None)
+    return ImexState(service=state, channels=channels, major=major, detail=detail, installed=installed)
 
 
 class Imex(K3Fact[ImexState]):
@@ -384,6 +391,7 @@ class Imex(K3Fact[ImexState]):
             f"echo {SECTION_MARK}state; systemctl is-active nvidia-imex 2>&1; "
             f"echo {SECTION_MARK}channels; ls /dev/nvidia-caps-imex-channels 2>/dev/null; "
             f"echo {SECTION_MARK}devices; grep nvidia-caps-imex-channels /proc/devices 2>/dev/null; "
+            f"echo {SECTION_MARK}installed; command -v nvidia-imex 2>/dev/null; "
             f"echo {EXIT_MARK}0"
         )
 
