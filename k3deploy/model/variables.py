@@ -251,7 +251,7 @@ class Variables(BaseModel):
         "its active ports): become `NCCL_IB_HCA` (exact match, `=mlx5_0:1,...`) and `UCX_NET_DEVICES`, and preflight "
         "fails a host that lacks one. Default: the active ports (InfiniBand only beside an InfiniBand fabric), only "
         "HCAs `PIX`/`PXB` to a GPU in `nvidia-smi topo -m` where it tells them apart, never the port of the default "
-        "route."))
+        "route, no BlueField DPU's beside GPU NICs, each port once (a DGX Spark's second PCIe name left out)."))
     k3_nccl_probe: bool = Field(False, description=(
         "Preflight runs, before anything changes, a two-node NCCL all-reduce in the plan's image on the planned nodes "
         "(in pairs, `NCCL_DEBUG=INFO`, the derived NCCL settings) and fails a node whose NCCL transport is not "
