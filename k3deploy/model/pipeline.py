@@ -117,6 +117,24 @@ def requirements_of(plan: Plan, recipe: Recipe) -> Requirements:
                         expert_parallel_across_nodes=expert_parallel_across_nodes(plan))
 
 
+def nvlink_groups(layout: Placement) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The groups whose hosts share one NVLink domain when the strategy wants one (tensor parallelism across
+    trays): each engine group (each replica its own), a P/D cluster's pools as one (their KV transfer).
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> hosts = [HostRecord(f"n{i}", ("head" if i % 2 == 0 else "workers",),
+    ...                     {"k3_hardware": "gb300", "k3_ip": f"10.0.0.{i + 1}", "k3_replica": i // 2, "rank": i % 2})
+    ...          for i in range(4)]
+    >>> nvlink_groups(target(hosts, None).require_layout())
+    (('engine-r0', ('n0', 'n1')), ('engine-r1', ('n2', 'n3')))
+    """
+    engines = [g for g in layout.groups if g != "router"]
+    hosts = {g: tuple(dict.fromkeys(u.host for u in layout.group(g))) for g in engines}
+    if layout.plan.strategy == "pd_cluster":
+        return (("+".join(engines), tuple(dict.fromkeys(h for g in engines for h in hosts[g]))),)
+    return tuple((g, hosts[g]) for g in engines)
+
+
 def expert_parallel_across_nodes(plan: Plan) -> bool:
     """An expert-parallel group of the plan spans nodes: an engine with ``--enable-expert-parallel`` in a group (the
     nodes of a multi-node strategy, or a P/D pool) of more than one node.
@@ -309,7 +327,8 @@ def target(records: list[HostRecord], inventory_file: str | None,
         if lines:   # shown by the deploy, plan and resolve with the plan's own warnings
             plan = plan.model_copy(update={"warnings": [*plan.warnings, *lines]})
             layout = replace(layout, plan=plan)
-    need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image)
+    need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image,
+                   groups=nvlink_groups(layout), spares=tuple(layout.spares))
     return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout, overrides)
 
 
