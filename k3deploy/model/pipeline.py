@@ -86,6 +86,13 @@ class Target:
         plan = self.require_plan().model_copy(update={"image": image})
         return replace(self, plan=plan, layout=replace(self.require_layout(), plan=plan))
 
+    def with_router_image(self, image: str) -> Target:
+        """The same target whose router runs ``image`` (the build ``k3_router_image``'s tag was pinned to)."""
+        layout = self.require_layout()
+        variables = self.vars.model_copy(update={"k3_router_image": image})
+        return replace(self, vars=variables,
+                       layout=replace(layout, vars=layout.vars.model_copy(update={"k3_router_image": image})))
+
 
 def _requirements(variables: Variables, nodes: int, recipe: Recipe) -> Requirements:
     """Requirements from the variables alone; raises for an unknown hardware, variant or strategy."""
