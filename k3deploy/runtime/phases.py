@@ -37,6 +37,7 @@ from pyinfra.operations import python
 from k3deploy.errors import K3Error
 from k3deploy.facts import batch
 from k3deploy.model import commands, steps
+from k3deploy.model.inventory import SPARES
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
@@ -506,7 +507,9 @@ def _spares_said(state: State, gathered: Gathered) -> None:
             logger.info(f"--> k3deploy: {name} runs nothing: {why}")
     failed = getattr(state, "failed_hosts", None)
     if isinstance(failed, set):
-        for h in [h for h in failed if h.name in settled.out and h.name in settled.lost]:
+        # a lost member a spare replaces, and a spare that cannot be reached (powered off): they run nothing
+        spares = {r.name for r in settled.records if SPARES in r.groups}
+        for h in [h for h in failed if h.name in settled.out and (h.name in settled.lost or h.name in spares)]:
             failed.discard(h)
 
 
