@@ -162,11 +162,13 @@ def spare_notes(gathered: Gathered) -> list[str]:
 
 def image_notes(gathered: Gathered) -> list[str]:
     """The build the rollout pins: the digest the registry gives for the image's tag now."""
-    res = gathered.resolution
-    if res is None or res.digest is None:
-        return []
-    return [f"image {res.image} is {res.digest} in the registry (asked from {res.host}): every node runs "
-            f"{res.pinned}"]
+    res, router = gathered.resolution, gathered.router_resolution
+    out = [] if res is None or res.digest is None else [
+        f"image {res.image} is {res.digest} in the registry (asked from {res.host}): every node runs {res.pinned}"]
+    if router is not None and router.digest is not None:
+        out.append(f"router image {router.image} is {router.digest} in the registry (asked from {router.host}): "
+                   f"the router runs {router.pinned}")
+    return out
 
 
 def revision_notes(gathered: Gathered, changes: bool = True) -> list[str]:

@@ -75,6 +75,7 @@ class RdmaDevice(Jsonable):
     node_guid: str | None = None
     ports: list[RdmaPort] = field(default_factory=list)
     vendor_part_id: int | None = None  # the PCI device id (decimal): 4131 a ConnectX-8, 41692 a BlueField-3
+    sys_image_guid: str | None = None  # the adapter's: every PCIe function of one ConnectX shares it
 
     @property
     def dpu(self) -> str | None:
@@ -125,6 +126,7 @@ def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
                     node_guid=current.get("node_guid"),
                     ports=current["ports"],
                     vendor_part_id=current.get("part_id"),
+                    sys_image_guid=current.get("sys_image_guid"),
                 )
             )
         current = None
@@ -160,7 +162,7 @@ def parse_ibv_devinfo(lines: list[str]) -> list[RdmaDevice]:
                 port["link_layer"] = value
             elif key == "active_mtu":
                 port["active_mtu"] = int(value.split()[0])
-        elif key in ("transport", "fw_ver", "node_guid"):
+        elif key in ("transport", "fw_ver", "node_guid", "sys_image_guid"):
             current[key] = value
         elif key.endswith("_part_id") and value.isdigit():  # vendor_part_id: the PCI device id, in decimal
             current["part_id"] = int(value)
@@ -264,6 +266,46 @@ class PortChoice:
         return ",".join(f"{d}:{p}" for d, p in self.ports) if self.ports else None
 
 
+#: the PCI domain in a PCI-path name (systemd's ``P<domain>`` before ``p<bus>s<slot>``, rdma-core's ``roce``/``ibp``
+#: names the same way): ``roceP2p1s0f1`` is ``rocep1s0f1``'s function in PCI domain 2
+_PCI_DOMAIN = re.compile(r"P\d+(?=p\d+s\d+)")
+
+
+def same_port_names(devices: list[RdmaDevice]) -> dict[str, str]:
+    """The RDMA devices that are a second name of another one's port: ``{second name: the name kept}``.
+
+    A DGX Spark (GB10) reaches its ConnectX-7 through two PCIe links, so each QSFP port is two PCIe functions in two
+    PCI domains, each with its RDMA device and netdev: ``rocep1s0f1`` (``enp1s0f1np1``) and ``roceP2p1s0f1``
+    (``enP2p1s0f1np1``) are one physical port (NVIDIA's DGX Spark playbook "Connect Two Sparks": "each physical
+    port has two names ... use enp1s0f0np0 and enp1s0f1np1 only"; tests/fixtures/README.md). Two devices are one
+    port's names when they are functions of one adapter (the same ``sys_image_guid``) whose PCI-path names differ
+    only in the PCI domain; the one in the lowest domain is kept. Devices of different adapters are never paired,
+    whatever their names (a server with PCI segments has ``rocep1s0f0`` and ``roceP1p1s0f0`` on two NICs).
+
+    >>> g = "4cbb:4703:002d:1a16"
+    >>> same_port_names([RdmaDevice("roceP2p1s0f1", sys_image_guid=g), RdmaDevice("rocep1s0f1", sys_image_guid=g),
+    ...                  RdmaDevice("rocep1s0f0", sys_image_guid=g)])
+    {'roceP2p1s0f1': 'rocep1s0f1'}
+    >>> same_port_names([RdmaDevice("rocep1s0f0", sys_image_guid="a"), RdmaDevice("roceP1p1s0f0", sys_image_guid="b")])
+    {}
+    """
+    def domain(name: str) -> int:
+        m = _PCI_DOMAIN.search(name)
+        return int(m[0][1:]) if m else 0
+
+    kept: dict[tuple[str, str], str] = {}
+    out: dict[str, str] = {}
+    for d in sorted(devices, key=lambda d: (domain(d.name), d.name)):
+        if d.sys_image_guid is None:
+            continue
+        key = (d.sys_image_guid, _PCI_DOMAIN.sub("", d.name))
+        if key in kept:
+            out[d.name] = kept[key]
+        else:
+            kept[key] = d.name
+    return out
+
+
 def _setting_items(setting: str) -> list[str]:
     return [i.strip() for i in setting.strip().removeprefix("=").split(",") if i.strip()]
 
@@ -276,7 +318,8 @@ def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None
     fabric (an Ethernet port beside it is a BlueField or front-end NIC), only those whose HCA sits near a GPU when
     ``topology`` (``nvidia-smi topo -m``) tells GPU NICs from the others, and never the port that carries the
     default route (the front-end/storage network: reachable-looking ports that cannot reach the peers hang NCCL's
-    init) unless it is the only one.
+    init) unless it is the only one. A port that has two names (a DGX Spark's ConnectX-7 over two PCIe links:
+    :func:`same_port_names`) is taken once, by the name NVIDIA says to use.
 
     Near a GPU means ``PIX`` or ``PXB`` to at least one GPU: the farthest distance at which NCCL uses GPUDirect RDMA
     by default (``NCCL_NET_GDR_LEVEL``). ``NODE`` is not enough: a front-end or storage NIC on the GPUs' socket is
@@ -310,6 +353,13 @@ def choose_ports(devices: list[RdmaDevice], default_interface: str | None = None
     if any(n in dpus for n, _ in active) and not all(n in dpus for n, _ in active):
         excluded += [(n, p.port, dpus[n]) for n, p in active if n in dpus]
         active = [(n, p) for n, p in active if n not in dpus]
+    twins = same_port_names(devices)
+    if twins:
+        kept = {(n, p.port) for n, p in active}
+        second = [(n, p) for n, p in active if n in twins and (twins[n], p.port) in kept]
+        excluded += [(n, p.port, f"a second name of {twins[n]}:{p.port}'s port (another PCIe link to it)")
+                     for n, p in second]
+        active = [(n, p) for n, p in active if (n, p) not in second]
     if any(p.link_layer == "InfiniBand" for _, p in active):
         excluded += [(n, p.port, "Ethernet beside the InfiniBand fabric") for n, p in active
                      if p.link_layer != "InfiniBand"]

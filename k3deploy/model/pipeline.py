@@ -86,6 +86,13 @@ class Target:
         plan = self.require_plan().model_copy(update={"image": image})
         return replace(self, plan=plan, layout=replace(self.require_layout(), plan=plan))
 
+    def with_router_image(self, image: str) -> Target:
+        """The same target whose router runs ``image`` (the build ``k3_router_image``'s tag was pinned to)."""
+        layout = self.require_layout()
+        variables = self.vars.model_copy(update={"k3_router_image": image})
+        return replace(self, vars=variables,
+                       layout=replace(layout, vars=layout.vars.model_copy(update={"k3_router_image": image})))
+
 
 def _requirements(variables: Variables, nodes: int, recipe: Recipe) -> Requirements:
     """Requirements from the variables alone; raises for an unknown hardware, variant or strategy."""
@@ -115,6 +122,24 @@ def requirements_of(plan: Plan, recipe: Recipe) -> Requirements:
                         pd=plan.strategy == "pd_cluster",
                         one_nvlink_domain=strat.tensor_parallel_across_nodes or strat.pd,
                         expert_parallel_across_nodes=expert_parallel_across_nodes(plan))
+
+
+def nvlink_groups(layout: Placement) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The groups whose hosts share one NVLink domain when the strategy wants one (tensor parallelism across
+    trays): each engine group (each replica its own), a P/D cluster's pools as one (their KV transfer).
+
+    >>> from k3deploy.model.binding import HostRecord
+    >>> hosts = [HostRecord(f"n{i}", ("head" if i % 2 == 0 else "workers",),
+    ...                     {"k3_hardware": "gb300", "k3_ip": f"10.0.0.{i + 1}", "k3_replica": i // 2, "rank": i % 2})
+    ...          for i in range(4)]
+    >>> nvlink_groups(target(hosts, None).require_layout())
+    (('engine-r0', ('n0', 'n1')), ('engine-r1', ('n2', 'n3')))
+    """
+    engines = [g for g in layout.groups if g != "router"]
+    hosts = {g: tuple(dict.fromkeys(u.host for u in layout.group(g))) for g in engines}
+    if layout.plan.strategy == "pd_cluster":
+        return (("+".join(engines), tuple(dict.fromkeys(h for g in engines for h in hosts[g]))),)
+    return tuple((g, hosts[g]) for g in engines)
 
 
 def expert_parallel_across_nodes(plan: Plan) -> bool:
@@ -311,7 +336,8 @@ def target(records: list[HostRecord], inventory_file: str | None,
             plan = plan.model_copy(update={"warnings": [*plan.warnings, *lines]})
             layout = replace(layout, plan=plan)
     need = replace(requirements_of(plan, recipe), hardware_from=hw_from, image=plan.image,
-                   imex_per_job=variables.k3_imex == "per_job")
+                   imex_per_job=variables.k3_imex == "per_job", groups=nvlink_groups(layout),
+                   spares=tuple(layout.spares))
     return Target(inventory_file, recs, variables, recipe, need, plan, None, resolved, layout, overrides)
 
 

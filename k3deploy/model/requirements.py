@@ -31,9 +31,26 @@ class Requirements:
     pd: bool = False
     hardware_from: str = "group_vars"   # where k3_hardware was set (a fix names it)
     image: str | None = None            # the image the plan runs (a fix names it as planned, digest and all)
-    one_nvlink_domain: bool = True      # every node must sit in one NVLink domain (tensor parallelism across trays)
+    one_nvlink_domain: bool = True      # each group's nodes must sit in one NVLink domain (tensor parallelism across
+    #                                     trays); the groups are ``groups`` (empty: every planned node is one group)
     expert_parallel_across_nodes: bool = False   # an expert-parallel group spans nodes (its all-to-all crosses them)
     imex_per_job: bool = False          # IMEX per Slurm job (k3_imex: per_job): no standing domain, no channel 0
+    #: the planned engine groups, each with its hosts, whose nodes share one NVLink domain (``one_nvlink_domain``):
+    #: each replica, or a P/D cluster's pools together; empty where the inventory was not laid out
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    spares: tuple[str, ...] = ()        # the hosts standing by as spares (inventory group ``spares``)
+
+    def group_of(self, host: str) -> tuple[str, tuple[str, ...]] | None:
+        """The planned group ``host`` serves in, with its hosts (None: a spare, a host of no engine group, or no
+        groups known).
+
+        >>> from k3deploy.recipe.taxonomy import hardware
+        >>> r = Requirements(hardware()["gb300"], "default", None, nodes=4, groups=(("engine-r0", ("a", "b")),
+        ...                  ("engine-r1", ("c", "d"))), spares=("e",))
+        >>> r.group_of("c"), r.group_of("e")
+        (('engine-r1', ('c', 'd')), None)
+        """
+        return next((g for g in self.groups if host in g[1]), None)
 
     @property
     def brand(self) -> str:

@@ -236,7 +236,9 @@ def revision_for(r: Any, group: str, number: int, *, created: str, variables: di
         for u in units:
             files[f"{u.host}:{u.unit_path}"] = sha256(u.unit_text)
             files[f"{u.host}:{u.env_path}"] = sha256(u.env_text)
-    return Revision(group=group, number=number, created=created, image=plan.image, summary=summary,
+    # the router's own build where it runs one (k3_router_image), else the engines'
+    image = r.vars.k3_router_image if group == "router" and r.vars.k3_router_image else plan.image
+    return Revision(group=group, number=number, created=created, image=image, summary=summary,
                     variables=masked_variables(variables, secret_values(r.vars.k3_extra_env)), files=files,
                     version=version, note=note, tag=tag)
 

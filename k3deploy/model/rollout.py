@@ -446,12 +446,14 @@ def engine_env(node: BoundNode, derived: Mapping[str, str], extra: Mapping[str, 
 
 def unit_container(layout: Placement, placed: UnitWork) -> ContainerSpec | None:
     """The container a unit runs, as every launcher runs it (the systemd unit, a Slurm job's launch script): the
-    plan's image for an engine; for the router ``k3_router_image``, or None (``k3_router_bin`` on the host)."""
+    plan's image for an engine; for the router ``k3_router_image``, or None (``k3_router_bin`` on the host). A
+    pinned build (``REPO@sha256:...``, as a resolved tag is) runs by the local tag named after its digest
+    (:func:`~k3deploy.model.images.run_ref`), so a new build is a change of the unit."""
     plan, variables = layout.plan, layout.vars
     if placed.node.role == "router":
         if not variables.k3_router_image:
             return None
-        return ContainerSpec(name=placed.container, image=variables.k3_router_image, vendor="none",
+        return ContainerSpec(name=placed.container, image=run_ref(variables.k3_router_image), vendor="none",
                              env_file=placed.env_path, cache_dir=variables.k3_model_cache, gpus_per_node=0,
                              docker=variables.k3_docker)
     hw = hardware()[plan.hardware]

@@ -81,6 +81,7 @@ class StagePart(Enum):
     ROUND = 100
     UNSERVE = 10_000
     VERIFY_BEFORE_START = 10_001
+    ROUTER_IMAGE = 10_002
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class StageKind:
 
 #: the kind of each part of the stage but the rounds from a peer (round ``i``: ``StageKind(StagePart.ROUND, i)``)
 (STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE, EXPORT,
- SERVE, UNSERVE, VERIFY_BEFORE_START) = (StageKind(p) for p in StagePart if p is not StagePart.ROUND)
+ SERVE, UNSERVE, VERIFY_BEFORE_START, ROUTER_IMAGE) = (StageKind(p) for p in StagePart if p is not StagePart.ROUND)
 
 
 @dataclass(frozen=True)
@@ -174,13 +175,15 @@ def takes_part(plan: StagePlan) -> bool:
 
 
 def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
-          images: Mapping[str, LocalImage | None] | None = None, leftover: Collection[str] = ()) -> list[Step]:
+          images: Mapping[str, LocalImage | None] | None = None, leftover: Collection[str] = (),
+          router_tag: str | None = None, router_images: Mapping[str, LocalImage | None] | None = None) -> list[Step]:
     """Every stage step on every host, kind by kind (hosts in inventory order within a kind).
 
     ``plan``: how the artifacts reach the nodes that lack them (:func:`~k3deploy.model.staging.stage_for` of what
     the hosts hold; :func:`fresh` for a cluster that holds nothing); ``tag``: the tag the pinned image was resolved
     from; ``images``: what each host holds of the image's repository; ``leftover``: hosts where an earlier run's
-    rsync daemon still runs."""
+    rsync daemon still runs; ``router_tag``, ``router_images``: the same for ``k3_router_image`` (its build pulled
+    by its digest on the router's host, from the registry, and named as the engines' is)."""
     variables, model, image_ref = rollout.vars, rollout.plan.model, rollout.plan.image
     docker, cache = variables.k3_docker, variables.k3_model_cache
     held = images or {}
@@ -298,6 +301,16 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
         VERIFY_BEFORE_START, "Weights: verify every file before the engines start", h, h in verify,
         commands.verify_before_start(cache, model),
         why="hash every file of the snapshot again before the engines start"))
+    router_image = variables.k3_router_image
+    if router_image:   # the router's build, where it runs one: its stage is its host's pull (a small image)
+        router_hosts = {u.host for u in rollout.units if u.group == "router"}
+        router_held = router_images or {}
+        title = f"Router image {router_tag or router_image}: from the registry"
+        each(ROUTER_IMAGE, title, lambda h: Step(
+            ROUTER_IMAGE, title, h, h in router_hosts and not named(router_image, router_held.get(h)),
+            commands.pull(docker, router_image, router_tag),
+            why=f"pull the router's build `{router_image}` from the registry (verified by its digest) and give it "
+                "the local tag its unit runs"))
     return steps
 
 
@@ -1055,11 +1068,14 @@ class RolloutSteps:
 
 def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | None = None,
             decided: Decisions | None = None, *, hosts: Sequence[str] | None = None, tag: str | None = None,
-            images: Mapping[str, LocalImage | None] | None = None, leftover: Collection[str] = ()) -> RolloutSteps:
+            images: Mapping[str, LocalImage | None] | None = None, leftover: Collection[str] = (),
+            router_tag: str | None = None,
+            router_images: Mapping[str, LocalImage | None] | None = None) -> RolloutSteps:
     """Every step of a rollout of ``layout``, in order, whatever starts the groups (``launcher``): the stage
     (:func:`stage`; ``plan``: how the artifacts reach the nodes, :func:`fresh` where not given; ``tag``, ``images``,
-    ``leftover`` as there), the configure step of each of ``hosts`` (default: the rollout's), the restart
-    (:func:`restart`, with the run's ``decided``), the virtual address (:func:`virtual_address`), the smoke test.
+    ``leftover``, ``router_tag``, ``router_images`` as there), the configure step of each of ``hosts`` (default: the
+    rollout's), the restart (:func:`restart`, with the run's ``decided``), the virtual address
+    (:func:`virtual_address`), the smoke test.
     The one builder the deploy and the runbook render: changing the rollout's order is changing this function (the
     restart's: :func:`restart`).
 
@@ -1074,6 +1090,7 @@ def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | Non
     """
     configured = (launcher.configure(layout, h) for h in (layout.hosts if hosts is None else hosts))
     return RolloutSteps(
-        tuple(stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover)),
+        tuple(stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover,
+                    router_tag=router_tag, router_images=router_images)),
         tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)),
         virtual_address(layout), smoke(layout))

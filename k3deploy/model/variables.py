@@ -217,7 +217,10 @@ class Variables(BaseModel):
         "replicas)."))
     k3_router_host: str = Field("0.0.0.0", description="Bind address of the router.")
     k3_router_image: str | None = Field(None, description=(
-        "Run the router from this image; default: `k3_router_bin` on the router host."))
+        "Run the router from this image; default: `k3_router_bin` on the router host. A tag is pinned to the "
+        "digest the registry names for it as `k3_image` is (`k3_image_resolve`; asked from the router's host): the "
+        "router runs that build, pulled by its digest before it restarts, and its revision records it; a re-push "
+        "of the tag is a change of the router."))
     k3_router_bin: str = Field("/usr/local/bin/vllm-router", description=(
         "Absolute path of the `vllm-router` command on the router host (`pip install vllm-router` puts it in "
         "`/usr/local/bin`), the router unit's `ExecStart`; not used with `k3_router_image`."))
@@ -251,7 +254,7 @@ class Variables(BaseModel):
         "its active ports): become `NCCL_IB_HCA` (exact match, `=mlx5_0:1,...`) and `UCX_NET_DEVICES`, and preflight "
         "fails a host that lacks one. Default: the active ports (InfiniBand only beside an InfiniBand fabric), only "
         "HCAs `PIX`/`PXB` to a GPU in `nvidia-smi topo -m` where it tells them apart, never the port of the default "
-        "route."))
+        "route, no BlueField DPU's beside GPU NICs, each port once (a DGX Spark's second PCIe name left out)."))
     k3_nccl_probe: bool = Field(False, description=(
         "Preflight runs, before anything changes, a two-node NCCL all-reduce in the plan's image on the planned nodes "
         "(in pairs, `NCCL_DEBUG=INFO`, the derived NCCL settings) and fails a node whose NCCL transport is not "

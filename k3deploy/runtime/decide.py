@@ -126,7 +126,9 @@ def _revision_meta(gathered: Gathered, rollout: Rollout, group: str, number: int
     variables = {k: f"{item['value']!r} ({item['from']})" for k, item in first.listing().items()
                  if k.startswith("k3_") and k not in PER_HOST}
     rev = revision_for(rollout, group, number, created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       variables=variables, version=version("k3deploy"), tag=gathered.pinned_tag or "", files=files)
+                       variables=variables, version=version("k3deploy"),
+                       tag=(gathered.router_tag if group == "router" and rollout.vars.k3_router_image
+                            else gathered.pinned_tag) or "", files=files)
     return rev.to_json()
 
 

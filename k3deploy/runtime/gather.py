@@ -73,7 +73,15 @@ from k3deploy.runtime.connections import (
 )
 from k3deploy.runtime.launchers import launcher_for
 from k3deploy.runtime.lock import Lock, LockRecord, held_summary, read_locks
-from k3deploy.runtime.reading import HostReading, ReadPlan, TakeLockThere, plan_hosts, read_again, read_hosts
+from k3deploy.runtime.reading import (
+    HostReading,
+    ReadPlan,
+    TakeLockThere,
+    plan_hosts,
+    read_again,
+    read_hosts,
+    router_resolver,
+)
 from k3deploy.runtime.views import DEPLOY, View
 
 # ------------------------------------------------------------------------------------------ gathered
@@ -97,6 +105,7 @@ class Gathered:
     history: dict[str, GroupHistory] = field(default_factory=dict)   # group -> its recorded revisions
     rollback_to: dict[str, int] = field(default_factory=dict)        # group -> the revision the rollout restores
     resolution: Resolution | None = None   # the registry's digest for the image's tag (None: not asked)
+    router_resolution: Resolution | None = None   # the same for k3_router_image's tag (None: not asked)
     stage: StagePlan | None = None         # how the image and the weights reach the nodes that lack them
     source: SourceCheck | None = None      # the control machine's weights source, read when the stage copies it
     archive: str | None = None             # what is wrong with the image archive the stage copies (None: nothing)
@@ -114,6 +123,11 @@ class Gathered:
     def images(self) -> dict[str, LocalImage]:
         """host -> what it holds of the image's repository."""
         return {host: r.image for host, r in self.readings.items() if r.image is not None}
+
+    @cached_property
+    def router_images(self) -> dict[str, LocalImage]:
+        """host -> what it holds of ``k3_router_image``'s repository (the router's host)."""
+        return {host: r.router_image for host, r in self.readings.items() if r.router_image is not None}
 
     @cached_property
     def helpers(self) -> dict[str, str | None]:
@@ -165,6 +179,14 @@ class Gathered:
         image, e.g. a rollback's recorded build)."""
         res = self.resolution
         if res is None or self.rollout is None or res.pinned != self.rollout.plan.image:
+            return None
+        return res.image
+
+    @property
+    def router_tag(self) -> str | None:
+        """The tag ``k3_router_image`` was pinned from in this run (None: not resolved)."""
+        res = self.router_resolution
+        if res is None or self.rollout is None or res.pinned != self.rollout.vars.k3_router_image:
             return None
         return res.image
 
@@ -260,11 +282,20 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
         report.results.append(image_check(resolution))
         if resolution.pinned:
             wanted = wanted.with_image(resolution.pinned)
+    router_resolution = None
+    routed = router_resolver(layout) if layout is not None and (view.installed or view.pins_image) else None
+    if routed is not None and wanted.vars.k3_router_image and routed in readings:
+        # the router's image too: the tag pinned to the build the registry names now, run and recorded as such
+        router_resolution = image_pins.resolution(wanted.vars.k3_router_image, routed,
+                                                  readings[routed].router_registry)
+        report.results.append(image_check(router_resolution))
+        if router_resolution.pinned:
+            wanted = wanted.with_router_image(router_resolution.pinned)
     rollout = _render(wanted, report)
     if rollout is not None:
         report.results += run_probes(state, hosts, wanted, report, rollout)
     gathered = Gathered(target=wanted, rollout=rollout, preflight=report, facts=facts, readings=readings,
-                        addresses=addresses, ssh=ssh, resolution=resolution,
+                        addresses=addresses, ssh=ssh, resolution=resolution, router_resolution=router_resolution,
                         spares=spares.settled if spares is not None else None,
                         quarantine=spares.quarantine if spares is not None else {},
                         stand_down=spares.stand_down if spares is not None else {})
@@ -430,7 +461,7 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> Gath
         rollback_to, rollout = restore_revisions(state, rollout, gathered.history, wanted.vars.k3_rollback,
                                                  gathered.installed)
         restored = {gathered.history[g].revisions[n].image for g, n in rollback_to.items()
-                    if g in gathered.history and n in gathered.history[g].revisions}
+                    if g in gathered.history and n in gathered.history[g].revisions and g != "router"}
         if len(restored) == 1 and image_pins.is_pinned(next(iter(restored))):
             # the revision's exact build is what the restored units run: stage that one
             rollout = replace(rollout, plan=rollout.plan.model_copy(update={"image": next(iter(restored))}))

@@ -37,6 +37,7 @@ from pyinfra.operations import python
 from k3deploy.errors import K3Error
 from k3deploy.facts import batch
 from k3deploy.model import commands, steps
+from k3deploy.model.inventory import SPARES
 from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
@@ -144,7 +145,8 @@ class RunContext:
         leftover = {f.host for f in gathered.facts if getattr(f.stage_peers, "running", False)}
         hosts = [h.name for h in self.state.inventory] if self.state is not None else r.hosts
         return steps.rollout(r, self.launcher.start_steps, gathered.stage or steps.fresh(r), self.decisions(),
-                             hosts=hosts, tag=gathered.pinned_tag, images=gathered.images, leftover=leftover)
+                             hosts=hosts, tag=gathered.pinned_tag, images=gathered.images, leftover=leftover,
+                             router_tag=gathered.router_tag, router_images=gathered.router_images)
 
     @cached_property
     def stage_steps(self) -> dict[str, list[Step]]:
@@ -457,6 +459,10 @@ def _build(state: State) -> RunContext:
     if res is not None and gathered.pinned_tag is not None:
         logger.info(f"--> k3deploy: image {res.image} is {res.digest} in the registry (asked from {res.host}): "
                     "every node runs that build")
+    routed = gathered.router_resolution
+    if routed is not None and gathered.router_tag is not None:
+        logger.info(f"--> k3deploy: router image {routed.image} is {routed.digest} in the registry (asked from "
+                    f"{routed.host}): the router runs that build")
     for line in summary(gathered.stage) if gathered.stage is not None else []:
         logger.info(f"--> k3deploy: stage {line}")
     decided = decide(gathered, launcher)
@@ -501,7 +507,9 @@ def _spares_said(state: State, gathered: Gathered) -> None:
             logger.info(f"--> k3deploy: {name} runs nothing: {why}")
     failed = getattr(state, "failed_hosts", None)
     if isinstance(failed, set):
-        for h in [h for h in failed if h.name in settled.out and h.name in settled.lost]:
+        # a lost member a spare replaces, and a spare that cannot be reached (powered off): they run nothing
+        spares = {r.name for r in settled.records if SPARES in r.groups}
+        for h in [h for h in failed if h.name in settled.out and (h.name in settled.lost or h.name in spares)]:
             failed.discard(h)
 
 

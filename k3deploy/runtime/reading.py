@@ -51,6 +51,7 @@ from k3deploy.facts.status import (
     UnitRun,
     UnitRuntime,
 )
+from k3deploy.model import images as image_pins
 from k3deploy.model.images import LocalImage
 from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
@@ -88,6 +89,8 @@ class HostReading:
     health: dict[str, int | None] = field(default_factory=dict)      # unit -> its /health code (``health``)
     logs: dict[str, dict[str, str]] = field(default_factory=dict)    # unit -> journal, container log (``log_lines``)
     registry: list[str] | None = None          # the registry's answer for the image's tag (the resolving host)
+    router_registry: list[str] | None = None   # the registry's answer for k3_router_image's tag (the router's host)
+    router_image: LocalImage | None = None     # what the router's host holds of k3_router_image's repository
     slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
     slurm_site: SlurmSite | None = None        # its Slurm's version and settings (k3_slurm_submit_host)
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
@@ -148,6 +151,14 @@ class ReadRegistry(Request):
 
 
 @dataclass(frozen=True)
+class ReadRouterRegistry(ReadRegistry):
+    """The digest the registry gives for ``k3_router_image``'s tag (asked from the router's host, which pulls it)."""
+
+    def keep(self, value: list[str] | None) -> dict[str, Any]:
+        return {"router_registry": value}
+
+
+@dataclass(frozen=True)
 class ReadHelper(Request):
     """The sha256 of the node-side group-member helper."""
 
@@ -171,6 +182,14 @@ class ReadImage(Request):
 
     def keep(self, value: LocalImage) -> dict[str, Any]:
         return {"image": value}
+
+
+@dataclass(frozen=True)
+class ReadRouterImage(ReadImage):
+    """What the router's host holds of ``k3_router_image``'s repository."""
+
+    def keep(self, value: LocalImage) -> dict[str, Any]:
+        return {"router_image": value}
 
 
 @dataclass(frozen=True)
@@ -374,6 +393,18 @@ class ReadPlan:
         return f"{type(request).__name__}.{index}"
 
 
+def router_resolver(layout: Placement) -> str | None:
+    """The host that asks the registry which build ``k3_router_image``'s tag names: the router's (it pulls the
+    image), or None where the router runs no image, its image is pinned already or resolution is off
+    (``k3_image_resolve: false``), or a rollback runs the revision's build."""
+    variables = layout.vars
+    image = variables.k3_router_image
+    if not image or variables.k3_rollback is not False or not image_pins.to_resolve(
+            image, resolve=variables.k3_image_resolve, archive=False):
+        return None
+    return next((u.host for u in layout.units if u.group == "router"), None)
+
+
 def plan_hosts(layout: Placement, hosts: Sequence[str], view: View, resolver: str | None) -> dict[str, ReadPlan]:
     """Each of ``hosts``' :func:`plan_host`, with one launcher (:func:`~k3deploy.runtime.launchers.launcher_for`)
     for them all."""
@@ -395,8 +426,10 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     registry = ReadRegistry(layout.plan.image, variables.k3_docker)
     launcher = launcher if launcher is not None else launcher_for(layout)
     site: tuple[Request, ...] = (ReadSlurmSite(),) if host == launcher.queue_host else ()   # preflight reads it too
+    router = router_resolver(layout) == host and (view.installed or view.pins_image)
+    router_registry = (ReadRouterRegistry(variables.k3_router_image or "", variables.k3_docker),) if router else ()
     if not view.installed:
-        return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site)
+        return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site + router_registry)
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
@@ -409,6 +442,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
                 ReadWeights(variables.k3_model_cache, layout.plan.model)]
     if any(u.group == "router" for u in mine) and not variables.k3_router_image:
         out.append(ReadRouterCommand(variables.k3_router_bin))
+    if any(u.group == "router" for u in mine) and variables.k3_router_image:
+        out += [*router_registry, ReadRouterImage(variables.k3_router_image, variables.k3_docker)]
     if len(layout.replicas) > 1:   # which replicas the router sends requests to
         out += [ReadRouterWorkers(u.serves) for u in mine if u.group == "router" and u.serves]
     if host == launcher.queue_host:   # the groups' jobs

@@ -23,20 +23,22 @@ from k3deploy.vendors.base import Check, Spot
 SHM_MIN_GIB = 16.0
 
 #: the NICs of NVIDIA BlueField DPUs by ``ibv_devinfo``'s ``vendor_part_id`` (the PCI device id, in decimal; pci.ids:
-#: 15b3:a2d2, a2d6, a2dc, a2d9): north-south, storage or management ports beside a node's GPU NICs (a GB300
-#: Spectrum-X tray: ConnectX-8 SuperNICs and a BlueField-3, all RoCE). An extra RoCE port in ``NCCL_IB_HCA`` is a
-#: known cause of ``ibv_modify_qp`` timeouts. (BlueField-3 SuperNICs, where they are the GPU NICs, report 41692 too:
-#: the port choice leaves BlueField ports out only when other ports remain.)
+#: 15b3:a2d2, a2d6, a2dc, a2d9, a2df; the last, BlueField-4's integrated ConnectX-8, also in Linux's mlx5_core
+#: ``mlx5_core_pci_table``, drivers/net/ethernet/mellanox/mlx5/core/main.c): north-south, storage or management
+#: ports beside a node's GPU NICs (a GB300 Spectrum-X tray: ConnectX-8 SuperNICs and a BlueField-3, all RoCE). An
+#: extra RoCE port in ``NCCL_IB_HCA`` is a known cause of ``ibv_modify_qp`` timeouts. (BlueField-3 SuperNICs, where
+#: they are the GPU NICs, report 41692 too: the port choice leaves BlueField ports out only when other ports remain.)
 DPU_PART_IDS: dict[int, str] = {
     0xA2D2: "BlueField", 0xA2D6: "BlueField-2", 0xA2DC: "BlueField-3", 0xA2D9: "BlueField-3 Lx",
+    0xA2DF: "BlueField-4",
 }
 
 
 def dpu_model(part_id: int | None) -> str | None:
     """The BlueField generation of an RDMA device's ``vendor_part_id``, None for any other NIC.
 
-    >>> dpu_model(41692), dpu_model(4131), dpu_model(None)
-    ('BlueField-3', None, None)
+    >>> dpu_model(41692), dpu_model(41695), dpu_model(4131), dpu_model(None)
+    ('BlueField-3', 'BlueField-4', None, None)
     """
     return DPU_PART_IDS.get(part_id) if part_id is not None else None
 

@@ -1,8 +1,8 @@
 """Hot spares end to end, on one simulated cluster of 2 GB300 trays (``multi_node_tp``) and one spare: the spare is
-staged and runs nothing; node2 is powered off; the next deploy run (and nothing else) serves on the spare, in node2's
-rank, and ``status``, ``history``, ``plan`` and ``spares`` show the substitution; node2 powered on again is a spare,
-its units stopped and disabled by the run after. The time from the power-off to the OpenAI client's answer through
-the spare is printed (``pytest -s``)."""
+staged and runs nothing; powered off and out of the IMEX domain it fails no serving tray; node2 is powered off; the
+next deploy run (and nothing else) serves on the spare, in node2's rank, and ``status``, ``history``, ``plan`` and
+``spares`` show the substitution; node2 powered on again is a spare, its units stopped and disabled by the run after.
+The time from the power-off to the OpenAI client's answer through the spare is printed (``pytest -s``)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,31 @@ def cluster():
     assert first.returncode == 0, why(first)
     yield sim
     sim.down()
+
+
+def test_a_spare_out_of_the_imex_domain_fails_no_serving_tray(cluster):
+    """The spare powered off, and node2's IMEX domain showing it UNAVAILABLE (fault ``imex-peer-down``: node2's peer
+    in its domain is the next tray, the spare; the simulated tools do not take a powered-off peer out of the domain by
+    themselves): preflight asks the planned serving trays to be READY, not the spare, and the deploy goes ahead."""
+    sim = cluster
+    node1, node2, spare = (n["name"] for n in sim.info["nodes"])
+    assert k3("sim", "power", sim.name, "2", "off", check=True).returncode == 0
+    k3("sim", "fault", "--name", sim.name, "1:imex-peer-down", check=True)
+    try:
+        shown = sim.ssh(1, "nvidia-imex-ctl -N").stdout
+        report = json.loads(k3("preflight", sim.inventory, "--json", check=False).stdout)
+        run = deploy(sim.inventory)
+    finally:
+        k3("sim", "fault", "--name", sim.name, "--clear", "1:imex-peer-down", check=True)
+        k3("sim", "power", sim.name, "2", "on", check=True)
+    address = sim.info["nodes"][2]["ip"]
+    assert "UNAVAILABLE" in shown and "Domain State: DEGRADED" in shown, shown
+    imex = {r["check"]: r for r in report["hosts"][node2]["results"]}["nvidia.imex.domain"]
+    assert imex["status"] == "pass", imex
+    assert imex["observed"] == (f"DEGRADED, 2 of 3 node(s) READY, connected; spare {spare} ({address}) "
+                                "UNAVAILABLE, not asked to be READY")
+    assert node1 not in report["failed_hosts"] and node2 not in report["failed_hosts"], report["failed_hosts"]
+    assert run.returncode == 0, why(run)
 
 
 def test_a_powered_off_member_is_replaced_by_the_spare_on_the_next_run(cluster):

@@ -17,6 +17,7 @@ from k3deploy.vendors.nvidia.facts import GpuFabric, NvidiaGpu, parse_topo
 
 UUID = "9f3c1a52-6b7e-4c1d-8e2f-3a4b5c6d7e8f"
 CX8, BF3 = 4131, 41692   # vendor_part_id: ConnectX-8 (0x1023), BlueField-3 (0xa2dc)
+BF4 = 41695              # BlueField-4 integrated ConnectX-8 (0xa2df; pci.ids, Linux mlx5_core's PCI table)
 
 
 def sel(hw: str, nodes: int = 2, **kw) -> Requirements:
@@ -78,6 +79,24 @@ def test_bluefield_ports_alone_are_kept():
     devs = [RdmaDevice(f"mlx5_{i}", ports=[port()], vendor_part_id=BF3) for i in range(8)]
     choice = choose_ports(devs)
     assert len(choice.ports) == 8 and not choice.excluded
+
+
+def test_a_bluefield4_beside_the_gpu_nics_is_left_out_as_a_bluefield3_is():
+    """BlueField-4 (PCI device 15b3:a2df, ``vendor_part_id`` 41695) is a DPU too: its port stays out of NCCL and UCX
+    where the GPU NICs are up, and the check names it."""
+    tray = spectrum_x_tray()
+    assert isinstance(tray.rdma, list)
+    tray.rdma = [*tray.rdma[:4], RdmaDevice("mlx5_4", ports=[port()], vendor_part_id=BF4)]
+    s = derive_settings(sel("gb300", strategy="pd_cluster", pd=True), tray)
+    assert s.env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
+    assert "mlx5_4:1 (BlueField-4 DPU (vendor_part_id 41695))" in s.reasons["NCCL_IB_HCA"]
+    r = rdma_result(run_checks(sel("gb300"), [tray, spectrum_x_tray("gb300-1", "10.77.0.12")]), "gb300-0")
+    assert r.status == "pass" and "not mlx5_4:1 (BlueField-4 DPU" in r.observed
+    # a BlueField-4 read from ibv_devinfo's own lines is named by its part id alone
+    lines = [ln.replace("41692", "41695") for ln in
+             (FIXTURES / "rdma/ibv_devinfo-v-grep-bluefield3.txt").read_text().splitlines()]
+    devs = RdmaDevices().process([*lines, "K3_EXIT=0"])
+    assert isinstance(devs, list) and [d.dpu for d in devs] == ["BlueField-4", "BlueField-4"]
 
 
 def test_a_port_count_other_than_the_gpu_count_warns_unless_k3_ib_hca_chose_them():

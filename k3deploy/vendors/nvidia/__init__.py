@@ -42,8 +42,9 @@ DATA_DIRECT_KERNEL_PACKAGE = "apt install linux-nvidia-64k-6.14"
 #: the IMEX channel an engine container gets on NVL trays used across trays
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 
-FABRIC_REQUIRED = ("every GPU: State Completed, Status Success, one ClusterUUID and CliqueId, Health not Unhealthy "
-                   "(no route unhealthy, no incorrect configuration), Bandwidth Full")
+FABRIC_REQUIRED = ("every GPU: State Completed, Status Success, one ClusterUUID and CliqueId (those of the other "
+                   "trays of its group: each replica in one NVLink domain), Health not Unhealthy (no route unhealthy, "
+                   "no incorrect configuration), Bandwidth Full")
 #: what an HGX board's GPUs must show: each registered with the NVSwitch fabric by Fabric Manager
 NVSWITCH_FABRIC_REQUIRED = ("every GPU: Fabric State Completed, Status Success (registered with the NVSwitch fabric "
                             "by Fabric Manager), Health not Unhealthy")
@@ -284,7 +285,8 @@ PACK = Pack(
               "install and enable nvidia-imex (per job: install the IMEX packages of the driver's branch)",
               fact="Imex"),
         Check("nvidia.imex.domain", "nvidia-imex-ctl -N",
-              "nvidia-imex-ctl -N: Domain State UP, every node READY, every pair C (Connected)", IMEX_DOMAIN_FIX,
+              "nvidia-imex-ctl -N: Domain State UP, every node READY, every pair C (Connected); a spare standing "
+              "by may be down (Domain State DEGRADED)", IMEX_DOMAIN_FIX,
               fact="ImexDomain"),
         Check("container.toolkit", "nvidia-ctk --version", "nvidia-container-toolkit",
               "install nvidia-container-toolkit and run nvidia-ctk runtime configure --runtime=docker",

@@ -337,30 +337,63 @@ def _tray_names(facts: NvidiaFacts) -> set[str]:
     return names
 
 
+def nvlink_group(sel: Requirements, host: str, trays: Sequence[HostFacts]) -> tuple[str, list[str]]:
+    """The group whose trays must share ``host``'s NVLink domain (and IMEX domain), with its hosts: the planned group
+    ``host`` serves in (each replica its own: two replicas may sit in two racks), else every planned tray (a plan
+    whose groups are not known) but the spares; a spare's own group is itself."""
+    group = sel.group_of(host)
+    if group is not None:
+        return group[0], list(group[1])
+    if host in sel.spares:
+        return "spare", [host]
+    return "engine", [t.host for t in trays if t.host not in sel.spares]
+
+
 def _check_imex_domain(out: Results, sel: Requirements, facts: NvidiaFacts, trays: list[NvidiaFacts]) -> None:
-    """The IMEX domain has formed: UP, every node READY and connected to every other, this plan's trays in it."""
+    """The IMEX domain has formed for this plan: every planned serving tray in it READY and connected to the other
+    planned ones, this tray's group listed. A node of the domain that is a spare standing by (powered off, or IMEX
+    stopped) or a host of the inventory that cannot be reached (a lost member, whose rank a spare takes) is not
+    asked to be READY: the domain is then DEGRADED, which is not a failure while every planned tray is READY, and
+    the result says which nodes stand by."""
     domain = facts.imex_domain
     if domain is None:
         return
-    # the trays that must share this tray's IMEX domain: all planned trays when the plan is one NVLink domain
-    members = [t for t in trays if t.unreachable is None] if sel.one_nvlink_domain else [facts]
+    # the trays that must share this tray's IMEX domain: its group's when the plan wants one NVLink domain per group
+    if sel.one_nvlink_domain:
+        _, names = nvlink_group(sel, facts.host, trays)
+        members = [t for t in trays if t.unreachable is None and t.host in names]
+    else:
+        members = [facts]
     if facts not in members:
         members.append(facts)
     required = ("nvidia-imex-ctl -N: Domain State UP, every node READY, every pair C (Connected), "
-                f"{'these trays' if len(members) > 1 else 'this tray'} listed")
+                f"{'these trays' if len(members) > 1 else 'this tray'} listed (a spare or an unreachable host may "
+                "be down)")
     if isinstance(domain, FactError):
         out.error(facts.host, "nvidia.imex.domain", domain, required,
                   "install nvidia-imex-ctl (the nvidia-imex package) and enable the IMEX command service in "
                   "/etc/nvidia-imex/config.cfg (NVIDIA IMEX guide, 'IMEX Service Command Service'), then restart "
                   "nvidia-imex")
         return
+    # nodes of the domain that need not be READY: spares standing by, hosts that cannot be reached (said by
+    # host.reachable; with spares, one takes the lost member's rank)
+    excused: dict[str, str] = {}
+    for t in trays:
+        if t.host == facts.host or (t.host not in sel.spares and t.unreachable is None):
+            continue
+        why = f"spare {t.host}" if t.host in sel.spares else f"unreachable host {t.host}"
+        for name in _tray_names(t):
+            excused.setdefault(name, why)
+    asked = [n for n in domain.nodes if n.status == "READY" or n.address not in excused]
+    standing = [n for n in domain.nodes if n not in asked]
     problems: list[str] = []
-    if domain.domain_state != "UP":
+    if domain.domain_state != "UP" and not (domain.domain_state == "DEGRADED" and standing):
         problems.append(f"Domain State {domain.domain_state}")
-    for node in domain.nodes:
+    for node in asked:
         if node.status != "READY":
             problems.append(f"node #{node.index} {node.address} {node.status}")
-    bad = domain.not_connected()
+    bad = [(a, b, code) for a, b, code in domain.not_connected()
+           if a.address not in excused and (b is None or b.address not in excused)]
     if bad:
         shown = ", ".join(f"#{a.index}->#{b.index if b is not None else '?'} {code}" for a, b, code in bad[:6])
         more = f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""
@@ -371,9 +404,13 @@ def _check_imex_domain(out: Results, sel: Requirements, facts: NvidiaFacts, tray
         problems.append("not in the domain: " + ", ".join(f"{t.host} ({t.address})" if t.address and t.address != t.host
                                                           else t.host for t in missing))
     count = f"{len(domain.nodes)} node(s)"
+    aside = "".join(f"; {excused[n.address]} ({n.address}) {n.status}, not asked to be READY" for n in standing)
     if problems:
-        out.add(facts.host, "nvidia.imex.domain", "fail", f"{count}; " + "; ".join(problems), required,
+        out.add(facts.host, "nvidia.imex.domain", "fail", f"{count}; " + "; ".join(problems) + aside, required,
                 vendor.IMEX_DOMAIN_FIX)
+    elif standing:
+        out.add(facts.host, "nvidia.imex.domain", "pass",
+                f"{domain.domain_state}, {len(asked)} of {count} READY, connected{aside}", required)
     else:
         out.add(facts.host, "nvidia.imex.domain", "pass", f"UP, {count} READY, all connected", required)
 
@@ -520,8 +557,8 @@ class NvidiaRun(VendorRun):
         _check_gpudirect(out, self.requirements, own(facts))
 
     def cluster(self, out: Results) -> None:
-        """The NVLink domains of the trays whose fabric passed: one domain for tensor parallelism across trays, the
-        domains listed for data/expert parallelism over several."""
+        """The NVLink domains of the trays whose fabric passed: one domain per group (each replica's trays) for
+        tensor parallelism across trays, the domains listed for data/expert parallelism over several."""
         sel, hosts, fabric_ok = self.requirements, self.hosts, self.fabric_ok
         if not getattr(sel.hardware, "nvl", False):
             return
@@ -536,20 +573,32 @@ class NvidiaRun(VendorRun):
                     "" if len(domains) == 1 else f"{sel.strategy} runs across domains: traffic between them goes "
                     "over RDMA")
         elif len(fabric_ok) > 1:
-            counts = Counter(fabric_ok.values())
+            # one NVLink domain per group (each replica its own: two replicas in two racks are fine), not one for
+            # every planned tray
             order = [h.host for h in hosts if h.host in fabric_ok]
-            top = max(counts.values())
-            # majority identity; ties go to the first host in inventory order (the head)
-            majority = next(fabric_ok[h] for h in order if counts[fabric_ok[h]] == top)
+            groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
             for h in order:
-                uuid, clique = fabric_ok[h]
-                required = f"ClusterUUID {majority[0]}, CliqueId {majority[1]} (same NVL domain as the other trays)"
-                if fabric_ok[h] == majority:
-                    self._tray_passed(out, h, f"Completed; ClusterUUID {uuid}, CliqueId {clique}", required)
-                else:
-                    out.add(h, "nvlink.fabric", "fail", f"ClusterUUID {uuid}, CliqueId {clique}", required,
-                            "this tray belongs to another NVLink domain or partition: use trays of one NVL72 rack "
-                            "and partition, or plan it as a separate deployment")
+                name, names = nvlink_group(sel, h, hosts)
+                groups.setdefault((name, tuple(names)), []).append(h)
+            for (name, _), trays in groups.items():
+                counts = Counter(fabric_ok[h] for h in trays)
+                top = max(counts.values())
+                # majority identity; ties go to the first host in inventory order (the group's head)
+                majority = next(fabric_ok[h] for h in trays if counts[fabric_ok[h]] == top)
+                split = "; ".join(f"{h}: ClusterUUID {fabric_ok[h][0]}, CliqueId {fabric_ok[h][1]}" for h in trays)
+                for h in trays:
+                    uuid, clique = fabric_ok[h]
+                    required = (f"ClusterUUID {majority[0]}, CliqueId {majority[1]} (the NVLink domain of the other "
+                                f"trays of group {name})")
+                    if fabric_ok[h] == majority:
+                        self._tray_passed(out, h, f"Completed; ClusterUUID {uuid}, CliqueId {clique}", required)
+                    else:
+                        out.add(h, "nvlink.fabric", "fail",
+                                f"ClusterUUID {uuid}, CliqueId {clique}; group {name} is split across "
+                                f"{len(counts)} NVLink domains ({split})", required,
+                                f"the trays of group {name} must share one NVL72 rack and partition (tensor "
+                                "parallelism across its trays): give this tray's rank to a tray of that domain "
+                                "(k3_replica, rank), or plan it as a separate deployment")
         else:
             for h, (uuid, clique) in fabric_ok.items():
                 self._tray_passed(out, h, f"Completed; ClusterUUID {uuid}, CliqueId {clique}", vendor.FABRIC_REQUIRED)
