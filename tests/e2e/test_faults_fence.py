@@ -28,7 +28,6 @@ CLOSED = f"/run/systemd/system/{SOCKET}.d"
 
 @pytest.fixture(scope="module")
 def cluster():
-    k3("sim", "down", "--name", "fzfence", check=False)
     sim = Sim("fzfence", "gb300", 2, "--spares", "1")
     sim.set_vars("k3_strategy: multi_node_tp\nk3_link_timeout: 10\n")
     first = deploy(sim.inventory)
