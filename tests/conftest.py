@@ -4,7 +4,10 @@ where no cluster can run, the modules in the order of ``helpers.order`` (the lon
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from gevent import monkey
@@ -18,6 +21,14 @@ from k3deploy.recipe import Recipe
 # thread's locks into greenlet locks and hang the worker. Tests that use pyinfra's API in this process read their
 # hosts one after another; every command a test runs (k3deploy, pyinfra) patches its own process first.
 monkey.patch_all = lambda *args, **kwargs: True
+
+# Every k3deploy, pyinfra and simulator command a test runs is an interpreter of its own that imports the package
+# (about 0.6 s of CPU each): where the environment keeps Python from writing bytecode (PYTHONDONTWRITEBYTECODE, set
+# on this machine kind), each of them compiled every module it imports again, a quarter more CPU per command
+# (docs/testing.md). The commands the tests start keep their compiled modules outside the repository, under the
+# system's temporary directory (bytecode is checked against its source's time and size before use).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(Path(tempfile.gettempdir()) / "k3deploy-tests-pycache"))
 
 #: seconds per module of this run (setup, call and teardown of its tests), for ``--record-module-seconds``
 _measured: defaultdict[str, float] = defaultdict(float)

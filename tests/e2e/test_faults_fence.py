@@ -1,7 +1,7 @@
 """Fencing end to end (docs/spares.md, *Fencing*), on one simulated cluster of 2 GB300 trays (``multi_node_tp``) and
 one spare: a tray whose rank a spare took is powered on again and its engine unit, still enabled, does not start (its
 start check finds the newer fence record on a peer, names the node that holds its rank, and disables the unit): the
-group serves throughout, the endpoint polled twice a second. Then the race: with ``watch --repair`` running, the
+group serves throughout, the endpoint polled five times a second. Then the race: with ``watch --repair`` running, the
 tray that holds rank 1 is powered off and powered on again while the repair is giving its rank to the other tray;
 the repair succeeds and the group serves on, the returned tray standing by. Last, a returned tray that no peer
 answers (the fence port closed on them) starts on its own record, and the watch loop stands it down at the look that
@@ -28,7 +28,6 @@ CLOSED = f"/run/systemd/system/{SOCKET}.d"
 
 @pytest.fixture(scope="module")
 def cluster():
-    k3("sim", "down", "--name", "fzfence", check=False)
     sim = Sim("fzfence", "gb300", 2, "--spares", "1")
     sim.set_vars("k3_strategy: multi_node_tp\nk3_link_timeout: 10\n")
     first = deploy(sim.inventory)
@@ -38,10 +37,12 @@ def cluster():
 
 
 class Poller:
-    """GET ``/health`` of the endpoint every half second in a thread: each answer (or error) and when."""
+    """GET ``/health`` of the endpoint every ``every`` seconds (five times a second) in a thread: each answer (or
+    error) and when."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, every: float = 0.2) -> None:
         self.endpoint = endpoint
+        self.every = every
         self.seen: list[tuple[float, str]] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -55,7 +56,7 @@ class Poller:
             except Exception as exc:  # noqa: BLE001 (any failure of a poll is what the test reports)
                 got = f"{type(exc).__name__}: {exc}"
             self.seen.append((time.time(), got))
-            time.sleep(0.5)
+            time.sleep(self.every)
 
     def stop(self) -> list[tuple[float, str]]:
         self.done.set()
@@ -92,7 +93,12 @@ def test_a_tray_back_after_a_spare_took_its_rank_does_not_start_its_engine(clust
     poller = Poller(endpoint)
     on = json.loads(k3("sim", "power", sim.name, "1", "on", "--json", check=True).stdout)
     refused = until(lambda: "no longer holds rank 1" in journal(sim, 1) and journal(sim, 1), 60)
-    time.sleep(15)          # the group would be down by now if the tray had joined (a head refuses a rank twice)
+    # the tray stood down (its unit disabled, not running: it cannot join any more), and the endpoint was watched
+    # since the power came back for 30 polls: the group would be down by then had the tray joined (a head refuses a
+    # rank twice)
+    until(lambda: sim.ssh(1, f"systemctl is-enabled {UNIT}; systemctl is-active {UNIT}").stdout.split()
+          == ["disabled", "inactive"], 30)
+    until(lambda: sum(t >= on["at"] for t, _ in poller.seen) >= 30, 60, 0.2)
     seen = poller.stop()
     assert refused, journal(sim, 1)
     line = next(x for x in refused.splitlines() if "no longer holds rank 1" in x)
@@ -132,7 +138,11 @@ def test_a_tray_back_while_the_repair_gives_its_rank_away_does_not_join(cluster)
     up = until(lambda: [e for e in loop.events if e["event"] == "state" and e["state"] == "up"
                         and e["was"] is not None], 60)
     poller = Poller(endpoint)
-    time.sleep(10)
+    # the returned tray's start refused (it stands by: it cannot join any more), and the endpoint watched over two
+    # looks of the loop after that (20 polls, 4 s)
+    refused = until(lambda: "no longer holds rank 1" in journal(sim, 2), 30)
+    since = time.time()
+    until(lambda: sum(t >= since for t, _ in poller.seen) >= 20, 30, 0.2)
     seen = poller.stop()
     rc = loop.stop()
     assert chosen and repaired, f"{loop.events}\n{loop.stderr[-4000:]}"
@@ -142,8 +152,7 @@ def test_a_tray_back_while_the_repair_gives_its_rank_away_does_not_join(cluster)
     assert rc == 0 and up, loop.events
     assert set(got for _, got in seen) == {"200"}, seen
     assert "Generated text: " in openai_client(endpoint)
-    back = journal(sim, 2)
-    assert until(lambda: "no longer holds rank 1" in journal(sim, 2), 30), back
+    assert refused, journal(sim, 2)
     assert f"{spare} no longer holds rank 1 of group engine: {node2} holds it" in journal(sim, 2)
     assert sim.ssh(2, f"systemctl is-active {UNIT}").stdout.strip() != "active"
     assert "joined twice" not in sim.ssh(0, f"journalctl -u {UNIT} --no-pager -o cat").stdout

@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.sim, pytest.mark.faults]
 
 #: the lease of the deployment lock on this cluster (the shortest allowed: its expiry is seen within the test)
 LEASE = 10
-#: seconds the simulated engines take to load in the changes that need a window in the readiness gate
-SLOW = 40
+#: seconds the simulated engines take to load in the changes that need a window in the readiness gate: longer than
+#: what happens in that window (a cut found within k3_link_timeout, 10 s; the lease's waits, LEASE + 5 and
+#: LEASE + 3 s after the lock was taken), with room for a loaded machine
+SLOW = 30
 
 
 class Run:
@@ -174,7 +176,7 @@ def test_the_head_lost_in_the_readiness_gate_ends_the_run_naming_it(cluster):
     head = sim.info["nodes"][0]["name"]
     veth = next(n["veth"] for n in json.loads((Path(sim.inventory).parent / "state.json").read_text())["nodes"]
                 if n["rank"] == 0)
-    change(sim, "head-lost-in-gate", slow=True)   # the engines load for 40 s: the gate waits that long
+    change(sim, "head-lost-in-gate", slow=True)   # the engines load for SLOW s: the gate waits that long
     run = Run(sim)
     try:
         run.wait_for(r"Starting operation: Start \| Engine groups serve")

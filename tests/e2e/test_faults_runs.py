@@ -83,7 +83,6 @@ class Run:
 
 @pytest.fixture(scope="module")
 def cluster():
-    k3("sim", "down", "--name", "frun", check=False)
     sim = Sim("frun", "gb300", 2)
     base = sim.group_vars.read_text() + "k3_strategy: multi_node_tp\nk3_link_timeout: 10\n"
     sim.base_vars = base  # type: ignore[attr-defined]

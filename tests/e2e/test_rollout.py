@@ -1,15 +1,51 @@
-"""`pyinfra <inventory> deploy/k3.py` on simulated clusters: serving, idempotence, failure, rollback."""
+"""`pyinfra <inventory> deploy/k3.py` on simulated clusters: serving, idempotence, failure, rollback.
+
+Tests that deploy a change of their own to a cluster of the same shape share one (``one_b300``, ``two_gb300``): each
+starts from the cluster's own variables (what the test before it set is gone) and asserts on what its own deploy
+did, so it holds whether its deploy is the cluster's first rollout or a change of a serving one.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 
 from helpers import ROOT, deploy, totals, why
-from helpers.simulated import endpoint_of, openai_client
+from helpers.simulated import Sim, endpoint_of, openai_client
 
 pytestmark = pytest.mark.sim
+
+
+@pytest.fixture(scope="module")
+def b300_tray() -> Iterator[tuple[Sim, str]]:
+    sim = Sim("e5h", "b300", 1)
+    yield sim, sim.group_vars.read_text()
+    sim.down()
+
+
+@pytest.fixture(scope="module")
+def gb300_trays() -> Iterator[tuple[Sim, str]]:
+    sim = Sim("e5b", "gb300", 2)
+    yield sim, sim.group_vars.read_text()
+    sim.down()
+
+
+@pytest.fixture
+def one_b300(b300_tray: tuple[Sim, str]) -> Sim:
+    """One B300 tray, shared by the module's tests, with the variables it was brought up with."""
+    sim, own = b300_tray
+    sim.group_vars.write_text(own)
+    return sim
+
+
+@pytest.fixture
+def two_gb300(gb300_trays: tuple[Sim, str]) -> Sim:
+    """Two GB300 trays, shared by the module's tests, with the variables they were brought up with."""
+    sim, own = gb300_trays
+    sim.group_vars.write_text(own)
+    return sim
 
 
 @pytest.mark.parametrize("name, hardware, nodes, strategy, layout, served_units", [
@@ -49,8 +85,8 @@ def test_strategies_serve(sim_factory, name, hardware, nodes, strategy, layout, 
             if line.startswith("NCCL_SOCKET_IFNAME=")), env
 
 
-def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
-    sim = sim_factory("e5b", "gb300", 2)
+def test_multi_node_tp_rerun_crash_and_rollback(two_gb300):
+    sim = two_gb300
     sim.set_vars("k3_strategy: multi_node_tp\n")
     first = deploy(sim.inventory)
     assert first.returncode == 0, why(first)
@@ -95,14 +131,14 @@ def test_multi_node_tp_rerun_crash_and_rollback(sim_factory):
 NASTY = "it's \"quoted\" $HOME ${X} 100% %n back\\slash"
 
 
-def test_argv_reaches_the_container_byte_for_byte(sim_factory):
+def test_argv_reaches_the_container_byte_for_byte(one_b300):
     """Spaces, quotes, $, % and backslashes survive systemd's parsing (and docker's): the engine sees the plan."""
     import json as _json
 
     from k3deploy.runtime.gather import gather
     from k3deploy.runtime.views import INVENTORY_ONLY
 
-    sim = sim_factory("e5h", "b300", 1)
+    sim = one_b300
     value = _json.dumps({"note": NASTY})
     sim.set_vars("k3_extra_args: " + _json.dumps(["--override-generation-config", value]) + "\n")
     run = deploy(sim.inventory)
@@ -133,11 +169,11 @@ def test_preflight_failure_changes_nothing(sim_factory):
         assert sim.ssh(rank, "test -e /etc/k3deploy && echo present || echo absent").stdout.strip() == "absent"
 
 
-def test_secrets_stay_in_0600_files(sim_factory, tmp_path):
+def test_secrets_stay_in_0600_files(one_b300, tmp_path):
     token = tmp_path / "hf-token"
     token.write_text("hf_SECRETtokenVALUE123\n")
     token.chmod(0o600)
-    sim = sim_factory("e5g", "b300", 1)
+    sim = one_b300
     sim.set_vars(f"k3_hf_token_file: {token}\n")
     run = deploy(sim.inventory, "-v")
     assert run.returncode == 0, why(run)
@@ -166,10 +202,10 @@ def test_pinned_digest_is_verified(sim_factory):
     assert f"vllm/vllm-openai:k3-sha256-{good.split(':', 1)[1]}" in unit   # the build, by its digest-named tag
 
 
-def test_argv_derived_values_follow_k3_extra_args_as_vllm_reads_them(sim_factory):
+def test_argv_derived_values_follow_k3_extra_args_as_vllm_reads_them(two_gb300):
     """A served model name and a port set through k3_extra_args (the last occurrence wins, ``--flag=value`` too):
     readiness, the smoke test and the endpoint all use them."""
-    sim = sim_factory("e10s", "gb300", 2)
+    sim = two_gb300
     sim.set_vars('k3_strategy: multi_node_tp\n'
                  'k3_extra_args: ["--served-model-name", "old-name", "--served-model-name=k3-prod", "--port=8100"]\n')
     run = deploy(sim.inventory)
