@@ -483,8 +483,10 @@ def _up_locked(
                        sim_slurm.render_gres(sim_slurm.gpu_files(str(prof.get("vendor", "nvidia")), gpus)),
                        sim_slurm.new_key())
     save_state(state)
+    plugin = None
     if slurm_files is not None:
         (sdir / "slurm.conf").write_text(slurm_files[0])
+        plugin = sim_slurm.build_plugin(sim_base.cache_dir() / "spank")
 
     key = sdir / "id_ed25519"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"k3deploy-sim-{name}", "-f", str(key)])
@@ -507,7 +509,7 @@ def _up_locked(
         doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, faults, time_scale, cluster_uuid)
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
         if slurm_files is not None:
-            sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0)
+            sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0, plugin=plugin)
         network.prepare_net(nd, br, subnet, shaping["cluster_mbps"])
         if doc.get("rails"):  # the GPU NICs, one subnet per rail, in the cluster's fabric namespace
             network.prepare_rails(name, nd.rank, nd.netns, doc["rails"])
