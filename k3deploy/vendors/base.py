@@ -163,7 +163,12 @@ class Container:
     plugin advertises (one per accelerator), ``k8s_capabilities`` the Linux capabilities the ``docker run`` flags
     add, ``k8s_privileged`` a privileged container (as ``--privileged``), ``k8s_unconfined`` no seccomp profile (as
     ``--security-opt seccomp=unconfined``), ``k8s_imex_api`` the API of the DRA
-    driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one."""
+    driver's ``ComputeDomain`` that hands a pod its IMEX channel where the plan uses one.
+
+    Under Slurm (:mod:`k3deploy.model.jobcontainers`): ``slurm_runtime`` is the container runtime the vendor
+    documents for its Slurm sites (``pyxis``, ``docker``, ``apptainer``; ``k3_slurm_container`` overrides it),
+    ``slurm_runtime_source`` where it says so, and ``apptainer_flags`` what hands the accelerators to an Apptainer
+    container (``--nv``, ``--rocm``: the Apptainer user guide, "GPU Support")."""
 
     flags: tuple[str, ...] = ()
     per_device: str | None = None
@@ -181,6 +186,9 @@ class Container:
     k8s_privileged: bool = False
     k8s_unconfined: bool = False
     k8s_imex_api: str | None = None
+    slurm_runtime: Literal["pyxis", "docker", "apptainer"] = "docker"
+    slurm_runtime_source: str = ""
+    apptainer_flags: tuple[str, ...] = ()
 
     def run_flags(self, gpus_per_node: int) -> list[str]:
         """The ``docker run`` words before the volumes."""

@@ -86,6 +86,12 @@ PACK = Pack(
         k8s_resource="amd.com/gpu",
         k8s_capabilities=("SYS_PTRACE",),
         k8s_unconfined=True,
+        slurm_runtime="apptainer",
+        apptainer_flags=("--rocm",),
+        slurm_runtime_source=("AMD's Infinity Hub containers list Docker Engine and Singularity as their runtimes "
+                              "(github.com/amd/InfinityHub-CI README, 'Container Runtimes'); Apptainer is "
+                              "Singularity's continuation, with --rocm for AMD GPUs (Apptainer user guide, "
+                              "'GPU Support')"),
     ),
     checks=(
         Check("gpu.model", "rocm-smi --showproductname", "the hardware's GPU product names or PCI device ids",

@@ -79,6 +79,10 @@ PACK = Pack(
         login_profile=PROFILE,
         k8s_resource="huawei.com/Ascend910",
         k8s_privileged=True,
+        slurm_runtime="docker",
+        slurm_runtime_source=("MindCluster's Ascend Docker Runtime mounts the NPUs' devices and driver files into "
+                              "Docker or containerd containers only (hiascend.com, MindCluster 7.3 'Ascend Docker "
+                              "Runtime', Component Functions): there is no enroot or Apptainer integration"),
     ),
     checks=(
         Check("gpu.model", "npu-smi info", "the hardware's NPU product names",

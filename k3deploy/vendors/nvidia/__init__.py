@@ -188,6 +188,10 @@ PACK = Pack(
         imex_units=("nvidia-imex.service",),
         k8s_resource="nvidia.com/gpu",
         k8s_imex_api="resource.nvidia.com/v1beta1",
+        slurm_runtime="pyxis",
+        apptainer_flags=("--nv",),
+        slurm_runtime_source=("NVIDIA's container runtime for Slurm is pyxis, a SPANK plugin over enroot "
+                              "(github.com/NVIDIA/pyxis README, 0.24.0: srun --container-image, squashfs images)"),
     ),
     checks=(
         Check("gpu.model", "nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c",
