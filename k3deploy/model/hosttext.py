@@ -78,7 +78,7 @@ def launch_image(script: str) -> str | None:
     """The image file a launch script's container runs from (its :data:`IMAGE_LINE`), read back from a host's
     script (a revision it keeps); None where it names none (docker: the image is in its argv).
 
-    >>> launch_image("#!/bin/bash\n# Container image: /s/images/r.sqsh\nexec vllm serve m\n")
+    >>> launch_image("#!/bin/bash\\n# Container image: /s/images/r.sqsh\\nexec vllm serve m\\n")
     '/s/images/r.sqsh'
     """
     for line in script.splitlines():
