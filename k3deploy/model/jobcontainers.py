@@ -70,6 +70,22 @@ class Runtime:
     env_prefix: str = ""
     local_source: str = ""
     registry_source: str = ""
+    #: ``(test, what a node lacks where it fails)``: what the stage checks on each node before it makes the file
+    needs: tuple[tuple[str, str], ...] = ()
+
+    def require(self) -> str:
+        """Shell that fails, in one line naming what the node lacks (observed), what is required and the fix,
+        unless the node has this runtime's tools (:attr:`needs`); empty where it needs nothing checked here.
+
+        >>> "no enroot on PATH" in RUNTIMES["pyxis"].require(), RUNTIMES["docker"].require()
+        (True, '')
+        """
+        if not self.needs:
+            return ""
+        tests = "; ".join(f"{test} || o=\"${{o:+$o, }}{lacks}\"" for test, lacks in self.needs)
+        said = (f"k3deploy: k3_slurm_container: {self.name}: observed $o; required {self.required}; fix: "
+                f"{self.fix}")
+        return f"o=; {tests}; [ -z \"$o\" ] || {{ echo \"{said}\" >&2; exit 1; }}"
 
     def step_flags(self, image: str, mounts: Sequence[tuple[str, str]], config_dir: str, name: str) -> list[str]:
         """The srun options of a step that runs a unit's container (pyxis's; none for the others): the image file,
@@ -103,7 +119,10 @@ RUNTIMES: dict[str, Runtime] = {
         "enroot on every engine node, and pyxis in Slurm (srun --help lists --container-image)",
         "install enroot and pyxis (github.com/NVIDIA/pyxis: plugstack.conf.d/pyxis.conf) and restart slurmd, or set "
         "k3_slurm_container to the site's runtime (docker, apptainer)", in_job=True, inside=True,
-        local_source="dockerd://{ref}", registry_source="docker://{enroot}"),
+        local_source="dockerd://{ref}", registry_source="docker://{enroot}",
+        needs=(("command -v enroot >/dev/null", "no enroot on PATH"),
+               ("srun --help 2>/dev/null | grep -q -- --container-image",
+                "srun --help lists no --container-image (pyxis is not loaded: plugstack.conf)"))),
     "docker": Runtime(
         "docker", None, "", "docker", "docker version --format '{{.Server.Version}}'",
         "dockerd on every engine node (its containers run outside the job's cgroup)",
@@ -113,7 +132,8 @@ RUNTIMES: dict[str, Runtime] = {
         "apptainer", ".sif", "apptainer build {out} {source}", "apptainer", "apptainer version",
         "apptainer on every engine node",
         "install Apptainer (apptainer.org/docs/admin), or set k3_slurm_container to the site's runtime (pyxis, "
-        "docker)", in_job=True, inside=False, env_prefix="APPTAINERENV_", local_source="docker-daemon:{ref}", registry_source="docker://{ref}"),
+        "docker)", in_job=True, inside=False, env_prefix="APPTAINERENV_", local_source="docker-daemon:{ref}",
+        registry_source="docker://{ref}", needs=(("command -v apptainer >/dev/null", "no apptainer on PATH"),)),
 }
 
 
@@ -148,13 +168,18 @@ def import_image(rt: Runtime, ref: str, path: str, *, local: bool = True) -> str
     registry), unless it is there already (the name carries the digest: a present file is the planned image);
     written beside and moved into place, so that an interrupted import leaves no file that looks staged.
 
-    >>> import_image(RUNTIMES["pyxis"], "r:k3-sha256-ab", "/s/images/r.sqsh")
+    >>> import_image(RUNTIMES["pyxis"], "r:k3-sha256-ab", "/s/images/r.sqsh").split("} && ", 1)[1]
     '[ -s /s/images/r.sqsh ] || { mkdir -p /s/images && rm -f /s/images/r.sqsh.part && enroot import -o \
 /s/images/r.sqsh.part dockerd://r:k3-sha256-ab && mv -f /s/images/r.sqsh.part /s/images/r.sqsh; }'
+
+    The runtime's tools are checked first (:meth:`Runtime.require`): a node without them fails the stage, before
+    anything is configured or submitted.
     """
     q = shlex.quote(path)
     part = shlex.quote(path + ".part")
     folder = shlex.quote(path.rsplit("/", 1)[0] or "/")
     source = rt.local_source if local else rt.registry_source
     made = rt.import_command.format(out=part, source=shlex.quote(source.format(ref=ref, enroot=enroot_uri(ref))))
-    return f"[ -s {q} ] || {{ mkdir -p {folder} && rm -f {part} && {made} && mv -f {part} {q}; }}"
+    check = rt.require()
+    return (f"{{ {check}; }} && " if check else "") + \
+        f"[ -s {q} ] || {{ mkdir -p {folder} && rm -f {part} && {made} && mv -f {part} {q}; }}"

@@ -17,7 +17,7 @@ from helpers.clusters import FAMILIES, STRATEGIES, records, smallest_rollout
 from k3deploy.errors import K3Error
 from k3deploy.model import slurm, steps
 from k3deploy.model.hosttext import launch_argv
-from k3deploy.model.jobcontainers import RUNTIMES, enroot_uri, staged_image
+from k3deploy.model.jobcontainers import RUNTIMES, enroot_uri, import_image, staged_image
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import Rollout
 from k3deploy.model.units import bind_mounts
@@ -111,7 +111,7 @@ def test_the_image_is_staged_once_per_node_in_the_runtimes_form_keyed_by_its_dig
     made = [s for s in steps.JobSteps("n0").staged(r) if s.applies]
     assert [s.host for s in made] == ["n0", "n1"] and all(s.kind == steps.CONTAINER_IMAGE for s in made)
     path = staged_image(r.vars.k3_stage_dir, r.plan.image, RUNTIMES["pyxis"])
-    assert f"enroot import -o {path}.part dockerd://" in made[0].script and made[0].script.startswith(f"[ -s {path} ]")
+    assert f"enroot import -o {path}.part dockerd://" in made[0].script and f"}} && [ -s {path} ] ||" in made[0].script
     assert f"--container-image={path}" in slurm.jobs(r)[0].script
     # the whole rollout runs it after the fan-out (the image is in every node's docker by then)
     whole = steps.rollout(r, steps.JobSteps("n0")).stage
@@ -182,3 +182,32 @@ def test_a_restored_pyxis_launch_script_runs_from_the_image_it_names():
         r.units[i] = replace(u, launch_text=script.replace(now, old))
     (job,) = slurm.jobs(r)
     assert job.script.count(f"--container-image={old} ") == 2 and job.revision != before.revision
+
+
+@pytest.mark.parametrize("name, tool", [("pyxis", "enroot"), ("apptainer", "apptainer")])
+def test_a_node_without_the_runtimes_tools_fails_the_stage_naming_them(tmp_path: Path, name: str, tool: str):
+    """The stage's import on a node: without the runtime's tools, one line (observed, required, fix) and exit 1,
+    nothing made; with them (stand-ins on PATH), the file is made once and a second run leaves it."""
+    rt = RUNTIMES[name]
+    out = tmp_path / "images" / f"r{rt.staged}"
+    script = f"set -e\n{import_image(rt, 'r:1', str(out))}\n"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for prog in ("sh", "grep", "mkdir", "rm", "mv", "bash"):
+        os.symlink(f"/usr/bin/{prog}" if Path(f"/usr/bin/{prog}").exists() else f"/bin/{prog}", bare / prog)
+    proc = subprocess.run(["bash", "-c", script], env={"PATH": str(bare)}, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and not out.exists(), proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert f"k3_slurm_container: {name}: observed no {tool} on PATH" in line and "required" in line and "fix:" in line
+    # the tools there: the stand-in writes the file; a second run finds it and makes nothing
+    calls = tmp_path / "calls"
+    for prog, text in ((tool, f'#!/bin/bash\necho "$@" >> {calls}\n'
+                              'case $1 in import) echo made > "$3";; build) echo made > "$2";; esac\n'),
+                       ("srun", "#!/bin/bash\necho '      --container-image=[USER@][REGISTRY#]IMAGE'\n")):
+        (bare / prog).write_text(text)
+        (bare / prog).chmod(0o755)
+    for _ in range(2):
+        proc = subprocess.run(["bash", "-c", script], env={"PATH": str(bare)}, capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode == 0 and out.read_text() == "made\n", proc.stderr
+    assert len(calls.read_text().splitlines()) == 1
