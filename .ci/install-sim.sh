@@ -8,9 +8,10 @@
 #   procps, curl       ps for inspection; HTTP checks against the simulated engines
 #   rsync              k3_image_archive / k3_weights_source copies from the control machine (pyinfra files.rsync)
 #   util-linux, mount  nsenter, mount, umount
+#   libslurm-dev, gcc, libc6-dev  sim up --slurm builds the simulator's pyxis (a SPANK plugin) against slurm/spank.h
 # Usage: .ci/install-sim.sh            (as root)
 set -eu
-PKGS="systemd-container debootstrap iproute2 openssh-client openssh-server procps curl rsync util-linux mount"
+PKGS="systemd-container debootstrap iproute2 openssh-client openssh-server procps curl rsync util-linux mount libslurm-dev gcc libc6-dev"
 if [ "$(id -u)" != 0 ]; then
   echo "install-sim.sh: run as root" >&2
   exit 2

@@ -50,7 +50,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     group and cluster), model/health.py (hardware-health events: XID, ECC, row remap, NVLink, NPU health, and
     which are fatal), model/pipeline.py (inventory -> variables -> requirements -> plan -> rollout),
     model/slurm.py (the Slurm launcher: a batch job per group, launch scripts that run the units' containers,
-    the sbatch/squeue/scancel/sacct commands), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
+    the sbatch/squeue/scancel/sacct commands), model/jobcontainers.py (the container runtime of a Slurm site:
+    pyxis, docker or apptainer, as data), model/kubernetes.py (the rollout as LeaderWorkerSet manifests: a
     pod template per role running the plan's argv, per-node values from LWS), model/kubecheck.py (what a cluster
     needs for them, with minimum versions, and check.sh: kubectl commands that verify it), model/watch.py (the
     watch loop's decision from each group's state over time: nothing, wait, repair or back off; its systemd unit),

@@ -120,7 +120,8 @@ def slurm_files(gathered: Gathered) -> dict[str, str]:
     r = gathered.require_rollout()
     queue = gathered.slurm_queue
     planned = slurm.jobs(r)
-    lines = [f"# squeue on {r.vars.k3_slurm_submit_host}: {slurm.queue([j.name for j in planned])}"]
+    shown = slurm.queue([j.name for j in planned], r.vars.k3_slurm_user)
+    lines = [f"# squeue on {r.vars.k3_slurm_submit_host}: {shown}"]
     if queue is None or queue.error is not None:
         lines.append(f"# squeue failed: {queue.error if queue is not None else 'not read'}")
     else:

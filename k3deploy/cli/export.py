@@ -232,7 +232,13 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
         placed = ", ".join(f"{f.path} ({f.mode})" for f in hf.files)
         lines.append(f"   {hf.host}: mkdir -p {' '.join(hf.dirs)}; {placed}")
     lines += ["   The launch scripts run the same containers as the systemd units of `pyinfra INVENTORY deploy/k3.py`; "
-              "stage the image and the weights on the nodes first (the deploy's stage, or the runbook's).", ""]
+              "stage the image and the weights on the nodes first (the deploy's stage, or the runbook's)."]
+    runtime = slurm.container_runtime(rollout)
+    if runtime.staged is not None:
+        lines.append(f"   The jobs run their containers with {runtime.name} (k3_slurm_container): then, on each node, "
+                     "make the image file they run from (once the image is in the node's docker):")
+        lines += [f"   {h}: {shell}" for h in rollout.hosts for _, shell in slurm.image_imports(rollout, h)]
+    lines.append("")
     step = 2
     if any(h.startswith("@") for h in rollout.hosts):
         lines.append(f"{step}. Replace each host placeholder in every file: "

@@ -254,8 +254,8 @@ class SlurmQueue(FactBase[SlurmQueueReading]):
         'squeue: error: Unable to contact slurm controller'
     """
 
-    def command(self, names: Sequence[str]) -> str:
-        return (f"if k3_q=$({queue(list(names))} 2>&1); then echo {SQUEUE_OK}; printf '%s\\n' \"$k3_q\"; "
+    def command(self, names: Sequence[str], user: str | None = None) -> str:
+        return (f"if k3_q=$({queue(list(names), user)} 2>&1); then echo {SQUEUE_OK}; printf '%s\\n' \"$k3_q\"; "
                 f"else echo {SQUEUE_FAILED}; printf '%s\\n' \"$k3_q\" | tail -n 3; fi")
 
     def process(self, output: list[str]) -> SlurmQueueReading:

@@ -380,13 +380,15 @@ def new_temp(directory: str, temp: str) -> str:
     return f"umask 022 && mkdir -p {d} && {root_only_dir(directory)} && umask 077 && set -C && : > {shlex.quote(temp)}"
 
 
-def put_in_place(temp: str, dest: str, mode: str, private: str | None = None) -> str:
+def put_in_place(temp: str, dest: str, mode: str, private: str | None = None, owner: str | None = None) -> str:
     """Install ``temp`` (made by :func:`new_temp`, its content written since) as ``dest``: it must still be a plain
     file of root's with mode 0600 in a directory only root can write to; then its mode and owner (root) are set and
     it is renamed onto ``dest`` (one step: nobody sees a partial file). With ``private`` (a directory of the SSH user,
     0700, holding the content as ``f``: an upload under sudo), ``temp`` is made and filled from it here, then the
-    directory is removed. A failure removes ``temp``."""
+    directory is removed. With ``owner`` (a user name: a Slurm job's file, ``k3_slurm_user``), the file is that
+    user's instead of root's. A failure removes ``temp``."""
     directory = dest.rsplit("/", 1)[0] or "/"
+    who = f"{shlex.quote(owner)}:" if owner else "0:0"
     if private is None:
         out = f"t={shlex.quote(temp)}; trap 'rm -f \"$t\"' EXIT; {{ {root_only_dir(directory)}; }} || exit 1; "
     else:
@@ -394,7 +396,7 @@ def put_in_place(temp: str, dest: str, mode: str, private: str | None = None) ->
                f"{{ {new_temp(directory, temp)}; }} || exit 1; cat \"$p/f\" >> \"$t\" || exit 1; ")
     return out + ('{ [ -f "$t" ] && [ ! -L "$t" ] && [ "$(stat -c \'%u %a\' "$t")" = "0 600" ]; } || '
                   '{ echo "k3deploy: $t is not a plain file of root\'s with mode 0600 any more: nothing written" >&2; '
-                  f'exit 1; }}; chmod {shlex.quote(mode)} "$t" && chown 0:0 "$t" && mv -f "$t" {shlex.quote(dest)}')
+                  f'exit 1; }}; chmod {shlex.quote(mode)} "$t" && chown {who} "$t" && mv -f "$t" {shlex.quote(dest)}')
 
 
 def copy_into(dest: str) -> str:
@@ -409,9 +411,10 @@ def copy_into(dest: str) -> str:
     return made if dest.endswith("/") else f"{made} && {root_only_dir(parent)}"
 
 
-def write_from_stdin(files: Sequence[tuple[str, str]], nonce: str) -> str:
-    """Write several files (``(dest, mode)`` pairs) in one script, their contents arriving one after the other on
-    stdin, never in argv: each as a line with its size in bytes, then its bytes. Each goes
+def write_from_stdin(files: Sequence[tuple[str, str] | tuple[str, str, str | None]], nonce: str) -> str:
+    """Write several files (``(dest, mode)`` pairs, or ``(dest, mode, owner)``: :func:`put_in_place`) in one script,
+    their contents arriving one after the other on stdin, never in argv: each as a line with its size in bytes, then
+    its bytes. Each goes
     into a new file ``.k3-<nonce>-<i>.tmp`` beside ``dest`` (made by :func:`new_temp`: root's, 0600, only if no such
     name exists, in a directory only root can write to; the nonce is drawn at random on the control machine), which
     is then put in place (:func:`put_in_place`). The first file that cannot be written stops the script (exit 1),
@@ -421,24 +424,25 @@ def write_from_stdin(files: Sequence[tuple[str, str]], nonce: str) -> str:
         True
     """
     parts = []
-    for i, (dest, mode) in enumerate(files):
+    for i, (dest, mode, *who) in enumerate(files):
+        owner = who[0] if who else None
         directory = dest.rsplit("/", 1)[0] or "/"
         temp = f"{directory.rstrip('/')}/.k3-{nonce}-{i}.tmp"
         t = shlex.quote(temp)
         parts.append(f"IFS= read -r n && case $n in ''|*[!0-9]*) exit 1;; esac && "
                      f"( {new_temp(directory, temp)} ) && {{ head -c \"$n\" >> {t} || {{ rm -f {t}; exit 1; }}; }} && "
-                     f"( {put_in_place(temp, dest, mode)} ) || exit 1")
+                     f"( {put_in_place(temp, dest, mode, owner=owner)} ) || exit 1")
     return "\n".join(parts)
 
 
-def make_dirs(paths: Sequence[str], mode: str = "0755") -> str:
-    """Create ``paths`` (and their parents), root's and ``mode``.
+def make_dirs(paths: Sequence[str], mode: str = "0755", owner: str | None = None) -> str:
+    """Create ``paths`` (and their parents), root's (or ``owner``'s: a user name) and ``mode``.
 
         >>> make_dirs(["/var/lib/k3deploy/slurm"])
         'mkdir -p -m 0755 /var/lib/k3deploy/slurm && chown 0:0 /var/lib/k3deploy/slurm'
     """
     q = " ".join(shlex.quote(p) for p in paths)
-    return f"mkdir -p -m {shlex.quote(mode)} {q} && chown 0:0 {q}"
+    return f"mkdir -p -m {shlex.quote(mode)} {q} && chown {shlex.quote(owner) + ':' if owner else '0:0'} {q}"
 
 
 def lock_down(files: Sequence[tuple[str, str]]) -> str:
@@ -572,18 +576,21 @@ def probe(unit: str, url: str | None, model: str | None, env_file: str | None = 
     return "; ".join(lines + _serving(url, model, env_file))
 
 
-def probe_job(job: str, url: str | None, model: str | None, env_file: str | None = None) -> str:
+def probe_job(job: str, url: str | None, model: str | None, env_file: str | None = None,
+              user: str | None = None) -> str:
     """One poll of a unit launched by Slurm (``k3_launcher: slurm``), from its own node: its group's job ``job`` (by
     name) must be running; then as :func:`probe` (``url``: ``/health`` 200 and, with ``model``, ``/v1/models`` lists
-    it; no ``url``: the job running). Exit 0: serving; 1: failed (the job left the queue or is ending, or ``/health``
-    answers 503), with what was observed on stdout; 2: still starting (pending, or squeue did not answer).
+    it; no ``url``: the job running). The job is ``user``'s (``k3_slurm_user``; None: this SSH user's). Exit 0:
+    serving; 1: failed (the job left the queue or is ending, or ``/health`` answers 503), with what was observed on
+    stdout; 2: still starting (pending, or squeue did not answer).
 
         >>> "--name=k3-engine" in probe_job("k3-engine", None, None)
         True
     """
     j = shlex.quote(job)
+    who = shlex.quote(user) if user else '"$(id -un)"'
     lines = [
-        f"state=$(squeue -h -u \"$(id -un)\" --name={j} -o %T 2>/dev/null) || exit {PROBE_STARTING}",
+        f"state=$(squeue -h -u {who} --name={j} -o %T 2>/dev/null) || exit {PROBE_STARTING}",
         "state=$(printf '%s\\n' \"$state\" | head -n 1)",
         f"case \"$state\" in RUNNING) ;; PENDING|CONFIGURING|REQUEUED|REQUEUE_HOLD) exit {PROBE_STARTING};; "
         f"'') echo 'job '{j}' is no longer in the Slurm queue: it ended'; exit {PROBE_FAILED};; "

@@ -24,7 +24,7 @@ from k3deploy.model.hosttext import exec_start, launch_argv, parse_env
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.secrets import mask_value
-from k3deploy.model.slurm import QueuedJob, SlurmJob, job_actions, launch_path, launch_script
+from k3deploy.model.slurm import QueuedJob, SlurmJob, job_actions, launch_command, launch_path, launch_script
 from k3deploy.model.units import GROUP_MEMBER, group_member_text
 
 #: ``docker run`` options that take a value (the rest are flags); ``--opt=value`` forms are one token
@@ -433,7 +433,7 @@ def build_jobs(rollout: Rollout, installed: Mapping[tuple[str, str], Installed],
             if have.unit_text is None:
                 changes_here.append({"kind": "file", "unit": u.unit, "path": path, "op": "create"})
             changes_here += [{**c, "unit": u.unit}
-                             for c in launch_file_changes(have.unit_text, script, planned_command(u))]
+                             for c in launch_file_changes(have.unit_text, script, launch_command(rollout, u))]
         if have.env_sha != sha256(u.env_text):
             if have.env_text is None:
                 changes_here.append({"kind": "file", "unit": u.unit, "path": u.env_path, "op": "create"})
@@ -459,7 +459,7 @@ def render_jobs_text(report: PlanReport, rollout: Rollout) -> str:
             mine = [c for c in hp.changes if c["unit"] == u.unit]
             lines.append(f"  {u.unit} ({u.node.role} rank {u.rank}, group {u.group}; its job's step)")
             image = next((c for c in mine if c["kind"] == "image"), None)
-            planned = image_of(planned_command(u))
+            planned = image_of(launch_command(rollout, u))
             if image is not None:
                 lines += change_lines([image], "    ")
             elif planned:

@@ -70,6 +70,23 @@ def parse_env(text: str | None) -> dict[str, str]:
     return out
 
 
+#: the line of a launch script that names the image file its step's container runs from (pyxis, apptainer)
+IMAGE_LINE = "# Container image: "
+
+
+def launch_image(script: str) -> str | None:
+    """The image file a launch script's container runs from (its :data:`IMAGE_LINE`), read back from a host's
+    script (a revision it keeps); None where it names none (docker: the image is in its argv).
+
+    >>> launch_image("#!/bin/bash\\n# Container image: /s/images/r.sqsh\\nexec vllm serve m\\n")
+    '/s/images/r.sqsh'
+    """
+    for line in script.splitlines():
+        if line.startswith(IMAGE_LINE):
+            return line[len(IMAGE_LINE):].strip() or None
+    return None
+
+
 def launch_argv(script: str) -> list[str]:
     """The command a launch script runs (its container's ``docker run``, or the router's ``exec``), read back.
 

@@ -42,8 +42,11 @@ from typing import ClassVar
 from k3deploy.errors import K3Error
 from k3deploy.model.commands import wait_tcp
 from k3deploy.model.engine import EngineSpec
+from k3deploy.model.hosttext import IMAGE_LINE, launch_argv, launch_image
+from k3deploy.model.images import run_ref
+from k3deploy.model.jobcontainers import Runtime, import_image, runtime, staged_image
 from k3deploy.model.rollout import Placement, Rollout, UnitWork, sha256
-from k3deploy.model.units import ContainerSpec, cleanup_argv, render_template, stop_argv
+from k3deploy.model.units import ContainerSpec, bind_mounts, cleanup_argv, render_template, stop_argv
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.taxonomy import hardware
 from k3deploy.vendors import pack_for_container
@@ -281,22 +284,100 @@ def check_submit(rollout: Placement, inventory_hosts: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------------------------- launch scripts
 
 
+def container_runtime(rollout: Placement) -> Runtime:
+    """The site's container runtime (:mod:`k3deploy.model.jobcontainers`): ``k3_slurm_container``, else the one
+    the vendor pack documents for Slurm (``docker`` for a plan without a pack)."""
+    name = rollout.vars.k3_slurm_container
+    if name is None:
+        pack = pack_for_container(rollout.plan.vendor)
+        name = pack.container.slurm_runtime if pack is not None else "docker"
+    return runtime(name)
+
+
+def image_file(rollout: Placement, spec: ContainerSpec) -> str:
+    """The image a unit's container runs from, as the site's runtime reads it: the file the stage made on the node
+    (:func:`k3deploy.model.jobcontainers.staged_image`), or the image itself (docker)."""
+    return staged_image(rollout.vars.k3_stage_dir, run_ref(spec.image), container_runtime(rollout))
+
+
+def container_command(spec: ContainerSpec, argv: Sequence[str]) -> list[str]:
+    """What runs inside a unit's container: the plan's argv, under ``bash -lc`` with the pack's login profile
+    sourced first where the vendor's engine needs it (as :func:`k3deploy.model.units.container_argv` runs it)."""
+    pack = pack_for_container(spec.vendor)
+    profile = pack.container.login_profile if pack is not None else None
+    if profile is not None and list(argv[:2]) == ["vllm", "serve"]:
+        return ["bash", "-lc", profile + "exec " + shlex.join(argv)]
+    return list(argv)
+
+
+def image_imports(rollout: Placement, host: str) -> list[tuple[str, str]]:
+    """``(file, shell)``, one per image, the shell making on ``host`` the file of each image its units run in the
+    form the site's runtime reads
+    (:func:`k3deploy.model.jobcontainers.import_image`), from the image the stage put in its docker (the engine's)
+    or from the registry (another, a router's); none where the runtime reads docker's store. A spare standing by
+    gets the engine's."""
+    rt = container_runtime(rollout)
+    if rt.staged is None:
+        return []
+    specs = [u.require_spec().container for u in rollout.on_host(host)]
+    images = list(dict.fromkeys(s.image for s in specs if s is not None))
+    if not images and host in rollout.spares:
+        images = [rollout.plan.image]
+    engine = run_ref(rollout.plan.image)
+    refs = list(dict.fromkeys(run_ref(i) for i in images))
+    return [(staged_image(rollout.vars.k3_stage_dir, r, rt), import_image(rt, r, staged_image(
+        rollout.vars.k3_stage_dir, r, rt), local=r == engine)) for r in refs]
+
+
+def launch_command(rollout: Placement, unit: UnitWork) -> list[str]:
+    """What a unit's launch script runs (:func:`launch_script`): the ``docker run`` of its unit, the router's
+    binary, or (pyxis, apptainer) what its container runtime execs; that of the script it keeps, read back from the
+    host, where it keeps one."""
+    if unit.launch_text is not None:
+        return launch_argv(unit.launch_text)
+    engine = unit.require_spec()
+    spec = engine.container
+    rt = container_runtime(rollout)
+    if spec is None or rt.staged is None:
+        return engine.command
+    pack = pack_for_container(spec.vendor)
+    flags = pack.container.apptainer_flags if pack is not None else ()
+    return rt.exec_argv(image_file(rollout, spec), flags, bind_mounts(spec), container_command(spec, engine.argv))
+
+
 def launch_script(rollout: Placement, unit: UnitWork) -> str:
-    """The script a unit's Slurm step runs on its node: the unit's container (same argv as its ``ExecStart=``),
-    after the unit's pre-step, stopped on SIGTERM as the unit's ``ExecStop`` stops it; a router run from
-    ``k3_router_bin`` (no container) is exec'd, and Slurm's SIGTERM reaches it as systemd's does. A rollback's
-    unit carries the launch script its revision kept (``launch_text``), which is then the script."""
+    """The script a unit's Slurm step runs, as the site's container runtime has it (:func:`container_runtime`).
+    With ``docker``, on the node: the unit's container (same argv as its ``ExecStart=``), after the unit's pre-step,
+    stopped on SIGTERM as the unit's ``ExecStop`` stops it. With ``pyxis``, inside the step's container: the unit's
+    env file exported, then the engine's argv exec'd. With ``apptainer``, on the node: the env file handed in, then
+    ``apptainer exec`` of the staged image exec'd. A router run from ``k3_router_bin`` (no container) is exec'd, and
+    Slurm's SIGTERM reaches it as systemd's does. A rollback's unit carries the launch script its revision kept
+    (``launch_text``), which is then the script."""
     if unit.launch_text is not None:
         return unit.launch_text
     engine = unit.require_spec()
     spec = engine.container
+    rt = container_runtime(rollout)
     where = f"{unit.node.role} rank {unit.rank} of group {unit.group} on {unit.host}"
     comments = [f"{where}: {rollout.plan.model} ({rollout.plan.strategy} on {rollout.plan.hardware}).",
                 f"The Slurm launcher's form of the systemd unit {unit.unit}: the same command, the same env file "
                 f"({unit.env_path})."]
     argv = engine.command
     imex = imex_lines(rollout, spec, argv)
-    if spec is None:
+    if spec is not None and rt.staged is not None:
+        image = image_file(rollout, spec)
+        comments.append(
+            f"Container runtime {rt.name} (k3_slurm_container): "
+            + ("this script runs inside the step's container (srun --container-image), a process of the job: "
+               "its cgroup, its GPUs." if rt.inside else
+               f"the container runs from {image}, a process of the job: its cgroup, its GPUs."))
+        comments.append(IMAGE_LINE.removeprefix("# ") + image)
+        body = ["# The unit's env file, as the systemd unit's container reads it: NAME=value, the value literal.",
+                rt.read_env(unit.env_path),
+                *(imex[0] if imex else []),
+                "# Slurm stops the step with SIGTERM (scancel, the end of the job): it reaches the engine itself.",
+                f"exec {shlex.join(launch_command(rollout, unit))}"]
+    elif spec is None:
         body = ["# Slurm stops the step with SIGTERM (scancel, the end of the job), as systemd stops the unit.",
                 f"exec {shlex.join(argv)}"]
     else:
@@ -334,7 +415,7 @@ def imex_lines(rollout: Placement, spec: ContainerSpec | None, argv: Sequence[st
                       "the job one (scontrol show config | grep -E 'SwitchType|Prolog')")
     return [
         "# IMEX per job (k3_imex: per_job): the channel(s) Slurm's switch/nvidia_imex, or the site's prolog, gave",
-        "# this job, not a standing channel 0: each to docker as --device, their numbers as NVIDIA_IMEX_CHANNELS",
+        "# this job, not a standing channel 0 (under docker each as --device), their numbers as NVIDIA_IMEX_CHANNELS",
         "imex=(); ids=",
         f'for c in {IMEX_CHANNELS_DIR}/channel*; do [ -e "$c" ] || continue; imex+=(--device "$c"); '
         'ids="${ids:+$ids,}${c##*channel}"; done',
@@ -385,11 +466,27 @@ def sbatch_options(rollout: Placement, group: str) -> list[str]:
     return out
 
 
+def step_flags(rollout: Placement, unit: UnitWork) -> list[str]:
+    """The srun options that run ``unit``'s step in its container, where the site's runtime is the step's (pyxis:
+    :meth:`k3deploy.model.jobcontainers.Runtime.step_flags`); none otherwise."""
+    spec = unit.require_spec().container
+    if spec is None:
+        return []
+    rt = container_runtime(rollout)
+    # a revision's launch script (a rollback) names the image its container ran from: the step runs that one
+    kept = launch_image(unit.launch_text) if unit.launch_text is not None else None
+    return rt.step_flags(kept or image_file(rollout, spec), bind_mounts(spec), rollout.vars.k3_config_dir.rstrip("/"),
+                         unit.container)
+
+
 def _step(rollout: Placement, unit: UnitWork) -> tuple[list[str], str]:
     """A unit's step: what it does, in words, and its srun line."""
     host = shlex.quote(unit.host)
     # %N: the file is opened on the step's own node (a plain path would be written by srun, on the batch host)
     srun = f"srun --nodes=1 --ntasks=1 -w {host} --output=\"$out\"/%N.out --open-mode=append"
+    flags = step_flags(rollout, unit)
+    if flags:
+        srun += " " + shlex.join(flags)
     launch = shlex.quote(launch_path(rollout, unit))
     if unit.join is None:
         what = [f"{unit.host}: {unit.node.role} rank {unit.rank} ({unit.unit} under systemd) runs its launch script."]
@@ -494,6 +591,7 @@ class NodeFile:
     mode: str                       # octal, e.g. "0755"
     #: an env file's engine spec, where it renders from one (None: kept as a host holds it, or not an env file)
     spec: EngineSpec | None = field(default=None, repr=False, compare=False)
+    owner: str | None = None        # k3_slurm_user: the job's user reads it (an env file); None: root's
 
 
 @dataclass(frozen=True)
@@ -503,6 +601,7 @@ class HostFiles:
     host: str
     dirs: tuple[str, ...]
     files: tuple[NodeFile, ...]
+    owned: tuple[str, ...] = ()     # of ``dirs``, those the job's user writes (``k3_slurm_user``): its output
 
 
 def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
@@ -516,14 +615,18 @@ def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
         dirs, files = out.setdefault(u.host, ([], []))
         if group_dir(rollout, u.group) not in dirs:
             dirs.append(group_dir(rollout, u.group))
-        files += [NodeFile(u.env_path, u.env_text, "0600", u.spec if u.kept_env_text is None else None),
+        files += [NodeFile(u.env_path, u.env_text, "0600", u.spec if u.kept_env_text is None else None,
+                           owner=rollout.vars.k3_slurm_user),
                   NodeFile(launch_path(rollout, u), launch_script(rollout, u), "0755")]
     if submit is not None:
         dirs, files = out.setdefault(submit, ([], []))
         if rollout.vars.k3_slurm_dir not in dirs:
             dirs.append(rollout.vars.k3_slurm_dir)
         files += [NodeFile(j.path, j.script, "0644") for j in jobs(rollout)]
-    return [HostFiles(h, tuple(d), tuple(f)) for h, (d, f) in out.items()]
+    user = rollout.vars.k3_slurm_user
+    groups = {group_dir(rollout, g) for g in rollout.groups}
+    return [HostFiles(h, tuple(d), tuple(f), tuple(x for x in d if x in groups) if user else ())
+            for h, (d, f) in out.items()]
 
 
 @dataclass(frozen=True)
@@ -593,26 +696,41 @@ def _names(names: Sequence[str]) -> str:
     return shlex.quote(",".join(names))
 
 
-def submit(job: SlurmJob) -> str:
-    """Submit a group's job; prints its job id (``--parsable``: ``ID`` or ``ID;CLUSTER``).
+def as_user(command: str, user: str | None) -> str:
+    """``command`` run as ``user`` on the submit host (``k3_slurm_user``: ``runuser``, util-linux's, which root runs
+    without a password or a sudoers rule; the deploy's SSH user there is root, or becomes it with pyinfra's
+    ``_sudo``), or as it is (None: the SSH user). ``$(id -un)`` in it is then that user; it runs from ``/`` (the
+    SSH user's home may be closed to it, and a job keeps the directory it was submitted from).
+
+    >>> as_user("squeue -h", "k3job"), as_user("squeue -h", None)
+    ("runuser -u k3job -- sh -c 'cd / && squeue -h'", 'squeue -h')
+    """
+    if user is None:
+        return command
+    return f"runuser -u {shlex.quote(user)} -- sh -c {shlex.quote('cd / && ' + command)}"
+
+
+def submit(job: SlurmJob, user: str | None = None) -> str:
+    """Submit a group's job (as ``user``: :func:`as_user`); prints its job id (``--parsable``: ``ID`` or
+    ``ID;CLUSTER``).
 
     >>> submit(SlurmJob("engine", "k3-engine", ("n0",), "/var/lib/k3deploy/slurm/k3-engine.sbatch", "", "r", "c"))
     'sbatch --parsable /var/lib/k3deploy/slurm/k3-engine.sbatch'
     """
-    return f"sbatch --parsable {shlex.quote(job.path)}"
+    return as_user(f"sbatch --parsable {shlex.quote(job.path)}", user)
 
 
-def queue(names: Sequence[str]) -> str:
+def queue(names: Sequence[str], user: str | None = None) -> str:
     """This user's jobs of these names that Slurm still holds (pending, running, completing), one line each:
-    ``JOBID NAME STATE COMMENT NODES`` (:func:`parse_queue`).
+    ``JOBID NAME STATE COMMENT NODES`` (:func:`parse_queue`); ``user``: as :func:`as_user`.
 
     >>> queue(["k3-engine", "k3-router"])
     'squeue -h -u "$(id -un)" --name=k3-engine,k3-router -o \\'%i %j %T %k %N\\''
     """
-    return f"squeue -h {_ME} --name={_names(names)} -o {shlex.quote(QUEUE_FORMAT)}"
+    return as_user(f"squeue -h {_ME} --name={_names(names)} -o {shlex.quote(QUEUE_FORMAT)}", user)
 
 
-def cancel(names: Sequence[str], timeout: int) -> str:
+def cancel(names: Sequence[str], timeout: int, user: str | None = None) -> str:
     """Stop this user's jobs of these names and wait until Slurm holds none of them (exit 1 naming them otherwise).
 
     Each job is first made not requeueable (``scontrol update JobId=N Requeue=0``: a job that served would otherwise
@@ -632,17 +750,18 @@ def cancel(names: Sequence[str], timeout: int) -> str:
     outright = shlex.quote(f"not ended {int(timeout)}s after SIGTERM to their steps, so cancelled outright: ") \
         + '"$left"'
     left = f"left=$(squeue -h {_ME} --name={_names(names)} -o '%i %j %T')"
-    return (f"{{ {no_requeue} ; {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
-            f"while {left}; [ -n \"$left\" ]; do "
-            f"if [ $(date +%s) -ge $end ]; then if [ $hard = 1 ]; then echo {late} >&2; exit 1; fi; "
-            f"echo {outright}; {{ {hard} ; }} 2>/dev/null; hard=1; end=$(( $(date +%s) + 60 )); fi; sleep 1; done")
+    return as_user(
+        f"{{ {no_requeue} ; {signal} ; }} 2>/dev/null; end=$(( $(date +%s) + {int(timeout)} )); hard=0; "
+        f"while {left}; [ -n \"$left\" ]; do "
+        f"if [ $(date +%s) -ge $end ]; then if [ $hard = 1 ]; then echo {late} >&2; exit 1; fi; "
+        f"echo {outright}; {{ {hard} ; }} 2>/dev/null; hard=1; end=$(( $(date +%s) + 60 )); fi; sleep 1; done", user)
 
 
-def accounting(names: Sequence[str], since: str = "now-7days") -> str:
+def accounting(names: Sequence[str], since: str = "now-7days", user: str | None = None) -> str:
     """This user's jobs of these names that ended since ``since`` (``sacct``: id, name, state, exit code, nodes,
-    end), one ``|``-separated line each (:func:`parse_accounting`)."""
-    return (f"sacct -n -P -X {_ME} --name={_names(names)} -S {shlex.quote(since)} "
-            "-o JobID,JobName,State,ExitCode,NodeList,End")
+    end), one ``|``-separated line each (:func:`parse_accounting`); ``user``: as :func:`as_user`."""
+    return as_user(f"sacct -n -P -X {_ME} --name={_names(names)} -S {shlex.quote(since)} "
+                   "-o JobID,JobName,State,ExitCode,NodeList,End", user)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from k3deploy.model.images import LocalImage, holds, named, run_ref
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
-from k3deploy.model.slurm import host_files, launch_path
+from k3deploy.model.slurm import host_files, image_imports, launch_path
 from k3deploy.model.staging import (
     ARCHIVE,
     OUTSIDE,
@@ -80,8 +80,9 @@ class StagePart(Enum):
     SERVE = 11
     ROUND = 100
     UNSERVE = 10_000
-    VERIFY_BEFORE_START = 10_001
-    ROUTER_IMAGE = 10_002
+    CONTAINER_IMAGE = 10_001
+    VERIFY_BEFORE_START = 10_002
+    ROUTER_IMAGE = 10_003
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class StageKind:
 
 #: the kind of each part of the stage but the rounds from a peer (round ``i``: ``StageKind(StagePart.ROUND, i)``)
 (STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE, EXPORT,
- SERVE, UNSERVE, VERIFY_BEFORE_START, ROUTER_IMAGE) = (StageKind(p) for p in StagePart if p is not StagePart.ROUND)
+ SERVE, UNSERVE, CONTAINER_IMAGE, VERIFY_BEFORE_START, ROUTER_IMAGE) = (StageKind(p) for p in StagePart
+                                                                         if p is not StagePart.ROUND)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class FileWrite:
     kind: str = "text"
     when: tuple[Condition, ...] = ()   # what must hold when it is written (:class:`Intact`: its group's members)
     spec: EngineSpec | None = field(default=None, repr=False, compare=False)
+    owner: str | None = None           # a user name: the file is that user's (a Slurm job's, k3_slurm_user)
 
     @property
     def settings(self) -> dict[str, str]:
@@ -154,6 +157,7 @@ class Step:
     copy: Copy | None = None
     why: str = ""        # for people: what the step does (the runbook's sentence)
     peers: tuple[str, ...] = ()   # the hosts it copies from: where one of them failed, it fails saying so
+    creates: tuple[str, ...] = ()   # the files it makes: where the host has them all, it has nothing to do
 
 
 def fresh(rollout: Rollout) -> StagePlan:
@@ -378,6 +382,9 @@ class Configure:
     dirs: tuple[str, ...] = ()
     dirs_name: str = ""
     restore: bool = False
+    owner: str | None = None           # k3_slurm_user: the user whose are ``owned`` (of ``dirs``)
+    owned: tuple[str, ...] = ()
+    opened: tuple[str, ...] = ()       # of ``dirs``, those others pass through (go+x: the job's user's files in it)
 
 
 # ------------------------------------------------------------------------------------------------ restart
@@ -532,6 +539,9 @@ class StartSteps(Protocol):
     def configure(self, rollout: Rollout, host: str) -> Configure | None:
         """``host``'s configure step (None: nothing there)."""
 
+    def staged(self, rollout: Rollout) -> list[Step]:
+        """Its steps of the stage, once the image is on every node (the image in the form its runtime reads)."""
+
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         """What runs before the first step (records written again)."""
 
@@ -576,6 +586,10 @@ class UnitSteps:
     idle: str = "every group runs the planned version: nothing restarts"
     worker_file: bool = True
     marks_in_roll: bool = True
+
+    def staged(self, rollout: Rollout) -> list[Step]:
+        """None: the units run the image from the node's docker, where the stage put it."""
+        return []
 
     def configure(self, rollout: Rollout, host: str) -> Configure:
         """The engine units' helper, the units that answer the node's fence record to its peers and each unit's
@@ -679,9 +693,22 @@ class JobSteps:
         groups = {p: u.group for u in rollout.on_host(host) for p in (u.env_path, launch_path(rollout, u))}
         return Configure(host, "Env files (0600), launch scripts, batch scripts", tuple(
             FileWrite(f.path, f.mode, f.text, kind="env" if f.mode == "0600" else "text",
-                      when=(Intact(groups[f.path]),) if f.path in groups else (), spec=f.spec)
+                      when=(Intact(groups[f.path]),) if f.path in groups else (), spec=f.spec, owner=f.owner)
             for f in mine.files), dirs=(rollout.vars.k3_config_dir, *mine.dirs),
-            dirs_name="Slurm output and batch script directories")
+            dirs_name="Slurm output and batch script directories", owner=rollout.vars.k3_slurm_user,
+            owned=mine.owned, opened=(rollout.vars.k3_config_dir,) if mine.owned else ())
+
+    def staged(self, rollout: Rollout) -> list[Step]:
+        """On every host of the stage, each image its units run in the form the site's container runtime reads
+        (:func:`k3deploy.model.slurm.image_imports`): made once, keyed by the image's digest."""
+        out = []
+        for h in stage_hosts(rollout):
+            made = image_imports(rollout, h)
+            out.append(Step(CONTAINER_IMAGE, "Image: in the form the Slurm container runtime reads", h, bool(made),
+                            " && ".join(s for _, s in made), why="make the image file the jobs' containers run "
+                            "from (pyxis: enroot import to a squashfs; apptainer: a SIF), unless the node has it",
+                            creates=tuple(p for p, _ in made)))
+        return out
 
     def before(self, rollout: Rollout, decided: Decisions) -> list[Action]:
         return []
@@ -1089,8 +1116,9 @@ def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | Non
     (['n1', 'n2'], ['stop', 'stop', 'start', 'start', 'gate', 'current'], 'n1')
     """
     configured = (launcher.configure(layout, h) for h in (layout.hosts if hosts is None else hosts))
+    staged = stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover,
+                   router_tag=router_tag, router_images=router_images)
     return RolloutSteps(
-        tuple(stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover,
-                    router_tag=router_tag, router_images=router_images)),
+        tuple(sorted([*staged, *launcher.staged(layout)], key=lambda s: s.kind.order if s.kind is not None else 0)),
         tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)),
         virtual_address(layout), smoke(layout))

@@ -396,6 +396,15 @@ class Variables(BaseModel):
         "Times a group's job requeues itself when a step ends after the group served (a node failed, an engine "
         "died): Slurm starts it again, whole, on the same nodes after its requeue delay. 0: never; the next deploy "
         "run submits it again."))
+    k3_slurm_container: Literal["pyxis", "docker", "apptainer"] | None = Field(None, description=(
+        "How a Slurm job's steps run the engine containers: `pyxis` = `srun --container-image` of a squashfs the "
+        "stage makes on each node (`enroot import`), the container inside the job's cgroup; `docker` = `docker run` "
+        "on the node (outside the job's cgroup); `apptainer` = `apptainer exec` of a SIF the stage makes. Unset: "
+        "the vendor pack's (NVIDIA `pyxis`, AMD `apptainer`, Ascend `docker`; docs/slurm.md)."))
+    k3_slurm_user: str | None = Field(None, description=(
+        "The user the Slurm jobs are submitted, read and cancelled as (`runuser -u USER --` on "
+        "`k3_slurm_submit_host`: a site with `DisableRootJobs`); the job's files on the nodes are made readable by "
+        "it. Unset: the SSH user of the submit host."))
     # Kubernetes export (`k3deploy export kubernetes`, docs/kubernetes.md)
     k3_k8s_host_network: bool = Field(True, description=(
         "Kubernetes export: engine pods use the node's network (`hostNetwork`), as the units' `--network host`: "
@@ -559,6 +568,14 @@ class Variables(BaseModel):
         if value is not None and not SLURM_NAME.fullmatch(value):
             raise ValueError(f"{_shown(value)} is not a Slurm name (letters, digits, _ . - and commas between "
                              "several): give one as `sinfo`/`sacctmgr` list it")
+        return value
+
+    @field_validator("k3_slurm_user")
+    @classmethod
+    def _slurm_user(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value):
+            raise ValueError(f"{_shown(value)} is not a user name (lower-case letters, digits, _ and -, at most 32): "
+                             "give the site's user the jobs run as, as `id -un` prints it")
         return value
 
     @field_validator("k3_slurm_time")

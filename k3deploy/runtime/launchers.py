@@ -377,7 +377,7 @@ class Slurm:
             logger.info(f"[{at}] cancelled {what}: Slurm holds none of them now")
         for g in start:
             job = self.jobs[g]
-            ok, out = run(hosts, at, slurm.submit(job))
+            ok, out = run(hosts, at, slurm.submit(job, self.rollout.vars.k3_slurm_user))
             lines = out.strip().splitlines()
             if not ok or not lines:
                 logger.error(f"[{at}] sbatch of group {g}'s job {job.path} failed: {out.strip() or 'no output'}")
@@ -390,7 +390,8 @@ class Slurm:
     def _cancel(self, hosts: Mapping[str, Any], names: Sequence[str]) -> tuple[bool, str]:
         """Stop the jobs ``names`` on the submit host (:func:`k3deploy.model.slurm.cancel`); a job that had to be
         cancelled outright is said as a warning."""
-        ok, out = run(hosts, self.submit_host, slurm.cancel(names, CANCEL_TIMEOUT))
+        ok, out = run(hosts, self.submit_host,
+                       slurm.cancel(names, CANCEL_TIMEOUT, self.rollout.vars.k3_slurm_user))
         if ok and out.strip():
             logger.warning(f"[{self.submit_host}] {out.strip()}")
         return ok, out
@@ -428,7 +429,7 @@ class JobControl:
 
         job = self.launcher.jobs[work.group]
         return commands.probe_job(job.name, work.serves, None if work.group == "router" else served_model(work, model),
-                                  work.env_path)
+                                  work.env_path, self.launcher.rollout.vars.k3_slurm_user)
 
     def label(self, work: UnitWork) -> str:
         job = self.launcher.jobs[work.group]

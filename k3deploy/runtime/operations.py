@@ -17,7 +17,7 @@ import difflib
 import hashlib
 import secrets
 import shlex
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
@@ -28,7 +28,7 @@ from pyinfra.api.command import FileUploadCommand, FunctionCommand, PyinfraComma
 from pyinfra.api.operation import operation
 from pyinfra.api.state import StateStage
 from pyinfra.context import host, state
-from pyinfra.facts.files import Directory, FileContents
+from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.operations import server
 
 from k3deploy.facts.rollout import FileOnHost, KeepalivedState, SmokeAnswer, UnitState, VipHeld
@@ -167,6 +167,7 @@ class Written:
     live: str | None = None
     when: Callable[[], bool] | None = None
     spec: EngineSpec | None = field(default=None, repr=False, compare=False)
+    owner: str | None = None        # a user name: the file is that user's (a Slurm job's, k3_slurm_user)
 
 
 @operation()
@@ -192,7 +193,7 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
             got = host.get_fact(FileOnHost, path=f.dest)
             have, meta = got.sha, got.meta
         if have == hashlib.sha256(f.content.encode()).hexdigest():
-            drift = meta.drift(f.mode) if meta is not None else None
+            drift = meta.drift(f.mode) if meta is not None and f.owner is None else None
             if drift is not None:
                 drifted.append((f.dest, f.mode))
                 if state.config.DIFF:
@@ -207,19 +208,28 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
     if drifted:
         yield sh(commands.lock_down(drifted))
     if todo:
-        script = commands.write_from_stdin([(f.dest, f.mode) for f in todo], secrets.token_hex(16))
+        script = commands.write_from_stdin([(f.dest, f.mode, f.owner) for f in todo], secrets.token_hex(16))
         payload = "".join(f"{len(f.content.encode())}\n{f.content}" for f in todo)
         yield StringCommand("sh", "-c", shlex.quote(script), _stdin=payload)
 
 
 @operation()
-def directories(paths: Sequence[str], mode: str = "0755") -> Commands:
-    """Create the directories of ``paths`` that are missing (root's, ``mode``), with their parents."""
-    missing = [p for p in paths if not host.get_fact(Directory, path=p)]
-    if not missing:
+def directories(paths: Sequence[str], mode: str = "0755", owner: str | None = None,
+                owned: Collection[str] = (), opened: Collection[str] = ()) -> Commands:
+    """Create the directories of ``paths`` that are missing (root's, ``mode``), with their parents; those of
+    ``owned`` are ``owner``'s (a user name), and one of them another user's is given to ``owner``; one of ``opened``
+    that others cannot pass through gets ``go+x`` (others reach the files in it they may read, list nothing)."""
+    have = {p: host.get_fact(Directory, path=p) for p in paths}
+    mine = [p for p in paths if p in owned and owner is not None]
+    missing = [p for p in paths if not have[p] and p not in mine]
+    given = [p for p in mine if not (d := have[p]) or d.get("user") != owner]
+    closed = [p for p in paths if p in opened and (not (d := have[p]) or not int(d.get("mode") or 0) % 2)]
+    if not missing and not given and not closed:
         host.noop("every directory is there")
         return
-    yield sh(commands.make_dirs(missing, mode))
+    yield sh(" && ".join([*([commands.make_dirs(missing, mode)] if missing else []),
+                          *([commands.make_dirs(given, mode, owner)] if given else []),
+                          *([f"chmod go+x {' '.join(shlex.quote(p) for p in closed)}"] if closed else [])]))
 
 
 @operation()
@@ -230,6 +240,9 @@ def stage_step(step: Step) -> Commands:
     run fails here saying so (not with the refused connection to the peer's rsync daemon that never started)."""
     if not step.applies:
         host.noop("not needed on this host")
+        return
+    if step.creates and all(host.get_fact(File, path=p) for p in step.creates):
+        host.noop("the files it makes are here")
         return
     down = [p for p in step.peers if p in {h.name for h in state.failed_hosts}]
     if down:   # its sender failed an earlier step (its error is above there): nothing to copy from

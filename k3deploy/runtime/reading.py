@@ -333,6 +333,7 @@ class ReadSlurmQueue(Request):
 
     fact = SlurmQueue
     names: tuple[str, ...]
+    user: str | None = None          # k3_slurm_user: read as that user
 
     def keep(self, value: SlurmQueueReading) -> dict[str, Any]:
         return {"slurm_queue": value}
@@ -447,7 +448,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if len(layout.replicas) > 1:   # which replicas the router sends requests to
         out += [ReadRouterWorkers(u.serves) for u in mine if u.group == "router" and u.serves]
     if host == launcher.queue_host:   # the groups' jobs
-        out += [ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups)), *site]
+        out += [ReadSlurmQueue(tuple(job_name(g, variables.k3_unit_name) for g in layout.groups),
+                               variables.k3_slurm_user), *site]
     out.append(ReadLock(variables.k3_config_dir))
     out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
             for g in layout.groups if any(u.host == host for u in layout.group(g))]

@@ -169,7 +169,11 @@ class Container:
     driver, with the version it needs.
 
     Under Slurm (:mod:`k3deploy.model.slurm`): ``slurm_gres`` is the name of the accelerators' generic resource in
-    the site's ``gres.conf`` (``Name=``), what an engine job's ``--gres`` asks for (``k3_slurm_gres`` overrides)."""
+    the site's ``gres.conf`` (``Name=``), what an engine job's ``--gres`` asks for (``k3_slurm_gres`` overrides);
+    ``slurm_runtime`` is the container runtime the vendor documents for its Slurm sites (``pyxis``, ``docker``,
+    ``apptainer``; ``k3_slurm_container`` overrides it, :mod:`k3deploy.model.jobcontainers`), ``slurm_runtime_source``
+    where it says so, and ``apptainer_flags`` what hands the accelerators to an Apptainer container (``--nv``,
+    ``--rocm``: the Apptainer user guide, "GPU Support")."""
 
     flags: tuple[str, ...] = ()
     per_device: str | None = None
@@ -191,6 +195,9 @@ class Container:
     k8s_dra_class: str | None = None
     k8s_dra_driver: str = ""
     slurm_gres: str = "gpu"
+    slurm_runtime: Literal["pyxis", "docker", "apptainer"] = "docker"
+    slurm_runtime_source: str = ""
+    apptainer_flags: tuple[str, ...] = ()
 
     def run_flags(self, gpus_per_node: int) -> list[str]:
         """The ``docker run`` words before the volumes."""

@@ -495,8 +495,10 @@ def _up_locked(
                        sim_slurm.render_gres(sim_slurm.gpu_files(str(prof.get("vendor", "nvidia")), gpus), gres_name),
                        sim_slurm.new_key())
     save_state(state)
+    plugin = None
     if slurm_files is not None:
         (sdir / "slurm.conf").write_text(slurm_files[0])
+        plugin = sim_slurm.build_plugin(sim_base.cache_dir() / "spank")
 
     key = sdir / "id_ed25519"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"k3deploy-sim-{name}", "-f", str(key)])
@@ -521,7 +523,8 @@ def _up_locked(
             doc = {**doc, "imex_per_job": True}
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
         if slurm_files is not None:
-            sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0, imex_per_job=imex_per_job)
+            sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0, imex_per_job=imex_per_job,
+                                   plugin=plugin)
         network.prepare_net(nd, br, subnet, shaping["cluster_mbps"])
         if doc.get("rails"):  # the GPU NICs, one subnet per rail, in the cluster's fabric namespace
             network.prepare_rails(name, nd.rank, nd.netns, doc["rails"])

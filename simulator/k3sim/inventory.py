@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from k3deploy.errors import K3Error
+from k3sim import profiles
 from k3sim.host import write_atomic
 
 
@@ -100,6 +101,9 @@ def write_inventory(state: dict[str, Any]) -> None:
                   f"k3_slurm_submit_host: {sl['submit_host']}",
                   "# the one partition of the simulated Slurm, over every node",
                   f"k3_slurm_partition: {sl['partition']}"]
+        if profiles.profile(state["hardware"]).get("vendor", "nvidia") != "nvidia":
+            lines += ["# the simulated nodes run pyxis (NVIDIA's default) and docker, not Apptainer (the AMD pack's "
+                      "default under Slurm)", "k3_slurm_container: docker"]
         if pools:
             lines += ["# the router runs on the first prefill node beside its engine: k3deploy's jobs share nodes",
                       "k3_slurm_exclusive: user"]

@@ -236,6 +236,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             product = _value(f)
         elif f.kind == "no-nvidia-smi":
             missing.append("nvidia-smi")
+        elif f.kind == "no-enroot":
+            missing.append("enroot")
         elif f.kind == "no-dmabuf":
             dmabuf = False
         elif f.kind == "no-peermem":

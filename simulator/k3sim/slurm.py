@@ -8,7 +8,14 @@ The base root (:mod:`k3sim.base`) carries the packages with their units disabled
   every node: the controller on the rank-0 node, one ``NodeName`` per node (the node's host name, which every
   node's ``/etc/hosts`` resolves), the nodes' GPUs as a generic resource named as the vendor's pack names it
   (:func:`gres_name`: ``gpu``, ``npu`` on Ascend), partition ``k3`` over all nodes;
-- the units enabled for ``multi-user.target``: ``munge`` and ``slurmd`` on every node, ``slurmctld`` on rank 0.
+- the units enabled for ``multi-user.target``: ``munge`` and ``slurmd`` on every node, ``slurmctld`` on rank 0;
+- the simulator's pyxis (:func:`build_plugin`: ``spank/k3sim_pyxis.c``, a SPANK plugin compiled once per source
+  and ``slurm/spank.h`` on the control host with ``cc -shared -fPIC`` against Debian's libslurm-dev, the nodes'
+  Slurm 22.05) at ``/usr/lib/k3sim/spank/k3sim_pyxis.so``, loaded by slurmd and srun through
+  ``/etc/slurm/plugstack.conf``: srun's ``--container-image`` and the other pyxis options, each task of such a step
+  handed to the simulated ``enroot start`` (node tool ``/usr/bin/enroot``), in the job's process tree;
+- the user ``k3job`` (:data:`JOB_USER`, the same uid on every node), whom a deploy may submit its jobs as
+  (``k3_slurm_user``), as a site that sets ``DisableRootJobs`` needs.
 
 Everything lives in the nodes' own roots and cgroups, so ``sim down`` removes it with the nodes. The cluster's
 state records ``{"controller", "submit_host", "partition", "gpus", "cpus", "conf"}`` under ``slurm``.
@@ -16,8 +23,10 @@ state records ``{"controller", "submit_host", "partition", "gpus", "cpus", "conf
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -45,6 +54,58 @@ UNITS_CONTROLLER = ("slurmctld.service",)
 #: the job credential's lifetime in the simulated cluster, which is also how long a requeued job waits before it
 #: starts again (slurm.conf(5), AuthInfo cred_expire; Slurm's default is 120 s)
 CRED_EXPIRE = 10
+
+
+#: the simulator's pyxis: its source, the header it is built against, where each node has it, the line that loads it
+SPANK_SOURCE = Path(__file__).with_name("spank") / "k3sim_pyxis.c"
+SPANK_HEADER = Path("/usr/include/slurm/spank.h")
+PLUGIN = "/usr/lib/k3sim/spank/k3sim_pyxis.so"
+PLUGSTACK = f"# written by k3deploy sim up --slurm: the simulator's pyxis (srun --container-image)\nrequired {PLUGIN}\n"
+#: a user that jobs may be submitted as (k3_slurm_user), with the same uid and gid on every node
+JOB_USER, JOB_UID = "k3job", 2901
+
+
+def build_plugin(cache: Path) -> Path:
+    """The simulator's pyxis compiled on the control host, once per its source and ``slurm/spank.h``: cached as
+    ``cache/k3sim_pyxis-<hash>.so``. One line naming the fix where the compiler or the header is missing."""
+    if not SPANK_HEADER.is_file():
+        raise SimError(f"{SPANK_HEADER} is missing, so the simulator's pyxis cannot be built: install libslurm-dev "
+                       "(.ci/install-sim.sh)")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SimError("no C compiler (cc) to build the simulator's pyxis: install gcc and libc6-dev "
+                       "(.ci/install-sim.sh)")
+    key = hashlib.sha256(SPANK_SOURCE.read_bytes() + SPANK_HEADER.read_bytes()).hexdigest()[:16]
+    out = cache / f"k3sim_pyxis-{key}.so"
+    if out.is_file():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".k3sim_pyxis-{key}.{os.getpid()}.so"
+    res = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(tmp), str(SPANK_SOURCE)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise SimError(f"cc could not build {SPANK_SOURCE}: {res.stderr.strip().splitlines()[-1:] or res.returncode}")
+    os.replace(tmp, out)
+    return out
+
+
+def add_job_user(root: Path) -> None:
+    """The job user (:data:`JOB_USER`) in a node's root: its passwd and group lines and its home, unless present."""
+    passwd = root / "etc/passwd"
+    if any(line.split(":")[0] == JOB_USER for line in passwd.read_text().splitlines()):
+        return
+    with passwd.open("a") as fh:
+        fh.write(f"{JOB_USER}:x:{JOB_UID}:{JOB_UID}:k3deploy's Slurm jobs:/home/{JOB_USER}:/bin/bash\n")
+    with (root / "etc/group").open("a") as fh:
+        fh.write(f"{JOB_USER}:x:{JOB_UID}:\n")
+    shadow = root / "etc/shadow"
+    if shadow.exists():
+        with shadow.open("a") as fh:
+            fh.write(f"{JOB_USER}:!:19000:0:99999:7:::\n")
+    home = root / "home" / JOB_USER
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, JOB_UID, JOB_UID)
 
 
 def gres_name(vendor: str) -> str:
@@ -219,9 +280,11 @@ exec /usr/bin/scontrol "$@"
     }
 
 
-def prepare_node(root: Path, conf: str, gres: str, key: bytes, controller: bool, imex_per_job: bool = False) -> None:
+def prepare_node(root: Path, conf: str, gres: str, key: bytes, controller: bool, imex_per_job: bool = False,
+                 plugin: Path | None = None) -> None:
     """Write the cluster's key and configuration into a node's root and enable its Slurm units (before boot); with
-    ``imex_per_job`` the simulated switch/nvidia_imex (:func:`imex_files`), and no IMEX daemon at boot."""
+    ``imex_per_job`` the simulated switch/nvidia_imex (:func:`imex_files`), and no IMEX daemon at boot; with
+    ``plugin`` (:func:`build_plugin`), the simulator's pyxis and the plugstack line that loads it; the job user."""
     muid, mgid = _ids(root, "munge")
     kdir = root / "etc/munge"
     kdir.mkdir(parents=True, exist_ok=True)
@@ -237,6 +300,13 @@ def prepare_node(root: Path, conf: str, gres: str, key: bytes, controller: bool,
     sdir.mkdir(parents=True, exist_ok=True)
     write_atomic(sdir / "slurm.conf", conf, 0o644)
     write_atomic(sdir / "gres.conf", gres, 0o644)
+    if plugin is not None:
+        dest = root / PLUGIN.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(plugin, dest)
+        dest.chmod(0o755)
+        write_atomic(sdir / "plugstack.conf", PLUGSTACK, 0o644)
+    add_job_user(root)
     suid, sgid = _ids(root, "slurm")
     for sub, mode in (("var/lib/slurm/slurmctld", 0o755), ("var/lib/slurm/slurmd", 0o755), ("var/log/slurm", 0o755)):
         d = root / sub
@@ -266,7 +336,7 @@ def record(state: dict[str, Any], cpus: int, gpus: int) -> dict[str, Any]:
     """The cluster's ``slurm`` state entry (controller and submit host: the rank-0 node)."""
     head = state["nodes"][0]["name"]
     return {"controller": head, "submit_host": head, "partition": PARTITION, "cpus": cpus, "gpus": gpus,
-            "kill_wait": KILL_WAIT, "version": "22.05",
+            "kill_wait": KILL_WAIT, "version": "22.05", "job_user": JOB_USER,
             "conf": str(Path(state["inventory"]).parent / "slurm.conf")}
 
 

@@ -163,3 +163,38 @@ def test_the_per_job_scontrol_answers_as_a_24_05_site_with_switch_nvidia_imex(tm
                              check=True).stdout
     site = parse_site(version, got)
     assert (site.version, site.switch, site.prolog, site.imex_per_job) == ("24.05.3", "switch/nvidia_imex", (), True)
+
+
+def test_an_nvidia_cluster_runs_the_packs_pyxis_and_an_amd_one_docker(tmp_path):
+    write_inventory(_state(tmp_path, None))
+    assert "k3_slurm_container" not in yaml.safe_load((tmp_path / "group_vars" / "all.yml").read_text())
+    st = _state(tmp_path, None)
+    st["hardware"] = "mi300x"   # the AMD pack's Apptainer is not simulated
+    write_inventory(st)
+    assert yaml.safe_load((tmp_path / "group_vars" / "all.yml").read_text())["k3_slurm_container"] == "docker"
+
+
+def test_the_simulators_pyxis_builds_once_and_exports_spank_symbols(tmp_path):
+    if not slurm.SPANK_HEADER.is_file():
+        pytest.skip("no slurm/spank.h (libslurm-dev, .ci/install-sim.sh)")
+    first = slurm.build_plugin(tmp_path)
+    assert slurm.build_plugin(tmp_path) == first and len(list(tmp_path.glob("*.so"))) == 1   # cached
+    symbols = subprocess.run(["nm", "-D", str(first)], capture_output=True, text=True, check=True).stdout
+    for name in ("slurm_spank_init", "slurm_spank_task_init", "spank_options", "plugin_name"):
+        assert name in symbols
+
+
+def test_a_node_root_gets_the_plugin_its_plugstack_line_and_the_job_user(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\nmunge:x:101:101::/:/bin/false\n"
+                                     "slurm:x:64030:64030::/:/bin/false\n")
+    (root / "etc/group").write_text("root:x:0:\n")
+    plugin = tmp_path / "p.so"
+    plugin.write_bytes(b"\x7fELF")
+    slurm.prepare_node(root, "conf\n", "gres\n", b"k" * 1024, controller=False, plugin=plugin)
+    slurm.prepare_node(root, "conf\n", "gres\n", b"k" * 1024, controller=False, plugin=plugin)   # twice: one user
+    assert (root / slurm.PLUGIN.lstrip("/")).read_bytes() == b"\x7fELF"
+    assert (root / "etc/slurm/plugstack.conf").read_text().splitlines()[-1] == f"required {slurm.PLUGIN}"
+    users = [ln.split(":") for ln in (root / "etc/passwd").read_text().splitlines()]
+    assert [u[2:4] for u in users if u[0] == slurm.JOB_USER] == [[str(slurm.JOB_UID)] * 2]

@@ -25,12 +25,17 @@ from k3deploy.model.hosttext import exec_start, launch_argv, split_exec
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import Rollout
 
+#: the launch scripts this module runs are ``docker run``'s (k3_slurm_container: docker; the other runtimes:
+#: tests/unit/test_slurm_containers.py)
+PIN_DOCKER = {"k3_slurm_container": "docker"}
+
 
 #: per vendor family, its hardware in order of preference (the first that offers a strategy runs it)
 def rollout_of(hardware: list[str], strategy: str, **extra: object) -> Rollout | None:
     """The smallest cluster of the family's first hardware that offers ``strategy`` (None: none offers it); where a
     router shares a host with an engine group (P/D: the first prefill host; a front router: the head's host) its jobs
     share nodes (``k3_slurm_exclusive: user``)."""
+    extra = {**PIN_DOCKER, **extra}
     r = smallest_rollout(hardware, strategy, **extra)
     if r is not None and "router" in r.groups and "k3_slurm_exclusive" not in extra:
         r = smallest_rollout(hardware, strategy, **extra, k3_slurm_exclusive="user")
@@ -103,7 +108,7 @@ def _sbatch(script: str) -> list[str]:
 
 
 def _rollout(strategy: str = "multi_node_tp", hardware: str = "gb300", nodes: int = 2, **extra: object) -> Rollout:
-    return desired_rollout(target(records(hardware, strategy, nodes, **extra), None))
+    return desired_rollout(target(records(hardware, strategy, nodes, **{**PIN_DOCKER, **extra}), None))
 
 
 def test_the_sbatch_lines_follow_the_variables():

@@ -23,7 +23,7 @@ def _sha(text: str) -> str:
 
 def _rollout() -> Rollout:
     data = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp", "k3_launcher": "slurm",
-            "k3_slurm_submit_host": "n0"}
+            "k3_slurm_submit_host": "n0", "k3_slurm_container": "docker"}
     return desired_rollout(target([HostRecord(f"n{i}", ("head",) if i == 0 else ("workers",),
                                               {**data, "k3_ip": f"192.0.2.{10 + i}", "rank": i}) for i in range(2)],
                                   None))

@@ -102,6 +102,12 @@ PACK = Pack(
         k8s_device_plugin="the AMD GPU device plugin (github.com/ROCm/k8s-device-plugin, or the AMD GPU Operator)",
         k8s_dra_class="gpu.amd.com",
         k8s_dra_driver="the AMD GPU DRA driver >= v1.0.0 (github.com/ROCm/k8s-gpu-dra-driver)",
+        slurm_runtime="apptainer",
+        apptainer_flags=("--rocm",),
+        slurm_runtime_source=("AMD's Infinity Hub containers list Docker Engine and Singularity as their runtimes "
+                              "(github.com/amd/InfinityHub-CI README, 'Container Runtimes'); Apptainer is "
+                              "Singularity's continuation, with --rocm for AMD GPUs (Apptainer user guide, "
+                              "'GPU Support')"),
     ),
     checks=(
         Check("gpu.model", "rocm-smi --showproductname", "the hardware's GPU product names or PCI device ids",

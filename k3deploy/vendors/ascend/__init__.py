@@ -95,6 +95,10 @@ PACK = Pack(
         k8s_privileged=True,
         # Ascend MindCluster's Ascend Device Plugin (huawei.com/Ascend910 on Atlas 800 A2/A3); no DRA driver
         k8s_device_plugin="the Ascend Device Plugin of MindCluster (gitcode.com/Ascend/mind-cluster)",
+        slurm_runtime="docker",
+        slurm_runtime_source=("MindCluster's Ascend Docker Runtime mounts the NPUs' devices and driver files into "
+                              "Docker or containerd containers only (hiascend.com, MindCluster 7.3 'Ascend Docker "
+                              "Runtime', Component Functions): there is no enroot or Apptainer integration"),
     ),
     checks=(
         Check("gpu.model", "npu-smi info", "the hardware's NPU product names",

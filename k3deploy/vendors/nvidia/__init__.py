@@ -258,6 +258,10 @@ PACK = Pack(
         # pkg/featuregates/featuregates.go at v25.8.0: IMEXDaemonsWithDNSNames on by default (ComputeDomain numNodes 0)
         k8s_dra_class="gpu.nvidia.com",
         k8s_dra_driver="the NVIDIA DRA driver for GPUs >= v25.8.0 (github.com/kubernetes-sigs/dra-driver-nvidia-gpu)",
+        slurm_runtime="pyxis",
+        apptainer_flags=("--nv",),
+        slurm_runtime_source=("NVIDIA's container runtime for Slurm is pyxis, a SPANK plugin over enroot "
+                              "(github.com/NVIDIA/pyxis README, 0.24.0: srun --container-image, squashfs images)"),
     ),
     checks=(
         Check("gpu.model", "nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c",

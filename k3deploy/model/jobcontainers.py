@@ -1,0 +1,185 @@
+"""The container runtime of a Slurm site (``k3_slurm_container``): how a job's step runs a unit's engine container.
+Pure, frozen. The differences between the runtimes are data (:class:`Runtime`, one per name in :data:`RUNTIMES`);
+:func:`k3deploy.model.slurm.launch_script` and the batch script's steps render from it and the unit's
+:class:`~k3deploy.model.engine.EngineSpec`, nothing else.
+
+- ``pyxis`` (NVIDIA's SPANK plugin for Slurm, over enroot): the step itself is the container: ``srun
+  --container-image=<staged squashfs> --container-mounts=... --container-name=... <launch script>``; the launch
+  script runs inside it, reads the unit's env file and execs the engine's argv. The container is a process of the
+  step, so it lives in the job's cgroup and gets the job's GPUs (Slurm's GRES environment reaches it). Option names
+  from pyxis's README and ``args.c`` (github.com/NVIDIA/pyxis, release 0.24.0).
+- ``docker``: the launch script runs ``docker run`` on the node (the systemd unit's argv), and stops the container
+  on SIGTERM; dockerd's containers are children of containerd, outside the job's cgroup.
+- ``apptainer``: the launch script runs ``apptainer exec --nv|--rocm --bind ... <staged SIF> <argv>`` on the node;
+  the env file is handed in as ``APPTAINERENV_<NAME>`` (the Apptainer user guide, "Environment and Metadata": such a
+  variable is set in the container, over the image's own value).
+
+The image is staged in the form the runtime reads (:func:`staged_image`, :func:`import_image`): a squashfs made by
+``enroot import`` (pyxis), a SIF by ``apptainer build`` (apptainer), each from the image the stage put in the node's
+docker, and named after the image's reference, which pins its digest: a changed image is a new file.
+
+Example::
+
+    >>> RUNTIMES["pyxis"].step_flags("/s/i.sqsh", [("/c", "/root/.cache")], "/etc/k3deploy", "k3-engine")[:2]
+    ['--container-image=/s/i.sqsh', '--container-mounts=/c:/root/.cache,/etc/k3deploy:/etc/k3deploy:ro']
+    >>> staged_image("/var/lib/k3deploy/stage", "vllm/vllm-openai@sha256:" + "ab" * 32, RUNTIMES["pyxis"])[-21:]
+    'abababababababab.sqsh'
+    >>> RUNTIMES["docker"].staged is None
+    True
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+RuntimeName = Literal["pyxis", "docker", "apptainer"]
+
+#: the loop a launch script reads the unit's env file with: one ``NAME=value`` per line, the value taken literally
+#: (docker's ``--env-file`` format, which the env file is), blank lines and comments skipped; ``{prefix}`` before
+#: each name (apptainer: ``APPTAINERENV_``)
+READ_ENV = ("while IFS= read -r line || [ -n \"$line\" ]; do case $line in ''|'#'*) ;; *) export \"{prefix}$line\" "
+            ";; esac; done < {path}")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A container runtime under Slurm, as data.
+
+    ``staged``: the suffix of the image file it reads (None: it reads the image from its own store, docker);
+    ``import_command``: how a node makes that file (``{out}``) from ``{source}``: ``local_source``, the image in the
+    node's docker (``{ref}``: its local reference), or ``registry_source``, the image in its registry;
+    ``tool``/``probe``/``required``/``fix``: what preflight looks for on every engine node, the command that shows
+    it, what is required and the usual fix; ``in_job``: its containers run inside the job's cgroup; ``inside``: the
+    launch script runs inside the container (the step's srun carries the container: pyxis); ``env_prefix``: before
+    each env file name it exports. The flags that hand a vendor's accelerators to an apptainer container are the
+    pack's (:attr:`k3deploy.vendors.base.Container.apptainer_flags`)."""
+
+    name: RuntimeName
+    staged: str | None
+    import_command: str
+    tool: str
+    probe: str
+    required: str
+    fix: str
+    in_job: bool
+    inside: bool
+    env_prefix: str = ""
+    local_source: str = ""
+    registry_source: str = ""
+    #: ``(test, what a node lacks where it fails)``: what the stage checks on each node before it makes the file
+    needs: tuple[tuple[str, str], ...] = ()
+
+    def require(self) -> str:
+        """Shell that fails, in one line naming what the node lacks (observed), what is required and the fix,
+        unless the node has this runtime's tools (:attr:`needs`); empty where it needs nothing checked here.
+
+        >>> "no enroot on PATH" in RUNTIMES["pyxis"].require(), RUNTIMES["docker"].require()
+        (True, '')
+        """
+        if not self.needs:
+            return ""
+        tests = "; ".join(f"{test} || o=\"${{o:+$o, }}{lacks}\"" for test, lacks in self.needs)
+        said = (f"k3deploy: k3_slurm_container: {self.name}: observed $o; required {self.required}; fix: "
+                f"{self.fix}")
+        return f"o=; {tests}; [ -z \"$o\" ] || {{ echo \"{said}\" >&2; exit 1; }}"
+
+    def step_flags(self, image: str, mounts: Sequence[tuple[str, str]], config_dir: str, name: str) -> list[str]:
+        """The srun options of a step that runs a unit's container (pyxis's; none for the others): the image file,
+        the mounts (the vendor's driver files, the model cache, then the unit's launch script and env file read
+        only), its name, the user's home not mounted, the image's entrypoint not run (the launch script runs the
+        engine), a writable root (the engine writes its caches there)."""
+        if not self.inside:
+            return []
+        binds = [f"{host}:{inside}" for host, inside in mounts] + [f"{config_dir}:{config_dir}:ro"]
+        return [f"--container-image={image}", f"--container-mounts={','.join(binds)}", f"--container-name={name}",
+                "--no-container-mount-home", "--no-container-entrypoint", "--container-writable"]
+
+    def read_env(self, env_path: str) -> str:
+        """The launch script's line that exports the unit's env file (:data:`READ_ENV`)."""
+        return READ_ENV.format(prefix=self.env_prefix, path=shlex.quote(env_path))
+
+    def exec_argv(self, image: str, gpu_flags: Sequence[str], mounts: Sequence[tuple[str, str]],
+                  argv: Sequence[str]) -> list[str]:
+        """What the launch script execs after reading the env file: the engine's argv itself where the script runs
+        inside the container (pyxis), else the runtime's command around it (apptainer; ``gpu_flags``: the pack's)."""
+        if self.inside:
+            return list(argv)
+        binds = ",".join(f"{host}:{inside}" for host, inside in mounts)
+        return ["apptainer", "exec", *gpu_flags, *(["--bind", binds] if binds else []), image, *argv]
+
+
+RUNTIMES: dict[str, Runtime] = {
+    "pyxis": Runtime(
+        "pyxis", ".sqsh", "enroot import -o {out} {source}", "enroot",
+        "enroot version && srun --help | grep -c -- --container-image",
+        "enroot on every engine node, and pyxis in Slurm (srun --help lists --container-image)",
+        "install enroot and pyxis (github.com/NVIDIA/pyxis: plugstack.conf.d/pyxis.conf) and restart slurmd, or set "
+        "k3_slurm_container to the site's runtime (docker, apptainer)", in_job=True, inside=True,
+        local_source="dockerd://{ref}", registry_source="docker://{enroot}",
+        needs=(("command -v enroot >/dev/null", "no enroot on PATH"),
+               ("srun --help 2>/dev/null | grep -q -- --container-image",
+                "srun --help lists no --container-image (pyxis is not loaded: plugstack.conf)"))),
+    "docker": Runtime(
+        "docker", None, "", "docker", "docker version --format '{{.Server.Version}}'",
+        "dockerd on every engine node (its containers run outside the job's cgroup)",
+        "install Docker Engine, or set k3_slurm_container to the site's runtime (pyxis, apptainer)",
+        in_job=False, inside=False),
+    "apptainer": Runtime(
+        "apptainer", ".sif", "apptainer build {out} {source}", "apptainer", "apptainer version",
+        "apptainer on every engine node",
+        "install Apptainer (apptainer.org/docs/admin), or set k3_slurm_container to the site's runtime (pyxis, "
+        "docker)", in_job=True, inside=False, env_prefix="APPTAINERENV_", local_source="docker-daemon:{ref}",
+        registry_source="docker://{ref}", needs=(("command -v apptainer >/dev/null", "no apptainer on PATH"),)),
+}
+
+
+def enroot_uri(ref: str) -> str:
+    """An image reference as enroot's ``docker://`` URI writes it: the registry, where named, before a ``#``
+    (enroot's ``import`` usage: ``docker://[USER@][REGISTRY#]IMAGE[:TAG]``).
+
+    >>> enroot_uri("nvcr.io/nvidia/pytorch:24.01-py3"), enroot_uri("vllm/vllm-openai:v0.11")
+    ('nvcr.io#nvidia/pytorch:24.01-py3', 'vllm/vllm-openai:v0.11')
+    """
+    first, slash, rest = ref.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return ref
+
+
+def runtime(name: str) -> Runtime:
+    """The runtime of this name (``k3_slurm_container``, or the pack's ``slurm_runtime``)."""
+    return RUNTIMES[name]
+
+
+def staged_image(stage_dir: str, image: str, rt: Runtime) -> str:
+    """Where a node keeps ``image`` in the form ``rt`` reads: ``<stage_dir>/images/<reference>.<suffix>``, the
+    reference (with its digest) made a file name; ``image`` itself for a runtime that reads its own store."""
+    if rt.staged is None:
+        return image
+    return f"{stage_dir.rstrip('/')}/images/{re.sub(r'[^A-Za-z0-9_.-]', '_', image)}{rt.staged}"
+
+
+def import_image(rt: Runtime, ref: str, path: str, *, local: bool = True) -> str:
+    """Shell that makes ``path`` from the image the node's docker holds as ``ref`` (``local``; else from the
+    registry), unless it is there already (the name carries the digest: a present file is the planned image);
+    written beside and moved into place, so that an interrupted import leaves no file that looks staged.
+
+    >>> import_image(RUNTIMES["pyxis"], "r:k3-sha256-ab", "/s/images/r.sqsh").split("} && ", 1)[1]
+    '[ -s /s/images/r.sqsh ] || { mkdir -p /s/images && rm -f /s/images/r.sqsh.part && enroot import -o \
+/s/images/r.sqsh.part dockerd://r:k3-sha256-ab && mv -f /s/images/r.sqsh.part /s/images/r.sqsh; }'
+
+    The runtime's tools are checked first (:meth:`Runtime.require`): a node without them fails the stage, before
+    anything is configured or submitted.
+    """
+    q = shlex.quote(path)
+    part = shlex.quote(path + ".part")
+    folder = shlex.quote(path.rsplit("/", 1)[0] or "/")
+    source = rt.local_source if local else rt.registry_source
+    made = rt.import_command.format(out=part, source=shlex.quote(source.format(ref=ref, enroot=enroot_uri(ref))))
+    check = rt.require()
+    return (f"{{ {check}; }} && " if check else "") + \
+        f"[ -s {q} ] || {{ mkdir -p {folder} && rm -f {part} && {made} && mv -f {part} {q}; }}"
