@@ -17,7 +17,8 @@ from k3deploy.errors import K3Error
 #: ``--option`` -> the variable it sets (for this export only)
 SLURM_OPTIONS = {"partition": "k3_slurm_partition", "account": "k3_slurm_account", "qos": "k3_slurm_qos",
                  "time_limit": "k3_slurm_time", "exclusive": "k3_slurm_exclusive", "gres": "k3_slurm_gres",
-                 "slurm_version": "k3_slurm_version", "slurm_dir": "k3_slurm_dir", "imex": "k3_imex"}
+                 "slurm_version": "k3_slurm_version", "slurm_dir": "k3_slurm_dir", "imex": "k3_imex",
+                 "container": "k3_slurm_container"}
 
 
 @click.group("export")
@@ -39,6 +40,9 @@ def export() -> None:
 @click.option("--gres", default=None, help="k3_slurm_gres of the engine jobs ('' for none).")
 @click.option("--slurm-version", default=None, metavar="X.Y", help="k3_slurm_version: the site's Slurm version.")
 @click.option("--slurm-dir", default=None, metavar="PATH", help="k3_slurm_dir on the nodes.")
+@click.option("--container", type=click.Choice(["pyxis", "docker", "apptainer"]), default=None,
+              help="k3_slurm_container: how each node's step runs its container; default: the vendor's (pyxis on "
+                   "NVIDIA).")
 @click.option("--imex", type=click.Choice(["standing", "per_job"]), default=None,
               help="k3_imex on GB200/GB300: standing (channel 0 in every job) or per_job (each job's channel, from "
                    "Slurm's switch/nvidia_imex or the site's prolog); default: standing, nothing being read.")

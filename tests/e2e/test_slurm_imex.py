@@ -19,7 +19,7 @@ pytestmark = pytest.mark.sim
 
 def test_imex_per_job_is_read_from_the_site_checked_as_such_and_each_job_gets_its_channel(sim_factory):
     sim = sim_factory("ssimex", "gb300", 2, "--slurm", "--imex", "per-job")
-    sim.set_vars("k3_strategy: multi_node_tp\n")
+    sim.set_vars("k3_strategy: multi_node_tp\nk3_slurm_container: docker\n")   # the channels as docker's --device
     head = sim.info["nodes"][0]["name"]
     assert sim.ssh(1, "ls /dev/nvidia-caps-imex-channels 2>/dev/null").stdout.strip() == ""   # nothing standing
 

@@ -335,15 +335,18 @@ echo "scontrol $*" >> "$K3_TEST_LOG"
 exit 0
 """
 
-#: the head runs until stopped; the worker ends once the job has seen the group serve (it waits up to 2 minutes for
-#: that: a loaded machine may take long to run the job's watcher, and a worker that ends first is a different case)
+#: the head runs until stopped; the worker ends once the head's step runs (its srun has registered it: the stub's
+#: scancel signals the steps registered) and the job has seen the group serve (it waits up to 2 minutes for that: a
+#: loaded machine may take long to start the head's step or run the job's watcher, and a worker that ends first is
+#: a different case)
 LAUNCH_AFTER_SERVING = r"""#!/bin/bash
 case $SLURMD_NODENAME in
 n0)
   trap 'echo "n0 stopped" >> "$K3_TEST_LOG"; exit 143' TERM
+  echo "n0 runs" >> "$K3_TEST_LOG"
   sleep 300 & wait;;
 n1)
-  for _ in $(seq 1200); do [ -e "$K3_TEST_SERVED" ] && break; sleep 0.1; done
+  for _ in $(seq 1200); do [ -e "$K3_TEST_SERVED" ] && grep -q "^n0 runs" "$K3_TEST_LOG" && break; sleep 0.1; done
   echo "n1 lost"
   exit 1;;
 esac

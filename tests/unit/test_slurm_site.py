@@ -149,13 +149,26 @@ def test_an_unread_site_is_a_warning_naming_what_was_assumed() -> None:
 
 
 def _launch(imex: str) -> str:
-    r = _rollout(k3_imex=imex)
+    """A worker's launch script with docker as the site's container runtime: the channels as ``--device``."""
+    r = _rollout(k3_imex=imex, k3_slurm_container="docker")
     return slurm.launch_script(r, r.units[1])
 
 
 def test_a_standing_domain_hands_the_container_channel_0_as_the_unit_does() -> None:
     script = _launch("standing")
     assert "--device /dev/nvidia-caps-imex-channels/channel0" in script and "NVIDIA_IMEX_CHANNELS" not in script
+
+
+def test_per_job_under_pyxis_the_step_finds_its_channel_in_the_container_and_names_it() -> None:
+    """Under pyxis the launch script runs inside the step's container: it passes no device; it finds the job's
+    channel there (or fails at once naming its node) and exports its number as NVIDIA_IMEX_CHANNELS for the engine."""
+    r = _rollout(k3_imex="per_job", k3_slurm_container="pyxis")
+    script = slurm.launch_script(r, r.units[1])
+    run = [ln for ln in script.splitlines() if ln.startswith("exec ")]
+    assert len(run) == 1 and "docker" not in run[0] and "--device" not in run[0]
+    assert not [ln for ln in script.splitlines() if ln.lstrip().startswith(("docker", "stop_container"))]
+    assert "channel0" not in script and 'export NVIDIA_IMEX_CHANNELS="$ids"' in script
+    assert script.index("NVIDIA_IMEX_CHANNELS") < script.index("\nexec ")
 
 
 def _run_launch(script: str, tmp_path: Path, channels: list[str]) -> subprocess.CompletedProcess[str]:
@@ -228,7 +241,7 @@ def test_export_slurm_renders_imex_per_job_when_told(tmp_path: Path) -> None:
     for mode, channel0 in (("per_job", False), ("standing", True)):
         out = tmp_path / mode
         proc = k3("export", "slurm", "--hardware", "gb300", "--strategy", "multi_node_tp", "--nodes", "2", "-o",
-                  str(out), "--imex", mode, timeout=300)
+                  str(out), "--imex", mode, "--container", "docker", timeout=300)
         assert proc.returncode == 0, proc.stderr
         scripts = [p.read_text() for p in out.rglob("*.launch")]
         assert len(scripts) == 2
