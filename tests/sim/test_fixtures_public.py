@@ -57,9 +57,11 @@ def test_ibv_devinfo_roce_only_four_hcas_aarch64():
         ("rocep1s0f0", "PORT_DOWN", "Ethernet", 1024), ("rocep1s0f1", "PORT_ACTIVE", "Ethernet", 4096),
         ("roceP2p1s0f0", "PORT_DOWN", "Ethernet", 1024), ("roceP2p1s0f1", "PORT_ACTIVE", "Ethernet", 4096)]
     assert {(d.transport, d.fw_ver) for d in devs} == {("InfiniBand (0)", "28.45.4028")}
-    # no InfiniBand fabric: every active RoCE port is a candidate, the down ones are not
+    # no InfiniBand fabric: every active RoCE port is a candidate, the down ones are not, and a port with two names
+    # (one adapter over two PCIe links: the same sys_image_guid) is taken once, by its name in the lowest PCI domain
     choice = rdma.choose_ports(devs)
-    assert choice.nccl_ib_hca == "=rocep1s0f1:1,roceP2p1s0f1:1" and not choice.excluded
+    assert choice.nccl_ib_hca == "=rocep1s0f1:1"
+    assert [(n, p) for n, p, _ in choice.excluded] == [("roceP2p1s0f1", 1)]
 
 
 def test_ibv_devinfo_failed_to_open_device_lines_are_skipped():
