@@ -44,6 +44,25 @@ def check_inventory(inventory: str) -> None:
                       "e.g. inventories/gb300.py of a clone)")
 
 
+#: pyinfra's options that leave nothing to confirm at its "Press enter to execute" prompt
+NO_PROMPT = ("-y", "--yes", "--dry")
+
+
+def check_confirmable(options: tuple[str, ...] | list[str], interactive: bool) -> None:
+    """Refuse, in one line with the fix, a run whose changes pyinfra would ask to confirm with no terminal to
+    answer (cron, CI, a pipe): its prompt would meet the end of input and fail with a traceback.
+
+    >>> check_confirmable(["-y"], interactive=False)
+    >>> check_confirmable([], interactive=False)
+    Traceback (most recent call last):
+    k3deploy.errors.K3Error: k3deploy deploy: standard input is not a terminal, so no one can confirm the changes ...
+    """
+    if interactive or any(o in NO_PROMPT for o in options):
+        return
+    raise K3Error("k3deploy deploy: standard input is not a terminal, so no one can confirm the changes at pyinfra's "
+                  "prompt: add -y to apply them, or --dry to see them")
+
+
 @click.command("deploy", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("inventory")
 @click.argument("options", nargs=-1, type=click.UNPROCESSED)
@@ -53,6 +72,7 @@ def deploy(inventory: str, options: tuple[str, ...]) -> None:
     Every option after INVENTORY goes to pyinfra: -y (apply), --dry, --diff, --data k3_rollback=true, --limit ...
     """
     check_inventory(inventory)
+    check_confirmable(options, sys.stdin is not None and sys.stdin.isatty())
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "pyinfra", *pyinfra_argv(inventory, list(options))])
