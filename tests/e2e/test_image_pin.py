@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, deploy, k3, why
+from helpers import ROOT, deploy, k3, plan_json, why
 from k3deploy.model.images import run_ref
 
 pytestmark = pytest.mark.sim
@@ -32,12 +32,6 @@ def image_id(sim, rank: int, ref: str) -> str:
     return out.stdout.strip()
 
 
-def plan_json(sim) -> tuple[int, dict]:
-    proc = k3("plan", sim.inventory, "--json", check=False)
-    assert proc.returncode in (0, 3), why(proc) + proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
 def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout(sim_factory):
     registry = json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())
     first = registry[REPO]["kimi-k3"]["digest"]
@@ -55,7 +49,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
                       "> /etc/docker/daemon.json").returncode == 0
     build = image_id(sim, 1, f"{REPO}@{second}")
 
-    rc, plan = plan_json(sim)                 # the plan names the build: the digest the tag names now
+    rc, plan = plan_json(sim.inventory)                 # the plan names the build: the digest the tag names now
     assert rc == 3 and plan["image"]["digest"] == second and plan["image"]["image"] == f"{REPO}@{second}"
     assert any(second in note for note in plan["notes"]), plan["notes"]
     for h in plan["hosts"]:                   # the units run it by a local tag named after the digest
@@ -72,7 +66,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
     assert sim.ssh(0, f"docker image inspect {REPO}@{second}").returncode != 0    # the classic store on node 1
     assert [image_id(sim, r, IMAGE) for r in (0, 1)] == [build] * 2    # the tag on every node names that build
 
-    rc, plan = plan_json(sim)                 # the tag did not move: nothing to do
+    rc, plan = plan_json(sim.inventory)                 # the tag did not move: nothing to do
     assert rc == 0 and plan["changes_pending"] is False, plan
     st = json.loads(k3("status", sim.inventory, "--json", check=False).stdout)
     units = [u for g in st["groups"] for u in g["units"]]
@@ -82,7 +76,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
 
     # the tag is pushed again: a change of the whole group, rolled out together
     third = k3("sim", "push", sim.name, IMAGE, check=True).stdout.strip()
-    rc, plan = plan_json(sim)
+    rc, plan = plan_json(sim.inventory)
     assert rc == 3 and plan["image"]["digest"] == third
     assert plan["restart_order"] == [f"{n}:k3-engine.service" for n in nodes]
     run = deploy(sim.inventory)

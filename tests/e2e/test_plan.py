@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, why
+from helpers import PYINFRA, ROOT, deploy, k3, plan_json, why
 
 pytestmark = pytest.mark.sim
 
@@ -21,12 +21,6 @@ KIMI_K3_DIGEST = json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/re
 def dry_diff(inventory: str) -> subprocess.CompletedProcess:
     return subprocess.run([PYINFRA, inventory, "deploy/k3.py", "--dry", "--diff"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
-
-
-def plan_json(inventory: str) -> tuple[int, dict]:
-    proc = k3("plan", inventory, "--json", check=False)
-    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):

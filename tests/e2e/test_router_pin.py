@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, deploy, k3, why
+from helpers import ROOT, deploy, k3, plan_json, why
 from k3deploy.model.images import run_ref
 
 pytestmark = pytest.mark.sim
@@ -27,32 +27,26 @@ def router_image(sim) -> str:
     return found[0]
 
 
-def plan_json(sim) -> tuple[int, dict]:
-    proc = k3("plan", sim.inventory, "--json", check=False)
-    assert proc.returncode in (0, 3), why(proc) + proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
 def test_the_router_image_is_pinned_to_its_digest_and_a_re_push_is_a_change_of_the_router(sim_factory):
     registry = json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())
     first = registry[REPO]["v0.1.17"]["digest"]
     sim = sim_factory("lerpin", "h200", 4, "--replicas", "2")
     sim.set_vars(f"k3_router_image: {ROUTER}\n")
 
-    rc, plan = plan_json(sim)
+    rc, plan = plan_json(sim.inventory)
     assert rc == 3
     assert any(f"router image {ROUTER} is {first} in the registry" in note for note in plan["notes"]), plan["notes"]
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
     assert f"router image {ROUTER} is {first} in the registry" in run.stdout
     assert router_image(sim) == run_ref(f"{REPO}@{first}")
-    rc, plan = plan_json(sim)                          # the tag did not move: nothing to do
+    rc, plan = plan_json(sim.inventory)                          # the tag did not move: nothing to do
     assert rc == 0 and plan["changes_pending"] is False, plan
 
     # the tag pushed again upstream: the router's unit changes (the engines' do not), the next run runs the new build
     second = k3("sim", "push", sim.name, ROUTER, check=True).stdout.strip()
     assert second.startswith("sha256:") and second != first
-    rc, plan = plan_json(sim)
+    rc, plan = plan_json(sim.inventory)
     assert rc == 3 and any(second in note for note in plan["notes"]), plan["notes"]
     changed = {(h["host"], c["unit"]) for h in plan["hosts"] for c in h["changes"] if c.get("unit")}
     assert changed and all("router" in unit for _, unit in changed), changed

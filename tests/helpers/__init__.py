@@ -180,6 +180,13 @@ def result(report: dict, host: str, check: str) -> dict:
     return hit
 
 
+def plan_json(inventory: str) -> tuple[int, dict[str, Any]]:
+    """``k3deploy plan INVENTORY --json``: its exit code (0: nothing to change, 3: changes) and its answer."""
+    proc = k3("plan", inventory, "--json", check=False)
+    assert proc.returncode in (0, 3), why(proc) + proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
 def why(proc: subprocess.CompletedProcess[str]) -> str:
     """What a failed assertion on a run shows: its lines that name an error or a failure (a deploy's output is long
     and the reason is rarely at its end), then the end of the output."""
