@@ -19,8 +19,8 @@ bash tools/setup.sh
 bash tools/lint.sh
 # the real vLLM 0.33.0 / vllm-router 0.1.17 parsers, in their own venv, for the conformance tests
 bash tools/engine-venv.sh >/dev/null
-# three test processes (pytest-xdist), a test module at a time each (a module-scoped simulated cluster stays in one
+# four test processes (pytest-xdist), a test module at a time each (a module-scoped simulated cluster stays in one
 # process), the longest modules first (tests/conftest.py orders them by their measured times): the simulated
-# clusters' waits overlap with the other processes' work (on 2 cores: 21m22s against 27m25s with two,
+# clusters' waits overlap with the other processes' work (on 2 cores: 20m18s against 22m50s with three,
 # docs/testing.md). K3_TEST_PROCESSES sets another count; `-n 0` among the arguments runs it in one process.
-exec .venv/bin/pytest -q -n "${K3_TEST_PROCESSES:-3}" --dist loadscope --no-loadscope-reorder "$@"
+exec .venv/bin/pytest -q -n "${K3_TEST_PROCESSES:-4}" --dist loadscope --no-loadscope-reorder "$@"
