@@ -445,10 +445,21 @@ def make_dirs(paths: Sequence[str], mode: str = "0755", owner: str | None = None
     return f"mkdir -p -m {shlex.quote(mode)} {q} && chown {shlex.quote(owner) + ':' if owner else '0:0'} {q}"
 
 
-def lock_down(files: Sequence[tuple[str, str]]) -> str:
-    """Give each ``(path, mode)`` that is a plain file root as owner and ``mode`` (its content stays)."""
-    return " && ".join(f"{{ [ ! -f {q} ] || [ -L {q} ] || {{ chown 0:0 {q} && chmod {mode} {q}; }}; }}"
-                       for q, mode in ((shlex.quote(p), shlex.quote(m)) for p, m in files))
+def lock_down(files: Sequence[tuple[str, str] | tuple[str, str, str | None]]) -> str:
+    """Give each ``(path, mode)`` that is a plain file root as owner and ``mode`` (its content stays); a ``(path,
+    mode, owner)`` with an owner (a user name, as :func:`put_in_place` takes it) goes to that user instead.
+
+        >>> lock_down([("/e/a.env", "600"), ("/e/b.env", "600", "k3job")]).count("chown")
+        2
+        >>> "chown k3job: /e/b.env" in lock_down([("/e/b.env", "600", "k3job")])
+        True
+    """
+    out = []
+    for path, mode, *who in files:
+        q, m = shlex.quote(path), shlex.quote(mode)
+        owner = f"{shlex.quote(who[0])}:" if who and who[0] else "0:0"
+        out.append(f"{{ [ ! -f {q} ] || [ -L {q} ] || {{ chown {owner} {q} && chmod {m} {q}; }}; }}")
+    return " && ".join(out)
 
 
 def _mktemp(prefix: str) -> str:

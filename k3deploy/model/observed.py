@@ -30,10 +30,21 @@ class FileMeta:
     gid: int
     mode: str
 
-    def drift(self, mode: str) -> str | None:
-        """How the file differs from root-owned with ``mode`` (None: it does not)."""
-        if self.uid == 0 and self.gid == 0 and int(self.mode, 8) == int(mode, 8):
+    def drift(self, mode: str, owned: bool = False) -> str | None:
+        """How the file differs from root-owned with ``mode`` (None: it does not). ``owned``: the file is a user's
+        (a Slurm job's, ``k3_slurm_user``), whose uid the control machine does not know: only its mode is compared.
+
+            >>> job = FileMeta(2901, 2901, "644")
+            >>> FileMeta(2901, 2901, "600").drift("600", owned=True), job.drift("600", owned=True)
+            (None, 'mode 0644 owner 2901 group 2901, required 0600 its user')
+        """
+        if owned and int(self.mode, 8) == int(mode, 8):
             return None
+        if not owned and self.uid == 0 and self.gid == 0 and int(self.mode, 8) == int(mode, 8):
+            return None
+        if owned:
+            return (f"mode {int(self.mode, 8):04o} owner {self.uid} group {self.gid}, required {int(mode, 8):04o} "
+                    "its user")
         owner = f"owner {self.uid}" + (f" group {self.gid}" if self.gid != 0 else "")
         return f"mode {int(self.mode, 8):04o} {owner}, required {int(mode, 8):04o} root"
 

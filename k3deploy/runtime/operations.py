@@ -179,9 +179,9 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
     mode, how it drifted)``, e.g. :func:`drifted`'s live unit and env files), content untouched. ``--diff`` shows
     each change as :func:`managed_file` does."""
     todo: list[Written] = []
-    drifted: list[tuple[str, str]] = []
+    drifted: list[tuple[str, str, str | None]] = []
     for path, mode, how in restore:
-        drifted.append((path, mode))
+        drifted.append((path, mode, None))
         if state.config.DIFF:
             host.log(f"Will give {path} its owner and mode back (content unchanged): {how}", logger.info)
     for f in files:
@@ -193,9 +193,9 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
             got = host.get_fact(FileOnHost, path=f.dest)
             have, meta = got.sha, got.meta
         if have == hashlib.sha256(f.content.encode()).hexdigest():
-            drift = meta.drift(f.mode) if meta is not None and f.owner is None else None
+            drift = meta.drift(f.mode, owned=f.owner is not None) if meta is not None else None
             if drift is not None:
-                drifted.append((f.dest, f.mode))
+                drifted.append((f.dest, f.mode, f.owner))
                 if state.config.DIFF:
                     host.log(f"Will give {f.dest} its owner and mode back (content unchanged): {drift}", logger.info)
             continue

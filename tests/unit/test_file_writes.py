@@ -143,3 +143,25 @@ def test_owner_and_mode_come_back_and_the_content_stays(tmp_path):
     assert proc.returncode == 0, proc.stderr
     st = os.stat(env)
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o600) and env.read_text() == "A=1\n"
+
+
+@root_only
+def test_a_users_file_gets_its_mode_back_and_stays_that_users(tmp_path):
+    """A Slurm job's env file (``k3_slurm_user``): its mode drifted, it gets the mode back and stays its user's."""
+    import pwd
+
+    from k3deploy.model.commands import lock_down
+    from k3deploy.model.observed import FileMeta
+
+    user = pwd.getpwuid(65534)   # nobody: a user that is not root
+    env = tmp_path / "k3.env"
+    env.write_text("A=1\n")
+    env.chmod(0o644)
+    os.chown(env, user.pw_uid, user.pw_gid)
+    st = os.stat(env)
+    assert FileMeta(st.st_uid, st.st_gid, f"{st.st_mode & 0o777:o}").drift("600", owned=True) is not None
+    proc = subprocess.run(["sh", "-c", lock_down([(str(env), "600", user.pw_name)])], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    st = os.stat(env)
+    assert (st.st_uid, st.st_mode & 0o777) == (user.pw_uid, 0o600) and env.read_text() == "A=1\n"
+    assert FileMeta(st.st_uid, st.st_gid, f"{st.st_mode & 0o777:o}").drift("600", owned=True) is None
