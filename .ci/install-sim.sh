@@ -9,9 +9,10 @@
 #   rsync              k3_image_archive / k3_weights_source copies from the control machine (pyinfra files.rsync)
 #   util-linux, mount  nsenter, mount, umount
 #   libslurm-dev, gcc, libc6-dev  sim up --slurm builds the simulator's pyxis (a SPANK plugin) against slurm/spank.h
+#   prometheus         promtool checks the exported scrape configuration and rules; sim up --monitoring runs it
 # Usage: .ci/install-sim.sh            (as root)
 set -eu
-PKGS="systemd-container debootstrap iproute2 openssh-client openssh-server procps curl rsync util-linux mount libslurm-dev gcc libc6-dev"
+PKGS="systemd-container debootstrap iproute2 openssh-client openssh-server procps curl rsync util-linux mount libslurm-dev gcc libc6-dev prometheus"
 if [ "$(id -u)" != 0 ]; then
   echo "install-sim.sh: run as root" >&2
   exit 2
