@@ -1,4 +1,4 @@
-"""Simulated clusters deploy as created (issue 27): ``sim up`` without ``--strategy`` writes the recommended strategy
+"""Simulated clusters deploy as created: ``sim up`` without ``--strategy`` writes the recommended strategy
 that fits its node count (mi355x x 2: the recommendation single_node_tp runs on one node), and a P/D layout at the
 pool sizes ``options`` lists deploys without editing anything."""
 

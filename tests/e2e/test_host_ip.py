@@ -1,7 +1,7 @@
 """A head whose default route is missing (an air-gapped site) or on a front-end network the other trays do not reach:
 vLLM's ``get_ip()`` gives ``0.0.0.0`` or that address, and without ``VLLM_HOST_IP`` the head advertises its message
 queue there, so its workers wait and the head times out. The deploy sets ``VLLM_HOST_IP`` to each node's ``k3_ip``
-and the group serves (issue 26, finding 1; the simulator's side: ``sim up --fault 0:default-route=none|front-end``).
+and the group serves (the simulator's side: ``sim up --fault 0:default-route=none|front-end``).
 """
 
 from __future__ import annotations

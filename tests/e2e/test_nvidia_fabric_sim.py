@@ -1,6 +1,6 @@
-"""`k3deploy preflight` against simulated NVIDIA clusters in the situations of issue 26: HGX GPUs stuck In Progress
-in the NVSwitch fabric while Fabric Manager runs (finding 3), a GB300 tray whose NVLink fabric reports degraded
-bandwidth (finding 7), an IMEX domain formed on the trays' management network (finding 2), and two replicas in two
+"""`k3deploy preflight` against simulated NVIDIA clusters in these situations: HGX GPUs stuck In Progress
+in the NVSwitch fabric while Fabric Manager runs, a GB300 tray whose NVLink fabric reports degraded
+bandwidth, an IMEX domain formed on the trays' management network, and two replicas in two
 NVL72 racks (each replica's trays in one NVLink domain, not every planned tray)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""`k3deploy preflight` against simulated clusters in the RDMA situations of issue 26: a GB300 tray on a Spectrum-X
-RoCE fabric, whose BlueField-3 is Ethernet like its GPU NICs (finding 4), and rails, one subnet each, with a node
-on rail switches without a spine under expert parallelism across nodes (finding 11)."""
+"""`k3deploy preflight` against simulated clusters in these RDMA situations: a GB300 tray on a Spectrum-X
+RoCE fabric, whose BlueField-3 is Ethernet like its GPU NICs, and rails, one subnet each, with a node
+on rail switches without a spine under expert parallelism across nodes."""
 
 from __future__ import annotations
 

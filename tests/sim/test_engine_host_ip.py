@@ -1,6 +1,6 @@
 """The simulated engine advertises its DP group's message queue where vLLM would: ``get_ip()`` (``VLLM_HOST_IP``,
 else the address of the default route, else ``0.0.0.0``); a queue the workers cannot reach leaves them waiting and
-the head times out (issue 26, finding 1). The node-level fault (``default-route=none|front-end``) is exercised end
+the head times out. The node-level fault (``default-route=none|front-end``) is exercised end
 to end in tests/e2e/test_host_ip.py."""
 
 from __future__ import annotations

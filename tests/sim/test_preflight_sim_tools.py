@@ -100,7 +100,7 @@ def test_healthy_gb300_pair_passes(tmp_path):
         ("gb300", "0:gpu-model=NVIDIA GB200", [("node0", "gpu.model")]),
         ("gb300", "1:imex-peer-down", [("node1", "nvidia.imex.domain")]),
         ("gb300", "1:fabric-health=no-partition", [("node1", "nvlink.fabric")]),
-        # HGX GPUs stuck In Progress while Fabric Manager runs at the driver's version (issue 26, finding 3)
+        # HGX GPUs stuck In Progress while Fabric Manager runs at the driver's version
         ("h200", "1:fabric=In Progress", [("node1", "nvswitch.fabric")]),
         ("h200", "1:gpu-count=7", [("node1", "gpu.count")]),
         # Fabric Manager stays at the old driver's version: both checks fail, on that node only

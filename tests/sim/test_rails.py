@@ -1,4 +1,4 @@
-"""The simulated GPU fabric's rails (issue 26, finding 11): each GPU NIC of a node on its own rail subnet, named by
+"""The simulated GPU fabric's rails: each GPU NIC of a node on its own rail subnet, named by
 the simulated ``ibdev2netdev`` as MLNX-OFED's does, the ``rail-only`` fault, and the simulated ``ping`` the
 reachability round runs (the nodes' base has none)."""
 

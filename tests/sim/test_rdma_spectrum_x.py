@@ -1,4 +1,4 @@
-"""The simulated GB300 tray on a Spectrum-X RoCE fabric (``sim fault N:spectrum-x``, issue 26 finding 4): its
+"""The simulated GB300 tray on a Spectrum-X RoCE fabric (``sim fault N:spectrum-x``): its
 ``ibv_devinfo`` shows four ConnectX-8 SuperNICs and a BlueField-3, every port Ethernet, and the port choice leaves
 the BlueField out of ``NCCL_IB_HCA`` by its ``vendor_part_id`` alone."""
 

@@ -62,7 +62,7 @@ def result(results, host: str, check: str):
     return found
 
 
-# --------------------------------------------------------------------------------- the driver (finding 10)
+# --------------------------------------------------------------------------------- the driver
 
 
 def test_a_healthy_mi355x_pair_passes_and_reports_one_driver_for_the_group():
@@ -106,7 +106,7 @@ def test_one_node_has_no_group_check():
     assert not [r for r in results if r.check == "rocm.driver.group"]
 
 
-# ------------------------------------------------------------------------- GPUDirect RDMA (finding 6)
+# ------------------------------------------------------------------------- GPUDirect RDMA
 
 
 def test_without_the_amdkfd_peer_memory_interface_the_node_fails():
@@ -172,7 +172,7 @@ def test_the_peer_memory_command_looks_where_rccl_looks():
     assert "ib_register_peer_memory_client' /proc/kallsyms" in command
 
 
-# ---------------------------------------------------------------------- a partitioned GPU count (finding 9)
+# ---------------------------------------------------------------------- a partitioned GPU count
 
 
 def test_a_wrong_gpu_count_on_amd_points_to_the_partition_modes():
@@ -184,7 +184,7 @@ def test_a_wrong_gpu_count_on_amd_points_to_the_partition_modes():
     assert "CUDA_VISIBLE_DEVICES" not in count.fix and "MIG" not in count.fix
 
 
-# ------------------------------------------------------------------- the simulated node's peer memory (finding 6)
+# ------------------------------------------------------------------- the simulated node's peer memory
 
 
 def test_a_simulated_amd_node_shows_the_peer_memory_interface_unless_the_fault_removes_it(tmp_path):
@@ -207,7 +207,7 @@ def test_a_simulated_amd_node_shows_the_peer_memory_interface_unless_the_fault_r
     assert mm.is_dir() and list(mm.iterdir()) == []
 
 
-# ------------------------------------------------------------- the GPU/NIC topology for the port choice (finding 6)
+# ------------------------------------------------------------- the GPU/NIC topology for the port choice
 
 
 def _sysfs(lspci_pp: str) -> str:

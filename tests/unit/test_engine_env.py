@@ -1,6 +1,6 @@
 """What an engine's env file holds, layer over layer: the plan's env, the settings derived from the host's facts
 (which replace the plan's placeholders and catch-alls), ``VLLM_HOST_IP`` = the node's cluster address, and
-``k3_extra_env`` last (issue 26, findings 1 and 5)."""
+``k3_extra_env`` last."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The first contact (issue 27): a simulated cluster deploys as created (``sim up`` picks the recommended strategy that
+"""The first contact: a simulated cluster deploys as created (``sim up`` picks the recommended strategy that
 fits its node count, or refuses naming the sizes that fit), messages in an inventory's context name the variable, the
 file and the group, ids get a did-you-mean, ``options`` and ``resolve`` agree on the hardware ids, and the demo's and
 the chat client's interfaces."""

@@ -1,6 +1,6 @@
-"""NVIDIA fabric truths of issue 26: the NVSwitch fabric registration of HGX GPUs (finding 3), the fabric's health
-beyond Summary Unhealthy (finding 7), the IMEX domain on another network of the trays (finding 2) and GB300 Data
-Direct (finding 8). Each test fails on the code before the fix."""
+"""NVIDIA fabric truths: the NVSwitch fabric registration of HGX GPUs, the fabric's health
+beyond Summary Unhealthy, the IMEX domain on another network of the trays and GB300 Data
+Direct. Each test fails on the code before the fix."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def of(results, host: str, check: str):
     return hit
 
 
-# ---------------------------------------------------------------- finding 3: HGX NVSwitch fabric
+# ---------------------------------------------------------------- HGX NVSwitch fabric
 
 
 def test_hgx_reads_the_fabric_state_of_its_gpus():
@@ -133,7 +133,7 @@ def test_nvswitch_fabric_is_registered_with_command_requirement_and_fix():
     assert "nvidia-smi -q" in check.command_for(Spot()) and "Completed" in check.required
 
 
-# ------------------------------------------------------------- finding 7: degraded fabric health
+# ------------------------------------------------------------- degraded fabric health
 
 
 def test_the_parser_reads_every_health_row():
@@ -191,7 +191,7 @@ def test_hgx_degraded_fabric_warns():
     assert shown.status == "warn" and "Bandwidth Degraded" in shown.observed
 
 
-# ---------------------------------------------------- finding 2: IMEX domain on another network
+# ---------------------------------------------------- IMEX domain on another network
 
 
 def test_an_imex_domain_on_the_management_network_passes():
@@ -216,7 +216,7 @@ def test_a_tray_missing_from_the_management_network_domain_still_fails():
     assert bad.status == "fail" and "not in the domain: gb300-2 (10.77.0.13)" in bad.observed
 
 
-# --------------------------------------------------------------- finding 8: GB300 Data Direct
+# --------------------------------------------------------------- GB300 Data Direct
 
 
 def _tray_with_kernel(kernel: str, data_direct=None) -> list[NvidiaFacts]:
@@ -251,7 +251,7 @@ def test_the_nvidia_flavour_or_a_bound_data_direct_function_passes():
     assert shown.status == "pass" and "0000:03:00.1" in shown.observed and "mlx5_data_direct" in shown.observed
 
 
-# ---------------------------------------------------------------- finding 9: NVIDIA wording
+# ---------------------------------------------------------------- NVIDIA wording
 
 
 def test_gb_inventories_call_the_trays_nvl72_compute_trays_not_nvl4():

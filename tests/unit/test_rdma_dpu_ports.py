@@ -1,4 +1,4 @@
-"""Which RDMA ports NCCL and UCX get beside a BlueField DPU (issue 26, finding 4): a GB300 tray on a Spectrum-X
+"""Which RDMA ports NCCL and UCX get beside a BlueField DPU: a GB300 tray on a Spectrum-X
 RoCE fabric has its GPU NICs (ConnectX-8 SuperNICs) and a BlueField-3 all on Ethernet, every NIC ``SYS`` to every
 GPU, so neither the link layer nor ``nvidia-smi topo -m`` tells them apart: ``ibv_devinfo``'s ``vendor_part_id``
 does. And a chosen port count that differs from the GPU count is said, unless ``k3_ib_hca`` chose them."""

@@ -1,4 +1,4 @@
-"""``rdma.reach`` (issue 26, finding 11): with expert parallelism across nodes each chosen RDMA port of each node
+"""``rdma.reach``: with expert parallelism across nodes each chosen RDMA port of each node
 must reach each chosen port of the others; a rail-only fabric carries only rail-matched pairs. The round's targets,
 its command, and the verdict that names the (node, port, peer port) pairs that fail."""
 

@@ -1,4 +1,4 @@
-"""The simulator's ``default-route`` fault (issue 26, finding 1): parsed, accepted by every profile, and the ``ip``
+"""The simulator's ``default-route`` fault: parsed, accepted by every profile, and the ``ip``
 commands that leave a node without a default route or with it on a front-end network."""
 
 from __future__ import annotations
