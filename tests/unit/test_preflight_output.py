@@ -1,0 +1,81 @@
+"""Preflight's output for people, rendered from an 18-tray GB300 rack's facts: all passing fits a screen, folded to
+one line per check; a failing check stands first with what was observed, required and the fix; ``--all`` shows
+every host's rows; nothing is wider than 100 columns (or the terminal, where narrower) and no check name is broken."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+
+import pytest
+
+from k3deploy.cli.preflight import WIDTH, render
+from k3deploy.preflight.base import HostFacts
+from k3deploy.preflight.report import PreflightReport, check
+from k3deploy.vendors.nvidia.facts import NvidiaGpu
+from unit.test_preflight_checks import gb300_host, imex_domain, sel
+
+TRAYS = 18
+
+
+def rack(tray5_gpus: list[NvidiaGpu] | None = None) -> PreflightReport:
+    """The preflight of 18 GB300 trays in one NVLink domain; ``tray5_gpus``: what tray 5's nvidia-smi lists."""
+    addresses = [f"10.77.0.{11 + i}" for i in range(TRAYS)]
+    hosts: list[HostFacts] = [dataclasses.replace(gb300_host(f"gb300-{i:02d}", a), imex_domain=imex_domain(addresses),
+                                                  gpus=tray5_gpus if i == 5 and tray5_gpus else gb300_host("", "").gpus)
+                              for i, a in enumerate(addresses)]
+    return check(sel("gb300", TRAYS, strategy="multi_node_tp"), hosts)
+
+
+def shown(report: PreflightReport, width: int = WIDTH, every_row: bool = False) -> list[str]:
+    from rich.console import Console
+
+    out = io.StringIO()
+    render(report, Console(file=out, width=width, color_system=None), {}, every_row)
+    return out.getvalue().splitlines()
+
+
+def test_eighteen_passing_trays_fit_a_screen_one_line_per_check():
+    report = rack()
+    assert report.ok
+    lines = shown(report)
+    assert len(lines) <= 40, "\n".join(lines)
+    assert max(len(line) for line in lines) <= WIDTH
+    checks = list(dict.fromkeys(r.check for r in report.results))
+    folded = [line for line in lines if line.startswith("PASS")]
+    assert [line.split()[1] for line in folded] == checks          # every check once, whole, in order
+    assert all(re.search(r"\bon 18 nodes\b", line) for line in folded if "gpu.memory" not in line)
+    assert lines[-1].startswith(f"18 host(s), {len(report.results)} checks: {len(report.results)} passed")
+
+
+def test_a_failing_check_stands_first_with_observed_required_and_fix():
+    bad = [NvidiaGpu("NVIDIA GB300", 284208, "570.86.15") for _ in range(4)]
+    report = rack(bad)
+    lines = shown(report)
+    first = next(i for i, line in enumerate(lines) if re.match(r"(FAIL|WARN|PASS)\b", line))
+    assert lines[first].split()[:4] == ["FAIL", "nvidia.driver", "gb300-05", "570.86.15"]
+    (failure,) = report.failures()
+    rows = "\n".join(lines[first:first + 8])
+    assert all(word in rows for word in failure.fix.split()[:6])   # the fix is shown, wrapped in its cell
+    assert any(re.search(r"PASS\s+nvidia\.driver\s+on 17 of 18 nodes", line) for line in lines)
+    assert "failed: gb300-05" in lines[-1]
+    assert max(len(line) for line in lines) <= WIDTH
+
+
+@pytest.mark.parametrize("width", [80, WIDTH])
+def test_all_shows_every_row_and_never_breaks_a_check_name(width):
+    report = rack()
+    lines = shown(report, width=width, every_row=True)
+    assert max(len(line) for line in lines) <= width
+    names = {r.check for r in report.results}
+    rows = [line.split() for line in lines if line.startswith("PASS")]
+    assert len(rows) == len(report.results)                       # every host's every row
+    assert {row[1] for row in rows} == names                      # each name whole on its row
+    assert {(row[1], row[2]) for row in rows} == {(r.check, r.host) for r in report.results}
+
+
+def test_json_is_the_report_unchanged():
+    """``--json`` prints :meth:`PreflightReport.to_dict`: every host's every row, as before the folded view."""
+    data = rack().to_dict()
+    assert sum(len(h["results"]) for h in data["hosts"].values()) + len(data["cluster"]) == len(rack().results)
