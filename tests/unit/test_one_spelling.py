@@ -42,3 +42,40 @@ def test_every_rollback_hint_says_true_or_a_revision_number():
     odd = [(where, value) for where, value in found
            if value not in ("true", "N", "{value}", "{wanted}", "{never[-1]}") and not value.isdigit()]
     assert odd == []
+
+
+SUPPORTED = "ascend_910c, b200, b300, gb200, gb300, h100, h200, mi300x, mi325x, mi355x"
+
+
+@pytest.mark.parametrize("args", [
+    ["resolve", "-H", "b900"], ["options", "-H", "b900"], ["lint", "-H", "b900"],
+    ["resolve", "-H", "b900", "--strategy", "multi_node_tp", "--nodes", "2"],
+], ids=["resolve", "options", "lint", "resolve-sized"])
+def test_every_command_names_the_same_hardware_for_an_unknown_id(args):
+    """An unknown hardware id gets one list, the recipe's supported hardware, whichever command reads it (``lint``
+    listed the whole taxonomy, Intel and TPU parts k3deploy does not deploy, in another spelling)."""
+    from helpers import k3_here
+
+    proc = k3_here(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: unknown hardware 'b900': kimi-k3 runs on {SUPPORTED} (did you mean 'b300'?)"
+
+
+def test_an_inventory_and_the_simulator_name_the_same_list():
+    """The inventory's ``k3_hardware`` (through the pipeline) and ``sim up -H`` say the same line; the simulator
+    simulates every supported id, and its faults that need a kind of tray list them from the same list."""
+    from k3deploy import load_recipe
+    from k3deploy.errors import K3Error
+    from k3deploy.model.pipeline import _requirements
+    from k3deploy.model.variables import Variables
+    from k3deploy.recipe.offering import listing, supported_hardware
+    from k3sim import profiles
+
+    assert listing(supported_hardware(load_recipe())) == SUPPORTED == ", ".join(profiles.hardware_ids())
+    with pytest.raises(K3Error) as pipeline:
+        _requirements(Variables(k3_hardware="b900"), 2, load_recipe())
+    with pytest.raises(K3Error) as sim:
+        profiles.profile("b900")
+    assert str(pipeline.value) == str(sim.value) == \
+        f"unknown hardware 'b900': kimi-k3 runs on {SUPPORTED} (did you mean 'b300'?)"
+    assert profiles.supported("imex") == "gb200, gb300" and profiles.supported("nvl") == "gb200, gb300"
