@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
+from k3deploy.model.images import shown
 
 if TYPE_CHECKING:
     from k3deploy.model.slurm import GroupJob
@@ -27,20 +28,15 @@ def _uptime(seconds: float | None) -> str:
 
 
 def _image_cell(image: str | None, image_id: str | None) -> str:
-    """The image a unit runs, for the table, each digest labelled: a build pinned by digest as its repository and
-    ``digest`` (the registry's manifest digest, 12 hex digits as docker shows them), then ``local id`` (the id of
-    the image on the host, ``docker images --no-trunc``).
+    """The image a unit runs, for the table: as every command writes it (``REPO@sha256:DIGEST``, the registry's
+    manifest digest, :func:`~k3deploy.model.images.shown`), cut to 12 hex digits as docker shows them, then
+    ``local id`` (the id of the image on the host, ``docker images --no-trunc``).
 
     >>> print(_image_cell("vllm/vllm-openai@sha256:" + "a" * 64, "sha256:" + "b" * 64))
-    vllm/vllm-openai
-    digest sha256:aaaaaaaaaaaa
+    vllm/vllm-openai@sha256:aaaaaaaaaaaa…
     local id sha256:bbbbbbbbbbbb
     """
-    lines = [image or "-"]
-    if image and "@sha256:" in image:
-        repo, _, digest = image.partition("@")
-        lines = [repo, f"digest {digest[:19]}"]
-    return "\n".join(lines + ([f"local id {image_id[:19]}"] if image_id else []))
+    return "\n".join([shown(image, short=True) or "-"] + ([f"local id {image_id[:19]}"] if image_id else []))
 
 
 def read_status(inventory: str) -> tuple[ClusterStatus, list[str], list[str], Settled | None]:
@@ -125,9 +121,9 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
                       "a job gone from the queue is 'no job'); restarts and up are systemd's, n/a here: a job "
                       "restarts whole, as a new job or requeued (docs/slurm.md)", highlight=False, soft_wrap=True)
     if any(u.image_id for g in st.groups for u in g.units):
-        console.print("image: the reference each unit runs (digest: the registry's, of the build it was pinned to); "
-                      "local id: the image's id on that host (docker images --no-trunc)", highlight=False,
-                      soft_wrap=True)
+        console.print("image: the build each unit runs, REPO@sha256:DIGEST (the registry's digest of the build it was "
+                      "pinned to; status --json has it whole); local id: the image's id on that host (docker images "
+                      "--no-trunc)", highlight=False, soft_wrap=True)
     sick = [n for n in st.nodes if not n.ok]
     if st.nodes and not sick:
         console.print(f"health: [green]ok[/] on every node ({len(st.nodes)}): no XID, ECC, row-remap or link event",

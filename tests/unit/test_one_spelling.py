@@ -79,3 +79,26 @@ def test_an_inventory_and_the_simulator_name_the_same_list():
     assert str(pipeline.value) == str(sim.value) == \
         f"unknown hardware 'b900': kimi-k3 runs on {SUPPORTED} (did you mean 'b300'?)"
     assert profiles.supported("imex") == "gb200, gb300" and profiles.supported("nvl") == "gb200, gb300"
+
+
+REPO = "vllm/vllm-openai"
+OLD, NEW = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def test_a_change_of_build_reads_as_the_plan_note_history_and_runbook_write_it():
+    """The units run a pinned build by its local tag (``REPO:k3-sha256-...``, :func:`run_ref`); what the plan, the
+    dry run's diff, ``history`` and the runbook say is ``REPO@sha256:DIGEST``, and ``status``'s narrow cell the
+    same cut to 12 hex digits. ``--json`` keeps the exact reference the unit runs."""
+    from k3deploy.cli.status import _image_cell
+    from k3deploy.model.diff import change_lines, unit_file_changes
+    from k3deploy.model.images import pin, run_ref
+
+    def unit(digest: str) -> str:
+        return f"[Service]\nExecStart=/usr/bin/docker run --rm --name k3 {run_ref(pin(REPO, digest))} vllm serve\n"
+
+    changes = unit_file_changes(unit(OLD), unit(NEW))
+    image = next(c for c in changes if c["kind"] == "image")
+    assert image["to"] == run_ref(f"{REPO}@{NEW}")                       # JSON: what the unit runs
+    assert change_lines([image]) == [f"image: {REPO}@{OLD} -> {REPO}@{NEW}"]
+    assert _image_cell(run_ref(f"{REPO}@{NEW}"), None) == f"{REPO}@sha256:{'b' * 12}…"
+    assert _image_cell(f"{REPO}:kimi-k3", None) == f"{REPO}:kimi-k3"
