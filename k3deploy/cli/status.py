@@ -99,15 +99,17 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
     slurm = st.launcher == "slurm"
     for g in st.groups:
         job = f"; {g.job.shown()} ({g.job.name})" if g.job is not None else ""
-        table = Table("host", "unit", "role", "job" if slurm else "state", "restarts", "up", "image", "as planned",
-                      "/health", "/v1/models", "verdict",
+        # under Slurm a unit is its job's step on that node: no systemd unit, restarts or uptime to show
+        table = Table(*(("host", "job.step", "role") if slurm else ("host", "unit", "role", "state", "restarts", "up")),
+                      "image", "as planned", "/health", "/v1/models", "verdict",
                       title=f"group {g.name}: [{colour.get(g.verdict, 'red')}]{g.verdict}[/]{job}"
                       + {True: " (in the router)", False: " [red](not in the router)[/]", None: ""}[g.in_router],
                       title_justify="left")
         for u in g.units:
-            table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active,
-                          "n/a" if u.restarts is None else str(u.restarts), "n/a" if slurm else _uptime(u.uptime_s),
-                          _image_cell(u.image, u.image_id),
+            where = ((u.host, g.job.on(u.host) if g.job is not None else u.active, f"{u.role} {u.rank}") if slurm else
+                     (u.host, u.unit, f"{u.role} {u.rank}", u.active,
+                      "n/a" if u.restarts is None else str(u.restarts), _uptime(u.uptime_s)))
+            table.add_row(*where, _image_cell(u.image, u.image_id),
                           {True: "yes", False: "[red]no[/] (below)", None: "-"}[u.matches_plan],
                           "-" if u.health is None else str(u.health),
                           "-" if u.models is None else ", ".join(u.models) or "(none)",
@@ -117,9 +119,10 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
             if u.why:
                 console.print(f"{u.host} {u.unit}: as planned: no: {u.why}", highlight=False, soft_wrap=True)
     if slurm:
-        console.print("k3_launcher: slurm: each group runs as one Slurm job (job: squeue on k3_slurm_submit_host; "
-                      "a job gone from the queue is 'no job'); restarts and up are systemd's, n/a here: a job "
-                      "restarts whole, as a new job or requeued (docs/slurm.md)", highlight=False, soft_wrap=True)
+        console.print("k3_launcher: slurm: each group runs as one Slurm job, each node's engine as one of its steps "
+                      "(job.step: squeue --steps on k3_slurm_submit_host, JOBID.STEPID and the job's state; a job "
+                      "gone from the queue is 'no job'); no systemd unit, restarts or uptime: a job restarts whole, "
+                      "as a new job or requeued (docs/slurm.md)", highlight=False, soft_wrap=True)
     if any(u.image_id for g in st.groups for u in g.units):
         console.print("image: the build each unit runs, REPO@sha256:DIGEST (the registry's digest of the build it was "
                       "pinned to; status --json has it whole); local id: the image's id on that host (docker images "
