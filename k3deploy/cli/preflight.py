@@ -82,6 +82,23 @@ def folded_passes(results: list[Any], nodes: int) -> list[tuple[str, str, str]]:
     return out
 
 
+def folded_problems(problems: list[Any]) -> list[tuple[str, str, list[str], list[tuple[str, str]]]]:
+    """The failures and warnings, in order, those that read the same on several hosts (the same check, observed,
+    required and fix) once with their hosts: ``(status, check, hosts, [(label, text), ...])``.
+
+    >>> from k3deploy.preflight.base import CheckResult
+    >>> rows = [CheckResult(h, "disk.shm", "fail", "8 GiB", ">= 16 GiB", "grow /dev/shm") for h in ("a", "b")]
+    >>> folded_problems(rows + [CheckResult("c", "disk.shm", "fail", "4 GiB", ">= 16 GiB")])[0]
+    ('fail', 'disk.shm', ['a', 'b'], [('observed', '8 GiB'), ('required', '>= 16 GiB'), ('fix', 'grow /dev/shm')])
+    """
+    out: dict[tuple[str, str, str, str, str], list[str]] = {}
+    for r in problems:
+        out.setdefault((r.status, r.check, r.observed, r.required, r.fix), []).append(r.host)
+    return [(status, check, hosts, [(label, text) for label, text in
+                                     (("observed", observed), ("required", required), ("fix", fix)) if text])
+            for (status, check, observed, required, fix), hosts in out.items()]
+
+
 def folded_settings(settings: Mapping[str, Any], extra_env: Mapping[str, str]) -> list[str]:
     """:func:`settings_lines` with the hosts whose settings read the same on one line (``every node`` where all do).
 
@@ -110,11 +127,11 @@ def folded_settings(settings: Mapping[str, Any], extra_env: Mapping[str, str]) -
 
 
 def render(report: Any, console: Any, extra_env: Mapping[str, str] | None = None, every_row: bool = False) -> None:
-    """Print the report for people on ``console`` (rich): the failures and warnings first, each with what was
-    observed, what is required and the fix; then the passes, one line per check across the nodes (``every_row``:
-    every host's rows instead); the derived settings; the verdict. Check names are never broken; other cells wrap
-    (problems) or are cut with an ellipsis (folded passes) to the console's width."""
-    from rich import box
+    """Print the report for people on ``console`` (rich): the failures and warnings first, each with its hosts, then
+    what was observed, what is required and the fix on lines of their own (:func:`folded_problems`); then the
+    passes, one line per check across the nodes (``every_row``: every host's rows instead); the derived settings;
+    the verdict. Check names are never broken; other text wraps (problems) or is cut with an ellipsis (folded
+    passes) to the console's width."""
     from rich.table import Table
     from rich.text import Text
 
@@ -126,16 +143,13 @@ def render(report: Any, console: Any, extra_env: Mapping[str, str] | None = None
     check_width = max((len(r.check) for r in report.results), default=5)
     order = {"fail": 0, "warn": 1}
     problems = sorted((r for r in report.results if r.status in order), key=lambda r: order[r.status])
-    if problems:
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
-        table.add_column("Status", no_wrap=True, min_width=4)
-        table.add_column("Check", no_wrap=True, min_width=check_width)
-        for column in ("Host", "Observed", "Required", "Fix"):
-            table.add_column(column, overflow="fold", style="dim" if column == "Required" else None)
-        for r in problems:
-            table.add_row(f"[{_STYLE[r.status]}]{r.status.upper()}[/]", r.check, r.host, r.observed, r.required,
-                          r.fix)
-        console.print(table)
+    for status, check, hosts, rows in folded_problems(problems):
+        console.print(f"[{_STYLE[status]}]{status.upper():<4}[/]  {check:<{check_width}}  ", end="", highlight=False)
+        console.print(", ".join(hosts), highlight=False, markup=False)
+        for label, text in rows:
+            for part in textwrap.wrap(text, max(20, console.width - 16), break_on_hyphens=False) or [""]:
+                console.print(f"      {label:<9} " + part, highlight=False, markup=False, soft_wrap=True)
+                label = ""
     passes = Table(box=None, show_header=every_row, pad_edge=False, expand=False)
     passes.add_column("Status", no_wrap=True, min_width=4)
     passes.add_column("Check", no_wrap=True, min_width=check_width)

@@ -75,7 +75,10 @@ def test_people_read_the_failure_first_and_one_line_per_passed_check(pair):
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
     rows = [line.split() for line in lines if line.split()[:1] in (["FAIL"], ["WARN"], ["PASS"])]
-    assert rows[0][:4] == ["FAIL", "gpu.count", "e4a-node2", "3"], proc.stdout
+    assert rows[0] == ["FAIL", "gpu.count", "e4a-node2"], proc.stdout
+    first = lines.index(next(line for line in lines if line.startswith("FAIL")))
+    assert [line.split()[0] for line in lines[first + 1:first + 4]] == ["observed", "required", "fix"], proc.stdout
+    assert lines[first + 1].split()[1] == "3", proc.stdout
     passed = [row for row in rows if row[0] == "PASS"]
     assert len(passed) == len({row[1] for row in passed}) >= 10           # one line per check
     assert ["PASS", "gpu.count", "on", "1", "of", "2", "nodes"] in [row[:7] for row in passed]
