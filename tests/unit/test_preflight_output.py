@@ -4,28 +4,68 @@ every host's rows; nothing is wider than 100 columns (or the terminal, where nar
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import re
 
 import pytest
 
+from helpers import FIXTURES
 from k3deploy.cli.preflight import WIDTH, render
+from k3deploy.facts.host import AddressInterface, ContainerRuntime, DiskSpace, Ipv4Address, KernelRelease
+from k3deploy.facts.rdma import DmabufSupport, LoadedModules, RdmaDevice, RdmaPort
+from k3deploy.model.requirements import Requirements
 from k3deploy.preflight.base import HostFacts
 from k3deploy.preflight.report import PreflightReport, check
-from k3deploy.vendors.nvidia.facts import NvidiaGpu
-from unit.test_preflight_checks import gb300_host, imex_domain, sel
+from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors.nvidia.checks import NvidiaFacts
+from k3deploy.vendors.nvidia.facts import (
+    Imex,
+    ImexDomainState,
+    ImexNode,
+    NvidiaContainerToolkit,
+    NvidiaGpu,
+    NvidiaGpus,
+    NvlinkFabric,
+)
 
 TRAYS = 18
+GIB = 2**30
+
+
+def recorded(name: str) -> list[str]:
+    """A real command output under tests/fixtures/, as a fact reads it (with the exit status line)."""
+    return [*(FIXTURES / name).read_text().splitlines(), "K3_EXIT=0"]
+
+
+def tray(name: str, address: str, domain: list[str], gpus: list[NvidiaGpu] | None) -> NvidiaFacts:
+    """A GB300 tray: its GPUs, fabric, toolkit and IMEX from the recorded outputs; the rest as a healthy tray has
+    it (docker 28, 800 GiB for images, 3 TiB for the weights, four InfiniBand GPU NICs, the 6.14-nvidia kernel)."""
+    space = DiskSpace("/var/lib", "/dev/nvme0n1p2", 6000 * GIB, 3000 * GIB, "/")
+    return NvidiaFacts(
+        host=name, address=address, kernel=KernelRelease("6.14.0-1007-nvidia-64k", (6, 14, 0)),
+        runtime=ContainerRuntime("docker", "28.3.2", ["io.containerd.runc.v2", "nvidia", "runc"]),
+        disk_images=space, disk_cache=space, shm=DiskSpace("/dev/shm", "tmpfs", 64 * GIB, 64 * GIB, "/dev/shm"),
+        interface=AddressInterface(address, "eth0", "eth0", [Ipv4Address("eth0", address, 24)]),
+        rdma=[RdmaDevice(f"mlx5_{i}", ports=[RdmaPort(1, "PORT_ACTIVE", "InfiniBand", 4096)]) for i in range(4)],
+        modules=LoadedModules(["ib_core", "nvidia"]),
+        dmabuf=DmabufSupport("6.14.0-1007-nvidia-64k", True, True, True, True, [], "25.04-0.6.1"),
+        gpus=gpus or NvidiaGpus().process(recorded("nvidia/query-gpu-gb300.txt")),
+        toolkit=NvidiaContainerToolkit().process(recorded("nvidia/nvidia-ctk-version.txt")),
+        fabric=NvlinkFabric().process(recorded("nvidia/smi-q-gb300-completed.txt")),
+        imex=Imex().process(recorded("nvidia/imex-active.txt")),
+        imex_domain=ImexDomainState("UP", [ImexNode(i, a, "READY", "580.95", ["C"] * len(domain))
+                                           for i, a in enumerate(domain)]),
+    )
 
 
 def rack(tray5_gpus: list[NvidiaGpu] | None = None) -> PreflightReport:
     """The preflight of 18 GB300 trays in one NVLink domain; ``tray5_gpus``: what tray 5's nvidia-smi lists."""
     addresses = [f"10.77.0.{11 + i}" for i in range(TRAYS)]
-    hosts: list[HostFacts] = [dataclasses.replace(gb300_host(f"gb300-{i:02d}", a), imex_domain=imex_domain(addresses),
-                                                  gpus=tray5_gpus if i == 5 and tray5_gpus else gb300_host("", "").gpus)
+    hosts: list[HostFacts] = [tray(f"gb300-{i:02d}", a, addresses, tray5_gpus if i == 5 else None)
                               for i, a in enumerate(addresses)]
-    return check(sel("gb300", TRAYS, strategy="multi_node_tp"), hosts)
+    need = Requirements(hardware=hardware()["gb300"], variant="default", vram_minimum_gb=1680, nodes=TRAYS,
+                        multi_node=True, strategy="multi_node_tp")
+    return check(need, hosts)
 
 
 def shown(report: PreflightReport, width: int = WIDTH, every_row: bool = False) -> list[str]:

@@ -4,13 +4,37 @@ same command that reads the queue."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 
-from k3deploy.facts.status import SQUEUE_OK, STEPS_MARK, SlurmQueue
+from k3deploy.facts.status import SQUEUE_OK, STEPS_MARK, SlurmQueue, UnitRun
 from k3deploy.model import slurm
+from k3deploy.model.binding import HostRecord
+from k3deploy.model.observed import Installed
+from k3deploy.model.pipeline import desired_rollout, target
+from k3deploy.model.rollout import Rollout
 from k3deploy.model.status import assess
 from k3deploy.model.steps import served_model
-from unit.test_slurm_day2 import _reading, _rollout
+
+
+def _rollout() -> Rollout:
+    """A GB300 pair under Slurm (docker as the container runtime), n0 its submit host."""
+    data = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp", "k3_launcher": "slurm",
+            "k3_slurm_submit_host": "n0", "k3_slurm_container": "docker"}
+    return desired_rollout(target([HostRecord(f"n{i}", ("head",) if i == 0 else ("workers",),
+                                              {**data, "k3_ip": f"192.0.2.{10 + i}", "rank": i}) for i in range(2)],
+                                  None))
+
+
+def _reading(r: Rollout) -> tuple[dict, dict]:
+    """What the nodes report of a serving group: its head answers, every launch script and env file as planned."""
+    model = served_model(r)
+    runs = {(u.host, u.unit): UnitRun("absent", "", 0, None, "img", "sha256:1", 200 if u.serves else None,
+                                      (model,) if u.serves else None) for u in r.units}
+    installed = {(u.host, u.unit): Installed(unit_sha=hashlib.sha256(slurm.launch_script(r, u).encode()).hexdigest(),
+                                             env_sha=hashlib.sha256(u.env_text.encode()).hexdigest())
+                 for u in r.units}
+    return runs, installed
 
 
 def rendered(st: object) -> list[str]:
