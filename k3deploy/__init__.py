@@ -75,7 +75,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     runtime/lock.py (the deployment lock: one run at a time changes a cluster; a lease its holder renews),
     runtime/interrupts.py (a run stopped by SIGINT, SIGTERM or SIGHUP: each group's state, the lock given back, a
     non-zero exit), runtime/launchers.py (what starts the groups, behind one interface: systemd units or, with
-    k3_launcher: slurm, one Slurm batch job per group; launcher_for, the one reader of k3_launcher).
+    k3_launcher: slurm, one Slurm batch job per group; launcher_for, the one reader of k3_launcher),
+    runtime/progress.py (bytes, rate and time left of a long build or copy: rich's bar on a terminal, plain lines
+    elsewhere).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/rdma.py (and how near each NIC sits to the accelerators), facts/host.py,

@@ -7,7 +7,7 @@ class K3Error(Exception):
     """Bad input or a failed precondition: printed as one line, exit code 2.
 
     The message names the bad value and the fix, e.g.
-    ``unknown hardware 'b900': choose one of b200, b300, ... (k3deploy options)``.
+    ``unknown hardware 'b900': kimi-k3 runs on ascend_910c, b200, ... (did you mean 'b300'?)``.
     """
 
     exit_code = 2

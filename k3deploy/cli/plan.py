@@ -186,9 +186,11 @@ def revision_notes(gathered: Gathered, changes: bool = True) -> list[str]:
                                 else "it cannot be written again (its files there differ from the record): "
                                      "not restorable"))
         if group in gathered.rollback_to:
+            asked = gathered.target.vars.k3_rollback   # written as the docs write it: true (previous) or N
+            value = "true" if asked is True else gathered.rollback_to[group]
             notes.append(f"group {group}: a rollback from revision {h.current} to revision "
                          f"{gathered.rollback_to[group]} (pyinfra INVENTORY deploy/k3.py -y --data "
-                         f"k3_rollback={gathered.rollback_to[group]} applies it)")
+                         f"k3_rollback={value} applies it)")
         elif h.current is not None and h.newest_served is not None and h.current < h.newest_served and not changes:
             notes.append(f"group {group} runs revision {h.current}, rolled back from {h.newest_served}; the "
                          "variables describe it, so a deploy keeps it")

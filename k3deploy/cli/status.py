@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
+from k3deploy.model.images import shown
 
 if TYPE_CHECKING:
     from k3deploy.model.slurm import GroupJob
@@ -27,20 +28,15 @@ def _uptime(seconds: float | None) -> str:
 
 
 def _image_cell(image: str | None, image_id: str | None) -> str:
-    """The image a unit runs, for the table, each digest labelled: a build pinned by digest as its repository and
-    ``digest`` (the registry's manifest digest, 12 hex digits as docker shows them), then ``local id`` (the id of
-    the image on the host, ``docker images --no-trunc``).
+    """The image a unit runs, for the table: as every command writes it (``REPO@sha256:DIGEST``, the registry's
+    manifest digest, :func:`~k3deploy.model.images.shown`), cut to 12 hex digits as docker shows them, then
+    ``local id`` (the id of the image on the host, ``docker images --no-trunc``).
 
     >>> print(_image_cell("vllm/vllm-openai@sha256:" + "a" * 64, "sha256:" + "b" * 64))
-    vllm/vllm-openai
-    digest sha256:aaaaaaaaaaaa
+    vllm/vllm-openai@sha256:aaaaaaaaaaaa…
     local id sha256:bbbbbbbbbbbb
     """
-    lines = [image or "-"]
-    if image and "@sha256:" in image:
-        repo, _, digest = image.partition("@")
-        lines = [repo, f"digest {digest[:19]}"]
-    return "\n".join(lines + ([f"local id {image_id[:19]}"] if image_id else []))
+    return "\n".join([shown(image, short=True) or "-"] + ([f"local id {image_id[:19]}"] if image_id else []))
 
 
 def read_status(inventory: str) -> tuple[ClusterStatus, list[str], list[str], Settled | None]:
@@ -103,15 +99,17 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
     slurm = st.launcher == "slurm"
     for g in st.groups:
         job = f"; {g.job.shown()} ({g.job.name})" if g.job is not None else ""
-        table = Table("host", "unit", "role", "job" if slurm else "state", "restarts", "up", "image", "as planned",
-                      "/health", "/v1/models", "verdict",
+        # under Slurm a unit is its job's step on that node: no systemd unit, restarts or uptime to show
+        table = Table(*(("host", "job.step", "role") if slurm else ("host", "unit", "role", "state", "restarts", "up")),
+                      "image", "as planned", "/health", "/v1/models", "verdict",
                       title=f"group {g.name}: [{colour.get(g.verdict, 'red')}]{g.verdict}[/]{job}"
                       + {True: " (in the router)", False: " [red](not in the router)[/]", None: ""}[g.in_router],
                       title_justify="left")
         for u in g.units:
-            table.add_row(u.host, u.unit, f"{u.role} {u.rank}", u.active,
-                          "n/a" if u.restarts is None else str(u.restarts), "n/a" if slurm else _uptime(u.uptime_s),
-                          _image_cell(u.image, u.image_id),
+            where = ((u.host, g.job.on(u.host) if g.job is not None else u.active, f"{u.role} {u.rank}") if slurm else
+                     (u.host, u.unit, f"{u.role} {u.rank}", u.active,
+                      "n/a" if u.restarts is None else str(u.restarts), _uptime(u.uptime_s)))
+            table.add_row(*where, _image_cell(u.image, u.image_id),
                           {True: "yes", False: "[red]no[/] (below)", None: "-"}[u.matches_plan],
                           "-" if u.health is None else str(u.health),
                           "-" if u.models is None else ", ".join(u.models) or "(none)",
@@ -121,13 +119,14 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
             if u.why:
                 console.print(f"{u.host} {u.unit}: as planned: no: {u.why}", highlight=False, soft_wrap=True)
     if slurm:
-        console.print("k3_launcher: slurm: each group runs as one Slurm job (job: squeue on k3_slurm_submit_host; "
-                      "a job gone from the queue is 'no job'); restarts and up are systemd's, n/a here: a job "
-                      "restarts whole, as a new job or requeued (docs/slurm.md)", highlight=False, soft_wrap=True)
+        console.print("k3_launcher: slurm: each group runs as one Slurm job, each node's engine as one of its steps "
+                      "(job.step: squeue --steps on k3_slurm_submit_host, JOBID.STEPID and the job's state; a job "
+                      "gone from the queue is 'no job'); no systemd unit, restarts or uptime: a job restarts whole, "
+                      "as a new job or requeued (docs/slurm.md)", highlight=False, soft_wrap=True)
     if any(u.image_id for g in st.groups for u in g.units):
-        console.print("image: the reference each unit runs (digest: the registry's, of the build it was pinned to); "
-                      "local id: the image's id on that host (docker images --no-trunc)", highlight=False,
-                      soft_wrap=True)
+        console.print("image: the build each unit runs, REPO@sha256:DIGEST (the registry's digest of the build it was "
+                      "pinned to; status --json has it whole); local id: the image's id on that host (docker images "
+                      "--no-trunc)", highlight=False, soft_wrap=True)
     sick = [n for n in st.nodes if not n.ok]
     if st.nodes and not sick:
         console.print(f"health: [green]ok[/] on every node ({len(st.nodes)}): no XID, ECC, row-remap or link event",

@@ -32,7 +32,16 @@ from k3deploy.model.commands import (
     unit_logs,
     unit_status,
 )
-from k3deploy.model.slurm import SITE_KEYS, QueuedJob, SlurmSite, parse_queue, parse_site, queue
+from k3deploy.model.slurm import (
+    SITE_KEYS,
+    QueuedJob,
+    SlurmSite,
+    parse_queue,
+    parse_site,
+    parse_steps,
+    queue,
+    steps_query,
+)
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -234,6 +243,8 @@ class SlurmSiteFact(FactBase[SlurmSite]):
 #: the line :class:`SlurmQueue`'s command prints first when ``squeue`` answered (its lines follow), and when it
 #: failed (its error follows)
 SQUEUE_OK, SQUEUE_FAILED = "K3_SQUEUE", "K3_SQUEUE_FAILED"
+#: where the queue's running steps follow its jobs (:func:`k3deploy.model.slurm.steps_query`)
+STEPS_MARK = "K3_SQUEUE_STEPS"
 
 
 @dataclass(frozen=True)
@@ -242,6 +253,7 @@ class SlurmQueueReading:
 
     jobs: tuple[QueuedJob, ...] = ()
     error: str | None = None
+    steps: tuple[tuple[str, str], ...] = ()   # the running steps of one node (:func:`parse_steps`)
 
 
 class SlurmQueue(FactBase[SlurmQueueReading]):
@@ -256,6 +268,7 @@ class SlurmQueue(FactBase[SlurmQueueReading]):
 
     def command(self, names: Sequence[str], user: str | None = None) -> str:
         return (f"if k3_q=$({queue(list(names), user)} 2>&1); then echo {SQUEUE_OK}; printf '%s\\n' \"$k3_q\"; "
+                f"echo {STEPS_MARK}; {steps_query(user)} 2>/dev/null || true; "
                 f"else echo {SQUEUE_FAILED}; printf '%s\\n' \"$k3_q\" | tail -n 3; fi")
 
     def process(self, output: list[str]) -> SlurmQueueReading:
@@ -263,7 +276,8 @@ class SlurmQueue(FactBase[SlurmQueueReading]):
             return SlurmQueueReading(error=" ".join(x.strip() for x in output[1:] if x.strip()) or "no output")
         if not output or output[0].strip() != SQUEUE_OK:
             return SlurmQueueReading(error=" ".join(x.strip() for x in output if x.strip())[:300] or "no output")
-        return SlurmQueueReading(tuple(parse_queue("\n".join(output[1:]))))
+        jobs, _, steps = "\n".join(output[1:]).partition(STEPS_MARK)
+        return SlurmQueueReading(tuple(parse_queue(jobs)), steps=parse_steps(steps))
 
     @staticmethod
     def default() -> SlurmQueueReading:

@@ -21,6 +21,7 @@ from typing import Any
 
 from k3deploy.model import steps, vip
 from k3deploy.model.hosttext import exec_start, launch_argv, parse_env
+from k3deploy.model.images import shown
 from k3deploy.model.observed import ENV_MODE, TOKEN_MODE, UNIT_MODE, Installed, token_path
 from k3deploy.model.rollout import Rollout, UnitWork, mark_changes, sha256
 from k3deploy.model.secrets import mask_value
@@ -463,7 +464,7 @@ def render_jobs_text(report: PlanReport, rollout: Rollout) -> str:
             if image is not None:
                 lines += change_lines([image], "    ")
             elif planned:
-                lines.append(f"    image: {planned} (unchanged)")
+                lines.append(f"    image: {shown(planned)} (unchanged)")
             for c in mine:
                 if c["kind"] == "file":
                     lines.append(f"    {'new' if c['op'] == 'create' else 'changed'} file: {c['path']}")
@@ -507,7 +508,8 @@ def render_jobs_text(report: PlanReport, rollout: Rollout) -> str:
 
 
 def _show(value: str | None) -> str:
-    return "(none)" if value is None else value
+    """An image of a change as people read it (:func:`~k3deploy.model.images.shown`)."""
+    return "(none)" if value is None else str(shown(value))
 
 
 def render_text(report: PlanReport, rollout: Rollout) -> str:
@@ -523,7 +525,7 @@ def render_text(report: PlanReport, rollout: Rollout) -> str:
             if image is not None:
                 lines += change_lines([image], "    ")
             elif planned:
-                lines.append(f"    image: {planned} (unchanged)")
+                lines.append(f"    image: {shown(planned)} (unchanged)")
             for c in mine:
                 if c["kind"] == "file":
                     lines.append(f"    {'new' if c['op'] == 'create' else 'changed'} file: {c['path']}")

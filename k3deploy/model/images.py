@@ -83,11 +83,26 @@ def run_ref(image: str) -> str:
     return f"{repo}:{RUN_TAG_PREFIX}{digest.split(':', 1)[1]}" if digest else image
 
 
-def shown(ref: str | None) -> str | None:
-    """A reference as people read it: the local tag of a pinned build as ``REPO@sha256:...``."""
+#: hex digits of a digest a table shows (as docker shows image ids), then an ellipsis
+SHORT_DIGEST = 12
+
+
+def shown(ref: str | None, short: bool = False) -> str | None:
+    """A reference as every command writes it for people: a pinned build as ``REPO@sha256:DIGEST`` (its local tag
+    :func:`run_ref` too), a tag as it is. ``short`` (a table's cell): the digest's first 12 hex digits and ``…``.
+
+    >>> pinned = "vllm/vllm-openai@sha256:" + "ab" * 32
+    >>> shown(run_ref(pinned)) == shown(pinned) == pinned
+    True
+    >>> shown(run_ref(pinned), short=True), shown("vllm/vllm-openai:kimi-k3", short=True)
+    ('vllm/vllm-openai@sha256:abababababab…', 'vllm/vllm-openai:kimi-k3')
+    """
     if ref and f":{RUN_TAG_PREFIX}" in ref:
         repo, _, tag = ref.rpartition(":")
-        return f"{repo}@sha256:{tag[len(RUN_TAG_PREFIX):]}"
+        ref = f"{repo}@sha256:{tag[len(RUN_TAG_PREFIX):]}"
+    if ref and short and "@sha256:" in ref:
+        repo, _, digest = ref.partition("@sha256:")
+        return f"{repo}@sha256:{digest[:SHORT_DIGEST]}…" if len(digest) > SHORT_DIGEST else ref
     return ref
 
 

@@ -96,7 +96,7 @@ class Target:
 
 def _requirements(variables: Variables, nodes: int, recipe: Recipe) -> Requirements:
     """Requirements from the variables alone; raises for an unknown hardware, variant or strategy."""
-    hw = hardware_profile(str(variables.k3_hardware))
+    hw = hardware_profile(str(variables.k3_hardware), recipe)
     if variables.k3_variant not in recipe.variants:
         raise SelectionError(f"unknown variant {variables.k3_variant!r} in recipe {recipe.slug}: choose one of "
                              f"{', '.join(recipe.variants)}")
@@ -116,7 +116,7 @@ def requirements_of(plan: Plan, recipe: Recipe) -> Requirements:
     """What a resolved plan asks of the cluster (engine nodes only)."""
     engines = len([n for n in plan.nodes if n.role != "router"])
     strat = strategies()[plan.strategy]
-    return Requirements(hardware=hardware_profile(plan.hardware), variant=plan.variant,
+    return Requirements(hardware=hardware_profile(plan.hardware, recipe), variant=plan.variant,
                         vram_minimum_gb=recipe.variant(plan.variant).vram_minimum_gb,
                         nodes=engines, strategy=plan.strategy, multi_node=engines > 1,
                         pd=plan.strategy == "pd_cluster",

@@ -790,6 +790,36 @@ QueuedJob(id='42', name='k3-router', state='PENDING', comment='', nodes='')]
     return out
 
 
+#: what a ``squeue --steps`` line holds (``%i %N``: the step's id ``JOBID.STEPID``, its nodes)
+STEPS_FORMAT = "%i %N"
+
+
+def steps_query(user: str | None = None) -> str:
+    """This user's running job steps, one line each: ``JOBID.STEPID NODES`` (:func:`parse_steps`; squeue(1),
+    ``--steps``: ``%i`` is the step's id there); ``user``: as :func:`as_user`.
+
+    >>> steps_query()
+    'squeue -h -s -u "$(id -un)" -o \\'%i %N\\''
+    """
+    return as_user(f"squeue -h -s {_ME} -o {shlex.quote(STEPS_FORMAT)}", user)
+
+
+def parse_steps(text: str) -> tuple[tuple[str, str], ...]:
+    """The lines of :func:`steps_query` as ``(JOBID.STEPID, node)``, the steps of one node only (a unit's step:
+    ``srun --nodes=1 -w NODE``); the batch script's own steps (``batch``, ``extern``) and those over several nodes
+    (the output directory's ``mkdir``) are left out.
+
+    >>> parse_steps("41.0 n[0-1]\\n41.1 n0\\n41.2 n1\\n41.extern n0\\n41.batch n0\\n")
+    (('41.1', 'n0'), ('41.2', 'n1'))
+    """
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].partition(".")[2].isdigit() and not any(c in words[1] for c in "[,"):
+            out.append((words[0], words[1]))
+    return tuple(out)
+
+
 #: the states of a job that holds (or will hold) its nodes: a job in one of them with the planned comment is kept
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                     "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT"})
@@ -877,6 +907,19 @@ class GroupJob:
     id: str | None                  # None: no job of that name in the queue
     state: str                      # squeue's state (RUNNING, PENDING, ...), or "no job"
     planned: bool | None            # its --comment is the planned revision (None: no job)
+    steps: tuple[tuple[str, str], ...] = ()   # its running steps: (JOBID.STEPID, node), one per unit's node
+
+    def on(self, host: str) -> str:
+        """The cell of ``host``'s unit in ``status`` under Slurm: its step and the job's state, else the job's.
+
+        >>> job = GroupJob("k3-engine", "7", "RUNNING", True, (("7.1", "n0"),))
+        >>> job.on("n0"), job.on("n1")
+        ('7.1 RUNNING', 'job 7 RUNNING')
+        """
+        step = next((sid for sid, node in self.steps if node == host), None)
+        if step is None:
+            return self.shown()
+        return f"{step} {self.state}" + ("" if self.planned else " (another revision)")
 
     @property
     def active(self) -> str:
@@ -902,7 +945,8 @@ NO_JOB = "no job"
 STARTING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"})
 
 
-def group_jobs(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob]) -> dict[str, GroupJob]:
+def group_jobs(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob],
+               steps: Sequence[tuple[str, str]] = ()) -> dict[str, GroupJob]:
     """Per group, its job in the queue: the newest of its name (several: a replacement on its way).
 
     >>> job = SlurmJob("engine", "k3-engine", ("n0",), "/d/k3-engine.sbatch", "", "ab", "k3deploy:engine:ab")
@@ -918,5 +962,7 @@ def group_jobs(planned: Sequence[SlurmJob], queued: Sequence[QueuedJob]) -> dict
             out[job.group] = GroupJob(job.name, None, NO_JOB, None)
         else:
             q = mine[-1]
-            out[job.group] = GroupJob(job.name, q.id, q.state, q.comment == job.comment)
+            own = tuple(sorted(((sid, node) for sid, node in steps if sid.partition(".")[0] == q.id),
+                               key=lambda s: int(s[0].partition(".")[2])))
+            out[job.group] = GroupJob(job.name, q.id, q.state, q.comment == job.comment, own)
     return out

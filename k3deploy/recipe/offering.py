@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from math import ceil
 from typing import Any
 
@@ -61,13 +61,24 @@ def listing(items: Sequence[str]) -> str:
     return ", ".join(items) if items else "(none)"
 
 
-def hardware_profile(hw_id: str) -> HardwareProfile:
-    """The hardware profile of ``hw_id``, or SelectionError listing the known ids."""
-    known = hardware()
-    hw = known.get(hw_id)
+def supported_hardware(recipe: Recipe, where: Callable[[str], bool] | None = None) -> list[str]:
+    """The one list of the hardware k3deploy deploys: the ids a variant of ``recipe`` runs on, sorted (``where``:
+    those of them it accepts, e.g. the simulator's IMEX trays). Every error that lists hardware lists it from here
+    (:func:`unknown_hardware`, the simulator's), so they all name the same ids, spelt the same.
+
+    >>> from k3deploy import load_recipe
+    >>> listing(supported_hardware(load_recipe(), lambda h: h.startswith("gb")))
+    'gb200, gb300'
+    """
+    ids = sorted({h for v in recipe.variants for h in hardware_for_variant(recipe, v)})
+    return [h for h in ids if where is None or where(h)]
+
+
+def hardware_profile(hw_id: str, recipe: Recipe) -> HardwareProfile:
+    """The hardware profile of ``hw_id``, or :func:`unknown_hardware`'s error."""
+    hw = hardware().get(hw_id)
     if hw is None:
-        raise SelectionError(f"unknown hardware {hw_id!r}: choose one of {listing(sorted(known))}"
-                             + did_you_mean(hw_id, known))
+        raise unknown_hardware(recipe, hw_id)
     return hw
 
 
@@ -84,7 +95,7 @@ def precision_ok(variant: Variant, hw: HardwareProfile) -> bool:
 def unknown_hardware(recipe: Recipe, hw_id: str) -> SelectionError:
     """The error for a hardware id the taxonomy does not know, listing the ids the recipe runs on (``options`` and
     ``resolve`` say the same) with a did-you-mean."""
-    offered = sorted({h for v in recipe.variants for h in hardware_for_variant(recipe, v)})
+    offered = supported_hardware(recipe)
     return SelectionError(f"unknown hardware {hw_id!r}: {recipe.slug} runs on {listing(offered)}"
                           + did_you_mean(hw_id, offered))
 

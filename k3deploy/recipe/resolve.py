@@ -79,7 +79,7 @@ def resolve(
     """
     if hardware not in hardware_profiles():
         raise unknown_hardware(recipe, hardware)
-    hw = hardware_profile(hardware)
+    hw = hardware_profile(hardware, recipe)
     if variant not in recipe.variants:
         raise SelectionError(
             f"unknown variant {variant!r} in recipe {recipe.slug}: choose one of {listing(list(recipe.variants))}")

@@ -353,7 +353,7 @@ class Slurm:
             raise K3Error(f"k3_slurm_submit_host {submit}: squeue failed "
                           f"({queue.error if queue is not None else 'not read'}): check that Slurm's commands work "
                           f"there (ssh {submit} squeue)")
-        return slurm.group_jobs(list(self.jobs.values()), queue.jobs)
+        return slurm.group_jobs(list(self.jobs.values()), queue.jobs, queue.steps)
 
     def bundle_names(self, unit: UnitWork) -> tuple[str, str]:
         """Its container's name (no systemd unit); its launch script."""

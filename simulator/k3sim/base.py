@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from k3deploy.errors import K3Error
+from k3deploy.runtime.progress import tree_bytes, watch
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -131,6 +132,18 @@ def base_path() -> Path:
     return cache_dir() / f"base-{base_id()}"
 
 
+#: what a base root takes on disk, for the progress of the first build (Debian 12 minbase with :data:`PACKAGES`)
+BASE_BYTES = 290 * 2**20
+
+
+def expected_bytes() -> int:
+    """What the base root being built will take: the size an earlier build recorded, else :data:`BASE_BYTES`."""
+    for marker in sorted(cache_dir().glob(f"base-*/{MARKER}"), key=lambda p: p.stat().st_mtime, reverse=True):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            return int(json.loads(marker.read_text())["bytes"])
+    return BASE_BYTES
+
+
 def is_complete(path: Path) -> bool:
     return (path / MARKER).is_file() and (path / "usr/lib/systemd/systemd").exists()
 
@@ -181,7 +194,8 @@ def _build(final: Path, progress: Callable[[str], None]) -> None:
         str(work),
         mirror(),
     ]
-    with open(log, "w") as fh:
+    # debootstrap says nothing for a minute or more: the root's bytes on disk against the last build's, as they grow
+    with open(log, "w") as fh, watch("base root (debootstrap)", lambda: tree_bytes(work), total=expected_bytes()):
         res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     if res.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
@@ -204,6 +218,7 @@ def _build(final: Path, progress: Callable[[str], None]) -> None:
                 "mirror": mirror(),
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "build_seconds": round(time.monotonic() - started, 1),
+                "bytes": tree_bytes(work),
             },
             indent=2,
         )

@@ -373,7 +373,8 @@ def up(
         if imex not in ("standing", "per-job"):
             raise SimError(f"--imex {imex!r}: give standing or per-job")
         if imex == "per-job" and not (slurm and profiles.profile(hardware).get("imex")):
-            raise SimError(f"--imex per-job needs --slurm and IMEX hardware (gb200, gb300), not {hardware!r}"
+            raise SimError(f"--imex per-job needs --slurm and IMEX hardware ({profiles.supported('imex')}), not "
+                           f"{hardware!r}"
                            + ("" if slurm else " without --slurm"))
         base = sim_base.ensure_base(say)
         if slurm:

@@ -141,12 +141,32 @@ def hardware_ids() -> list[str]:
     return sorted(PROFILES)
 
 
+def supported(where: str | None = None) -> str:
+    """k3deploy's one list of the hardware it deploys (:func:`k3deploy.recipe.offering.supported_hardware`), which
+    the simulator simulates whole (tests/unit/test_one_spelling.py); ``where``: only the profiles with that key
+    set (``imex``, ``fabricmanager``) or, for ``nvl``, those of NVLink-fabric trays.
+
+    >>> supported("imex")
+    'gb200, gb300'
+    """
+    from k3deploy import load_recipe
+    from k3deploy.recipe.offering import listing, supported_hardware
+
+    def accepts(h: str) -> bool:
+        prof = PROFILES.get(h, {})
+        return where is None or bool(prof.get("fabric") == "nvl" if where == "nvl" else prof.get(where))
+
+    return listing(supported_hardware(load_recipe(), accepts))
+
+
 def profile(hardware: str) -> dict[str, Any]:
     try:
         return PROFILES[hardware]
     except KeyError:
-        raise K3Error(f"unknown hardware {hardware!r} for the simulation: choose one of "
-                      f"{', '.join(hardware_ids())}") from None
+        from k3deploy import load_recipe
+        from k3deploy.recipe.offering import unknown_hardware
+
+        raise K3Error(str(unknown_hardware(load_recipe(), hardware))) from None
 
 
 def cuda_for_driver(version: str) -> str:
@@ -250,8 +270,9 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                 nvswitch["condition"] = _value(f)
         elif f.kind in ("fabric", "cluster-uuid", "fabric-health"):
             if fabric is None:
-                raise K3Error(f"fault {str(f)!r} needs NVLink-fabric hardware (gb200, gb300, or an HGX board with "
-                              f"NVSwitch for fabric, fabric-health), not {hardware!r}")
+                raise K3Error(f"fault {str(f)!r} needs NVLink-fabric hardware ({supported('nvl')}, or an HGX board "
+                              f"with NVSwitch for fabric, fabric-health: {supported('fabricmanager')}), not "
+                              f"{hardware!r}")
             if f.kind == "fabric-health":
                 fabric["condition"] = _value(f)
             elif f.kind == "fabric":
@@ -260,10 +281,10 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             else:
                 fabric["cluster_uuid"] = _value(f)
         elif f.kind == "imex-mgmt" and not prof.get("imex"):
-            raise K3Error(f"fault {str(f)!r} needs IMEX hardware (gb200, gb300), not {hardware!r}")
+            raise K3Error(f"fault {str(f)!r} needs IMEX hardware ({supported('imex')}), not {hardware!r}")
         elif f.kind == "imex-peer-down":
             if not prof.get("imex"):
-                raise K3Error(f"fault {str(f)!r} needs IMEX hardware (gb200, gb300), not {hardware!r}")
+                raise K3Error(f"fault {str(f)!r} needs IMEX hardware ({supported('imex')}), not {hardware!r}")
             if nodes < 2:
                 raise K3Error(f"fault {str(f)!r} needs a peer: start at least 2 nodes")
             imex_down = True
@@ -281,7 +302,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
                 raise K3Error(f"fault {str(f)!r} needs GPU NICs on rails, which {hardware!r} has not")
         elif f.kind == "spectrum-x":
             if prof.get("fabric") != "nvl":
-                raise K3Error(f"fault {str(f)!r} needs Grace trays with a BlueField-3 (gb200, gb300), not {hardware!r}")
+                raise K3Error(f"fault {str(f)!r} needs Grace trays with a BlueField-3 ({supported('nvl')}), not "
+                              f"{hardware!r}")
             # RoCE: the GPU NICs' ports are Ethernet (no LIDs); the BlueField-3 beside them already is
             rdma = [{**d, "link_layer": "Ethernet", "sm_lid": 0, "port_lid": 0} if d.get("gpu") is not None else d
                     for d in rdma]

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from k3deploy.runtime.progress import tree_bytes, watch
 from k3sim.base import cache_dir
 from k3sim.host import SimError
 
@@ -33,6 +34,8 @@ NODE_PLATFORMS = ("manylinux_2_28", "manylinux2014")
 #: where a node sees the installation (read-only bind mount)
 NODE_DIR = "/opt/k3sim/vllm-router"
 STAMP = ".k3sim-router-stamp"
+#: what the installation takes on disk (vllm-router 0.1.17 and its dependencies, x86_64), for its progress
+ROUTER_BYTES = 106 * 2**20
 INSTALL_HINT = "run 'sudo tools/sim-router.sh' (installs it from PyPI; tools/setup.sh does it as root)"
 
 
@@ -77,7 +80,9 @@ def install(python: str = sys.executable) -> Path:
                "--python-version", NODE_PYTHON]
         for plat in NODE_PLATFORMS:
             cmd += ["--platform", f"{plat}_{arch}"]
-        res = subprocess.run([*cmd, *REQUIREMENTS], capture_output=True, text=True)
+        # pip --quiet says nothing until it is done: the installed bytes against what an installation takes
+        with watch(f"vllm-router {VERSION} (pip install)", lambda: tree_bytes(tmp), total=ROUTER_BYTES):
+            res = subprocess.run([*cmd, *REQUIREMENTS], capture_output=True, text=True)
         if res.returncode != 0:
             raise SimError(f"installing {' '.join(REQUIREMENTS)} failed: {res.stderr.strip()[-2000:]}")
         (tmp / STAMP).write_text(_stamp())

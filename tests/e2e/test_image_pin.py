@@ -56,7 +56,7 @@ def test_every_node_runs_the_one_build_the_tag_names_at_the_start_of_the_rollout
         change = next(c for c in h["changes"] if c["kind"] == "image")
         assert change["to"] == run_ref(f"{REPO}@{second}") == f"{REPO}:k3-sha256-{second[7:]}"
     text = k3("plan", sim.inventory, check=False).stdout
-    assert f"image {IMAGE} is {second} in the registry" in text and f"-> {REPO}:k3-sha256-{second[7:]}" in text
+    assert f"image {IMAGE} is {second} in the registry" in text and f"-> {REPO}@{second}" in text   # as people read it
 
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)

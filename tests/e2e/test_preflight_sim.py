@@ -64,6 +64,26 @@ def test_each_fault_fails_the_right_node_with_the_right_check(pair, fault, check
         assert shown["observed"] and shown["required"] and shown["fix"]
 
 
+def test_people_read_the_failure_first_and_one_line_per_passed_check(pair):
+    """The human output of the same run: the failing check first, with the node, what was observed and the fix;
+    every passed check on one line across the nodes; nothing wider than 100 columns."""
+    k3("sim", "fault", "--name", "e4a", "1:gpu-count=3", check=True)
+    try:
+        proc = k3("preflight", pair.inventory)
+    finally:
+        k3("sim", "fault", "--name", "e4a", "--clear", check=True)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    rows = [line.split() for line in lines if line.split()[:1] in (["FAIL"], ["WARN"], ["PASS"])]
+    assert rows[0] == ["FAIL", "gpu.count", "e4a-node2"], proc.stdout
+    first = lines.index(next(line for line in lines if line.startswith("FAIL")))
+    assert [line.split()[0] for line in lines[first + 1:first + 4]] == ["observed", "required", "fix"], proc.stdout
+    assert lines[first + 1].split()[1] == "3", proc.stdout
+    passed = [row for row in rows if row[0] == "PASS"]
+    assert len(passed) == len({row[1] for row in passed}) >= 10           # one line per check
+    assert ["PASS", "gpu.count", "on", "1", "of", "2", "nodes"] in [row[:7] for row in passed]
+    assert max(len(line) for line in lines) <= 100 and "failed: e4a-node2" in lines[-1]
+
 def test_dmabuf_failure_is_not_visible_to_host_facts(pair):
     """no-dmabuf is an mlx5 kernel driver that cannot register DMA-BUF memory: kernel, open modules and mlx5_ib all
     look right, so host facts derive no fallback (the opt-in NCCL probe catches it: tests/e2e/test_nccl_probe.py).

@@ -122,8 +122,14 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     assert group["verdict"] == "serving" and group["job"]["id"] == job and group["job"]["planned"], group
     assert [(u["host"], u["active"], u["restarts"], u["matches_plan"]) for u in group["units"]] == [
         (head, f"job {job} RUNNING", None, True), (worker, f"job {job} RUNNING", None, True)]
+    # each node's engine is a step of the job (squeue --steps): the table has it instead of a unit, restarts, up
+    assert {node for _, node in group["job"]["steps"]} == {head, worker}, group["job"]
+    assert all(step.startswith(f"{job}.") for step, _ in group["job"]["steps"]), group["job"]
     table = k3("status", sim.inventory)
-    assert table.returncode == 0 and f"job {job} RUNNING" in table.stdout and "n/a" in table.stdout, table.stdout
+    assert table.returncode == 0 and f"job {job} RUNNING" in table.stdout, table.stdout
+    header = next(line for line in table.stdout.splitlines() if "job.step" in line)
+    assert " unit " not in header and "restarts" not in header and "n/a" not in table.stdout, table.stdout
+    assert all(f"{step} RUNNING" in table.stdout for step, _ in group["job"]["steps"]), table.stdout
     # the bundle: squeue's view and each node's step output of the running job
     files = bundled(sim, tmp_path)
     assert any(line.startswith(f"{job} k3-engine RUNNING {comment}") for line in files["slurm/squeue.txt"].splitlines())

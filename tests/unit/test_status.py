@@ -148,4 +148,4 @@ def test_status_labels_its_two_image_digests():
     from k3deploy.cli.status import _image_cell
 
     cell = _image_cell("vllm/vllm-openai@sha256:" + "a" * 64, "sha256:" + "b" * 64).splitlines()
-    assert cell == ["vllm/vllm-openai", "digest sha256:aaaaaaaaaaaa", "local id sha256:bbbbbbbbbbbb"]
+    assert cell == ["vllm/vllm-openai@sha256:aaaaaaaaaaaa…", "local id sha256:bbbbbbbbbbbb"]

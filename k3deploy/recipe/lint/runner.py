@@ -69,12 +69,12 @@ def lint_recipe(recipe: Recipe, *, hardware_id: str | None = None, strategy: str
     """Lint every offered selection (optionally narrowed) and group identical findings. Sizes (``nodes``; P/D:
     ``prefill_nodes``, ``decode_nodes``) resolve each selection as ``resolve`` does at that size; a strategy that
     does not take the size is left out unless it was asked for (then its refusal is the finding)."""
-    from k3deploy.recipe.offering import hardware_for_variant, strategies_on
+    from k3deploy.recipe.offering import hardware_for_variant, strategies_on, unknown_hardware
     from k3deploy.recipe.resolve import resolve
 
     hw_all = hardware()
     if hardware_id is not None and hardware_id not in hw_all:
-        raise SelectionError(f"unknown hardware {hardware_id!r}: choose one of {', '.join(sorted(hw_all))}")
+        raise unknown_hardware(recipe, hardware_id)
     if strategy is not None and strategy not in strategies():
         raise SelectionError(f"unknown strategy {strategy!r}: choose one of {', '.join(sorted(strategies()))}")
     if variant is not None and variant not in recipe.variants:
