@@ -74,8 +74,9 @@ def client_args(load: Load, url: str, model: str, served: str) -> list[str]:
     """``vllm bench serve``'s arguments but the concurrency and the number of requests (one run each): the random
     dataset, greedy, exact output lengths, the percentiles recorded, the model's tokenizer from the cache.
 
-    >>> " ".join(client_args(Load(32, 16, (2,), 2), "http://10.0.0.1:8000", "moonshotai/Kimi-K3", "kimi-k3"))[:88]
-    '--backend vllm --base-url http://10.0.0.1:8000 --endpoint /v1/completions --model moonsho'
+    >>> args = client_args(Load(32, 16, (2,), 2), "http://10.0.0.1:8000", "moonshotai/Kimi-K3", "kimi-k3")
+    >>> args[:6], args[args.index("--tokenizer") + 1]
+    (['--backend', 'vllm', '--base-url', 'http://10.0.0.1:8000', '--endpoint', '/v1/completions'], 'moonshotai/Kimi-K3')
     """
     return ["--backend", "vllm", "--base-url", url.rstrip("/"), "--endpoint", "/v1/completions", "--model", model,
             "--served-model-name", served, "--tokenizer", model, "--trust-remote-code", "--dataset-name", "random",

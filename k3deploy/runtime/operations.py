@@ -385,6 +385,9 @@ def smoke(endpoint: str, model: str, active: bool = True, env_file: str | None =
             if lines:
                 yield fail(f"smoke test: {lines[0]}; required the known answers (a flag, quantization or tokenizer "
                            "mode that changes what the model says?)")
+            else:
+                logger.info(f"    [{host.name}] smoke test: {endpoint} gave the {len(correctness.PROMPTS)} known "
+                            "answers of the correctness probe")
         return
     yield fail(f"smoke test: POST {endpoint}/v1/chat/completions as {model!r} answered {answer.text[:200]!r}; "
                "required a chat completion")
