@@ -28,7 +28,7 @@ from k3deploy.errors import K3Error
               help="Also write a picture (SVG) of every recorded revision's benchmark, this one included.")
 @json_option
 def bench(inventory: str, svg_path: str | None, as_json: bool) -> None:
-    """Benchmark the serving endpoint: vLLM's ``vllm bench serve`` from the engines' own image on the first engine
+    """Benchmark the serving endpoint: vLLM's 'vllm bench serve' from the engines' own image on the first engine
     node (the control machine needs nothing new), the random dataset at k3_bench_input_tokens in and
     k3_bench_output_tokens out, one run per k3_bench_concurrency; TTFT, ITL and end-to-end latency at p50/p95/p99,
     output tokens/s and per GPU. Kept with the revision each engine group serves (bench.json in its revision
