@@ -42,7 +42,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     model/commands.py (every shell command the rollout runs), model/steps.py (what a rollout does per host: stage,
     configure, restart, smoke; rendered as operations and as the runbook), model/runbook/ (the rollout as a runbook),
     model/revisions.py (numbered revisions per group, for history and rollback), model/slo.py (the SLO gate:
-    p95s from vLLM's /metrics histograms, the targets, the verdict, the gate a restart gets), model/staging.py
+    p95s from vLLM's /metrics histograms, the targets, the verdict, the gate a restart gets), model/correctness.py
+    (questions with known answers: healthy but wrong fails the smoke test and the gate), model/bench.py (the
+    benchmark: vllm bench serve's sweep, its record per revision, its picture), model/staging.py
     (the image and
     the weights over the uplink once, then node to node), model/checkpoint.py (a weights source read against its
     checkpoint's index before anything is copied), model/images.py (a tag resolved to one digest per
@@ -69,6 +71,7 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     runtime/operations.py (the rollout's operations), runtime/readiness.py (the readiness gates),
     runtime/slo.py (the SLO gate run: the probe load, the canary against a replica on the previous revision,
     going back to a recorded revision),
+    runtime/bench.py (the benchmark run: vLLM's client from the engines' image, kept with each serving revision),
     runtime/phases.py (the phases of deploy/k3.py), runtime/pyinfra_internals.py (all that touches pyinfra's internals),
     runtime/command.py (the deploy's command lines: what ``k3deploy deploy`` runs, the inventory and the command of a
     run, the watch loop's repair),
@@ -96,7 +99,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
 
 ``cli/`` -- the ``k3deploy`` commands
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
-    cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
+    cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand), cli/bench.py
+    (a load test of the endpoint, recorded per revision),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
     that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
     systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/__main__.py (``python -m

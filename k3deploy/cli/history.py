@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
+from k3deploy.model import bench
 from k3deploy.model.revisions import GroupHistory, changes, masked_variables
 from k3deploy.model.secrets import secret_values
 from k3deploy.model.slo import Figures, read_record
@@ -23,7 +24,8 @@ def history(inventory: str, as_json: bool) -> None:
     """List each group's revisions: number, when, image, what was deployed, what changed since the revision
     before it (image, selection, each variable changed with the file that sets it; the first revision: the variables
     that differed from their defaults; secrets masked; --json has every variable too), the SLO gate's figures where
-    it measured the revision (TTFT and ITL at p95, failed requests, the load, hit or miss), which revision runs now, and
+    it measured the revision (TTFT and ITL at p95, failed requests, the load, hit or miss), its last benchmark
+    (k3deploy bench: TTFT and ITL at p50/p99 and output tokens/s per concurrency), which revision runs now, and
     whether each can be restored: only a revision every host of the group holds (its directory, with its unit
     and env files) can;
     otherwise the hosts that lack it are named. Read-only.
@@ -64,14 +66,15 @@ def history(inventory: str, as_json: bool) -> None:
             console.print(f"group {g}: no revision recorded yet (the first rollout that restarts it records one)")
             continue
         table = Table("rev", "created", "image", "deployed", "changed since the revision before", "restorable",
-                      "SLO gate (p95)", title=f"group {g}", title_justify="left")
+                      "SLO gate (p95)", "bench (p50/p99)", title=f"group {g}", title_justify="left")
         for n in h.numbers:
             rev = shown(h, n, values)
             mark = f"{n} (current)" if n == h.current else str(n) if rev["served"] else f"{n} (never served)"
             image = rev["image"] + (f"\n(tag {rev['tag']})" if rev["tag"] else "")
             table.add_row(mark, rev["created"], image, rev["summary"] + (f"; {rev['note']}" if rev["note"] else ""),
                           "\n".join(rev["changes"]), "yes" if rev["restorable"] else f"no: {why_not(rev)}",
-                          slo_cell(rev["slo"]))
+                          slo_cell(rev["slo"]), bench.cell(bench.Record.from_json(h.benches[n])
+                                                           if n in h.benches else None))
         console.print(table)
         if h.split:
             console.print(h.split_line(), highlight=False, soft_wrap=True)
@@ -121,6 +124,11 @@ def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, An
     rev["since"] = max(older) if older else None
     figures, record = read_record(history.figures[number]) if number in history.figures else (None, {})
     rev["slo"] = {**record, "figures": figures.to_json()} if figures is not None else None
+    kept = bench.Record.from_json(history.benches[number]) if number in history.benches else None
+    rev["bench"] = (None if kept is None else
+                    {"when": kept.when, "client": kept.client, "endpoint": kept.endpoint, "gpus": kept.gpus,
+                     "load": asdict(kept.load), "figures": bench.summary(list(kept.points)),
+                     "points": [asdict(p) for p in kept.points]})
     return rev
 
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from k3deploy.facts.base import EXIT_MARK, Jsonable, K3Fact
+from k3deploy.model import correctness
 from k3deploy.model.commands import (
     PEERS_UNIT,
     VERIFIED,
     check_snapshot,
+    correctness_probe,
     list_revisions,
     model_dir,
     smoke_test,
@@ -365,6 +367,17 @@ class SmokeAnswer(FactBase[Answer]):
     def process(self, output: list[str]) -> Answer:
         rc = output[-1][len(SMOKE_MARK):] if output and output[-1].startswith(SMOKE_MARK) else "?"
         return Answer(rc == "0", "\n".join(output[:-1]).strip())
+
+
+class CorrectAnswers(FactBase[tuple[list[correctness.Answer] | None, str]]):
+    """The correctness probe's questions asked through ``endpoint`` as ``model`` from this host
+    (:func:`k3deploy.model.commands.correctness_probe`): the answers, or None and why."""
+
+    def command(self, endpoint: str, model: str, env_file: str | None = None) -> str:
+        return f"( {correctness_probe(endpoint, model, env_file=env_file)} ) 2>&1; true"
+
+    def process(self, output: list[str]) -> tuple[list[correctness.Answer] | None, str]:
+        return correctness.parse("\n".join(output))
 
 
 VIP_MARK = "K3_VIP_RC="

@@ -19,10 +19,12 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from k3deploy.model.bench import BENCH_FILE
+from k3deploy.model.correctness import PROMPTS, request_body
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
-from k3deploy.model.units import router_workers_text
+from k3deploy.model.units import CONTAINER_CACHE, router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
 PROBE_READY, PROBE_FAILED, PROBE_STARTING = 0, 1, 2
@@ -892,15 +894,18 @@ def wait_vip(endpoint: str, vip: str, timeout: int, interval: float = 1.0) -> st
 
 def list_revisions(directory: str) -> str:
     """The group's current revision and every revision's ``meta.json`` and the files its directory holds (parsed by
-    :func:`k3deploy.model.revisions.parse_listing`); where a ``meta.json`` does not end as a whole record does
-    (cut short), the sha256 of each file of its directory too (``K3_SUMS=``: whether it can be written again)."""
+    :func:`k3deploy.model.revisions.parse_listing`), with its SLO figures and its last benchmark where kept; where a
+    ``meta.json`` does not end as a whole record does (cut short), the sha256 of each file of its directory too
+    (``K3_SUMS=``: whether it can be written again)."""
     d = shlex.quote(directory)
     return (f"echo \"K3_CURRENT=$(cat {d}/current 2>/dev/null)\"; for m in {d}/*/meta.json; do "
             f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; echo; "
             f"echo \"K3_KEPT=$(ls -A \"${{m%/meta.json}}\" | tr '\\n' ' ')\"; "
             f"[ \"$(tail -n 1 \"$m\")\" = '}}' ] || echo \"K3_SUMS=$(cd \"${{m%/meta.json}}\" && sha256sum -- * "
             f"| tr '\\n' ' ')\"; f=\"${{m%/meta.json}}/{FIGURES_FILE}\"; "
-            f"[ ! -f \"$f\" ] || printf '%s\\n' \"K3_SLO=$(tr -d '\\n' < \"$f\")\"; done")
+            f"[ ! -f \"$f\" ] || printf '%s\\n' \"K3_SLO=$(tr -d '\\n' < \"$f\")\"; "
+            f"b=\"${{m%/meta.json}}/{BENCH_FILE}\"; "
+            f"[ ! -f \"$b\" ] || printf '%s\\n' \"K3_BENCH=$(tr -d '\\n' < \"$b\")\"; done")
 
 
 def record_revision(directory: str, number: int, files: Sequence[tuple[str, str]], meta: str) -> str:
@@ -1200,3 +1205,104 @@ def record_figures(directory: str, number: int, record: str) -> str:
     ``number``'s directory of a group (``slo.json``), where this node keeps that revision."""
     d = shlex.quote(f"{directory}/{int(number)}")
     return f"[ ! -d {d} ] || printf '%s\\n' {shlex.quote(record)} > {d}/{FIGURES_FILE}"
+
+
+# ---------------------------------------------------------------------------------------------- correctness probe
+
+#: the correctness probe's client (python3 on the node, as the smoke test's): each question once, one line of JSON
+_ANSWERS = r"""
+import json, sys, urllib.error, urllib.request
+a = json.loads(sys.argv[1])
+key = ""
+if a.get("env_file"):
+    try:
+        with open(a["env_file"]) as f:
+            for x in f:
+                if x.startswith("VLLM_API_KEY="):
+                    key = x.rstrip("\n").split("=", 1)[1]
+    except OSError:
+        pass
+auth = {"Authorization": "Bearer " + key} if key else {}
+out = []
+for body in a["bodies"]:
+    r = {"prompt": body["messages"][0]["content"]}
+    try:
+        q = urllib.request.Request(a["url"] + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                   headers={"Content-Type": "application/json", **auth})
+        with urllib.request.urlopen(q, timeout=a["timeout"]) as resp:
+            r["answer"] = json.loads(resp.read())["choices"][0]["message"]["content"] or ""
+    except urllib.error.HTTPError as e:
+        r["error"] = f"HTTP {e.code}"
+    except Exception as e:
+        r["error"] = str(e)[:200]
+    out.append(r)
+print("K3_ANSWERS=" + json.dumps(out))
+"""
+
+
+def correctness_probe(url: str, model: str, timeout: int = 60, env_file: str | None = None) -> str:
+    """The correctness probe (:mod:`k3deploy.model.correctness`) from one node: each fixed question once through
+    ``url`` as ``model``, greedily; prints one line ``K3_ANSWERS={json}`` (read by
+    :func:`k3deploy.model.correctness.parse`). With ``env_file`` (a unit's env file on this node) every request
+    carries the API key it holds, read by the client itself (the key is in no argv).
+
+    >>> text = correctness_probe("http://10.0.0.1:8000", "kimi-k3")
+    >>> text.startswith("python3 -c ") and '"temperature": 0' in text
+    True
+    """
+    args = {"url": url.rstrip("/"), "timeout": int(timeout), "env_file": env_file,
+            "bodies": [request_body(model, q.prompt) for q in PROMPTS]}
+    return f"python3 -c {shlex.quote(_ANSWERS.strip())} {shlex.quote(json.dumps(args))}"
+
+
+# ---------------------------------------------------------------------------------------------- benchmark
+
+#: the benchmark's driver, run by the engine image's python3: vLLM's own ``vllm bench serve`` (its parser and its
+#: ``main``, vllm/benchmarks/serve.py), once per concurrency of the sweep in one process (the client's imports once);
+#: the engines' API key, where the env file holds one, as the client's OPENAI_API_KEY (never in an argv)
+_BENCH = r"""
+import json, os, sys
+a = json.loads(sys.argv[1])
+if os.environ.get("VLLM_API_KEY") and not os.environ.get("OPENAI_API_KEY"):
+    os.environ["OPENAI_API_KEY"] = os.environ["VLLM_API_KEY"]
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+for c in a["concurrency"]:
+    args = parser.parse_args(a["args"] + ["--max-concurrency", str(c), "--num-prompts", str(c * a["rounds"])])
+    try:
+        r = main(args)
+    except Exception as e:
+        print("K3_BENCH=" + json.dumps({"concurrency": c, "error": (type(e).__name__ + ": " + str(e))[:300]}))
+        sys.exit(1)
+    print("K3_BENCH=" + json.dumps({"concurrency": c, "result": {k: v for k, v in r.items()
+                                                                if isinstance(v, (int, float, str)) or v is None}}))
+    sys.stdout.flush()
+"""
+
+
+def bench_serve(docker: str, image: str, cache_dir: str, env_file: str, args: Sequence[str],
+                concurrency: Sequence[int], rounds: int) -> str:
+    """The benchmark (:mod:`k3deploy.model.bench`) from one node: a container of the engines' ``image`` on the host
+    network, the model cache mounted as the engines mount it, the unit's env file (the API key where it holds one),
+    offline, running ``vllm bench serve`` with ``args`` once per ``concurrency`` (``rounds`` requests per unit of
+    it); prints one ``K3_BENCH={json}`` line per run.
+
+    >>> text = bench_serve("/usr/bin/docker", "img@sha256:ab", "/var/lib/k3", "/etc/k3deploy/k3-engine.env",
+    ...                    ["--backend", "vllm"], [4, 16], 5)
+    >>> text.split(" -c ")[0]
+    '/usr/bin/docker run --rm --network host --env-file /etc/k3deploy/k3-engine.env -e HF_HUB_OFFLINE=1 -v \
+/var/lib/k3:/root/.cache --entrypoint python3 img@sha256:ab'
+    """
+    argv = [docker, "run", "--rm", "--network", "host", "--env-file", env_file, "-e", "HF_HUB_OFFLINE=1",
+            "-v", f"{cache_dir}:{CONTAINER_CACHE}", "--entrypoint", "python3", image]
+    spec = {"args": list(args), "concurrency": [int(c) for c in concurrency], "rounds": int(rounds)}
+    return f"{shlex.join(argv)} -c {shlex.quote(_BENCH.strip())} {shlex.quote(json.dumps(spec))}"
+
+
+def record_bench(directory: str, number: int, record: str) -> str:
+    """Keep a benchmark's record (:class:`k3deploy.model.bench.Record`, one line of JSON) in revision ``number``'s
+    directory of a group (``bench.json``, the last one), where this node keeps that revision."""
+    d = shlex.quote(f"{directory}/{int(number)}")
+    return f"[ ! -d {d} ] || printf '%s\\n' {shlex.quote(record)} > {d}/{BENCH_FILE}"

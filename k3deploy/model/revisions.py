@@ -72,6 +72,7 @@ class GroupHistory:
     held: dict[int, list[str]] = field(default_factory=dict)
     marked: set[int] = field(default_factory=set)   # revisions a host marked served (``served`` in its directory)
     figures: dict[int, str] = field(default_factory=dict)   # revision -> its SLO gate's record (``slo.json``)
+    benches: dict[int, str] = field(default_factory=dict)   # revision -> its last benchmark (``bench.json``)
     # a record (``meta.json``) that does not parse, cut short or garbled: revision -> host -> its path (one host's
     # listing: host ""), and the sha256 of each file its directory holds there (name -> digest)
     corrupt: dict[int, dict[str, str]] = field(default_factory=dict)
@@ -159,6 +160,7 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
     """
     revisions: dict[int, Revision] = {}
     figures: dict[int, str] = {}
+    benches: dict[int, str] = {}
     corrupt: dict[int, dict[str, str]] = {}
     sums: dict[int, dict[str, dict[str, str]]] = {}
     marked: set[int] = set()
@@ -168,6 +170,8 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
             revisions.setdefault(n, rev)
         for n, record in h.figures.items():
             figures.setdefault(n, record)
+        for n, record in h.benches.items():
+            benches.setdefault(n, record)
         for n, paths in h.corrupt.items():
             corrupt.setdefault(n, {})[host] = next(iter(paths.values()))
         for n, by in h.sums.items():
@@ -176,7 +180,8 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
             for n, rev in revisions.items()}
     return GroupHistory(group=group, revisions=revisions, hosts=[host for host, _ in listed], held=held,
                         current=next((h.current for _, h in listed if h.current is not None), None), marked=marked,
-                        figures=figures, corrupt=corrupt, sums=sums, currents={host: h.current for host, h in listed})
+                        figures=figures, benches=benches, corrupt=corrupt, sums=sums,
+                        currents={host: h.current for host, h in listed})
 
 
 def revisions_dir(config_dir: str, group: str) -> str:
@@ -314,13 +319,15 @@ def sha256(text: str) -> str:
 def parse_listing(lines: list[str]) -> GroupHistory:
     """The output of :func:`k3deploy.model.commands.list_revisions` (``K3_CURRENT=``, then per revision
     ``K3_META=<path>``, its JSON, ``K3_KEPT=`` the files of its directory and, where the SLO gate measured it,
-    ``K3_SLO=`` its record on one line) -> the group's history on that host. Unreadable entries are skipped.
+    ``K3_SLO=`` its record on one line, ``K3_BENCH=`` its last benchmark) -> the group's history on that host.
+    Unreadable entries are skipped.
 
     >>> meta = Revision(group="engine", number=1, created="t", image="img", summary="s").to_json()
     >>> h = parse_listing(["K3_CURRENT=1", "K3_META=/etc/k3deploy/revisions/engine/1/meta.json",
-    ...                    *meta.splitlines(), "K3_KEPT=meta.json slo.json", 'K3_SLO={"figures": {}}'])
-    >>> h.current, h.numbers, h.figures
-    (1, [1], {1: '{"figures": {}}'})
+    ...                    *meta.splitlines(), "K3_KEPT=meta.json slo.json", 'K3_SLO={"figures": {}}',
+    ...                    'K3_BENCH={"points": []}'])
+    >>> h.current, h.numbers, h.figures, h.benches
+    (1, [1], {1: '{"figures": {}}'}, {1: '{"points": []}'})
     >>> cut = parse_listing(["K3_CURRENT=1", "K3_META=/etc/k3deploy/revisions/engine/1/meta.json", meta[:40],
     ...                      "K3_KEPT=e.env meta.json", "K3_SUMS=ab12  e.env cd34  meta.json"])
     >>> cut.numbers, cut.corrupt, cut.sums
@@ -335,6 +342,7 @@ def parse_listing(lines: list[str]) -> GroupHistory:
     corrupt: dict[int, dict[str, str]] = {}
     sums_by: dict[int, dict[str, dict[str, str]]] = {}
     chunks: list[tuple[list[str], list[str], list[str], str, list[str]]] = []
+    benches: dict[int, str] = {}   # chunk index -> its K3_BENCH line
     for line in lines:
         if line.startswith("K3_CURRENT="):
             value = line[len("K3_CURRENT="):].strip()
@@ -345,11 +353,14 @@ def parse_listing(lines: list[str]) -> GroupHistory:
             chunks[-1][0].extend(line[len("K3_KEPT="):].split())
         elif line.startswith("K3_SLO=") and chunks:
             chunks[-1][2].append(line[len("K3_SLO="):])
+        elif line.startswith("K3_BENCH=") and chunks:
+            benches[len(chunks) - 1] = line[len("K3_BENCH="):]
         elif line.startswith("K3_SUMS=") and chunks:
             chunks[-1][4].extend(line[len("K3_SUMS="):].split())
         elif chunks:
             chunks[-1][1].append(line)
-    for kept, body, figures, path, sums in chunks:
+    bench_by: dict[int, str] = {}
+    for i, (kept, body, figures, path, sums) in enumerate(chunks):
         try:
             rev = Revision.from_json("\n".join(body))
         except (ValueError, TypeError):
@@ -364,6 +375,8 @@ def parse_listing(lines: list[str]) -> GroupHistory:
             marked.add(rev.number)
         if figures:
             figures_by[rev.number] = figures[-1]
+        if i in benches:
+            bench_by[rev.number] = benches[i]
         group = rev.group
     return GroupHistory(group=group, revisions=revisions, current=current, kept=kept_by, marked=marked,
-                        figures=figures_by, corrupt=corrupt, sums=sums_by)
+                        figures=figures_by, benches=bench_by, corrupt=corrupt, sums=sums_by)

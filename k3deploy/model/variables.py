@@ -347,6 +347,23 @@ class Variables(BaseModel):
         "at once (stopped, restored, started: the endpoint is down for another restart); false = it keeps serving "
         "the change and the run exits non-zero with the figures (roll back with `--data k3_rollback=true`). A "
         "canary always goes back (docs/gate.md)."))
+    k3_slo_baseline: Literal["recorded", "bench"] = Field("recorded", description=(
+        "What a single group's gate compares with: `recorded` = the figures the gate recorded for the previous "
+        "revision; `bench` = the last `k3deploy bench` of the previous revision (its TTFT and ITL p95 at the "
+        "concurrency nearest `k3_slo_concurrency`), else the gate's own record."))
+    k3_correctness_probe: bool = Field(False, description=(
+        "Ask the engines a small fixed set of questions with known answers (temperature 0, a few tokens) in the "
+        "smoke test and the SLO gate: a wrong answer fails the smoke test and misses the gate, naming the prompt, "
+        "the expected answer and the one given (docs/gate.md)."))
+    # benchmark (docs/gate.md, k3deploy bench)
+    k3_bench_input_tokens: int = Field(1024, ge=1, le=1000000, description=(
+        "`k3deploy bench`: prompt tokens of each request (`vllm bench serve --random-input-len`, InferenceX's 1k)."))
+    k3_bench_output_tokens: int = Field(1024, ge=1, le=1000000, description=(
+        "`k3deploy bench`: tokens each request generates (`--random-output-len`, exactly: `ignore_eos`)."))
+    k3_bench_concurrency: list[int] = Field(default_factory=lambda: [4, 16, 64], description=(
+        "`k3deploy bench`: the concurrency sweep, one `vllm bench serve` run per value (`--max-concurrency`)."))
+    k3_bench_rounds: int = Field(5, ge=1, le=1000, description=(
+        "`k3deploy bench`: requests per run = this times its concurrency (`--num-prompts`)."))
     # launcher: systemd units (default) or Slurm batch jobs (docs/slurm.md)
     k3_launcher: Literal["systemd", "slurm"] = Field("systemd", description=(
         "What starts the engines: `systemd` = one unit per node (`k3_unit_name`); `slurm` = each engine group (each "
@@ -462,6 +479,13 @@ class Variables(BaseModel):
     def _home(cls, value: str | None) -> str | None:
         """Paths on the control machine may start with ``~`` (as in the example group_vars)."""
         return None if value is None else str(Path(value).expanduser())
+
+    @field_validator("k3_bench_concurrency")
+    @classmethod
+    def _sweep(cls, value: list[int]) -> list[int]:
+        if not value or any(c < 1 or c > 4096 for c in value):
+            raise ValueError("the concurrency sweep is a list of 1 to 4096 requests at once each, e.g. [4, 16, 64]")
+        return sorted(set(value))
 
     @field_validator("k3_extra_env")
     @classmethod

@@ -4,7 +4,7 @@ the same scripts).
 
 Example (in a deploy file)::
 
-    from k3deploy.model import commands
+    from k3deploy.model import commands, correctness
     from k3deploy.runtime.operations import managed_file, start_units
     managed_file(name="env file", dest="/etc/k3deploy/k3-engine.env", content="A=1\\n", mode="600", kind="env")
     start_units(name="worker, once its head listens",
@@ -31,8 +31,8 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.operations import server
 
-from k3deploy.facts.rollout import FileOnHost, KeepalivedState, SmokeAnswer, UnitState, VipHeld
-from k3deploy.model import commands
+from k3deploy.facts.rollout import CorrectAnswers, FileOnHost, KeepalivedState, SmokeAnswer, UnitState, VipHeld
+from k3deploy.model import commands, correctness
 from k3deploy.model.diff import change_lines, env_file_changes, unit_file_changes
 from k3deploy.model.engine import EngineSpec
 from k3deploy.model.observed import ENV_MODE, UNIT_MODE, Installed
@@ -359,8 +359,11 @@ def start_units(text: str, active: bool = True) -> Commands:
 
 
 @operation(is_idempotent=False)
-def smoke(endpoint: str, model: str, active: bool = True, env_file: str | None = None) -> Commands:
-    """One short chat completion through the public endpoint, as the recipe guide's client sends it.
+def smoke(endpoint: str, model: str, active: bool = True, env_file: str | None = None,
+          correct: bool = False) -> Commands:
+    """One short chat completion through the public endpoint, as the recipe guide's client sends it; with
+    ``correct`` (``k3_correctness_probe``), the correctness probe's questions too (:mod:`k3deploy.model.correctness`):
+    a wrong answer fails it, naming the prompt, the expected answer and the one given.
 
     A check, not a change: "No change" when the model answers. It runs when the rollout executes, after the
     engines started: change detection (and so ``--dry``) never sends a request.
@@ -375,6 +378,16 @@ def smoke(endpoint: str, model: str, active: bool = True, env_file: str | None =
     if answer.ok:
         host.noop(f"{endpoint} answered {answer.text!r}")
         logger.info(f"    [{host.name}] smoke test: {endpoint} answered {answer.text!r} as {model!r}")
+        if correct:
+            answers, why = host.get_fact(CorrectAnswers, endpoint=endpoint, model=model, env_file=env_file)
+            lines = correctness.report(endpoint, correctness.judge(answers) if answers is not None else [],
+                                       why)
+            if lines:
+                yield fail(f"smoke test: {lines[0]}; required the known answers (a flag, quantization or tokenizer "
+                           "mode that changes what the model says?)")
+            else:
+                logger.info(f"    [{host.name}] smoke test: {endpoint} gave the {len(correctness.PROMPTS)} known "
+                            "answers of the correctness probe")
         return
     yield fail(f"smoke test: POST {endpoint}/v1/chat/completions as {model!r} answered {answer.text[:200]!r}; "
                "required a chat completion")

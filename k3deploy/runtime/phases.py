@@ -927,7 +927,8 @@ def smoke_phase(ctx: RunContext) -> None:
         return  # one request through the public endpoint, from the first host only
     every_group_serves = lambda: all(ctx.serves(g) for g in r.groups)  # noqa: E731
     smoke(name=step.name, endpoint=r.endpoint, model=steps.served_model(r), env_file=r.units[0].env_path,
-          active=step.applies, _if=every_group_serves, _timeout=150 + r.vars.k3_link_timeout)
+          active=step.applies, correct=r.vars.k3_correctness_probe, _if=every_group_serves,
+          _timeout=150 + r.vars.k3_link_timeout)
     if ctx.gathered is not None and ctx.gathered.rollback_to:
         python.call(name="Say what the rollback leaves behind", function=_after_rollback, ctx=ctx,
                     _if=every_group_serves)

@@ -3,7 +3,8 @@
 :func:`probe` runs the probe load (:func:`k3deploy.model.commands.slo_probe`) on a group's head node through the
 group's own endpoint and reads the figures (:func:`k3deploy.model.slo.parse_probe`). :func:`canary` measures the
 canary groups and one replica still on the previous revision at the same time, under the same load, and judges
-(:func:`k3deploy.model.slo.judge`); :func:`single` measures one group against its previous revision's recorded
+(:func:`k3deploy.model.slo.judge`), and with ``k3_correctness_probe`` asks each the correctness probe's questions
+(:func:`answered`); :func:`single` measures one group against its previous revision's recorded
 figures. :func:`go_back` takes a group back to a recorded revision: stopped (workers, then the head), its unit and
 env files restored from the revision's directory on each node, started in the rendezvous order, gated on serving.
 Each measured revision keeps its figures in its directory (``slo.json``), where ``k3deploy history`` reads them.
@@ -12,14 +13,14 @@ Each measured revision keeps its figures in its directory (``slo.json``), where 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import gevent
 from pyinfra import logger
 
-from k3deploy.model import commands
+from k3deploy.model import bench, commands, correctness
 from k3deploy.model.revisions import GroupHistory, revisions_dir
 from k3deploy.model.rollout import Rollout
 from k3deploy.model.slo import (
@@ -90,11 +91,21 @@ def _unmeasured(why: str, load: Load) -> Figures:
                    errors=(why[:200],))
 
 
-def recorded(history: GroupHistory | None) -> Figures | None:
-    """The figures the gate recorded for ``history``'s current revision (None: none)."""
-    if history is None or history.current is None or history.current not in history.figures:
+def recorded(history: GroupHistory | None, load: Load | None = None) -> Figures | None:
+    """The figures the gate recorded for ``history``'s current revision (None: none); with ``load``
+    (``k3_slo_baseline: bench``), its last benchmark's at the concurrency nearest the load's, where it has one."""
+    if history is None or history.current is None:
+        return None
+    kept = bench.Record.from_json(history.benches.get(history.current, "")) if load is not None else None
+    if kept is not None and load is not None and (figures := bench.baseline(kept, load.concurrency, load.requests)):
+        return figures
+    if history.current not in history.figures:
         return None
     return read_record(history.figures[history.current])[0]
+
+
+def _bench_load(rollout: Rollout, gate: GatePlan) -> Load | None:
+    return gate.load if rollout.vars.k3_slo_baseline == "bench" else None
 
 
 def canary(hosts: Mapping[str, Any], rollout: Rollout, gate: GatePlan, numbers: Mapping[str, int],
@@ -123,9 +134,10 @@ def canary(hosts: Mapping[str, Any], rollout: Rollout, gate: GatePlan, numbers: 
     out = []
     for g in gate.groups:
         figures, why = measured[g]
-        fallback = recorded(history.get(g))
+        fallback = recorded(history.get(g), _bench_load(rollout, gate))
         verdict = judge(figures or _unmeasured(why, gate.load), base if base is not None else fallback,
                         gate.targets)
+        verdict = answered(hosts, rollout, g, verdict)
         outcome = Outcome(g, verdict, against if base is not None or fallback is not None else "the absolute targets",
                           numbers.get(g), notes=list(notes))
         outcome.notes.append(f"canary {g}: {verdict.figures.line()}")
@@ -142,15 +154,36 @@ def single(hosts: Mapping[str, Any], rollout: Rollout, gate: GatePlan, group: st
     """Measure one restarted group and judge it against its previous revision's recorded figures (and the absolute
     targets); the figures are kept with the revision it runs."""
     figures, why = probe(hosts, rollout, group, gate.load)
-    base = recorded(history)
+    base = recorded(history, _bench_load(rollout, gate))
     previous = history.current if history is not None else None
-    verdict = judge(figures or _unmeasured(why, gate.load), base, gate.targets)
-    against = (f"revision {previous}'s recorded figures" if base is not None else
+    verdict = answered(hosts, rollout, group, judge(figures or _unmeasured(why, gate.load), base, gate.targets))
+    against = (f"revision {previous}'s {'benchmark' if base.source == 'bench' else 'recorded figures'}"
+               if base is not None else
                "the absolute targets (no figures recorded for the previous revision)")
     outcome = Outcome(group, verdict, against, number, notes=[f"{group}: {verdict.figures.line()}"])
     if number is not None:
         keep(hosts, rollout, group, number, verdict.figures, gate.load, verdict)
     return outcome
+
+
+def answered(hosts: Mapping[str, Any], rollout: Rollout, group: str, verdict: Verdict) -> Verdict:
+    """With ``k3_correctness_probe``, the correctness probe's questions through ``group``'s own endpoint, from its
+    head's node: a wrong answer (or none) makes ``verdict`` a miss, with a line naming the prompt, the expected answer
+    and the one given (:mod:`k3deploy.model.correctness`)."""
+    serving = [u for u in rollout.group(group) if u.serves]
+    if not rollout.vars.k3_correctness_probe or not serving:
+        return verdict
+    head = serving[0]
+    assert head.serves is not None
+    ok, out = run(hosts, head.host, commands.correctness_probe(head.serves, served_model(head, rollout.plan.model),
+                                                              env_file=head.env_path))
+    answers, why = correctness.parse(out)
+    lines = correctness.report(f"group {group}", correctness.judge(answers) if answers is not None else [],
+                               why or ("" if ok else f"the probe failed on {head.host}"))
+    if not lines:
+        return replace(verdict, lines=(*verdict.lines, f"correctness probe: {len(correctness.PROMPTS)} of "
+                                                      f"{len(correctness.PROMPTS)} known answers: hit"))
+    return replace(verdict, ok=False, lines=(*verdict.lines, lines[0] + ": miss"))
 
 
 def keep(hosts: Mapping[str, Any], rollout: Rollout, group: str, number: int, figures: Figures, load: Load,

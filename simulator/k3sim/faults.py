@@ -73,6 +73,9 @@ FAULT_KINDS: dict[str, str] = {
     "docker-slow-create": "docker-slow-create=SECONDS: docker run takes SECONDS (wall-clock) before it creates its "
                           "container, as a busy dockerd does: a unit stopped meanwhile has no container to stop (a "
                           "docker run already waiting keeps its wait when the fault is cleared)",
+    "wrong-output": "wrong-output[=MATCH]: the engine is healthy and answers wrong (every answer '!!!!!!!!', as with a "
+                    "quantization the checkpoint was not made for); with MATCH, only an engine whose argv or "
+                    "environment (NAME=VALUE) holds MATCH, e.g. wrong-output=K3_CHANGE=bad: a change that breaks it",
     "engine-api-key": "engine-api-key=KEY: the engine requires API key KEY whatever its environment says, as an image "
                       "whose own environment or entrypoint sets one (vLLM: 401 on /v1/* without it)",
 }
@@ -83,6 +86,8 @@ CLUSTER_FAULT_KINDS: dict[str, str] = {
                    "(closes the connections mid-body), then serves normally again (resume tests)",
 }
 
+#: kinds that take ``=VALUE`` or none
+OPTIONAL_VALUE_KINDS = frozenset({"wrong-output"})
 #: kinds that need ``=VALUE``
 VALUE_KINDS = frozenset({"driver", "gpu-count", "gpu-model", "fabric", "fabric-health", "cluster-uuid", "engine-slow",
                          "docker-slow-create",
@@ -169,6 +174,8 @@ def parse_fault(text: str) -> Fault:
         if not eq or not raw_value.strip():
             raise K3Error(f"fault {text!r} needs a value: {FAULT_KINDS[kind]}")
         value = _check_value(kind, raw_value.strip(), text)
+    elif kind in OPTIONAL_VALUE_KINDS:
+        value = raw_value.strip() or None
     elif eq:
         raise K3Error(f"fault kind {kind!r} takes no value (got {text!r}): write {rank_s.strip()}:{kind}")
     return Fault(int(rank_s), kind, value)

@@ -19,8 +19,9 @@ It serves real bytes:
   ``lfs`` (``sha256``, ``size``, ``pointerSize``); ``GET|HEAD /<repo>/resolve/<rev>/<file>`` with ``Range: bytes=N-``
   (206 and ``Content-Range``), ``X-Repo-Commit``, ``ETag`` (the sha256 of an LFS file, else its git blob id) and
   ``Content-Length``. Any repo id is served: its checkpoint (``config.json``, ``tokenizer_config.json``,
-  ``model.safetensors.index.json``, shards ``model-0000K-of-0000N.safetensors`` of at most 64 MiB, at least two,
-  ``--weights-mb`` MiB together) is generated from the repo id on first use. Revision ``main`` and the commit resolve.
+  ``tokenizer.json``, ``model.safetensors.index.json``, shards ``model-0000K-of-0000N.safetensors`` of at most
+  64 MiB, at least two, ``--weights-mb`` MiB together) is generated from the repo id on first use. Revision ``main``
+  and the commit resolve.
 
 Generated files are cached under ``DIR/cache``. Every byte sent is counted in ``DIR/counters.json`` (rewritten at the
 end of every response and after every MiB): ``payload_bytes`` (image layers and hub files: what a node needs),
@@ -111,6 +112,28 @@ def _tensors(index: int, data: int) -> list[tuple[str, int]]:
             (f"model.layers.{index - 1}.self_attn.o_proj.weight", data - half)]
 
 
+#: the simulated checkpoint's tokenizer: word-level, one id per whitespace-separated word (as the simulated engine
+#: counts tokens), ``[UNK]`` and ``w1`` ... ``w1023``. Not Kimi-K3's vocabulary (tiktoken, remote code, not to be had
+#: offline): a real tokenizer file that transformers loads (``PreTrainedTokenizerFast``), so that a real client that
+#: needs the model's tokenizer (``vllm bench serve``'s random dataset) reads it from the snapshot as it would K3's.
+TOKENIZER_WORDS = 1024
+
+
+def tokenizer_json() -> dict[str, Any]:
+    """The ``tokenizer.json`` of :data:`TOKENIZER_WORDS` ids (the ``tokenizers`` library's format, WordLevel model).
+
+    >>> t = tokenizer_json()
+    >>> t["model"]["type"], t["model"]["vocab"]["w7"], len(t["model"]["vocab"])
+    ('WordLevel', 7, 1024)
+    """
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, TOKENIZER_WORDS)}}
+    unk = {"id": 0, "content": "[UNK]", "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+           "special": True}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [unk], "normalizer": None,
+            "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}
+
+
 def small_files(total: int) -> dict[str, bytes]:
     """The checkpoint's small files (the same for every repo id: only the shard layout decides them)."""
     config = {"architectures": ["KimiK3ForCausalLM"], "model_type": "kimi_k3", "torch_dtype": "bfloat16",
@@ -125,6 +148,7 @@ def small_files(total: int) -> dict[str, bytes]:
     index = {"metadata": {"total_size": data_total}, "weight_map": dict(sorted(weight_map.items()))}
     return {"config.json": (json.dumps(config, indent=2) + "\n").encode(),
             "tokenizer_config.json": (json.dumps(tokenizer, indent=2) + "\n").encode(),
+            "tokenizer.json": json.dumps(tokenizer_json(), separators=(",", ":")).encode(),
             "model.safetensors.index.json": (json.dumps(index, indent=2) + "\n").encode()}
 
 

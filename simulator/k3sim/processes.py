@@ -160,6 +160,18 @@ def node_memory(state: dict[str, Any], rec: dict[str, Any]) -> int | None:
 SYSFS_MM_DIR = "sys-kernel-mm"
 
 
+#: where a node sees the engine venv (the real vLLM 0.33.0, CPU build, made by tools/engine-venv.sh), read-only: the
+#: client ``k3deploy bench`` runs from the engines' image is vLLM's own, from there (node_tools ``vllmsim_bench.py``)
+ENGINE_VENV_NODE_DIR = "/opt/k3sim/vllm-engine"
+
+
+def engine_venv() -> Path | None:
+    """``K3SIM_ENGINE_VENV``, else the repository's ``.venv-engine``, its real path; None when it is not there."""
+    env = os.environ.get("K3SIM_ENGINE_VENV")
+    venv = Path(env) if env else Path(__file__).resolve().parents[2] / ".venv-engine"
+    return venv.resolve() if (venv / "pyvenv.cfg").is_file() else None
+
+
 def spawn(cluster: str, nd: NodeLayout, append_log: bool = False, own_uptime: bool = False) -> subprocess.Popen[bytes]:
     """Start ``systemd-nspawn --boot`` for the node inside the node's own cgroups.
 
@@ -199,6 +211,9 @@ def spawn(cluster: str, nd: NodeLayout, append_log: bool = False, own_uptime: bo
     rdir = sim_router.router_dir()
     if rdir.is_dir():
         cmd.append(f"--bind-ro={rdir}:{sim_router.NODE_DIR}")
+    venv = engine_venv()
+    if venv is not None:
+        cmd.append(f"--bind-ro={venv}:{ENGINE_VENV_NODE_DIR}")
     # placeholder device nodes (GPUs, IMEX channel, RDMA) so that existence checks see a real node's /dev
     cfg_path = nd.merged / profiles.NODE_CONFIG_PATH.lstrip("/")
     if cfg_path.is_file():

@@ -241,6 +241,7 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
     extra_load = 0.0
     create_delay = 0.0
     image_key: str | None = None
+    wrong_output: str | None = None
     rdma = [dict(d) for d in prof["rdma"]]
     for f in mine:
         nvidia_only = f.kind in ("no-nvidia-smi", "no-dmabuf", "no-peermem", "fabric", "cluster-uuid",
@@ -331,6 +332,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             create_delay += float(_value(f))
         elif f.kind == "engine-api-key":
             image_key = _value(f)
+        elif f.kind == "wrong-output":
+            wrong_output = f.value or ""
         # disk-full, sshd-down and default-route are applied by the cluster itself (mounts, services, routes)
     bus, uuids = _gpu_ids(prof, count, name, cluster_uuid)
     gpu: dict[str, Any] = {"product": product, "count": count, "memory_mib": prof["memory_mib"],
@@ -360,7 +363,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
         "tools_missing": missing,
         "paths_missing": paths_missing,
         "engine": {"crash": crash, "extra_load_seconds": extra_load, "create_delay_seconds": create_delay,
-                   **({"api_key": image_key} if image_key is not None else {})},
+                   **({"api_key": image_key} if image_key is not None else {}),
+                   **({"wrong_output": wrong_output} if wrong_output is not None else {})},
         "docker_data_dir": DOCKER_DATA_DIR,
         "faults": [str(f) for f in mine],
         "health": _health(mine, count),

@@ -739,6 +739,9 @@ def _translate(cmd, env, engine):
     if prog.startswith("python") and cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
         rest = cmd[3:]
         return [sys.executable, engine, "serve"] + rest
+    if prog.startswith("python") and cmd[1:2] == ["-c"] and "vllm.benchmarks" in (cmd[2] if len(cmd) > 2 else ""):
+        # vLLM's own benchmark client (k3deploy bench): the real one, from the engine venv (vllmsim_bench.py)
+        return [sys.executable, os.path.join(LIB, "vllmsim_bench.py")] + cmd[2:]
     if prog.startswith("python") and cmd[1:2] == ["-c"] and "init_process_group" in (cmd[2] if len(cmd) > 2 else ""):
         # a torch.distributed script (k3deploy's NCCL probe): a simulated NCCL all-reduce between two nodes
         return [sys.executable, os.path.join(LIB, "ncclprobe.py")]

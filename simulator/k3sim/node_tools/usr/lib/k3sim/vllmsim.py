@@ -44,6 +44,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import k3simlib as k
+import vllmsim_answers
 
 VERSION = "0.33.0"
 HANDSHAKE_TIMEOUT_MINS = 5
@@ -1210,6 +1211,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._render(req, prompt_ids, chat)
         prompt_words = len(prompt_text.split())
         words = ANSWER.format(node=eng.node, model=eng.served[0], version=VERSION).split()
+        if chat:   # the correctness probe's questions, fault wrong-output (vllmsim_answers.py)
+            words = vllmsim_answers.answer(prompt_text, eng.cfg.get("engine", {}), sys.argv, eng.env) or words
         finish = "stop"
         if isinstance(limit, int) and req.get("ignore_eos"):
             # no end of sequence: exactly max_tokens tokens (the answer, again and again)
