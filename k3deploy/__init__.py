@@ -41,7 +41,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     (what a host has), model/diff.py (what would change), model/secrets.py (what is never shown),
     model/commands.py (every shell command the rollout runs), model/steps.py (what a rollout does per host: stage,
     configure, restart, smoke; rendered as operations and as the runbook), model/runbook/ (the rollout as a runbook),
-    model/revisions.py (numbered revisions per group, for history and rollback), model/slo.py (the SLO gate:
+    model/revisions.py (numbered revisions per group, for history and rollback), model/startup.py (an engine start,
+    phase by phase, from vLLM's log lines), model/slo.py (the SLO gate:
     p95s from vLLM's /metrics histograms, the targets, the verdict, the gate a restart gets), model/staging.py
     (the image and
     the weights over the uplink once, then node to node), model/checkpoint.py (a weights source read against its

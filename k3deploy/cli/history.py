@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
+from k3deploy.model import startup
 from k3deploy.model.revisions import GroupHistory, changes, masked_variables
 from k3deploy.model.secrets import secret_values
 from k3deploy.model.slo import Figures, read_record
@@ -25,7 +26,8 @@ def history(inventory: str, as_json: bool) -> None:
     that differed from their defaults; secrets masked; --json has every variable too), the SLO gate's figures where
     it measured the revision (TTFT and ITL at p95, failed requests, the load, hit or miss), which revision runs now, and
     whether each can be restored: only a revision every host of the group holds (its directory, with its unit
-    and env files) can;
+    and env files) can; and each node's start of it, phase by phase (container, rendezvous, weights, compile and
+    its cache, KV cache, graphs, ready: seconds each, from the engine's log);
     otherwise the hosts that lack it are named. Read-only.
 
     \b
@@ -73,6 +75,11 @@ def history(inventory: str, as_json: bool) -> None:
                           "\n".join(rev["changes"]), "yes" if rev["restorable"] else f"no: {why_not(rev)}",
                           slo_cell(rev["slo"]))
         console.print(table)
+        for n in h.numbers:   # where each start's time went, as the revision recorded it
+            for host, units in startup.recorded(h.startups.get(n, {})).items():
+                for unit, s in units.items():
+                    console.print(f"group {g}: revision {n} started on {host} ({unit}): {s.line()}",
+                                  highlight=False, soft_wrap=True)
         if h.split:
             console.print(h.split_line(), highlight=False, soft_wrap=True)
         for n in h.numbers:
@@ -121,6 +128,8 @@ def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, An
     rev["since"] = max(older) if older else None
     figures, record = read_record(history.figures[number]) if number in history.figures else (None, {})
     rev["slo"] = {**record, "figures": figures.to_json()} if figures is not None else None
+    rev["startup"] = {host: {unit: s.to_dict() for unit, s in units.items()}
+                      for host, units in startup.recorded(history.startups.get(number, {})).items()}
     return rev
 
 
