@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "export": "k3deploy.cli.export:export",
     "watch": "k3deploy.cli.watch:watch",
     "spares": "k3deploy.cli.spares:spares",
+    "timeline": "k3deploy.cli.timeline:timeline",
 }
 
 #: commands that reach no host unless given ``--inventory``: their process is not patched for gevent

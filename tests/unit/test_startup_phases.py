@@ -1,9 +1,10 @@
 """A start, phase by phase: the engine's own log lines (vLLM 0.33's format, tests/fixtures/vllm/README.md) and the
-unit's start time -> each phase's seconds; kept per revision and node, read back by history."""
+unit's start time -> each phase's seconds; kept per revision and node, read back by history; drawn as a timeline."""
 
 from __future__ import annotations
 
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,12 @@ import pytest
 from k3deploy.facts.status import UnitRuntime
 from k3deploy.model import commands, startup
 from k3deploy.model.revisions import Revision, combine, parse_listing
+from k3deploy.model.timeline import LABEL_W, PLOT_W, svg, timeline
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 HEAD = (FIXTURES / "startup-head.txt").read_text().splitlines()
 WORKER = (FIXTURES / "startup-worker.txt").read_text().splitlines()
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 def test_a_head_start_splits_into_every_phase_from_its_log_lines():
@@ -100,3 +103,22 @@ def test_the_record_is_kept_where_the_revision_is_and_listed_back(tmp_path):
     assert any(line.startswith("K3_GATE=") for line in lines)
     assert startup.parse(lines).phases == ()
 
+
+def test_the_timeline_has_a_bar_per_node_and_phase_as_wide_as_its_seconds():
+    starts = {"gb300-01": {"k3-engine.service": startup.parse(HEAD)},
+              "gb300-02": {"k3-engine.service": startup.parse(WORKER)}}
+    t = timeline("engine", 2, starts)
+    root = ET.fromstring(svg(t))
+    bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "bar"]
+    scale = PLOT_W / t.span
+    for host, units in starts.items():
+        s = units["k3-engine.service"]
+        shown = {r.get("data-phase", ""): r for r in bars if r.get("data-host") == host}
+        assert set(shown) == {*s.seconds, "gate"}
+        for phase, seconds in s.seconds.items():
+            assert float(shown[phase].get("width", "")) == pytest.approx(seconds * scale, abs=0.01)
+        assert s.begun is not None and s.gate is not None and t.origin is not None
+        assert float(shown["container"].get("x", "")) == pytest.approx(LABEL_W + (s.begun - t.origin) * scale,
+                                                                       abs=0.01)
+        assert float(shown["gate"].get("data-seconds", "")) == pytest.approx(s.gate - s.begun - s.total, abs=0.002)
+    assert root.find(f"{SVG}title") is not None and "http" not in svg(t).replace(SVG[1:-1], "")
