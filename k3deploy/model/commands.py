@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
-from k3deploy.model.startup import BEGIN, ENGINE_LINE, GATE, KEPT, LINE
+from k3deploy.model.startup import BEGIN, ENGINE_LINE, GATE, KEPT, LINE, READY
 from k3deploy.model.units import router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
@@ -832,7 +832,8 @@ def startup_lines(unit: str) -> str:
     r"""The last start of ``unit`` as :func:`k3deploy.model.startup.parse` reads it: ``K3_BEGIN=`` when systemd began
     it (``InactiveExitTimestamp``, microseconds), then ``K3_START=`` the engine's first log line and its milestones,
     from the journal of the unit's last invocation (``_SYSTEMD_INVOCATION_ID``), as ``journalctl -o short-unix``
-    prints them.
+    prints them; the journal is read up to the API server's ready line only (an engine that has served for weeks
+    has logged much since).
 
     >>> print(startup_lines("k3-engine.service"))   # doctest: +ELLIPSIS
     printf 'K3_BEGIN=%s\n' "$(systemctl show -P InactiveExitTimestamp --timestamp=us+utc k3-engine.service ...
@@ -841,8 +842,8 @@ def startup_lines(unit: str) -> str:
     return (f"printf '{BEGIN}%s\\n' \"$(systemctl show -P InactiveExitTimestamp --timestamp=us+utc {u} "
             f"2>/dev/null)\"; k3_i=$(systemctl show -P InvocationID {u} 2>/dev/null); [ -z \"$k3_i\" ] || "
             f"journalctl _SYSTEMD_INVOCATION_ID=\"$k3_i\" -o short-unix --no-pager 2>/dev/null | "
-            f"grep -E {shlex.quote(ENGINE_LINE)} | awk -v k={shlex.quote(KEPT)} 'NR == 1 || $0 ~ k' | "
-            f"sed 's/^/{LINE}/'")
+            f"grep -E {shlex.quote(ENGINE_LINE)} | "
+            f"awk -v k={shlex.quote(KEPT)} 'NR == 1 || $0 ~ k {{ print }} /{READY}/ {{ exit }}' | sed 's/^/{LINE}/'")
 
 
 def keep_startup(directory: str, number: int, units: Sequence[str]) -> str:

@@ -93,6 +93,8 @@ def ere(text: str) -> str:
 
 #: what the journal keeps of the milestones (an ERE: every milestone, the compile cache's lines, the engine core's)
 KEPT = "|".join(ere(m) for m in (*(m for ms in MILESTONES.values() for m in ms), HIT, MISS, CORE))
+#: the API server's line once the engine serves: the last line a start is read to
+READY = ere("Application startup complete")
 
 _JOURNAL = re.compile(r"^(\d+(?:\.\d+)?) \S+ \S+?: (.*)$")
 

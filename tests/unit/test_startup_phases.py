@@ -60,7 +60,9 @@ def test_the_journal_filter_keeps_the_first_engine_line_and_the_milestones(tmp_p
     noise = ["1796547600.100000 gb300-01 docker[4120]: Error response from daemon: No such container: k3-engine",
              "1796547650.000000 gb300-01 docker[4121]: (EngineCore_DP0 pid=312) INFO 12-06 09:00:50 "
              "[parallel_state.py:1871] rank(s) of node_rank=1 joined"]
-    text = "\n".join([noise[0], journal[0], noise[1], *journal[1:]]) + "\n"
+    later = "1796550000.000000 gb300-01 docker[4121]: (APIServer pid=1) INFO 12-06 09:40:00 [gpu_worker.py:424] " \
+            "Available KV cache memory: 1.00 GiB"   # after the ready line: the start is read no further
+    text = "\n".join([noise[0], journal[0], noise[1], *journal[1:], later]) + "\n"
     script = commands.startup_lines("k3-engine.service")
     pipeline = script[script.index("grep -E"):]
     out = subprocess.run(["sh", "-c", pipeline], input=text, capture_output=True, text=True, check=True).stdout
