@@ -41,7 +41,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     (what a host has), model/diff.py (what would change), model/secrets.py (what is never shown),
     model/commands.py (every shell command the rollout runs), model/steps.py (what a rollout does per host: stage,
     configure, restart, smoke; rendered as operations and as the runbook), model/runbook/ (the rollout as a runbook),
-    model/revisions.py (numbered revisions per group, for history and rollback), model/slo.py (the SLO gate:
+    model/revisions.py (numbered revisions per group, for history and rollback), model/startup.py (an engine start,
+    phase by phase, from vLLM's log lines), model/timeline.py (a revision's starts drawn on one time axis: SVG, HTML),
+    model/slo.py (the SLO gate:
     p95s from vLLM's /metrics histograms, the targets, the verdict, the gate a restart gets), model/correctness.py
     (questions with known answers: healthy but wrong fails the smoke test and the gate), model/bench.py (the
     benchmark: vllm bench serve's sweep, its record per revision, its picture), model/staging.py
@@ -103,7 +105,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     (a load test of the endpoint, recorded per revision),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
     that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
-    systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/__main__.py (``python -m
+    systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/timeline.py (a revision's starts
+    as a picture), cli/__main__.py (``python -m
     k3deploy.cli``), cli/deploy.py (``k3deploy deploy``: the deploy from any directory, data/deploy/ the files it
     runs), cli/common.py (options defined once and composed).
 """

@@ -43,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "watch": "k3deploy.cli.watch:watch",
     "spares": "k3deploy.cli.spares:spares",
     "bench": "k3deploy.cli.bench:bench",
+    "timeline": "k3deploy.cli.timeline:timeline",
 }
 
 #: commands that reach no host unless given ``--inventory``: their process is not patched for gevent

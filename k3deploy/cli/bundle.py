@@ -50,7 +50,8 @@ def secret_values(gathered: Gathered) -> list[str]:
 
 
 def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list[str]) -> dict[str, str]:
-    """The bundle's files by path: the tool's version, variables, plan, status, preflight, and per host its facts
+    """The bundle's files by path: the tool's version, variables, plan, status, preflight, the starts each revision
+    recorded and the current one's timeline (:func:`startup_files`), and per host its facts
     and what the rollout read there, and per unit its unit and env files (as installed), journal and container
     log. Under ``k3_launcher: slurm``: per unit its launch script instead of a unit file and its step output in its
     group's newest job (and the job's own output, on its batch host) instead of a journal; the submit host's
@@ -88,6 +89,7 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
         "status.json": _json(either(lambda: status_of(gathered).to_dict())),
         "preflight.json": _json(gathered.preflight.to_dict() if gathered.preflight else None),
     }
+    files.update(startup_files(gathered))
     for f in gathered.facts:
         files[f"hosts/{f.host}/facts.json"] = _json(f)
     for host, reading in gathered.readings.items():
@@ -110,6 +112,24 @@ def bundle_files(gathered: Gathered, inventory: str, version: str, secrets: list
             # under Slurm: the step output and the job's own output, named by the job they come from
             files[f"{base}.{kind}-{job or 'none'}.log" if kind in ("step", "batch") else f"{base}.{kind}.log"] = text
     return {path: scrub(text, secrets) for path, text in files.items()}
+
+
+def startup_files(gathered: Gathered) -> dict[str, str]:
+    """Each group's starts as its revisions recorded them, phase by phase (``startup.json``: group -> revision ->
+    host -> unit), and the current revision's timeline (``timeline-<group>.svg``, as ``k3deploy timeline`` draws
+    it)."""
+    from k3deploy.model import startup, timeline
+
+    out: dict[str, str] = {}
+    recorded = {g: {n: startup.recorded(starts) for n, starts in h.startups.items()}
+                for g, h in gathered.history.items()}
+    out["startup.json"] = _json({g: {str(n): {host: {unit: s.to_dict() for unit, s in units.items()}
+                                             for host, units in by_host.items()} for n, by_host in revisions.items()}
+                                 for g, revisions in recorded.items()})
+    for g, h in gathered.history.items():
+        if h.current is not None and recorded[g].get(h.current):
+            out[f"timeline-{g}.svg"] = timeline.svg(timeline.timeline(g, h.current, recorded[g][h.current]))
+    return out
 
 
 def slurm_files(gathered: Gathered) -> dict[str, str]:
@@ -142,7 +162,8 @@ def slurm_files(gathered: Gathered) -> dict[str, str]:
 def bundle(inventory: str, output: str, lines: int, as_json: bool) -> None:
     """Write one file to attach to a bug report: per node its facts and preflight results, the unit and env
     files as installed (secrets masked), the tail of each unit journal and container log, the status, the plan,
-    the variables and the tool's version. No secret goes in: env values of secret names are masked and the
+    the variables and the tool's version, each revision's recorded starts phase by phase (startup.json) and the
+    current one's timeline (timeline-GROUP.svg). No secret goes in: env values of secret names are masked and the
     Hugging Face token's value is removed wherever it appears. Read-only on the nodes.
 
     \b

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
-from k3deploy.model import bench
+from k3deploy.model import bench, startup
 from k3deploy.model.revisions import GroupHistory, changes, masked_variables
 from k3deploy.model.secrets import secret_values
 from k3deploy.model.slo import Figures, read_record
@@ -27,7 +27,8 @@ def history(inventory: str, as_json: bool) -> None:
     it measured the revision (TTFT and ITL at p95, failed requests, the load, hit or miss), its last benchmark
     (k3deploy bench: TTFT and ITL at p50/p99 and output tokens/s per concurrency), which revision runs now, and
     whether each can be restored: only a revision every host of the group holds (its directory, with its unit
-    and env files) can;
+    and env files) can; and each node's start of it, phase by phase (container, rendezvous, weights, compile and
+    its cache, KV cache, graphs, ready: seconds each, from the engine's log);
     otherwise the hosts that lack it are named. Read-only.
 
     \b
@@ -76,6 +77,11 @@ def history(inventory: str, as_json: bool) -> None:
                           slo_cell(rev["slo"]), bench.cell(bench.Record.from_json(h.benches[n])
                                                            if n in h.benches else None))
         console.print(table)
+        for n in h.numbers:   # where each start's time went, as the revision recorded it
+            for host, units in startup.recorded(h.startups.get(n, {})).items():
+                for unit, s in units.items():
+                    console.print(f"group {g}: revision {n} started on {host} ({unit}): {s.line()}",
+                                  highlight=False, soft_wrap=True)
         if h.split:
             console.print(h.split_line(), highlight=False, soft_wrap=True)
         for n in h.numbers:
@@ -129,6 +135,8 @@ def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, An
                     {"when": kept.when, "client": kept.client, "endpoint": kept.endpoint, "gpus": kept.gpus,
                      "load": asdict(kept.load), "figures": bench.summary(list(kept.points)),
                      "points": [asdict(p) for p in kept.points]})
+    rev["startup"] = {host: {unit: s.to_dict() for unit, s in units.items()}
+                      for host, units in startup.recorded(history.startups.get(number, {})).items()}
     return rev
 
 

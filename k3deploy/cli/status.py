@@ -11,6 +11,7 @@ import click
 
 from k3deploy.cli.common import echo_json, json_option, read_cluster
 from k3deploy.model.images import shown
+from k3deploy.model.startup import describe
 
 if TYPE_CHECKING:
     from k3deploy.model.slurm import GroupJob
@@ -118,6 +119,10 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
         for u in g.units:
             if u.why:
                 console.print(f"{u.host} {u.unit}: as planned: no: {u.why}", highlight=False, soft_wrap=True)
+        for u in g.units:
+            if u.startup:
+                console.print(f"{u.host} {u.unit}: last start: {describe(u.startup, u.compile_cache)}",
+                              highlight=False, soft_wrap=True)
     if slurm:
         console.print("k3_launcher: slurm: each group runs as one Slurm job, each node's engine as one of its steps "
                       "(job.step: squeue --steps on k3_slurm_submit_host, JOBID.STEPID and the job's state; a job "
@@ -147,8 +152,9 @@ def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
               help="Show the status again every SECONDS until interrupted (Ctrl-C).")
 def status(inventory: str, as_json: bool, watch: float | None) -> None:
     """Per host and unit: state, restarts, uptime, image, whether it runs the planned files, /health and
-    /v1/models; per group and for the cluster: serving, degraded or down, and the public endpoint; per node its
-    hardware health (XID, ECC, row-remap, link events; a fatal one: must not serve) and its quarantine.
+    /v1/models, and its last start phase by phase (seconds, from the engine's log); per group and for the cluster:
+    serving, degraded or down, and the public endpoint; per node its hardware health (XID, ECC, row-remap, link
+    events; a fatal one: must not serve) and its quarantine.
 
     Exit code: 0 serving, 1 degraded or down, 2 bad input.
 

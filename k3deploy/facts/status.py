@@ -42,6 +42,7 @@ from k3deploy.model.slurm import (
     queue,
     steps_query,
 )
+from k3deploy.model.startup import BEGIN, LINE
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -67,6 +68,7 @@ class UnitRun:
     image_id: str | None = None
     health: int | None = None           # HTTP code of /health (0: no answer); None: the unit serves no HTTP
     models: tuple[str, ...] | None = None
+    startup: tuple[str, ...] = ()       # its last start's lines (:func:`k3deploy.model.startup.parse`)
 
 
 class UnitRuntime(FactBase[UnitRun]):
@@ -78,7 +80,10 @@ class UnitRuntime(FactBase[UnitRun]):
 
     def process(self, output: list[str]) -> UnitRun:
         values: dict[str, str] = {}
+        started = tuple(line for line in output if line.startswith((BEGIN, LINE)))
         for line in output:
+            if line.startswith(LINE):
+                continue
             key, sep, value = line.partition("=")
             if sep and key.startswith("K3_"):
                 values[key[3:]] = value.strip()
@@ -90,7 +95,7 @@ class UnitRuntime(FactBase[UnitRun]):
                        since=float(stamp) if stamp.replace(".", "", 1).isdigit() and float(stamp) > 0 else None,
                        image=image or None, image_id=image_id or None,
                        health=(int(health) if health.isdigit() else 0) if health is not None else None,
-                       models=model_ids(values["MODELS"]) if "MODELS" in values else None)
+                       models=model_ids(values["MODELS"]) if "MODELS" in values else None, startup=started)
 
     @staticmethod
     def default() -> UnitRun:

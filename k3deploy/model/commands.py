@@ -24,6 +24,7 @@ from k3deploy.model.correctness import PROMPTS, request_body
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
+from k3deploy.model.startup import BEGIN, ENGINE_LINE, GATE, KEPT, LINE, READY
 from k3deploy.model.units import CONTAINER_CACHE, router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
@@ -801,7 +802,7 @@ def unit_status(unit: str, container: str, docker: str, url: str | None, env_fil
         lines += [f"printf '%s\\n' \"K3_HEALTH=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
                   f"{shlex.quote(url + '/health')})\"",
                   _models_line("K3_MODELS=", url, env_file)]
-    return "; ".join(lines)
+    return "; ".join([*lines, startup_lines(unit)])
 
 
 def _models_line(mark: str, url: str, env_file: str | None) -> str:
@@ -823,6 +824,37 @@ def endpoint_models(endpoint: str, env_file: str | None = None) -> str:
     """The model ids the public endpoint lists (``/v1/models``), as JSON on one line; empty when it does not answer.
     With ``env_file`` (a unit's env file on this host) the request carries the API key it holds."""
     return _models_line("", endpoint, env_file)
+
+
+#: a revision's record of each unit's start on a node, in its directory (``startup-<unit>.log``)
+STARTUP_FILE = "startup-{unit}.log"
+
+
+def startup_lines(unit: str) -> str:
+    r"""The last start of ``unit`` as :func:`k3deploy.model.startup.parse` reads it: ``K3_BEGIN=`` when systemd began
+    it (``InactiveExitTimestamp``, microseconds), then ``K3_START=`` the engine's first log line and its milestones,
+    from the journal of the unit's last invocation (``_SYSTEMD_INVOCATION_ID``), as ``journalctl -o short-unix``
+    prints them; the journal is read up to the API server's ready line only (an engine that has served for weeks
+    has logged much since).
+
+    >>> print(startup_lines("k3-engine.service"))   # doctest: +ELLIPSIS
+    printf 'K3_BEGIN=%s\n' "$(systemctl show -P InactiveExitTimestamp --timestamp=us+utc k3-engine.service ...
+    """
+    u = shlex.quote(unit)
+    return (f"printf '{BEGIN}%s\\n' \"$(systemctl show -P InactiveExitTimestamp --timestamp=us+utc {u} "
+            f"2>/dev/null)\"; k3_i=$(systemctl show -P InvocationID {u} 2>/dev/null); [ -z \"$k3_i\" ] || "
+            f"journalctl _SYSTEMD_INVOCATION_ID=\"$k3_i\" -o short-unix --no-pager 2>/dev/null | "
+            f"grep -E {shlex.quote(ENGINE_LINE)} | "
+            f"awk -v k={shlex.quote(KEPT)} 'NR == 1 || $0 ~ k {{ print }} /{READY}/ {{ exit }}' | sed 's/^/{LINE}/'")
+
+
+def keep_startup(directory: str, number: int, units: Sequence[str]) -> str:
+    """Keep each of ``units``' last start (:func:`startup_lines`) and the time now (``K3_GATE=``: its group serves) in
+    revision ``number``'s directory of a group (``startup-<unit>.log``), where this node keeps that revision."""
+    d = f"{directory}/{int(number)}"
+    return " && ".join(
+        f"{{ [ ! -d {shlex.quote(d)} ] || {{ umask 077; {{ {startup_lines(u)}; echo \"{GATE}$(date +%s.%N)\"; }} "
+        f"> {shlex.quote(d + '/' + STARTUP_FILE.format(unit=u))}; }}; }}" for u in units)
 
 
 def unit_logs(unit: str, container: str, docker: str, lines: int) -> str:
@@ -892,11 +924,16 @@ def wait_vip(endpoint: str, vip: str, timeout: int, interval: float = 1.0) -> st
 # ------------------------------------------------------------------------------------------- revisions
 
 
+#: a line of a revision's start record in :func:`list_revisions` (``K3_STARTUP=<unit> <line>``)
+STARTUP_MARK = "K3_STARTUP="
+
+
 def list_revisions(directory: str) -> str:
     """The group's current revision and every revision's ``meta.json`` and the files its directory holds (parsed by
     :func:`k3deploy.model.revisions.parse_listing`), with its SLO figures and its last benchmark where kept; where a
     ``meta.json`` does not end as a whole record does (cut short), the sha256 of each file of its directory too
-    (``K3_SUMS=``: whether it can be written again)."""
+    (``K3_SUMS=``: whether it can be written again); and each unit's start recorded there (:func:`keep_startup`), a
+    ``K3_STARTUP=<unit> <line>`` line each."""
     d = shlex.quote(directory)
     return (f"echo \"K3_CURRENT=$(cat {d}/current 2>/dev/null)\"; for m in {d}/*/meta.json; do "
             f"[ -f \"$m\" ] || continue; echo \"K3_META=$m\"; cat \"$m\"; echo; "
@@ -905,7 +942,9 @@ def list_revisions(directory: str) -> str:
             f"| tr '\\n' ' ')\"; f=\"${{m%/meta.json}}/{FIGURES_FILE}\"; "
             f"[ ! -f \"$f\" ] || printf '%s\\n' \"K3_SLO=$(tr -d '\\n' < \"$f\")\"; "
             f"b=\"${{m%/meta.json}}/{BENCH_FILE}\"; "
-            f"[ ! -f \"$b\" ] || printf '%s\\n' \"K3_BENCH=$(tr -d '\\n' < \"$b\")\"; done")
+            f"[ ! -f \"$b\" ] || printf '%s\\n' \"K3_BENCH=$(tr -d '\\n' < \"$b\")\"; "
+            f"for s in \"${{m%/meta.json}}\"/startup-*.log; do [ -f \"$s\" ] || continue; n=${{s##*/startup-}}; "
+            f"awk -v n=\"${{n%.log}}\" '{{print \"{STARTUP_MARK}\" n \" \" $0}}' \"$s\"; done; done")
 
 
 def record_revision(directory: str, number: int, files: Sequence[tuple[str, str]], meta: str) -> str:

@@ -79,6 +79,9 @@ class GroupHistory:
     sums: dict[int, dict[str, dict[str, str]]] = field(default_factory=dict)
     currents: dict[str, int | None] = field(default_factory=dict)   # host -> the revision its ``current`` names
     runs_now: int | None = None   # where the hosts' ``current`` differ: the recorded revision their files are
+    # revision -> host -> unit -> the lines of that unit's start recorded there (``startup-<unit>.log``; one host's
+    # listing: host ""), read by :func:`k3deploy.model.startup.parse`
+    startups: dict[int, dict[str, dict[str, tuple[str, ...]]]] = field(default_factory=dict)
 
     @property
     def split(self) -> bool:
@@ -164,8 +167,12 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
     corrupt: dict[int, dict[str, str]] = {}
     sums: dict[int, dict[str, dict[str, str]]] = {}
     marked: set[int] = set()
+    startups: dict[int, dict[str, dict[str, tuple[str, ...]]]] = {}
     for host, h in listed:
         marked |= h.marked
+        for n, by_host in h.startups.items():
+            for by_unit in by_host.values():
+                startups.setdefault(n, {})[host] = by_unit
         for n, rev in h.revisions.items():
             revisions.setdefault(n, rev)
         for n, record in h.figures.items():
@@ -181,7 +188,7 @@ def combine(group: str, listed: list[tuple[str, GroupHistory]]) -> GroupHistory:
     return GroupHistory(group=group, revisions=revisions, hosts=[host for host, _ in listed], held=held,
                         current=next((h.current for _, h in listed if h.current is not None), None), marked=marked,
                         figures=figures, benches=benches, corrupt=corrupt, sums=sums,
-                        currents={host: h.current for host, h in listed})
+                        currents={host: h.current for host, h in listed}, startups=startups)
 
 
 def revisions_dir(config_dir: str, group: str) -> str:
@@ -319,8 +326,8 @@ def sha256(text: str) -> str:
 def parse_listing(lines: list[str]) -> GroupHistory:
     """The output of :func:`k3deploy.model.commands.list_revisions` (``K3_CURRENT=``, then per revision
     ``K3_META=<path>``, its JSON, ``K3_KEPT=`` the files of its directory and, where the SLO gate measured it,
-    ``K3_SLO=`` its record on one line, ``K3_BENCH=`` its last benchmark) -> the group's history on that host.
-    Unreadable entries are skipped.
+    ``K3_SLO=`` its record on one line, ``K3_BENCH=`` its last benchmark, and ``K3_STARTUP=<unit> <line>`` each
+    unit's start it keeps) -> the group's history on that host. Unreadable entries are skipped.
 
     >>> meta = Revision(group="engine", number=1, created="t", image="img", summary="s").to_json()
     >>> h = parse_listing(["K3_CURRENT=1", "K3_META=/etc/k3deploy/revisions/engine/1/meta.json",
@@ -341,26 +348,29 @@ def parse_listing(lines: list[str]) -> GroupHistory:
     figures_by: dict[int, str] = {}
     corrupt: dict[int, dict[str, str]] = {}
     sums_by: dict[int, dict[str, dict[str, str]]] = {}
-    chunks: list[tuple[list[str], list[str], list[str], str, list[str]]] = []
+    startups: dict[int, dict[str, dict[str, tuple[str, ...]]]] = {}
+    chunks: list[tuple[list[str], list[str], list[str], str, list[str], list[str]]] = []
     benches: dict[int, str] = {}   # chunk index -> its K3_BENCH line
     for line in lines:
         if line.startswith("K3_CURRENT="):
             value = line[len("K3_CURRENT="):].strip()
             current = int(value) if value.isdigit() else None
         elif line.startswith("K3_META="):
-            chunks.append(([], [], [], line[len("K3_META="):].strip(), []))
+            chunks.append(([], [], [], line[len("K3_META="):].strip(), [], []))
         elif line.startswith("K3_KEPT=") and chunks:
             chunks[-1][0].extend(line[len("K3_KEPT="):].split())
         elif line.startswith("K3_SLO=") and chunks:
             chunks[-1][2].append(line[len("K3_SLO="):])
         elif line.startswith("K3_BENCH=") and chunks:
             benches[len(chunks) - 1] = line[len("K3_BENCH="):]
+        elif line.startswith("K3_STARTUP=") and chunks:
+            chunks[-1][5].append(line[len("K3_STARTUP="):])
         elif line.startswith("K3_SUMS=") and chunks:
             chunks[-1][4].extend(line[len("K3_SUMS="):].split())
         elif chunks:
             chunks[-1][1].append(line)
     bench_by: dict[int, str] = {}
-    for i, (kept, body, figures, path, sums) in enumerate(chunks):
+    for i, (kept, body, figures, path, sums, started) in enumerate(chunks):
         try:
             rev = Revision.from_json("\n".join(body))
         except (ValueError, TypeError):
@@ -377,6 +387,10 @@ def parse_listing(lines: list[str]) -> GroupHistory:
             figures_by[rev.number] = figures[-1]
         if i in benches:
             bench_by[rev.number] = benches[i]
+        for entry in started:
+            unit, _, text = entry.partition(" ")
+            by_unit = startups.setdefault(rev.number, {}).setdefault("", {})
+            by_unit[unit] = (*by_unit.get(unit, ()), text)
         group = rev.group
     return GroupHistory(group=group, revisions=revisions, current=current, kept=kept_by, marked=marked,
-                        figures=figures_by, benches=bench_by, corrupt=corrupt, sums=sums_by)
+                        figures=figures_by, benches=bench_by, corrupt=corrupt, sums=sums_by, startups=startups)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from k3deploy.model import startup
 from k3deploy.model.health import Health
 from k3deploy.model.images import shown
 from k3deploy.model.observed import Installed
@@ -61,6 +62,8 @@ class Run(Protocol):
     def health(self) -> int | None: ...
     @property
     def models(self) -> tuple[str, ...] | None: ...
+    @property
+    def startup(self) -> tuple[str, ...]: ...
 
 
 def unit_verdict(*, active: str, serves: bool, health: int | None, listed: bool | None, restarts: int = 0,
@@ -106,6 +109,8 @@ class UnitReport:
     health: int | None
     models: list[str] | None
     why: str | None = None        # why it does not run as planned (matches_plan False), one line
+    startup: dict[str, float] | None = None   # its last start, phase by phase (seconds; None: not read)
+    compile_cache: str | None = None          # its last start's compile cache: hit, miss (None: not logged)
 
 
 @dataclass
@@ -252,6 +257,12 @@ def crash_loops(st: ClusterStatus, logs: Mapping[tuple[str, str], Mapping[str, s
     return out
 
 
+def _started(run: Run, headless: bool) -> tuple[dict[str, float] | None, str | None]:
+    """A unit's last start as :class:`UnitReport` carries it: its phases (None: nothing logged) and compile cache."""
+    s = startup.parse(run.startup, headless=headless)
+    return (s.seconds if s.phases else None), s.compile_cache
+
+
 def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
            installed: Mapping[tuple[str, str], Installed], endpoint_models: tuple[str, ...] | None,
            unreachable: set[str], now: float, history: Mapping[str, GroupHistory] | None = None,
@@ -292,7 +303,8 @@ def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
                              window_s=rollout.vars.k3_crash_loop_window),
                 run.active if run.active != "active" or not run.sub else f"{run.active}/{run.sub}", run.restarts,
                 round(now - run.since, 1) if run.since else None, shown(run.image), run.image_id, matches, u.serves,
-                run.health, list(run.models) if run.models is not None else None, why))
+                run.health, list(run.models) if run.models is not None else None, why,
+                *_started(run, u.serves is None)))
         serving = [x for x in reports if x.url and x.verdict == "serving"]
         if all(x.verdict in UP for x in reports):
             verdict = "serving"

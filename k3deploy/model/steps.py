@@ -849,8 +849,7 @@ def restart(rollout: Rollout, launcher: StartSteps, decided: Decisions | None = 
         if rolling and launcher.marks_in_roll:
             # a rolled replica is marked current as soon as it serves, on every one of its nodes in one step,
             # before the router call that puts it back
-            marking = tuple(Part(h, " && ".join(commands.set_current(revisions_dir(r.vars.k3_config_dir, g),
-                                                                     d.marks[g]) for g in marked),
+            marking = tuple(Part(h, " && ".join(_mark(r, g, d.marks[g], h) for g in marked),
                                  when=tuple(Keeps(g) for g in marked))
                             for h in r.hosts
                             if (marked := [g for g in wave if g in launcher.gate_groups(r, plan, h, rolling)
@@ -890,6 +889,14 @@ def _listed(rollout: Rollout, router: UnitWork, groups: list[str],
     return (rollout.router_list(router, groups),) if launcher.worker_file else ()
 
 
+def _mark(rollout: Rollout, group: str, number: int, host: str) -> str:
+    """On ``host``, once ``group`` serves: revision ``number`` becomes current, and the start of each of the group's
+    units there is kept in the revision's directory (:func:`k3deploy.model.commands.keep_startup`)."""
+    directory = revisions_dir(rollout.vars.k3_config_dir, group)
+    units = [u.unit for u in rollout.group(group) if u.host == host]
+    return " && ".join([commands.set_current(directory, number), commands.keep_startup(directory, number, units)])
+
+
 def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list[Action]:
     """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (a group
     that did not restart records nothing: no action for it). Each is called on every host (doing something on its
@@ -903,8 +910,8 @@ def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list
     for group in changed:
         number = decided.marks.get(group)
         here = {u.host for u in r.group(group)}
-        parts = tuple(Part(h, commands.set_current(revisions_dir(r.vars.k3_config_dir, group), number)
-                           if h in here and number is not None else "") for h in r.hosts)
+        parts = tuple(Part(h, _mark(r, group, number, h) if h in here and number is not None else "")
+                      for h in r.hosts)
         out.append(Action("current", f"Mark the revision of group {group} current", parts, (Keeps(group),),
                           barrier=True))
     return out

@@ -45,6 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import k3simlib as k
 import vllmsim_answers
+import vllmsim_phases
 
 VERSION = "0.33.0"
 HANDSHAKE_TIMEOUT_MINS = 5
@@ -841,9 +842,8 @@ class Engine:
             if not self.sleep(ready_timeout):
                 return
             raise self.ready_timeout()
-        if not self.sleep(load):
+        if not vllmsim_phases.load(self, load, log):   # weights, compile, KV cache, graphs
             return
-        log("INFO", "default_loader.py:308", f"Loading weights took {load:.2f} seconds")
         if remote and not self.is_head:
             _send(self.head_sock, {"type": "loaded"})
         if remote and self.is_head:

@@ -1,0 +1,126 @@
+"""A start, phase by phase: the engine's own log lines (vLLM 0.33's format, tests/fixtures/vllm/README.md) and the
+unit's start time -> each phase's seconds; kept per revision and node, read back by history; drawn as a timeline."""
+
+from __future__ import annotations
+
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from k3deploy.facts.status import UnitRuntime
+from k3deploy.model import commands, startup
+from k3deploy.model.revisions import Revision, combine, parse_listing
+from k3deploy.model.timeline import LABEL_W, PLOT_W, svg, timeline
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
+HEAD = (FIXTURES / "startup-head.txt").read_text().splitlines()
+WORKER = (FIXTURES / "startup-worker.txt").read_text().splitlines()
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_a_head_start_splits_into_every_phase_from_its_log_lines():
+    s = startup.parse(HEAD)
+    assert list(s.seconds) == list(startup.PHASES)
+    assert s.seconds == pytest.approx({"container": 12.412, "rendezvous": 90.706, "weights": 243.132,
+                                       "compile": 15.754, "kv_cache": 17.556, "graphs": 61.817, "ready": 2.961})
+    assert s.total == pytest.approx(444.338)   # from systemd's start to "Application startup complete."
+    assert s.compile_cache == "hit" and s.complete and s.gate == pytest.approx(1796548046.5)
+    starts = [start for _, start, _ in s.phases]
+    assert starts == sorted(starts) and starts[0] == 0.0
+
+
+def test_a_headless_worker_is_complete_at_its_graphs_and_its_compile_missed():
+    s = startup.parse(WORKER)
+    assert list(s.seconds) == ["container", "rendezvous", "weights", "compile", "kv_cache", "graphs"]
+    assert s.compile_cache == "miss" and s.complete
+    assert s.seconds["container"] == pytest.approx(11.002) and s.seconds["weights"] == pytest.approx(237.914)
+
+
+def test_a_phase_not_logged_is_left_out_and_the_next_spans_its_time():
+    eager = [line for line in HEAD if "torch.compile" not in line and "compiled graph" not in line
+             and "Graph capturing" not in line]
+    s = startup.parse(eager)
+    assert "compile" not in s.seconds and "graphs" not in s.seconds
+    assert s.seconds["kv_cache"] == pytest.approx(15.754 + 17.556)
+    assert s.total == pytest.approx(startup.parse(HEAD).total)
+
+
+def test_a_start_still_loading_is_not_complete_and_nothing_logged_is_no_phase():
+    loading = startup.parse(HEAD[:4])
+    assert list(loading.seconds) == ["container", "rendezvous", "weights"] and not loading.complete
+    assert "(not ready)" in loading.line()
+    assert startup.parse([]).phases == () and startup.parse(HEAD[:1]).begun == pytest.approx(1796547600.0)
+
+
+def test_the_journal_filter_keeps_the_first_engine_line_and_the_milestones(tmp_path):
+    # the same grep and awk the nodes run (commands.startup_lines), over a journal with lines it must drop
+    journal = [line[len("K3_START="):] for line in HEAD if line.startswith("K3_START=")]
+    noise = ["1796547600.100000 gb300-01 docker[4120]: Error response from daemon: No such container: k3-engine",
+             "1796547650.000000 gb300-01 docker[4121]: (EngineCore_DP0 pid=312) INFO 12-06 09:00:50 "
+             "[parallel_state.py:1871] rank(s) of node_rank=1 joined"]
+    later = "1796550000.000000 gb300-01 docker[4121]: (APIServer pid=1) INFO 12-06 09:40:00 [gpu_worker.py:424] " \
+            "Available KV cache memory: 1.00 GiB"   # after the ready line: the start is read no further
+    text = "\n".join([noise[0], journal[0], noise[1], *journal[1:], later]) + "\n"
+    script = commands.startup_lines("k3-engine.service")
+    pipeline = script[script.index("grep -E"):]
+    out = subprocess.run(["sh", "-c", pipeline], input=text, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["K3_START=" + line for line in journal]
+
+
+def test_status_reads_the_last_start_beside_the_units_state():
+    run = UnitRuntime().process(["K3_ActiveState=active", "K3_SubState=running", *HEAD[:-1]])
+    assert run.active == "active" and run.startup == tuple(HEAD[:-1])
+    assert startup.parse(run.startup).seconds["weights"] == pytest.approx(243.132)
+
+
+def test_history_lists_each_hosts_recorded_start_per_revision():
+    meta = Revision(group="engine", number=2, created="t", image="img", summary="s").to_json()
+    listing = ["K3_CURRENT=2", "K3_META=/etc/k3deploy/revisions/engine/2/meta.json", *meta.splitlines(),
+               "K3_KEPT=meta.json startup-k3-engine.service.log"]
+    n1 = parse_listing([*listing, *(f"K3_STARTUP=k3-engine.service {line}" for line in HEAD)])
+    n2 = parse_listing([*listing, *(f"K3_STARTUP=k3-engine.service {line}" for line in WORKER)])
+    h = combine("engine", [("n1", n1), ("n2", n2)])
+    starts = startup.recorded(h.startups[2])
+    assert set(starts) == {"n1", "n2"}
+    assert starts["n1"]["k3-engine.service"].compile_cache == "hit"
+    assert "ready" not in starts["n2"]["k3-engine.service"].seconds
+    back = startup.from_dict(starts["n1"]["k3-engine.service"].to_dict())
+    assert back == starts["n1"]["k3-engine.service"]
+
+
+def test_the_record_is_kept_where_the_revision_is_and_listed_back(tmp_path):
+    d = tmp_path / "engine"
+    (d / "3").mkdir(parents=True)
+    (d / "3" / "meta.json").write_text(Revision(group="engine", number=3, created="t", image="i",
+                                                summary="s").to_json())
+    record = commands.keep_startup(str(d), 3, ["k3-engine.service"])
+    subprocess.run(["sh", "-c", record], check=True, capture_output=True)   # no unit here: begun and gate only
+    kept = d / "3" / "startup-k3-engine.service.log"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    listing = subprocess.run(["sh", "-c", commands.list_revisions(str(d))], capture_output=True, text=True).stdout
+    h = parse_listing(listing.splitlines())
+    lines = h.startups[3][""]["k3-engine.service"]
+    assert any(line.startswith("K3_GATE=") for line in lines)
+    assert startup.parse(lines).phases == ()
+
+
+def test_the_timeline_has_a_bar_per_node_and_phase_as_wide_as_its_seconds():
+    starts = {"gb300-01": {"k3-engine.service": startup.parse(HEAD)},
+              "gb300-02": {"k3-engine.service": startup.parse(WORKER)}}
+    t = timeline("engine", 2, starts)
+    root = ET.fromstring(svg(t))
+    bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "bar"]
+    scale = PLOT_W / t.span
+    for host, units in starts.items():
+        s = units["k3-engine.service"]
+        shown = {r.get("data-phase", ""): r for r in bars if r.get("data-host") == host}
+        assert set(shown) == {*s.seconds, "gate"}
+        for phase, seconds in s.seconds.items():
+            assert float(shown[phase].get("width", "")) == pytest.approx(seconds * scale, abs=0.01)
+        assert s.begun is not None and s.gate is not None and t.origin is not None
+        assert float(shown["container"].get("x", "")) == pytest.approx(LABEL_W + (s.begun - t.origin) * scale,
+                                                                       abs=0.01)
+        assert float(shown["gate"].get("data-seconds", "")) == pytest.approx(s.gate - s.begun - s.total, abs=0.002)
+    assert root.find(f"{SVG}title") is not None and "http" not in svg(t).replace(SVG[1:-1], "")
