@@ -57,7 +57,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     watch loop's decision from each group's state over time: nothing, wait, repair or back off; its systemd unit),
     model/spares.py (hot spares: a lost member's rank given to a spare, the substitutions and quarantines the nodes
     record), model/vip.py (the site's virtual address: keepalived's VRRP configuration per host, held by the host
-    that serves the endpoint).
+    that serves the endpoint), model/monitoring.py (Prometheus scrape targets, prometheus.yml, recording and
+    alerting rules and their promtool tests), model/dashboard.py (the Grafana dashboard, built with
+    grafana-foundation-sdk).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
@@ -96,10 +98,11 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     cli/resolve.py, cli/options.py, cli/lint.py, cli/preflight.py, cli/plan.py, cli/runbook.py, cli/vars.py,
     cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
-    that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
-    systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/__main__.py (``python -m
-    k3deploy.cli``), cli/deploy.py (``k3deploy deploy``: the deploy from any directory, data/deploy/ the files it
-    runs), cli/common.py (options defined once and composed).
+    that submit themselves), cli/export_prometheus.py (what a site loads to monitor), cli/watch.py (the control
+    loop that repairs a group down past its grace, and its systemd unit), cli/spares.py (the spares, the
+    quarantined nodes, a release), cli/__main__.py (``python -m k3deploy.cli``), cli/deploy.py (``k3deploy
+    deploy``: the deploy from any directory, data/deploy/ the files it runs), cli/common.py (options defined once
+    and composed).
 """
 
 from __future__ import annotations
