@@ -81,7 +81,8 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
               help="Run a real Prometheus on this host scraping the cluster with `k3deploy export prometheus`'s "
                    "configuration (short intervals in the group_vars; its URL: sim status --json, prometheus; "
                    "docs/monitoring.md).")
-@click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes, outside[, slurm]} as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {name, inventory, nodes, outside[, slurm, prometheus]} as JSON.")
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
     layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
