@@ -139,13 +139,14 @@ def targets(rollout: Rollout, cluster: str, exporter_port: int | None = None) ->
     return out
 
 
-def prometheus_config(v: Variables, kinds: list[str]) -> dict[str, Any]:
+def prometheus_config(variables: Variables, kinds: list[str]) -> dict[str, Any]:
     """``prometheus.yml``: the intervals, the rule files, one scrape job per kind of target (its ``file_sd`` list
     in ``targets/<kind>.json``, beside it)."""
     return {
-        "global": {"scrape_interval": v.k3_prom_scrape_interval,
-                   "evaluation_interval": v.k3_prom_evaluation_interval,
-                   "scrape_timeout": v.k3_prom_scrape_interval if seconds(v.k3_prom_scrape_interval) < 10 else "10s"},
+        "global": {"scrape_interval": variables.k3_prom_scrape_interval,
+                   "evaluation_interval": variables.k3_prom_evaluation_interval,
+                   "scrape_timeout": variables.k3_prom_scrape_interval
+                   if seconds(variables.k3_prom_scrape_interval) < 10 else "10s"},
         "rule_files": ["rules/k3-recording.yml", "rules/k3-alerts.yml"],
         "scrape_configs": [{"job_name": JOBS[k], "metrics_path": "/metrics",
                             "file_sd_configs": [{"files": [f"targets/{k}.json"]}]} for k in kinds],
@@ -155,10 +156,10 @@ def prometheus_config(v: Variables, kinds: list[str]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- rules
 
 
-def recording_rules(v: Variables) -> list[dict[str, str]]:
+def recording_rules(variables: Variables) -> list[dict[str, str]]:
     """Per cluster, group and revision: latency percentiles, throughput, KV-cache use, queue, preemptions, prefix
     hits (what the dashboard and the alerts read)."""
-    w = v.k3_prom_rate_window
+    w = variables.k3_prom_rate_window
     rules = [{"record": f"k3:{short}_seconds:{q}",
               "expr": f"histogram_quantile({value}, sum by ({BY}, le) (rate({metric}_bucket[{w}])))"}
              for short, metric in LATENCIES for q, value in QUANTILES]
@@ -212,8 +213,8 @@ class Alert:
     labels: dict[str, str]
 
 
-def _mid(v: Variables) -> float:
-    return (v.k3_alert_ttft_p99_warn_s + v.k3_alert_ttft_p99_critical_s) / 2
+def _mid(variables: Variables) -> float:
+    return (variables.k3_alert_ttft_p99_warn_s + variables.k3_alert_ttft_p99_critical_s) / 2
 
 
 def _gauge(name: str, value: float, **extra: str) -> list[dict[str, str]]:
@@ -296,8 +297,8 @@ ALERTS: tuple[Alert, ...] = (
 RUNBOOK = "docs/monitoring.md of k3deploy: what each alert means and what to do"
 
 
-def alert_rule(alert: Alert, v: Variables) -> dict[str, Any]:
-    return {"alert": alert.name, "expr": alert.expr(v), "for": v.k3_alert_for,
+def alert_rule(alert: Alert, variables: Variables) -> dict[str, Any]:
+    return {"alert": alert.name, "expr": alert.expr(variables), "for": variables.k3_alert_for,
             "labels": {"severity": alert.severity},
             "annotations": {"summary": alert.summary, "runbook": RUNBOOK}}
 
@@ -311,26 +312,29 @@ def summary_of(alert: Alert, labels: dict[str, str]) -> str:
     return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m[1]], alert.summary)
 
 
-def rule_files(v: Variables) -> dict[str, dict[str, Any]]:
+def rule_files(variables: Variables) -> dict[str, dict[str, Any]]:
     """``rules/k3-recording.yml`` and ``rules/k3-alerts.yml`` (file name -> the rule file)."""
-    if v.k3_alert_ttft_p99_warn_s >= v.k3_alert_ttft_p99_critical_s:
-        raise K3Error(f"k3_alert_ttft_p99_warn_s ({v.k3_alert_ttft_p99_warn_s:g}) is not below "
-                      f"k3_alert_ttft_p99_critical_s ({v.k3_alert_ttft_p99_critical_s:g}): make the warning the lower")
+    if variables.k3_alert_ttft_p99_warn_s >= variables.k3_alert_ttft_p99_critical_s:
+        raise K3Error(f"k3_alert_ttft_p99_warn_s ({variables.k3_alert_ttft_p99_warn_s:g}) is not below "
+                      f"k3_alert_ttft_p99_critical_s ({variables.k3_alert_ttft_p99_critical_s:g}): make the warning "
+                      "the lower")
     for name in ("k3_prom_scrape_interval", "k3_prom_evaluation_interval", "k3_prom_rate_window", "k3_alert_for"):
-        if seconds(getattr(v, name)) == 0:
-            raise K3Error(f"{name}: {getattr(v, name)!r} is no time: give a Prometheus duration above zero, e.g. 15s")
-    return {"k3-recording.yml": {"groups": [{"name": "k3-recording", "rules": recording_rules(v)}]},
-            "k3-alerts.yml": {"groups": [{"name": "k3-alerts", "rules": [alert_rule(a, v) for a in ALERTS]}]}}
+        if seconds(getattr(variables, name)) == 0:
+            raise K3Error(f"{name}: {getattr(variables, name)!r} is no time: give a Prometheus duration above zero, "
+                          "e.g. 15s")
+    return {"k3-recording.yml": {"groups": [{"name": "k3-recording", "rules": recording_rules(variables)}]},
+            "k3-alerts.yml": {"groups": [{"name": "k3-alerts",
+                                          "rules": [alert_rule(a, variables) for a in ALERTS]}]}}
 
 
-def rule_tests(v: Variables) -> dict[str, Any]:
+def rule_tests(variables: Variables) -> dict[str, Any]:
     """``rules/k3-rules.test.yml`` for ``promtool test rules``: for each alert, the input that fires it (checked
     once its ``for:`` passed, with the labels it carries) and the input that keeps it quiet, at 1-minute steps."""
-    wait = seconds(v.k3_alert_for) + max(2 * seconds(v.k3_prom_rate_window), 120)
+    wait = seconds(variables.k3_alert_for) + max(2 * seconds(variables.k3_prom_rate_window), 120)
     minutes = (wait + 59) // 60
     tests = []
     for a in ALERTS:
-        for fires, series in ((True, a.firing(v)), (False, a.quiet(v))):
+        for fires, series in ((True, a.firing(variables)), (False, a.quiet(variables))):
             long_enough = [{**s, "values": s["values"].replace("x40", f"x{minutes + 5}")} for s in series]
             tests.append({"name": f"{a.name} {'fires' if fires else 'stays quiet'}", "interval": "1m",
                           "input_series": long_enough,
