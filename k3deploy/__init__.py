@@ -84,7 +84,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
     facts/health.py (what the vendors' hardware-health facts share: the quarantine record),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
-    run, the public endpoint), facts/parallel.py (every host at once), facts/spares.py (a node's spare records).
+    run, the public endpoint), facts/parallel.py (every host at once), facts/spares.py (a node's spare records),
+    facts/monitoring.py (the ports a node listens on: its exporters).
 
 ``preflight/`` -- host checks
     preflight/base.py (host facts, results, what a vendor's preflight side provides),

@@ -44,13 +44,17 @@ def cluster_label(inventory: str, configured: str | None) -> str:
 @click.argument("inventory")
 @click.option("-o", "--output", "output", required=True, metavar="DIR",
               help="Directory to write into (created; files already there are replaced).")
+@click.option("--read-nodes", is_flag=True, default=False,
+              help="Read each node over SSH for the ports it listens on: list a node's exporters only where they "
+                   "run (without it every node's are listed, at the variables' ports).")
 @json_option
-def export_prometheus(inventory: str, output: str, as_json: bool) -> None:
+def export_prometheus(inventory: str, output: str, as_json: bool, read_nodes: bool) -> None:
     """Write the Prometheus scrape targets of INVENTORY (every engine's /metrics, the router, the node and
     accelerator exporters, labelled cluster, group, replica, role, node, revision and hardware), a prometheus.yml
     using them, recording and alerting rules with their tests (promtool test rules), a Grafana dashboard and
     README.txt saying what to load where. Thresholds, intervals and ports are variables (k3_alert_*, k3_prom_*,
-    *_exporter_port: docs/variables.md). Nothing is contacted.
+    *_exporter_port: docs/variables.md). Nothing is contacted, unless --read-nodes: then each node is read over SSH
+    (ss -Hltn) and an exporter listed only where its port listens.
 
     \b
     Example:
@@ -58,16 +62,22 @@ def export_prometheus(inventory: str, output: str, as_json: bool) -> None:
     """
     from k3deploy.cli.common import read_cluster
     from k3deploy.model import dashboard, monitoring
-    from k3deploy.runtime.views import OFFLINE_RUNBOOK
+    from k3deploy.runtime.gather import require_reachable
+    from k3deploy.runtime.views import EXPORT_PROMETHEUS, OFFLINE_RUNBOOK
     from k3deploy.vendors import pack_for_container
 
-    rollout = read_cluster("export", inventory, view=OFFLINE_RUNBOOK).require_rollout()
+    gathered = read_cluster("export", inventory, view=EXPORT_PROMETHEUS if read_nodes else OFFLINE_RUNBOOK)
+    rollout = gathered.require_rollout()
+    listening: dict[str, frozenset[int]] | None = None
+    if read_nodes:
+        require_reachable(gathered)
+        listening = {h: r.listening or frozenset() for h, r in gathered.readings.items()}
     v = rollout.vars
     cluster = cluster_label(inventory, v.k3_cluster_name)
     pack = pack_for_container(rollout.plan.vendor)
     exporter = pack.exporter if pack is not None else None
     rules = monitoring.rule_files(v)   # refused here, before anything is written, where the thresholds contradict
-    targets = monitoring.targets(rollout, cluster, exporter.port if exporter else None)
+    targets = monitoring.targets(rollout, cluster, exporter.port if exporter else None, listening)
     kinds = [k for k, listed in targets.items() if listed]
     texts: dict[str, str] = {"prometheus.yml": monitoring.dump(monitoring.prometheus_config(v, kinds))}
     texts.update({f"targets/{k}.json": json.dumps(targets[k], indent=2) + "\n" for k in kinds})
@@ -75,7 +85,7 @@ def export_prometheus(inventory: str, output: str, as_json: bool) -> None:
     texts["rules/k3-rules.test.yml"] = monitoring.dump(monitoring.rule_tests(v))
     gpu_port = monitoring.gpu_exporter_port(rollout, exporter.port if exporter else None)
     texts["grafana/k3deploy-dashboard.json"] = dashboard.dashboard_json(cluster, exporter if gpu_port else None)
-    texts["README.txt"] = _readme(rollout, cluster, inventory, targets, exporter, gpu_port)
+    texts["README.txt"] = _readme(rollout, cluster, inventory, targets, exporter, gpu_port, listening is not None)
     out = Path(output)
     try:
         for rel, text in texts.items():
@@ -95,7 +105,7 @@ def export_prometheus(inventory: str, output: str, as_json: bool) -> None:
 
 
 def _readme(rollout: Any, cluster: str, inventory: str, targets: dict[str, list[dict[str, Any]]],
-            exporter: Any, gpu_port: int) -> str:
+            exporter: Any, gpu_port: int, read: bool) -> str:
     v = rollout.vars
     lines = [f"Monitoring of {rollout.plan.model} ({rollout.plan.strategy} on {rollout.plan.hardware}), cluster "
              f"label {cluster!r}, written by `k3deploy export prometheus` from {inventory}.", "",
@@ -119,6 +129,11 @@ def _readme(rollout: Any, cluster: str, inventory: str, targets: dict[str, list[
     for kind, listed in targets.items():
         if listed:
             lines.append(f"   {kind}: {said[kind]}: " + ", ".join(t["targets"][0] for t in listed))
+    lines.append("   The exporters are listed where the nodes were found listening on their ports (--read-nodes): "
+                 + ("; ".join(f"{k}: none found" for k, port in (("nodes", v.k3_node_exporter_port), ("gpus", gpu_port))
+                              if port and not targets[k]) or "each found where listed")
+                 if read else "   The exporters are listed on every node, not read (--read-nodes lists only those "
+                 "found running); a target of an exporter that is not there is up == 0, and no alert reads it.")
     lines += ["", "3. Alertmanager: the alerts (rules/k3-alerts.yml) carry severity warning or critical; route them as "
               "the site does. Each alert's summary names the group, node and engine; docs/monitoring.md of "
               "k3deploy says what each means and what to do.", "",

@@ -111,9 +111,12 @@ def gpu_exporter_port(rollout: Rollout, exporter_port: int | None) -> int:
     return exporter_port or 0
 
 
-def targets(rollout: Rollout, cluster: str, exporter_port: int | None = None) -> dict[str, list[dict[str, Any]]]:
+def targets(rollout: Rollout, cluster: str, exporter_port: int | None = None,
+            listening: dict[str, frozenset[int]] | None = None) -> dict[str, list[dict[str, Any]]]:
     """The ``file_sd`` lists by kind (``engines``, ``routers``, ``nodes``, ``gpus``): each target's ``host:port``
-    with its labels. ``exporter_port``: the vendor pack's accelerator exporter port (None: the pack has none)."""
+    with its labels. ``exporter_port``: the vendor pack's accelerator exporter port (None: the pack has none).
+    ``listening``: the TCP ports each host was found listening on (read from the nodes): an exporter is listed
+    only where its port is one of them (None: nothing read, every node's listed)."""
     v = rollout.vars
     revisions = {g: group_revision(rollout, g) for g in rollout.groups}
     out: dict[str, list[dict[str, Any]]] = {k: [] for k in JOBS}
@@ -131,10 +134,11 @@ def targets(rollout: Rollout, cluster: str, exporter_port: int | None = None) ->
         engine = next((u for u in units if u.group != "router"), None)
         first = engine or units[0]
         labels = {**_labels(rollout, first, cluster, revisions)}
-        if v.k3_node_exporter_port:
+        found = listening.get(host, frozenset()) if listening is not None else None
+        if v.k3_node_exporter_port and (found is None or v.k3_node_exporter_port in found):
             out["nodes"].append({"targets": [_hostport(first.node.address, v.k3_node_exporter_port)],
                                  "labels": labels})
-        if engine is not None and gpu_port:
+        if engine is not None and gpu_port and (found is None or gpu_port in found):
             out["gpus"].append({"targets": [_hostport(engine.node.address, gpu_port)], "labels": labels})
     return out
 
