@@ -263,7 +263,7 @@ ALERTS: tuple[Alert, ...] = (
           lambda v: _gauge("vllm:kv_cache_usage_perc", v.k3_alert_kv_cache / 2), _ENGINE_LABELS),
     Alert("K3DecodeKVCacheHigh", "warning",
           lambda v: f'vllm:kv_cache_usage_perc{{role="decode"}} > {v.k3_alert_decode_kv_cache:g}',
-          "KV cache of decode engine {{ $labels.node }} engine {{ $labels.engine }} nearly full",
+          "KV cache of decode node {{ $labels.node }} engine {{ $labels.engine }} nearly full",
           lambda v: _gauge("vllm:kv_cache_usage_perc", (1 + v.k3_alert_decode_kv_cache) / 2, role="decode"),
           lambda v: _gauge("vllm:kv_cache_usage_perc", (1 + v.k3_alert_decode_kv_cache) / 2, role="prefill"),
           {**_ENGINE_LABELS, "role": "decode"}),
