@@ -61,7 +61,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     watch loop's decision from each group's state over time: nothing, wait, repair or back off; its systemd unit),
     model/spares.py (hot spares: a lost member's rank given to a spare, the substitutions and quarantines the nodes
     record), model/vip.py (the site's virtual address: keepalived's VRRP configuration per host, held by the host
-    that serves the endpoint).
+    that serves the endpoint), model/monitoring.py (Prometheus scrape targets, prometheus.yml, recording and
+    alerting rules and their promtool tests), model/dashboard.py (the Grafana dashboard, built with
+    grafana-foundation-sdk).
 
 ``runtime/`` -- pyinfra
     runtime/gather.py (the one pipeline: inventory, facts, checks, the rollout rendered once, installed state),
@@ -89,7 +91,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     facts/rollout.py (unit state, image digest, weights, revisions, smoke answer, a file's sha256),
     facts/health.py (what the vendors' hardware-health facts share: the quarantine record),
     facts/batch.py (many facts of one host read in one command: one round trip), facts/status.py (units as they
-    run, the public endpoint), facts/parallel.py (every host at once), facts/spares.py (a node's spare records).
+    run, the public endpoint), facts/parallel.py (every host at once), facts/spares.py (a node's spare records),
+    facts/monitoring.py (the ports a node listens on: its exporters).
 
 ``preflight/`` -- host checks
     preflight/base.py (host facts, results, what a vendor's preflight side provides),
@@ -104,9 +107,9 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     cli/history.py, cli/status.py, cli/bundle.py, cli/verify.py (every weight file hashed on demand), cli/bench.py
     (a load test of the endpoint, recorded per revision),
     cli/unlock.py (who holds the deployment lock; break a dead run's), cli/export.py (the Slurm batch jobs for sites
-    that submit themselves), cli/watch.py (the control loop that repairs a group down past its grace, and its
-    systemd unit), cli/spares.py (the spares, the quarantined nodes, a release), cli/timeline.py (a revision's starts
-    as a picture), cli/__main__.py (``python -m
+    that submit themselves), cli/export_prometheus.py (what a site loads to monitor), cli/watch.py (the control
+    loop that repairs a group down past its grace, and its systemd unit), cli/spares.py (the spares, the
+    quarantined nodes, a release), cli/timeline.py (a revision's starts as a picture), cli/__main__.py (``python -m
     k3deploy.cli``), cli/deploy.py (``k3deploy deploy``: the deploy from any directory, data/deploy/ the files it
     runs), cli/common.py (options defined once and composed).
 """

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from k3deploy.cli.common import echo_json, json_option, selection_kwargs, selection_options
+from k3deploy.cli.export_prometheus import export_prometheus
 from k3deploy.errors import K3Error
 
 #: ``--option`` -> the variable it sets (for this export only)
@@ -24,6 +25,9 @@ SLURM_OPTIONS = {"partition": "k3_slurm_partition", "account": "k3_slurm_account
 @click.group("export")
 def export() -> None:
     """Write what a site runs by itself, from the same rollout the deploy runs."""
+
+
+export.add_command(export_prometheus)
 
 
 @export.command("slurm")

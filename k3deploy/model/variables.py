@@ -127,6 +127,10 @@ def _check_text(where: str, text: str) -> None:
                          "characters only)")
 
 
+#: a Prometheus duration (prometheus/common model.ParseDuration): units from the largest, each at most once
+PROM_DURATION = r"^(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?$"
+
+
 class Variables(BaseModel):
     """All ``k3_*`` variables (group_vars YAML or inventory host data)."""
 
@@ -364,6 +368,45 @@ class Variables(BaseModel):
         "`k3deploy bench`: the concurrency sweep, one `vllm bench serve` run per value (`--max-concurrency`)."))
     k3_bench_rounds: int = Field(5, ge=1, le=1000, description=(
         "`k3deploy bench`: requests per run = this times its concurrency (`--num-prompts`)."))
+    # monitoring: `k3deploy export prometheus` (docs/monitoring.md)
+    k3_cluster_name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description=(
+        "The `cluster` label of every scrape target `k3deploy export prometheus` writes; default: the inventory "
+        "file's name without its extension."))
+    k3_prom_scrape_interval: str = Field("15s", pattern=PROM_DURATION, description=(
+        "`scrape_interval` of the exported prometheus.yml (a Prometheus duration: 15s, 1m, ...)."))
+    k3_prom_evaluation_interval: str = Field("15s", pattern=PROM_DURATION, description=(
+        "`evaluation_interval` of the exported prometheus.yml: how often the recording and alerting rules run."))
+    k3_prom_rate_window: str = Field("5m", pattern=PROM_DURATION, description=(
+        "The window of every `rate()` in the exported rules and dashboard (at least four scrape intervals)."))
+    k3_alert_for: str = Field("5m", pattern=PROM_DURATION, description=(
+        "How long an exported alert's condition must hold before it fires (its `for:`)."))
+    k3_alert_ttft_p99_warn_s: float = Field(10.0, gt=0, description=(
+        "Alert K3TTFTHigh (warning): a group's time to first token at p99 above this many seconds (llm-d's default)."))
+    k3_alert_ttft_p99_critical_s: float = Field(30.0, gt=0, description=(
+        "Alert K3TTFTCritical: a group's time to first token at p99 above this many seconds (llm-d's default)."))
+    k3_alert_kv_cache: float = Field(0.9, gt=0, le=1, description=(
+        "Alert K3KVCacheHigh: an engine's KV-cache use (`vllm:kv_cache_usage_perc`, 0..1) above this."))
+    k3_alert_decode_kv_cache: float = Field(0.95, gt=0, le=1, description=(
+        "Alert K3DecodeKVCacheHigh: a decode engine's KV-cache use (0..1) above this (P/D)."))
+    k3_alert_queue: float = Field(50, ge=0, description=(
+        "Alert K3QueueLong: requests waiting in an engine (`vllm:num_requests_waiting`) above this."))
+    k3_alert_preemptions_per_s: float = Field(1.0, ge=0, description=(
+        "Alert K3Preemptions: an engine's preemptions per second above this."))
+    k3_alert_pd_imbalance: float = Field(3.0, gt=1, description=(
+        "Alert K3PDImbalance: requests waiting in the prefill pool over those in the decode pool, or the reverse, "
+        "above this ratio (P/D)."))
+    k3_alert_prefix_hit: float = Field(0.3, ge=0, le=1, description=(
+        "Alert K3PrefixHitLow: a group's prefix-cache hit rate (hits over queried tokens, 0..1) below this while it "
+        "serves."))
+    k3_router_metrics_port: int = Field(29000, ge=0, le=65535, description=(
+        "Port of vllm-router's Prometheus metrics (its `--prometheus-port` default) on the router host, scraped by "
+        "the exported configuration; 0: not scraped."))
+    k3_node_exporter_port: int = Field(9100, ge=0, le=65535, description=(
+        "Port of the Prometheus node exporter on every node, scraped by the exported configuration; 0: not "
+        "scraped."))
+    k3_gpu_exporter_port: int | None = Field(None, ge=0, le=65535, description=(
+        "Port of the accelerators' exporter on every engine node (DCGM, AMD device-metrics-exporter, Ascend "
+        "npu-exporter); default: the vendor pack's (9400, 5000, 8082); 0: not scraped."))
     # launcher: systemd units (default) or Slurm batch jobs (docs/slurm.md)
     k3_launcher: Literal["systemd", "slurm"] = Field("systemd", description=(
         "What starts the engines: `systemd` = one unit per node (`k3_unit_name`); `slurm` = each engine group (each "

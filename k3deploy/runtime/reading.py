@@ -26,6 +26,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from k3deploy.facts.batch import read_batch
+from k3deploy.facts.monitoring import ListeningPorts
 from k3deploy.facts.parallel import each_host
 from k3deploy.facts.rollout import (
     Executable,
@@ -94,6 +95,7 @@ class HostReading:
     slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
     slurm_site: SlurmSite | None = None        # its Slurm's version and settings (k3_slurm_submit_host)
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
+    listening: frozenset[int] | None = None    # the TCP ports it listens on, reachable (the view's ``exporters``)
 
 
 #: the reading's fields kept per unit or per group (a request fills one entry of them)
@@ -215,6 +217,16 @@ class ReadRouterCommand(Request):
 
     def keep(self, value: bool) -> dict[str, Any]:
         return {"router_command": value}
+
+
+@dataclass(frozen=True)
+class ReadListening(Request):
+    """The TCP ports the host listens on where others reach it (the exporters ``export prometheus`` finds)."""
+
+    fact = ListeningPorts
+
+    def keep(self, value: frozenset[int]) -> dict[str, Any]:
+        return {"listening": value}
 
 
 @dataclass(frozen=True)
@@ -429,8 +441,10 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     site: tuple[Request, ...] = (ReadSlurmSite(),) if host == launcher.queue_host else ()   # preflight reads it too
     router = router_resolver(layout) == host and (view.installed or view.pins_image)
     router_registry = (ReadRouterRegistry(variables.k3_router_image or "", variables.k3_docker),) if router else ()
+    listening: tuple[Request, ...] = (ReadListening(),) if view.exporters else ()
     if not view.installed:
-        return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site + router_registry)
+        return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site + router_registry
+                        + listening)
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)

@@ -10,6 +10,7 @@ view                          hosts read   what it adds to the plan and the roll
 :data:`PREFLIGHT`             facts        every check (no plan needed): ``k3deploy preflight``
 :data:`RUNBOOK`               facts        every check, the image's tag pinned to its digest: ``runbook``
 :data:`EXPORT`                facts        as RUNBOOK: ``export kubernetes --read-nodes`` (each node's settings)
+:data:`EXPORT_PROMETHEUS`     + ports      the TCP ports each host listens on: ``export prometheus --read-nodes``
 :data:`HISTORY`               + installed  what the hosts run and keep (units, image, weights, revisions, lock)
 :data:`SPARES`                + installed  who stands in for whom, what stands by or is quarantined: ``spares``
 :data:`PLAN`, :data:`DEPLOY`  + health     whether each serving unit answers ``/health``: ``plan``, the deploy
@@ -41,6 +42,7 @@ class View:
     log_lines: int = 0             # the tail of each unit's journal and container log
     pins_image: bool = False       # the image's tag resolved to its digest without reading what the hosts run
     blanks: bool = False           # no host read: each node's derived settings become named blanks (a runbook)
+    exporters: bool = False        # the TCP ports each host listens on (the exporters ``export prometheus`` finds)
 
 
 #: ``k3deploy vars``: the variables, whether or not they make a plan
@@ -55,6 +57,8 @@ PREFLIGHT = View("preflight", needs_plan=False)
 RUNBOOK = View("runbook", pins_image=True)
 #: ``export kubernetes --read-nodes``: the nodes' settings (interface, RDMA ports) read, the image's tag pinned
 EXPORT = View("export", pins_image=True)
+#: ``export prometheus --read-nodes``: which exporters each node runs (the ports it listens on)
+EXPORT_PROMETHEUS = View("export prometheus", exporters=True)
 #: ``k3deploy history``: the revisions the hosts keep
 HISTORY = View("history", installed=True)
 #: ``k3deploy spares``: the spares, the quarantined nodes and the substitutions the nodes record

@@ -258,6 +258,24 @@ def words_match(name: str, allowed: Sequence[str]) -> bool:
 
 
 @dataclass(frozen=True)
+class Exporter:
+    """The vendor's Prometheus exporter of accelerator health: its name, its default port (``k3_gpu_exporter_port``
+    overrides it), where that is documented, and the metric names a dashboard shows of it (utilization in percent,
+    temperature in degrees Celsius, a health figure: what the exporter reports of errors)."""
+
+    name: str
+    port: int
+    source: str
+    utilization: str
+    temperature: str
+    health: str
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return (self.utilization, self.temperature, self.health)
+
+
+@dataclass(frozen=True)
 class Pack:
     """One vendor family. ``brand``: the taxonomy's brand; ``container_key``: the plan's ``vendor``; ``tool``: what
     lists the accelerators, ``driver_check`` reports it unreadable, with ``driver_fix``; ``name_match``: how a
@@ -290,6 +308,7 @@ class Pack:
     guide_notes: tuple[tuple[tuple[str, ...], str], ...] = ()
     common: tuple[Check, ...] = field(default=(), repr=False)
     rank: int = 100
+    exporter: Exporter | None = None
 
     def check(self, check_id: str) -> Check:
         """The registered check of this id: the vendor's own, else the common one."""

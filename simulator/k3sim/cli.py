@@ -77,11 +77,16 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 @click.option("--imex", type=click.Choice(["standing", "per-job"]), default="standing", show_default=True,
               help="With --slurm on GB200/GB300: per-job = IMEX as a Slurm >= 24.05 site with "
                    "SwitchType=switch/nvidia_imex runs it (a channel per job, no standing domain; docs/sim.md).")
-@click.option("--json", "as_json", is_flag=True, help="Print {name, inventory, nodes, outside[, slurm]} as JSON.")
+@click.option("--monitoring", is_flag=True,
+              help="Run a real Prometheus on this host scraping the cluster with `k3deploy export prometheus`'s "
+                   "configuration (short intervals in the group_vars; its URL: sim status --json, prometheus; "
+                   "docs/monitoring.md).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {name, inventory, nodes, outside[, slurm, prometheus]} as JSON.")
 def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
     layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
-    image_mb: float, as_json: bool, replicas: int, slurm: bool, spares: int, vip: bool, imex: str,
+    image_mb: float, as_json: bool, replicas: int, slurm: bool, spares: int, vip: bool, imex: str, monitoring: bool,
 ) -> None:
     """Create and boot a simulated cluster and its simulated outside (registries and model hub at <subnet>.254,
     behind a shaped uplink); prints its pyinfra inventory."""
@@ -104,6 +109,7 @@ def up_cmd(
         spares=spares,
         vip=vip,
         imex=imex,
+        monitoring=monitoring,
     )
     if as_json:
         click.echo(json.dumps(res))
@@ -119,6 +125,8 @@ def up_cmd(
     if res.get("slurm"):
         sl = res["slurm"]
         click.echo(f"slurm: slurmctld on {sl['controller']} (the submit host), partition {sl['partition']}")
+    if res.get("prometheus"):
+        click.echo(f"prometheus: {res['prometheus']} (scraping the cluster: docs/monitoring.md)")
     click.echo(f"inventory: {res['inventory']}")
     click.echo(f"try: pyinfra {res['inventory']} exec -y -- hostname")
 
@@ -162,6 +170,8 @@ def status_cmd(name: str | None, as_json: bool) -> None:
     for c in clusters:
         click.echo(f"{c['name']}: {c['hardware']} x {len(c['nodes'])}, {c['phase']}, {c['subnet']}")
         click.echo(f"  inventory: {c['inventory']}")
+        if "prometheus" in c:
+            click.echo(f"  prometheus: {c['prometheus'] or 'stopped'}")
         for n in c["nodes"]:
             mem = f"{n['memory_bytes'] / 2**20:.0f} MiB" if n["memory_bytes"] else "-"
             state = "running" if n["running"] else "stopped"

@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 from k3deploy.errors import K3Error
 from k3sim import base as sim_base
 from k3sim import faults as sim_faults
+from k3sim import monitoring as sim_monitoring
 from k3sim import network, outside, processes, profiles, rootfs
 from k3sim import router as sim_router
 from k3sim import slurm as sim_slurm
@@ -278,6 +279,7 @@ def up(
     spares: int = 0,
     vip: bool = False,
     imex: str = "standing",
+    monitoring: bool = False,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -297,6 +299,8 @@ def up(
     ``<subnet>.250`` (:func:`~k3sim.network.vip_address`; the result's ``vip``). ``imex`` ``"per-job"`` (with
     ``slurm``, on IMEX hardware): IMEX as a Slurm >= 24.05 site with ``SwitchType=switch/nvidia_imex`` runs it, on
     Debian's 22.05 (:func:`k3sim.slurm.imex_files`): no standing daemon or channel 0, a channel per job.
+    ``monitoring``: a real Prometheus on this host scrapes the cluster (:mod:`k3sim.monitoring`; the result's
+    ``prometheus``: its URL).
     """
     from k3deploy.recipe.offering import did_you_mean
     from k3deploy.recipe.taxonomy import strategies
@@ -392,7 +396,7 @@ def up(
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
                                 strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares, vip,
-                                imex == "per-job")
+                                imex == "per-job", monitoring)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -429,6 +433,7 @@ def _up_locked(
     spares: int = 0,
     vip: bool = False,
     imex_per_job: bool = False,
+    monitoring: bool = False,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -455,6 +460,7 @@ def _up_locked(
         "vip": network.vip_address(subnet) if vip else None,
         "strategy": "pd_cluster" if pools else strategy,
         "strategy_default": strategy_default,
+        "monitoring": monitoring,
         "key": str(sdir / "id_ed25519"),
         "known_hosts": str(sdir / "known_hosts"),
         "cgroups": [str(cg) for cg in processes.cluster_cgroups(name)],
@@ -545,6 +551,8 @@ def _up_locked(
     say(f"booting {n} node(s) of {hardware} ({name}, {subnet}.0/24)")
     _wait_ready(state, nodes, faults, boot_timeout)
     _wait_outside(state)
+    if monitoring:
+        say(f"monitoring: Prometheus on {sim_monitoring.start(state, sdir)}")
     if slurm_files is not None and not any(f.rank == 0 and f.kind == "sshd-down" for f in faults):
         say("waiting for every node's slurmd to register with slurmctld")
         sim_slurm.wait_registered(_ssh_base(state), nodes[0].ip, [nd.name for nd in nodes], boot_timeout)
@@ -580,6 +588,7 @@ def summary(state: dict[str, Any]) -> dict[str, Any]:
         res["spares"] = [r["name"] for r in state["nodes"][len(state["nodes"]) - int(state["spares"]):]]
     if state.get("vip"):
         res["vip"] = state["vip"]
+    res.update(sim_monitoring.status(state))
     out = state.get("outside")
     if out:
         res["outside"] = {"ip": out["ip"], "port": out["port"], "names": list(outside.HOSTS)}
@@ -773,6 +782,7 @@ def _down_locked(name: str, state: dict[str, Any] | None) -> None:
         network.remove_node_net(r)
         processes.remove_nspawn_leftovers(r["name"])
     _stop_outside(name, state.get("outside"))
+    sim_monitoring.stop(state)
     network.remove_rails(name)
     network.remove_bridge(state)
     # 5. cgroups, then the state directory
@@ -823,6 +833,7 @@ def status(name: str | None = None) -> list[dict[str, Any]]:
                 "nodes": nodes,
                 **(ext or {}),
                 **({"slurm": _slurm_status(st, nodes)} if st.get("slurm") else {}),
+                **sim_monitoring.status(st),
             }
         )
     return out

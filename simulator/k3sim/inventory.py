@@ -15,6 +15,7 @@ from typing import Any
 from k3deploy.errors import K3Error
 from k3sim import profiles
 from k3sim.host import write_atomic
+from k3sim.monitoring import GROUP_VARS
 
 
 def parse_layout(layout: str | None, nodes: int) -> dict[str, int] | None:
@@ -112,6 +113,8 @@ def write_inventory(state: dict[str, Any]) -> None:
                       "node beside its engine: k3deploy's jobs share nodes",
                       "k3_slurm_exclusive: user"]
     lines.append("k3_poll_interval: 0.5")
+    if state.get("monitoring"):  # short intervals: a figure or an alert within seconds (k3sim.monitoring)
+        lines += list(GROUP_VARS)
     # the simulated engines start in seconds: groups heal and crash loops back off on the same scale
     lines += ["k3_restart_sec: 2", "k3_heal_grace: 3", "k3_heal_interval: 1", "k3_restart_max_delay: 30",
               "k3_crash_loop_window: 10"]

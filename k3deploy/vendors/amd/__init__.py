@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from k3deploy.vendors.base import Check, Container, HealthKind, Pack, Transport
+from k3deploy.vendors.base import Check, Container, Exporter, HealthKind, Pack, Transport
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 AMDGPU_FLOOR = "6.10"
@@ -77,9 +77,16 @@ HEALTH_KINDS = (
 #: The health fact reads them where amd-smi is not installed (amdgpu-dkms alone, the layout this pack recommends).
 RAS_COUNTERS = "/sys/class/drm/card*/device/ras/*_err_count"
 
+#: AMD's device-metrics-exporter (github.com/ROCm/device-metrics-exporter: listens on :5000; its fields, in lower
+#: case, are the metric names: docs/configuration/metricslist.md)
+EXPORTER = Exporter("amd-device-metrics-exporter", 5000, "ROCm/device-metrics-exporter docs (metrics list)",
+                    utilization="gpu_gfx_activity", temperature="gpu_junction_temperature",
+                    health="gpu_ecc_uncorrect_total")
+
 PACK = Pack(
     name="amd",
     rank=2,
+    exporter=EXPORTER,
     brand="AMD",
     container_key="amd",
     tool="rocm-smi",

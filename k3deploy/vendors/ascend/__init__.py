@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from k3deploy.vendors.base import Check, Container, HealthKind, Pack, Spot, Transport
+from k3deploy.vendors.base import Check, Container, Exporter, HealthKind, Pack, Spot, Transport
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 DRIVER_RECOMMENDED = "25.5"
@@ -69,9 +69,16 @@ HEALTH_KINDS = (
                "if the alarm comes back"),
 )
 
+#: Huawei MindCluster's npu-exporter (gitee.com/ascend/mind-cluster: listens on :8082; its Prometheus metrics API
+#: names these; health 1 = healthy, 0 = not)
+EXPORTER = Exporter("npu-exporter", 8082, "Ascend MindCluster npu-exporter, Prometheus metrics API",
+                    utilization="npu_chip_info_utilization", temperature="npu_chip_info_temperature",
+                    health="npu_chip_info_health_status")
+
 PACK = Pack(
     name="ascend",
     rank=3,
+    exporter=EXPORTER,
     brand="Huawei",
     container_key="npu",
     tool="npu-smi",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from k3deploy.vendors.base import Check, Container, HealthKind, Pack, Transport, Trouble
+from k3deploy.vendors.base import Check, Container, Exporter, HealthKind, Pack, Transport, Trouble
 from k3deploy.vendors.common import COMMON, QUARANTINE_NOTE
 
 DRIVER_FLOOR = "580.65.06"
@@ -224,9 +224,15 @@ TROUBLES = (
             "IMEX channel on each node:", _mnnvl_script, nvlink_only=True),
 )
 
+#: NVIDIA's dcgm-exporter (github.com/NVIDIA/dcgm-exporter: listens on :9400; etc/default-counters.csv names these)
+EXPORTER = Exporter("dcgm-exporter", 9400, "NVIDIA/dcgm-exporter README and etc/default-counters.csv",
+                    utilization="DCGM_FI_DEV_GPU_UTIL", temperature="DCGM_FI_DEV_GPU_TEMP",
+                    health="DCGM_FI_DEV_XID_ERRORS")
+
 PACK = Pack(
     name="nvidia",
     rank=1,
+    exporter=EXPORTER,
     brand="NVIDIA",
     container_key="nvidia",
     tool="nvidia-smi",

@@ -46,6 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import k3simlib as k
 import vllmsim_answers
 import vllmsim_phases
+import vllmsim_metrics
 
 VERSION = "0.33.0"
 HANDSHAKE_TIMEOUT_MINS = 5
@@ -349,7 +350,8 @@ class Engine:
         self.requests = 0
         self.running = 0          # requests being generated (vllm:num_requests_running)
         self.lock = threading.Lock()
-        self.metrics = Metrics()
+        self.metrics = vllmsim_metrics.RankMetrics(args, TTFT_BUCKETS, ITL_BUCKETS,
+                                                   int(env.get("K3SIM_KV_TOKENS") or vllmsim_metrics.KV_TOKENS))
         self.slowdown = slowdown(env)
         try:
             kv = json.loads(args.get("kv_transfer_config") or "null")
@@ -1223,6 +1225,7 @@ class _Handler(BaseHTTPRequestHandler):
         eng.requests += 1
         with eng.lock:
             eng.running += 1
+        eng.metrics.admit(prompt_ids)
         # generation takes time: a request is in flight meanwhile, and an engine stopped then drops it, as vLLM does
         timing = Timing(ttft=eng.slowdown * (TOKEN_SECONDS + PREFILL_SECONDS_PER_TOKEN * len(prompt_ids)),
                         itl=eng.slowdown * TOKEN_SECONDS)
