@@ -45,8 +45,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import k3simlib as k
 import vllmsim_answers
-import vllmsim_phases
 import vllmsim_metrics
+import vllmsim_phases
 
 VERSION = "0.33.0"
 HANDSHAKE_TIMEOUT_MINS = 5
