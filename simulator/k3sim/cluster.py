@@ -278,6 +278,7 @@ def up(
     spares: int = 0,
     vip: bool = False,
     imex: str = "standing",
+    compile_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -297,6 +298,8 @@ def up(
     ``<subnet>.250`` (:func:`~k3sim.network.vip_address`; the result's ``vip``). ``imex`` ``"per-job"`` (with
     ``slurm``, on IMEX hardware): IMEX as a Slurm >= 24.05 site with ``SwitchType=switch/nvidia_imex`` runs it, on
     Debian's 22.05 (:func:`k3sim.slurm.imex_files`): no standing daemon or channel 0, a channel per job.
+    ``compile_seconds``: the nominal time of an engine's cold compile (times ``time_scale``; None: the simulated
+    engine's default, ``vllmsim_caches.NOMINAL_COMPILE_SECONDS``); a cache hit takes a twentieth of it.
     """
     from k3deploy.recipe.offering import did_you_mean
     from k3deploy.recipe.taxonomy import strategies
@@ -391,7 +394,7 @@ def up(
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
                                 strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares, vip,
-                                imex == "per-job")
+                                imex == "per-job", compile_seconds)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -428,6 +431,7 @@ def _up_locked(
     spares: int = 0,
     vip: bool = False,
     imex_per_job: bool = False,
+    compile_seconds: float | None = None,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -521,6 +525,8 @@ def _up_locked(
         doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, faults, time_scale, cluster_uuid)
         if imex_per_job:  # no standing IMEX: no channel 0, the daemon not started at boot (k3sim.slurm.imex_files)
             doc = {**doc, "imex_per_job": True}
+        if compile_seconds is not None:   # the simulated engine's cold compile (vllmsim_caches)
+            doc = {**doc, "compile_seconds": round(compile_seconds * time_scale, 3)}
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
         if slurm_files is not None:
             sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0, imex_per_job=imex_per_job,

@@ -44,6 +44,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import k3simlib as k
+import vllmsim_caches
 
 VERSION = "0.33.0"
 HANDSHAKE_TIMEOUT_MINS = 5
@@ -349,6 +350,7 @@ class Engine:
         self.lock = threading.Lock()
         self.metrics = Metrics()
         self.slowdown = slowdown(env)
+        self.unknown: list[str] = []    # the flags the simulation does not interpret (part of the compile hash)
         try:
             kv = json.loads(args.get("kv_transfer_config") or "null")
         except ValueError:
@@ -843,6 +845,8 @@ class Engine:
         if not self.sleep(load):
             return
         log("INFO", "default_loader.py:308", f"Loading weights took {load:.2f} seconds")
+        if not vllmsim_caches.compile_phase(self, _host_path, log, VERSION):
+            return
         if remote and not self.is_head:
             _send(self.head_sock, {"type": "loaded"})
         if remote and self.is_head:
@@ -1356,6 +1360,7 @@ def main(argv: list[str]) -> int:
                          f"vllm serve: error: {exc}\n")
         return 2
     engine = Engine(cfg, args, env)
+    engine.unknown = unknown
 
     # A stop sends several signals at once (Slurm's to every process of the step, docker's client forwarding its own,
     # docker stop's): a handler runs in the main thread between two bytecodes, so a second signal can interrupt the
