@@ -271,6 +271,10 @@ def summary(plan: StagePlan) -> list[str]:
             parts.append(f"{n} node{'s' if n != 1 else ''} get{'s' if n == 1 else ''} it from peers in "
                          f"{len(a.rounds)} round{'s' if len(a.rounds) != 1 else ''}")
         out.append(f"{a.what}: " + "; ".join(parts))
+    for c in plan.caches:
+        got = list(c.sends)
+        out.append(f"compile caches {c.key}: {', '.join(got)} get{'s' if len(got) == 1 else ''} them from "
+                   f"{', '.join(dict.fromkeys(c.sends.values()))}, which built them")
     return out
 
 

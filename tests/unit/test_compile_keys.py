@@ -10,7 +10,7 @@ from k3deploy.model import commands, compilecache, steps
 from k3deploy.model.binding import HostRecord
 from k3deploy.model.pipeline import desired_rollout, target
 from k3deploy.model.rollout import Rollout
-from k3deploy.model.staging import stage_for
+from k3deploy.model.staging import stage_for, summary
 
 
 def two(hardware: str = "gb300", **more: Any) -> Rollout:
@@ -60,6 +60,7 @@ def test_the_stage_hands_a_class_caches_to_the_node_that_lacks_them() -> None:
     k = key(r)
     plan = stage_for(r, {}, {}, {"n1": (k,), "n2": ()})
     assert [(c.key, c.sends) for c in plan.caches] == [(k, {"n2": "n1"})]
+    assert summary(plan)[-1] == f"compile caches {k}: n2 gets them from n1, which built them"   # what plan shows
     staged = {(s.host, s.kind): s for s in steps.stage(r, plan)}
     share = staged[("n2", steps.CACHES)]
     assert share.applies and share.peers == ("n1",)
