@@ -1,7 +1,8 @@
 """The engines' compile caches on a simulated cluster of two trays (one group): each node's engine compiles on a miss
 into the keyed directory on its model cache; a node that lost them (a replaced disk) gets them from the peer of its
 class in the stage, and with a change that keeps the compile inputs (a ``NCCL_*`` variable) every engine loads them
-(a hit); a change of a keyed input (a ``VLLM_*`` variable that vLLM's compile hash covers) is a new key: a miss."""
+(a hit); a change of a keyed input (a ``VLLM_*`` variable that vLLM's compile hash covers) is a new key: a miss.
+With ``k3_readahead`` the stage reads each restarting node's shards into the page cache first."""
 
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ def keys(sim: Sim, rank: int) -> tuple[str, list[str]]:
     return compilecache.key_of(env) or "", sorted(p.split("/")[0] for p in held)
 
 
-def shared_to(output: str) -> int:
-    """On how many hosts the stage's share of the compile caches did something (pyinfra's summary table)."""
-    m = re.search(r"^\s*Stage \| " + re.escape(SHARE) + r"\s+(\d+)\s+(\S+)", output, re.M)
+def ran_on(output: str, step: str) -> int:
+    """On how many hosts a stage step did something (pyinfra's summary table)."""
+    m = re.search(r"^\s*Stage \| " + re.escape(step) + r"\s+(\d+)\s+(\S+)", output, re.M)
     return 0 if m is None or m[2] == "-" else int(m[2])
 
 
@@ -61,12 +62,14 @@ def test_compile_caches_persist_travel_and_follow_their_key(two: Sim) -> None:
     # the JIT caches landed in the key's directory, on the host's persistent cache
     assert sim.ssh(0, f"ls {ROOT}/{key}/triton/*/ {ROOT}/{key}/vllm/torch_compile_cache/*/").returncode == 0
 
-    # a replaced disk on the second node, then a change the compile hash ignores (not a VLLM_* variable)
+    # a replaced disk on the second node, then a change the compile hash ignores (not a VLLM_* variable), with the
+    # shards read into the page cache before the engines start
     sim.ssh(1, f"rm -rf {ROOT}")
-    sim.set_vars("k3_extra_env: {NCCL_DEBUG: INFO}\n")
+    sim.set_vars("k3_extra_env: {NCCL_DEBUG: INFO}\nk3_readahead: true\n")
     kept = deploy(sim.inventory)
     assert kept.returncode == 0, why(kept)
-    assert shared_to(kept.stdout) == 1, kept.stdout[-3000:]
+    assert ran_on(kept.stdout, SHARE) == 1, kept.stdout[-3000:]
+    assert ran_on(kept.stdout, "Weights: into the page cache") == 2
     assert [compile_log(sim, r) for r in (0, 1)] == ["hit", "hit"]
     assert keys(sim, 1) == (key, [key])
 
