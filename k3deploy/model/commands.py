@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from k3deploy.model.bench import BENCH_FILE
 from k3deploy.model.correctness import PROMPTS, request_body
+from k3deploy.model import compilecache
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
@@ -136,6 +137,8 @@ PEERS_UNIT = "k3-stage-peers"
 FAILURES_DIR = "/run/k3deploy"
 #: rsync modules of that daemon
 HUB_MODULE, STAGE_MODULE = "k3-hub", "k3-stage"
+#: the daemon's module of the engines' compile caches (:mod:`k3deploy.model.compilecache`)
+COMPILE_MODULE = compilecache.DIRNAME
 
 
 def model_dir(cache: str, model: str) -> str:
@@ -234,6 +237,19 @@ def verify_before_start(cache: str, model: str) -> str:
             f'else rm -f {d}/{VERIFIED}; echo {shlex.quote(bad)} >&2; exit 1; fi')
 
 
+def readahead(cache: str, model: str) -> str:
+    """Read every file of the model's snapshot once into the page cache, at the lowest CPU and best-effort I/O
+    priority (``nice``, ``ionice -c 2 -n 7``), so the engine's weight load reads memory (a cold disk or shared
+    filesystem is "the slow path").
+
+        >>> readahead("/c", "o/m").split(" | ")[1]
+        'nice -n 19 ionice -c 2 -n 7 xargs -0 -r cat > /dev/null'
+    """
+    d = shlex.quote(model_dir(cache, model))
+    return (f'rev=$(cat {d}/refs/main) && find -L {d}/snapshots/"$rev" -type f -print0 | '
+            "nice -n 19 ionice -c 2 -n 7 xargs -0 -r cat > /dev/null")
+
+
 def fetch_weights(docker: str, cache: str, image: str, model: str, token_file: str | None = None,
                   endpoint: str | None = None) -> str:
     """Download the weights from the hub (the image's own CLI resumes a partial download) and verify them."""
@@ -255,6 +271,33 @@ def receive_weights(address: str, port: int, cache: str, model: str) -> str:
     qd = shlex.quote(d)
     return (f"mkdir -p {qd} && rm -f {qd}/{VERIFIED} && {get} && {{ {verify_weights(cache, model)} || "
             f"{{ xargs -r rm -f < {qd}/{BAD} && {get} && {verify_weights(cache, model)}; }}; }}")
+
+
+def receive_caches(address: str, port: int, model_cache: str, key: str) -> str:
+    """Copy one cache key's compile caches from the peer at ``address`` (resumable), then mark them whole here (the
+    mark is never copied: a copy cut short is no holder).
+
+        >>> print(receive_caches("10.0.0.1", 8873, "/c", "ab12").replace(" && ", chr(10)))
+        mkdir -p /c/k3-compile/ab12
+        rsync -a --partial rsync://10.0.0.1:8873/k3-compile/ab12/ /c/k3-compile/ab12/
+        touch /c/k3-compile/ab12/.k3-complete
+    """
+    d = compilecache.host_dir(model_cache, key)
+    qd = shlex.quote(d)
+    src = _rsync_from(address, port, COMPILE_MODULE, f"{key}/")
+    return (f"mkdir -p {qd} && rsync -a --partial {shlex.quote(src)} {shlex.quote(d + '/')} && "
+            f"touch {shlex.quote(d + '/' + compilecache.COMPLETE)}")
+
+
+def mark_caches(model_cache: str, keys: Sequence[str]) -> str:
+    """Mark the compile caches of ``keys`` whole on this node (an engine served from them): from now on the node
+    hands them to the nodes of its class that lack them.
+
+        >>> mark_caches("/c", ["ab12"])
+        'mkdir -p /c/k3-compile/ab12 && touch /c/k3-compile/ab12/.k3-complete'
+    """
+    return " && ".join(f"mkdir -p {shlex.quote(d)} && touch {shlex.quote(d + '/' + compilecache.COMPLETE)}"
+                       for d in (compilecache.host_dir(model_cache, k) for k in keys))
 
 
 def export_image(docker: str, image: str, stage_dir: str) -> str:

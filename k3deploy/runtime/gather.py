@@ -140,6 +140,11 @@ class Gathered:
         return {host: r.weights for host, r in self.readings.items() if r.weights is not None}
 
     @cached_property
+    def compile_caches(self) -> dict[str, tuple[str, ...]]:
+        """host -> the compile cache keys it holds whole; hosts that were not asked are left out."""
+        return {host: r.compile_caches for host, r in self.readings.items() if r.compile_caches is not None}
+
+    @cached_property
     def runs(self) -> dict[tuple[str, str], UnitRun]:
         """``(host, unit)`` -> as it runs (views that read ``running``)."""
         return {(host, unit): run for host, r in self.readings.items() for unit, run in r.runs.items()}
@@ -465,7 +470,8 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> Gath
         if len(restored) == 1 and image_pins.is_pinned(next(iter(restored))):
             # the revision's exact build is what the restored units run: stage that one
             rollout = replace(rollout, plan=rollout.plan.model_copy(update={"image": next(iter(restored))}))
-    stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
+    stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()},
+                      gathered.compile_caches if rollout.vars.k3_compile_cache else None)
     # before a byte moves: the source holds every shard its index names, each as long as its header says
     source = check_source(rollout.vars.k3_weights_source) \
         if rollout.vars.k3_weights_source and ARCHIVE in stage.weights.fetch.values() else None

@@ -29,6 +29,7 @@ from k3deploy.facts.batch import read_batch
 from k3deploy.facts.monitoring import ListeningPorts
 from k3deploy.facts.parallel import each_host
 from k3deploy.facts.rollout import (
+    CompileCaches,
     Executable,
     FileHash,
     ImageDigest,
@@ -53,6 +54,7 @@ from k3deploy.facts.status import (
     UnitRuntime,
 )
 from k3deploy.model import images as image_pins
+from k3deploy.model.compilecache import host_root
 from k3deploy.model.images import LocalImage
 from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
@@ -81,6 +83,7 @@ class HostReading:
     helper_read: bool = False                  # the group-member helper was looked for (engine hosts)
     helper: str | None = None                  # its sha256 (None: not there)
     weights: WeightsStatus | None = None       # what the cache holds of the model (engine hosts)
+    compile_caches: tuple[str, ...] | None = None   # the compile cache keys it holds whole (engine hosts)
     router_command: bool | None = None         # k3_router_bin is an executable (a router host without its image)
     router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas)
     lock: list[str] | None = None              # the deployment lock's record there (empty: free)
@@ -205,6 +208,17 @@ class ReadWeights(Request):
 
     def keep(self, value: WeightsStatus) -> dict[str, Any]:
         return {"weights": value}
+
+
+@dataclass(frozen=True)
+class ReadCompileCaches(Request):
+    """The compile cache keys the model cache holds whole (:mod:`k3deploy.model.compilecache`)."""
+
+    fact = CompileCaches
+    root: str
+
+    def keep(self, value: tuple[str, ...]) -> dict[str, Any]:
+        return {"compile_caches": value}
 
 
 @dataclass(frozen=True)
@@ -455,6 +469,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if any(u.group != "router" for u in mine):
         out += [ReadHelper(), ReadImage(layout.plan.image, variables.k3_docker),
                 ReadWeights(variables.k3_model_cache, layout.plan.model)]
+        if variables.k3_compile_cache:
+            out.append(ReadCompileCaches(host_root(variables.k3_model_cache)))
     if any(u.group == "router" for u in mine) and not variables.k3_router_image:
         out.append(ReadRouterCommand(variables.k3_router_bin))
     if any(u.group == "router" for u in mine) and variables.k3_router_image:
