@@ -19,9 +19,9 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from k3deploy.model import compilecache
 from k3deploy.model.bench import BENCH_FILE
 from k3deploy.model.correctness import PROMPTS, request_body
-from k3deploy.model import compilecache
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
