@@ -211,3 +211,41 @@ def test_a_node_without_the_runtimes_tools_fails_the_stage_naming_them(tmp_path:
                               timeout=30)
         assert proc.returncode == 0 and out.read_text() == "made\n", proc.stderr
     assert len(calls.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_the_batch_script_sets_the_imex_channels_before_any_step_starts(tmp_path: Path, runtime: str):
+    """Under a runtime that sets up the container inside the job (pyxis's enroot, apptainer), the batch script
+    exports ``NVIDIA_IMEX_CHANNELS`` before its first container step: 0 with a standing domain, the job's own
+    channel(s) with IMEX per job (read in a step on the head; a stand-in ``srun`` answers here), or it fails at once
+    naming the head. Under docker it sets nothing (each launch script hands the channel as ``--device``)."""
+    def script(**extra: object) -> str:
+        r = desired_rollout(target(records("gb300", "multi_node_tp", 2, k3_launcher="slurm",
+                                           k3_slurm_submit_host="n0", k3_slurm_container=runtime, **extra), None))
+        (job,) = slurm.jobs(r)
+        return job.script
+
+    def before_steps(text: str) -> str:
+        return text[:text.index("declare -A steps")]
+
+    standing = script(k3_imex="standing")
+    assert "export NVIDIA_IMEX_CHANNELS=0\n" in before_steps(standing)
+    per_job = script(k3_imex="per_job")
+    lines = before_steps(per_job).splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("ids=$(srun"))
+    assert "-w n0 " in lines[start] and "channel0" not in per_job and "NVIDIA_IMEX_CHANNELS=0" not in per_job
+    block = "\n".join(lines[start:start + 4])
+    for listed, rc, seen in (("3,", 0, "3"), ("3,7,", 0, "3,7"), ("", 1, "")):
+        stub = f"srun() {{ printf %s {shlex.quote(listed)}; }}\n"
+        proc = subprocess.run(["bash", "-c", f"set -u\n{stub}{block}\necho \"$NVIDIA_IMEX_CHANNELS\""],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == rc, proc.stderr
+        if rc == 0:
+            assert proc.stdout.strip() == seen, proc.stdout
+        else:
+            (said,) = proc.stderr.splitlines()
+            assert said.startswith("k3deploy: group engine: no IMEX channel") and "on n0" in said, said
+    docker = desired_rollout(target(records("gb300", "multi_node_tp", 2, k3_launcher="slurm",
+                                            k3_slurm_submit_host="n0", k3_slurm_container="docker",
+                                            k3_imex="per_job"), None))
+    assert "NVIDIA_IMEX_CHANNELS" not in before_steps(slurm.jobs(docker)[0].script)
