@@ -32,6 +32,7 @@ from k3deploy.model.commands import (
     unit_logs,
     unit_status,
 )
+from k3deploy.model.jobcontainers import RUNTIMES, parse_tools, tools_probe
 from k3deploy.model.slurm import SITE_KEYS, QueuedJob, SlurmSite, parse_queue, parse_site, queue
 
 
@@ -229,6 +230,36 @@ class SlurmSiteFact(FactBase[SlurmSite]):
     @staticmethod
     def default() -> SlurmSite:
         return SlurmSite(error="scontrol gave no answer")
+
+
+@dataclass(frozen=True)
+class RuntimeReading:
+    """A node's Slurm container runtime as it answered: what of its tools it lacks (each as the stage's check says
+    it: ``no enroot on PATH``) and whether it holds the engine's staged image file with its checksum."""
+
+    lacks: tuple[str, ...] = ()
+    holds: bool = False
+
+
+class RuntimeTools(FactBase[RuntimeReading]):
+    """A node's tools of the site's container runtime under Slurm (``k3_slurm_container``: pyxis's enroot and
+    ``srun --container-image``, or apptainer) and, where given, the staged image file
+    (:func:`k3deploy.model.jobcontainers.tools_probe`).
+
+        >>> RuntimeTools().process(["K3_LACKS no enroot on PATH"])
+        RuntimeReading(lacks=('no enroot on PATH',), holds=False)
+    """
+
+    def command(self, runtime: str, image_file: str = "") -> str:
+        return tools_probe(RUNTIMES[runtime], image_file or None)
+
+    def process(self, output: list[str]) -> RuntimeReading:
+        lacks, holds = parse_tools(output)
+        return RuntimeReading(lacks, holds)
+
+    @staticmethod
+    def default() -> RuntimeReading:
+        return RuntimeReading()
 
 
 #: the line :class:`SlurmQueue`'s command prints first when ``squeue`` answered (its lines follow), and when it

@@ -137,6 +137,42 @@ RUNTIMES: dict[str, Runtime] = {
 }
 
 
+#: the lines :func:`tools_probe` prints: a tool the node lacks (what it lacks follows), the staged image file it holds
+LACKS, HOLDS = "K3_LACKS", "K3_HOLDS"
+
+
+def tools_probe(rt: Runtime, image_file: str | None = None) -> str:
+    """Shell that prints, on a node, one ``K3_LACKS <what>`` line per tool of ``rt`` the node lacks
+    (:attr:`Runtime.needs`) and ``K3_HOLDS`` where it holds ``image_file`` with its checksum beside it (the file the
+    stage makes or hands on: :func:`checksum_path`); it always succeeds.
+
+    >>> tools_probe(RUNTIMES["apptainer"], "/s/i.sif")
+    "{ command -v apptainer >/dev/null; } || echo 'K3_LACKS no apptainer on PATH'; [ -s /s/i.sif ] && [ -s \
+/s/i.sif.sha256 ] && echo K3_HOLDS; true"
+    """
+    parts = [f"{{ {test}; }} || echo {shlex.quote(f'{LACKS} {lacks}')}" for test, lacks in rt.needs]
+    if image_file:
+        q = shlex.quote(image_file)
+        parts.append(f"[ -s {q} ] && [ -s {shlex.quote(checksum_path(image_file))} ] && echo {HOLDS}")
+    return "; ".join([*parts, "true"])
+
+
+def parse_tools(lines: Sequence[str]) -> tuple[tuple[str, ...], bool]:
+    """What :func:`tools_probe` printed: (what the node lacks, whether it holds the image file).
+
+    >>> parse_tools(["K3_LACKS no enroot on PATH", "K3_HOLDS"])
+    (('no enroot on PATH',), True)
+    """
+    lacks = tuple(ln.split(" ", 1)[1].strip() for ln in lines if ln.startswith(LACKS + " "))
+    return lacks, any(ln.strip() == HOLDS for ln in lines)
+
+
+def checksum_path(image_file: str) -> str:
+    """Where the sha256 of a staged image file is kept, beside it (written where the file is made, checked where it
+    lands)."""
+    return image_file + ".sha256"
+
+
 def enroot_uri(ref: str) -> str:
     """An image reference as enroot's ``docker://`` URI writes it: the registry, where named, before a ``#``
     (enroot's ``import`` usage: ``docker://[USER@][REGISTRY#]IMAGE[:TAG]``).

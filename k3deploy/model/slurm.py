@@ -300,6 +300,16 @@ def image_file(rollout: Placement, spec: ContainerSpec) -> str:
     return staged_image(rollout.vars.k3_stage_dir, run_ref(spec.image), container_runtime(rollout))
 
 
+def engine_image_file(rollout: Placement) -> str | None:
+    """Where each engine node keeps the engine's image as the file the site's runtime reads (pyxis's squashfs,
+    apptainer's SIF), which the stage makes once and hands on node to node; None where the runtime reads docker's
+    own store (the image then travels through each node's docker)."""
+    rt = container_runtime(rollout)
+    if rt.staged is None:
+        return None
+    return staged_image(rollout.vars.k3_stage_dir, run_ref(rollout.plan.image), rt)
+
+
 def container_command(spec: ContainerSpec, argv: Sequence[str]) -> list[str]:
     """What runs inside a unit's container: the plan's argv, under ``bash -lc`` with the pack's login profile
     sourced first where the vendor's engine needs it (as :func:`k3deploy.model.units.container_argv` runs it)."""

@@ -264,6 +264,9 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     report = check(wanted.requirements, facts)
     if site is not None:
         report.results += slurm_site_checks(site[0], site[1], wanted.vars, wanted.requirements)
+    if wanted.layout is not None:   # the launcher's own checks (the Slurm runtime's tools on each engine node)
+        report.results = launcher_for(wanted.layout).preflight(
+            report.results, {h: r.runtime for h, r in readings.items() if r.runtime is not None})
     spares: Standing | None = None
     if layout is not None and view.installed:
         spares = take_spares(state, hosts, wanted, view, facts, readings, report, asked_plans, resolver)

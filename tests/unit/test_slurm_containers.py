@@ -249,3 +249,37 @@ def test_the_batch_script_sets_the_imex_channels_before_any_step_starts(tmp_path
                                             k3_slurm_submit_host="n0", k3_slurm_container="docker",
                                             k3_imex="per_job"), None))
     assert "NVIDIA_IMEX_CHANNELS" not in before_steps(slurm.jobs(docker)[0].script)
+
+
+def test_the_slurm_launcher_contributes_its_runtimes_tools_to_preflight_and_the_units_none():
+    """``slurm.container``: each engine node's answer for the runtime's tools, failing in one line naming the node's
+    lack, the runtime's requirement and fix; docker's own checks do not fail an engine node whose runtime runs no
+    docker. Docker as the runtime, and the systemd units, contribute nothing."""
+    from k3deploy.facts.status import RuntimeReading
+    from k3deploy.preflight.base import CheckResult
+    from k3deploy.runtime.launchers import launcher_for
+    from k3deploy.runtime.reading import ReadRuntimeTools, plan_host
+    from k3deploy.runtime.views import DEPLOY, PREFLIGHT
+
+    def rollout(**extra: object) -> Rollout:
+        return desired_rollout(target(records("gb300", "multi_node_tp", 2, k3_slurm_submit_host="n0", **extra),
+                                      None))
+
+    no_docker = CheckResult("n1", "container.runtime", "fail", "docker daemon not reachable: no docker", "docker")
+    pyxis = launcher_for(rollout(k3_launcher="slurm"))
+    assert pyxis.runtime_tools is RUNTIMES["pyxis"] and str(pyxis.image_file).endswith(".sqsh")
+    got = pyxis.preflight([no_docker], {"n0": RuntimeReading(), "n1": RuntimeReading(("no enroot on PATH",))})
+    by = {(r.host, r.check): r for r in got}
+    bad = by[("n1", "slurm.container")]
+    assert bad.status == "fail" and bad.observed == "k3_slurm_container: pyxis: no enroot on PATH", bad
+    assert bad.required == RUNTIMES["pyxis"].required and bad.fix.startswith("install enroot and pyxis")
+    assert by[("n0", "slurm.container")].status == "pass"
+    assert by[("n1", "container.runtime")].status == "pass" and "not used" in by[("n1", "container.runtime")].observed
+    for view in (PREFLIGHT, DEPLOY):   # preflight reads it too, not only the deploy
+        asked = [q for q in plan_host(rollout(k3_launcher="slurm"), "n1", view, None).requests
+                 if isinstance(q, ReadRuntimeTools)]
+        assert [(q.runtime, q.image_file) for q in asked] == [("pyxis", pyxis.image_file)]
+    for other in (launcher_for(rollout(k3_launcher="slurm", k3_slurm_container="docker")), launcher_for(rollout())):
+        assert other.runtime_tools is None and other.image_file is None
+        assert other.preflight([no_docker], {}) == [no_docker]
+        assert not any(isinstance(q, ReadRuntimeTools) for q in plan_host(rollout(), "n1", DEPLOY, None).requests)
