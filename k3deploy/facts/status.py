@@ -235,27 +235,28 @@ class SlurmSiteFact(FactBase[SlurmSite]):
 @dataclass(frozen=True)
 class RuntimeReading:
     """A node's Slurm container runtime as it answered: what of its tools it lacks (each as the stage's check says
-    it: ``no enroot on PATH``) and whether it holds the engine's staged image file with its checksum."""
+    it: ``no enroot on PATH``) and the names of the image files it holds whole (each with its checksum), in the
+    stage's images directory."""
 
     lacks: tuple[str, ...] = ()
-    holds: bool = False
+    files: tuple[str, ...] = ()
 
 
 class RuntimeTools(FactBase[RuntimeReading]):
     """A node's tools of the site's container runtime under Slurm (``k3_slurm_container``: pyxis's enroot and
-    ``srun --container-image``, or apptainer) and, where given, the staged image file
+    ``srun --container-image``, or apptainer) and, where given, the image files in ``folder``
     (:func:`k3deploy.model.jobcontainers.tools_probe`).
 
         >>> RuntimeTools().process(["K3_LACKS no enroot on PATH"])
-        RuntimeReading(lacks=('no enroot on PATH',), holds=False)
+        RuntimeReading(lacks=('no enroot on PATH',), files=())
     """
 
-    def command(self, runtime: str, image_file: str = "") -> str:
-        return tools_probe(RUNTIMES[runtime], image_file or None)
+    def command(self, runtime: str, folder: str = "") -> str:
+        return tools_probe(RUNTIMES[runtime], folder or None)
 
     def process(self, output: list[str]) -> RuntimeReading:
-        lacks, holds = parse_tools(output)
-        return RuntimeReading(lacks, holds)
+        lacks, files = parse_tools(output)
+        return RuntimeReading(lacks, files)
 
     @staticmethod
     def default() -> RuntimeReading:

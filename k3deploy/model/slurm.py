@@ -321,22 +321,18 @@ def container_command(spec: ContainerSpec, argv: Sequence[str]) -> list[str]:
 
 
 def image_imports(rollout: Placement, host: str) -> list[tuple[str, str]]:
-    """``(file, shell)``, one per image, the shell making on ``host`` the file of each image its units run in the
-    form the site's runtime reads
-    (:func:`k3deploy.model.jobcontainers.import_image`), from the image the stage put in its docker (the engine's)
-    or from the registry (another, a router's); none where the runtime reads docker's store. A spare standing by
-    gets the engine's."""
+    """``(file, shell)``, one per image other than the engine's that ``host``'s units run, the shell making on
+    ``host`` the file of that image in the form the site's runtime reads, from the registry by its pinned reference
+    (:func:`k3deploy.model.jobcontainers.import_image`: a router's ``k3_router_image``); none where the runtime reads
+    docker's store. The engine's own file is the stage's (:func:`engine_image_file`: made once, handed on)."""
     rt = container_runtime(rollout)
     if rt.staged is None:
         return []
     specs = [u.require_spec().container for u in rollout.on_host(host)]
-    images = list(dict.fromkeys(s.image for s in specs if s is not None))
-    if not images and host in rollout.spares:
-        images = [rollout.plan.image]
     engine = run_ref(rollout.plan.image)
-    refs = list(dict.fromkeys(run_ref(i) for i in images))
-    return [(staged_image(rollout.vars.k3_stage_dir, r, rt), import_image(rt, r, staged_image(
-        rollout.vars.k3_stage_dir, r, rt), local=r == engine)) for r in refs]
+    images = {run_ref(i): i for i in dict.fromkeys(s.image for s in specs if s is not None) if run_ref(i) != engine}
+    return [(staged_image(rollout.vars.k3_stage_dir, r, rt), import_image(rt, pinned, staged_image(
+        rollout.vars.k3_stage_dir, r, rt), local=False)) for r, pinned in images.items()]
 
 
 def launch_command(rollout: Placement, unit: UnitWork) -> list[str]:

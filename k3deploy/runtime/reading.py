@@ -354,12 +354,13 @@ class ReadSlurmSite(Request):
 
 @dataclass(frozen=True)
 class ReadRuntimeTools(Request):
-    """The tools of the site's container runtime under Slurm on an engine node, and whether it holds the engine's
-    image file (the launcher's: :attr:`~k3deploy.runtime.launchers.Launcher.runtime_tools`, ``image_file``)."""
+    """The tools of the site's container runtime under Slurm on an engine node, and the image files it holds in
+    ``folder`` (the launcher's :attr:`~k3deploy.runtime.launchers.Launcher.runtime_tools`; the folder where it
+    stages a file: :attr:`~k3deploy.runtime.launchers.Launcher.image_file`)."""
 
     fact = RuntimeTools
     runtime: str
-    image_file: str = ""
+    folder: str = ""
 
     def keep(self, value: RuntimeReading) -> dict[str, Any]:
         return {"runtime": value}
@@ -448,7 +449,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     tools = launcher.runtime_tools
     engine_host = host in layout.spares or any(u.group != "router" for u in layout.on_host(host))
     # the runtime's tools (preflight's slurm.container) and the image file it runs from, on every engine node
-    runtime: tuple[Request, ...] = (ReadRuntimeTools(tools.name, launcher.image_file or ""),) \
+    held = launcher.image_file
+    runtime: tuple[Request, ...] = (ReadRuntimeTools(tools.name, held.rsplit("/", 1)[0] if held else ""),) \
         if tools is not None and engine_host else ()
     if not view.installed:
         return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site + router_registry
