@@ -299,11 +299,10 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             def receive(h: str, index: int = index, name: str = name) -> Step:
                 from_image, from_weights = plan.round_of(index, h)
                 parts, said = [], []
-                if from_image and file:
+                if from_image:
                     parts.append(commands.receive_file(where[from_image], variables.k3_stage_port,
-                                                       variables.k3_stage_dir, file))
-                elif from_image:
-                    parts.append(commands.receive_image(where[from_image], variables.k3_stage_port, docker, image_ref,
+                                                       variables.k3_stage_dir, file) if file else
+                                 commands.receive_image(where[from_image], variables.k3_stage_port, docker, image_ref,
                                                         variables.k3_stage_dir, tag))
                     said.append(f"the image from {from_image}")
                 if from_weights:
