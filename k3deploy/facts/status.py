@@ -252,7 +252,10 @@ class RuntimeTools(FactBase[RuntimeReading]):
     """
 
     def command(self, runtime: str, folder: str = "") -> str:
-        return tools_probe(RUNTIMES[runtime], folder or None)
+        rt = RUNTIMES.get(runtime)
+        if rt is None:   # no runtime of that name: nothing of it to look for (the variable's type refuses it first)
+            return "true"
+        return tools_probe(rt, folder or None)
 
     def process(self, output: list[str]) -> RuntimeReading:
         lacks, files = parse_tools(output)

@@ -238,24 +238,9 @@ def fetch_weights(docker: str, cache: str, image: str, model: str, token_file: s
     return f"mkdir -p {shlex.quote(cache)} && {shlex.join(argv)} && {verify_weights(cache, model)}"
 
 
-def download_mounts(cache: str, token_file: str | None = None,
-                    endpoint: str | None = None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The mounts and environment the image's own CLI downloads the weights with in a container of a site's
-    runtime (:func:`fetch_weights_with`), as :func:`download_argv` gives them to ``docker run``: the cache as
-    ``~/.cache``, the token's 0600 file (read by the CLI through ``HF_TOKEN_PATH``: never in argv), the mirror."""
-    mounts = [(cache, "/root/.cache")]
-    env: list[tuple[str, str]] = []
-    if token_file:
-        mounts.append((token_file, "/run/secrets/hf-token"))
-        env.append(("HF_TOKEN_PATH", "/run/secrets/hf-token"))
-    if endpoint:
-        env.append(("HF_ENDPOINT", endpoint))
-    return mounts, env
-
-
 def fetch_weights_with(argv: Sequence[str], cache: str, model: str) -> str:
     """Download the weights with ``argv`` (the image's CLI run by the site's container runtime from its staged
-    file, :meth:`k3deploy.model.jobcontainers.Runtime.run_argv`), then verify them, as :func:`fetch_weights`."""
+    file, :meth:`k3deploy.model.jobcontainers.Runtime.download_argv`), then verify them, as :func:`fetch_weights`."""
     return f"mkdir -p {shlex.quote(cache)} && {shlex.join(argv)} && {verify_weights(cache, model)}"
 
 

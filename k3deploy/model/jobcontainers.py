@@ -119,6 +119,24 @@ class Runtime:
         binds = ",".join(f"{h}:{c}" for h, c in mounts)
         return ["apptainer", "exec", *(["--bind", binds] if binds else []), *env_flags, image, *argv]
 
+    def download_argv(self, image: str, cache: str, model: str, token_file: str | None = None,
+                      endpoint: str | None = None) -> list[str]:
+        """The download of ``model``'s weights with the image's own Hugging Face CLI, run from the staged ``image``
+        file (:meth:`run_argv`) as :func:`k3deploy.model.commands.download_argv` runs it with docker: the cache as
+        ``~/.cache``, the token's 0600 file read by the CLI through ``HF_TOKEN_PATH`` (never in argv), the mirror.
+
+        >>> RUNTIMES["apptainer"].download_argv("/s/i.sif", "/c", "o/m", "/t")[2:6]
+        ['--bind', '/c:/root/.cache,/t:/run/secrets/hf-token', '--env', 'HF_TOKEN_PATH=/run/secrets/hf-token']
+        """
+        mounts = [(cache, "/root/.cache")]
+        env: list[tuple[str, str]] = []
+        if token_file:
+            mounts.append((token_file, "/run/secrets/hf-token"))
+            env.append(("HF_TOKEN_PATH", "/run/secrets/hf-token"))
+        if endpoint:
+            env.append(("HF_ENDPOINT", endpoint))
+        return self.run_argv(image, mounts, env, ["hf", "download", model])
+
     def read_env(self, env_path: str) -> str:
         """The launch script's line that exports the unit's env file (:data:`READ_ENV`)."""
         return READ_ENV.format(prefix=self.env_prefix, path=shlex.quote(env_path))

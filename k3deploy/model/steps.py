@@ -257,9 +257,8 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             # where the image is its runtime's file, the CLI of that file (this node made or holds it by now)
             fetch = commands.fetch_weights(docker, cache, hf_image, model, token, variables.k3_hf_endpoint) \
                 if not (file and rt and h not in image.receivers) else \
-                commands.fetch_weights_with(rt.run_argv(file, *commands.download_mounts(cache, token,
-                                                                                        variables.k3_hf_endpoint),
-                                                        ["hf", "download", model]), cache, model)
+                commands.fetch_weights_with(rt.download_argv(file, cache, model, token, variables.k3_hf_endpoint),
+                                            cache, model)
             return Step(HUB, f"Weights of {model}: from the hub", h, weights.fetch.get(h) == OUTSIDE, fetch,
                         why=f"download the weights of {model} (the image's own CLI resumes a partial download), "
                             "then verify every shard")
