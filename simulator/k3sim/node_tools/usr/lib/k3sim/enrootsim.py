@@ -107,15 +107,18 @@ def from_archive(d, path):
 
     try:
         with tarfile.open(path) as tar:
-            def raw(digest):
-                member = tar.extractfile("blobs/sha256/" + digest.split(":", 1)[-1])
-                if member is None:
-                    raise KeyError(digest)
-                return member.read()
+            def member(name):
+                found = tar.extractfile(name)
+                if found is None:
+                    raise KeyError(name)
+                return found.read()
 
-            entry = json.loads(tar.extractfile("manifest.json").read())[0]
+            def raw(digest):
+                return member("blobs/sha256/" + digest.split(":", 1)[-1])
+
+            entry = json.loads(member("manifest.json"))[0]
             names = tar.getnames()
-            index = json.loads(tar.extractfile("index.json").read()) if "index.json" in names else {}
+            index = json.loads(member("index.json")) if "index.json" in names else {}
             config = "sha256:" + entry["Config"].rsplit("/", 1)[1]
             for desc in index.get("manifests", []):
                 mraw = raw(desc["digest"])
@@ -169,7 +172,8 @@ def visible_gpus(env, count):
 
 def cmd_start_image(argv):
     """``enroot start [--mount SRC:DST]... [--env KEY[=VAL]]... [--rw] IMAGE COMMAND...``: enroot's own form."""
-    mounts, env_items = [], []
+    mounts: list[str] = []
+    env_items: list[str] = []
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         if argv[i] in ("--mount", "-m", "--env", "-e") and i + 1 < len(argv):
