@@ -257,6 +257,40 @@ def fetch_weights(docker: str, cache: str, image: str, model: str, token_file: s
     return f"mkdir -p {shlex.quote(cache)} && {shlex.join(argv)} && {verify_weights(cache, model)}"
 
 
+def fetch_weights_with(argv: Sequence[str], cache: str, model: str) -> str:
+    """Download the weights with ``argv`` (the image's CLI run by the site's container runtime from its staged
+    file, :meth:`k3deploy.model.jobcontainers.Runtime.download_argv`), then verify them, as :func:`fetch_weights`."""
+    return f"mkdir -p {shlex.quote(cache)} && {shlex.join(argv)} && {verify_weights(cache, model)}"
+
+
+def receive_file(address: str, port: int, stage_dir: str, path: str) -> str:
+    """Copy the staged file ``path`` (under ``stage_dir``, a runtime's image file) and its checksum from the peer at
+    ``address`` (resumable), check the file against that checksum, then move both into place; a file that does not
+    match is removed and the step fails, naming it and the peer.
+
+    >>> print(receive_file("10.0.0.1", 8730, "/s", "/s/images/i.sqsh").replace(" && ", " &&\\n"))
+    mkdir -p /s/images &&
+    rsync -a --partial rsync://10.0.0.1:8730/k3-stage/images/i.sqsh /s/images/i.sqsh.part &&
+    rsync -a rsync://10.0.0.1:8730/k3-stage/images/i.sqsh.sha256 /s/images/i.sqsh.sha256.part &&
+    { [ "$(sha256sum < /s/images/i.sqsh.part | cut -d" " -f1)" = "$(cat /s/images/i.sqsh.sha256.part)" ] || \
+{ rm -f /s/images/i.sqsh.part /s/images/i.sqsh.sha256.part; echo 'k3deploy: /s/images/i.sqsh from 10.0.0.1: its \
+sha256 is not the one its maker wrote: removed; run again' >&2; exit 1; }; } &&
+    mv -f /s/images/i.sqsh.part /s/images/i.sqsh &&
+    mv -f /s/images/i.sqsh.sha256.part /s/images/i.sqsh.sha256
+    """
+    rel = path[len(stage_dir.rstrip("/")) + 1:]
+    src = _rsync_from(address, port, STAGE_MODULE, rel)
+    q, part = shlex.quote(path), shlex.quote(path + ".part")
+    total, total_part = shlex.quote(path + ".sha256"), shlex.quote(path + ".sha256.part")
+    said = shlex.quote(f"k3deploy: {path} from {address}: its sha256 is not the one its maker wrote: removed; run "
+                       "again")
+    return (f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0] or '/')} && rsync -a --partial {shlex.quote(src)} {part} "
+            f"&& rsync -a {shlex.quote(src + '.sha256')} {total_part} && "
+            f"{{ [ \"$(sha256sum < {part} | cut -d\" \" -f1)\" = \"$(cat {total_part})\" ] || "
+            f"{{ rm -f {part} {total_part}; echo {said} >&2; exit 1; }}; }} && mv -f {part} {q} && "
+            f"mv -f {total_part} {total}")
+
+
 def _rsync_from(address: str, port: int, module: str, path: str) -> str:
     return f"rsync://{address}:{port}/{module}/{path}"
 

@@ -92,9 +92,19 @@ class CacheShare:
 
 @dataclass(frozen=True)
 class StagePlan:
+    """How the image and the weights reach the nodes. ``image_file``, ``runtime``: the image travels as the file
+    the site's container runtime reads (a Slurm site's pyxis squashfs or apptainer SIF, at that path on every node,
+    :func:`k3deploy.model.jobcontainers.staged_image`), made once from the registry or the archive and handed on as
+    a file; None: through each node's docker. ``stale``: that runtime's older image files, pruned
+    (:func:`k3deploy.model.jobcontainers.stale_files`)."""
+
     image: Artifact
     weights: Artifact
     caches: tuple[CacheShare, ...] = ()
+    image_file: str | None = None
+    runtime: str | None = None
+    #: host -> the runtime's image files there that no kept revision runs (removed after the stage)
+    stale: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:
@@ -193,16 +203,26 @@ def stage_hosts(rollout: Placement) -> list[str]:
 
 
 def stage_for(rollout: Placement, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool],
-              caches: Mapping[str, Collection[str]] | None = None) -> StagePlan:
+              caches: Mapping[str, Collection[str]] | None = None, *, image_file: str | None = None,
+              runtime: str | None = None, files: Mapping[str, Collection[str]] | None = None) -> StagePlan:
     """The stage of a rollout, from what the facts saw on each host (its images of the repository, verified
     weights, the compile cache keys it holds: ``caches``). A pinned image (``REPO@sha256:...``, as a resolved tag
-    is) is held only where that very build is."""
+    is) is held only where that very build is. With ``image_file`` (the runtime's file of the image, ``runtime`` its
+    name) the image travels as that file: held where the host's ``files`` (the names of the whole files it has
+    there) name it, none exported."""
     v = rollout.vars
     hosts = engines(rollout)
-    plan = plan_stage(hosts, [h for h in hosts if holds(rollout.plan.image, images.get(h))],
-                      [h for h in hosts if weights_verified.get(h)], mode=v.k3_stage, sources=v.k3_stage_sources,
-                      image_archive=bool(v.k3_image_archive), weights_source=bool(v.k3_weights_source),
-                      download=v.k3_download_weights, shared=v.k3_weights_shared)
+    if image_file is not None:
+        name = image_file.rsplit("/", 1)[1]
+        held = [h for h in hosts if name in (files or {}).get(h, ())]
+    else:
+        held = [h for h in hosts if holds(rollout.plan.image, images.get(h))]
+    plan = plan_stage(hosts, held, [h for h in hosts if weights_verified.get(h)], mode=v.k3_stage,
+                      sources=v.k3_stage_sources, image_archive=bool(v.k3_image_archive),
+                      weights_source=bool(v.k3_weights_source), download=v.k3_download_weights,
+                      shared=v.k3_weights_shared)
+    if image_file is not None:
+        plan = replace(plan, image=replace(plan.image, export=[]), image_file=image_file, runtime=runtime)
     if caches is None or v.k3_weights_shared:   # one shared model cache holds one copy of each key already
         return plan
     return replace(plan, caches=cache_shares(unit_keys(rollout), caches))

@@ -43,6 +43,7 @@ from k3deploy.model import commands, compilecache, vip
 from k3deploy.model.engine import EngineSpec
 from k3deploy.model.hosttext import parse_env
 from k3deploy.model.images import LocalImage, holds, named, run_ref
+from k3deploy.model.jobcontainers import import_image, runtime
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
@@ -84,7 +85,8 @@ class StagePart(Enum):
     CONTAINER_IMAGE = 10_001
     VERIFY_BEFORE_START = 10_002
     ROUTER_IMAGE = 10_003
-    READAHEAD = 10_004
+    PRUNE_IMAGES = 10_004
+    READAHEAD = 10_005
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class StageKind:
 
 #: the kind of each part of the stage but the rounds from a peer (round ``i``: ``StageKind(StagePart.ROUND, i)``)
 (STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE, EXPORT,
- SERVE, CACHES, UNSERVE, CONTAINER_IMAGE, VERIFY_BEFORE_START, ROUTER_IMAGE, READAHEAD) = (
+ SERVE, CACHES, UNSERVE, CONTAINER_IMAGE, VERIFY_BEFORE_START, ROUTER_IMAGE, PRUNE_IMAGES, READAHEAD) = (
     StageKind(p) for p in StagePart if p is not StagePart.ROUND)
 
 
@@ -201,6 +203,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
     shown = tag or image_ref
     steps: list[Step] = []
     hosts = stage_hosts(rollout)   # the spares standing by are staged too
+    # where the image travels as its runtime's file (a Slurm site's pyxis or apptainer): made once from the registry
+    # or the archive, handed on as that file with its checksum; the nodes need no docker
+    file, rt = plan.image_file, runtime(plan.runtime) if plan.runtime else None
 
     def each(kind: StageKind, name: str, build: Callable[[str], Step | None]) -> None:
         for name_of_host in hosts:
@@ -217,6 +222,10 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
     if takes_part(plan):
         each(PULL, f"Image {shown}: from the registry", lambda h: Step(
             PULL, f"Image {shown}: from the registry", h, image.fetch.get(h) == OUTSIDE,
+            import_image(rt, image_ref, file, local=False),
+            why=f"make {rt.name}'s file of `{image_ref}` from the registry (its peers get that file)")
+            if file and rt else Step(
+            PULL, f"Image {shown}: from the registry", h, image.fetch.get(h) == OUTSIDE,
             commands.pull(docker, image_ref, tag) + (" && " + commands.export_image(docker, image_ref,
                                                                                     variables.k3_stage_dir)
                                                      if h in image.senders else ""),
@@ -228,11 +237,15 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             why=f"copy the image archive `{variables.k3_image_archive}` from the control machine"))
         each(ARCHIVE_LOAD, "Image: load the archive", lambda h: Step(
             ARCHIVE_LOAD, "Image: load the archive", h, image.fetch.get(h) == ARCHIVE,
+            f"{import_image(rt, image_ref, file, archive=archive)} && rm -f {shlex.quote(archive)}",
+            why=f"make {rt.name}'s file of the image from the archive, then remove the archive")
+            if file and rt else Step(
+            ARCHIVE_LOAD, "Image: load the archive", h, image.fetch.get(h) == ARCHIVE,
             commands.load_image(docker, image_ref, archive, tag), why="load the image archive"))
         # a node that holds the pinned build by its digest only gets the local tag the units run
         each(NAME_BUILD, "Image: name the pinned build", lambda h: Step(
             NAME_BUILD, "Image: name the pinned build", h,
-            h in engine_hosts and h not in image.fetch and h not in image.receivers
+            not file and h in engine_hosts and h not in image.fetch and h not in image.receivers
             and not named(image_ref, held.get(h)), commands.name_build(docker, image_ref, tag),
             why="give the pinned build it holds the local tag the units run"))
 
@@ -243,8 +256,12 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             local = held.get(h)
             hf_image = (run_ref(image_ref) if h in image.fetch or holds(image_ref, local) else
                         tag if tag and local is not None and local.ref_digest else image_ref)
-            return Step(HUB, f"Weights of {model}: from the hub", h, weights.fetch.get(h) == OUTSIDE,
-                        commands.fetch_weights(docker, cache, hf_image, model, token, variables.k3_hf_endpoint),
+            # where the image is its runtime's file, the CLI of that file (this node made or holds it by now)
+            fetch = commands.fetch_weights(docker, cache, hf_image, model, token, variables.k3_hf_endpoint) \
+                if not (file and rt and h not in image.receivers) else \
+                commands.fetch_weights_with(rt.download_argv(file, cache, model, token, variables.k3_hf_endpoint),
+                                            cache, model)
+            return Step(HUB, f"Weights of {model}: from the hub", h, weights.fetch.get(h) == OUTSIDE, fetch,
                         why=f"download the weights of {model} (the image's own CLI resumes a partial download), "
                             "then verify every shard")
 
@@ -286,7 +303,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                 from_image, from_weights = plan.round_of(index, h)
                 parts, said = [], []
                 if from_image:
-                    parts.append(commands.receive_image(where[from_image], variables.k3_stage_port, docker, image_ref,
+                    parts.append(commands.receive_file(where[from_image], variables.k3_stage_port,
+                                                       variables.k3_stage_dir, file) if file else
+                                 commands.receive_image(where[from_image], variables.k3_stage_port, docker, image_ref,
                                                         variables.k3_stage_dir, tag))
                     said.append(f"the image from {from_image}")
                 if from_weights:
@@ -326,6 +345,13 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             commands.pull(docker, router_image, router_tag),
             why=f"pull the router's build `{router_image}` from the registry (verified by its digest) and give it "
                 "the local tag its unit runs"))
+    if plan.stale:   # the runtime's older image files: of images no kept revision runs
+        title = "Image files: remove those of images no kept revision runs"
+        each(PRUNE_IMAGES, title, lambda h: Step(
+            PRUNE_IMAGES, title, h, bool(plan.stale.get(h)),
+            " ".join(["rm -f", *(shlex.quote(f"{p}{x}") for p in plan.stale[h] for x in ("", ".sha256"))])
+            if plan.stale.get(h) else "",
+            why="remove the image files (and their checksums) of images that no kept revision of any group runs"))
     if variables.k3_readahead:
         warm = {u.host for g in rollout.changed_groups if g != "router" for u in rollout.group(g)}
         each(READAHEAD, "Weights: into the page cache", lambda h: Step(

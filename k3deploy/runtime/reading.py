@@ -45,6 +45,8 @@ from k3deploy.facts.status import (
     EndpointModels,
     HealthCode,
     RouterWorkers,
+    RuntimeReading,
+    RuntimeTools,
     SlurmQueue,
     SlurmQueueReading,
     SlurmSiteFact,
@@ -97,6 +99,7 @@ class HostReading:
     router_image: LocalImage | None = None     # what the router's host holds of k3_router_image's repository
     slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
     slurm_site: SlurmSite | None = None        # its Slurm's version and settings (k3_slurm_submit_host)
+    runtime: RuntimeReading | None = None      # its Slurm container runtime's tools, the staged image file
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
     listening: frozenset[int] | None = None    # the TCP ports it listens on, reachable (the view's ``exporters``)
 
@@ -376,6 +379,20 @@ class ReadSlurmSite(Request):
 
 
 @dataclass(frozen=True)
+class ReadRuntimeTools(Request):
+    """The tools of the site's container runtime under Slurm on an engine node, and the image files it holds in
+    ``folder`` (the launcher's :attr:`~k3deploy.runtime.launchers.Launcher.runtime_tools`; the folder where it
+    stages a file: :attr:`~k3deploy.runtime.launchers.Launcher.image_file`)."""
+
+    fact = RuntimeTools
+    runtime: str
+    folder: str = ""
+
+    def keep(self, value: RuntimeReading) -> dict[str, Any]:
+        return {"runtime": value}
+
+
+@dataclass(frozen=True)
 class ReadSpareRecords(Request):
     """The node's spare records (:mod:`k3deploy.model.spares`): substitutions in effect, its quarantine."""
 
@@ -456,9 +473,15 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     router = router_resolver(layout) == host and (view.installed or view.pins_image)
     router_registry = (ReadRouterRegistry(variables.k3_router_image or "", variables.k3_docker),) if router else ()
     listening: tuple[Request, ...] = (ReadListening(),) if view.exporters else ()
+    tools = launcher.runtime_tools
+    engine_host = host in layout.spares or any(u.group != "router" for u in layout.on_host(host))
+    # the runtime's tools (preflight's slurm.container) and the image file it runs from, on every engine node
+    held = launcher.image_file
+    runtime: tuple[Request, ...] = (ReadRuntimeTools(tools.name, held.rsplit("/", 1)[0] if held else ""),) \
+        if tools is not None and engine_host else ()
     if not view.installed:
         return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site + router_registry
-                        + listening)
+                        + listening + runtime)
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
@@ -495,7 +518,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if not mine:
         out += standing_by(layout)
     out.append(ReadSpareRecords(variables.k3_config_dir))
-    return ReadPlan(host, tuple(out))
+    return ReadPlan(host, (*out, *runtime))
 
 
 def standing_by(layout: Placement) -> list[Request]:
