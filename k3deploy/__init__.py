@@ -39,7 +39,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     container; what every launcher's files render from), model/hosttext.py (a unit file, env file or launch script
     read back from a host), model/rollout.py (units per host, start order, what restarts), model/observed.py
     (what a host has), model/diff.py (what would change), model/secrets.py (what is never shown),
-    model/commands.py (every shell command the rollout runs), model/steps.py (what a rollout does per host: stage,
+    model/commands.py (every shell command the rollout runs), model/compilecache.py (the engines' compile and
+    JIT caches in a directory per key of their compile inputs), model/steps.py (what a rollout does per host: stage,
     configure, restart, smoke; rendered as operations and as the runbook), model/runbook/ (the rollout as a runbook),
     model/revisions.py (numbered revisions per group, for history and rollback), model/startup.py (an engine start,
     phase by phase, from vLLM's log lines), model/timeline.py (a revision's starts drawn on one time axis: SVG, HTML),

@@ -195,6 +195,7 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     is a placeholder, filled on the node from a 0600 file) and README.txt into ``out``; what was written."""
     from k3deploy.model import slurm
     from k3deploy.model.hosttext import parse_env
+    from k3deploy.model.jobcontainers import import_image
     from k3deploy.model.runbook.blanks import secret_file, secret_token, without_secrets
     from k3deploy.runtime.launchers import export_for
 
@@ -242,9 +243,13 @@ def _write(rollout: Any, blanks: list[Any], source: str, out: Path, tokens: dict
     lines += ["   The launch scripts run the same containers as the systemd units of `pyinfra INVENTORY deploy/k3.py`; "
               "stage the image and the weights on the nodes first (the deploy's stage, or the runbook's)."]
     runtime = slurm.container_runtime(rollout)
-    if runtime.staged is not None:
-        lines.append(f"   The jobs run their containers with {runtime.name} (k3_slurm_container): then, on each node, "
-                     "make the image file they run from (once the image is in the node's docker):")
+    engine_file = slurm.engine_image_file(rollout)
+    if runtime.staged is not None and engine_file is not None:
+        lines.append(f"   The jobs run their containers with {runtime.name} (k3_slurm_container): make the image file "
+                     "they run from once, on one node, from the registry (no docker needed), then copy it with its "
+                     ".sha256 to the same path on every other node and check it there (its sha256sum must equal the "
+                     ".sha256):")
+        lines.append(f"   {import_image(runtime, rollout.plan.image, engine_file, local=False)}")
         lines += [f"   {h}: {shell}" for h in rollout.hosts for _, shell in slurm.image_imports(rollout, h)]
     lines.append("")
     step = 2

@@ -25,6 +25,7 @@ from k3deploy.model.commands import (
     smoke_test,
     wait_vip,
 )
+from k3deploy.model.compilecache import COMPLETE
 from k3deploy.model.images import LocalImage, local_command, parse_local, resolve_command
 from k3deploy.model.observed import FileMeta, Installed
 from k3deploy.model.revisions import GroupHistory, parse_listing
@@ -120,6 +121,26 @@ class Executable(FactBase[bool]):
     @staticmethod
     def default() -> bool:
         return False
+
+
+class CompileCaches(FactBase["tuple[str, ...]"]):
+    """The compile cache keys whose directories under ``root`` (``<k3_model_cache>/k3-compile``) are marked whole
+    (:data:`k3deploy.model.compilecache.COMPLETE`: an engine served from them, or a whole copy came in).
+
+        >>> CompileCaches().process(["1bbbac2cd5120513", "", "ab12"])
+        ('1bbbac2cd5120513', 'ab12')
+    """
+
+    def command(self, root: str) -> str:
+        return (f'for d in {shlex.quote(root.rstrip("/"))}/*/; do [ -f "$d{COMPLETE}" ] && basename "$d"; done; '
+                "true")
+
+    def process(self, output: list[str]) -> tuple[str, ...]:
+        return tuple(line.strip() for line in output if line.strip())
+
+    @staticmethod
+    def default() -> tuple[str, ...]:
+        return ()
 
 
 class FileHash(FactBase["str | None"]):

@@ -32,6 +32,7 @@ from k3deploy.model.commands import (
     unit_logs,
     unit_status,
 )
+from k3deploy.model.jobcontainers import RUNTIMES, parse_tools, tools_probe
 from k3deploy.model.slurm import (
     SITE_KEYS,
     QueuedJob,
@@ -243,6 +244,40 @@ class SlurmSiteFact(FactBase[SlurmSite]):
     @staticmethod
     def default() -> SlurmSite:
         return SlurmSite(error="scontrol gave no answer")
+
+
+@dataclass(frozen=True)
+class RuntimeReading:
+    """A node's Slurm container runtime as it answered: what of its tools it lacks (each as the stage's check says
+    it: ``no enroot on PATH``) and the names of the image files it holds whole (each with its checksum), in the
+    stage's images directory."""
+
+    lacks: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+
+
+class RuntimeTools(FactBase[RuntimeReading]):
+    """A node's tools of the site's container runtime under Slurm (``k3_slurm_container``: pyxis's enroot and
+    ``srun --container-image``, or apptainer) and, where given, the image files in ``folder``
+    (:func:`k3deploy.model.jobcontainers.tools_probe`).
+
+        >>> RuntimeTools().process(["K3_LACKS no enroot on PATH"])
+        RuntimeReading(lacks=('no enroot on PATH',), files=())
+    """
+
+    def command(self, runtime: str, folder: str = "") -> str:
+        rt = RUNTIMES.get(runtime)
+        if rt is None:   # no runtime of that name: nothing of it to look for (the variable's type refuses it first)
+            return "true"
+        return tools_probe(rt, folder or None)
+
+    def process(self, output: list[str]) -> RuntimeReading:
+        lacks, files = parse_tools(output)
+        return RuntimeReading(lacks, files)
+
+    @staticmethod
+    def default() -> RuntimeReading:
+        return RuntimeReading()
 
 
 #: the line :class:`SlurmQueue`'s command prints first when ``squeue`` answered (its lines follow), and when it

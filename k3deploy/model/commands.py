@@ -19,6 +19,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from k3deploy.model import compilecache
 from k3deploy.model.bench import BENCH_FILE
 from k3deploy.model.correctness import PROMPTS, request_body
 from k3deploy.model.images import run_ref
@@ -136,6 +137,8 @@ PEERS_UNIT = "k3-stage-peers"
 FAILURES_DIR = "/run/k3deploy"
 #: rsync modules of that daemon
 HUB_MODULE, STAGE_MODULE = "k3-hub", "k3-stage"
+#: the daemon's module of the engines' compile caches (:mod:`k3deploy.model.compilecache`)
+COMPILE_MODULE = compilecache.DIRNAME
 
 
 def model_dir(cache: str, model: str) -> str:
@@ -234,11 +237,58 @@ def verify_before_start(cache: str, model: str) -> str:
             f'else rm -f {d}/{VERIFIED}; echo {shlex.quote(bad)} >&2; exit 1; fi')
 
 
+def readahead(cache: str, model: str) -> str:
+    """Read every file of the model's snapshot once into the page cache, at the lowest CPU and best-effort I/O
+    priority (``nice``, ``ionice -c 2 -n 7``), so the engine's weight load reads memory (a cold disk or shared
+    filesystem is "the slow path").
+
+        >>> readahead("/c", "o/m").split(" | ")[1]
+        'nice -n 19 ionice -c 2 -n 7 xargs -0 -r cat > /dev/null'
+    """
+    d = shlex.quote(model_dir(cache, model))
+    return (f'rev=$(cat {d}/refs/main) && find -L {d}/snapshots/"$rev" -type f -print0 | '
+            "nice -n 19 ionice -c 2 -n 7 xargs -0 -r cat > /dev/null")
+
+
 def fetch_weights(docker: str, cache: str, image: str, model: str, token_file: str | None = None,
                   endpoint: str | None = None) -> str:
     """Download the weights from the hub (the image's own CLI resumes a partial download) and verify them."""
     argv = download_argv(docker, cache, image, model, token_file, endpoint)
     return f"mkdir -p {shlex.quote(cache)} && {shlex.join(argv)} && {verify_weights(cache, model)}"
+
+
+def fetch_weights_with(argv: Sequence[str], cache: str, model: str) -> str:
+    """Download the weights with ``argv`` (the image's CLI run by the site's container runtime from its staged
+    file, :meth:`k3deploy.model.jobcontainers.Runtime.download_argv`), then verify them, as :func:`fetch_weights`."""
+    return f"mkdir -p {shlex.quote(cache)} && {shlex.join(argv)} && {verify_weights(cache, model)}"
+
+
+def receive_file(address: str, port: int, stage_dir: str, path: str) -> str:
+    """Copy the staged file ``path`` (under ``stage_dir``, a runtime's image file) and its checksum from the peer at
+    ``address`` (resumable), check the file against that checksum, then move both into place; a file that does not
+    match is removed and the step fails, naming it and the peer.
+
+    >>> print(receive_file("10.0.0.1", 8730, "/s", "/s/images/i.sqsh").replace(" && ", " &&\\n"))
+    mkdir -p /s/images &&
+    rsync -a --partial rsync://10.0.0.1:8730/k3-stage/images/i.sqsh /s/images/i.sqsh.part &&
+    rsync -a rsync://10.0.0.1:8730/k3-stage/images/i.sqsh.sha256 /s/images/i.sqsh.sha256.part &&
+    { [ "$(sha256sum < /s/images/i.sqsh.part | cut -d" " -f1)" = "$(cat /s/images/i.sqsh.sha256.part)" ] || \
+{ rm -f /s/images/i.sqsh.part /s/images/i.sqsh.sha256.part; echo 'k3deploy: /s/images/i.sqsh from 10.0.0.1: its \
+sha256 is not the one its maker wrote: removed; run again' >&2; exit 1; }; } &&
+    mv -f /s/images/i.sqsh.part /s/images/i.sqsh &&
+    mv -f /s/images/i.sqsh.sha256.part /s/images/i.sqsh.sha256
+    """
+    rel = path[len(stage_dir.rstrip("/")) + 1:]
+    src = _rsync_from(address, port, STAGE_MODULE, rel)
+    q, part = shlex.quote(path), shlex.quote(path + ".part")
+    total, total_part = shlex.quote(path + ".sha256"), shlex.quote(path + ".sha256.part")
+    said = shlex.quote(f"k3deploy: {path} from {address}: its sha256 is not the one its maker wrote: removed; run "
+                       "again")
+    return (f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0] or '/')} && rsync -a --partial {shlex.quote(src)} {part} "
+            f"&& rsync -a {shlex.quote(src + '.sha256')} {total_part} && "
+            f"{{ [ \"$(sha256sum < {part} | cut -d\" \" -f1)\" = \"$(cat {total_part})\" ] || "
+            f"{{ rm -f {part} {total_part}; echo {said} >&2; exit 1; }}; }} && mv -f {part} {q} && "
+            f"mv -f {total_part} {total}")
 
 
 def _rsync_from(address: str, port: int, module: str, path: str) -> str:
@@ -255,6 +305,33 @@ def receive_weights(address: str, port: int, cache: str, model: str) -> str:
     qd = shlex.quote(d)
     return (f"mkdir -p {qd} && rm -f {qd}/{VERIFIED} && {get} && {{ {verify_weights(cache, model)} || "
             f"{{ xargs -r rm -f < {qd}/{BAD} && {get} && {verify_weights(cache, model)}; }}; }}")
+
+
+def receive_caches(address: str, port: int, model_cache: str, key: str) -> str:
+    """Copy one cache key's compile caches from the peer at ``address`` (resumable), then mark them whole here (the
+    mark is never copied: a copy cut short is no holder).
+
+        >>> print(receive_caches("10.0.0.1", 8873, "/c", "ab12").replace(" && ", chr(10)))
+        mkdir -p /c/k3-compile/ab12
+        rsync -a --partial rsync://10.0.0.1:8873/k3-compile/ab12/ /c/k3-compile/ab12/
+        touch /c/k3-compile/ab12/.k3-complete
+    """
+    d = compilecache.host_dir(model_cache, key)
+    qd = shlex.quote(d)
+    src = _rsync_from(address, port, COMPILE_MODULE, f"{key}/")
+    return (f"mkdir -p {qd} && rsync -a --partial {shlex.quote(src)} {shlex.quote(d + '/')} && "
+            f"touch {shlex.quote(d + '/' + compilecache.COMPLETE)}")
+
+
+def mark_caches(model_cache: str, keys: Sequence[str]) -> str:
+    """Mark the compile caches of ``keys`` whole on this node (an engine served from them): from now on the node
+    hands them to the nodes of its class that lack them.
+
+        >>> mark_caches("/c", ["ab12"])
+        'mkdir -p /c/k3-compile/ab12 && touch /c/k3-compile/ab12/.k3-complete'
+    """
+    return " && ".join(f"mkdir -p {shlex.quote(d)} && touch {shlex.quote(d + '/' + compilecache.COMPLETE)}"
+                       for d in (compilecache.host_dir(model_cache, k) for k in keys))
 
 
 def export_image(docker: str, image: str, stage_dir: str) -> str:

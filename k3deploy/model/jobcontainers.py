@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from k3deploy.model.images import run_ref
 
 RuntimeName = Literal["pyxis", "docker", "apptainer"]
 
@@ -70,6 +72,8 @@ class Runtime:
     env_prefix: str = ""
     local_source: str = ""
     registry_source: str = ""
+    #: the source form of a ``docker save`` archive on the node (``{archive}``: its path)
+    archive_source: str = ""
     #: ``(test, what a node lacks where it fails)``: what the stage checks on each node before it makes the file
     needs: tuple[tuple[str, str], ...] = ()
 
@@ -98,6 +102,41 @@ class Runtime:
         return [f"--container-image={image}", f"--container-mounts={','.join(binds)}", f"--container-name={name}",
                 "--no-container-mount-home", "--no-container-entrypoint", "--container-writable"]
 
+    def run_argv(self, image: str, mounts: Sequence[tuple[str, str]], env: Sequence[tuple[str, str]],
+                 argv: Sequence[str]) -> list[str]:
+        """A command run once, on the node, in a container of the staged ``image`` file, outside any job: the
+        stage's download of the weights with the image's own CLI where the node has no docker. ``enroot start``
+        takes a squashfs image itself (enroot's doc/cmd/start.md: ``enroot start [options] NAME|IMAGE``, ``--mount``
+        ``SRC:DST``, ``--env KEY=VAL``); ``apptainer exec --bind SRC:DST --env KEY=VAL SIF``.
+
+        >>> RUNTIMES["pyxis"].run_argv("/s/i.sqsh", [("/c", "/root/.cache")], [("A", "1")], ["hf", "download", "m"])
+        ['enroot', 'start', '--mount', '/c:/root/.cache', '--env', 'A=1', '/s/i.sqsh', 'hf', 'download', 'm']
+        """
+        env_flags = [w for k, v in env for w in ("--env", f"{k}={v}")]
+        if self.name == "pyxis":
+            return ["enroot", "start", *[w for h, c in mounts for w in ("--mount", f"{h}:{c}")], *env_flags, image,
+                    *argv]
+        binds = ",".join(f"{h}:{c}" for h, c in mounts)
+        return ["apptainer", "exec", *(["--bind", binds] if binds else []), *env_flags, image, *argv]
+
+    def download_argv(self, image: str, cache: str, model: str, token_file: str | None = None,
+                      endpoint: str | None = None) -> list[str]:
+        """The download of ``model``'s weights with the image's own Hugging Face CLI, run from the staged ``image``
+        file (:meth:`run_argv`) as :func:`k3deploy.model.commands.download_argv` runs it with docker: the cache as
+        ``~/.cache``, the token's 0600 file read by the CLI through ``HF_TOKEN_PATH`` (never in argv), the mirror.
+
+        >>> RUNTIMES["apptainer"].download_argv("/s/i.sif", "/c", "o/m", "/t")[2:6]
+        ['--bind', '/c:/root/.cache,/t:/run/secrets/hf-token', '--env', 'HF_TOKEN_PATH=/run/secrets/hf-token']
+        """
+        mounts = [(cache, "/root/.cache")]
+        env: list[tuple[str, str]] = []
+        if token_file:
+            mounts.append((token_file, "/run/secrets/hf-token"))
+            env.append(("HF_TOKEN_PATH", "/run/secrets/hf-token"))
+        if endpoint:
+            env.append(("HF_ENDPOINT", endpoint))
+        return self.run_argv(image, mounts, env, ["hf", "download", model])
+
     def read_env(self, env_path: str) -> str:
         """The launch script's line that exports the unit's env file (:data:`READ_ENV`)."""
         return READ_ENV.format(prefix=self.env_prefix, path=shlex.quote(env_path))
@@ -120,6 +159,7 @@ RUNTIMES: dict[str, Runtime] = {
         "install enroot and pyxis (github.com/NVIDIA/pyxis: plugstack.conf.d/pyxis.conf) and restart slurmd, or set "
         "k3_slurm_container to the site's runtime (docker, apptainer)", in_job=True, inside=True,
         local_source="dockerd://{ref}", registry_source="docker://{enroot}",
+        archive_source="docker-archive://{archive}",
         needs=(("command -v enroot >/dev/null", "no enroot on PATH"),
                ("srun --help 2>/dev/null | grep -q -- --container-image",
                 "srun --help lists no --container-image (pyxis is not loaded: plugstack.conf)"))),
@@ -133,8 +173,68 @@ RUNTIMES: dict[str, Runtime] = {
         "apptainer on every engine node",
         "install Apptainer (apptainer.org/docs/admin), or set k3_slurm_container to the site's runtime (pyxis, "
         "docker)", in_job=True, inside=False, env_prefix="APPTAINERENV_", local_source="docker-daemon:{ref}",
-        registry_source="docker://{ref}", needs=(("command -v apptainer >/dev/null", "no apptainer on PATH"),)),
+        registry_source="docker://{ref}", archive_source="docker-archive:{archive}",
+        needs=(("command -v apptainer >/dev/null", "no apptainer on PATH"),)),
 }
+
+
+#: the lines :func:`tools_probe` prints: a tool the node lacks (what it lacks follows), a staged image file it holds
+LACKS, HOLDS = "K3_LACKS", "K3_FILE"
+
+
+def tools_probe(rt: Runtime, folder: str | None = None) -> str:
+    """Shell that prints, on a node, one ``K3_LACKS <what>`` line per tool of ``rt`` the node lacks
+    (:attr:`Runtime.needs`) and one ``K3_FILE <name>`` line per image file of ``rt`` in ``folder`` (the stage's
+    :func:`images_dir`) with its checksum beside it (:func:`checksum_path`: a whole file); it always succeeds.
+
+    >>> print(tools_probe(RUNTIMES["apptainer"], "/s/images").replace("; ", ";\\n"))
+    { command -v apptainer >/dev/null;
+    } || echo 'K3_LACKS no apptainer on PATH';
+    for f in /s/images/*.sif;
+    do [ -s "$f.sha256" ] && echo "K3_FILE ${f##*/}";
+    done;
+    true
+    """
+    parts = [f"{{ {test}; }} || echo {shlex.quote(f'{LACKS} {lacks}')}" for test, lacks in rt.needs]
+    if folder and rt.staged:
+        parts.append(f'for f in {shlex.quote(folder)}/*{rt.staged}; do [ -s "$f.sha256" ] && echo "{HOLDS} '
+                     '${f##*/}"; done')
+    return "; ".join([*parts, "true"])
+
+
+def parse_tools(lines: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What :func:`tools_probe` printed: (what the node lacks, the names of the image files it holds).
+
+    >>> parse_tools(["K3_LACKS no enroot on PATH", "K3_FILE a.sqsh"])
+    (('no enroot on PATH',), ('a.sqsh',))
+    """
+    def after(key: str) -> tuple[str, ...]:
+        return tuple(ln.split(" ", 1)[1].strip() for ln in lines if ln.startswith(key + " "))
+    return after(LACKS), after(HOLDS)
+
+
+def stale_files(stage_dir: str, rt: Runtime, held: Collection[str], kept: Collection[str]) -> tuple[str, ...]:
+    """The image files a node holds (``held``: their names in :func:`images_dir`) that no ``kept`` image runs from:
+    the files of images that no kept revision names and that the plan does not run (a rollback finds the file of
+    each revision it can go back to), to be removed with their checksums.
+
+    >>> keep = ["r@sha256:" + "a" * 64]
+    >>> stale_files("/s", RUNTIMES["pyxis"], ["r_k3-sha256-" + "a" * 64 + ".sqsh", "r_k3-sha256-bb.sqsh"], keep)
+    ('/s/images/r_k3-sha256-bb.sqsh',)
+    """
+    names = {staged_image(stage_dir, run_ref(image), rt).rsplit("/", 1)[1] for image in kept}
+    return tuple(f"{images_dir(stage_dir)}/{name}" for name in held if name not in names)
+
+
+def images_dir(stage_dir: str) -> str:
+    """Where a node keeps the image files its runtime reads: ``<k3_stage_dir>/images``."""
+    return f"{stage_dir.rstrip('/')}/images"
+
+
+def checksum_path(image_file: str) -> str:
+    """Where the sha256 of a staged image file is kept, beside it (written where the file is made, checked where it
+    lands)."""
+    return image_file + ".sha256"
 
 
 def enroot_uri(ref: str) -> str:
@@ -160,26 +260,38 @@ def staged_image(stage_dir: str, image: str, rt: Runtime) -> str:
     reference (with its digest) made a file name; ``image`` itself for a runtime that reads its own store."""
     if rt.staged is None:
         return image
-    return f"{stage_dir.rstrip('/')}/images/{re.sub(r'[^A-Za-z0-9_.-]', '_', image)}{rt.staged}"
+    return f"{images_dir(stage_dir)}/{re.sub(r'[^A-Za-z0-9_.-]', '_', image)}{rt.staged}"
 
 
-def import_image(rt: Runtime, ref: str, path: str, *, local: bool = True) -> str:
+def import_image(rt: Runtime, ref: str, path: str, *, local: bool = True, archive: str | None = None) -> str:
     """Shell that makes ``path`` from the image the node's docker holds as ``ref`` (``local``; else from the
-    registry), unless it is there already (the name carries the digest: a present file is the planned image);
-    written beside and moved into place, so that an interrupted import leaves no file that looks staged.
+    registry, ``ref`` then pinned by its digest), or from the ``docker save`` ``archive`` on the node, unless it is
+    there already with its checksum (the name carries the digest: a present file is the planned image); written
+    beside and moved into place, its sha256 beside it (:func:`checksum_path`, what a peer that receives it checks),
+    so that an interrupted import leaves no file that looks staged.
 
     >>> import_image(RUNTIMES["pyxis"], "r:k3-sha256-ab", "/s/images/r.sqsh").split("} && ", 1)[1]
-    '[ -s /s/images/r.sqsh ] || { mkdir -p /s/images && rm -f /s/images/r.sqsh.part && enroot import -o \
-/s/images/r.sqsh.part dockerd://r:k3-sha256-ab && mv -f /s/images/r.sqsh.part /s/images/r.sqsh; }'
+    '[ -s /s/images/r.sqsh ] && [ -s /s/images/r.sqsh.sha256 ] || { mkdir -p /s/images && rm -f /s/images/r.sqsh.part \
+/s/images/r.sqsh.sha256 && enroot import -o /s/images/r.sqsh.part dockerd://r:k3-sha256-ab && sha256sum \
+/s/images/r.sqsh.part | cut -d" " -f1 > /s/images/r.sqsh.sha256.part && mv -f /s/images/r.sqsh.part /s/images/r.sqsh \
+&& mv -f /s/images/r.sqsh.sha256.part /s/images/r.sqsh.sha256; }'
+    >>> import_image(RUNTIMES["apptainer"], "r@sha256:ab", "/s/r.sif", archive="/s/r.tar").split(" && ")[4]
+    'apptainer build /s/r.sif.part docker-archive:/s/r.tar'
 
     The runtime's tools are checked first (:meth:`Runtime.require`): a node without them fails the stage, before
     anything is configured or submitted.
     """
     q = shlex.quote(path)
     part = shlex.quote(path + ".part")
+    total = shlex.quote(checksum_path(path))
+    total_part = shlex.quote(checksum_path(path) + ".part")
     folder = shlex.quote(path.rsplit("/", 1)[0] or "/")
-    source = rt.local_source if local else rt.registry_source
-    made = rt.import_command.format(out=part, source=shlex.quote(source.format(ref=ref, enroot=enroot_uri(ref))))
+    if archive is not None:
+        source = rt.archive_source.format(archive=archive)
+    else:
+        source = (rt.local_source if local else rt.registry_source).format(ref=ref, enroot=enroot_uri(ref))
+    made = rt.import_command.format(out=part, source=shlex.quote(source))
     check = rt.require()
     return (f"{{ {check}; }} && " if check else "") + \
-        f"[ -s {q} ] || {{ mkdir -p {folder} && rm -f {part} && {made} && mv -f {part} {q}; }}"
+        (f"[ -s {q} ] && [ -s {total} ] || {{ mkdir -p {folder} && rm -f {part} {total} && {made} && "
+         f"sha256sum {part} | cut -d\" \" -f1 > {total_part} && mv -f {part} {q} && mv -f {total_part} {total}; }}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from urllib.parse import urlsplit
 
 from k3deploy.errors import K3Error
+from k3deploy.model import compilecache
 from k3deploy.model.binding import BoundHost, BoundNode, HostRecord, bind, fill, rendezvous_port
 from k3deploy.model.engine import EngineSpec, Word, env_words, ranked, words
 from k3deploy.model.images import run_ref
@@ -38,6 +39,7 @@ from k3deploy.model.units import ContainerSpec, Fence, Healing, engine_unit_spec
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.plan import NodePlan, Plan
 from k3deploy.recipe.taxonomy import hardware
+from k3deploy.vendors import pack_for_container
 
 HEALTH_PATH = "/health"
 ENGINE_GROUP = "engine"
@@ -444,6 +446,14 @@ def engine_env(node: BoundNode, derived: Mapping[str, str], extra: Mapping[str, 
     return env
 
 
+def compile_env(plan: Plan, argv: list[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The settings that put an engine's compile and JIT caches in the directory of its key
+    (:mod:`k3deploy.model.compilecache`: the image build, the hardware, the hashed arguments and environment)."""
+    pack = pack_for_container(plan.vendor)
+    key = compilecache.cache_key(argv, env, image=run_ref(plan.image), hardware=plan.hardware)
+    return compilecache.cache_env(key, pack.container.jit_caches if pack is not None else ())
+
+
 def unit_container(layout: Placement, placed: UnitWork) -> ContainerSpec | None:
     """The container a unit runs, as every launcher runs it (the systemd unit, a Slurm job's launch script): the
     plan's image for an engine; for the router ``k3_router_image``, or None (``k3_router_bin`` on the host). A
@@ -498,6 +508,8 @@ def render(layout: Placement, *, ifaces: Mapping[str, str] | None = None,
         argv: tuple[Word, ...] = ranked([words(p, f, node.values, head=head, own=node.address)
                                          for p, f in zip(node.node.argv, node.argv, strict=True)], node.rank,
                                         sizes.get(placed.group))
+        if node.role != "router" and variables.k3_compile_cache:
+            env = {**compile_env(plan, node.argv, env), **env}
         spec = EngineSpec(argv_words=argv, env=env_words(env, node.node.env, node.values, head=head,
                                                          own=node.address),
                           container=box, unit=unit)

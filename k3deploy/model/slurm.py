@@ -300,6 +300,16 @@ def image_file(rollout: Placement, spec: ContainerSpec) -> str:
     return staged_image(rollout.vars.k3_stage_dir, run_ref(spec.image), container_runtime(rollout))
 
 
+def engine_image_file(rollout: Placement) -> str | None:
+    """Where each engine node keeps the engine's image as the file the site's runtime reads (pyxis's squashfs,
+    apptainer's SIF), which the stage makes once and hands on node to node; None where the runtime reads docker's
+    own store (the image then travels through each node's docker)."""
+    rt = container_runtime(rollout)
+    if rt.staged is None:
+        return None
+    return staged_image(rollout.vars.k3_stage_dir, run_ref(rollout.plan.image), rt)
+
+
 def container_command(spec: ContainerSpec, argv: Sequence[str]) -> list[str]:
     """What runs inside a unit's container: the plan's argv, under ``bash -lc`` with the pack's login profile
     sourced first where the vendor's engine needs it (as :func:`k3deploy.model.units.container_argv` runs it)."""
@@ -311,22 +321,18 @@ def container_command(spec: ContainerSpec, argv: Sequence[str]) -> list[str]:
 
 
 def image_imports(rollout: Placement, host: str) -> list[tuple[str, str]]:
-    """``(file, shell)``, one per image, the shell making on ``host`` the file of each image its units run in the
-    form the site's runtime reads
-    (:func:`k3deploy.model.jobcontainers.import_image`), from the image the stage put in its docker (the engine's)
-    or from the registry (another, a router's); none where the runtime reads docker's store. A spare standing by
-    gets the engine's."""
+    """``(file, shell)``, one per image other than the engine's that ``host``'s units run, the shell making on
+    ``host`` the file of that image in the form the site's runtime reads, from the registry by its pinned reference
+    (:func:`k3deploy.model.jobcontainers.import_image`: a router's ``k3_router_image``); none where the runtime reads
+    docker's store. The engine's own file is the stage's (:func:`engine_image_file`: made once, handed on)."""
     rt = container_runtime(rollout)
     if rt.staged is None:
         return []
     specs = [u.require_spec().container for u in rollout.on_host(host)]
-    images = list(dict.fromkeys(s.image for s in specs if s is not None))
-    if not images and host in rollout.spares:
-        images = [rollout.plan.image]
     engine = run_ref(rollout.plan.image)
-    refs = list(dict.fromkeys(run_ref(i) for i in images))
-    return [(staged_image(rollout.vars.k3_stage_dir, r, rt), import_image(rt, r, staged_image(
-        rollout.vars.k3_stage_dir, r, rt), local=r == engine)) for r in refs]
+    images = {run_ref(i): i for i in dict.fromkeys(s.image for s in specs if s is not None) if run_ref(i) != engine}
+    return [(staged_image(rollout.vars.k3_stage_dir, r, rt), import_image(rt, pinned, staged_image(
+        rollout.vars.k3_stage_dir, r, rt), local=False)) for r, pinned in images.items()]
 
 
 def launch_command(rollout: Placement, unit: UnitWork) -> list[str]:
@@ -422,6 +428,45 @@ def imex_lines(rollout: Placement, spec: ContainerSpec | None, argv: Sequence[st
         f'[ "${{#imex[@]}}" -gt 0 ] || {{ echo {missing} >&2; exit 1; }}',
         'export NVIDIA_IMEX_CHANNELS="$ids"',
     ], run
+
+
+def batch_imex(rollout: Placement, group: str) -> list[str]:
+    """The batch script's lines that set ``NVIDIA_IMEX_CHANNELS`` before its steps start, where the site's runtime
+    sets up the container inside the job with libnvidia-container (pyxis's enroot, apptainer) and the group's
+    containers use IMEX; none otherwise (docker: each launch script hands the channel as ``--device``).
+
+    The variable reaches every step's task through srun's environment (``--export=ALL``, the default), so the
+    container is set up with the channel instead of finding it afterwards: enroot's hook
+    ``conf/hooks/98-nvidia.sh`` (github.com/NVIDIA/enroot) takes each ``NVIDIA_*`` variable of its own environment
+    over the image's (``[ -v "${key}" ] || export ...`` over ``$ENROOT_ENVIRON``) and runs ``nvidia-container-cli
+    configure``, whose ``--imex-channel`` (libnvidia-container ``src/cli/main.c``, ``src/nvc.c``: one channel
+    device made per id; the NVIDIA Container Toolkit >= 1.17 passes ``NVIDIA_IMEX_CHANNELS`` to it) hands the
+    channel to the container. With a standing domain: channel 0. With IMEX per job: the job's own channel(s),
+    listed by one short step on the head (``switch/nvidia_imex`` sets up the job's channel in every step,
+    src/plugins/switch/nvidia_imex ``switch_p_setup_special_steps``; a site's prolog makes it on each node); none
+    listed: the job fails at once, naming the head.
+    """
+    rt = container_runtime(rollout)
+    specs = [u.require_spec().container for u in rollout.group(group)]
+    if not rt.in_job or rt.staged is None or not any(s is not None and s.imex for s in specs):
+        return []
+    if rollout.vars.k3_imex != "per_job":
+        return ["# IMEX (a standing domain): channel 0, set up in each step's container by the runtime's NVIDIA hook",
+                "export NVIDIA_IMEX_CHANNELS=0"]
+    head = rollout.group(group)[0].host
+    listing = (f'for c in {IMEX_CHANNELS_DIR}/channel*; do [ -e "$c" ] && printf "%s," "${{c##*channel}}"; '
+               "done; true")
+    missing = shlex.quote(f"k3deploy: group {group}: no IMEX channel in {IMEX_CHANNELS_DIR} for this job on "
+                          f"{head}: k3_imex is per_job, and neither Slurm's {IMEX_SWITCH} nor the site's IMEX prolog "
+                          "gave the job one (scontrol show config | grep -E 'SwitchType|Prolog')")
+    return [
+        "# IMEX per job (k3_imex: per_job): the channel(s) Slurm's switch/nvidia_imex, or the site's prolog, gave this",
+        "# job, read in a step on the head, then set for every step: the runtime's NVIDIA hook sets them up",
+        f"ids=$(srun --nodes=1 --ntasks=1 -w {shlex.quote(head)} sh -c {shlex.quote(listing)})",
+        'ids=${ids%,}',
+        f'[ -n "$ids" ] || {{ echo {missing} >&2; exit 1; }}',
+        'export NVIDIA_IMEX_CHANNELS="$ids"',
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- batch scripts
@@ -531,6 +576,7 @@ def _batch(rollout: Placement, group: str, revision: str | None) -> str:
         out=shlex.quote(group_dir(rollout, group)), nodes=len(nodes),
         mkdir_fail=shlex.quote(f"k3deploy: group {group}: cannot create the step output directory ") + '"$out"'
         + shlex.quote(f" on {', '.join(nodes)}"),
+        imex=batch_imex(rollout, group),
         steps=steps, fail=f'"{fail}"', grace=STOP_GRACE, requeue=f'"{requeue}"', stopped=f'"{stopped}"',
         requeue_max=v.k3_slurm_requeue_max,
         health=shlex.quote(head.serves + "/health") if head.serves else "", poll=max(1, round(v.k3_poll_interval)),

@@ -9,6 +9,13 @@ not N downloads over the uplink. The transfers are ``rsync`` from a read-only rs
 (partial files are kept and resumed; rsync checks every transfer), and the receiver verifies each weight shard
 against its sha256 (the name of its blob in the Hugging Face cache) before an engine may start.
 
+The engines' compile caches (:mod:`k3deploy.model.compilecache`) are one more artifact: the nodes that run the
+same cache key are a class, a node holds the class's caches once an engine of it served from them, and each node
+of the class that lacks them gets them from a holder (:func:`cache_shares`, the holders taken in turn) through the
+same read-only rsync daemon, before its engine starts. On a first rollout nobody holds them: every node compiles
+its own, at once (the nodes of a group start together, and each rank compiles its own graphs), and from then on a
+node that lacks them (a node added or replaced, a spare taking a rank, a wiped disk) gets them from its class.
+
 ``k3_stage: per_node`` keeps the simple way (every node fetches from outside itself); a shared cache
 (``k3_weights_shared``) is filled by the first engine node only.
 
@@ -25,11 +32,11 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from k3deploy.model import commands
+from k3deploy.model import commands, compilecache
 from k3deploy.model.checkpoint import SourceCheck
 from k3deploy.model.images import LocalImage, holds
 from k3deploy.model.units import render_template
@@ -75,23 +82,47 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class CacheShare:
+    """One class's compile caches (its cache ``key``) handed to the nodes of the class that lack them:
+    ``sends`` maps each receiver to the holder it copies from."""
+
+    key: str
+    sends: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class StagePlan:
+    """How the image and the weights reach the nodes. ``image_file``, ``runtime``: the image travels as the file
+    the site's container runtime reads (a Slurm site's pyxis squashfs or apptainer SIF, at that path on every node,
+    :func:`k3deploy.model.jobcontainers.staged_image`), made once from the registry or the archive and handed on as
+    a file; None: through each node's docker. ``stale``: that runtime's older image files, pruned
+    (:func:`k3deploy.model.jobcontainers.stale_files`)."""
+
     image: Artifact
     weights: Artifact
+    caches: tuple[CacheShare, ...] = ()
+    image_file: str | None = None
+    runtime: str | None = None
+    #: host -> the runtime's image files there that no kept revision runs (removed after the stage)
+    stale: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:
         return max(len(self.image.rounds), len(self.weights.rounds))
 
     @property
+    def cache_senders(self) -> list[str]:
+        return list(dict.fromkeys(s for c in self.caches for s in c.sends.values()))
+
+    @property
     def senders(self) -> list[str]:
-        return list(dict.fromkeys([*self.image.senders, *self.weights.senders]))
+        return list(dict.fromkeys([*self.image.senders, *self.weights.senders, *self.cache_senders]))
 
     @property
     def takes_part(self) -> list[str]:
         """Every host that writes a staging file: fetchers, senders, receivers."""
         hosts = [*self.image.fetch, *self.weights.fetch, *self.senders, *self.image.receivers,
-                 *self.weights.receivers]
+                 *self.weights.receivers, *(r for c in self.caches for r in c.sends)]
         return list(dict.fromkeys(hosts))
 
     def round_of(self, index: int, host: str) -> tuple[str | None, str | None]:
@@ -171,15 +202,60 @@ def stage_hosts(rollout: Placement) -> list[str]:
     return rollout.hosts + [h for h in rollout.spares if h not in rollout.hosts]
 
 
-def stage_for(rollout: Placement, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool]) -> StagePlan:
+def stage_for(rollout: Placement, images: Mapping[str, LocalImage], weights_verified: Mapping[str, bool],
+              caches: Mapping[str, Collection[str]] | None = None, *, image_file: str | None = None,
+              runtime: str | None = None, files: Mapping[str, Collection[str]] | None = None) -> StagePlan:
     """The stage of a rollout, from what the facts saw on each host (its images of the repository, verified
-    weights). A pinned image (``REPO@sha256:...``, as a resolved tag is) is held only where that very build is."""
+    weights, the compile cache keys it holds: ``caches``). A pinned image (``REPO@sha256:...``, as a resolved tag
+    is) is held only where that very build is. With ``image_file`` (the runtime's file of the image, ``runtime`` its
+    name) the image travels as that file: held where the host's ``files`` (the names of the whole files it has
+    there) name it, none exported."""
     v = rollout.vars
     hosts = engines(rollout)
-    return plan_stage(hosts, [h for h in hosts if holds(rollout.plan.image, images.get(h))],
-                      [h for h in hosts if weights_verified.get(h)], mode=v.k3_stage, sources=v.k3_stage_sources,
-                      image_archive=bool(v.k3_image_archive), weights_source=bool(v.k3_weights_source),
-                      download=v.k3_download_weights, shared=v.k3_weights_shared)
+    if image_file is not None:
+        name = image_file.rsplit("/", 1)[1]
+        held = [h for h in hosts if name in (files or {}).get(h, ())]
+    else:
+        held = [h for h in hosts if holds(rollout.plan.image, images.get(h))]
+    plan = plan_stage(hosts, held, [h for h in hosts if weights_verified.get(h)], mode=v.k3_stage,
+                      sources=v.k3_stage_sources, image_archive=bool(v.k3_image_archive),
+                      weights_source=bool(v.k3_weights_source), download=v.k3_download_weights,
+                      shared=v.k3_weights_shared)
+    if image_file is not None:
+        plan = replace(plan, image=replace(plan.image, export=[]), image_file=image_file, runtime=runtime)
+    if caches is None or v.k3_weights_shared:   # one shared model cache holds one copy of each key already
+        return plan
+    return replace(plan, caches=cache_shares(unit_keys(rollout), caches))
+
+
+def unit_keys(rollout: Placement) -> dict[str, list[str]]:
+    """Each engine host's compile cache keys (from its units' env files; none where they keep no keyed caches)."""
+    out: dict[str, list[str]] = {}
+    for u in rollout.units:
+        spec = u.spec
+        key = compilecache.key_of(spec.env_map) if spec is not None else None
+        if key is not None and key not in out.setdefault(u.host, []):
+            out[u.host].append(key)
+    return out
+
+
+def cache_shares(keys: Mapping[str, Sequence[str]], held: Mapping[str, Collection[str]]) -> tuple[CacheShare, ...]:
+    """For each cache key the hosts run (``keys``: host -> keys, in inventory order), the hosts that lack it get it
+    from those that hold it (``held``: host -> keys), the holders taken in turn; a key nobody holds is compiled by
+    every node of its class (no share).
+
+    >>> cache_shares({"n1": ["k"], "n2": ["k"], "n3": ["k"]}, {"n1": {"k"}})
+    (CacheShare(key='k', sends={'n2': 'n1', 'n3': 'n1'}),)
+    >>> cache_shares({"n1": ["k"], "n2": ["k2"]}, {"n1": {"k"}})
+    ()
+    """
+    out: list[CacheShare] = []
+    for key in dict.fromkeys(k for ks in keys.values() for k in ks):
+        holders = [h for h in keys if key in held.get(h, ())]
+        needers = [h for h, ks in keys.items() if key in ks and key not in held.get(h, ())]
+        if holders and needers:
+            out.append(CacheShare(key, {h: holders[i % len(holders)] for i, h in enumerate(needers)}))
+    return tuple(out)
 
 
 def peers_config(rollout: Placement, host: str) -> str:
@@ -191,7 +267,8 @@ def peers_config(rollout: Placement, host: str) -> str:
     return render_template("k3-stage-peers.conf.j2", unit=commands.PEERS_UNIT, address=where[host],
                            port=v.k3_stage_port, hosts_allow=allow, hub_module=commands.HUB_MODULE,
                            hub=commands.hub_dir(v.k3_model_cache), stage_module=commands.STAGE_MODULE,
-                           stage=v.k3_stage_dir.rstrip("/"))
+                           stage=v.k3_stage_dir.rstrip("/"), compile_module=commands.COMPILE_MODULE,
+                           compile=compilecache.host_root(v.k3_model_cache))
 
 
 def peers_config_path(rollout: Placement) -> str:
@@ -214,6 +291,10 @@ def summary(plan: StagePlan) -> list[str]:
             parts.append(f"{n} node{'s' if n != 1 else ''} get{'s' if n == 1 else ''} it from peers in "
                          f"{len(a.rounds)} round{'s' if len(a.rounds) != 1 else ''}")
         out.append(f"{a.what}: " + "; ".join(parts))
+    for c in plan.caches:
+        got = list(c.sends)
+        out.append(f"compile caches {c.key}: {', '.join(got)} get{'s' if len(got) == 1 else ''} them from "
+                   f"{', '.join(dict.fromkeys(c.sends.values()))}, which built them")
     return out
 
 

@@ -39,10 +39,11 @@ from enum import Enum
 from functools import partial
 from typing import Literal, Protocol
 
-from k3deploy.model import commands, vip
+from k3deploy.model import commands, compilecache, vip
 from k3deploy.model.engine import EngineSpec
 from k3deploy.model.hosttext import parse_env
 from k3deploy.model.images import LocalImage, holds, named, run_ref
+from k3deploy.model.jobcontainers import import_image, runtime
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
@@ -79,10 +80,13 @@ class StagePart(Enum):
     EXPORT = 10
     SERVE = 11
     ROUND = 100
+    CACHES = 9_000
     UNSERVE = 10_000
     CONTAINER_IMAGE = 10_001
     VERIFY_BEFORE_START = 10_002
     ROUTER_IMAGE = 10_003
+    PRUNE_IMAGES = 10_004
+    READAHEAD = 10_005
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,8 @@ class StageKind:
 
 #: the kind of each part of the stage but the rounds from a peer (round ``i``: ``StageKind(StagePart.ROUND, i)``)
 (STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE, EXPORT,
- SERVE, UNSERVE, CONTAINER_IMAGE, VERIFY_BEFORE_START, ROUTER_IMAGE) = (StageKind(p) for p in StagePart
-                                                                         if p is not StagePart.ROUND)
+ SERVE, CACHES, UNSERVE, CONTAINER_IMAGE, VERIFY_BEFORE_START, ROUTER_IMAGE, PRUNE_IMAGES, READAHEAD) = (
+    StageKind(p) for p in StagePart if p is not StagePart.ROUND)
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
     shown = tag or image_ref
     steps: list[Step] = []
     hosts = stage_hosts(rollout)   # the spares standing by are staged too
+    # where the image travels as its runtime's file (a Slurm site's pyxis or apptainer): made once from the registry
+    # or the archive, handed on as that file with its checksum; the nodes need no docker
+    file, rt = plan.image_file, runtime(plan.runtime) if plan.runtime else None
 
     def each(kind: StageKind, name: str, build: Callable[[str], Step | None]) -> None:
         for name_of_host in hosts:
@@ -215,6 +222,10 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
     if takes_part(plan):
         each(PULL, f"Image {shown}: from the registry", lambda h: Step(
             PULL, f"Image {shown}: from the registry", h, image.fetch.get(h) == OUTSIDE,
+            import_image(rt, image_ref, file, local=False),
+            why=f"make {rt.name}'s file of `{image_ref}` from the registry (its peers get that file)")
+            if file and rt else Step(
+            PULL, f"Image {shown}: from the registry", h, image.fetch.get(h) == OUTSIDE,
             commands.pull(docker, image_ref, tag) + (" && " + commands.export_image(docker, image_ref,
                                                                                     variables.k3_stage_dir)
                                                      if h in image.senders else ""),
@@ -226,11 +237,15 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             why=f"copy the image archive `{variables.k3_image_archive}` from the control machine"))
         each(ARCHIVE_LOAD, "Image: load the archive", lambda h: Step(
             ARCHIVE_LOAD, "Image: load the archive", h, image.fetch.get(h) == ARCHIVE,
+            f"{import_image(rt, image_ref, file, archive=archive)} && rm -f {shlex.quote(archive)}",
+            why=f"make {rt.name}'s file of the image from the archive, then remove the archive")
+            if file and rt else Step(
+            ARCHIVE_LOAD, "Image: load the archive", h, image.fetch.get(h) == ARCHIVE,
             commands.load_image(docker, image_ref, archive, tag), why="load the image archive"))
         # a node that holds the pinned build by its digest only gets the local tag the units run
         each(NAME_BUILD, "Image: name the pinned build", lambda h: Step(
             NAME_BUILD, "Image: name the pinned build", h,
-            h in engine_hosts and h not in image.fetch and h not in image.receivers
+            not file and h in engine_hosts and h not in image.fetch and h not in image.receivers
             and not named(image_ref, held.get(h)), commands.name_build(docker, image_ref, tag),
             why="give the pinned build it holds the local tag the units run"))
 
@@ -241,8 +256,12 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             local = held.get(h)
             hf_image = (run_ref(image_ref) if h in image.fetch or holds(image_ref, local) else
                         tag if tag and local is not None and local.ref_digest else image_ref)
-            return Step(HUB, f"Weights of {model}: from the hub", h, weights.fetch.get(h) == OUTSIDE,
-                        commands.fetch_weights(docker, cache, hf_image, model, token, variables.k3_hf_endpoint),
+            # where the image is its runtime's file, the CLI of that file (this node made or holds it by now)
+            fetch = commands.fetch_weights(docker, cache, hf_image, model, token, variables.k3_hf_endpoint) \
+                if not (file and rt and h not in image.receivers) else \
+                commands.fetch_weights_with(rt.download_argv(file, cache, model, token, variables.k3_hf_endpoint),
+                                            cache, model)
+            return Step(HUB, f"Weights of {model}: from the hub", h, weights.fetch.get(h) == OUTSIDE, fetch,
                         why=f"download the weights of {model} (the image's own CLI resumes a partial download), "
                             "then verify every shard")
 
@@ -268,7 +287,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
         each(SERVE, "Peers: serve staged files (read only)", lambda h: Step(
             SERVE, "Peers: serve staged files (read only)", h, h in senders,
             commands.serve_peers(config, peers_config(rollout, h), where[h], variables.k3_stage_port,
-                                 [commands.hub_dir(cache), variables.k3_stage_dir]) if h in senders else "",
+                                 [commands.hub_dir(cache), variables.k3_stage_dir,
+                                  *([compilecache.host_root(cache)] if h in plan.cache_senders else [])])
+            if h in senders else "",
             why=f"serve the staged files to peers while the stage runs: the rsync daemon's configuration `{config}`, "
                 "then the daemon"))
         # a receiver that sends to nobody is done with the stage after its last round: it removes the image archive
@@ -282,7 +303,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                 from_image, from_weights = plan.round_of(index, h)
                 parts, said = [], []
                 if from_image:
-                    parts.append(commands.receive_image(where[from_image], variables.k3_stage_port, docker, image_ref,
+                    parts.append(commands.receive_file(where[from_image], variables.k3_stage_port,
+                                                       variables.k3_stage_dir, file) if file else
+                                 commands.receive_image(where[from_image], variables.k3_stage_port, docker, image_ref,
                                                         variables.k3_stage_dir, tag))
                     said.append(f"the image from {from_image}")
                 if from_weights:
@@ -296,6 +319,13 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                             why=", ".join(said), peers=peers)
 
             each(StageKind(StagePart.ROUND, index), name, receive)
+        shares = {h: [(c.key, c.sends[h]) for c in plan.caches if h in c.sends] for h in hosts}
+        each(CACHES, "Compile caches: from a peer of the class", lambda h: Step(
+            CACHES, "Compile caches: from a peer of the class", h, bool(shares[h]),
+            " && ".join(commands.receive_caches(where[s], variables.k3_stage_port, cache, k) for k, s in shares[h]),
+            why="copy the compile and JIT caches its engines' key needs from " + ", ".join(
+                dict.fromkeys(s for _, s in shares[h])) + ", which built them" if shares[h] else "",
+            peers=tuple(dict.fromkeys(s for _, s in shares[h]))))
         each(UNSERVE, "Peers: stop serving, remove image archives", lambda h: Step(
             UNSERVE, "Peers: stop serving, remove image archives", h, h in plan.takes_part and h not in done_early,
             commands.stop_serving(variables.k3_stage_dir, image_ref),
@@ -315,6 +345,18 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             commands.pull(docker, router_image, router_tag),
             why=f"pull the router's build `{router_image}` from the registry (verified by its digest) and give it "
                 "the local tag its unit runs"))
+    if plan.stale:   # the runtime's older image files: of images no kept revision runs
+        title = "Image files: remove those of images no kept revision runs"
+        each(PRUNE_IMAGES, title, lambda h: Step(
+            PRUNE_IMAGES, title, h, bool(plan.stale.get(h)),
+            " ".join(["rm -f", *(shlex.quote(f"{p}{x}") for p in plan.stale[h] for x in ("", ".sha256"))])
+            if plan.stale.get(h) else "",
+            why="remove the image files (and their checksums) of images that no kept revision of any group runs"))
+    if variables.k3_readahead:
+        warm = {u.host for g in rollout.changed_groups if g != "router" for u in rollout.group(g)}
+        each(READAHEAD, "Weights: into the page cache", lambda h: Step(
+            READAHEAD, "Weights: into the page cache", h, h in warm, commands.readahead(cache, model),
+            why="read every shard of the snapshot once at idle I/O priority, so the engine's load reads memory"))
     return steps
 
 
@@ -849,7 +891,7 @@ def restart(rollout: Rollout, launcher: StartSteps, decided: Decisions | None = 
         if rolling and launcher.marks_in_roll:
             # a rolled replica is marked current as soon as it serves, on every one of its nodes in one step,
             # before the router call that puts it back
-            marking = tuple(Part(h, " && ".join(_mark(r, g, d.marks[g], h) for g in marked),
+            marking = tuple(Part(h, " && ".join(_marked(r, g, h, _mark(r, g, d.marks[g], h)) for g in marked),
                                  when=tuple(Keeps(g) for g in marked))
                             for h in r.hosts
                             if (marked := [g for g in wave if g in launcher.gate_groups(r, plan, h, rolling)
@@ -897,6 +939,14 @@ def _mark(rollout: Rollout, group: str, number: int, host: str) -> str:
     return " && ".join([commands.set_current(directory, number), commands.keep_startup(directory, number, units)])
 
 
+def _marked(rollout: Rollout, group: str, host: str, script: str) -> str:
+    """``script`` (a group's revision made current on ``host``), then the compile caches its engines there served
+    from marked whole (:func:`~k3deploy.model.commands.mark_caches`): the stage hands them on from then on."""
+    keys = list(dict.fromkeys(k for u in rollout.group(group) if u.host == host and u.spec is not None
+                              if (k := compilecache.key_of(u.spec.env_map)) is not None))
+    return f"{script} && {commands.mark_caches(rollout.vars.k3_model_cache, keys)}" if keys else script
+
+
 def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list[Action]:
     """Once a restarted group serves, on each of its hosts: the revision it runs becomes the current one (a group
     that did not restart records nothing: no action for it). Each is called on every host (doing something on its
@@ -910,8 +960,8 @@ def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list
     for group in changed:
         number = decided.marks.get(group)
         here = {u.host for u in r.group(group)}
-        parts = tuple(Part(h, _mark(r, group, number, h) if h in here and number is not None else "")
-                      for h in r.hosts)
+        parts = tuple(Part(h, _marked(r, group, h, _mark(r, group, number, h))
+                           if h in here and number is not None else "") for h in r.hosts)
         out.append(Action("current", f"Mark the revision of group {group} current", parts, (Keeps(group),),
                           barrier=True))
     return out

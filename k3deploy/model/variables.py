@@ -170,6 +170,14 @@ class Variables(BaseModel):
         "systemd unit (and container) name of the engine; the router unit is `<name>-router`."))
     k3_model_cache: str = Field("/var/lib/k3deploy/cache", description=(
         "Host directory mounted as the container's `~/.cache` (Hugging Face weights, vLLM and JIT caches)."))
+    k3_compile_cache: bool = Field(True, description=(
+        "Keep every compile and JIT cache of the engines (vLLM's torch.compile, inductor, Triton, DeepGEMM, "
+        "FlashInfer, the vendor's) in `k3_model_cache`/k3-compile/<key>, the key covering the image, the hardware "
+        "and the engine arguments and `VLLM_*` variables vLLM's compile hash covers; a node that lacks its class's "
+        "caches gets them from a peer in the stage (docs/operating.md#compile-caches). false: where vLLM puts them."))
+    k3_readahead: bool = Field(False, description=(
+        "Before an engine starts, read its node's shards once into the page cache (`nice`/`ionice` idle class), so "
+        "the engine's weight load reads memory, not a cold disk or shared filesystem."))
     k3_weights_shared: bool = Field(False, description=(
         "`k3_model_cache` is one shared filesystem: download the weights from the head only."))
     k3_hf_token_file: str | None = Field(None, description=(

@@ -36,6 +36,7 @@ from k3deploy.model.binding import HostRecord
 from k3deploy.model.checkpoint import SourceCheck, check_archive, check_source
 from k3deploy.model.images import LocalImage, Resolution
 from k3deploy.model.inventory import SPARES, records_of
+from k3deploy.model.jobcontainers import runtime, stale_files
 from k3deploy.model.observed import Installed
 from k3deploy.model.pipeline import Target, desired_rollout, target
 from k3deploy.model.revisions import GroupHistory, combine, revisions_dir, rollback_target, runs
@@ -138,6 +139,11 @@ class Gathered:
     def weights(self) -> dict[str, WeightsStatus]:
         """host -> what its cache holds of the model."""
         return {host: r.weights for host, r in self.readings.items() if r.weights is not None}
+
+    @cached_property
+    def compile_caches(self) -> dict[str, tuple[str, ...]]:
+        """host -> the compile cache keys it holds whole; hosts that were not asked are left out."""
+        return {host: r.compile_caches for host, r in self.readings.items() if r.compile_caches is not None}
 
     @cached_property
     def runs(self) -> dict[tuple[str, str], UnitRun]:
@@ -264,6 +270,9 @@ def read_and_render(state: State, wanted: Target, view: View, *, connect_first: 
     report = check(wanted.requirements, facts)
     if site is not None:
         report.results += slurm_site_checks(site[0], site[1], wanted.vars, wanted.requirements)
+    if wanted.layout is not None:   # the launcher's own checks (the Slurm runtime's tools on each engine node)
+        report.results = launcher_for(wanted.layout).preflight(
+            report.results, {h: r.runtime for h, r in readings.items() if r.runtime is not None})
     spares: Standing | None = None
     if layout is not None and view.installed:
         spares = take_spares(state, hosts, wanted, view, facts, readings, report, asked_plans, resolver)
@@ -465,7 +474,18 @@ def _installed_state(state: State, gathered: Gathered, rollout: Rollout) -> Gath
         if len(restored) == 1 and image_pins.is_pinned(next(iter(restored))):
             # the revision's exact build is what the restored units run: stage that one
             rollout = replace(rollout, plan=rollout.plan.model_copy(update={"image": next(iter(restored))}))
-    stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()})
+    launcher = launcher_for(rollout)   # where the image travels as its runtime's file (Slurm: pyxis, apptainer)
+    stage = stage_for(rollout, gathered.images, {h: w.verified for h, w in gathered.weights.items()},
+                      gathered.compile_caches if rollout.vars.k3_compile_cache else None,
+                      image_file=launcher.image_file,
+                      runtime=launcher.runtime_tools.name if launcher.runtime_tools is not None else None,
+                      files={h: r.runtime.files for h, r in gathered.readings.items() if r.runtime is not None})
+    if stage.runtime is not None:   # its older files: those of the images no kept revision runs, pruned
+        kept = {rev.image for h in gathered.history.values() for rev in h.revisions.values()} | \
+            {rollout.plan.image, *([rollout.vars.k3_router_image] if rollout.vars.k3_router_image else [])}
+        rt, folder = runtime(stage.runtime), rollout.vars.k3_stage_dir
+        stage = replace(stage, stale={h: old for h, r in gathered.readings.items() if r.runtime is not None
+                                      and (old := stale_files(folder, rt, r.runtime.files, kept))})
     # before a byte moves: the source holds every shard its index names, each as long as its header says
     source = check_source(rollout.vars.k3_weights_source) \
         if rollout.vars.k3_weights_source and ARCHIVE in stage.weights.fetch.values() else None

@@ -28,14 +28,20 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, overload
 from pyinfra import logger
 
 from k3deploy.errors import K3Error
-from k3deploy.facts.status import SlurmQueueReading
+from k3deploy.facts.status import RuntimeReading, SlurmQueueReading
 from k3deploy.model import commands, slurm, steps
+from k3deploy.model.jobcontainers import Runtime
 from k3deploy.model.observed import Installed
 from k3deploy.model.rollout import Placement, Rollout, UnitWork, files_differ, mark_changes, sha256
 from k3deploy.model.slurm import HostFiles, QueuedJob, SlurmJob
+from k3deploy.model.staging import engines as engine_hosts
 from k3deploy.model.steps import StartSteps
+from k3deploy.preflight.base import CheckResult
 from k3deploy.runtime import readiness
 from k3deploy.runtime.readiness import GroupControl, run
+
+#: docker's own checks (k3deploy/vendors/common.py): not needed on an engine node whose runtime runs no docker
+DOCKER_CHECKS = frozenset({"container.runtime", "disk.images"})
 
 if TYPE_CHECKING:
     from k3deploy.model.diff import PlanReport
@@ -93,6 +99,19 @@ class Launcher(Renderer, Protocol):
     #: what ``history`` says first about the revisions it keeps (empty: nothing)
     revision_note: ClassVar[str]
 
+    @property
+    def runtime_tools(self) -> Runtime | None:
+        """The container runtime whose tools preflight reads on every engine node (None: none of its own)."""
+
+    @property
+    def image_file(self) -> str | None:
+        """Where each engine node keeps the image as a file that the stage makes once and hands on (None: the image
+        travels through each node's docker)."""
+
+    def preflight(self, results: Sequence[CheckResult], runtimes: Mapping[str, RuntimeReading]) -> list[CheckResult]:
+        """Preflight's results as this launcher runs the engines: its own checks added (``runtimes``: what each
+        engine node answered of :attr:`runtime_tools`)."""
+
     def changes(self, rollout: Rollout, gathered: Readings) -> frozenset[str]:
         """The groups that restart, from what the hosts have."""
 
@@ -143,6 +162,19 @@ class Systemd:
     slo_gated: ClassVar[bool] = True
     refuses: ClassVar[Mapping[str, str]] = {}
     revision_note: ClassVar[str] = ""
+
+    @property
+    def runtime_tools(self) -> Runtime | None:
+        """None: the units run docker, which preflight checks on every host (``container.runtime``)."""
+        return None
+
+    @property
+    def image_file(self) -> str | None:
+        return None
+
+    def preflight(self, results: Sequence[CheckResult], runtimes: Mapping[str, RuntimeReading]) -> list[CheckResult]:
+        """The results as they are: the systemd units contribute no check."""
+        return list(results)
 
     def unit_file(self, unit: UnitWork) -> str:
         return unit.unit_path
@@ -266,6 +298,41 @@ class Slurm:
     def queue_host(self) -> str | None:
         """The submit host."""
         return self.submit_host
+
+    @property
+    def runtime_tools(self) -> Runtime | None:
+        """The site's container runtime (``k3_slurm_container``), where it has tools of its own to check (pyxis:
+        enroot and ``srun --container-image``; apptainer); None for docker (``container.runtime``)."""
+        rt = slurm.container_runtime(self.rollout)
+        return rt if rt.needs else None
+
+    @property
+    def image_file(self) -> str | None:
+        """The runtime's file of the engine's image (:func:`k3deploy.model.slurm.engine_image_file`)."""
+        return slurm.engine_image_file(self.rollout)
+
+    def preflight(self, results: Sequence[CheckResult], runtimes: Mapping[str, RuntimeReading]) -> list[CheckResult]:
+        """``slurm.container`` on every engine node: the runtime's tools there (observed: what it lacks; the
+        runtime's requirement and fix), as the stage checks them before it makes the image file. Where the runtime
+        runs the engines without docker (pyxis, apptainer), docker's own checks on the engine nodes
+        (``container.runtime``, ``disk.images``) do not fail a run: the nodes need no docker."""
+        rt = slurm.container_runtime(self.rollout)
+        engines = set(engine_hosts(self.rollout))
+        out = []
+        for r in results:
+            if rt.staged is not None and r.check in DOCKER_CHECKS and r.host in engines and r.status != "pass":
+                out.append(CheckResult(r.host, r.check, "pass", f"not used: k3_slurm_container {rt.name} runs the "
+                                       f"engines without docker ({r.observed})", r.required))
+            else:
+                out.append(r)
+        for host, seen in runtimes.items():
+            if seen.lacks:
+                out.append(CheckResult(host, "slurm.container", "fail", f"k3_slurm_container: {rt.name}: "
+                                       f"{', '.join(seen.lacks)}", rt.required, rt.fix))
+            else:
+                out.append(CheckResult(host, "slurm.container", "pass", f"k3_slurm_container: {rt.name}: "
+                                       f"its tools answer ({rt.tool})", rt.required))
+        return out
 
     @property
     def start_steps(self) -> StartSteps:

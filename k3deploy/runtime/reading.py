@@ -29,6 +29,7 @@ from k3deploy.facts.batch import read_batch
 from k3deploy.facts.monitoring import ListeningPorts
 from k3deploy.facts.parallel import each_host
 from k3deploy.facts.rollout import (
+    CompileCaches,
     Executable,
     FileHash,
     ImageDigest,
@@ -44,6 +45,8 @@ from k3deploy.facts.status import (
     EndpointModels,
     HealthCode,
     RouterWorkers,
+    RuntimeReading,
+    RuntimeTools,
     SlurmQueue,
     SlurmQueueReading,
     SlurmSiteFact,
@@ -53,6 +56,7 @@ from k3deploy.facts.status import (
     UnitRuntime,
 )
 from k3deploy.model import images as image_pins
+from k3deploy.model.compilecache import host_root
 from k3deploy.model.images import LocalImage
 from k3deploy.model.observed import Installed, token_path
 from k3deploy.model.pipeline import Target
@@ -81,6 +85,7 @@ class HostReading:
     helper_read: bool = False                  # the group-member helper was looked for (engine hosts)
     helper: str | None = None                  # its sha256 (None: not there)
     weights: WeightsStatus | None = None       # what the cache holds of the model (engine hosts)
+    compile_caches: tuple[str, ...] | None = None   # the compile cache keys it holds whole (engine hosts)
     router_command: bool | None = None         # k3_router_bin is an executable (a router host without its image)
     router_workers: tuple[str, ...] | None = None   # what the running router sends requests to (replicas)
     lock: list[str] | None = None              # the deployment lock's record there (empty: free)
@@ -94,6 +99,7 @@ class HostReading:
     router_image: LocalImage | None = None     # what the router's host holds of k3_router_image's repository
     slurm_queue: SlurmQueueReading | None = None   # k3deploy's jobs in the Slurm queue (k3_slurm_submit_host)
     slurm_site: SlurmSite | None = None        # its Slurm's version and settings (k3_slurm_submit_host)
+    runtime: RuntimeReading | None = None      # its Slurm container runtime's tools, the staged image file
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
     listening: frozenset[int] | None = None    # the TCP ports it listens on, reachable (the view's ``exporters``)
 
@@ -205,6 +211,17 @@ class ReadWeights(Request):
 
     def keep(self, value: WeightsStatus) -> dict[str, Any]:
         return {"weights": value}
+
+
+@dataclass(frozen=True)
+class ReadCompileCaches(Request):
+    """The compile cache keys the model cache holds whole (:mod:`k3deploy.model.compilecache`)."""
+
+    fact = CompileCaches
+    root: str
+
+    def keep(self, value: tuple[str, ...]) -> dict[str, Any]:
+        return {"compile_caches": value}
 
 
 @dataclass(frozen=True)
@@ -362,6 +379,20 @@ class ReadSlurmSite(Request):
 
 
 @dataclass(frozen=True)
+class ReadRuntimeTools(Request):
+    """The tools of the site's container runtime under Slurm on an engine node, and the image files it holds in
+    ``folder`` (the launcher's :attr:`~k3deploy.runtime.launchers.Launcher.runtime_tools`; the folder where it
+    stages a file: :attr:`~k3deploy.runtime.launchers.Launcher.image_file`)."""
+
+    fact = RuntimeTools
+    runtime: str
+    folder: str = ""
+
+    def keep(self, value: RuntimeReading) -> dict[str, Any]:
+        return {"runtime": value}
+
+
+@dataclass(frozen=True)
 class ReadSpareRecords(Request):
     """The node's spare records (:mod:`k3deploy.model.spares`): substitutions in effect, its quarantine."""
 
@@ -442,9 +473,15 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     router = router_resolver(layout) == host and (view.installed or view.pins_image)
     router_registry = (ReadRouterRegistry(variables.k3_router_image or "", variables.k3_docker),) if router else ()
     listening: tuple[Request, ...] = (ReadListening(),) if view.exporters else ()
+    tools = launcher.runtime_tools
+    engine_host = host in layout.spares or any(u.group != "router" for u in layout.on_host(host))
+    # the runtime's tools (preflight's slurm.container) and the image file it runs from, on every engine node
+    held = launcher.image_file
+    runtime: tuple[Request, ...] = (ReadRuntimeTools(tools.name, held.rsplit("/", 1)[0] if held else ""),) \
+        if tools is not None and engine_host else ()
     if not view.installed:
         return ReadPlan(host, ((registry,) if view.pins_image and host == resolver else ()) + site + router_registry
-                        + listening)
+                        + listening + runtime)
     mine = layout.on_host(host)
     token = token_path(variables.k3_config_dir) if variables.k3_hf_token_file else None   # with an engine's files
     # (under Slurm a unit's file is its launch script: what its job's step runs, beside its env file)
@@ -455,6 +492,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if any(u.group != "router" for u in mine):
         out += [ReadHelper(), ReadImage(layout.plan.image, variables.k3_docker),
                 ReadWeights(variables.k3_model_cache, layout.plan.model)]
+        if variables.k3_compile_cache:
+            out.append(ReadCompileCaches(host_root(variables.k3_model_cache)))
     if any(u.group == "router" for u in mine) and not variables.k3_router_image:
         out.append(ReadRouterCommand(variables.k3_router_bin))
     if any(u.group == "router" for u in mine) and variables.k3_router_image:
@@ -479,7 +518,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if not mine:
         out += standing_by(layout)
     out.append(ReadSpareRecords(variables.k3_config_dir))
-    return ReadPlan(host, tuple(out))
+    return ReadPlan(host, (*out, *runtime))
 
 
 def standing_by(layout: Placement) -> list[Request]:

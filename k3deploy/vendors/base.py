@@ -173,7 +173,10 @@ class Container:
     ``slurm_runtime`` is the container runtime the vendor documents for its Slurm sites (``pyxis``, ``docker``,
     ``apptainer``; ``k3_slurm_container`` overrides it, :mod:`k3deploy.model.jobcontainers`), ``slurm_runtime_source``
     where it says so, and ``apptainer_flags`` what hands the accelerators to an Apptainer container (``--nv``,
-    ``--rocm``: the Apptainer user guide, "GPU Support")."""
+    ``--rocm``: the Apptainer user guide, "GPU Support").
+
+    ``jit_caches``: where the vendor's kernel libraries keep what they compile at run time, each placed by its
+    variable in the engine's keyed cache directory (:mod:`k3deploy.model.compilecache`)."""
 
     flags: tuple[str, ...] = ()
     per_device: str | None = None
@@ -198,6 +201,9 @@ class Container:
     slurm_runtime: Literal["pyxis", "docker", "apptainer"] = "docker"
     slurm_runtime_source: str = ""
     apptainer_flags: tuple[str, ...] = ()
+    #: the vendor's compile/JIT caches beyond every vendor's (:data:`k3deploy.model.compilecache.COMMON`): (the
+    #: variable that places one, its directory under the cache key's), from each library's source
+    jit_caches: tuple[tuple[str, str], ...] = ()
 
     def run_flags(self, gpus_per_node: int) -> list[str]:
         """The ``docker run`` words before the volumes."""

@@ -92,6 +92,13 @@ COMMON: tuple[Check, ...] = (
           "SwitchType=switch/nvidia_imex or the prolog k3_imex_prolog names)",
           "make scontrol answer on the submit host; for IMEX per job set SwitchType=switch/nvidia_imex (Slurm >= "
           "24.05) or name the site's IMEX prolog in k3_imex_prolog, or set k3_imex: standing", each_node=False),
+    Check("slurm.container", "command -v enroot; srun --help | grep -- --container-image  # pyxis; apptainer: "
+          "command -v apptainer",
+          "with k3_launcher: slurm, the tools of the site's container runtime (k3_slurm_container) on every engine "
+          "node: pyxis: enroot, and srun --help lists --container-image; apptainer: apptainer (docker: the "
+          "container.runtime check)",
+          "install the runtime (enroot and pyxis: github.com/NVIDIA/pyxis, plugstack.conf.d/pyxis.conf, then restart "
+          "slurmd; Apptainer: apptainer.org/docs/admin), or set k3_slurm_container to the runtime the site has"),
     Check("image.digest", lambda spot: f"docker buildx imagetools inspect {shlex.quote(spot.image)}",
           "the registry names the build of the image's tag (every node runs that one digest)",
           "pin the build: k3_image: REPO@sha256:<digest>, or let the node reach the registry", each_node=False),

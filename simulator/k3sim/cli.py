@@ -77,6 +77,9 @@ def base_cmd(rebuild: bool, remove: bool) -> None:
 @click.option("--imex", type=click.Choice(["standing", "per-job"]), default="standing", show_default=True,
               help="With --slurm on GB200/GB300: per-job = IMEX as a Slurm >= 24.05 site with "
                    "SwitchType=switch/nvidia_imex runs it (a channel per job, no standing domain; docs/sim.md).")
+@click.option("--compile-seconds", type=float, default=None,
+              help="Nominal seconds of an engine's cold compile, times --time-scale (default 100: 1 s at 0.01); a "
+                   "compile cache hit takes a twentieth of it (docs/sim.md).")
 @click.option("--monitoring", is_flag=True,
               help="Run a real Prometheus on this host scraping the cluster with `k3deploy export prometheus`'s "
                    "configuration (short intervals in the group_vars; its URL: sim status --json, prometheus; "
@@ -87,6 +90,7 @@ def up_cmd(
     hardware: str, nodes: int, name: str, faults: tuple[str, ...], time_scale: float, subnet: str | None,
     layout: str | None, strategy: str | None, uplink_mbps: float, cluster_mbps: float, weights_mb: float,
     image_mb: float, as_json: bool, replicas: int, slurm: bool, spares: int, vip: bool, imex: str, monitoring: bool,
+    compile_seconds: float | None,
 ) -> None:
     """Create and boot a simulated cluster and its simulated outside (registries and model hub at <subnet>.254,
     behind a shaped uplink); prints its pyinfra inventory."""
@@ -110,6 +114,7 @@ def up_cmd(
         vip=vip,
         imex=imex,
         monitoring=monitoring,
+        compile_seconds=compile_seconds,
     )
     if as_json:
         click.echo(json.dumps(res))

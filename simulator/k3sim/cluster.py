@@ -280,6 +280,7 @@ def up(
     vip: bool = False,
     imex: str = "standing",
     monitoring: bool = False,
+    compile_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Create and boot a cluster; returns ``{"name", "inventory", "nodes": [{"name", "ip", "rank"}], "outside"}``.
 
@@ -301,6 +302,8 @@ def up(
     Debian's 22.05 (:func:`k3sim.slurm.imex_files`): no standing daemon or channel 0, a channel per job.
     ``monitoring``: a real Prometheus on this host scrapes the cluster (:mod:`k3sim.monitoring`; the result's
     ``prometheus``: its URL).
+    ``compile_seconds``: the nominal time of an engine's cold compile (times ``time_scale``; None: the simulated
+    engine's default, ``vllmsim_caches.NOMINAL_COMPILE_SECONDS``); a cache hit takes a twentieth of it.
     """
     from k3deploy.recipe.offering import did_you_mean
     from k3deploy.recipe.taxonomy import strategies
@@ -396,7 +399,7 @@ def up(
                        "weights_mb": float(weights_mb), "image_mb": float(image_mb)}
             result = _up_locked(name, hardware, nodes, subnet, parsed, time_scale, base, say, boot_timeout, pools,
                                 strategy, shaping, cluster_faults, replicas, strategy_default, slurm, spares, vip,
-                                imex == "per-job", monitoring)
+                                imex == "per-job", monitoring, compile_seconds)
         except BaseException as exc:
             state = load_state(name)
             with contextlib.suppress(Exception):
@@ -434,6 +437,7 @@ def _up_locked(
     vip: bool = False,
     imex_per_job: bool = False,
     monitoring: bool = False,
+    compile_seconds: float | None = None,
 ) -> dict[str, Any]:
     shaping = shaping or {"uplink_mbps": 400.0, "cluster_mbps": 4000.0, "weights_mb": 8.0, "image_mb": 8.0}
     sdir = state_dir(name)
@@ -528,6 +532,8 @@ def _up_locked(
         doc = node_config(hardware, nd.rank, n, nd.name, nd.ip, faults, time_scale, cluster_uuid)
         if imex_per_job:  # no standing IMEX: no channel 0, the daemon not started at boot (k3sim.slurm.imex_files)
             doc = {**doc, "imex_per_job": True}
+        if compile_seconds is not None:   # the simulated engine's cold compile (vllmsim_caches)
+            doc = {**doc, "compile_seconds": round(compile_seconds * time_scale, 3)}
         host_keys[nd.name] = rootfs.prepare_root(nd, base, pubkey, hosts, doc, node_faults)
         if slurm_files is not None:
             sim_slurm.prepare_node(nd.merged, *slurm_files, controller=nd.rank == 0, imex_per_job=imex_per_job,

@@ -18,6 +18,8 @@ FAULT_KINDS: dict[str, str] = {
     "driver": "driver=VERSION: the GPU driver reports VERSION (e.g. 570.86.15, below the CUDA 13 floor)",
     "no-nvidia-smi": "nvidia-smi is not installed on the node",
     "no-enroot": "enroot (pyxis's container runtime under Slurm) is not installed on the node",
+    "no-docker": "docker is not installed on the node (a Slurm site whose jobs run pyxis or apptainer: the stage "
+                 "makes the runtime's image file without it)",
     "gpu-count": "gpu-count=N: the node shows N GPUs instead of the profile's count",
     "gpu-model": "gpu-model=NAME: the GPUs report product name NAME",
     "no-dmabuf": "DMA-BUF memory registration fails (errno 524), as with an mlx5 kernel driver without DMA-BUF memory "

@@ -259,6 +259,8 @@ def node_config(hardware: str, rank: int, nodes: int, name: str, ip: str, faults
             missing.append("nvidia-smi")
         elif f.kind == "no-enroot":
             missing.append("enroot")
+        elif f.kind == "no-docker":
+            missing.append("docker")
         elif f.kind == "no-dmabuf":
             dmabuf = False
         elif f.kind == "no-peermem":

@@ -1,11 +1,12 @@
 """The pyxis path under Slurm on a simulated cluster (``sim up --slurm``): NVIDIA's default ``k3_slurm_container``.
 
-The deploy stages the image as a squashfs on every node (``enroot import``, named by the image's digest), submits
-each group's job as the configured user (``k3_slurm_user``: the simulated cluster's ``k3job``, the same uid on every
-node), and each step runs its container through the nodes' real slurmd: ``srun --container-image=...`` is taken by
-the simulator's pyxis (a SPANK plugin built at ``sim up --slurm``), which hands the task to the simulated enroot. The
-engine is then a process of the job (its step's slurmstepd is its parent, Slurm's job id and GRES GPUs are in its
-environment), no docker container runs, and a changed image is a new squashfs and a new job.
+The deploy stages the image as a squashfs (``enroot import`` on the first node, named by the image's digest, handed
+on to the other node as that file by the stage's fan-out), submits each group's job as the configured user
+(``k3_slurm_user``: the simulated cluster's ``k3job``, the same uid on every node), and each step runs its container
+through the nodes' real slurmd: ``srun --container-image=...`` is taken by the simulator's pyxis (a SPANK plugin
+built at ``sim up --slurm``), which hands the task to the simulated enroot. The engine is then a process of the job
+(its step's slurmstepd is its parent, Slurm's job id and GRES GPUs are in its environment), no docker container
+runs, and a changed image is a new squashfs and a new job.
 
 The simulated nodes track a job's processes by parent (proctrack/linuxproc: the nodes share the host's cgroups,
 whose v1 controllers a container cannot write), so the engine's ``/proc/PID/cgroup`` names slurmd's unit, not a
@@ -50,7 +51,7 @@ def test_the_default_nvidia_path_runs_pyxis_through_slurmd_as_the_configured_use
 
     first = deploy(sim.inventory)
     assert first.returncode == 0, why(first)
-    assert "Image: in the form the Slurm container runtime reads" in first.stdout
+    assert "Stage round 1 of 1: from a peer" in first.stdout   # the squashfs made once, handed on as a file
     assert "Kimi-K3" in openai_client(endpoint_of(first.stdout))
     (job,) = queue(sim)
     assert job[1:] == ["k3-engine", "RUNNING", "k3job"], job   # submitted as the configured user

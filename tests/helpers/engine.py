@@ -73,6 +73,7 @@ class Procs:
 
     def engine(self, node: Node, args: list[str], log: str | None = None, **env: str) -> subprocess.Popen:
         env.setdefault("K3SIM_LOAD_SECONDS", "0.3")
+        env.setdefault("K3SIM_COMPILE_SECONDS", "0.1")
         return self.start([sys.executable, str(ENGINE), "serve", *args], node.env(**env), log or node.name)
 
     def output(self, proc: subprocess.Popen) -> str:

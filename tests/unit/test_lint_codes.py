@@ -35,7 +35,7 @@ KNOWN_CODES = {
     "env-default", "env-hardware", "env-overwritten", "env-role", "env-unknown", "env-unused", "env-value",
     "flag-abbrev", "flag-deprecated", "flag-repeated", "flag-unknown", "flag-value", "image-digest",
     "image-invalid", "image-repository", "image-unpinned", "image-vendor", "lb-headless", "lb-hybrid-local",
-    "lb-modes", "megamoe-needs-ep", "memory-fit", "nnodes-world", "pd-conv-layout", "pd-hybrid-kv",
+    "lb-modes", "load-format", "megamoe-needs-ep", "memory-fit", "nnodes-world", "pd-conv-layout", "pd-hybrid-kv",
     "pd-side-channel", "router-timeout", "spec-decoding-pp", "spec-decoding-runner", "unresolvable",
 }
 #: Hyphenated string literals of the package that are not finding codes.
@@ -523,6 +523,28 @@ def _clean(**replace: str) -> Recipe:
         assert old in text
         text = text.replace(old, new)
     return parse_recipe(text)
+
+
+@case("load-format", "error", "--load-format sharded_state cannot load the staged checkpoint: it reads the per-rank")
+def load_format_of_another_checkpoint_form(recipe):
+    return with_args(recipe, "b300", ["--load-format", "sharded_state"], "single_node_tp")
+
+
+@case("load-format", "warning", "--load-format runai_streamer imports runai_model_streamer, which the published "
+      "image vllm/vllm-openai-rocm:kimi-k3 is not known to hold it")
+def load_format_whose_package_the_image_may_lack(recipe):
+    found = with_args(recipe, "mi355x", ["--load-format", "runai_streamer"])
+    assert "set k3_image to an image built with `pip install vllm[runai]`" in found[0].fix
+    assert not with_args(recipe, "b300", ["--load-format", "runai_streamer"], "single_node_tp")  # the image holds it
+    return found
+
+
+@case("load-format", "warning", "--load-format runai_streamer imports runai_model_streamer, which the image "
+      "registry.example/vllm-rocm:k3 must hold it")
+def load_format_on_an_image_of_the_site(recipe):
+    base = resolve(recipe, hardware="mi355x", image="registry.example/vllm-rocm:k3")
+    return added(recipe, base, resolve(recipe, hardware="mi355x", image="registry.example/vllm-rocm:k3",
+                                       extra_args=["--load-format", "runai_streamer"]))
 
 
 @case("memory-fit", "error", "single_node_tp on b300 plans 1 node × 2144 GB = 2144 GB, below the 3000 GB",

@@ -133,7 +133,7 @@ def test_the_offline_runbook_of_a_rack_writes_the_node_helper_once(tmp_path):
     assert len(copies) == 18
     assert all("install -o 0 -g 0 -m 0755 /dev/stdin /usr/local/lib/k3deploy/k3-group-member" in b.text
                for b in copies)
-    assert len(text.splitlines()) < 4000
+    assert len(text.splitlines()) < 4100     # each env file names its node's compile caches (four lines)
 
 
 def test_the_deploy_counts_the_checks_preflight_counts(tmp_path):

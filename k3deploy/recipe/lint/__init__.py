@@ -35,7 +35,8 @@ Modules:
   :mod:`~k3deploy.recipe.lint.rules_parallel` (parallel sizes), :mod:`~k3deploy.recipe.lint.rules_lb`
   (data-parallel load balancing), :mod:`~k3deploy.recipe.lint.rules_spec` (speculative decoding),
   :mod:`~k3deploy.recipe.lint.rules_pd` (prefill/decode transfer), :mod:`~k3deploy.recipe.lint.rules_env`
-  (environment), :mod:`~k3deploy.recipe.lint.rules_memory` (memory fit), :mod:`~k3deploy.recipe.lint.rules_router`
+  (environment), :mod:`~k3deploy.recipe.lint.rules_loading` (``--load-format``),
+  :mod:`~k3deploy.recipe.lint.rules_memory` (memory fit), :mod:`~k3deploy.recipe.lint.rules_router`
   (router timeout), :mod:`~k3deploy.recipe.lint.rules_images` (image references),
   :mod:`~k3deploy.recipe.lint.rules_offering` (selections that do not resolve);
 * :mod:`~k3deploy.recipe.lint.runner`: :func:`lint_plan`, :func:`lint_recipe`;
@@ -51,6 +52,7 @@ from k3deploy.recipe.lint import (  # noqa: F401
     rules_flags,
     rules_images,
     rules_lb,
+    rules_loading,
     rules_memory,
     rules_offering,
     rules_parallel,

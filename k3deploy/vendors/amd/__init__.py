@@ -111,6 +111,11 @@ PACK = Pack(
         k8s_dra_driver="the AMD GPU DRA driver >= v1.0.0 (github.com/ROCm/k8s-gpu-dra-driver)",
         slurm_runtime="apptainer",
         apptainer_flags=("--rocm",),
+        # aiter/jit/core.py (AITER_JIT_DIR: the JIT-built modules, else the package's or ~/.aiter/jit); MIOpen's
+        # user database and kernel cache (ROCm docs, "MIOpen environment variables": MIOPEN_USER_DB_PATH,
+        # MIOPEN_CUSTOM_CACHE_DIR, default ~/.config/miopen and ~/.cache/miopen)
+        jit_caches=(("AITER_JIT_DIR", "aiter"), ("MIOPEN_USER_DB_PATH", "miopen-db"),
+                    ("MIOPEN_CUSTOM_CACHE_DIR", "miopen-cache")),
         slurm_runtime_source=("AMD's Infinity Hub containers list Docker Engine and Singularity as their runtimes "
                               "(github.com/amd/InfinityHub-CI README, 'Container Runtimes'); Apptainer is "
                               "Singularity's continuation, with --rocm for AMD GPUs (Apptainer user guide, "

@@ -103,6 +103,9 @@ PACK = Pack(
         # Ascend MindCluster's Ascend Device Plugin (huawei.com/Ascend910 on Atlas 800 A2/A3); no DRA driver
         k8s_device_plugin="the Ascend Device Plugin of MindCluster (gitcode.com/Ascend/mind-cluster)",
         slurm_runtime="docker",
+        # CANN's operator compile cache (ASCEND_CACHE_PATH, default ~/atc_data) and its working files
+        # (ASCEND_WORK_PATH): CANN environment variable reference
+        jit_caches=(("ASCEND_CACHE_PATH", "ascend-cache"), ("ASCEND_WORK_PATH", "ascend-work")),
         slurm_runtime_source=("MindCluster's Ascend Docker Runtime mounts the NPUs' devices and driver files into "
                               "Docker or containerd containers only (hiascend.com, MindCluster 7.3 'Ascend Docker "
                               "Runtime', Component Functions): there is no enroot or Apptainer integration"),

@@ -266,6 +266,10 @@ PACK = Pack(
         k8s_dra_driver="the NVIDIA DRA driver for GPUs >= v25.8.0 (github.com/kubernetes-sigs/dra-driver-nvidia-gpu)",
         slurm_runtime="pyxis",
         apptainer_flags=("--nv",),
+        # flashinfer/jit/env.py (FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/<arch>), the CUDA driver's
+        # PTX JIT cache (CUDA_CACHE_PATH, default ~/.nv/ComputeCache: CUDA C++ Programming Guide, "CUDA Environment
+        # Variables"); DeepGEMM's follows VLLM_CACHE_ROOT (vllm/utils/deep_gemm.py)
+        jit_caches=(("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("CUDA_CACHE_PATH", "nv-compute")),
         slurm_runtime_source=("NVIDIA's container runtime for Slurm is pyxis, a SPANK plugin over enroot "
                               "(github.com/NVIDIA/pyxis README, 0.24.0: srun --container-image, squashfs images)"),
     ),

@@ -45,6 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import k3simlib as k
 import vllmsim_answers
+import vllmsim_caches
 import vllmsim_metrics
 import vllmsim_phases
 
@@ -353,6 +354,7 @@ class Engine:
         self.metrics = vllmsim_metrics.RankMetrics(args, TTFT_BUCKETS, ITL_BUCKETS,
                                                    int(env.get("K3SIM_KV_TOKENS") or vllmsim_metrics.KV_TOKENS))
         self.slowdown = slowdown(env)
+        self.unknown: list[str] = []    # the flags the simulation does not interpret (part of the compile hash)
         try:
             kv = json.loads(args.get("kv_transfer_config") or "null")
         except ValueError:
@@ -844,7 +846,9 @@ class Engine:
             if not self.sleep(ready_timeout):
                 return
             raise self.ready_timeout()
-        if not vllmsim_phases.load(self, load, log):   # weights, compile, KV cache, graphs
+        # weights, compile (the compile cache's hit or miss: vllmsim_caches), KV cache, graphs
+        if not vllmsim_phases.load(self, load, log,
+                                   lambda: vllmsim_caches.compile_phase(self, _host_path, log, VERSION)):
             return
         if remote and not self.is_head:
             _send(self.head_sock, {"type": "loaded"})
@@ -1362,6 +1366,7 @@ def main(argv: list[str]) -> int:
                          f"vllm serve: error: {exc}\n")
         return 2
     engine = Engine(cfg, args, env)
+    engine.unknown = unknown
 
     # A stop sends several signals at once (Slurm's to every process of the step, docker's client forwarding its own,
     # docker stop's): a handler runs in the main thread between two bytecodes, so a second signal can interrupt the

@@ -41,16 +41,17 @@ def compile_phase(engine, seconds: float, log) -> bool:
     return True
 
 
-def load(engine, seconds: float, log) -> bool:
+def load(engine, seconds: float, log, compiled=None) -> bool:
     """The weights, the compile, the KV cache and the graphs of one start, ``seconds`` in all; False when the engine
-    was stopped meanwhile."""
+    was stopped meanwhile. ``compiled``: the compile as the engine's compile cache runs it (a hit or a miss, its own
+    time: ``vllmsim_caches.compile_phase``) instead of the compile's share of ``seconds``."""
     weights = seconds * _share("weights")
     if not engine.sleep(weights):
         return False
     log("INFO", "default_loader.py:384", f"Loading weights took {weights:.2f} seconds")
     log("INFO", "gpu_model_runner.py:3161", f"Model loading took {WEIGHTS_GIB:.2f} GiB memory and "
         f"{weights:.6f} seconds")
-    if not compile_phase(engine, seconds * _share("compile"), log):
+    if not (compiled() if compiled is not None else compile_phase(engine, seconds * _share("compile"), log)):
         return False
     if not engine.sleep(seconds * _share("kv_cache")):
         return False
