@@ -94,23 +94,27 @@ def group_jobs_of(gathered: Gathered) -> dict[str, GroupJob] | None:
 
 def show(st: ClusterStatus, console: Any) -> None:  # console: a rich Console
     from rich.markup import escape
-    from rich.table import Table
+    from rich.table import Column, Table
 
     colour = {"serving": "green", "running": "green", "degraded": "yellow", "starting": "yellow"}
     slurm = st.launcher == "slurm"
     for g in st.groups:
         job = f"; {g.job.shown()} ({g.job.name})" if g.job is not None else ""
         # under Slurm a unit is its job's step on that node: no systemd unit, restarts or uptime to show
+        images = [_image_cell(u.image, u.image_id) for u in g.units]
+        # the image cell whole (the other cells wrap first): its digest is what people compare across nodes
+        image = Column("image", no_wrap=True, min_width=max((len(line) for c in images for line in c.splitlines()),
+                                                            default=5))
         table = Table(*(("host", "job.step", "role") if slurm else ("host", "unit", "role", "state", "restarts", "up")),
-                      "image", "as planned", "/health", "/v1/models", "verdict",
+                      image, "as planned", "/health", "/v1/models", "verdict",
                       title=f"group {g.name}: [{colour.get(g.verdict, 'red')}]{g.verdict}[/]{job}"
                       + {True: " (in the router)", False: " [red](not in the router)[/]", None: ""}[g.in_router],
                       title_justify="left")
-        for u in g.units:
+        for u, cell in zip(g.units, images, strict=True):
             where = ((u.host, g.job.on(u.host) if g.job is not None else u.active, f"{u.role} {u.rank}") if slurm else
                      (u.host, u.unit, f"{u.role} {u.rank}", u.active,
                       "n/a" if u.restarts is None else str(u.restarts), _uptime(u.uptime_s)))
-            table.add_row(*where, _image_cell(u.image, u.image_id),
+            table.add_row(*where, cell,
                           {True: "yes", False: "[red]no[/] (below)", None: "-"}[u.matches_plan],
                           "-" if u.health is None else str(u.health),
                           "-" if u.models is None else ", ".join(u.models) or "(none)",
