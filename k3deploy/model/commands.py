@@ -261,15 +261,18 @@ def receive_weights(address: str, port: int, cache: str, model: str) -> str:
 #: what it sends), again every 0.3 s until the peer holds it whole. A peer that does not answer within ``$K3_WAIT``
 #: seconds, or during whose transfer this node's copy does not grow for ``$K3_WAIT`` seconds (a cut link: rsync's own
 #: ``--timeout`` does not fire while the socket still takes its keep-alives, so ``k3_pull`` watches the file and
-#: ends the transfer), or that answers but whose copy does not grow for ``$K3_STALL`` seconds (its own copy failed),
-#: joins ``K3_DEAD`` (said on stderr) and the next one is asked. It sets ``K3_FROM`` to the peer that gave it whole;
+#: kills the transfer's process group: rsync's own cleanup would block on the dead socket), or that answers
+#: but whose copy does not grow for ``$K3_STALL`` seconds (its own copy failed), joins ``K3_DEAD`` (said on stderr)
+#: and the next one is asked. It sets ``K3_FROM`` to the peer that gave it whole;
 #: returns 1 when no peer could. ``k3_sum FILE NAME`` is true when ``FILE`` hashes to ``NAME`` (64 hex digits:
 #: sha256; 40: the git blob id the hub names a small file by; any other name is not checked here).
 RELAY = (
-    'k3_pull() { setsid rsync -q --append --timeout="$K3_WAIT" --contimeout="$K3_WAIT" "$1" "$2" 2>/dev/null & '
-    'pid=$!; was=-1; t=$(date +%s); while kill -0 $pid 2>/dev/null; do sleep 0.1; '
-    'now=$(stat -c %s "$2" 2>/dev/null || echo 0); if [ "$now" != "$was" ]; then was=$now; t=$(date +%s); '
-    'elif [ $(($(date +%s) - t)) -ge "$K3_WAIT" ]; then kill -TERM -$pid 2>/dev/null; fi; done; wait $pid; }; '
+    'k3_pull() { setsid rsync -q --append --timeout="$K3_WAIT" --contimeout="$K3_WAIT" "$1" "$2" >/dev/null 2>&1 & '
+    'pid=$!; { was=-1; t=$(date +%s); while sleep 1; do now=$(stat -c %s "$2" 2>/dev/null || echo 0); '
+    'if [ "$now" != "$was" ]; then was=$now; t=$(date +%s); elif [ $(($(date +%s) - t)) -ge "$K3_WAIT" ]; then '
+    'kill -KILL -$pid 2>/dev/null; break; fi; done; } >/dev/null 2>&1 & '
+    'dog=$!; wait $pid; rc=$?; '
+    'kill $dog 2>/dev/null; wait $dog 2>/dev/null; return $rc; }; '
     'k3_relay() { part="$3.k3-part"; for p in $K3_PEERS; do case " $K3_DEAD " in *" $p "*) continue;; esac; '
     'src="rsync://${p#*=}:$K3_PORT/$1/$2"; last=$(date +%s); '
     'while :; do k3_pull "$src" "$part"; rc=$?; '
@@ -297,7 +300,8 @@ def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model
     address)``, nearest first) that answers, once it holds the snapshot (its ``refs/main``, which a node writes
     last), the snapshot's links; then every blob the snapshot names, in one order on every node, each copied as
     the peer receives it, verified against its name as it lands and only then renamed whole (what the next node
-    copies as whole), a bad one copied once more; then the whole snapshot verified (:func:`verify_weights`).
+    copies as whole), a bad one copied once more; then every shard the index names checked to be there, and the
+    snapshot marked verified (``VERIFIED``: each of its files was hashed once, as it landed).
 
         >>> "k3_relay k3-hub" in relay_weights([("n1", "10.0.0.11")], 8873, "/c", "o/m")
         True
@@ -305,25 +309,35 @@ def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model
     d = model_dir(cache, model)
     qd, top = shlex.quote(d), shlex.quote(d.rsplit("/", 1)[1])
     failed = shlex.quote(f"stage: no peer gave the snapshot of {model}")
+    nobody = ('echo "stage: no peer gave a whole, good blob $b of "' + shlex.quote(model) + '" (asked: $K3_PEERS)" '
+              '>&2; exit 1')
     meta = ('for p in $K3_PEERS; do src="rsync://${p#*=}:$K3_PORT/' + HUB_MODULE + '/$top"; last=$(date +%s); '
-            'while :; do timeout "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
+            'while :; do timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
             '"$src/refs/main" "$d/.k3-ref" 2>/dev/null; rc=$?; [ $rc = 23 ] || break; '
             '[ $(($(date +%s) - last)) -lt "$K3_STALL" ] || break; sleep 0.3; done; '
-            'if [ $rc = 0 ] && timeout "$((3 * K3_WAIT))" rsync -rlt --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
+            'if [ $rc = 0 ] && timeout -k 1 "$((3 * K3_WAIT))" rsync -rlt --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
             '"$src/snapshots/" "$d/snapshots/"; then '
             'mkdir -p "$d/refs" && mv -f "$d/.k3-ref" "$d/refs/main" && ok=1 && break; fi; '
             'echo "stage: ${p%%=*} (${p#*=}) gave no snapshot (rsync exit $rc): routed around it" >&2; '
             f'K3_DEAD="$K3_DEAD $p"; done; [ "$ok" = 1 ] || {{ echo {failed} >&2; exit 1; }}')
-    blobs = ('rev=$(cat "$d/refs/main") && for b in $(find "$d/snapshots/$rev" -type l -exec readlink {} + | '
-             "sed 's|.*/||' | sort -u); do f=\"$d/blobs/$b\"; [ -f \"$f\" ] && k3_sum \"$f\" \"$b\" && continue; "
-             'rm -f "$f"; n=0; until k3_relay ' + HUB_MODULE + ' "$top/blobs/$b" "$f" && k3_sum "$f.k3-part" "$b"; '
-             'do n=$((n+1)); rm -f "$f.k3-part"; if [ $n -ge 2 ] || ! k3_relay_left; then '
-             'echo "stage: no peer gave a whole, good blob $b of "' + shlex.quote(model) + '" (asked: $K3_PEERS)" '
-             '>&2; exit 1; fi; done; mv -f "$f.k3-part" "$f"; done')
+    # each blob hashed as it lands, in the background (one per core at most as the copies go on), then renamed
+    # whole; one that does not hash to its name is listed and copied once more at the end
+    bad = '"$d/.k3-landed-bad"'
+    blobs = ('rev=$(cat "$d/refs/main") && : > ' + bad + ' && for b in $(find "$d/snapshots/$rev" -type l -exec '
+             "readlink {} + | sed 's|.*/||' | sort -u); do f=\"$d/blobs/$b\"; "
+             '[ -f "$f" ] && k3_sum "$f" "$b" && continue; rm -f "$f"; k3_relay ' + HUB_MODULE + ' "$top/blobs/$b" '
+             f'"$f" || {{ wait; {nobody}; }}; {{ if k3_sum "$f.k3-part" "$b"; then mv -f "$f.k3-part" "$f"; '
+             f'else echo "$b" >> {bad}; fi; }} & done; wait; for b in $(cat {bad}); do f="$d/blobs/$b"; '
+             f'rm -f "$f.k3-part"; k3_relay {HUB_MODULE} "$top/blobs/$b" "$f" && k3_sum "$f.k3-part" "$b" || '
+             f'{{ {nobody}; }}; mv -f "$f.k3-part" "$f"; done; rm -f {bad}')
+    # every shard the index names is there (each file was hashed as it landed: not again here)
+    indexed = ('cd "$d/snapshots/$rev" && n=$(find . ! -type d | wc -l) && { [ ! -f model.safetensors.index.json ] || '
+               "for f in $(grep -o '\"[^\"]*[.]safetensors\"' model.safetensors.index.json | tr -d '\"' | sort -u); "
+               'do [ -e "$f" ] || { echo "stage: shard $f of the index is not in the snapshot ${p%%=*} gave" >&2; '
+               'exit 1; }; done; }')
     return (f"( d={qd}; top={top}; {_relay_env(peers, port, wait)} ok=0; {HASH_TOOLS}; {RELAY}; "
-            'k3_relay_left() { for p in $K3_PEERS; do case " $K3_DEAD " in *" $p "*) ;; *) return 0;; esac; done; '
-            f'return 1; }}; mkdir -p "$d/blobs" && rm -f "$d/{VERIFIED}" && {meta} && {blobs} ) && '
-            f"{verify_weights(cache, model)}")
+            f'mkdir -p "$d/blobs" && rm -f "$d/{VERIFIED}" && {meta} && {blobs} && {indexed} && '
+            f'touch "$d/{VERIFIED}" && echo "verified $n files as they landed" )')
 
 
 def relay_image(peers: Sequence[tuple[str, str]], port: int, docker: str, image: str, stage_dir: str,
@@ -348,7 +362,7 @@ def relay_image(peers: Sequence[tuple[str, str]], port: int, docker: str, image:
     out = (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && ( a={shlex.quote(a)}; "
            f"{_relay_env(peers, port, wait)}; {HASH_TOOLS}; {RELAY}; k3_relay {STAGE_MODULE} {shlex.quote(name)} "
            f'"$a" || {{ echo {failed} >&2; exit 1; }}; src="rsync://${{K3_FROM#*=}}:$K3_PORT/{STAGE_MODULE}/"; '
-           f'timeout "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" {srcs} '
+           f'timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" {srcs} '
            f'{shlex.quote(stage_dir.rstrip("/") + "/")} '
            '&& got=$($K3_SHA256 < "$a.k3-part" | cut -d" " -f1) && want=$(cat "$a.sha256") && '
            f'{{ [ "$got" = "$want" ] || {{ {bad}; }}; }} && mv -f "$a.k3-part" "$a" )')

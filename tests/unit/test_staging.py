@@ -172,6 +172,12 @@ def test_the_chain_copies_along_and_routes_around_a_peer_that_does_not_answer(tm
                                          wait=2))
         assert res.returncode == 0, res.stderr
         assert "stage: gone (127.0.0.23) gave no snapshot" in res.stderr and "routed around it" in res.stderr
+        # a peer whose copy of a shard went bad: copied once more, then refused, naming the blob
+        shard = next(b for b in (mid / "huggingface/hub/models--org--m/blobs").iterdir() if len(b.name) == 64
+                     and b.stat().st_size == 300_000)
+        shard.write_bytes(b"z" * 300_000)
+        rot = _sh(commands.relay_weights([("mid", "127.0.0.22")], port, str(tmp_path / "rot"), "org/m", wait=2))
+        assert rot.returncode == 1 and f"stage: no peer gave a whole, good blob {shard.name} of org/m" in rot.stderr
         # no peer at all: one line naming what could not be had
         none = _sh(commands.relay_weights([("gone", "127.0.0.23")], port, str(tmp_path / "none"), "org/m", wait=1))
         assert none.returncode == 1 and "stage: no peer gave the snapshot of org/m" in none.stderr
