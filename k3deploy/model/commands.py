@@ -376,13 +376,20 @@ def relay_image(peers: Sequence[tuple[str, str]], port: int, docker: str, image:
             + (f" && {d} tag {run} {shlex.quote(tag)}" if tag else ""))
 
 
+def sum_archive(stage_dir: str, image: str, part: str = "") -> str:
+    """Write the sha256 of the image archive (``part``: of its ``.part`` file being written) beside it, where the
+    chain's receivers check their copy against it (:func:`relay_image`)."""
+    a = shlex.quote(archive_path(stage_dir, image))
+    return f"{{ {HASH_TOOLS}; $K3_SHA256 < {a}{part} | cut -d' ' -f1 > {a}.sha256; }}"
+
+
 def export_image(docker: str, image: str, stage_dir: str) -> str:
     """Write ``image`` as an archive for peers (kept while the stage runs). A pinned build is saved by the local tag
     the units run (so a load names it, whatever the image store) with its image id next to it (``.id``), which the
     receivers check after loading."""
     a = shlex.quote(archive_path(stage_dir, image))
     d = shlex.quote(docker)
-    summed = f"{{ {HASH_TOOLS}; $K3_SHA256 < {a}.part | cut -d' ' -f1 > {a}.sha256; }}"
+    summed = sum_archive(stage_dir, image, ".part")
     if "@sha256:" not in image:
         return (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && {{ [ -s {a} ] && "
                 f"[ -s {a}.sha256 ] || {{ {d} save -o {a}.part {shlex.quote(image)} && {summed} && "

@@ -226,7 +226,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             why=f"copy the image archive `{variables.k3_image_archive}` from the control machine"))
         each(ARCHIVE_LOAD, "Image: load the archive", lambda h: Step(
             ARCHIVE_LOAD, "Image: load the archive", h, image.fetch.get(h) == ARCHIVE,
-            commands.load_image(docker, image_ref, archive, tag), why="load the image archive"))
+            commands.load_image(docker, image_ref, archive, tag)
+            + (" && " + commands.sum_archive(variables.k3_stage_dir, image_ref) if h in image.senders else ""),
+            why="load the image archive" + (" and write its sha256 for its peers" if h in image.senders else "")))
         # a node that holds the pinned build by its digest only gets the local tag the units run
         each(NAME_BUILD, "Image: name the pinned build", lambda h: Step(
             NAME_BUILD, "Image: name the pinned build", h,
