@@ -379,8 +379,9 @@ def relay_image(peers: Sequence[tuple[str, str]], port: int, docker: str, image:
 def sum_archive(stage_dir: str, image: str, part: str = "") -> str:
     """Write the sha256 of the image archive (``part``: of its ``.part`` file being written) beside it, where the
     chain's receivers check their copy against it (:func:`relay_image`)."""
-    a = shlex.quote(archive_path(stage_dir, image))
-    return f"{{ {HASH_TOOLS}; $K3_SHA256 < {a}{part} | cut -d' ' -f1 > {a}.sha256; }}"
+    a = archive_path(stage_dir, image)
+    return (f"{{ {HASH_TOOLS}; $K3_SHA256 < {shlex.quote(a + part)} | cut -d' ' -f1 > "
+            f"{shlex.quote(a + '.sha256')}; }}")
 
 
 def export_image(docker: str, image: str, stage_dir: str) -> str:
