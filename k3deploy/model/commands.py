@@ -334,20 +334,175 @@ def mark_caches(model_cache: str, keys: Sequence[str]) -> str:
                        for d in (compilecache.host_dir(model_cache, k) for k in keys))
 
 
+#: the chain's copy of one file (``k3deploy.model.staging.chain``), as shell functions. ``k3_relay MODULE PATH DEST``
+#: copies ``PATH`` of the peers' rsync module ``MODULE`` to ``DEST.k3-part`` from the first peer of ``$K3_PEERS``
+#: (``name=address`` words, nearest first; ``$K3_PORT``) not in ``$K3_DEAD``: the whole file where that peer holds
+#: it, else its growing ``PATH.k3-part`` (``rsync --append``: only the bytes beyond this node's copy; rsync checks
+#: what it sends), again every 0.3 s until the peer holds it whole. A peer that does not answer within ``$K3_WAIT``
+#: seconds, or during whose transfer this node's copy does not grow for ``$K3_WAIT`` seconds (a cut link: rsync's own
+#: ``--timeout`` does not fire while the socket still takes its keep-alives, so ``k3_pull`` watches the file and
+#: kills the transfer's process group: rsync's own cleanup would block on the dead socket), or that answers
+#: but whose copy does not grow for ``$K3_STALL`` seconds (its own copy failed), joins ``K3_DEAD`` (said on stderr)
+#: and the next one is asked. It sets ``K3_FROM`` to the peer that gave it whole;
+#: returns 1 when no peer could. ``k3_sum FILE NAME`` is true when ``FILE`` hashes to ``NAME`` (64 hex digits:
+#: sha256; 40: the git blob id the hub names a small file by; any other name is not checked here).
+RELAY = (
+    'k3_pull() { setsid rsync -q --append --timeout="$K3_WAIT" --contimeout="$K3_WAIT" "$1" "$2" >/dev/null 2>&1 & '
+    'pid=$!; { was=-1; t=$(date +%s); while sleep 1; do now=$(stat -c %s "$2" 2>/dev/null || echo 0); '
+    'if [ "$now" != "$was" ]; then was=$now; t=$(date +%s); elif [ $(($(date +%s) - t)) -ge "$K3_WAIT" ]; then '
+    'kill -KILL -$pid 2>/dev/null; break; fi; done; } >/dev/null 2>&1 & '
+    'dog=$!; wait $pid; rc=$?; '
+    'kill $dog 2>/dev/null; wait $dog 2>/dev/null; return $rc; }; '
+    'k3_relay() { part="$3.k3-part"; for p in $K3_PEERS; do case " $K3_DEAD " in *" $p "*) continue;; esac; '
+    'src="rsync://${p#*=}:$K3_PORT/$1/$2"; last=$(date +%s); '
+    'while :; do k3_pull "$src" "$part"; rc=$?; '
+    'if [ $rc = 0 ]; then K3_FROM=$p; return 0; fi; [ $rc = 23 ] || break; '
+    'had=$(stat -c %s "$part" 2>/dev/null || echo 0); k3_pull "$src.k3-part" "$part"; rc=$?; '
+    'case $rc in 0|23|24) ;; *) break;; esac; '
+    'if [ "$(stat -c %s "$part" 2>/dev/null || echo 0)" -gt "$had" ]; then last=$(date +%s); '
+    'elif [ $(($(date +%s) - last)) -ge "$K3_STALL" ]; then rc=stalled; break; fi; sleep 0.3; done; '
+    'echo "stage: ${p%%=*} (${p#*=}) gave no more of $2 (rsync exit $rc: no answer or no new byte within '
+    '${K3_WAIT}s; stalled: its own copy did not grow for ${K3_STALL}s): routed around it" >&2; '
+    'K3_DEAD="$K3_DEAD $p"; done; return 1; }; '
+    'k3_sum() { case ${#2} in 64) h=$($K3_SHA256 < "$1");; '
+    r'40) h=$({ printf "blob %d\000" "$(($(wc -c < "$1")))"; cat "$1"; } | $K3_SHA1);; *) return 0;; esac; '
+    '[ "${h%% *}" = "$2" ]; }')
+
+
+def _relay_env(peers: Sequence[tuple[str, str]], port: int, wait: int) -> str:
+    words = " ".join(f"{name}={address}" for name, address in peers)
+    return (f"K3_PEERS={shlex.quote(words)} K3_PORT={int(port)} K3_WAIT={int(wait)} K3_STALL={6 * int(wait)} "
+            "K3_DEAD= K3_FROM=")
+
+
+def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model: str, wait: int = 10) -> str:
+    """The model's cache directory along the chain (:data:`RELAY`): from the first of ``peers`` (``(name,
+    address)``, nearest first) that answers, once it holds the snapshot (its ``refs/main``, which a node writes
+    last), the snapshot's links; then every blob the snapshot names, in one order on every node, each copied as
+    the peer receives it, verified against its name as it lands and only then renamed whole (what the next node
+    copies as whole), a bad one copied once more; then every shard the index names checked to be there, and the
+    snapshot marked verified (``VERIFIED``: each of its files was hashed once, as it landed).
+
+        >>> "k3_relay k3-hub" in relay_weights([("n1", "10.0.0.11")], 8873, "/c", "o/m")
+        True
+    """
+    d = model_dir(cache, model)
+    qd, top = shlex.quote(d), shlex.quote(d.rsplit("/", 1)[1])
+    failed = shlex.quote(f"stage: no peer gave the snapshot of {model}")
+    nobody = ('echo "stage: no peer gave a whole, good blob $b of "' + shlex.quote(model) + '" (asked: $K3_PEERS)" '
+              '>&2; exit 1')
+    meta = ('for p in $K3_PEERS; do src="rsync://${p#*=}:$K3_PORT/' + HUB_MODULE + '/$top"; last=$(date +%s); '
+            'while :; do timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
+            '"$src/refs/main" "$d/.k3-ref" 2>/dev/null; rc=$?; [ $rc = 23 ] || break; '
+            '[ $(($(date +%s) - last)) -lt "$K3_STALL" ] || break; sleep 0.3; done; '
+            'if [ $rc = 0 ] && timeout -k 1 "$((3 * K3_WAIT))" rsync -rlt --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
+            '"$src/snapshots/" "$d/snapshots/"; then '
+            'mkdir -p "$d/refs" && mv -f "$d/.k3-ref" "$d/refs/main" && ok=1 && break; fi; '
+            'echo "stage: ${p%%=*} (${p#*=}) gave no snapshot (rsync exit $rc): routed around it" >&2; '
+            f'K3_DEAD="$K3_DEAD $p"; done; [ "$ok" = 1 ] || {{ echo {failed} >&2; exit 1; }}')
+    # each blob hashed as it lands, in the background (one per core at most as the copies go on), then renamed
+    # whole; one that does not hash to its name is listed and copied once more at the end
+    bad = '"$d/.k3-landed-bad"'
+    blobs = ('rev=$(cat "$d/refs/main") && : > ' + bad + ' && for b in $(find "$d/snapshots/$rev" -type l -exec '
+             "readlink {} + | sed 's|.*/||' | sort -u); do f=\"$d/blobs/$b\"; "
+             '[ -f "$f" ] && k3_sum "$f" "$b" && continue; rm -f "$f"; k3_relay ' + HUB_MODULE + ' "$top/blobs/$b" '
+             f'"$f" || {{ wait; {nobody}; }}; {{ if k3_sum "$f.k3-part" "$b"; then mv -f "$f.k3-part" "$f"; '
+             f'else echo "$b" >> {bad}; fi; }} & done; wait; for b in $(cat {bad}); do f="$d/blobs/$b"; '
+             f'rm -f "$f.k3-part"; k3_relay {HUB_MODULE} "$top/blobs/$b" "$f" && k3_sum "$f.k3-part" "$b" || '
+             f'{{ {nobody}; }}; mv -f "$f.k3-part" "$f"; done; rm -f {bad}')
+    # every shard the index names is there (each file was hashed as it landed: not again here)
+    indexed = ('cd "$d/snapshots/$rev" && n=$(find . ! -type d | wc -l) && { [ ! -f model.safetensors.index.json ] || '
+               "for f in $(grep -o '\"[^\"]*[.]safetensors\"' model.safetensors.index.json | tr -d '\"' | sort -u); "
+               'do [ -e "$f" ] || { echo "stage: shard $f of the index is not in the snapshot ${p%%=*} gave" >&2; '
+               'exit 1; }; done; }')
+    return (f"( d={qd}; top={top}; {_relay_env(peers, port, wait)} ok=0; {HASH_TOOLS}; {RELAY}; "
+            f'mkdir -p "$d/blobs" && rm -f "$d/{VERIFIED}" && {meta} && {blobs} && {indexed} && '
+            f'touch "$d/{VERIFIED}" && echo "verified $n files as they landed" )')
+
+
+def relay_image(peers: Sequence[tuple[str, str]], port: int, docker: str, image: str, stage_dir: str,
+                wait: int = 10, tag: str | None = None) -> str:
+    """The image archive along the chain (:data:`RELAY`): copied from the first of ``peers`` that answers as that
+    peer receives it, checked against the sha256 its sender wrote (:func:`export_image`) as it lands and only then
+    renamed whole (what the next node copies as whole), then loaded; a pinned build's image id is checked against
+    the peer's (see :func:`receive_image`).
+
+        >>> "k3_relay k3-stage" in relay_image([("n1", "10.0.0.11")], 8873, "docker", "r/i:t", "/s")
+        True
+    """
+    a = archive_path(stage_dir, image)
+    name = a.rsplit("/", 1)[1]
+    d = shlex.quote(docker)
+    pinned = "@sha256:" in image
+    failed = shlex.quote(f"stage: no peer gave the image archive {name}")
+    side = [".sha256", *([".id"] if pinned else [])]
+    srcs = " ".join(f'"$src"{shlex.quote(name + ext)}' for ext in side)
+    bad = ('echo "stage: the image archive from ${K3_FROM%%=*} hashes to $got, its sender wrote $want: not loaded" '
+           '>&2; rm -f "$a.k3-part"; exit 1')
+    out = (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && ( a={shlex.quote(a)}; "
+           f"{_relay_env(peers, port, wait)}; {HASH_TOOLS}; {RELAY}; k3_relay {STAGE_MODULE} {shlex.quote(name)} "
+           f'"$a" || {{ echo {failed} >&2; exit 1; }}; src="rsync://${{K3_FROM#*=}}:$K3_PORT/{STAGE_MODULE}/"; '
+           f'timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" {srcs} '
+           f'{shlex.quote(stage_dir.rstrip("/") + "/")} '
+           '&& got=$($K3_SHA256 < "$a.k3-part" | cut -d" " -f1) && want=$(cat "$a.sha256") && '
+           f'{{ [ "$got" = "$want" ] || {{ {bad}; }}; }} && mv -f "$a.k3-part" "$a" )')
+    if not pinned:
+        return _then(out, f"{d} load -i {shlex.quote(a)}", digest_check(docker, image), name_build(docker, image, tag))
+    run = shlex.quote(run_ref(image))
+    qa = shlex.quote(a)
+    return (f"{out} && {d} load -i {qa} && got=$({d} image inspect --format '{{{{.Id}}}}' {run}) && "
+            f"want=$(cat {qa}.id) && if [ \"$got\" != \"$want\" ]; then echo \"loaded image $got as \"{run}\", "
+            f"the peer's build is $want\" >&2; exit 1; fi && echo \"image id ok: $got\""
+            + (f" && {d} tag {run} {shlex.quote(tag)}" if tag else ""))
+
+
+def relay_file(peers: Sequence[tuple[str, str]], port: int, stage_dir: str, path: str, wait: int = 10) -> str:
+    """A runtime's image file (``path`` under ``stage_dir``: a squashfs, a SIF) along the chain (:data:`RELAY`):
+    copied from the first of ``peers`` that answers as that peer receives it, checked against the sha256 its maker
+    wrote (:func:`receive_file`'s rule) and only then moved into place, the checksum first (what the next node
+    copies as whole); a file that does not match is removed and the step fails, naming the peer.
+
+        >>> "k3_relay k3-stage images/i.sqsh" in relay_file([("n1", "10.0.0.11")], 8873, "/s", "/s/images/i.sqsh")
+        True
+    """
+    rel = path[len(stage_dir.rstrip("/")) + 1:]
+    failed = shlex.quote(f"stage: no peer gave the image file {rel}")
+    bad = ('echo "stage: the image file from ${K3_FROM%%=*} hashes to $got, its maker wrote $want: removed; run '
+           'again" >&2; rm -f "$a.k3-part" "$a.sha256.k3-part"; exit 1')
+    return (f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0] or '/')} && ( a={shlex.quote(path)}; "
+            f"{_relay_env(peers, port, wait)}; {HASH_TOOLS}; {RELAY}; k3_relay {STAGE_MODULE} {shlex.quote(rel)} "
+            f'"$a" || {{ echo {failed} >&2; exit 1; }}; src="rsync://${{K3_FROM#*=}}:$K3_PORT/{STAGE_MODULE}/"; '
+            f'timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
+            f'"$src"{shlex.quote(rel + ".sha256")} "$a.sha256.k3-part" '
+            '&& got=$($K3_SHA256 < "$a.k3-part" | cut -d" " -f1) && want=$(cat "$a.sha256.k3-part") && '
+            f'{{ [ "$got" = "$want" ] || {{ {bad}; }}; }} && mv -f "$a.sha256.k3-part" "$a.sha256" && '
+            'mv -f "$a.k3-part" "$a" )')
+
+
+def sum_archive(stage_dir: str, image: str, part: str = "") -> str:
+    """Write the sha256 of the image archive (``part``: of its ``.part`` file being written) beside it, where the
+    chain's receivers check their copy against it (:func:`relay_image`)."""
+    a = archive_path(stage_dir, image)
+    return (f"{{ {HASH_TOOLS}; $K3_SHA256 < {shlex.quote(a + part)} | cut -d' ' -f1 > "
+            f"{shlex.quote(a + '.sha256')}; }}")
+
+
 def export_image(docker: str, image: str, stage_dir: str) -> str:
     """Write ``image`` as an archive for peers (kept while the stage runs). A pinned build is saved by the local tag
     the units run (so a load names it, whatever the image store) with its image id next to it (``.id``), which the
     receivers check after loading."""
     a = shlex.quote(archive_path(stage_dir, image))
     d = shlex.quote(docker)
+    summed = sum_archive(stage_dir, image, ".part")
     if "@sha256:" not in image:
-        return (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && {{ [ -s {a} ] || "
-                f"{{ {d} save -o {a}.part {shlex.quote(image)} && mv -f {a}.part {a}; }}; }}")
+        return (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && {{ [ -s {a} ] && "
+                f"[ -s {a}.sha256 ] || {{ {d} save -o {a}.part {shlex.quote(image)} && {summed} && "
+                f"mv -f {a}.part {a}; }}; }}")
     run = shlex.quote(run_ref(image))
     return (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && {name_build(docker, image)} && "
-            f"{{ [ -s {a} ] && [ -s {a}.id ] || "
+            f"{{ [ -s {a} ] && [ -s {a}.id ] && [ -s {a}.sha256 ] || "
             f"{{ {d} save -o {a}.part {run} && {d} image inspect --format '{{{{.Id}}}}' {run} > {a}.id && "
-            f"mv -f {a}.part {a}; }}; }}")
+            f"{summed} && mv -f {a}.part {a}; }}; }}")
 
 
 def load_image(docker: str, image: str, archive: str, tag: str | None = None) -> str:
@@ -413,7 +568,8 @@ def stop_peers() -> str:
 def stop_serving(stage_dir: str, image: str) -> str:
     """Stop serving peers and remove the image archive (the image itself stays loaded)."""
     a = shlex.quote(archive_path(stage_dir, image))
-    return f"{{ systemctl stop {PEERS_UNIT} 2>/dev/null || true; }} && rm -f {a} {a}.part {a}.id"
+    return (f"{{ systemctl stop {PEERS_UNIT} 2>/dev/null || true; }} && rm -f {a} {a}.part {a}.sha256 "
+            f"{a}.k3-part {a}.id")
 
 
 # ------------------------------------------------------------------------------------------ configure

@@ -2,12 +2,21 @@
 
 The engine nodes that already hold an artifact are its holders (for the weights: every shard of the index there and
 verified). When there are none, the first engine node (or the first ``k3_stage_sources`` of them) fetches it from
-outside: the registry and the model hub, a site mirror, or the control machine's copy on an air-gapped site. Then,
-round after round, every node that holds the artifact hands it to one node that does not: a binomial tree of
-``ceil(log2(N))`` rounds for N nodes, so the time is about one download plus one cluster-network copy per round,
-not N downloads over the uplink. The transfers are ``rsync`` from a read-only rsync daemon on the sending node
-(partial files are kept and resumed; rsync checks every transfer), and the receiver verifies each weight shard
-against its sha256 (the name of its blob in the Hugging Face cache) before an engine may start.
+outside: the registry and the model hub, a site mirror, or the control machine's copy on an air-gapped site.
+
+``k3_stage: chain`` (the default) then hands each file on along a pipelined chain, as Kascade and the classic
+``tar | nc`` chains do: every node that needs the artifact copies each file from the node before it *while that node
+is still receiving it* (``rsync --append`` of the growing file, from a read-only rsync daemon on the sender), so N
+nodes take about one cluster-network copy plus a small term per hop, not one copy per round; every node's link
+carries each byte once in and at most once out. Each file is verified as it lands (a weight blob against its sha256,
+the name of its blob in the Hugging Face cache) before the node hands it on as whole. A hop that fails or stalls
+(no byte for ``k3_stage_hop_timeout`` seconds) is routed around: the node copies from the one before it, and so on
+up to the holders (:func:`chain`). rsync is used rather than a BitTorrent swarm (aria2, a tracker) or multicast
+(udpcast): it is on every node already, and the uplink stays at one copy by the schedule itself.
+
+``k3_stage: fanout`` keeps the binomial tree of whole copies (:func:`tree`: ``ceil(log2(N))`` rounds, each node
+holding a whole file before it sends it); ``per_node`` the simple way (every node fetches from outside itself); a
+shared cache (``k3_weights_shared``) is filled by the first engine node only.
 
 The engines' compile caches (:mod:`k3deploy.model.compilecache`) are one more artifact: the nodes that run the
 same cache key are a class, a node holds the class's caches once an engine of it served from them, and each node
@@ -15,9 +24,6 @@ of the class that lacks them gets them from a holder (:func:`cache_shares`, the 
 same read-only rsync daemon, before its engine starts. On a first rollout nobody holds them: every node compiles
 its own, at once (the nodes of a group start together, and each rank compiles its own graphs), and from then on a
 node that lacks them (a node added or replaced, a spare taking a rank, a wiped disk) gets them from its class.
-
-``k3_stage: per_node`` keeps the simple way (every node fetches from outside itself); a shared cache
-(``k3_weights_shared``) is filled by the first engine node only.
 
 Pure: the schedule is computed from what the facts saw; :mod:`k3deploy.runtime.phases` runs it, and the runbook
 prints it.
@@ -28,6 +34,8 @@ Example::
     [{'n2': 'n1'}, {'n3': 'n1', 'n4': 'n2'}, {'n5': 'n1'}]
     >>> tree([], ["n1"])
     []
+    >>> chain(["n1"], ["n2", "n3", "n4"])
+    {'n2': ('n1',), 'n3': ('n2', 'n1'), 'n4': ('n3', 'n2', 'n1')}
 """
 
 from __future__ import annotations
@@ -62,6 +70,26 @@ def tree(holders: Sequence[str], needers: Sequence[str]) -> list[dict[str, str]]
     return out
 
 
+def chain(holders: Sequence[str], needers: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Each node that needs the artifact and where it copies from, nearest first: one pipelined chain per holder
+    (the needers dealt to them in turn), each node after the one before it, then the rest of its chain up to the
+    holder, then the other holders (so a failed or stalled hop is routed around).
+
+        >>> chain(["a", "b"], ["n1", "n2", "n3"])
+        {'n1': ('a', 'b'), 'n2': ('b', 'a'), 'n3': ('n1', 'a', 'b')}
+        >>> chain([], ["n1"])
+        {}
+    """
+    have = list(holders)
+    lines: list[list[str]] = [[h] for h in have]
+    out: dict[str, tuple[str, ...]] = {}
+    for i, node in enumerate(n for n in needers if n not in have) if have else ():
+        line = lines[i % len(lines)]
+        out[node] = (*reversed(line), *(h for h in have if h != line[0]))
+        line.append(node)
+    return out
+
+
 @dataclass(frozen=True)
 class Artifact:
     """How one artifact reaches the nodes that lack it."""
@@ -71,6 +99,7 @@ class Artifact:
     rounds: list[dict[str, str]] = field(default_factory=list)   # the tree, after the fetches
     export: list[str] = field(default_factory=list)        # holders that must write the image archive first
     require: list[str] = field(default_factory=list)       # must hold it already (nobody may fetch it): checked
+    upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)   # a chain: receiver -> peers, nearest first
 
     @property
     def senders(self) -> list[str]:
@@ -136,9 +165,9 @@ def plan_artifact(what: str, engines: Sequence[str], holders: Sequence[str], *, 
                   archive: bool, can_fetch: bool = True) -> Artifact:
     """How ``what`` reaches the ``engines`` (in inventory order) that are not among its ``holders``.
 
-    ``mode``: ``fanout`` or ``per_node``; ``sources``: how many nodes fetch from outside when no node holds it;
-    ``archive``: it comes from the control machine (air-gapped) instead of outside; ``can_fetch``: false when the
-    nodes must not fetch it (``k3_download_weights: false``): then only holders can give it.
+    ``mode``: ``chain``, ``fanout`` or ``per_node``; ``sources``: how many nodes fetch from outside when no node
+    holds it; ``archive``: it comes from the control machine (air-gapped) instead of outside; ``can_fetch``: false
+    when the nodes must not fetch it (``k3_download_weights: false``): then only holders can give it.
     """
     held = [h for h in engines if h in holders]
     need = [h for h in engines if h not in holders]
@@ -147,6 +176,7 @@ def plan_artifact(what: str, engines: Sequence[str], holders: Sequence[str], *, 
     how = ARCHIVE if archive else OUTSIDE
     fetch: dict[str, str] = {}
     rounds: list[dict[str, str]] = []
+    links: dict[str, tuple[str, ...]] = {}
     if mode == "per_node":
         if can_fetch:
             fetch = {h: how for h in need}
@@ -155,8 +185,12 @@ def plan_artifact(what: str, engines: Sequence[str], holders: Sequence[str], *, 
         if not held and can_fetch:
             seeds = need[:max(1, sources)]
             fetch = {h: how for h in seeds}
-        rounds = tree([*held, *seeds], need)
-    art = Artifact(what, fetch, rounds)
+        if mode == "chain":    # one round: every receiver at once, each from the node before it in its chain
+            links = chain([*held, *seeds], need)
+            rounds = [{h: peers[0] for h, peers in links.items()}] if links else []
+        else:
+            rounds = tree([*held, *seeds], need)
+    art = Artifact(what, fetch, rounds, upstream=links)
     export = [h for h in held if h in art.senders] if what == "image" and mode != "per_node" else []
     return replace(art, export=export, require=[h for h in need if h not in fetch and h not in art.receivers])
 
@@ -259,8 +293,10 @@ def cache_shares(keys: Mapping[str, Sequence[str]], held: Mapping[str, Collectio
 
 
 def peers_config(rollout: Placement, host: str) -> str:
-    """The rsync daemon configuration of ``host`` while it serves its peers: read only, bound to its cluster
-    address, open to the cluster's engine hosts only."""
+    """The rsync daemon configuration of ``host`` while it serves its peers (unit ``k3-stage-peers``, only while a
+    stage runs): read only, bound to its cluster address, open to the cluster's engine hosts only (with ``hosts
+    allow`` alone, every other host is refused: rsyncd.conf(5)). Every node of a chain but the last serves one, so
+    it is kept to its settings (the runbook prints it per node)."""
     v = rollout.vars
     where = addresses(rollout)
     allow = " ".join(dict.fromkeys(where[h] for h in engines(rollout)))
@@ -286,7 +322,11 @@ def summary(plan: StagePlan) -> list[str]:
         if a.fetch:
             src = "the control machine" if ARCHIVE in a.fetch.values() else "outside"
             parts.append(f"{', '.join(a.fetch)} fetch{'es' if len(a.fetch) == 1 else ''} it from {src}")
-        if a.rounds:
+        if a.upstream:
+            n = len(a.receivers)
+            parts.append(f"{n} node{'s' if n != 1 else ''} get{'s' if n == 1 else ''} it from peers along a chain, "
+                         "each file handed on as it lands")
+        elif a.rounds:
             n = len(a.receivers)
             parts.append(f"{n} node{'s' if n != 1 else ''} get{'s' if n == 1 else ''} it from peers in "
                          f"{len(a.rounds)} round{'s' if len(a.rounds) != 1 else ''}")

@@ -241,7 +241,9 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             why=f"make {rt.name}'s file of the image from the archive, then remove the archive")
             if file and rt else Step(
             ARCHIVE_LOAD, "Image: load the archive", h, image.fetch.get(h) == ARCHIVE,
-            commands.load_image(docker, image_ref, archive, tag), why="load the image archive"))
+            commands.load_image(docker, image_ref, archive, tag)
+            + (" && " + commands.sum_archive(variables.k3_stage_dir, image_ref) if h in image.senders else ""),
+            why="load the image archive" + (" and write its sha256 for its peers" if h in image.senders else "")))
         # a node that holds the pinned build by its digest only gets the local tag the units run
         each(NAME_BUILD, "Image: name the pinned build", lambda h: Step(
             NAME_BUILD, "Image: name the pinned build", h,
@@ -302,19 +304,33 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
             def receive(h: str, index: int = index, name: str = name) -> Step:
                 from_image, from_weights = plan.round_of(index, h)
                 parts, said = [], []
-                if from_image:
-                    parts.append(commands.receive_file(where[from_image], variables.k3_stage_port,
-                                                       variables.k3_stage_dir, file) if file else
-                                 commands.receive_image(where[from_image], variables.k3_stage_port, docker, image_ref,
+                port, wait = variables.k3_stage_port, variables.k3_stage_hop_timeout
+                up_image, up_weights = image.upstream.get(h, ()), weights.upstream.get(h, ())
+                if from_image and file and up_image:   # the runtime's file along a chain
+                    parts.append(commands.relay_file([(p, where[p]) for p in up_image], port, variables.k3_stage_dir,
+                                                     file, wait))
+                    said.append(f"the image file from {from_image} as it receives it")
+                elif from_image and file:
+                    parts.append(commands.receive_file(where[from_image], port, variables.k3_stage_dir, file))
+                    said.append(f"the image file from {from_image}")
+                elif from_image and up_image:    # along a chain: as the peer receives it, around a failed hop
+                    parts.append(commands.relay_image([(p, where[p]) for p in up_image], port, docker, image_ref,
+                                                      variables.k3_stage_dir, wait, tag))
+                    said.append(f"the image from {from_image} as it receives it")
+                elif from_image:
+                    parts.append(commands.receive_image(where[from_image], port, docker, image_ref,
                                                         variables.k3_stage_dir, tag))
                     said.append(f"the image from {from_image}")
-                if from_weights:
-                    parts.append(commands.receive_weights(where[from_weights], variables.k3_stage_port, cache, model))
+                if from_weights and up_weights:
+                    parts.append(commands.relay_weights([(p, where[p]) for p in up_weights], port, cache, model, wait))
+                    said.append(f"the weights from {from_weights} as it receives them")
+                elif from_weights:
+                    parts.append(commands.receive_weights(where[from_weights], port, cache, model))
                     said.append(f"the weights from {from_weights}")
                 if parts and h in done_early and last[h] == index:
                     parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
                     said.append("then it removes the image archive (it sends to no peer)")
-                peers = tuple(dict.fromkeys(p for p in (from_image, from_weights) if p))
+                peers = tuple(dict.fromkeys(p for p in (from_image, *up_image, from_weights, *up_weights) if p))
                 return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), " && ".join(parts),
                             why=", ".join(said), peers=peers)
 

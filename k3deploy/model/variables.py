@@ -192,12 +192,17 @@ class Variables(BaseModel):
     k3_download_weights: bool = Field(True, description=(
         "Download missing weights with the Hugging Face tooling in the image; false = weights must already be"
         " in the cache."))
-    k3_stage: Literal["fanout", "per_node"] = Field("fanout", description=(
-        "How the image and the weights reach the nodes: `fanout` = over the uplink once (to the first engine node), "
-        "then node to node over the cluster network (rsync, a tree of log2(N) rounds); `per_node` = every node "
-        "fetches from outside itself."))
+    k3_stage: Literal["chain", "fanout", "per_node"] = Field("chain", description=(
+        "How the image and the weights reach the nodes: over the uplink once (to the first engine node), then node "
+        "to node over the cluster network (rsync): `chain` = along a pipelined chain, each node handing every file on "
+        "as it lands (about one copy's time whatever N; a failed hop is routed around); `fanout` = a tree of "
+        "log2(N) rounds of whole copies; `per_node` = every node fetches from outside itself."))
     k3_stage_sources: int = Field(1, ge=1, description=(
-        "With `fanout`: how many nodes fetch from outside in parallel when no node holds an artifact yet."))
+        "With `chain` or `fanout`: how many nodes fetch from outside in parallel when no node holds an artifact yet "
+        "(with `chain`: one chain from each)."))
+    k3_stage_hop_timeout: int = Field(10, ge=1, le=600, description=(
+        "With `chain`: seconds a node waits on the peer before it in the chain (no connection, or no new byte while "
+        "that peer's copy does not grow) before it routes around it and copies from the peer before that one."))
     k3_stage_dir: str = Field("/var/lib/k3deploy/stage", description=(
         "Directory on the nodes for image archives while they are handed to peers (removed after the stage)."))
     k3_stage_port: int = Field(8873, ge=1, le=65535, description=(

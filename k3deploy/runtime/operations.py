@@ -245,9 +245,9 @@ def stage_step(step: Step) -> Commands:
         host.noop("the files it makes are here")
         return
     down = [p for p in step.peers if p in {h.name for h in state.failed_hosts}]
-    if down:   # its sender failed an earlier step (its error is above there): nothing to copy from
-        yield fail(f"not staged: {' and '.join(down)}, which was to send to it in this round, failed an earlier step "
-                   "of this run (the error is above there): nothing was copied here")
+    if down and len(down) == len(step.peers):   # its senders failed an earlier step (the error is above there)
+        yield fail(f"not staged: {' and '.join(down)}, which {'was' if len(down) == 1 else 'were'} to send to it in "
+                   "this round, failed an earlier step of this run (the error is above there): nothing was copied here")
         return
     if step.file is not None:
         f = step.file

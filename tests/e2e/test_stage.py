@@ -1,7 +1,7 @@
-"""Staging at scale on the simulated cluster: each artifact is fetched by one node and spreads node to node in
-rounds (rsync from a read-only daemon on the sender, the image as a docker save archive); every shard is verified
-against its sha256; a corrupted shard is caught and copied again from a peer, not fetched again; an air-gapped site
-rolls out from the control machine's copies."""
+"""Staging at scale on the simulated cluster: each artifact is fetched by one node and spreads node to node along a
+pipelined chain (rsync from a read-only daemon on the node before, the image as a docker save archive); every shard
+is verified against its sha256; a corrupted shard is caught and copied again from a peer, not fetched again; an
+air-gapped site rolls out from the control machine's copies."""
 
 from __future__ import annotations
 
@@ -79,17 +79,26 @@ def four() -> Iterator[Staged]:
         sim.down()
 
 
-def test_four_trays_fetch_each_artifact_once_and_spread_it_in_two_rounds(four: Staged) -> None:
+def peers_served(sim, rank: int) -> set[str]:
+    """The addresses the stage's rsync daemon on node ``rank`` served files to in this boot (its journal)."""
+    out = sim.ssh(rank, f"journalctl -b -u {commands.PEERS_UNIT} --no-pager -o cat").stdout
+    return set(re.findall(r"^rsync (?:on|to) \S+ from [^(\n]*\(([0-9.]+)\)", out, re.M))
+
+
+def test_four_trays_fetch_each_artifact_once_and_hand_it_on_along_a_chain(four: Staged) -> None:
     sim, run = four.sim, four.run
     first = sim.info["nodes"][0]["name"]
-    assert four.planned[:2] == [f"image: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds",
-                                f"weights: {first} fetches it from outside; 3 nodes get it from peers in 2 rounds"]
+    said = "3 nodes get it from peers along a chain, each file handed on as it lands"
+    assert four.planned[:2] == [f"image: {first} fetches it from outside; {said}",
+                                f"weights: {first} fetches it from outside; {said}"]
     assert run.returncode == 0, why(run)
-    assert "Stage round 2 of 2: from a peer" in run.stdout and "Stage round 3" not in run.stdout
+    assert "Stage round 1 of 1: from a peer" in run.stdout and "Stage round 2" not in run.stdout
     assert ran_on(run.stdout, f"Image {IMAGE}: from the registry") == 1       # once over the uplink
     assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 1
-    assert ran_on(run.stdout, "Stage round 1 of 2: from a peer") == 1          # then 1, then 2 nodes
-    assert ran_on(run.stdout, "Stage round 2 of 2: from a peer") == 2
+    assert ran_on(run.stdout, "Stage round 1 of 1: from a peer") == 3          # all three at once
+    ips = [n["ip"] for n in sim.info["nodes"]]
+    for rank in range(3):           # each node served the next one only: a chain, each link carrying the bytes once
+        assert peers_served(sim, rank) == {ips[rank + 1]}, (rank, peers_served(sim, rank))
     assert all(verified(sim, rank) for rank in range(4))
     served, artifacts = uplink(sim)        # the uplink carried the artifacts once, not once per node
     assert artifacts <= served <= 1.2 * artifacts, (served, artifacts)
@@ -132,7 +141,7 @@ def test_a_corrupted_shard_is_found_and_copied_again_from_a_peer(four: Staged) -
     lines = staging(sim)
     node2 = sim.info["nodes"][1]["name"]
     assert f"{node2}: weights 1 file changed since verified" in lines, lines
-    assert "weights: 1 node gets it from peers in 1 round" in lines   # from the peer, not from outside
+    assert "weights: 1 node gets it from peers along a chain, each file handed on as it lands" in lines   # not outside
     assert not verified(sim, 1)
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
@@ -165,8 +174,10 @@ def test_an_air_gapped_site_rolls_out_from_the_control_machine(sim_factory, tmp_
                  "k3_download_weights: false\n")
     first = sim.info["nodes"][0]["name"]
     assert staging(sim)[:2] == [
-        f"image: {first} fetches it from the control machine; 1 node gets it from peers in 1 round",
-        f"weights: {first} fetches it from the control machine; 1 node gets it from peers in 1 round"]
+        f"image: {first} fetches it from the control machine; 1 node gets it from peers along a chain, each file "
+        "handed on as it lands",
+        f"weights: {first} fetches it from the control machine; 1 node gets it from peers along a chain, each file "
+        "handed on as it lands"]
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
     assert ran_on(run.stdout, f"Image {IMAGE}: from the registry") == 0      # no registry, no hub

@@ -82,7 +82,7 @@ def test_every_unit_and_env_file_is_written_verbatim_and_steps_are_ordered():
     worker = first(lambda t: "bash -c '</dev/tcp/$1/$2' _ 192.0.2.11 " in t and "rendezvous" in t)
     # the stage before the files: the first node pulls and serves, the second copies from it
     serve = first(lambda t: "systemd-run --quiet --unit k3-stage-peers" in t)
-    copy = first(lambda t: "rsync://192.0.2.11:8873/k3-hub/models--moonshotai--Kimi-K3/" in t)
+    copy = first(lambda t: "K3_PEERS=gb300-node1=192.0.2.11 K3_PORT=8873 " in t and "k3_relay k3-hub" in t)
     assert pull < serve < copy < files
     health = first(lambda t: "http://192.0.2.11:8000/health" in t)
     smoke = first(lambda t: "/v1/chat/completions" in t)

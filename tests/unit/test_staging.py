@@ -1,6 +1,7 @@
-"""Staging at scale, as planned: each artifact crosses the uplink once, then spreads node to node in rounds where
-every holder hands it to one more node; holders are never sent what they have; air-gapped sources and the
-per-node and shared-cache modes."""
+"""Staging at scale, as planned: each artifact crosses the uplink once, then spreads node to node along a pipelined
+chain (or, with ``fanout``, in rounds where every holder hands it to one more node); holders are never sent what they
+have; air-gapped sources and the per-node and shared-cache modes; the chain's copy run for real between rsync
+daemons on loopback addresses, around a peer that does not answer."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from k3deploy.facts.rollout import WeightsState
 from k3deploy.model import commands
-from k3deploy.model.staging import ARCHIVE, OUTSIDE, plan_stage, summary, tree
+from k3deploy.model.staging import ARCHIVE, OUTSIDE, chain, plan_stage, summary, tree
 
 NODES = [f"n{i}" for i in range(1, 19)]
 
@@ -93,6 +94,97 @@ def test_a_shared_cache_is_filled_by_the_first_node_only():
 
 def test_tree_needs_a_holder():
     assert tree([], ["a", "b"]) == []
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 18, 72])
+def test_a_chain_is_one_round_each_node_sending_once_whatever_n(n):
+    hosts = [f"n{i}" for i in range(1, n + 1)]
+    sp = plan_stage(hosts, [], [], mode="chain", sources=1, image_archive=False, weights_source=False, download=True,
+                    shared=False)
+    for art in (sp.image, sp.weights):
+        assert art.fetch == {"n1": OUTSIDE} and len(art.rounds) == 1 == sp.rounds
+        senders = list(art.rounds[0].values())
+        assert len(senders) == len(set(senders)) == n - 1          # each node's link carries each byte out once
+        assert art.rounds[0] == {hosts[i]: hosts[i - 1] for i in range(1, n)}
+        assert all(art.upstream[h][-1] == "n1" for h in hosts[1:])   # routed around up to the holder
+    assert summary(sp)[1] == (f"weights: n1 fetches it from outside; {n - 1} node{'s' if n > 2 else ''} "
+                              f"get{'' if n > 2 else 's'} it from peers along a chain, each file handed on as it lands")
+
+
+def test_a_chain_starts_at_every_holder_and_falls_back_to_the_others():
+    links = chain(["n3", "n4"], NODES[:6])
+    assert links == {"n1": ("n3", "n4"), "n2": ("n4", "n3"), "n5": ("n1", "n3", "n4"), "n6": ("n2", "n4", "n3")}
+    sp = plan_stage(NODES[:6], ["n3", "n4"], NODES[:6], mode="chain", sources=1, image_archive=False,
+                    weights_source=False, download=True, shared=False)
+    assert sp.image.fetch == {} and sp.image.export == ["n3", "n4"] and sp.weights.rounds == []
+
+
+# --------------------------------------------------------------------------- the chain's copy, for real (rsync)
+
+
+def _daemon(tmp_path, address: str, port: int, hub) -> subprocess.Popen[bytes]:
+    conf = tmp_path / f"{address}.conf"
+    conf.write_text(f"address = {address}\nport = {port}\nuse chroot = no\nread only = yes\n"
+                    f"[{commands.HUB_MODULE}]\n    path = {hub}\n    exclude = *.incomplete .k3-*\n")
+    proc = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"])
+    import socket
+    import time
+    for _ in range(100):
+        with socket.socket() as s:
+            if s.connect_ex((address, port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    pytest.skip("no rsync daemon on a loopback address here")
+
+
+def test_the_chain_copies_along_and_routes_around_a_peer_that_does_not_answer(tmp_path):
+    import shutil
+    import socket
+
+    if shutil.which("rsync") is None:
+        pytest.skip("no rsync")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seed = tmp_path / "seed"
+    _snapshot(seed, {"a.safetensors": b"x" * 300_000, "b.safetensors": b"y" * 1000})
+    assert _sh(commands.verify_weights(str(seed), "org/m")).returncode == 0
+    mid, last = tmp_path / "mid", tmp_path / "last"
+    daemons = [_daemon(tmp_path, "127.0.0.21", port, seed / "huggingface/hub"),
+               _daemon(tmp_path, "127.0.0.22", port, mid / "huggingface/hub")]
+    try:
+        # the last node starts first: it waits on the middle one, which copies from the seed as it is asked
+        behind = subprocess.Popen(["sh", "-c", commands.relay_weights(
+            [("mid", "127.0.0.22"), ("seed", "127.0.0.21")], port, str(last), "org/m", wait=2)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ahead = _sh(commands.relay_weights([("seed", "127.0.0.21")], port, str(mid), "org/m", wait=2))
+        assert ahead.returncode == 0, ahead.stderr
+        out, err = behind.communicate(timeout=60)
+        assert behind.returncode == 0, err
+        assert "routed around" not in err and "verified 3 files" in out
+        for node in (mid, last):
+            d = node / "huggingface/hub/models--org--m"
+            assert (d / commands.VERIFIED).exists() and not list(d.glob("blobs/*.k3-part"))
+        # a peer whose link is down (nothing answers at its address) is routed around, and said so
+        cut = tmp_path / "cut"
+        res = _sh(commands.relay_weights([("gone", "127.0.0.23"), ("mid", "127.0.0.22")], port, str(cut), "org/m",
+                                         wait=2))
+        assert res.returncode == 0, res.stderr
+        assert "stage: gone (127.0.0.23) gave no snapshot" in res.stderr and "routed around it" in res.stderr
+        # a peer whose copy of a shard went bad: copied once more, then refused, naming the blob
+        shard = next(b for b in (mid / "huggingface/hub/models--org--m/blobs").iterdir() if len(b.name) == 64
+                     and b.stat().st_size == 300_000)
+        shard.write_bytes(b"z" * 300_000)
+        rot = _sh(commands.relay_weights([("mid", "127.0.0.22")], port, str(tmp_path / "rot"), "org/m", wait=2))
+        assert rot.returncode == 1 and f"stage: no peer gave a whole, good blob {shard.name} of org/m" in rot.stderr
+        # no peer at all: one line naming what could not be had
+        none = _sh(commands.relay_weights([("gone", "127.0.0.23")], port, str(tmp_path / "none"), "org/m", wait=1))
+        assert none.returncode == 1 and "stage: no peer gave the snapshot of org/m" in none.stderr
+    finally:
+        for d in daemons:
+            d.terminate()
+            d.wait()
 
 
 # --------------------------------------------------------------------------- verification, for real (sha256sum)

@@ -161,7 +161,10 @@ def stage(doc: Draft, rollout: Rollout, context: Context) -> None:
         index = step.kind.round if step.kind is not None and step.kind.part is steps.StagePart.ROUND else None
         if index is not None and index not in said:
             said.add(index)
-            doc.p(f"Round {index + 1} of {plan.rounds}: each of these nodes copies from the peer named (all at once).")
+            doc.p("All at once, along a chain: each of these nodes copies every file from the peer named as that peer "
+                  "receives it, verifies it as it lands, and routes around a peer that stops answering."
+                  if plan.image.upstream or plan.weights.upstream else
+                  f"Round {index + 1} of {plan.rounds}: each of these nodes copies from the peer named (all at once).")
         if step.file is not None and step.file.source is not None:
             doc.p(f"Copy the Hugging Face token from `{step.file.source}` on the control machine to {step.file.dest} "
                   f"on {h} (0600); the value is never typed or shown.")
