@@ -40,6 +40,7 @@ from functools import cached_property
 from typing import ClassVar
 
 from k3deploy.errors import K3Error
+from k3deploy.model import compilecache
 from k3deploy.model.commands import wait_tcp
 from k3deploy.model.engine import EngineSpec
 from k3deploy.model.hosttext import IMAGE_LINE, launch_argv, launch_image
@@ -652,7 +653,8 @@ class HostFiles:
 
 def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
     """Per host, the files the Slurm launcher writes: on each node its launch scripts (0755) and env files (0600,
-    as the systemd path writes them) and the directories of its groups' outputs; on ``submit_host``
+    as the systemd path writes them), the directories of its groups' outputs and of its engines' compile caches
+    (the job's user writes both); on ``submit_host``
     (:func:`check_submit`; None: no batch script is placed) the batch scripts (0644). Hosts in inventory order, the
     submit host last when it runs no unit."""
     submit = submit_host
@@ -661,6 +663,11 @@ def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
         dirs, files = out.setdefault(u.host, ([], []))
         if group_dir(rollout, u.group) not in dirs:
             dirs.append(group_dir(rollout, u.group))
+        # the engine's compile caches (k3_compile_cache): their key's directory, which the job's user writes
+        key = compilecache.key_of(u.spec.env_map) if u.spec is not None else None
+        caches = compilecache.host_dir(rollout.vars.k3_model_cache, key) if key is not None else None
+        if caches is not None and caches not in dirs:
+            dirs.append(caches)
         files += [NodeFile(u.env_path, u.env_text, "0600", u.spec if u.kept_env_text is None else None,
                            owner=rollout.vars.k3_slurm_user),
                   NodeFile(launch_path(rollout, u), launch_script(rollout, u), "0755")]
@@ -671,7 +678,8 @@ def host_files(rollout: Placement, submit_host: str | None) -> list[HostFiles]:
         files += [NodeFile(j.path, j.script, "0644") for j in jobs(rollout)]
     user = rollout.vars.k3_slurm_user
     groups = {group_dir(rollout, g) for g in rollout.groups}
-    return [HostFiles(h, tuple(d), tuple(f), tuple(x for x in d if x in groups) if user else ())
+    caches = compilecache.host_root(rollout.vars.k3_model_cache) + "/"
+    return [HostFiles(h, tuple(d), tuple(f), tuple(x for x in d if x in groups or x.startswith(caches)) if user else ())
             for h, (d, f) in out.items()]
 
 

@@ -126,8 +126,10 @@ def test_the_image_is_staged_as_the_runtimes_file_made_once_and_handed_on_keyed_
     pull = made[("n0", "Image " + PINNED + ": from the registry")]
     assert f"enroot import -o {path}.part docker://{PINNED}" in pull and f"> {path}.sha256.part" in pull
     got = made[("n1", "Stage round 1 of 1: from a peer")]
-    assert f"rsync://192.0.2.10:{r.vars.k3_stage_port}/k3-stage/images/{path.rsplit('/', 1)[1]}" in got
-    assert f"sha256sum < {path}.part" in got
+    # along the stage's chain (k3_stage: chain): the file from its peer's daemon, checked against its checksum
+    assert f"k3_relay k3-stage images/{path.rsplit('/', 1)[1]}" in got and "K3_PEERS=n0=192.0.2.10 " in got
+    assert '$K3_SHA256 < "$a.k3-part"' in got and 'mv -f "$a.k3-part" "$a"' in got
+    assert "docker load" not in got
     hub = made[("n0", "Weights of moonshotai/Kimi-K3: from the hub")]
     assert f"enroot start --mount /var/lib/k3deploy/cache:/root/.cache {path} hf download" in hub
     assert not any(f"docker {verb}" in text for text in made.values() for verb in ("run", "load", "save", "pull", "tag"))
@@ -136,7 +138,7 @@ def test_the_image_is_staged_as_the_runtimes_file_made_once_and_handed_on_keyed_
     name = path.rsplit("/", 1)[1]
     held = staged(r, {"n1": [name]})
     assert ("n0", "Stage round 1 of 1: from a peer") in held and not any("from the registry" in n for _, n in held)
-    assert "rsync://192.0.2.11:" in held[("n0", "Stage round 1 of 1: from a peer")]
+    assert "K3_PEERS=n1=192.0.2.11 " in held[("n0", "Stage round 1 of 1: from a peer")]
     both = staged(r, {"n0": [name], "n1": [name]}).values()
     assert not any("enroot import" in text or f"images/{name}.part" in text for text in both)
     # the files of images no kept revision runs are removed, with their checksums, after the stage
