@@ -4,20 +4,27 @@ on rail switches without a spine under expert parallelism across nodes (finding 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from helpers import k3, preflight, result
+from helpers import k3_here, preflight, result
 from helpers.simulated import Sim
 
 pytestmark = pytest.mark.sim
 
 
-def test_a_spectrum_x_tray_keeps_its_bluefield_out_of_nccl_ib_hca():
+@pytest.fixture(scope="module")
+def trays() -> Iterator[Sim]:
+    """Two GB300 trays on a Spectrum-X fabric, shared by the two tests of two trays (the second switches the faults
+    it needs)."""
     sim = Sim("e26h3a", "gb300", 2, "--fault", "0:spectrum-x", "--fault", "1:spectrum-x")
-    try:
-        rc, report = preflight(sim.inventory)
-    finally:
-        sim.down()
+    yield sim
+    sim.down()
+
+
+def test_a_spectrum_x_tray_keeps_its_bluefield_out_of_nccl_ib_hca(trays):
+    rc, report = preflight(trays.inventory)
     assert rc == 0, report
     for host in ("e26h3a-node1", "e26h3a-node2"):
         rdma = result(report, host, "rdma.devices")
@@ -32,7 +39,7 @@ def test_expert_parallelism_across_a_rail_only_node_fails_naming_the_cross_rail_
     try:
         routes = sim.ssh(0, "ip -o -4 addr show ib1; ibdev2netdev")
         rc, report = preflight(sim.inventory)
-        k3("sim", "fault", "--name", "e26h3b", "--clear", "1:rail-only", check=True)
+        k3_here("sim", "fault", "--name", "e26h3b", "--clear", "1:rail-only", check=True)
         rc_clear, cleared = preflight(sim.inventory)
     finally:
         sim.down()
@@ -48,13 +55,12 @@ def test_expert_parallelism_across_a_rail_only_node_fails_naming_the_cross_rail_
     assert rc_clear == 0 and {result(cleared, h, "rdma.reach")["status"] for h in cleared["hosts"]} == {"pass"}
 
 
-def test_no_reach_round_without_expert_parallelism_across_nodes():
-    sim = Sim("e26h3c", "gb300", 2, "--strategy", "multi_node_tp", "--fault", "1:rail-only")
-    sim.set_vars("k3_rdma_reach: true\n")   # the reachability round is opt-in
-    try:
-        rc, report = preflight(sim.inventory)
-    finally:
-        sim.down()
+def test_no_reach_round_without_expert_parallelism_across_nodes(trays):
+    sim = trays   # InfiniBand again, the second tray on rails without a spine
+    k3_here("sim", "fault", "--name", sim.name, "--clear", "0:spectrum-x", "1:spectrum-x", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "1:rail-only", check=True)
+    sim.set_vars("k3_strategy: multi_node_tp\nk3_rdma_reach: true\n")   # the reachability round is opt-in
+    rc, report = preflight(sim.inventory)
     assert rc == 0, report
     assert not [r for h in report["hosts"].values() for r in h["results"] if r["check"] == "rdma.reach"]
 
