@@ -4,8 +4,6 @@ on rail switches without a spine under expert parallelism across nodes (finding 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from helpers import k3_here, preflight, result
@@ -14,17 +12,12 @@ from helpers.simulated import Sim
 pytestmark = pytest.mark.sim
 
 
-@pytest.fixture(scope="module")
-def trays() -> Iterator[Sim]:
-    """Two GB300 trays on a Spectrum-X fabric, shared by the two tests of two trays (the second switches the faults
-    it needs)."""
+def test_a_spectrum_x_tray_keeps_its_bluefield_out_of_nccl_ib_hca():
     sim = Sim("e26h3a", "gb300", 2, "--fault", "0:spectrum-x", "--fault", "1:spectrum-x")
-    yield sim
-    sim.down()
-
-
-def test_a_spectrum_x_tray_keeps_its_bluefield_out_of_nccl_ib_hca(trays):
-    rc, report = preflight(trays.inventory)
+    try:
+        rc, report = preflight(sim.inventory)
+    finally:
+        sim.down()
     assert rc == 0, report
     for host in ("e26h3a-node1", "e26h3a-node2"):
         rdma = result(report, host, "rdma.devices")
@@ -55,12 +48,13 @@ def test_expert_parallelism_across_a_rail_only_node_fails_naming_the_cross_rail_
     assert rc_clear == 0 and {result(cleared, h, "rdma.reach")["status"] for h in cleared["hosts"]} == {"pass"}
 
 
-def test_no_reach_round_without_expert_parallelism_across_nodes(trays):
-    sim = trays   # InfiniBand again, the second tray on rails without a spine
-    k3_here("sim", "fault", "--name", sim.name, "--clear", "0:spectrum-x", "1:spectrum-x", check=True)
-    k3_here("sim", "fault", "--name", sim.name, "1:rail-only", check=True)
-    sim.set_vars("k3_strategy: multi_node_tp\nk3_rdma_reach: true\n")   # the reachability round is opt-in
-    rc, report = preflight(sim.inventory)
+def test_no_reach_round_without_expert_parallelism_across_nodes():
+    sim = Sim("e26h3c", "gb300", 2, "--strategy", "multi_node_tp", "--fault", "1:rail-only")
+    sim.set_vars("k3_rdma_reach: true\n")   # the reachability round is opt-in
+    try:
+        rc, report = preflight(sim.inventory)
+    finally:
+        sim.down()
     assert rc == 0, report
     assert not [r for h in report["hosts"].values() for r in h["results"] if r["check"] == "rdma.reach"]
 
