@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import k3, preflight
+from helpers import k3, k3_here, preflight
 
 pytestmark = pytest.mark.sim
 
@@ -45,11 +45,11 @@ def test_a_healthy_mi355x_pair_passes_with_peer_memory_and_one_driver(pair):
 
 def test_an_old_amdgpu_on_one_node_fails_it_and_the_group(pair):
     """Before: `PASS amdgpu 6.0.0`, no floor and no comparison with the other node's 6.14.14."""
-    k3("sim", "fault", "--name", NAME, "1:driver=6.0.0", check=True)
+    k3_here("sim", "fault", "--name", NAME, "1:driver=6.0.0", check=True)
     try:
         rc, report = preflight(pair.inventory)
     finally:
-        k3("sim", "fault", "--name", NAME, "--clear", check=True)
+        k3_here("sim", "fault", "--name", NAME, "--clear", check=True)
     bad = failing(report)
     assert rc == 1
     assert {(f"{NAME}-node2", "rocm.driver"), (f"{NAME}-node2", "rocm.driver.group")} <= bad, bad
@@ -57,11 +57,11 @@ def test_an_old_amdgpu_on_one_node_fails_it_and_the_group(pair):
 
 
 def test_no_peer_memory_fails_that_nodes_gpudirect_and_clearing_it_brings_it_back(pair):
-    k3("sim", "fault", "--name", NAME, "1:no-peer-memory", check=True)
+    k3_here("sim", "fault", "--name", NAME, "1:no-peer-memory", check=True)
     try:
         rc, report = preflight(pair.inventory)
     finally:
-        k3("sim", "fault", "--name", NAME, "--clear", check=True)
+        k3_here("sim", "fault", "--name", NAME, "--clear", check=True)
     assert rc == 1 and failing(report) == {(f"{NAME}-node2", "rdma.gpudirect")}
     gdr = results(report)[(f"{NAME}-node2", "rdma.gpudirect")]
     assert "host memory" in gdr["observed"] and gdr["fix"]
@@ -72,23 +72,23 @@ def test_no_peer_memory_fails_that_nodes_gpudirect_and_clearing_it_brings_it_bac
 def test_a_partitioned_gpu_count_points_to_spx_and_nps1(pair):
     """64 devices on an 8-GPU MI355X node is what CPX/NPS4 partitions show: the fix names SPX/NPS1, not
     CUDA_VISIBLE_DEVICES or MIG (before: the NVIDIA wording on every vendor)."""
-    k3("sim", "fault", "--name", NAME, "1:gpu-count=64", check=True)
+    k3_here("sim", "fault", "--name", NAME, "1:gpu-count=64", check=True)
     try:
         rc, report = preflight(pair.inventory)
     finally:
-        k3("sim", "fault", "--name", NAME, "--clear", check=True)
+        k3_here("sim", "fault", "--name", NAME, "--clear", check=True)
     count = results(report)[(f"{NAME}-node2", "gpu.count")]
     assert rc == 1 and count["status"] == "fail" and count["observed"] == "64 devices"
     assert "SPX" in count["fix"] and "NPS1" in count["fix"] and "MIG" not in count["fix"]
 
 
 def test_without_amd_smi_the_health_is_unknown_a_warning_not_a_pass(pair):
-    k3("sim", "fault", "--name", NAME, "1:no-amd-smi", check=True)
+    k3_here("sim", "fault", "--name", NAME, "1:no-amd-smi", check=True)
     try:
         rc, report = preflight(pair.inventory)
         status = k3("status", pair.inventory)
     finally:
-        k3("sim", "fault", "--name", NAME, "--clear", check=True)
+        k3_here("sim", "fault", "--name", NAME, "--clear", check=True)
     assert rc == 0 and failing(report) == set(), failing(report)
     health = results(report)[(f"{NAME}-node2", "hardware.health")]
     assert health["status"] == "warn", health

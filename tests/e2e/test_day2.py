@@ -1,22 +1,36 @@
 """Day 2 on the simulated cluster: `status` says serving / degraded / down with the exit code automation reads,
-and `bundle` writes one file with what support needs and no secret."""
+and `bundle` writes one file with what support needs and no secret.
+
+The tests share one cluster of two GB300 trays: the first finds it with nothing installed; the second starts from
+the cluster's own variables and deploys its own change of them.
+"""
 
 from __future__ import annotations
 
 import json
 import tarfile
+from collections.abc import Iterator
 
 import pytest
 
 from helpers import ROOT, deploy, k3, member, why
+from helpers.simulated import Sim
 
 pytestmark = pytest.mark.sim
 
 TOKEN = "hf_bundleE2EsecretTOKEN987654321"
 
 
-def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path):
-    sim = sim_factory("d2s", "gb300", 2)
+@pytest.fixture(scope="module")
+def trays() -> Iterator[tuple[Sim, str]]:
+    """Two GB300 trays, shared by the module's tests, and the variables they were brought up with."""
+    sim = Sim("d2s", "gb300", 2)
+    yield sim, sim.group_vars.read_text()
+    sim.down()
+
+
+def test_status_and_a_support_bundle_of_a_serving_cluster(trays, tmp_path):
+    sim, _ = trays
     token = tmp_path / "hf-token"
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
@@ -67,11 +81,12 @@ def test_status_and_a_support_bundle_of_a_serving_cluster(sim_factory, tmp_path)
     assert {u["host"]: u["verdict"] for g in st["groups"] for u in g["units"]}[worker["host"]] == "down"
 
 
-def test_a_group_whose_member_restarted_is_repaired_by_the_next_run(sim_factory):
+def test_a_group_whose_member_restarted_is_repaired_by_the_next_run(trays):
     """Without self-healing (k3_heal: false), a worker's engine dies and systemd restarts it on its own: the group
     may be wedged (headless engines do not recover when a peer restarts, vllm#32136), so the next run restarts the
     group in order; then nothing."""
-    sim = sim_factory("d2w", "gb300", 2)
+    sim, own = trays
+    sim.group_vars.write_text(own)
     sim.set_vars("k3_strategy: multi_node_tp\nk3_stage: per_node\nk3_heal: false\n")
     assert deploy(sim.inventory).returncode == 0
     assert json.loads(k3("plan", sim.inventory, "--json", check=False).stdout)["changes_pending"] is False

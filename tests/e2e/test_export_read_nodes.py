@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import k3
+from helpers import k3, k3_here
 from k3deploy.model.runbook.blanks import HCA_COMMAND, interface_command
 
 pytestmark = pytest.mark.sim
@@ -21,7 +21,7 @@ def test_export_reads_what_the_inventory_leaves_out(sim_factory, tmp_path):
     sim = sim_factory("ke1", "gb300", 2)
     sim.set_vars("k3_strategy: multi_node_tp\n")
     out = tmp_path / "k8s"
-    proc = k3("export", "kubernetes", sim.inventory, "-o", str(out))
+    proc = k3_here("export", "kubernetes", sim.inventory, "-o", str(out))   # reads no host: in this process
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "--iface" in proc.stderr and "--ib-hca" in proc.stderr and "--read-nodes" in proc.stderr
     assert not out.exists()

@@ -119,8 +119,8 @@ def test_a_tray_back_after_a_spare_took_its_rank_does_not_start_its_engine(clust
 
     # a tray that still holds its rank comes back serving by itself: its check finds its rank its own
     k3("sim", "reboot", sim.name, "2", check=True)
-    assert until(lambda: k3("status", sim.inventory, "--json").returncode == 0 and
-                 sim.ssh(2, f"systemctl is-active {UNIT}").stdout.strip() == "active", 120), journal(sim, 2)
+    assert until(lambda: sim.ssh(2, f"systemctl is-active {UNIT}").stdout.strip() == "active" and
+                 k3("status", sim.inventory, "--json").returncode == 0, 120), journal(sim, 2)
     assert "no longer holds" not in journal(sim, 2)
 
 

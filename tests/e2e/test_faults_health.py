@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from helpers import deploy, k3, preflight, result, why
+from helpers import deploy, k3, k3_here, preflight, result, why
 from helpers.simulated import Sim, endpoint_of, openai_client
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
@@ -60,7 +60,7 @@ def test_a_quarantine_record_is_read_and_a_cleared_fault_clears_the_event(sim: S
     record = {"reason": "XID 79 on GPU 0 (fallen off the bus)", "events": [], "when": "2026-12-05T10:00:00Z"}
     assert sim.ssh(0, f"mkdir -p /etc/k3deploy && echo '{json.dumps(record)}' > /etc/k3deploy/quarantine"
                    ).returncode == 0
-    k3("sim", "fault", NAME, "--clear", "1:xid", check=True)
+    k3_here("sim", "fault", NAME, "--clear", "1:xid", check=True)
     rc, report = preflight(sim.inventory)
     assert report["failed_hosts"] == [NODE1]
     quarantined = result(report, NODE1, "node.quarantine")
@@ -73,7 +73,7 @@ def test_a_quarantine_record_is_read_and_a_cleared_fault_clears_the_event(sim: S
 
 @pytest.fixture(scope="module")
 def spared() -> Iterator[Sim]:
-    k3("sim", "down", "--name", SPARED, check=False)
+    k3_here("sim", "down", "--name", SPARED, check=False)
     cluster = Sim(SPARED, "gb300", 2, "--spares", "1")
     try:
         cluster.set_vars("k3_strategy: multi_node_tp\nk3_link_timeout: 10\n")
@@ -86,7 +86,7 @@ def spared() -> Iterator[Sim]:
 
 def test_a_pending_remap_warns_and_the_tray_keeps_serving_without_a_spare(spared: Sim) -> None:
     node1, node2, spare = (n["name"] for n in spared.info["nodes"])
-    k3("sim", "fault", "--name", SPARED, "1:ecc=pending-remap", check=True)
+    k3_here("sim", "fault", "--name", SPARED, "1:ecc=pending-remap", check=True)
     rc, report = preflight(spared.inventory)
     warn = result(report, node2, "hardware.health")
     assert (warn["status"], warn["observed"]) == ("warn", "row remap pending on GPU 0 (not fatal)"), warn
@@ -106,7 +106,7 @@ def test_a_pending_remap_warns_and_the_tray_keeps_serving_without_a_spare(spared
 
 def test_the_recovery_action_reboot_quarantines_the_tray_and_the_spare_takes_its_place(spared: Sim) -> None:
     node1, node2, spare = (n["name"] for n in spared.info["nodes"])
-    k3("sim", "fault", "--name", SPARED, "1:recovery=reboot", check=True)
+    k3_here("sim", "fault", "--name", SPARED, "1:recovery=reboot", check=True)
     rc, report = preflight(spared.inventory)
     bad = result(report, node2, "hardware.health")
     assert bad["status"] == "fail" and bad["observed"].startswith(

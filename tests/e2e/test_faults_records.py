@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, why
+from helpers import PYINFRA, ROOT, deploy, k3, k3_here, why
 from helpers.clients import Client
 from helpers.simulated import Sim
 
@@ -172,11 +172,11 @@ def test_rollback_to_previous_skips_a_revision_that_never_served(cluster: Cluste
     sim = cluster.sim
     served = cluster.history()["engine-r0"]["current"]
     # a change whose replica 0 never serves (its worker crashes at start): recorded, never served
-    k3("sim", "fault", sim.name, "1:engine-crash", check=True)
+    k3_here("sim", "fault", sim.name, "1:engine-crash", check=True)
     cluster.change("never")
     failed = deploy(sim.inventory)
     assert failed.returncode != 0, why(failed)
-    k3("sim", "fault", sim.name, "--clear", "1", check=True)
+    k3_here("sim", "fault", sim.name, "--clear", "1", check=True)
     never = max(r["number"] for r in cluster.history()["engine-r0"]["revisions"])
     assert never > served
     cluster.change()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, k3, present, why
+from helpers import PYINFRA, ROOT, k3, k3_here, present, why
 from helpers.records import current, recorded, runs_a_recorded_revision
 from helpers.simulated import Sim
 
@@ -231,7 +231,7 @@ def test_an_outside_cut_in_the_stage_leaves_the_group_serving(cluster):
     # breaks once, in the middle of the checkpoint
     for rank in (0, 1):
         assert sim.ssh(rank, f"rm -rf {MODEL}").returncode == 0
-    k3("sim", "fault", sim.name, "outside-cut=2", check=True)
+    k3_here("sim", "fault", sim.name, "outside-cut=2", check=True)
     change(sim, "outside-cut")
     run = Run(sim).finish()
     assert run.returncode != 0, why(run)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import deploy, k3, preflight, why
+from helpers import deploy, k3, k3_here, preflight, why
 from helpers.simulated import Sim, endpoint_of, openai_client
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
@@ -62,7 +62,7 @@ def node_state(sim: Sim) -> list[str]:
 
 def test_connection_settings_only_in_group_vars_deploy_end_to_end(sim):
     inv = sim.inventory
-    shown = json.loads(k3("vars", inv, "--json", check=True).stdout)
+    shown = json.loads(k3_here("vars", inv, "--json", check=True).stdout)   # reads no host: in this process
     head, worker = (shown["hosts"][h] for h in list(shown["hosts"])[:2])
     stem = Path(inv).stem
     assert head["ssh_user"]["value"] == "root" and head["ssh_user"]["from"].endswith("group_vars/head.yml")

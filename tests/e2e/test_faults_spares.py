@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import deploy, k3, why
+from helpers import deploy, k3, k3_here, why
 from helpers.simulated import Sim, WatchLoop, endpoint_of, openai_client
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
@@ -21,7 +21,7 @@ UNIT = "k3-engine.service"
 
 @pytest.fixture(scope="module")
 def cluster():
-    k3("sim", "down", "--name", "ssp", check=False)
+    k3_here("sim", "down", "--name", "ssp", check=False)
     sim = Sim("ssp", "gb300", 2, "--spares", "1")
     sim.set_vars("k3_strategy: multi_node_tp\nk3_link_timeout: 10\n")
     first = deploy(sim.inventory)
@@ -37,13 +37,13 @@ def test_a_spare_out_of_the_imex_domain_fails_no_serving_tray(cluster):
     sim = cluster
     node1, node2, spare = (n["name"] for n in sim.info["nodes"])
     assert k3("sim", "power", sim.name, "2", "off", check=True).returncode == 0
-    k3("sim", "fault", "--name", sim.name, "1:imex-peer-down", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "1:imex-peer-down", check=True)
     try:
         shown = sim.ssh(1, "nvidia-imex-ctl -N").stdout
         report = json.loads(k3("preflight", sim.inventory, "--json", check=False).stdout)
         run = deploy(sim.inventory)
     finally:
-        k3("sim", "fault", "--name", sim.name, "--clear", "1:imex-peer-down", check=True)
+        k3_here("sim", "fault", "--name", sim.name, "--clear", "1:imex-peer-down", check=True)
         k3("sim", "power", sim.name, "2", "on", check=True)
     address = sim.info["nodes"][2]["ip"]
     assert "UNAVAILABLE" in shown and "Domain State: DEGRADED" in shown, shown
@@ -139,7 +139,7 @@ def test_a_quarantined_head_is_replaced_stood_down_and_released(cluster):
 def test_an_xid_79_quarantines_the_node_and_a_spare_takes_its_place(cluster):
     sim = cluster
     node1, node2, spare = (n["name"] for n in sim.info["nodes"])   # node2 is the head now, node1 a spare again
-    k3("sim", "fault", "--name", sim.name, "1:xid=79", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "1:xid=79", check=True)
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
     assert f"{node1} takes {node2}'s place: rank 0 of group engine (quarantined: XID 79 on GPU 0" in run.stdout

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import deploy, k3, why
+from helpers import deploy, k3, k3_here, why
 from helpers.simulated import Sim, endpoint_of, openai_client
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
@@ -23,7 +23,7 @@ UNIT = "k3-engine.service"
 
 @pytest.fixture(scope="module")
 def cluster():
-    k3("sim", "down", "--name", "vpa", check=False)
+    k3_here("sim", "down", "--name", "vpa", check=False)
     sim = Sim("vpa", "gb300", 2, "--spares", "1", "--vip")
     sim.set_vars("k3_strategy: multi_node_tp\nk3_link_timeout: 10\n")
     first = deploy(sim.inventory)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers import deploy, k3, why
+from helpers import deploy, k3, k3_here, why
 
 pytestmark = pytest.mark.sim
 
@@ -46,7 +46,7 @@ def test_first_hour_reports(sim_factory):
     # unit comes while no container exists (its ExecStop's docker stop finds none), and when the failure is
     # reported the next attempt has not created one yet, so the report says so, whatever the machine's load (the
     # container of an attempt already running was shown instead at times)
-    k3("sim", "fault", "--name", sim.name, "1:engine-crash", "1:docker-slow-create=15", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "1:engine-crash", "1:docker-slow-create=15", check=True)
     sim.ssh(1, "systemctl restart k3-engine.service")
     failed = deploy(sim.inventory)
     assert failed.returncode != 0

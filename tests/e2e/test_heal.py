@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import deploy, k3, why
+from helpers import deploy, k3, k3_here, why
 
 pytestmark = pytest.mark.sim
 
@@ -72,7 +72,7 @@ def test_a_crash_loop_backs_off_shows_in_status_and_recovers_once_fixed(sim_fact
     sim = sim_factory("loop", "gb300", 2)
     sim.set_vars("k3_strategy: multi_node_tp\nk3_stage: per_node\nk3_restart_max_delay: 8\n")
     assert deploy(sim.inventory).returncode == 0
-    k3("sim", "fault", sim.name, "1:engine-crash", check=True)
+    k3_here("sim", "fault", sim.name, "1:engine-crash", check=True)
     sim.ssh(1, f"systemctl kill --signal=SIGKILL {UNIT}")
     deadline = time.monotonic() + 120
     verdict = None
@@ -86,5 +86,5 @@ def test_a_crash_loop_backs_off_shows_in_status_and_recovers_once_fixed(sim_fact
     assert "crash loop, waiting" in journal(sim, 1)    # each start waits longer
     text = k3("status", sim.inventory, check=False)
     assert text.returncode == 1 and "restarts" in text.stdout
-    k3("sim", "fault", sim.name, "--clear", check=True)
+    k3_here("sim", "fault", sim.name, "--clear", check=True)
     until_status(sim, 0, 150)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import k3, preflight
+from helpers import k3_here, preflight
 
 pytestmark = pytest.mark.sim
 
@@ -65,11 +65,11 @@ def test_nccl_probe_passes_with_gdrdma_and_fails_the_node_without(pair):
     assert "Got completion from peer" in hang["observed"] and "hca mlx5_bond_0" in hang["observed"]
     assert "k3_ib_hca" in hang["fix"]
 
-    k3("sim", "fault", "--name", "e8p", "1:no-dmabuf", check=True)
+    k3_here("sim", "fault", "--name", "e8p", "1:no-dmabuf", check=True)
     try:
         rc, report = preflight(pair.inventory)
     finally:
-        k3("sim", "fault", "--name", "e8p", "--clear", check=True)
+        k3_here("sim", "fault", "--name", "e8p", "--clear", check=True)
     assert rc == 1 and report["failed_hosts"] == ["e8p-node2"]
     bad = result(report, "e8p-node2", "nccl.probe")
     assert "via NET/IB/0/GDRDMA" not in bad["observed"] and "errno 524" in bad["observed"]

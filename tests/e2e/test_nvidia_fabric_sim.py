@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import k3, preflight, result
+from helpers import k3_here, preflight, result
 from helpers.simulated import Sim
 
 pytestmark = pytest.mark.sim
@@ -54,7 +54,7 @@ def test_two_replicas_in_two_racks_pass_and_a_replica_split_across_them_is_refus
     try:
         sim.set_vars("k3_strategy: multi_node_tp\n")
         rc, report = preflight(sim.inventory)
-        k3("sim", "fault", "--name", sim.name, "--clear", "3", check=True)
+        k3_here("sim", "fault", "--name", sim.name, "--clear", "3", check=True)
         rc_split, split = preflight(sim.inventory)
     finally:
         sim.down()

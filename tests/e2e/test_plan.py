@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, plan_json, why
+from helpers import PYINFRA, ROOT, deploy, k3, k3_here, plan_json, why
 
 pytestmark = pytest.mark.sim
 
@@ -102,7 +102,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     assert rc == 0 and data["restart_order"] == []
 
     # an unreachable node: exit 2, the node and the reason named
-    k3("sim", "fault", "--name", sim.name, "1:sshd-down", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "1:sshd-down", check=True)
     down = k3("plan", sim.inventory, check=False)
     assert down.returncode == 2
     assert worker in down.stderr and "cannot reach" in down.stderr and "Traceback" not in down.stderr

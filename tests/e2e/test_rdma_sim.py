@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import k3, preflight, result
+from helpers import k3_here, preflight, result
 from helpers.simulated import Sim
 
 pytestmark = pytest.mark.sim
@@ -32,7 +32,7 @@ def test_expert_parallelism_across_a_rail_only_node_fails_naming_the_cross_rail_
     try:
         routes = sim.ssh(0, "ip -o -4 addr show ib1; ibdev2netdev")
         rc, report = preflight(sim.inventory)
-        k3("sim", "fault", "--name", "e26h3b", "--clear", "1:rail-only", check=True)
+        k3_here("sim", "fault", "--name", "e26h3b", "--clear", "1:rail-only", check=True)
         rc_clear, cleared = preflight(sim.inventory)
     finally:
         sim.down()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import deploy, k3, totals, why
+from helpers import deploy, k3, k3_here, totals, why
 from helpers.clients import Client
 
 pytestmark = pytest.mark.sim
@@ -64,7 +64,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
 
     # replica 0 does not come back (its worker crashes at start): the roll stops there, replica 1 keeps the old
     # version and the endpoint serves
-    k3("sim", "fault", sim.name, "1:engine-crash", check=True)
+    k3_here("sim", "fault", sim.name, "1:engine-crash", check=True)
     sim.set_vars("k3_extra_env: {K3_CHANGE: two}\n")
     with Client(endpoint) as client:
         run = deploy(sim.inventory)
@@ -83,7 +83,7 @@ def test_two_replicas_roll_with_zero_failed_requests(sim_factory):
     assert {g["name"]: g["in_router"] for g in st["groups"]}["engine-r0"] is False
 
     # the fault gone, rollback goes back to revision 2 the same way: replica by replica, no failed request
-    k3("sim", "fault", sim.name, "--clear", "1", check=True)
+    k3_here("sim", "fault", sim.name, "--clear", "1", check=True)
     with Client(endpoint) as client:
         run = deploy(sim.inventory, "--data", "k3_rollback=true")
         time.sleep(1)

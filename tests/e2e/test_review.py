@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, why
+from helpers import PYINFRA, ROOT, deploy, k3, k3_here, why
 
 pytestmark = pytest.mark.sim
 
@@ -34,7 +34,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     node2 = sim.info["nodes"][1]["name"]
 
     # an old driver on node 2: the dry run fails, names the node, what it saw and what is required, once
-    k3("sim", "fault", "--name", sim.name, "1:driver=550.54.15", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "1:driver=550.54.15", check=True)
     run = dry(sim.inventory)
     assert run.returncode == 1, why(run)
     assert f"preflight failed on {node2};" in run.stdout
@@ -44,7 +44,7 @@ def test_review_before_change_on_a_real_run(sim_factory):
     assert "after the driver upgrade to r580" in fm and "install nvidia-fabricmanager 550" not in fm
     assert run.stdout.count("nothing was changed") == 2 and "No hosts remaining" not in run.stdout
     assert all(sim.ssh(rank, nothing_installed).returncode == 0 for rank in (0, 1))
-    k3("sim", "fault", "--name", sim.name, "--clear", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "--clear", check=True)
 
     # a misspelt engine flag: refused with the right spelling before anything changes
     sim.set_vars('k3_extra_args: ["--max-modle-len", "262144"]\n')

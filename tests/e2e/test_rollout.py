@@ -2,7 +2,9 @@
 
 Tests that deploy a change of their own to a cluster of the same shape share one (``one_b300``, ``two_gb300``): each
 starts from the cluster's own variables (what the test before it set is gone) and asserts on what its own deploy
-did, so it holds whether its deploy is the cluster's first rollout or a change of a serving one.
+did, so it holds whether its deploy is the cluster's first rollout or a change of a serving one. The two tests that
+assert that a refused first deploy wrote nothing (a pinned digest the registry lacks, a driver below the floor) come
+first, each on its cluster's first deploy.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from helpers import ROOT, deploy, totals, why
+from helpers import ROOT, deploy, k3_here, totals, why
 from helpers.simulated import Sim, endpoint_of, openai_client
 
 pytestmark = pytest.mark.sim
@@ -46,6 +48,40 @@ def two_gb300(gb300_trays: tuple[Sim, str]) -> Sim:
     sim, own = gb300_trays
     sim.group_vars.write_text(own)
     return sim
+
+
+def test_pinned_digest_is_verified(one_b300):
+    """The tray's first deploy: an image pinned to a digest the registry lacks is refused in the stage, before any
+    unit is written; the right digest deploys that build."""
+    import json as _json
+
+    registry = _json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())
+    good = registry["vllm/vllm-openai"]["kimi-k3"]["digest"]
+    sim = one_b300
+    sim.set_vars(f'k3_image: "@sha256:{"0" * 64}"\n')
+    bad = deploy(sim.inventory)
+    assert bad.returncode != 0 and "Stage | Image" in bad.stdout
+    assert sim.ssh(0, "test -e /etc/systemd/system/k3-engine.service && echo present || echo absent").stdout.strip() == "absent"
+    sim.group_vars.write_text(sim.group_vars.read_text().replace("0" * 64, good.split(":", 1)[1]))
+    ok = deploy(sim.inventory)
+    assert ok.returncode == 0, why(ok)
+    unit = sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
+    assert f"vllm/vllm-openai:k3-sha256-{good.split(':', 1)[1]}" in unit   # the build, by its digest-named tag
+
+
+def test_preflight_failure_changes_nothing(two_gb300):
+    """The pair's first deploy, with a driver below the floor on the worker: refused before anything changes."""
+    sim = two_gb300
+    k3_here("sim", "fault", sim.name, "1:driver=570.86.15", check=True)
+    try:
+        run = deploy(sim.inventory)
+    finally:
+        k3_here("sim", "fault", sim.name, "--clear", "1:driver", check=True)
+    assert run.returncode != 0
+    assert "nvidia.driver" in run.stdout and "570.86.15" in run.stdout and "nothing was changed" in run.stdout
+    for rank in (0, 1):
+        assert sim.ssh(rank, "test -e /etc/systemd/system/k3-engine.service && echo present || echo absent").stdout.strip() == "absent"
+        assert sim.ssh(rank, "test -e /etc/k3deploy && echo present || echo absent").stdout.strip() == "absent"
 
 
 @pytest.mark.parametrize("name, hardware, nodes, strategy, layout, served_units", [
@@ -102,25 +138,25 @@ def test_multi_node_tp_rerun_crash_and_rollback(two_gb300):
     assert sim.ssh(0, "systemctl show -p MainPID --value k3-engine.service").stdout.strip() == pid_before
 
     # a change that crashes the worker's engine: the rollout stops, names the worker, shows its logs
-    from helpers import k3
-
-    k3("sim", "fault", "--name", "e5b", "1:engine-crash", check=True)
+    k3_here("sim", "fault", "--name", "e5b", "1:engine-crash", check=True)
     sim.set_vars('k3_extra_args: ["--max-num-seqs", "4"]\n')
-    bad = deploy(sim.inventory)
-    assert bad.returncode != 0
-    assert "worker rank 1 on e5b-node2" in bad.stdout and "failed during start" in bad.stdout
-    # reported by the node that failed, with its own logs; the head says why it stops, and only that
-    assert "[e5b-node2] worker rank 1 on e5b-node2 (" in bad.stdout
-    assert "[e5b-node1] group engine stopped because worker rank 1 on e5b-node2 failed" in bad.stdout
-    assert "[e5b-node1] worker rank 1" not in bad.stdout and "[e5b-node1] --- journalctl" not in bad.stdout
-    assert "journalctl -u k3-engine.service" in bad.stdout and "EngineCore failed to start" in bad.stdout
-    # the whole group is stopped, not half of it
-    for rank in (0, 1):
-        assert sim.ssh(rank, "systemctl is-active k3-engine.service").stdout.strip() in ("inactive", "failed")
-    assert "--max-num-seqs" in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
+    try:   # the fault is cleared whatever this part finds: the next test on this cluster gets its engines back
+        bad = deploy(sim.inventory)
+        assert bad.returncode != 0
+        assert "worker rank 1 on e5b-node2" in bad.stdout and "failed during start" in bad.stdout, why(bad)
+        # reported by the node that failed, with its own logs; the head says why it stops, and only that
+        assert "[e5b-node2] worker rank 1 on e5b-node2 (" in bad.stdout
+        assert "[e5b-node1] group engine stopped because worker rank 1 on e5b-node2 failed" in bad.stdout
+        assert "[e5b-node1] worker rank 1" not in bad.stdout and "[e5b-node1] --- journalctl" not in bad.stdout
+        assert "journalctl -u k3-engine.service" in bad.stdout and "EngineCore failed to start" in bad.stdout
+        # the whole group is stopped, not half of it
+        for rank in (0, 1):
+            assert sim.ssh(rank, "systemctl is-active k3-engine.service").stdout.strip() in ("inactive", "failed")
+        assert "--max-num-seqs" in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
+    finally:
+        k3_here("sim", "fault", "--name", "e5b", "--clear", check=True)
 
     # rollback brings the previous version back, in order
-    k3("sim", "fault", "--name", "e5b", "--clear", check=True)
     back = deploy(sim.inventory, "--data", "k3_rollback=true")
     assert back.returncode == 0, why(back)
     assert "--max-num-seqs" not in sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
@@ -159,16 +195,6 @@ def test_ascend_runs_through_a_login_shell(sim_factory):
     openai_client(endpoint_of(run.stdout), "Eco-Tech/Kimi-K3-w4a8")
 
 
-def test_preflight_failure_changes_nothing(sim_factory):
-    sim = sim_factory("e5f", "gb300", 2, "--fault", "1:driver=570.86.15")
-    run = deploy(sim.inventory)
-    assert run.returncode != 0
-    assert "nvidia.driver" in run.stdout and "570.86.15" in run.stdout and "nothing was changed" in run.stdout
-    for rank in (0, 1):
-        assert sim.ssh(rank, "test -e /etc/systemd/system/k3-engine.service && echo present || echo absent").stdout.strip() == "absent"
-        assert sim.ssh(rank, "test -e /etc/k3deploy && echo present || echo absent").stdout.strip() == "absent"
-
-
 def test_secrets_stay_in_0600_files(one_b300, tmp_path):
     token = tmp_path / "hf-token"
     token.write_text("hf_SECRETtokenVALUE123\n")
@@ -183,23 +209,6 @@ def test_secrets_stay_in_0600_files(one_b300, tmp_path):
     leaks = sim.ssh(0, "grep -rl hf_SECRETtokenVALUE123 /etc/systemd /etc/k3deploy/k3-engine.env; "
                        "journalctl --no-pager | grep -c hf_SECRETtokenVALUE123").stdout.split()
     assert leaks == ["0"]
-
-
-def test_pinned_digest_is_verified(sim_factory):
-    import json as _json
-
-    registry = _json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/registry.json").read_text())
-    good = registry["vllm/vllm-openai"]["kimi-k3"]["digest"]
-    sim = sim_factory("e5j", "b300", 1)
-    sim.set_vars(f'k3_image: "@sha256:{"0" * 64}"\n')
-    bad = deploy(sim.inventory)
-    assert bad.returncode != 0 and "Stage | Image" in bad.stdout
-    assert sim.ssh(0, "test -e /etc/systemd/system/k3-engine.service && echo present || echo absent").stdout.strip() == "absent"
-    sim.group_vars.write_text(sim.group_vars.read_text().replace("0" * 64, good.split(":", 1)[1]))
-    ok = deploy(sim.inventory)
-    assert ok.returncode == 0, why(ok)
-    unit = sim.ssh(0, "cat /etc/systemd/system/k3-engine.service").stdout
-    assert f"vllm/vllm-openai:k3-sha256-{good.split(':', 1)[1]}" in unit   # the build, by its digest-named tag
 
 
 def test_argv_derived_values_follow_k3_extra_args_as_vllm_reads_them(two_gb300):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import deploy, k3, why
+from helpers import deploy, k3, k3_here, why
 from helpers.simulated import Sim, endpoint_of, openai_client
 from helpers.simulated import slurm_jobs as jobs
 
@@ -39,7 +39,7 @@ def test_a_quarantined_tray_s_job_is_rebuilt_around_the_spare(sim_factory):
     assert nodelist(sim, before[0]) == ",".join(sorted([node1, node2]))
 
     t0 = time.time()
-    k3("sim", "fault", "--name", sim.name, "1:xid=79", check=True)
+    k3_here("sim", "fault", "--name", sim.name, "1:xid=79", check=True)
     run = deploy(sim.inventory)
     assert run.returncode == 0, why(run)
     assert f"{spare} takes {node2}'s place: rank 1 of group engine (quarantined: XID 79" in run.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN, k3, present
+from helpers import BIN, k3, k3_here, present
 from helpers.simulated import bring_up, leftovers, resources, ssh
 from k3deploy.errors import K3Error
 from k3deploy.runtime.connections import connect, disconnect, open_inventory
@@ -58,7 +58,7 @@ def gb300():
     cluster = bring_up("tgb300", "gb300", 2)
     yield cluster
     res = resources("tgb300")
-    assert k3("sim", "down", "--name", "tgb300").returncode == 0
+    assert k3_here("sim", "down", "--name", "tgb300").returncode == 0
     assert leftovers(res) == []
 
 
@@ -67,7 +67,7 @@ def h200():
     cluster = bring_up("th200", "h200", 2)
     yield cluster
     res = resources("th200")
-    assert k3("sim", "down", "--name", "th200").returncode == 0
+    assert k3_here("sim", "down", "--name", "th200").returncode == 0
     assert leftovers(res) == []
 
 
@@ -88,7 +88,7 @@ def h200():
     ],
 )
 def test_up_rejects_bad_input_with_one_line(args, needle):
-    res = k3("sim", "up", *args, timeout=60)
+    res = k3_here("sim", "up", *args)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
@@ -97,7 +97,7 @@ def test_up_rejects_bad_input_with_one_line(args, needle):
 
 def test_up_without_the_real_router_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setenv("K3SIM_ROUTER_DIR", str(tmp_path / "nowhere"))
-    res = k3("sim", "up", "--hardware", "h200", "--nodes", "2", "--name", "norouter", timeout=60)
+    res = k3_here("sim", "up", "--hardware", "h200", "--nodes", "2", "--name", "norouter")
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "vllm-router 0.1.17 for the simulated nodes is not installed in" in lines[0]
@@ -195,7 +195,7 @@ def test_up_json_and_inventory(gb300):
         assert key in text
     node1, node2 = text.split("[tgb300-node2]")
     assert "Groups: head" in node1 and "Groups: workers" in node2
-    st = k3("sim", "status", "--json")
+    st = k3_here("sim", "status", "--json")
     mine = [c for c in json.loads(st.stdout)["clusters"] if c["name"] == "tgb300"]
     assert mine and mine[0]["phase"] == "up"
     assert all(n["running"] and n["ssh"] for n in mine[0]["nodes"])
@@ -365,7 +365,7 @@ def test_pyinfra_deploy_uploads_files_over_sftp(h200, tmp_path):
 @pytest.mark.sim
 def test_base_root_is_cached_and_has_what_nodes_need(gb300):
     t0 = time.monotonic()
-    res = k3("sim", "base")
+    res = k3_here("sim", "base")
     assert res.returncode == 0 and time.monotonic() - t0 < 5  # cached: no debootstrap
     path = Path(res.stdout.strip())
     assert path.name == f"base-{sim_base.base_id()}"
@@ -435,7 +435,7 @@ def test_sshd_down_and_disk_full_faults():
         r = ssh(cluster, n1["ip"], "head -c 4194304 /dev/zero > /var/lib/k3deploy/blob")
         assert r.returncode != 0 and "No space left on device" in r.stderr
         # clear everything at runtime: node2 answers on ssh, node1 has room again
-        r = k3("sim", "fault", name, "--clear")
+        r = k3_here("sim", "fault", name, "--clear")
         assert r.returncode == 0, r.stderr
         for _ in range(100):
             if port_open(n2["ip"], 22):
@@ -446,33 +446,33 @@ def test_sshd_down_and_disk_full_faults():
         assert int(r.stdout) > 2**40
         assert ssh(cluster, n1["ip"], "head -c 4194304 /dev/zero > /var/lib/k3deploy/blob").returncode == 0
         # switch faults on at runtime; the tools read the new node.json
-        r = k3("sim", "fault", name, "1:disk-full", "0:sshd-down")
+        r = k3_here("sim", "fault", name, "1:disk-full", "0:sshd-down")
         assert r.returncode == 0, r.stderr
         doc = json.loads(ssh(cluster, n2["ip"], "cat /etc/k3sim/node.json").stdout)
         assert "1:disk-full" in doc["faults"]
         r = ssh(cluster, n2["ip"], "head -c 4194304 /dev/zero > /var/lib/k3sim/docker/blob")
         assert "No space left on device" in r.stderr
         assert not port_open(n1["ip"], 22)
-        st = json.loads(k3("sim", "status", "--name", name, "--json").stdout)["clusters"][0]
+        st = json.loads(k3_here("sim", "status", "--name", name, "--json").stdout)["clusters"][0]
         assert [n["faults"] for n in st["nodes"]] == [["0:sshd-down"], ["1:disk-full"]]
         assert [n["ssh"] for n in st["nodes"]] == [False, True]
         # clear one kind on one node; switch tool-side faults on node2 and read them back
-        r = k3("sim", "fault", name, "--clear", "1:disk-full")
+        r = k3_here("sim", "fault", name, "--clear", "1:disk-full")
         assert r.returncode == 0, r.stderr
-        r = k3("sim", "fault", name, "1:driver=570.86.15", "1:no-nvidia-smi")
+        r = k3_here("sim", "fault", name, "1:driver=570.86.15", "1:no-nvidia-smi")
         assert r.returncode == 0, r.stderr
         r = ssh(cluster, n2["ip"], "df -B1 --output=avail /var/lib/k3sim/docker | tail -n 1; command -v nvidia-smi")
         assert int(r.stdout.split()[0]) > 2**40 and r.returncode != 0  # room again; nvidia-smi gone
-        r = k3("sim", "fault", name, "--clear", "1:no-nvidia-smi")
+        r = k3_here("sim", "fault", name, "--clear", "1:no-nvidia-smi")
         assert r.returncode == 0, r.stderr
         r = ssh(cluster, n2["ip"], "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u")
         assert r.stdout.strip() == "570.86.15", r.stdout + r.stderr
-        st = json.loads(k3("sim", "status", "--name", name, "--json").stdout)["clusters"][0]
+        st = json.loads(k3_here("sim", "status", "--name", name, "--json").stdout)["clusters"][0]
         assert [n["faults"] for n in st["nodes"]] == [["0:sshd-down"], ["1:driver=570.86.15"]]
-        r = k3("sim", "fault", name, "--clear", "1:melt")
+        r = k3_here("sim", "fault", name, "--clear", "1:melt")
         assert r.returncode == 2 and "bad fault to clear '1:melt'" in r.stderr
     finally:
-        assert k3("sim", "down", "--name", name).returncode == 0
+        assert k3_here("sim", "down", "--name", name).returncode == 0
     assert leftovers(res) == []
 
 
@@ -497,7 +497,7 @@ def _crash_and_recover(name: str) -> None:
         if not processes.alive(before["nspawn"][1][0]):
             break
         time.sleep(0.05)
-    st = json.loads(k3("sim", "status", "--name", name, "--json").stdout)["clusters"][0]
+    st = json.loads(k3_here("sim", "status", "--name", name, "--json").stdout)["clusters"][0]
     assert st["phase"] == "degraded"
     # up again cleans the leftovers first, then comes up
     again = bring_up_again(name)
@@ -512,11 +512,11 @@ def _crash_and_recover(name: str) -> None:
     kinds = {item.split()[0] for item in leftovers(after)}
     assert kinds == {"netns", "veth", "bridge", "nspawn", "mount", "cgroup", "process", "state"}, kinds
     t0 = time.monotonic()
-    assert k3("sim", "down", "--name", name).returncode == 0
+    assert k3_here("sim", "down", "--name", name).returncode == 0
     assert time.monotonic() - t0 < 20
     assert leftovers(after) == []
     # down again: nothing to do, still success
-    r = k3("sim", "down", "--name", name)
+    r = k3_here("sim", "down", "--name", name)
     assert r.returncode == 0 and "nothing to do" in r.stderr
 
 

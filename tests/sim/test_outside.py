@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import k3, present
+from helpers import k3, k3_here, present
 from helpers.engine import DOCKER, Node
 from helpers.engine import Outside as OutsideServer
 from helpers.simulated import ssh
@@ -211,7 +211,7 @@ def test_no_outside_is_dockers_connection_error(tmp_path, net):
     (["--fault", "outside-cut"], "needs a value"),
 ])
 def test_bad_outside_options_are_one_line(args, needle):
-    res = k3("sim", "up", "--hardware", "h200", "--nodes", "2", "--name", "tbadout", *args)
+    res = k3_here("sim", "up", "--hardware", "h200", "--nodes", "2", "--name", "tbadout", *args)
     assert res.returncode != 0 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
@@ -232,7 +232,7 @@ def stg():
     info = json.loads(res.stdout)
     state = present(sim.load_state(CLUSTER))
     yield info
-    assert k3("sim", "down", "--name", CLUSTER).returncode == 0
+    assert k3_here("sim", "down", "--name", CLUSTER).returncode == 0
     out = state["outside"]
     assert not Path(f"/run/netns/{out['netns']}").exists() and not Path(f"/sys/class/net/{out['veth']}").exists()
     stat = Path(f"/proc/{out['pid']}/stat")
@@ -240,7 +240,7 @@ def stg():
 
 
 def status() -> dict:
-    res = k3("sim", "status", "--name", CLUSTER, "--json")
+    res = k3_here("sim", "status", "--name", CLUSTER, "--json")
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)["clusters"][0]
 
@@ -320,7 +320,7 @@ def test_hf_download_gives_the_hub_cache_layout_with_verified_shards(stg):
 def test_a_cut_transfer_leaves_incomplete_and_a_rerun_resumes(stg):
     model = "org/cut-and-resume"
     assert on(stg, 1, f"docker pull -q {IMAGE}").returncode == 0
-    r = k3("sim", "fault", "--name", CLUSTER, "outside-cut=6")
+    r = k3_here("sim", "fault", "--name", CLUSTER, "outside-cut=6")
     assert r.returncode == 0 and f"{CLUSTER}-out\toutside-cut=6" in r.stdout, r.stderr
     before = status()["outside_bytes"]
     cut = on(stg, 1, f"{HF} {model}")
@@ -330,13 +330,13 @@ def test_a_cut_transfer_leaves_incomplete_and_a_rerun_resumes(stg):
     assert len(partial) == 1 and int(partial[0]) > 0
     st = status()
     assert st["outside"]["cut"]["fired"] and st["outside"]["aborted"] >= 1
-    assert "outside-cut=6 (fired)" in k3("sim", "status", "--name", CLUSTER).stdout
+    assert "outside-cut=6 (fired)" in k3_here("sim", "status", "--name", CLUSTER).stdout
     resumed = on(stg, 1, f"{HF} {model}")
     assert resumed.returncode == 0, resumed.stderr
     moved = status()["outside_bytes"] - before
     assert outside.checkpoint_bytes(16) <= moved < 1.5 * outside.checkpoint_bytes(16)
     assert on(stg, 1, commands.verify_weights("/var/lib/k3deploy/cache", model)).returncode == 0
-    r = k3("sim", "fault", "--name", CLUSTER, "--clear", "outside-cut")
+    r = k3_here("sim", "fault", "--name", CLUSTER, "--clear", "outside-cut")
     assert r.returncode == 0 and f"{CLUSTER}-out\t-" in r.stdout
     assert status()["outside"]["faults"] == []
 

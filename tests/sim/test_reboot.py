@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import k3
+from helpers import k3, k3_here
 from helpers.simulated import bring_up, leftovers, resources, ssh
 from k3sim import cluster as sim
 from k3sim import processes
@@ -79,7 +79,7 @@ def cluster():
     c = bring_up(NAME, "gb300", 2)
     yield c
     res = resources(NAME)
-    assert k3("sim", "down", "--name", NAME).returncode == 0
+    assert k3_here("sim", "down", "--name", NAME).returncode == 0
     assert leftovers(res) == []
 
 
@@ -126,7 +126,7 @@ def test_reboot_restarts_the_node_and_its_enabled_units(cluster):
     boot_id = r.stdout.strip()
     assert boot_id
     assert ssh(cluster, n0["ip"], "touch /run/k3marker").returncode == 0
-    assert k3("sim", "fault", NAME, "1:driver=570.86.15").returncode == 0
+    assert k3_here("sim", "fault", NAME, "1:driver=570.86.15").returncode == 0
     since = [multi_user_since(cluster, n["ip"]) for n in (n0, n1)]
     before = [node_rec(0), node_rec(1)]
 
@@ -159,11 +159,11 @@ def test_reboot_restarts_the_node_and_its_enabled_units(cluster):
     assert multi_user_since(cluster, n0["ip"]) == since[0]
     assert ssh(cluster, n0["ip"], "test -e /run/k3marker").returncode == 0
     # status: both nodes running and answering on SSH
-    st = json.loads(k3("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
+    st = json.loads(k3_here("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
     assert st["phase"] == "up"
     assert [(n["running"], n["ssh"]) for n in st["nodes"]] == [(True, True), (True, True)]
-    assert "rank 1" in k3("sim", "status", "--name", NAME).stdout
-    assert k3("sim", "fault", NAME, "--clear", "1").returncode == 0
+    assert "rank 1" in k3_here("sim", "status", "--name", NAME).stdout
+    assert k3_here("sim", "fault", NAME, "--clear", "1").returncode == 0
 
 
 @pytest.mark.sim
@@ -176,12 +176,12 @@ def test_reboot_inside_the_node_ends_it_until_sim_reboot(cluster):
     while processes.ours(rec["pid"], rec["pid_start"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not processes.ours(rec["pid"], rec["pid_start"])  # nspawn exited (133): nothing relaunches it
-    st = json.loads(k3("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
+    st = json.loads(k3_here("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
     assert st["phase"] == "degraded" and not st["nodes"][1]["running"]
     res = reboot("1")
     assert not res["was_running"] and res["previous_pid"] == rec["pid"]
     assert ssh(cluster, n1["ip"], "hostname; systemctl is-system-running").stdout.split() == [n1["name"], "running"]
-    st = json.loads(k3("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
+    st = json.loads(k3_here("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
     assert st["phase"] == "up" and all(n["running"] and n["ssh"] for n in st["nodes"])
 
 
@@ -208,5 +208,5 @@ def test_reboot_resets_a_node_that_does_not_stop_and_times_out_in_one_line(clust
     while time.monotonic() < deadline and ssh(cluster, n1["ip"], "true").returncode != 0:
         time.sleep(0.2)
     assert ssh(cluster, n1["ip"], "hostname").stdout.strip() == n1["name"]
-    st = json.loads(k3("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
+    st = json.loads(k3_here("sim", "status", "--name", NAME, "--json").stdout)["clusters"][0]
     assert all(n["running"] and n["ssh"] for n in st["nodes"])

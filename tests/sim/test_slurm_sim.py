@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import k3
+from helpers import k3, k3_here
 from helpers.simulated import leftovers, resources, ssh
 from k3sim import base as sim_base
 from k3sim import cluster as sim
@@ -138,7 +138,7 @@ def test_a_rebooted_node_is_seen_to_reboot_and_comes_back_idle(cluster):
 
 @pytest.mark.sim
 def test_status_shows_the_slurm_side(cluster):
-    res = k3("sim", "status", "--name", NAME, "--json")
+    res = k3_here("sim", "status", "--name", NAME, "--json")
     assert res.returncode == 0, res.stderr
     sl = json.loads(res.stdout)["clusters"][0]["slurm"]
     head = cluster["nodes"][0]["name"]
@@ -146,14 +146,14 @@ def test_status_shows_the_slurm_side(cluster):
     assert sorted((n["name"], n["partition"], n["state"]) for n in sl["nodes"]) == \
         [(n["name"], "k3", "idle") for n in cluster["nodes"]]
     assert sl["jobs"] == [] and "error" not in sl
-    text = k3("sim", "status", "--name", NAME).stdout
+    text = k3_here("sim", "status", "--name", NAME).stdout
     assert f"slurm            controller {head}, partition k3" in text
 
 
 @pytest.mark.sim
 def test_down_removes_everything(cluster):
     res = resources(NAME)
-    assert k3("sim", "down", "--name", NAME).returncode == 0
+    assert k3_here("sim", "down", "--name", NAME).returncode == 0
     assert leftovers(res) == []
 
 
