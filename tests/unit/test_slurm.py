@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -203,7 +204,15 @@ def test_each_host_gets_its_launch_scripts_env_files_and_the_submit_host_the_bat
     assert {f.path: f.mode for f in files["p0"].files} == {
         "/etc/k3deploy/k3-engine-prefill.env": "0600", "/etc/k3deploy/k3-engine-prefill.launch": "0755",
         "/etc/k3deploy/k3-engine-router.env": "0600", "/etc/k3deploy/k3-engine-router.launch": "0755"}
-    assert files["p0"].dirs == ("/var/lib/k3deploy/slurm/prefill", "/var/lib/k3deploy/slurm/router")
+    # the groups' output directories, and the prefill engine's compile caches (its key's directory)
+    assert [d for d in files["p0"].dirs if "/k3-compile/" not in d] == ["/var/lib/k3deploy/slurm/prefill",
+                                                                         "/var/lib/k3deploy/slurm/router"]
+    (caches,) = [d for d in files["p0"].dirs if "/k3-compile/" in d]
+    assert re.fullmatch(r"/var/lib/k3deploy/cache/k3-compile/[0-9a-f]{16}", caches), caches
+    assert files["p0"].owned == ()   # root's jobs: nothing to hand to a user
+    owned = {h.host: h.owned for h in slurm.host_files(_rollout("pd_cluster", "b300", 3, k3_slurm_user="k3job",
+                                                                k3_slurm_submit_host="login1"), None)}
+    assert caches in owned["p0"] and "/var/lib/k3deploy/slurm/prefill" in owned["p0"]
     assert [f.path for f in files["login1"].files] == [f"/var/lib/k3deploy/slurm/k3-{g}.sbatch"
                                                        for g in ("prefill", "decode", "router")]
     assert [f.text for f in files["login1"].files] == [j.script for j in slurm.jobs(r)]
