@@ -51,6 +51,7 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
       k3deploy plan inventories/gb300.py --json | jq .restart_order
     """
     from k3deploy.cli.common import read_cluster
+    from k3deploy.model import correctness
     from k3deploy.runtime.decide import decide, no_spare
     from k3deploy.runtime.gather import require_reachable
     from k3deploy.runtime.launchers import launcher_for
@@ -75,7 +76,9 @@ def plan(inventory: str, rollback: str | None, as_json: bool) -> int:
     gate = decided.gate
     failures = ({h: [f.line() for f in fs] for h, fs in gathered.preflight.failures_by_host().items()}
                 if gathered.preflight else {})
-    report = dataclasses.replace(staged, gate=gate.lines() if gate is not None and staged.has_changes else [], notes=[
+    probe = [correctness.plan_line()] if rollout.vars.k3_correctness_probe and staged.has_changes else []
+    report = dataclasses.replace(staged, gate=(gate.lines() if gate is not None and staged.has_changes else []) + probe,
+                                 notes=[
         *staged.notes, *(f"preflight fails on {host}: {'; '.join(rows)}" for host, rows in failures.items()),
         *(f"warning: {w}" for w in rollout.plan.warnings),   # as the deploy logs them
         *revision_notes(gathered, staged.has_changes), *image_notes(gathered), *spare_notes(gathered),

@@ -130,3 +130,15 @@ def request_body(model: str, prompt: str) -> dict[str, object]:
     """
     return {"model": model, "temperature": 0, "max_tokens": MAX_TOKENS,
             "messages": [{"role": "user", "content": prompt}]}
+
+
+def plan_line() -> str:
+    """What ``k3deploy plan`` says of the probe where ``k3_correctness_probe`` is on (beside the gate's lines).
+
+    >>> plan_line()[:60]
+    'correctness probe (k3_correctness_probe): 4 questions with k'
+    """
+    asked = "; ".join(f"{q.prompt!r} -> {q.expected!r}" for q in PROMPTS)
+    return (f"correctness probe (k3_correctness_probe): {len(PROMPTS)} questions with known answers through each "
+            f"changed group's endpoint, greedily, in the smoke test and the gate: {asked}; a wrong answer fails the "
+            "smoke test and misses the gate")

@@ -187,3 +187,17 @@ def test_an_offline_runbook_is_written_for_every_example_inventory_without_any_n
             mine = "\n".join(b.text for b in blocks(text) if b.node == h and b.when is None)
             assert f"SOCKET_IFNAME={token}" in mine                 # where the value goes in the env file
     assert "Values to read from the nodes first" in text
+
+
+def test_the_smoke_section_asks_the_correctness_probes_questions_where_it_is_on():
+    """With ``k3_correctness_probe`` the runbook's smoke test asks what the deploy's smoke test asks: each question
+    and its expected answer named, the probe's command from the smoke test's node (the key read from the env file)."""
+    from k3deploy.model.correctness import PROMPTS
+
+    off = to_markdown(doc_for(rollout("inventories/gb300.py")))
+    on = to_markdown(doc_for(rollout("inventories/gb300.py", k3_correctness_probe=True)))
+    smoke = on[on.index("## 5. Smoke test"):]
+    smoke = smoke[:smoke.index("\n## ", 4)]
+    assert all(q.prompt in smoke and repr(q.expected) in smoke for q in PROMPTS), smoke
+    assert "K3_ANSWERS=" in smoke and "k3_correctness_probe" in smoke
+    assert "K3_ANSWERS=" not in off

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from k3deploy.model import commands, steps, vip
+from k3deploy.model import commands, correctness, steps, vip
 from k3deploy.model.diff import planned_exec
 from k3deploy.model.images import LocalImage
 from k3deploy.model.revisions import revisions_dir
@@ -386,6 +386,10 @@ def smoke(doc: Draft, rollout: Rollout, context: Context) -> None:
     doc.p(f"One short chat completion through the public endpoint {rollout.endpoint}, as "
           f"`{steps.served_model(rollout)}`.")
     doc.block(step.host, step.script + "\n")
+    if rollout.vars.k3_correctness_probe:
+        doc.p(correctness.plan_line()[0].upper() + correctness.plan_line()[1:] + ". From the same node:")
+        doc.block(step.host, commands.correctness_probe(rollout.endpoint, steps.served_model(rollout),
+                                                        env_file=rollout.units[0].env_path) + "\n")
 
 
 def rolling(doc: Draft, rollout: Rollout, context: Context) -> None:
