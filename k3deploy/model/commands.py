@@ -1359,13 +1359,9 @@ def release_quarantine(config_dir: str, quarantine: str, released: str, released
 
 # ---------------------------------------------------------------------------------------------- SLO gate
 
-#: the probe load's client (python3 on the node, as the smoke test's): each engine's ``/metrics`` (the gate's families
-#: only) before; the requests, ``concurrency`` at a time, each a streamed completion whose time to its first token the
-#: client notes; ``/metrics`` after, once the engines counted the finished requests (5 s at most); one line of JSON
-_PROBE = r"""
-import json, sys, threading, time, urllib.error, urllib.request
-a = json.loads(sys.argv[1])
-key = ""
+#: the node-side clients' API key: read by the client itself from the unit's env file (``a["env_file"]``, in no
+#: argv), the request headers that carry it
+_API_KEY = r"""key = ""
 if a.get("env_file"):
     try:
         with open(a["env_file"]) as f:
@@ -1375,7 +1371,15 @@ if a.get("env_file"):
     except OSError:
         pass
 auth = {"Authorization": "Bearer " + key} if key else {}
-def metrics(u):
+"""
+
+#: the probe load's client (python3 on the node, as the smoke test's): each engine's ``/metrics`` (the gate's families
+#: only) before; the requests, ``concurrency`` at a time, each a streamed completion whose time to its first token the
+#: client notes; ``/metrics`` after, once the engines counted the finished requests (5 s at most); one line of JSON
+_PROBE = r"""
+import json, sys, threading, time, urllib.error, urllib.request
+a = json.loads(sys.argv[1])
+""" + _API_KEY + r"""def metrics(u):
     try:
         with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
             t = r.read().decode("utf-8", "replace")
@@ -1485,17 +1489,7 @@ def record_figures(directory: str, number: int, record: str) -> str:
 _ANSWERS = r"""
 import json, sys, urllib.error, urllib.request
 a = json.loads(sys.argv[1])
-key = ""
-if a.get("env_file"):
-    try:
-        with open(a["env_file"]) as f:
-            for x in f:
-                if x.startswith("VLLM_API_KEY="):
-                    key = x.rstrip("\n").split("=", 1)[1]
-    except OSError:
-        pass
-auth = {"Authorization": "Bearer " + key} if key else {}
-out = []
+""" + _API_KEY + r"""out = []
 for body in a["bodies"]:
     r = {"prompt": body["messages"][0]["content"]}
     try:
