@@ -347,17 +347,21 @@ def mark_caches(model_cache: str, keys: Sequence[str]) -> str:
 #: returns 1 when no peer could. ``k3_sum FILE NAME`` is true when ``FILE`` hashes to ``NAME`` (64 hex digits:
 #: sha256; 40: the git blob id the hub names a small file by; any other name is not checked here).
 RELAY = (
-    'k3_pull() { setsid rsync -q --append --timeout="$K3_WAIT" --contimeout="$K3_WAIT" "$1" "$2" >/dev/null 2>&1 & '
+    'k3_pull() { setsid rsync -q --append --timeout="$K3_WAIT" --contimeout="$K3_WAIT" "$1" "$2" >/dev/null '
+    '2>>"$K3_ERR" & '
     'pid=$!; { was=-1; t=$(date +%s); while sleep 1; do now=$(stat -c %s "$2" 2>/dev/null || echo 0); '
     'if [ "$now" != "$was" ]; then was=$now; t=$(date +%s); elif [ $(($(date +%s) - t)) -ge "$K3_WAIT" ]; then '
     'kill -KILL -$pid 2>/dev/null; break; fi; done; } >/dev/null 2>&1 & '
     'dog=$!; wait $pid; rc=$?; '
     'kill $dog 2>/dev/null; wait $dog 2>/dev/null; return $rc; }; '
-    'k3_relay() { part="$3.k3-part"; for p in $K3_PEERS; do case " $K3_DEAD " in *" $p "*) continue;; esac; '
+    'k3_full() { m=$(grep -m1 -e "No space left on device" -e "Disk quota exceeded" "$K3_ERR" 2>/dev/null) || '
+    'return 1; echo "stage: this node cannot write $part: $m" >&2; }; '
+    'k3_relay() { part="$3.k3-part"; : > "$K3_ERR"; for p in $K3_PEERS; do case " $K3_DEAD " in *" $p "*) continue;; '
+    'esac; '
     'src="rsync://${p#*=}:$K3_PORT/$1/$2"; last=$(date +%s); '
-    'while :; do k3_pull "$src" "$part"; rc=$?; '
+    'while :; do k3_pull "$src" "$part"; rc=$?; ! k3_full || return 2; '
     'if [ $rc = 0 ]; then K3_FROM=$p; return 0; fi; [ $rc = 23 ] || break; '
-    'had=$(stat -c %s "$part" 2>/dev/null || echo 0); k3_pull "$src.k3-part" "$part"; rc=$?; '
+    'had=$(stat -c %s "$part" 2>/dev/null || echo 0); k3_pull "$src.k3-part" "$part"; rc=$?; ! k3_full || return 2; '
     'case $rc in 0|23|24) ;; *) break;; esac; '
     'if [ "$(stat -c %s "$part" 2>/dev/null || echo 0)" -gt "$had" ]; then last=$(date +%s); '
     'elif [ $(($(date +%s) - last)) -ge "$K3_STALL" ]; then rc=stalled; break; fi; sleep 0.3; done; '
@@ -372,7 +376,7 @@ RELAY = (
 def _relay_env(peers: Sequence[tuple[str, str]], port: int, wait: int) -> str:
     words = " ".join(f"{name}={address}" for name, address in peers)
     return (f"K3_PEERS={shlex.quote(words)} K3_PORT={int(port)} K3_WAIT={int(wait)} K3_STALL={6 * int(wait)} "
-            "K3_DEAD= K3_FROM=")
+            "K3_DEAD= K3_FROM= K3_ERR=$(mktemp 2>/dev/null || echo /dev/null)")
 
 
 def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model: str, wait: int = 10) -> str:

@@ -594,6 +594,11 @@ class StartSteps(Protocol):
     def marks_in_roll(self) -> bool:
         """A rolled replica is marked current in its own step."""
 
+    @property
+    def journals(self) -> bool:
+        """Its units' starts are in systemd's journal: the mark keeps each one's start with the revision
+        (:func:`k3deploy.model.commands.keep_startup`)."""
+
     def configure(self, rollout: Rollout, host: str) -> Configure | None:
         """``host``'s configure step (None: nothing there)."""
 
@@ -644,6 +649,7 @@ class UnitSteps:
     idle: str = "every group runs the planned version: nothing restarts"
     worker_file: bool = True
     marks_in_roll: bool = True
+    journals: bool = True
 
     def staged(self, rollout: Rollout) -> list[Step]:
         """None: the units run the image from the node's docker, where the stage put it."""
@@ -738,6 +744,7 @@ class JobSteps:
     idle: str = "every group's job runs the planned revision: nothing is submitted"
     worker_file: bool = False
     marks_in_roll: bool = False
+    journals: bool = False   # a job step's output is a file of its own, not the journal
 
     def configure(self, rollout: Rollout, host: str) -> Configure | None:
         """``host``'s Slurm files (:func:`k3deploy.model.slurm.host_files`): on each node its env files (0600) and
@@ -947,12 +954,14 @@ def _listed(rollout: Rollout, router: UnitWork, groups: list[str],
     return (rollout.router_list(router, groups),) if launcher.worker_file else ()
 
 
-def _mark(rollout: Rollout, group: str, number: int, host: str) -> str:
-    """On ``host``, once ``group`` serves: revision ``number`` becomes current, and the start of each of the group's
-    units there is kept in the revision's directory (:func:`k3deploy.model.commands.keep_startup`)."""
+def _mark(rollout: Rollout, group: str, number: int, host: str, journals: bool = True) -> str:
+    """On ``host``, once ``group`` serves: revision ``number`` becomes current, and (``journals``: the units log to
+    systemd's journal) the start of each of the group's units there is kept in the revision's directory
+    (:func:`k3deploy.model.commands.keep_startup`)."""
     directory = revisions_dir(rollout.vars.k3_config_dir, group)
     units = [u.unit for u in rollout.group(group) if u.host == host]
-    return " && ".join([commands.set_current(directory, number), commands.keep_startup(directory, number, units)])
+    current = commands.set_current(directory, number)
+    return " && ".join([current, commands.keep_startup(directory, number, units)]) if journals else current
 
 
 def _marked(rollout: Rollout, group: str, host: str, script: str) -> str:
@@ -976,7 +985,7 @@ def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list
     for group in changed:
         number = decided.marks.get(group)
         here = {u.host for u in r.group(group)}
-        parts = tuple(Part(h, _marked(r, group, h, _mark(r, group, number, h))
+        parts = tuple(Part(h, _marked(r, group, h, _mark(r, group, number, h, launcher.journals))
                            if h in here and number is not None else "") for h in r.hosts)
         out.append(Action("current", f"Mark the revision of group {group} current", parts, (Keeps(group),),
                           barrier=True))

@@ -50,7 +50,10 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     token.chmod(0o600)
     sim = Sim("fsec", "gb300", 2)
     try:
+        # (the benchmark's load as small as it goes: its output is read for leaks, not for figures)
         sim.set_vars(f"k3_strategy: multi_node_tp\nk3_stage: per_node\nk3_hf_token_file: {token}\n"
+                     "k3_bench_input_tokens: 16\nk3_bench_output_tokens: 8\nk3_bench_concurrency: [1]\n"
+                     "k3_bench_rounds: 1\n"
                      f"k3_extra_env: {{MY_API_KEY: {values['MY_API_KEY']}, DB_PASSWORD: {values['DB_PASSWORD']}}}\n")
         run = deploy(sim.inventory)
         assert run.returncode == 0, why(run)
@@ -71,7 +74,7 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
     new_password = "q" + secrets.token_hex(12)
     sim.group_vars.write_text(sim.group_vars.read_text().replace(deployed.values["DB_PASSWORD"], new_password))
     deployed.values["DB_PASSWORD (new)"] = new_password
-    md, html, offline, bundle = (tmp_path / n for n in ("rb.md", "rb.html", "offline.md", "b.tar.gz"))
+    md, html, offline, bundle, svg = (tmp_path / n for n in ("rb.md", "rb.html", "offline.md", "b.tar.gz", "t.svg"))
     runs = {
         "plan": [[inv], [inv, "--json"]],
         "vars": [[inv], [inv, "--json"], [inv, "--all"], [inv, "--all", "--json"]],
@@ -86,6 +89,8 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
         "watch": [[inv, "--once"], [inv, "--once", "--json"], [inv, "--repair", "--print-unit"]],
         "spares": [[inv], [inv, "--json"]],
         "deploy": [[inv, "--dry", "--diff"]],
+        "timeline": [[inv, "-o", str(svg)], [inv, "-o", str(svg), "--json"]],
+        "bench": [[inv, "--json"]],
         "export": [["slurm", inv, "-o", str(tmp_path / "slurm")], ["slurm", inv, "-o", str(tmp_path / "slurm"), "--json"],
                    ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--read-nodes"],
                    ["kubernetes", inv, "-o", str(tmp_path / "k8s"), "--read-nodes", "--json"]],
@@ -99,7 +104,7 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
             proc = (k3_here if reads_no_host else k3)(command, *args, check=False)
             assert proc.returncode in (0, 3), (command, args, proc.stdout[-2000:], proc.stderr[-2000:])
             seen[f"k3deploy {command} {' '.join(args)}"] = proc.stdout + proc.stderr
-    for path in (md, html, offline, *(f for d in ("slurm", "k8s") for f in (tmp_path / d).rglob("*") if f.is_file())):
+    for path in (md, html, offline, svg, *(f for d in ("slurm", "k8s") for f in (tmp_path / d).rglob("*") if f.is_file())):
         seen[str(path.relative_to(tmp_path))] = path.read_text()
     with tarfile.open(bundle) as tar:
         for m in tar.getmembers():

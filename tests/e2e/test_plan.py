@@ -66,15 +66,23 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     text = k3("plan", sim.inventory, check=False)
     assert text.returncode == 0 and "No changes" in text.stdout
 
-    # one variable changed: exactly that argv line on each engine node, the group restarts head first
+    # one variable changed: exactly that argv line on each engine node (and, the flag being among what the engine's
+    # compile caches are keyed by, each cache variable moved to the new key's directory); the group restarts head
+    # first
     changed = base + 'k3_extra_args: ["--max-num-seqs", "64"]\n'
     sim.group_vars.write_text(changed)
     rc, data = plan_json(sim.inventory)
     assert rc == 3
     assert data["restart_order"] == [f"{head}:k3-engine.service", f"{worker}:k3-engine.service"]
     for h in data["hosts"]:
-        assert [c for c in h["changes"] if c["kind"] != "restart"] == [
+        files = [c for c in h["changes"] if c["kind"] != "restart"]
+        caches = [c for c in files if c["kind"] == "env"]
+        assert [c for c in files if c["kind"] != "env"] == [
             {"kind": "argv", "unit": "k3-engine.service", "op": "+", "line": "--max-num-seqs 64"}]
+        assert caches and {c["name"] for c in caches} >= {"VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"}, caches
+        assert all(c["op"] == "~" and "/k3-compile/" in c["from"] and c["from"] != c["to"]
+                   and c["to"].split("/k3-compile/")[1].split("/")[0] != c["from"].split("/k3-compile/")[1].split("/")[0]
+                   for c in caches), caches
         restart = [c for c in h["changes"] if c["kind"] == "restart"]
         assert [(c["position"], c["reason"]) for c in restart] == [(1 if h["host"] == head else 2, "its files change")]
 
@@ -90,7 +98,7 @@ def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):
     plan = k3("plan", sim.inventory, check=False)
     assert plan.returncode == 3 and FAKE_TOKEN not in plan.stdout and "- HF_TOKEN=****" in plan.stdout
     rc, data = plan_json(sim.inventory)
-    env = [c for h in data["hosts"] for c in h["changes"] if c["kind"] == "env"]
+    env = [c for h in data["hosts"] for c in h["changes"] if c["kind"] == "env" and "/k3-compile/" not in str(c["from"])]
     assert env == [{"kind": "env", "unit": "k3-engine.service", "op": "-", "name": "HF_TOKEN", "from": "****",
                     "to": None}]
 

@@ -132,11 +132,15 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
                          r"if \[ -n \"\$TMPDIR\" \].*|IFS= read -r n && .* mv -f \"\$t\" \S+ \) \|\| exit 1)$", re.S)
     # the deploy also keeps what it starts as the group's revision 1 (k3deploy history; the runbook's rollback
     # section restores from those) before it moves the staged files into place, and marks it current once it
-    # serves (a node other than the smoke test's gives the deployment lock back in that command, its last):
-    # bookkeeping with the time it ran, not a bring-up step
+    # serves, keeping its units' starts and marking the compile caches they served from (a node other than the smoke
+    # test's gives the deployment lock back in that command, its last): bookkeeping with the time it ran, not a
+    # bring-up step
     revision = re.compile(r"^(umask 077 && install -d -m 0700 \S+/revisions/\S+ .*meta\.json.*|"
                           r"\{ \[ -f \S+ \].* && mv -f \S+ \S+|"
                           r"echo \d+ > \S+/revisions/\S+/current && \{ \[ ! -d \S+ \] \|\| touch \S+/served; \}"
+                          # the units' starts kept with the revision, the compile caches they served from marked whole
+                          r"(?: && \{ \[ ! -d \S+ \] \|\| \{ umask 077; .* > \S+/startup-\S+\.log; \}; \})?"
+                          r"(?: && mkdir -p \S+/k3-compile/[0-9a-f]+ && touch \S+/k3-compile/[0-9a-f]+/\.k3-complete)*"
                           r"(?: && \{ if grep -qF .* \S+/deploy\.lock 2>/dev/null; then .*; fi; true; \})?)$", re.S)
     ran = {h: sorted(s for s in scripts if not uploads.match(s) and not revision.match(s)) for h, scripts in ops.items()}
     assert all(any(revision.match(s) for s in scripts) for scripts in ops.values())  # on every node of the group
