@@ -997,8 +997,6 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                80.0)
-#: vLLM's finish reasons, in the order it lists ``vllm:request_success_total``
-FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 def slowdown(env: dict) -> float:
@@ -1010,74 +1008,6 @@ def slowdown(env: dict) -> float:
     return value if value > 0 else 1.0
 
 
-class Histogram:
-    """One Prometheus histogram (cumulative buckets, count, sum), as prometheus_client keeps it."""
-
-    def __init__(self, edges: tuple) -> None:
-        self.edges = edges
-        self.counts = [0] * (len(edges) + 1)   # per bucket, +Inf last
-        self.sum = 0.0
-        self.created = time.time()
-
-    def observe(self, value: float) -> None:
-        i = next((n for n, le in enumerate(self.edges) if value <= le), len(self.edges))
-        self.counts[i] += 1
-        self.sum += value
-
-    def lines(self, name: str, labels: str, model: str) -> list[str]:
-        out, total = [], 0
-        for le, n in zip([*(repr(float(e)) for e in self.edges), "+Inf"], self.counts, strict=True):
-            total += n
-            out.append(f'{name}_bucket{{engine="0",le="{le}",model_name="{model}"}} {float(total)}')
-        out.append(f"{name}_count{{{labels}}} {float(total)}")
-        out.append(f"{name}_sum{{{labels}}} {self.sum}")
-        return out
-
-
-class Metrics:
-    """What ``/metrics`` shows of the requests served: TTFT and ITL histograms, finished requests by reason."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.success = {r: 0 for r in FINISH_REASONS}
-        self.created = time.time()
-
-    def finished(self, ttft: float, gaps: list, reason: str) -> None:
-        with self.lock:
-            self.ttft.observe(ttft)
-            for g in gaps:
-                self.itl.observe(g)
-            self.success[reason] = self.success.get(reason, 0) + 1
-
-    def text(self, model: str, running: int) -> str:
-        labels = f'engine="0",model_name="{model}"'
-        with self.lock:
-            lines = [
-                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-                "# TYPE vllm:num_requests_running gauge",
-                f"vllm:num_requests_running{{{labels}}} {float(running)}",
-                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-                "# TYPE vllm:num_requests_waiting gauge",
-                f"vllm:num_requests_waiting{{{labels}}} 0.0",
-                "# HELP vllm:request_success_total Count of successfully processed requests.",
-                "# TYPE vllm:request_success_total counter",
-                *(f'vllm:request_success_total{{engine="0",finished_reason="{r}",model_name="{model}"}} {float(n)}'
-                  for r, n in self.success.items()),
-                "# HELP vllm:request_success_created Count of successfully processed requests.",
-                "# TYPE vllm:request_success_created gauge",
-                *(f'vllm:request_success_created{{engine="0",finished_reason="{r}",model_name="{model}"}} '
-                  f"{self.created}" for r in self.success),
-            ]
-            for name, h, doc in (("vllm:time_to_first_token_seconds", self.ttft,
-                                  "Histogram of time to first token in seconds."),
-                                 ("vllm:inter_token_latency_seconds", self.itl,
-                                  "Histogram of inter-token latency in seconds.")):
-                lines += [f"# HELP {name} {doc}", f"# TYPE {name} histogram", *h.lines(name, labels, model),
-                          f"# HELP {name}_created {doc}", f"# TYPE {name}_created gauge",
-                          f"{name}_created{{{labels}}} {h.created}"]
-        return "\n".join(lines) + "\n"
 ANSWER = "Hello from {node}: this is {model} (simulated vLLM {version}) answering your request."
 POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/chat/completions/render", "/v1/completions/render",
                "/tokenize", "/detokenize")
