@@ -24,7 +24,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,12 +59,31 @@ FAKE_HOSTS = ("from pyinfra.connectors.fake import FakeConnector as _Fake\nimpor
 def k3(*args: str, check: bool = False, cwd: Path | str = ROOT, timeout: float | None = 600,
        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``k3deploy ARGS`` as a user does (its own process, stdin closed, in the repository root unless ``cwd``);
-    ``env`` is added to this process's environment. ``check``: a non-zero exit fails the test, with the output."""
-    proc = subprocess.run([*K3DEPLOY, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env=None if env is None else {**os.environ, **env})
+    ``env`` is added to this process's environment. ``check``: a non-zero exit fails the test, with the output.
+    The process is forked from one that has imported k3deploy already (:mod:`helpers.zygote`)."""
+    proc = _forked("k3deploy", "k3deploy", args, cwd=cwd, timeout=timeout, env=env, merged=False)
+    if proc is None:
+        proc = subprocess.run([*K3DEPLOY, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env=None if env is None else {**os.environ, **env})
     if check and proc.returncode != 0:
         raise AssertionError(f"k3deploy {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def _forked(kind: str, argv0: str, args: Sequence[str], *, cwd: Path | str, timeout: float | None,
+            env: Mapping[str, str] | None, merged: bool) -> subprocess.CompletedProcess[str] | None:
+    """``kind`` with ``args`` in a child of :mod:`helpers.zygote`'s process, as :func:`subprocess.run` with its
+    output captured (``merged``: standard error into standard output) would give it; None where that process cannot
+    take the call (the caller starts an interpreter)."""
+    from helpers import zygote
+
+    with tempfile.TemporaryDirectory(prefix="k3-call-") as tmp:
+        out, err = Path(tmp) / "out", None if merged else Path(tmp) / "err"
+        rc = zygote.run(kind, argv0, args, cwd=cwd, env=env, timeout=timeout, out=out, err=err)
+        if rc is None:
+            return None
+        return subprocess.CompletedProcess([argv0, *args], rc, out.read_text(),
+                                           None if err is None else err.read_text())
 
 
 def k3_here(*args: str, check: bool = False, cwd: Path | str = ROOT,
@@ -161,10 +181,14 @@ def sim_missing() -> str | None:
 
 
 def deploy(inventory: str, *extra: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    """Run the deploy (``pyinfra INVENTORY deploy/k3.py -y EXTRA``); pyinfra's whole output (it logs to stderr) ends
-    up in ``stdout``."""
-    return subprocess.run([PYINFRA, inventory, "deploy/k3.py", "-y", *extra], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=timeout)
+    """Run the deploy (``pyinfra INVENTORY deploy/k3.py -y EXTRA``, forked as :func:`k3` is); pyinfra's whole output
+    (it logs to stderr) ends up in ``stdout``."""
+    args = (inventory, "deploy/k3.py", "-y", *extra)
+    proc = _forked("pyinfra", PYINFRA, args, cwd=ROOT, timeout=timeout, env=None, merged=True)
+    if proc is not None:
+        return proc
+    return subprocess.run([PYINFRA, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                          timeout=timeout)
 
 
 def preflight(inventory: str) -> tuple[int, dict]:
