@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, k3_here, member, why
+from helpers import ROOT, deploy, k3, k3_here, member, pyinfra, why
 from helpers.simulated import Sim, endpoint_of
 
 pytestmark = [pytest.mark.sim, pytest.mark.faults]
@@ -117,8 +117,7 @@ def test_the_key_is_in_no_output_no_argv_and_no_file_but_0600_ones(keyed: Keyed,
         for m in tar.getmembers():
             if m.isfile():
                 seen[f"bundle:{m.name}"] = member(tar, m).decode(errors="replace")
-    dry = subprocess.run([PYINFRA, inv, "deploy/k3.py", "--dry", "--diff"], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+    dry = pyinfra(inv, "deploy/k3.py", "--dry", "--diff", timeout=120)
     assert dry.returncode == 0, why(dry)
     seen["deploy --dry --diff"] = dry.stdout
     assert not [where for where, text in seen.items() if key in text]

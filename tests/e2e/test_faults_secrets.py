@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, k3_here, member, why
+from helpers import deploy, k3, k3_here, member, pyinfra, why
 from helpers.simulated import Sim
 from k3deploy.cli import COMMANDS
 
@@ -110,8 +109,7 @@ def test_no_output_shows_a_secret(deployed: Deployed, tmp_path: Path) -> None:
         for m in tar.getmembers():
             if m.isfile():
                 seen[f"bundle:{m.name}"] = member(tar, m).decode(errors="replace")
-    dry = subprocess.run([PYINFRA, inv, "deploy/k3.py", "--dry", "--diff"], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+    dry = pyinfra(inv, "deploy/k3.py", "--dry", "--diff", timeout=120)
     assert dry.returncode == 0, why(dry)
     seen["deploy --dry --diff"] = dry.stdout
     seen["meta.json"] = meta_files(sim)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, k3_here, plan_json, why
+from helpers import ROOT, deploy, k3, k3_here, plan_json, pyinfra, why
 
 pytestmark = pytest.mark.sim
 
@@ -19,8 +19,7 @@ KIMI_K3_DIGEST = json.loads((ROOT / "simulator/k3sim/node_tools/usr/lib/k3sim/re
 
 
 def dry_diff(inventory: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYINFRA, inventory, "deploy/k3.py", "--dry", "--diff"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+    return pyinfra(inventory, "deploy/k3.py", "--dry", "--diff", timeout=120)
 
 
 def test_plan_and_dry_diff_follow_the_cluster(sim_factory, tmp_path):

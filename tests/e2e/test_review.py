@@ -10,14 +10,13 @@ import subprocess
 
 import pytest
 
-from helpers import PYINFRA, ROOT, deploy, k3, k3_here, why
+from helpers import deploy, k3, k3_here, pyinfra, why
 
 pytestmark = pytest.mark.sim
 
 
 def dry(inventory: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYINFRA, inventory, "deploy/k3.py", "--dry", "--diff"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=180, stdin=subprocess.DEVNULL)
+    return pyinfra(inventory, "deploy/k3.py", "--dry", "--diff", timeout=180)
 
 
 def requests_served(sim, rank: int = 0) -> float:

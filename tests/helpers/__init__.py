@@ -180,15 +180,22 @@ def sim_missing() -> str | None:
     return None
 
 
-def deploy(inventory: str, *extra: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    """Run the deploy (``pyinfra INVENTORY deploy/k3.py -y EXTRA``, forked as :func:`k3` is); pyinfra's whole output
-    (it logs to stderr) ends up in ``stdout``."""
-    args = (inventory, "deploy/k3.py", "-y", *extra)
-    proc = _forked("pyinfra", PYINFRA, args, cwd=ROOT, timeout=timeout, env=None, merged=True)
+def pyinfra(*args: str, timeout: float | None = 300, merged: bool = True,
+            cwd: Path | str = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``pyinfra ARGS`` (its own process, stdin closed, forked as :func:`k3` is); ``merged``: its standard error
+    (where pyinfra logs) into ``stdout``, as a terminal shows them."""
+    proc = _forked("pyinfra", PYINFRA, args, cwd=cwd, timeout=timeout, env=None, merged=merged)
     if proc is not None:
         return proc
-    return subprocess.run([PYINFRA, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                          timeout=timeout)
+    return subprocess.run([PYINFRA, *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, cwd=cwd,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def deploy(inventory: str, *extra: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """Run the deploy (``pyinfra INVENTORY deploy/k3.py -y EXTRA``); pyinfra's whole output (it logs to stderr) ends
+    up in ``stdout``."""
+    return pyinfra(inventory, "deploy/k3.py", "-y", *extra, timeout=timeout)
 
 
 def preflight(inventory: str) -> tuple[int, dict]:

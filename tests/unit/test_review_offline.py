@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FAKE_HOSTS, PYINFRA, ROOT, k3, k3_here
+from helpers import FAKE_HOSTS, ROOT, k3, k3_here, pyinfra
 
 
 def layout(tmp_path: Path, all_yml: str, group_yml: str = "", hosts: str | None = None) -> Path:
@@ -76,8 +76,7 @@ def test_pyinfra_connection_settings_pass_through_group_vars(tmp_path):
     assert data["hosts"]["n1"]["ssh_port"] == {"value": 22, "from": "group_vars/all.yml"}
     assert data["hosts"]["n1"]["ssh_connect_retries"]["value"] == 2
     # and pyinfra runs get them too, from the project's directory (its config.py reads them; no group_data/)
-    proc = subprocess.run([PYINFRA, str(inv), "debug-inventory", "--json"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = pyinfra(str(inv), "debug-inventory", "--json", timeout=120, merged=False)
     assert proc.returncode == 0, proc.stderr
     hosts = {h["name"]: h["data"] for h in json.loads(proc.stdout)}
     assert hosts["n1"]["ssh_port"] == 22 and hosts["n2"]["ssh_connect_retries"] == 2
@@ -155,8 +154,7 @@ FAKE = ('head = [("@fake/n1", {"k3_ip": "192.0.2.11", "fake_delay": 0, "fake_del
 
 
 def pyinfra_run(inv: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYINFRA, str(inv), str(ROOT / "deploy" / "k3.py"), *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+    return pyinfra(str(inv), str(ROOT / "deploy" / "k3.py"), *args, timeout=120)
 
 
 @pytest.mark.parametrize("all_yml, rank, code, message", [

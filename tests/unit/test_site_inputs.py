@@ -7,14 +7,13 @@ would become a path outside ``export slurm``'s ``-o`` is refused and nothing is 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from helpers import PYINFRA, ROOT, k3
+from helpers import k3, pyinfra
 from k3deploy.errors import K3Error
 from k3deploy.model.variables import SSH_SETTINGS, _read_yaml
 from k3deploy.runtime.connections import load_inventory, open_inventory
@@ -69,8 +68,7 @@ def test_k3deploy_connects_with_every_group_vars_file_of_a_host(tmp_path):
 
 def test_pyinfra_connects_with_them_wherever_the_inventory_lives(tmp_path):
     inv = site(tmp_path)
-    proc = subprocess.run([PYINFRA, str(inv), "debug-inventory", "--json"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = pyinfra(str(inv), "debug-inventory", "--json", timeout=120, merged=False)
     assert proc.returncode == 0, proc.stderr
     hosts = {h["name"]: h["data"] for h in json.loads(proc.stdout)}
     for name, want in EXPECTED.items():
@@ -104,8 +102,7 @@ def test_a_replica_group_file_applies_to_its_hosts(tmp_path):
 
 def test_a_group_vars_file_pyinfra_cannot_use_ends_the_run_in_one_line(tmp_path):
     inv = site(tmp_path, **{"workers.yml": "ssh_usr: ops\n"})
-    proc = subprocess.run([PYINFRA, str(inv), "deploy/k3.py", "-y"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+    proc = pyinfra(str(inv), "deploy/k3.py", "-y", timeout=120, merged=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ssh_usr" in ln]
     assert len(lines) == 1 and "group_vars/workers.yml: 'ssh_usr' is neither a k3deploy variable" in lines[0]

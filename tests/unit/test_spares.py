@@ -276,12 +276,11 @@ def test_sim_up_spares_writes_the_spares_group_after_the_engine_nodes(tmp_path):
 
 
 def dry_run(inventory: str) -> subprocess.CompletedProcess[str]:
-    from helpers import PYINFRA, ROOT
+    from helpers import pyinfra
 
     with Path(inventory).parent.joinpath("group_vars", "all.yml").open("a") as fh:   # @fake trays have no registry
         fh.write("k3_image_resolve: false\n")
-    return subprocess.run([PYINFRA, inventory, "deploy/k3.py", "--dry", "-y"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=300, stdin=subprocess.DEVNULL)
+    return pyinfra(inventory, "deploy/k3.py", "--dry", "-y")
 
 
 def test_the_deploy_does_not_fail_for_an_unreachable_member_a_spare_replaces(tmp_path):
