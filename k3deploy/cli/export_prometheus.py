@@ -121,7 +121,9 @@ def _readme(rollout: Any, cluster: str, inventory: str, targets: dict[str, list[
     said = {"engines": "vLLM's /metrics (no API key needed); every data-parallel rank an API server fronts is in its "
                        "one target, with its `engine` label",
             "routers": f"vllm-router's metrics on :{v.k3_router_metrics_port}; vllm-router binds them to 127.0.0.1 "
-                       "unless started with --prometheus-host 0.0.0.0 (k3_router_metrics_port: 0 leaves them out)",
+                       f"unless started with --prometheus-host 0.0.0.0: k3deploy starts it with --prometheus-host "
+                       f"{v.k3_router_host} --prometheus-port {v.k3_router_metrics_port} (k3_router_metrics_port: 0 "
+                       "leaves them out)",
             "nodes": f"the Prometheus node exporter on :{v.k3_node_exporter_port} on every node, where the site runs "
                      "one (k3_node_exporter_port: 0 leaves them out)",
             "gpus": (f"{exporter.name} on :{gpu_port} on every engine node ({exporter.source}; k3_gpu_exporter_port: "

@@ -158,3 +158,27 @@ def test_a_bad_setting_is_one_line_and_nothing_is_written(tmp_path, group_vars, 
     proc = k3("export", "prometheus", str(inventory), "-o", str(out))
     assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize(("overrides", "metrics"), [
+    ({}, ["--prometheus-host", "0.0.0.0", "--prometheus-port", "29000"]),
+    ({"k3_router_metrics_port": 29100, "k3_router_host": "192.0.2.21"},
+     ["--prometheus-host", "192.0.2.21", "--prometheus-port", "29100"]),
+    ({"k3_router_metrics_port": 0}, []),
+])
+def test_the_router_serves_its_metrics_where_the_exported_target_scrapes_them(overrides, metrics):
+    """vllm-router binds its Prometheus listener to 127.0.0.1 unless told otherwise: the router's unit passes its
+    bind address and the exported port (the target of ``targets/routers.json``), from the engine spec; a port of 0
+    (not scraped) leaves the builder's argv as it is."""
+    from k3deploy.runtime.gather import gather
+    from k3deploy.runtime.views import INVENTORY_ONLY
+
+    r = gather("inventories/pd_b300.py", INVENTORY_ONLY, overrides).require_rollout()
+    router = next(u for u in r.units if u.group == "router")
+    assert router.spec is not None
+    argv = router.spec.argv
+    assert [a for a in argv if a.startswith("--prometheus")] == metrics[0::2]
+    assert argv[len(argv) - len(metrics):] == metrics
+    assert router.spec.command[len(router.spec.command) - len(metrics):] == metrics   # the unit's ExecStart=
+    routers = monitoring.targets(r, "pd_b300")["routers"]
+    assert [t["targets"][0] for t in routers] == ([f"{router.node.address}:{metrics[3]}"] if metrics else [])
