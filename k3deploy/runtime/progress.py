@@ -137,8 +137,9 @@ class Board:
                     TransferSpeedColumn,
                 )
 
-                self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                                    TransferSpeedColumn(), TimeRemainingColumn(),
+                # a description's "[host]" is text, not rich markup
+                self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                                    DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
                                     console=Console(file=self.stream), transient=True)
                 self.bar.start()
             self.copies[key]["task"] = self.bar.add_task(what, total=total)
@@ -180,7 +181,7 @@ class Board:
         said = done_line(c["what"], got, c["total"], self.clock() - c["started"], ok)
         if self.bar is not None and "task" in c:
             self.bar.remove_task(c["task"])
-            self.bar.console.print(said, highlight=False)
+            self.bar.console.print(said, markup=False, highlight=False)
             if not self.copies:
                 self.bar.stop()
                 self.bar = None

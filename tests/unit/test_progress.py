@@ -199,3 +199,80 @@ def test_a_quiet_board_says_nothing():
     board.update("a", 5)
     board.end("a", 10, ok=True)
     assert out.getvalue() == ""
+
+
+def test_a_step_shows_its_copies_while_its_command_runs_and_stops_reading_when_it_ends(tmp_path, monkeypatch):
+    """A real pyinfra host (``@local``: this machine) runs a stage step's command, a copy that grows a file for about
+    2.5 s; while it runs the bytes are read beside it (the whole size first: here the control machine's copy, as an
+    air-gapped site's), a plain line is said every ``every`` seconds, one as the step ends; then no read is left
+    running. A step that fails says where it stopped."""
+    import gevent
+    from pyinfra.api import Config, Inventory, State
+
+    from k3deploy.model.stagecopies import Copied
+    from k3deploy.preflight import runner
+    from k3deploy.runtime import stageprogress
+    from k3deploy.runtime.progress import Board
+
+    runner.quiet_pyinfra()
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory=inventory, config=Config())
+    host = inventory.get_host("@local")
+    host.connect(raise_exceptions=True)
+    holder, dest = tmp_path / "holder" / "i.tar", tmp_path / "dest" / "i.tar"
+    holder.parent.mkdir()
+    dest.parent.mkdir()
+    holder.write_bytes(b"x" * 5 * MIB)
+    out = io.StringIO()
+    monkeypatch.setattr(stageprogress, "_board", Board(out, every=0.5))
+    monkeypatch.setattr(stageprogress, "POLL", 0.25)
+    copy = Copied("image", (str(dest),), local=str(holder))
+    seen: list[gevent.Greenlet] = []
+    spawn = gevent.spawn
+
+    def spawned(*args: object, **kwargs: object) -> gevent.Greenlet:
+        seen.append(spawn(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(gevent, "spawn", spawned)
+    grow = (f"for i in 1 2 3 4 5; do head -c {MIB} /dev/zero >> {dest}.k3-part; sleep 0.5; done; "
+            f"mv {dest}.k3-part {dest}")
+    ok, _ = stageprogress.Watched("sh", "-c", repr(grow), copies=(copy,)).execute(state, host, {})
+    said = "[@local] stage: image from the control machine: "
+    lines = out.getvalue().splitlines()
+    assert ok and lines[-1].startswith(said + "5.0 MiB of 5.0 MiB, done in ")
+    assert any(re.fullmatch(re.escape(said) + r"\d\.\d MiB of ~5\.0 MiB \(\d+%\), [\d.]+ [KM]iB/s(, about \d+ s left)?",
+                            line) for line in lines[:-1]), lines
+    assert seen and all(g.dead for g in seen)       # the read stopped with the step
+    # a step that fails: where the copy stopped, from one last read
+    out.truncate(0)
+    out.seek(0)
+    dest.unlink()
+    cut = f"head -c {2 * MIB} /dev/zero > {dest}.k3-part; exit 3"
+    ok, _ = stageprogress.Watched("sh", "-c", repr(cut), copies=(copy,)).execute(state, host, {})
+    assert not ok
+    assert re.fullmatch(re.escape(said) + r"stopped at 2\.0 MiB of 5\.0 MiB \(40%\) after \d+ s\n", out.getvalue())
+
+
+def test_on_a_terminal_the_copies_are_bars_and_their_last_lines_stay():
+    """rich's bars, one live display for all the copies, gone when the last ends; each copy's last line stays, its
+    "[host]" as text (not taken for rich markup)."""
+    from k3deploy.runtime.progress import Board
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    board = Board(out)
+    board.begin("a", "[n2] stage: image from n1", None)
+    board.begin("b", "[n3] stage: weights from n1", 100 * MIB)
+    board.update("a", MIB, 50 * MIB)
+    board.update("b", 60 * MIB)
+    assert board.bar is not None and len(board.bar.tasks) == 2
+    board.end("a", None, ok=True)
+    board.end("b", 70 * MIB, ok=False)
+    assert board.bar is None
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert re.search(r"(^|\r)\[n2\] stage: image from n1: 50\.0 MiB of 50\.0 MiB, done in ", text, re.M)
+    assert re.search(r"(^|\r)\[n3\] stage: weights from n1: stopped at 70\.0 MiB of 100\.0 MiB \(70%\)", text, re.M)
