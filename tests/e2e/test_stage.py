@@ -192,5 +192,10 @@ def test_an_air_gapped_site_rolls_out_from_the_control_machine(sim_factory, tmp_
     assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 0
     assert ran_on(run.stdout, "Image: the archive from the control machine") == 1
     assert ran_on(run.stdout, "Weights: from the control machine") == 1
+    size = r"(\d+(?:\.\d)? (?:B|KiB|MiB|GiB))"   # each copy shown against the control machine's copy
+    for what in ("image archive", "weights"):
+        line = re.search(rf"^\[{first}\] stage: {what} from the control machine: {size} of {size}, done in ",
+                         run.stdout, re.M)
+        assert line is not None and line[1] == line[2] and not line[1].endswith(" B"), what
     assert verified(sim, 0) and verified(sim, 1) and serves(sim)
     assert staging(sim) == []
