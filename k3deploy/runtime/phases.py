@@ -43,8 +43,8 @@ from k3deploy.model.revisions import GroupHistory, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.slo import GatePlan
 from k3deploy.model.stagecopies import Copied, copies
+from k3deploy.model.staging import StagePlan, summary
 from k3deploy.model.staging import engines as stage_engines
-from k3deploy.model.staging import summary
 from k3deploy.model.steps import RouterCall, Step
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight.across import preflight_count
@@ -196,11 +196,15 @@ class RunContext:
             out.setdefault(name, []).append(Written(f"{cfg}/{QUARANTINE_FILE}", q.to_json(), "644"))
         return out
 
-    def stage_copies(self, step: Step) -> tuple[Copied, ...]:
-        """What a stage step copies onto its host, shown while it runs (:mod:`k3deploy.model.stagecopies`), by the
-        plan its steps were made from."""
+    @cached_property
+    def stage_plan(self) -> StagePlan:
+        """The stage's plan, as its steps were made from it (:attr:`rollout_steps`)."""
         plan = self.gathered.stage if self.gathered is not None else None
-        return copies(self.rollout, plan or steps.fresh(self.rollout), step)
+        return plan or steps.fresh(self.rollout)
+
+    def stage_copies(self, step: Step) -> tuple[Copied, ...]:
+        """What a stage step copies onto its host, shown while it runs (:mod:`k3deploy.model.stagecopies`)."""
+        return copies(self.rollout, self.stage_plan, step)
 
     @cached_property
     def stage_kinds(self) -> set[steps.StageKind]:
