@@ -49,7 +49,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     (questions with known answers: healthy but wrong fails the smoke test and the gate), model/bench.py (the
     benchmark: vllm bench serve's sweep, its record per revision, its picture), model/staging.py
     (the image and
-    the weights over the uplink once, then node to node), model/checkpoint.py (a weights source read against its
+    the weights over the uplink once, then node to node), model/stagecopies.py (what each stage step copies where,
+    for its progress), model/checkpoint.py (a weights source read against its
     checkpoint's index before anything is copied), model/images.py (a tag resolved to one digest per
     rollout, every node on that build), model/status.py (serving, degraded or down, per unit,
     group and cluster), model/health.py (hardware-health events: XID, ECC, row remap, NVLink, NPU health, and
@@ -85,7 +86,8 @@ The first two layers are pure (no pyinfra, no gevent, no host I/O; a test keeps 
     non-zero exit), runtime/launchers.py (what starts the groups, behind one interface: systemd units or, with
     k3_launcher: slurm, one Slurm batch job per group; launcher_for, the one reader of k3_launcher),
     runtime/progress.py (bytes, rate and time left of a long build or copy: rich's bar on a terminal, plain lines
-    elsewhere).
+    elsewhere), runtime/stageprogress.py (the stage's copies shown as they run: each receiving node's bytes read
+    beside the copy's command).
 
 ``facts/`` -- pyinfra facts with pure, doctested parsers
     facts/base.py, facts/rdma.py (and how near each NIC sits to the accelerators), facts/host.py,

@@ -45,8 +45,9 @@ def cluster_label(inventory: str, configured: str | None) -> str:
 @click.option("-o", "--output", "output", required=True, metavar="DIR",
               help="Directory to write into (created; files already there are replaced).")
 @click.option("--read-nodes", is_flag=True, default=False,
-              help="Read each node over SSH for the ports it listens on: list a node's exporters only where they "
-                   "run (without it every node's are listed, at the variables' ports).")
+              help="Read each node over SSH for the ports it listens on and what their /metrics serve: list a "
+                   "node's exporters only where they run (without it every node's are listed, at the variables' "
+                   "ports).")
 @json_option
 def export_prometheus(inventory: str, output: str, as_json: bool, read_nodes: bool) -> None:
     """Write the Prometheus scrape targets of INVENTORY (every engine's /metrics, the router, the node and
@@ -54,7 +55,8 @@ def export_prometheus(inventory: str, output: str, as_json: bool, read_nodes: bo
     using them, recording and alerting rules with their tests (promtool test rules), a Grafana dashboard and
     README.txt saying what to load where. Thresholds, intervals and ports are variables (k3_alert_*, k3_prom_*,
     *_exporter_port: docs/variables.md). Nothing is contacted, unless --read-nodes: then each node is read over SSH
-    (ss -Hltn) and an exporter listed only where its port listens.
+    (ss -Hltn, and its exporters' /metrics fetched once on the node) and an exporter listed only where its port
+    listens and serves that exporter's metrics (anything else there is named in a warning).
 
     \b
     Example:
@@ -68,14 +70,19 @@ def export_prometheus(inventory: str, output: str, as_json: bool, read_nodes: bo
 
     gathered = read_cluster("export", inventory, view=EXPORT_PROMETHEUS if read_nodes else OFFLINE_RUNBOOK)
     rollout = gathered.require_rollout()
+    pack = pack_for_container(rollout.plan.vendor)
+    exporter = pack.exporter if pack is not None else None
     listening: dict[str, frozenset[int]] | None = None
     if read_nodes:
         require_reachable(gathered)
-        listening = {h: r.listening or frozenset() for h, r in gathered.readings.items()}
+        # a port that listens counts only where what answers there is the exporter (what it serves, read once)
+        listening, warnings = monitoring.confirmed(
+            rollout, {h: r.listening or frozenset() for h, r in gathered.readings.items()},
+            {h: r.metrics_pages or {} for h, r in gathered.readings.items()}, exporter)
+        for line in warnings:
+            click.echo(f"k3deploy: warning: {line}", err=True)
     v = rollout.vars
     cluster = cluster_label(inventory, v.k3_cluster_name)
-    pack = pack_for_container(rollout.plan.vendor)
-    exporter = pack.exporter if pack is not None else None
     rules = monitoring.rule_files(v)   # refused here, before anything is written, where the thresholds contradict
     targets = monitoring.targets(rollout, cluster, exporter.port if exporter else None, listening)
     kinds = [k for k, listed in targets.items() if listed]
@@ -121,7 +128,9 @@ def _readme(rollout: Any, cluster: str, inventory: str, targets: dict[str, list[
     said = {"engines": "vLLM's /metrics (no API key needed); every data-parallel rank an API server fronts is in its "
                        "one target, with its `engine` label",
             "routers": f"vllm-router's metrics on :{v.k3_router_metrics_port}; vllm-router binds them to 127.0.0.1 "
-                       "unless started with --prometheus-host 0.0.0.0 (k3_router_metrics_port: 0 leaves them out)",
+                       f"unless started with --prometheus-host 0.0.0.0: k3deploy starts it with --prometheus-host "
+                       f"{v.k3_router_host} --prometheus-port {v.k3_router_metrics_port} (k3_router_metrics_port: 0 "
+                       "leaves them out)",
             "nodes": f"the Prometheus node exporter on :{v.k3_node_exporter_port} on every node, where the site runs "
                      "one (k3_node_exporter_port: 0 leaves them out)",
             "gpus": (f"{exporter.name} on :{gpu_port} on every engine node ({exporter.source}; k3_gpu_exporter_port: "

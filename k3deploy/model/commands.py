@@ -334,6 +334,42 @@ def mark_caches(model_cache: str, keys: Sequence[str]) -> str:
                        for d in (compilecache.host_dir(model_cache, k) for k in keys))
 
 
+def file_names(path: str) -> tuple[str, ...]:
+    """The names a copy of the file ``path`` has in its directory until it is whole, and then (as ``find -name``
+    patterns): the tree's and an import's ``.part``, the chain's ``.k3-part``, rsync's temporary ``.NAME.XXXXXX``.
+
+        >>> file_names("/s/images/i.sqsh")
+        ('i.sqsh', 'i.sqsh.part', 'i.sqsh.k3-part', '.i.sqsh.*')
+    """
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return name, f"{name}.part", f"{name}.k3-part", f".{name}.*"
+
+
+def copied_bytes(copies: Sequence[Sequence[str]]) -> str:
+    """Shell that prints, one line per copy of ``copies`` (each its paths: a directory ending in ``/``, every
+    regular file under it; else a file with the names it has until it is whole,
+    :func:`file_names`), the bytes it holds so far: what the stage's progress reads while
+    a step runs (read only; a path not there yet counts 0).
+
+        >>> first, second = copied_bytes([["/c/blobs/"], ["/s/i.tar"]]).split("; { ")
+        >>> first.startswith("{ find /c/blobs/ -type f"), "-name i.tar.k3-part" in second, second.count("awk")
+        (True, True, 1)
+    """
+    lines = []
+    for paths in copies:
+        finds = []
+        for path in paths:
+            if path.endswith("/"):
+                finds.append(f"find {shlex.quote(path)} -type f -printf '%s\\n' 2>/dev/null")
+            else:
+                parent = path.rsplit("/", 1)[0] or "/"
+                names = " -o ".join(f"-name {shlex.quote(n)}" for n in file_names(path))
+                finds.append(f"find {shlex.quote(parent)} -maxdepth 1 -type f \\( {names} \\) -printf '%s\\n' "
+                             "2>/dev/null")
+        lines.append("{ " + "; ".join(finds) + "; } | awk '{s += $1} END {printf \"%d\\n\", s}'")
+    return "; ".join(lines)
+
+
 #: the chain's copy of one file (``k3deploy.model.staging.chain``), as shell functions. ``k3_relay MODULE PATH DEST``
 #: copies ``PATH`` of the peers' rsync module ``MODULE`` to ``DEST.k3-part`` from the first peer of ``$K3_PEERS``
 #: (``name=address`` words, nearest first; ``$K3_PORT``) not in ``$K3_DEAD``: the whole file where that peer holds

@@ -10,6 +10,9 @@ Pure: from a rendered :class:`~k3deploy.model.rollout.Rollout` and its variables
   every engine node's accelerator exporter (the vendor pack's :class:`~k3deploy.vendors.base.Exporter`,
   ``k3_gpu_exporter_port``), each labelled ``cluster``, ``group``, ``replica``, ``role``, ``node``, ``revision``,
   ``hardware``;
+- with ``--read-nodes``, the exporters a node runs: a port that listens counts only where its ``/metrics`` serves
+  that exporter's metrics (:func:`served`, :func:`confirmed`: a metric name or prefix each exporter always serves,
+  :data:`NODE_EXPORTER` and each pack's ``Exporter.serves``), anything else there named in a warning;
 - ``prometheus.yml`` using them (:func:`prometheus_config`);
 - recording rules (``k3:ttft_seconds:p95`` ... per cluster, group and revision) and alerting rules with llm-d's
   default thresholds (``docs/monitoring/prometheus-alerting-rules.yaml`` of llm-d: P99 TTFT > 10 s warning, > 30 s
@@ -46,6 +49,7 @@ import yaml
 from k3deploy.errors import K3Error
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.variables import Variables
+from k3deploy.vendors.base import Exporter
 
 #: vLLM 0.33's metric names (``vllm/v1/metrics/loggers.py``; counters as exposed: prometheus_client appends
 #: ``_total``), each with its type: what the simulated engines expose too
@@ -109,6 +113,94 @@ def gpu_exporter_port(rollout: Rollout, exporter_port: int | None) -> int:
     if rollout.vars.k3_gpu_exporter_port is not None:
         return rollout.vars.k3_gpu_exporter_port
     return exporter_port or 0
+
+
+#: the Prometheus node exporter (github.com/prometheus/node_exporter): every metric of its collectors is named
+#: ``node_*`` (``node_exporter_build_info``, ``node_scrape_collector_success``, ``node_cpu_seconds_total`` ...)
+NODE_EXPORTER = ("the node exporter", "node_")
+
+
+def _names(page: str) -> list[str]:
+    """The metric names of a ``/metrics`` page in the Prometheus text format, in order (``# HELP`` and ``# TYPE``
+    lines name them too)."""
+    out: list[str] = []
+    for line in page.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[0] == "#" and words[1] in ("HELP", "TYPE"):
+            out.append(words[2])
+        elif words and not line.startswith("#"):
+            out.append(re.split(r"[{\s]", line, maxsplit=1)[0])
+    return out
+
+
+def served(page: str | None, serves: str) -> str | None:
+    r"""None where ``page`` (what ``GET /metrics`` answered: status line, headers, the body's first bytes,
+    :class:`k3deploy.facts.monitoring.MetricsPages`) is the exporter's: an HTTP 200 whose body names ``serves`` (a
+    metric name, also under a prefix the exporter was configured with, ``amd_gpu_nodes_total``; or a prefix of
+    every name where it ends in ``_``); else, for people, what answered instead.
+
+        >>> ok = "HTTP/1.1 200 OK\nContent-Type: text/plain\n\n# HELP node_load1 1m load average.\nnode_load1 0.2"
+        >>> served(ok, "node_") is None
+        True
+        >>> served("HTTP/1.0 404 File not found\nServer: SimpleHTTP/0.6\n\n<html>", "node_")
+        'HTTP 404 File not found'
+        >>> served("HTTP/1.1 200 OK\n\n# HELP vllm:num_requests_running x\nvllm:num_requests_running 0", "node_")
+        'metrics without node_* (vllm:num_requests_running, ...)'
+        >>> served("HTTP/1.0 200 OK\nContent-Type: text/html\n\n<!DOCTYPE HTML>\n<html>", "gpu_nodes_total")
+        "a page that is no metrics ('<!DOCTYPE HTML>', text/html)"
+        >>> served("curl: (52) Empty reply from server", "node_")
+        'no HTTP answer (curl: (52) Empty reply from server)'
+    """
+    text = (page or "").replace("\r\n", "\n")
+    head, _, body = text.partition("\n\n")
+    status = head.split("\n", 1)[0].split(None, 2)
+    if not status or not status[0].startswith("HTTP/") or len(status) < 2:
+        first = text.strip().splitlines()[0][:120] if text.strip() else "nothing within 3 s"
+        return f"no HTTP answer ({first})"
+    if status[1] != "200":
+        return f"HTTP {' '.join(status[1:])}"
+    names = _names(body)
+    prefix = serves.endswith("_")
+    if any(n.startswith(serves) if prefix else n == serves or n.endswith("_" + serves) for n in names):
+        return None
+    want = f"{serves}*" if prefix else serves
+    if names and all(re.fullmatch(r"[A-Za-z_:][\w:]*", n) for n in names[:3]):
+        shown = ", ".join(dict.fromkeys(names[:2]))
+        return f"metrics without {want} ({shown}, ...)"
+    kind = next((line.split(":", 1)[1].strip().split(";")[0] for line in head.split("\n")[1:]
+                 if line.lower().startswith("content-type:")), "")
+    first = body.strip().splitlines()[0][:60] if body.strip() else "an empty body"
+    return f"a page that is no metrics ({first!r}{', ' + kind if kind else ''})"
+
+
+def confirmed(rollout: Rollout, listening: dict[str, frozenset[int]], pages: dict[str, dict[int, str]],
+              exporter: Exporter | None) -> tuple[dict[str, frozenset[int]], list[str]]:
+    """Of the ports each host listens on (``listening``), those whose exporter answered as that exporter
+    (:func:`served` of ``pages``: host -> port -> page; the node exporter at ``k3_node_exporter_port``, the pack's
+    accelerator ``exporter`` at its port), and one warning per port that listens but serves something else: the
+    host, the port, the exporter expected there and what answered instead."""
+    v = rollout.vars
+    expected: dict[int, tuple[str, str, str]] = {}
+    gpu_port = gpu_exporter_port(rollout, exporter.port if exporter is not None else None)
+    if v.k3_node_exporter_port:
+        expected[v.k3_node_exporter_port] = (*NODE_EXPORTER, "k3_node_exporter_port")
+    if gpu_port and exporter is not None and exporter.serves:
+        expected[gpu_port] = (exporter.name, exporter.serves, "k3_gpu_exporter_port")
+    out: dict[str, frozenset[int]] = {}
+    warnings: list[str] = []
+    for host, ports in listening.items():
+        keep = set(ports)
+        for port, (name, serves, variable) in expected.items():
+            if port not in ports:
+                continue
+            got = served(pages.get(host, {}).get(port), serves)
+            if got is not None:
+                keep.discard(port)
+                want = f"{serves}*" if serves.endswith("_") else serves
+                warnings.append(f"{host}: port {port} listens but is not {name} (GET /metrics: {got}; {name} "
+                                f"serves {want}): not listed; run {name} there, or set {variable} to its port")
+        out[host] = frozenset(keep)
+    return out, warnings
 
 
 def targets(rollout: Rollout, cluster: str, exporter_port: int | None = None,

@@ -414,6 +414,42 @@ def _with_iface(node: BoundNode, iface: str | None) -> BoundNode:
                      {**node.values, **names})
 
 
+#: vllm-router's flags of its Prometheus listener (vllm-router 0.1.17 ``router_args.py``: ``--prometheus-port``,
+#: default 29000, and ``--prometheus-host``, default ``127.0.0.1``)
+ROUTER_METRICS_FLAGS = ("--prometheus-host", "--prometheus-port")
+
+
+def with_router_metrics(node: BoundNode, variables: Variables) -> BoundNode:
+    """A router that serves its Prometheus metrics where the exported scrape reaches them: vllm-router binds them to
+    ``127.0.0.1`` by default (vllm-router 0.1.17 ``router_args.py``), so the target ``k3_router_metrics_port`` names
+    on the router's host would be down. The router gets ``--prometheus-host`` = its own bind address
+    (``k3_router_host``, ``0.0.0.0`` by default: the metrics listen wherever the router's endpoint does, which is
+    what a scrape of the host's cluster address needs on every launcher, a Kubernetes pod's unknown address
+    included) and ``--prometheus-port`` = ``k3_router_metrics_port``; flags the plan's argv already sets are left as
+    they are, and ``k3_router_metrics_port: 0`` (not scraped) leaves the argv as the plan has it. A deliberate
+    difference from the builder's P/D router argv (docs/monitoring.md).
+
+        >>> from k3deploy.model.variables import Variables
+        >>> n = BoundNode(NodePlan(role="router", rank=0, argv=["vllm-router", "--port", "30000"], env={}),
+        ...               ["vllm-router", "--port", "30000"], {}, "10.0.0.1")
+        >>> with_router_metrics(n, Variables()).argv
+        ['vllm-router', '--port', '30000', '--prometheus-host', '0.0.0.0', '--prometheus-port', '29000']
+        >>> with_router_metrics(n, Variables(k3_router_metrics_port=0)).argv
+        ['vllm-router', '--port', '30000']
+    """
+    port = variables.k3_router_metrics_port
+    if not port:
+        return node
+    add: list[str] = []
+    for flag, value in zip(ROUTER_METRICS_FLAGS, (variables.k3_router_host, str(port)), strict=True):
+        if not any(a == flag or a.startswith(flag + "=") for a in node.argv):
+            add += [flag, value]
+    if not add:
+        return node
+    plan = node.node.model_copy(update={"argv": [*node.node.argv, *add]})
+    return replace(node, node=plan, argv=[*node.argv, *add])
+
+
 #: vLLM's own address (``get_ip()``): what the head advertises its message queue on to the other nodes' workers
 HOST_IP_ENV = "VLLM_HOST_IP"
 
@@ -486,6 +522,7 @@ def render(layout: Placement, *, ifaces: Mapping[str, str] | None = None,
         node = _with_iface(placed.node, (ifaces or {}).get(placed.host))
         box = unit_container(layout, placed)
         if node.role == "router":
+            node = with_router_metrics(node, variables)
             unit = router_unit(node, model=plan.model, strategy=plan.strategy, hardware=plan.hardware,
                                image=plan.image, ready_timeout=layout.ready_timeout, container=box,
                                router_bin=variables.k3_router_bin,

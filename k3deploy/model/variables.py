@@ -412,8 +412,9 @@ class Variables(BaseModel):
         "Alert K3PrefixHitLow: a group's prefix-cache hit rate (hits over queried tokens, 0..1) below this while it "
         "serves."))
     k3_router_metrics_port: int = Field(29000, ge=0, le=65535, description=(
-        "Port of vllm-router's Prometheus metrics (its `--prometheus-port` default) on the router host, scraped by "
-        "the exported configuration; 0: not scraped."))
+        "Port of vllm-router's Prometheus metrics on the router host (its `--prometheus-port` default), scraped by "
+        "the exported configuration: every router gets `--prometheus-port` = this and `--prometheus-host` = "
+        "`k3_router_host` (vllm-router's default host is 127.0.0.1); 0: not scraped, no flags added."))
     k3_node_exporter_port: int = Field(9100, ge=0, le=65535, description=(
         "Port of the Prometheus node exporter on every node, scraped by the exported configuration; 0: not "
         "scraped."))

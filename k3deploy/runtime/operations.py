@@ -38,7 +38,9 @@ from k3deploy.model.engine import EngineSpec
 from k3deploy.model.observed import ENV_MODE, UNIT_MODE, Installed
 from k3deploy.model.rollout import UnitWork
 from k3deploy.model.secrets import mask_line
+from k3deploy.model.stagecopies import Copied
 from k3deploy.model.steps import Step
+from k3deploy.runtime.stageprogress import Watched, watched
 
 #: what an operation yields: the commands it runs on the host
 Commands = Generator[PyinfraCommand, None, None]
@@ -233,11 +235,12 @@ def directories(paths: Sequence[str], mode: str = "0755", owner: str | None = No
 
 
 @operation()
-def stage_step(step: Step) -> Commands:
+def stage_step(step: Step, copies: tuple[Copied, ...] = ()) -> Commands:
     """One step of the stage (:func:`k3deploy.model.steps.stage`) on this host: its script, its file (a secret read
     from the control machine's file only here: :func:`managed_file`) or its copy from the control machine
     (:func:`from_control`); nothing where it does not apply. A copy from a peer that failed an earlier step of this
-    run fails here saying so (not with the refused connection to the peer's rsync daemon that never started)."""
+    run fails here saying so (not with the refused connection to the peer's rsync daemon that never started).
+    ``copies``: what it copies here, shown while it runs (:mod:`k3deploy.runtime.stageprogress`)."""
     if not step.applies:
         host.noop("not needed on this host")
         return
@@ -254,9 +257,10 @@ def stage_step(step: Step) -> Commands:
         content = Path(f.source).read_text() if f.source else f.content
         yield from managed_file._inner(dest=f.dest, content=content, mode=f.mode, kind=f.kind)
     elif step.copy is not None:
-        yield from from_control._inner(src=step.copy.src, dest=step.copy.dest)
+        for command in from_control._inner(src=step.copy.src, dest=step.copy.dest):
+            yield watched(command, copies)
     elif step.script:
-        yield sh(step.script)
+        yield Watched("sh", "-c", shlex.quote(step.script), copies=copies) if copies else sh(step.script)
     else:
         host.noop("nothing to do here")
 

@@ -42,8 +42,9 @@ from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, sha256
 from k3deploy.model.rollout import Rollout, UnitWork
 from k3deploy.model.slo import GatePlan
+from k3deploy.model.stagecopies import Copied, copies
+from k3deploy.model.staging import StagePlan, summary
 from k3deploy.model.staging import engines as stage_engines
-from k3deploy.model.staging import summary
 from k3deploy.model.steps import RouterCall, Step
 from k3deploy.model.units import GROUP_MEMBER
 from k3deploy.preflight.across import preflight_count
@@ -194,6 +195,16 @@ class RunContext:
         for name, q in gathered.quarantine.items():
             out.setdefault(name, []).append(Written(f"{cfg}/{QUARANTINE_FILE}", q.to_json(), "644"))
         return out
+
+    @cached_property
+    def stage_plan(self) -> StagePlan:
+        """The stage's plan, as its steps were made from it (:attr:`rollout_steps`)."""
+        plan = self.gathered.stage if self.gathered is not None else None
+        return plan or steps.fresh(self.rollout)
+
+    def stage_copies(self, step: Step) -> tuple[Copied, ...]:
+        """What a stage step copies onto its host, shown while it runs (:mod:`k3deploy.model.stagecopies`)."""
+        return copies(self.rollout, self.stage_plan, step)
 
     @cached_property
     def stage_kinds(self) -> set[steps.StageKind]:
@@ -549,7 +560,7 @@ def stage_phase(ctx: RunContext) -> None:
     for step in ctx.stage_steps.get(me, []):
         if step.kind is not None and (step.applies or (me == ctx.summary_host and step.kind in ctx.stage_kinds)):
             with pyinfra_internals.operation_kind(host, step.kind.order):
-                stage_step(name=step.name, step=step)
+                stage_step(name=step.name, step=step, copies=ctx.stage_copies(step))
 
 
 @deploy("Configure")

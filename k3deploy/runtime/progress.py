@@ -4,12 +4,16 @@ On a terminal it is rich's progress bar (``rich.progress``: bytes, speed, time r
 the output is not a terminal (a CI log, a pipe) it is one plain line every ``every`` seconds (:func:`line`), so a
 log shows the copy advancing without a line per second; with ``quiet`` (a command's ``--json``) nothing. What is
 measured is the caller's: :func:`watch` polls a function that says how many bytes are done (a directory's size,
-a file's) while the work runs.
+a file's) while the work runs. Several copies at once (the stage's, one per receiving node and artifact) share one
+:class:`Board`: one bar each on a terminal, else a line each every ``every`` seconds, and one line each as it ends
+(:func:`done_line`: so a copy shorter than ``every`` is still seen, with its bytes and its total).
 
 Example::
 
     >>> line("base root", 150 * 2**20, 300 * 2**20, 5 * 2**20)
     'base root: 150.0 MiB of ~300.0 MiB (50%), 5.0 MiB/s, about 30 s left'
+    >>> done_line("weights", 2**30, 2**30, 8.0, ok=True)
+    'weights: 1.0 GiB of 1.0 GiB, done in 8 s (128.0 MiB/s)'
     >>> with watch("base root", lambda: 0, total=None, quiet=True):  # the work runs here
     ...     pass
 """
@@ -72,6 +76,117 @@ def line(what: str, done: int, total: int | None, rate: float | None) -> str:
         if total and done < total:
             out += f", about {left((total - done) / rate)} left"
     return out
+
+
+def done_line(what: str, done: int, total: int | None, seconds: float, ok: bool) -> str:
+    """The line a copy ends with: the bytes it holds (of its total where known), the time it took and its mean rate;
+    one that failed says where it stopped.
+
+    >>> done_line("image", 3 * 2**20, 8 * 2**20, 2.0, ok=False)
+    'image: stopped at 3.0 MiB of 8.0 MiB (37%) after 2 s'
+    >>> done_line("weights", 5 * 2**20, None, 0.2, ok=True)
+    'weights: 5.0 MiB, done in 0 s (25.0 MiB/s)'
+    """
+    if not ok:
+        of = f" of {size(total)} ({min(99, int(100 * done / total))}%)" if total else ""
+        return f"{what}: stopped at {size(done)}{of} after {left(seconds)}"
+    of = f" of {size(total)}" if total else ""
+    rate = f" ({size(done / seconds)}/s)" if seconds > 0 and done else ""
+    return f"{what}: {size(done)}{of}, done in {left(seconds)}{rate}"
+
+
+class Board:
+    """Several copies shown at once, each under its own key: :meth:`begin`, :meth:`update` with the bytes so far
+    (and a total once it is known), :meth:`end`. On a terminal one rich bar each (one live display for all); else a
+    plain line (:func:`line`) per copy every ``every`` seconds, and one :func:`done_line` as it ends; ``quiet``:
+    nothing. The rate is the copy's mean since its first measure; the time left is the rest at that rate.
+
+        >>> import io
+        >>> t = [0.0]
+        >>> out = io.StringIO()
+        >>> b = Board(out, every=10, clock=lambda: t[0])
+        >>> b.begin("a", "[n2] weights", None)
+        >>> t[0] = 4; b.update("a", 2**20, 4 * 2**20)
+        >>> t[0] = 11; b.update("a", 3 * 2**20)
+        >>> t[0] = 12; b.end("a", 4 * 2**20, ok=True)
+        >>> print(out.getvalue(), end="")
+        [n2] weights: 3.0 MiB of ~4.0 MiB (75%), 292.6 KiB/s, about 4 s left
+        [n2] weights: 4.0 MiB of 4.0 MiB, done in 12 s (341.3 KiB/s)
+    """
+
+    def __init__(self, stream: IO[str] | None = None, every: float = EVERY, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.every, self.quiet, self.clock = every, quiet, clock
+        self.copies: dict[str, dict[str, Any]] = {}
+        self.bar: Any = None
+        self.tty = not quiet and self.stream.isatty()
+
+    def begin(self, key: str, what: str, total: int | None) -> None:
+        now = self.clock()
+        self.copies[key] = {"what": what, "total": total, "started": now, "said": now, "done": 0, "first": None}
+        if self.tty:
+            if self.bar is None:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    DownloadColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                    TransferSpeedColumn,
+                )
+
+                # a description's "[host]" is text, not rich markup
+                self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                                    DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
+                                    console=Console(file=self.stream), transient=True)
+                self.bar.start()
+            self.copies[key]["task"] = self.bar.add_task(what, total=total)
+
+    def rate(self, key: str) -> float | None:
+        c = self.copies[key]
+        if c["first"] is None:
+            return None
+        t0, b0 = c["first"]
+        spent = self.clock() - t0
+        return (c["done"] - b0) / spent if spent > 0 and c["done"] > b0 else None
+
+    def update(self, key: str, done: int, total: int | None = None) -> None:
+        c = self.copies.get(key)
+        if c is None:
+            return
+        now = self.clock()
+        if c["first"] is None:
+            c["first"] = (now, done)   # the rate is from here: bytes a resumed copy held before are not counted
+        c["done"] = max(done, c["done"])
+        if total:
+            c["total"] = total
+        if self.quiet:
+            return
+        if self.bar is not None and "task" in c:
+            self.bar.update(c["task"], completed=c["done"], total=c["total"])
+        elif not self.tty and now - c["said"] >= self.every:
+            c["said"] = now
+            print(line(c["what"], c["done"], c["total"], self.rate(key)), file=self.stream, flush=True)
+
+    def end(self, key: str, done: int | None, ok: bool) -> None:
+        """The copy ended (``ok``: its step succeeded, so it holds the whole: ``done`` then is at least its total)."""
+        c = self.copies.pop(key, None)
+        if c is None:
+            return
+        got = max(done or 0, c["done"])
+        if ok and c["total"]:
+            got = max(got, c["total"])
+        said = done_line(c["what"], got, c["total"], self.clock() - c["started"], ok)
+        if self.bar is not None and "task" in c:
+            self.bar.remove_task(c["task"])
+            self.bar.console.print(said, markup=False, highlight=False)
+            if not self.copies:
+                self.bar.stop()
+                self.bar = None
+        elif not self.quiet:
+            print(said, file=self.stream, flush=True)
 
 
 def tree_bytes(path: Path) -> int:

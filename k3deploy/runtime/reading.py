@@ -26,7 +26,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from k3deploy.facts.batch import read_batch
-from k3deploy.facts.monitoring import ListeningPorts
+from k3deploy.facts.monitoring import ListeningPorts, MetricsPages
 from k3deploy.facts.parallel import each_host
 from k3deploy.facts.rollout import (
     CompileCaches,
@@ -69,6 +69,7 @@ from k3deploy.preflight.checks import HostFacts
 from k3deploy.runtime.connections import connect
 from k3deploy.runtime.launchers import Launcher, launcher_for
 from k3deploy.runtime.views import View
+from k3deploy.vendors import pack_for_container
 
 # ------------------------------------------------------------------------------------- the reading
 
@@ -102,6 +103,7 @@ class HostReading:
     runtime: RuntimeReading | None = None      # its Slurm container runtime's tools, the staged image file
     spare_files: SpareFiles | None = None      # its spare records: substitutions, quarantine (views of installed)
     listening: frozenset[int] | None = None    # the TCP ports it listens on, reachable (the view's ``exporters``)
+    metrics_pages: dict[int, str] | None = None   # exporter port -> what its /metrics answered (``exporters``)
 
 
 #: the reading's fields kept per unit or per group (a request fills one entry of them)
@@ -244,6 +246,19 @@ class ReadListening(Request):
 
     def keep(self, value: frozenset[int]) -> dict[str, Any]:
         return {"listening": value}
+
+
+@dataclass(frozen=True)
+class ReadMetricsPages(Request):
+    """What ``/metrics`` answers at each exporter port on the host's address (``export prometheus`` confirms each
+    exporter it finds listening by what it serves)."""
+
+    fact = MetricsPages
+    address: str
+    ports: tuple[int, ...]
+
+    def keep(self, value: dict[int, str]) -> dict[str, Any]:
+        return {"metrics_pages": value}
 
 
 @dataclass(frozen=True)
@@ -456,6 +471,20 @@ def plan_hosts(layout: Placement, hosts: Sequence[str], view: View, resolver: st
     return {host: plan_host(layout, host, view, resolver, launcher) for host in hosts}
 
 
+def _metrics_pages(layout: Placement, host: str) -> tuple[Request, ...]:
+    """The read of what the host's exporters serve: at the address their targets name, the node exporter's port and
+    the accelerators' (the pack's, or ``k3_gpu_exporter_port``); nothing where neither is scraped."""
+    v = layout.vars
+    pack = pack_for_container(layout.plan.vendor)
+    gpu = v.k3_gpu_exporter_port if v.k3_gpu_exporter_port is not None else \
+        pack.exporter.port if pack is not None and pack.exporter is not None else 0
+    ports = tuple(dict.fromkeys(p for p in (v.k3_node_exporter_port, gpu) if p))
+    units = layout.on_host(host)
+    if not ports or not units:
+        return ()
+    return (ReadMetricsPages(units[0].node.address, ports),)
+
+
 def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
               launcher: Launcher | None = None) -> ReadPlan:
     """What ``view`` reads on ``host`` of the rollout laid out in ``layout``: each unit (state and files), the
@@ -472,7 +501,7 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     site: tuple[Request, ...] = (ReadSlurmSite(),) if host == launcher.queue_host else ()   # preflight reads it too
     router = router_resolver(layout) == host and (view.installed or view.pins_image)
     router_registry = (ReadRouterRegistry(variables.k3_router_image or "", variables.k3_docker),) if router else ()
-    listening: tuple[Request, ...] = (ReadListening(),) if view.exporters else ()
+    listening: tuple[Request, ...] = (ReadListening(), *_metrics_pages(layout, host)) if view.exporters else ()
     tools = launcher.runtime_tools
     engine_host = host in layout.spares or any(u.group != "router" for u in layout.on_host(host))
     # the runtime's tools (preflight's slurm.container) and the image file it runs from, on every engine node

@@ -267,7 +267,9 @@ def words_match(name: str, allowed: Sequence[str]) -> bool:
 class Exporter:
     """The vendor's Prometheus exporter of accelerator health: its name, its default port (``k3_gpu_exporter_port``
     overrides it), where that is documented, and the metric names a dashboard shows of it (utilization in percent,
-    temperature in degrees Celsius, a health figure: what the exporter reports of errors)."""
+    temperature in degrees Celsius, a health figure: what the exporter reports of errors). ``serves``: a metric
+    name its ``/metrics`` always serves, or a prefix of every name it serves (ending in ``_``): what tells the
+    exporter from anything else listening on its port (``export prometheus --read-nodes``)."""
 
     name: str
     port: int
@@ -275,6 +277,7 @@ class Exporter:
     utilization: str
     temperature: str
     health: str
+    serves: str = ""
 
     @property
     def metrics(self) -> tuple[str, ...]:

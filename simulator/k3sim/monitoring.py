@@ -5,7 +5,8 @@ The export goes to ``<state>/prometheus/`` and Prometheus (Debian's ``prometheus
 in ``<state>/prometheus/data``, listening on a free port of 127.0.0.1 (never the 9090 a system Prometheus may hold);
 it starts once the cluster's inventory is written and stops with the cluster (by PID, checked to be the one started
 here). The cluster's group_vars set short intervals (:data:`GROUP_VARS`), so that a test sees a figure or an alert
-within seconds, and no exporter targets (the simulated nodes run none; vllm-router binds its metrics to 127.0.0.1).
+within seconds, and no exporter targets (the simulated nodes run none; a router's target stays: the nodes run the real
+vllm-router, which k3deploy starts with its metrics on ``k3_router_host``).
 
 Example::
 
@@ -35,7 +36,7 @@ from k3sim.state import save_state
 BINARY = "prometheus"
 #: what the cluster's group_vars/all.yml says with --monitoring
 GROUP_VARS = ("k3_prom_scrape_interval: 1s", "k3_prom_evaluation_interval: 1s", "k3_prom_rate_window: 30s",
-              "k3_alert_for: 2s", "k3_node_exporter_port: 0", "k3_gpu_exporter_port: 0", "k3_router_metrics_port: 0")
+              "k3_alert_for: 2s", "k3_node_exporter_port: 0", "k3_gpu_exporter_port: 0")
 INSTALL_HINT = "install Debian's prometheus package (apt-get install prometheus; .ci/install-sim.sh does it)"
 
 

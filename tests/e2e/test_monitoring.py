@@ -7,6 +7,7 @@ naming its node. Prometheus stops with the cluster."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import urllib.parse
 import urllib.request
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import deploy, k3, why
+from helpers import ROOT, deploy, k3, why
 from helpers.simulated import Sim, endpoint_of
 from k3sim import processes
 from k3sim.state import load_state
@@ -68,17 +69,25 @@ def test_prometheus_sees_the_cluster_serve_and_an_engine_stop(sim, tmp_path):
     assert run.returncode == 0, why(run)
     endpoint = endpoint_of(run.stdout)
 
-    # --read-nodes lists an exporter only where its port listens: a node exporter on the worker alone
+    # --read-nodes lists an exporter only where its port listens and serves that exporter's metrics: on the worker
+    # a node exporter's page (a real one's excerpt) on 9100, and on 9400 a server whose /metrics is a 404: named in
+    # a warning, not listed
     worker = sim.info["nodes"][1]
-    started = sim.ssh(1, "setsid python3 -m http.server 9100 </dev/null >/dev/null 2>&1 & "
-                         "for i in $(seq 50); do ss -Hltn | grep -q ':9100 ' && exit 0; sleep 0.1; done; exit 1")
+    page = (ROOT / "tests" / "fixtures" / "exporters" / "node_exporter.http").read_bytes().decode()
+    body = page.split("\r\n\r\n", 1)[1]
+    started = sim.ssh(1, f"mkdir -p /tmp/pgexp/n /tmp/pgexp/g && printf %s {shlex.quote(body)} > /tmp/pgexp/n/metrics "
+                         "&& for p in n:9100 g:9400; do setsid python3 -m http.server ${p#*:} --directory "
+                         "/tmp/pgexp/${p%:*} </dev/null >/dev/null 2>&1 & done; for i in $(seq 50); do "
+                         "[ $(ss -Hltn | grep -c -e ':9100 ' -e ':9400 ') = 2 ] && exit 0; sleep 0.1; done; exit 1")
     assert started.returncode == 0, started.stderr
     sim.set_vars("k3_node_exporter_port: 9100\nk3_gpu_exporter_port: 9400\n")   # (the sim's say 0: none)
     out = tmp_path / "read"
-    written = json.loads(k3("export", "prometheus", sim.inventory, "-o", str(out), "--read-nodes", "--json",
-                            check=True).stdout)
+    read = k3("export", "prometheus", sim.inventory, "-o", str(out), "--read-nodes", "--json", check=True)
+    written = json.loads(read.stdout)
     assert written["targets"] == {"engines": [f"{head['ip']}:8000"], "nodes": [f"{worker['ip']}:9100"]}
     assert "gpus: none found" in (out / "README.txt").read_text()
+    assert (f"{worker['name']}: port 9400 listens but is not dcgm-exporter (GET /metrics: HTTP 404 File not found"
+            in read.stderr), read.stderr
 
     def ask(_: int) -> int:   # the probe load: completions of 1000 prompt tokens, 16 out
         req = urllib.request.Request(f"{endpoint}/v1/completions", json.dumps(

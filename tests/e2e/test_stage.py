@@ -100,6 +100,14 @@ def test_four_trays_fetch_each_artifact_once_and_hand_it_on_along_a_chain(four: 
     for rank in range(3):           # each node served the next one only: a chain, each link carrying the bytes once
         assert peers_served(sim, rank) == {ips[rank + 1]}, (rank, peers_served(sim, rank))
     assert all(verified(sim, rank) for rank in range(4))
+    # each copy was shown on the control machine as it ran, its last line its bytes against the holder's total
+    size = r"(\d+(?:\.\d)? (?:B|KiB|MiB|GiB))"
+    for node in sim.info["nodes"][1:]:
+        for what in ("image", "weights"):
+            line = re.search(rf"^\[{node['name']}\] stage: {what} from {first}: {size} of {size}, done in ",
+                             run.stdout, re.M)
+            assert line is not None and line[1] == line[2] and not line[1].endswith(" B"), (node["name"], what)
+    assert re.search(rf"^\[{first}\] stage: weights: {size}, done in ", run.stdout, re.M)   # the hub's download
     served, artifacts = uplink(sim)        # the uplink carried the artifacts once, not once per node
     assert artifacts <= served <= 1.2 * artifacts, (served, artifacts)
     for rank in range(4):   # the archives are gone, the daemons stopped; the image stays loaded
@@ -109,7 +117,7 @@ def test_four_trays_fetch_each_artifact_once_and_hand_it_on_along_a_chain(four: 
     assert serves(sim)
     assert staging(sim) == []
     again = deploy(sim.inventory)
-    assert again.returncode == 0 and "Stage round" not in again.stdout
+    assert again.returncode == 0 and "Stage round" not in again.stdout and "] stage: " not in again.stdout
 
 
 def test_an_interrupted_stage_resumes_where_it_stopped(sim_factory):
@@ -184,5 +192,10 @@ def test_an_air_gapped_site_rolls_out_from_the_control_machine(sim_factory, tmp_
     assert ran_on(run.stdout, f"Weights of {MODEL}: from the hub") == 0
     assert ran_on(run.stdout, "Image: the archive from the control machine") == 1
     assert ran_on(run.stdout, "Weights: from the control machine") == 1
+    size = r"(\d+(?:\.\d)? (?:B|KiB|MiB|GiB))"   # each copy shown against the control machine's copy
+    for what in ("image archive", "weights"):
+        line = re.search(rf"^\[{first}\] stage: {what} from the control machine: {size} of {size}, done in ",
+                         run.stdout, re.M)
+        assert line is not None and line[1] == line[2] and not line[1].endswith(" B"), what
     assert verified(sim, 0) and verified(sim, 1) and serves(sim)
     assert staging(sim) == []

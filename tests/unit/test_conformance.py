@@ -291,3 +291,41 @@ def test_catalogs_match_installed_engine():
     proc = subprocess.run([str(ENGINE_PYTHON), str(ROOT / "tools" / "gen_catalogs.py"), "--check"], text=True,
                           capture_output=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# -- the router's argv as k3deploy renders it ---------------------------------------------------------------------
+
+_ROUTER_ARGS = ("import json, sys\nfrom vllm_router.launch_router import parse_router_args\n"
+                "sys.argv[0] = 'vllm-router'\n"
+                "a = parse_router_args(json.loads(sys.stdin.read())[1:])\n"
+                "print(json.dumps([a.prometheus_host, a.prometheus_port]))\n")
+
+
+def test_the_rendered_routers_serve_their_metrics_where_the_export_scrapes_them():
+    """The P/D router and the replicas' front router as their units run them (the builder's argv plus
+    ``--prometheus-host``/``--prometheus-port``, from the engine spec): the real parser accepts both and reads the
+    bind address and the exported port from them (its defaults are 127.0.0.1 and 29000)."""
+    from k3deploy.model.binding import BoundNode
+    from k3deploy.model.rollout import front_router_argv, with_router_metrics
+    from k3deploy.model.variables import Variables
+    from k3deploy.recipe.plan import NodePlan
+    from k3deploy.runtime.gather import gather
+    from k3deploy.runtime.views import INVENTORY_ONLY
+
+    pd = gather("inventories/pd_b300.py", INVENTORY_ONLY, {"k3_router_metrics_port": 29100}).require_rollout()
+    spec = next(u.spec for u in pd.units if u.group == "router")
+    assert spec is not None
+    v = Variables(k3_router_metrics_port=29100)
+    front = front_router_argv(["http://10.0.0.1:8000", "http://10.0.0.2:8000"], v)
+    node = BoundNode(NodePlan(role="router", rank=0, argv=front, env={}), front, {}, "10.0.0.1")
+    argvs = {"router-rendered-pd": spec.argv, "router-rendered-front": with_router_metrics(node, v).argv}
+    rc, report = run_check([{"id": k, "argv": a} for k, a in argvs.items()])
+    assert rc == 0 and not report["failures"], report["failures"]
+    for argv in argvs.values():
+        got = subprocess.run([str(ENGINE_PYTHON), "-c", _ROUTER_ARGS], input=json.dumps(argv), text=True,
+                             capture_output=True, timeout=120)
+        assert got.returncode == 0, got.stderr[-2000:]
+        assert json.loads(got.stdout) == ["0.0.0.0", 29100]
+    default = subprocess.run([str(ENGINE_PYTHON), "-c", _ROUTER_ARGS], input=json.dumps(["vllm-router"]), text=True,
+                             capture_output=True, timeout=120)
+    assert json.loads(default.stdout) == ["127.0.0.1", 29000]   # why the flags are passed

@@ -158,3 +158,102 @@ def test_a_bad_setting_is_one_line_and_nothing_is_written(tmp_path, group_vars, 
     proc = k3("export", "prometheus", str(inventory), "-o", str(out))
     assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize(("overrides", "metrics"), [
+    ({}, ["--prometheus-host", "0.0.0.0", "--prometheus-port", "29000"]),
+    ({"k3_router_metrics_port": 29100, "k3_router_host": "192.0.2.21"},
+     ["--prometheus-host", "192.0.2.21", "--prometheus-port", "29100"]),
+    ({"k3_router_metrics_port": 0}, []),
+])
+def test_the_router_serves_its_metrics_where_the_exported_target_scrapes_them(overrides, metrics):
+    """vllm-router binds its Prometheus listener to 127.0.0.1 unless told otherwise: the router's unit passes its
+    bind address and the exported port (the target of ``targets/routers.json``), from the engine spec; a port of 0
+    (not scraped) leaves the builder's argv as it is."""
+    from k3deploy.runtime.gather import gather
+    from k3deploy.runtime.views import INVENTORY_ONLY
+
+    r = gather("inventories/pd_b300.py", INVENTORY_ONLY, overrides).require_rollout()
+    router = next(u for u in r.units if u.group == "router")
+    assert router.spec is not None
+    argv = router.spec.argv
+    assert [a for a in argv if a.startswith("--prometheus")] == metrics[0::2]
+    assert argv[len(argv) - len(metrics):] == metrics
+    assert router.spec.command[len(router.spec.command) - len(metrics):] == metrics   # the unit's ExecStart=
+    routers = monitoring.targets(r, "pd_b300")["routers"]
+    assert [t["targets"][0] for t in routers] == ([f"{router.node.address}:{metrics[3]}"] if metrics else [])
+
+
+EXPORTER_PAGES = ROOT / "tests" / "fixtures" / "exporters"
+
+
+def _page(name: str) -> str:
+    """A fixture's response as the node's read hands it over: its lines, each without its newline."""
+    from k3deploy.facts.monitoring import MetricsPages
+
+    lines = ["K3_PAGE=1", *(EXPORTER_PAGES / name).read_bytes().decode().split("\n")]
+    return MetricsPages().process([line.rstrip("\n") for line in lines])[1]
+
+
+@pytest.mark.parametrize(("fixture", "pack"), [
+    ("dcgm_exporter.http", "nvidia"), ("amd_device_metrics_exporter.http", "amd"), ("npu_exporter.http", "ascend")])
+def test_each_accelerator_exporter_is_known_by_what_it_serves_and_by_nothing_else(fixture, pack):
+    exporter = next(p for p in PACKS if p.name == pack).exporter
+    assert exporter is not None and exporter.serves
+    assert monitoring.served(_page(fixture), exporter.serves) is None
+    others = {"dcgm_exporter.http", "amd_device_metrics_exporter.http", "npu_exporter.http", "node_exporter.http"}
+    for other in others - {fixture}:
+        assert monitoring.served(_page(other), exporter.serves) is not None, other
+    assert monitoring.served(_page(fixture), monitoring.NODE_EXPORTER[1]) is not None
+
+
+def test_node_exporter_is_known_past_its_go_runtime_families():
+    page = _page("node_exporter.http")
+    assert page.splitlines()[0].startswith("HTTP/1.1 200") and "\r" in page   # curl -i keeps the CRLF
+    assert monitoring.served(page, "node_") is None
+    assert monitoring.served(_page("python_http_server.http"), "node_") == "HTTP 404 File not found"
+
+
+def test_a_port_that_serves_something_else_is_named_and_not_listed():
+    """pd_b300's nodes: the prefill node's node exporter port answers with the vLLM engine's metrics, a decode
+    node's with Python's 404, the other decode node's with the node exporter; every accelerator exporter port is
+    DCGM's but one that gives no HTTP answer."""
+    from k3deploy.runtime.gather import gather
+    from k3deploy.runtime.views import INVENTORY_ONLY
+
+    r = gather("inventories/pd_b300.py", INVENTORY_ONLY).require_rollout()
+    hosts = r.hosts
+    vllm = "HTTP/1.1 200 OK\ncontent-type: text/plain\n\n# HELP vllm:num_requests_running x\nvllm:num_requests_running 0"
+    pages = {hosts[0]: {9100: vllm, 9400: _page("dcgm_exporter.http")},
+             hosts[1]: {9100: _page("python_http_server.http"), 9400: "curl: (52) Empty reply from server"},
+             hosts[2]: {9100: _page("node_exporter.http"), 9400: _page("dcgm_exporter.http")}}
+    listening = {h: frozenset({8000, 9100, 9400}) for h in hosts}
+    nvidia = next(p for p in PACKS if p.name == "nvidia").exporter
+    assert nvidia is not None
+    kept, warnings = monitoring.confirmed(r, listening, pages, nvidia)
+    assert kept == {hosts[0]: frozenset({8000, 9400}), hosts[1]: frozenset({8000}),
+                    hosts[2]: frozenset({8000, 9100, 9400})}
+    assert [w.split(" listens")[0] for w in warnings] == [f"{hosts[0]}: port 9100", f"{hosts[1]}: port 9100",
+                                                           f"{hosts[1]}: port 9400"]
+    assert "is not the node exporter" in warnings[0] and "k3_node_exporter_port" in warnings[0]
+    assert "vllm:num_requests_running" in warnings[0] and "node_*" in warnings[0]
+    assert "is not dcgm-exporter" in warnings[2] and "DCGM_FI_DEV_*" in warnings[2]
+    assert "HTTP 404 File not found" in warnings[1] and "no HTTP answer (curl: (52)" in warnings[2]
+    listed = monitoring.targets(r, "pd_b300", nvidia.port, kept)
+    assert [t["labels"]["node"] for t in listed["nodes"]] == [hosts[2]]
+    assert [t["labels"]["node"] for t in listed["gpus"]] == [hosts[0], hosts[2]]
+
+
+def test_the_read_asks_each_exporter_port_at_the_address_its_target_names():
+    from k3deploy.facts.monitoring import MetricsPages
+    from k3deploy.runtime.gather import gather
+    from k3deploy.runtime.reading import ReadMetricsPages, plan_host
+    from k3deploy.runtime.views import EXPORT_PROMETHEUS, INVENTORY_ONLY
+
+    r = gather("inventories/pd_b300.py", INVENTORY_ONLY).require_rollout()
+    host = r.hosts[1]
+    read = [q for q in plan_host(r, host, EXPORT_PROMETHEUS, None).requests if isinstance(q, ReadMetricsPages)]
+    address = r.on_host(host)[0].node.address
+    assert read == [ReadMetricsPages(address, (9100, 9400))]
+    command = MetricsPages().command(address, (9100, 9400))
+    assert f"curl -sS -i -m 3 http://{address}:9400/metrics" in command and "head -c 65536" in command

@@ -124,7 +124,7 @@ def test_each_request_asks_its_fact_by_the_facts_own_parameter_names() -> None:
 
     requests = [cls for cls in vars(reading).values()
                 if isinstance(cls, type) and issubclass(cls, reading.Request) and cls is not reading.Request]
-    assert len(requests) == 22
+    assert len(requests) == 23
     for cls in requests:
         sample = cls(**{f.name: f"<{f.name}>" for f in dataclasses.fields(cls)})
         parameters = inspect.signature(cls.fact().command).parameters

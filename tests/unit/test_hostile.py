@@ -27,7 +27,7 @@ from k3deploy.model import commands
 from k3deploy.vendors import PACKS
 
 #: public functions of commands.py that return data, not a script
-NOT_SCRIPTS = {"model_dir", "hub_dir", "archive_path", "chat_body", "staged_path"}
+NOT_SCRIPTS = {"model_dir", "hub_dir", "archive_path", "chat_body", "staged_path", "file_names"}
 #: stub tools: each exits with $K3_RC (0 or 1) and prints nothing
 TOOLS = ("systemctl", "systemd-run", "docker", "curl", "rsync", "journalctl", "sleep", "mkdir", "rm", "mv", "cp",
          "install", "cat", "sed", "tr", "grep", "awk", "find", "xargs", "nproc", "readlink", "openssl", "sha256sum",

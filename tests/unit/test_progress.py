@@ -84,3 +84,195 @@ def test_the_base_root_expects_what_the_last_build_took(tmp_path, monkeypatch):
     (tmp_path / "base-0123").mkdir()
     (tmp_path / "base-0123" / base.MARKER).write_text(json.dumps({"id": "0123", "bytes": 286525633}))
     assert base.expected_bytes() == 286525633
+
+
+# -- the stage's copies: what each step copies where, measured as it runs ----------------------------------------
+
+
+def _tray_rollout(n: int, **more: object):
+    from k3deploy.model.binding import HostRecord
+    from k3deploy.model.pipeline import desired_rollout, target
+
+    given = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp", **more}
+    hosts = [HostRecord(f"n{i}", ("head",) if i == 1 else ("workers",), {**given, "k3_ip": f"10.0.0.{i}"})
+             for i in range(1, n + 1)]
+    r = desired_rollout(target(hosts, None))
+    return r.decided(set(r.groups))
+
+
+def test_each_receiver_of_a_chain_measures_its_copies_against_the_holder_it_starts_from():
+    from k3deploy.model import commands, steps
+    from k3deploy.model.stagecopies import copies
+
+    r = _tray_rollout(4)
+    plan = steps.fresh(r)
+    v = r.vars
+    blobs = commands.model_dir(v.k3_model_cache, r.plan.model) + "/blobs/"
+    archive = commands.archive_path(v.k3_stage_dir, r.plan.image)
+    made = {(s.host, s.kind): copies(r, plan, s) for s in steps.stage(r, plan)}
+    # n1 fetches from outside: the hub's download is measured (no total before it), docker's pull is not
+    assert [(c.what, c.paths, c.source) for c in made[("n1", steps.HUB)]] == [("weights", (blobs,), None)]
+    assert made[("n1", steps.PULL)] == ()
+    rounds = {h: c for (h, kind), c in made.items() if kind is not None and kind.part is steps.StagePart.ROUND}
+    assert rounds["n1"] == ()
+    for h in ("n2", "n3", "n4"):   # along the chain n1 -> n2 -> n3 -> n4: each against n1, which holds them whole
+        assert [(c.shown, c.paths) for c in rounds[h]] == [("image from n1", (archive,)),
+                                                            ("weights from n1", (blobs,))]
+    # the tree sends whole files: each receiver against its sender of the round
+    tree = steps.stage(_tray_rollout(4, k3_stage="fanout"), plan := steps.fresh(_tray_rollout(4, k3_stage="fanout")))
+    sources = {(s.host, s.kind.round): {c.source for c in copies(_tray_rollout(4, k3_stage="fanout"), plan, s)}
+               for s in tree if s.kind is not None and s.kind.part is steps.StagePart.ROUND and s.applies}
+    assert sources == {("n2", 0): {"n1"}, ("n3", 1): {"n1"}, ("n4", 1): {"n2"}}
+
+
+def test_a_copy_from_the_control_machine_is_measured_against_the_control_machines_copy(tmp_path):
+    from k3deploy.model import steps
+    from k3deploy.model.stagecopies import copies
+
+    (tmp_path / "models--o--m" / "refs").mkdir(parents=True)
+    (tmp_path / "models--o--m" / "snapshots").mkdir()
+    (tmp_path / "models--o--m" / "refs" / "main").write_text("c0ffee")
+    (tmp_path / "i.tar").write_bytes(b"")
+    r = _tray_rollout(2, k3_weights_source=str(tmp_path / "models--o--m"), k3_image_archive=str(tmp_path / "i.tar"))
+    plan = steps.fresh(r)
+    made = {(s.host, s.kind): copies(r, plan, s) for s in steps.stage(r, plan)}
+    (weights,) = made[("n1", steps.WEIGHTS_COPY)]
+    (image,) = made[("n1", steps.ARCHIVE_COPY)]
+    assert weights.local == str(tmp_path / "models--o--m") + "/" and weights.shown == "weights from the control machine"
+    assert image.local == str(tmp_path / "i.tar") and image.what == "image archive"
+    assert made[("n2", steps.WEIGHTS_COPY)] == ()
+
+
+def test_the_bytes_of_a_copy_count_its_partial_names_and_nothing_else(tmp_path):
+    """The node's read (run here by the same shell): a file under its chain, tree and rsync names, so its bytes do
+    not drop when it is renamed whole; the checksum beside it and other files are not counted."""
+    import subprocess
+
+    from k3deploy.model.commands import copied_bytes
+
+    stage, blobs = tmp_path / "stage", tmp_path / "hub" / "blobs"
+    stage.mkdir()
+    blobs.mkdir(parents=True)
+    (stage / "i.tar.k3-part").write_bytes(b"x" * 1000)
+    (stage / ".i.tar.Ab12Cd").write_bytes(b"x" * 24)
+    (stage / "i.tar.sha256").write_bytes(b"x" * 64)
+    (stage / "other.tar").write_bytes(b"x" * 5000)
+    (blobs / "aa").write_bytes(b"x" * 300)
+    (blobs / "bb.incomplete").write_bytes(b"x" * 200)
+    script = copied_bytes([[str(stage / "i.tar")], [str(blobs) + "/"], [str(tmp_path / "none") + "/"]])
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1024", "500", "0"]
+    (stage / "i.tar.k3-part").rename(stage / "i.tar")
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "1024"
+
+
+def test_a_board_shows_several_copies_each_with_its_own_rate_and_a_last_line_each():
+    from k3deploy.runtime.progress import Board
+
+    out, clock = io.StringIO(), Clock()
+    board = Board(out, every=10, clock=clock)
+    board.begin("a", "[n2] stage: image from n1", None)
+    board.begin("b", "[n3] stage: weights from n1", 100 * MIB)
+    board.update("a", 0, 64 * MIB)       # the total read from the holder
+    for second in range(1, 13):         # a: 4 MiB/s, b: 8 MiB/s
+        clock.now = second
+        board.update("a", 4 * MIB * second)
+        board.update("b", 8 * MIB * second)
+    board.end("a", None, ok=False)      # its step failed: where it stopped
+    clock.now = 13
+    board.end("b", 90 * MIB, ok=True)   # its step succeeded: it holds the whole
+    board.end("b", 0, ok=True)          # (ended once)
+    assert out.getvalue().splitlines() == [
+        "[n2] stage: image from n1: 40.0 MiB of ~64.0 MiB (62%), 4.0 MiB/s, about 6 s left",
+        "[n3] stage: weights from n1: 80.0 MiB of ~100.0 MiB (80%), 8.0 MiB/s, about 2 s left",
+        "[n2] stage: image from n1: stopped at 48.0 MiB of 64.0 MiB (75%) after 12 s",
+        "[n3] stage: weights from n1: 100.0 MiB of 100.0 MiB, done in 13 s (7.7 MiB/s)"]
+
+
+def test_a_quiet_board_says_nothing():
+    from k3deploy.runtime.progress import Board
+
+    out = io.StringIO()
+    board = Board(out, every=0, quiet=True)
+    board.begin("a", "x", 10)
+    board.update("a", 5)
+    board.end("a", 10, ok=True)
+    assert out.getvalue() == ""
+
+
+def test_a_step_shows_its_copies_while_its_command_runs_and_stops_reading_when_it_ends(tmp_path, monkeypatch):
+    """A real pyinfra host (``@local``: this machine) runs a stage step's command, a copy that grows a file for about
+    2.5 s; while it runs the bytes are read beside it (the whole size first: here the control machine's copy, as an
+    air-gapped site's), a plain line is said every ``every`` seconds, one as the step ends; then no read is left
+    running. A step that fails says where it stopped."""
+    import gevent
+    from pyinfra.api import Config, Inventory, State
+
+    from k3deploy.model.stagecopies import Copied
+    from k3deploy.preflight import runner
+    from k3deploy.runtime import stageprogress
+    from k3deploy.runtime.progress import Board
+
+    runner.quiet_pyinfra()
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory=inventory, config=Config())
+    host = inventory.get_host("@local")
+    host.connect(raise_exceptions=True)
+    holder, dest = tmp_path / "holder" / "i.tar", tmp_path / "dest" / "i.tar"
+    holder.parent.mkdir()
+    dest.parent.mkdir()
+    holder.write_bytes(b"x" * 5 * MIB)
+    out = io.StringIO()
+    monkeypatch.setattr(stageprogress, "_board", Board(out, every=0.5))
+    monkeypatch.setattr(stageprogress, "POLL", 0.25)
+    copy = Copied("image", (str(dest),), local=str(holder))
+    seen: list[gevent.Greenlet] = []
+    spawn = gevent.spawn
+
+    def spawned(*args: object, **kwargs: object) -> gevent.Greenlet:
+        seen.append(spawn(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(gevent, "spawn", spawned)
+    grow = (f"for i in 1 2 3 4 5; do head -c {MIB} /dev/zero >> {dest}.k3-part; sleep 0.5; done; "
+            f"mv {dest}.k3-part {dest}")
+    ok, _ = stageprogress.Watched("sh", "-c", repr(grow), copies=(copy,)).execute(state, host, {})
+    said = "[@local] stage: image from the control machine: "
+    lines = out.getvalue().splitlines()
+    assert ok and lines[-1].startswith(said + "5.0 MiB of 5.0 MiB, done in ")
+    assert any(re.fullmatch(re.escape(said) + r"\d\.\d MiB of ~5\.0 MiB \(\d+%\), [\d.]+ [KM]iB/s(, about \d+ s left)?",
+                            line) for line in lines[:-1]), lines
+    assert seen and all(g.dead for g in seen)       # the read stopped with the step
+    # a step that fails: where the copy stopped, from one last read
+    out.truncate(0)
+    out.seek(0)
+    dest.unlink()
+    cut = f"head -c {2 * MIB} /dev/zero > {dest}.k3-part; exit 3"
+    ok, _ = stageprogress.Watched("sh", "-c", repr(cut), copies=(copy,)).execute(state, host, {})
+    assert not ok
+    assert re.fullmatch(re.escape(said) + r"stopped at 2\.0 MiB of 5\.0 MiB \(40%\) after \d+ s\n", out.getvalue())
+
+
+def test_on_a_terminal_the_copies_are_bars_and_their_last_lines_stay():
+    """rich's bars, one live display for all the copies, gone when the last ends; each copy's last line stays, its
+    "[host]" as text (not taken for rich markup)."""
+    from k3deploy.runtime.progress import Board
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    board = Board(out)
+    board.begin("a", "[n2] stage: image from n1", None)
+    board.begin("b", "[n3] stage: weights from n1", 100 * MIB)
+    board.update("a", MIB, 50 * MIB)
+    board.update("b", 60 * MIB)
+    assert board.bar is not None and len(board.bar.tasks) == 2
+    board.end("a", None, ok=True)
+    board.end("b", 70 * MIB, ok=False)
+    assert board.bar is None
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert re.search(r"(^|\r)\[n2\] stage: image from n1: 50\.0 MiB of 50\.0 MiB, done in ", text, re.M)
+    assert re.search(r"(^|\r)\[n3\] stage: weights from n1: stopped at 70\.0 MiB of 100\.0 MiB \(70%\)", text, re.M)

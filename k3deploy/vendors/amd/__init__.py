@@ -79,9 +79,11 @@ RAS_COUNTERS = "/sys/class/drm/card*/device/ras/*_err_count"
 
 #: AMD's device-metrics-exporter (github.com/ROCm/device-metrics-exporter: listens on :5000; its fields, in lower
 #: case, are the metric names: docs/configuration/metricslist.md)
+#: ``gpu_nodes_total`` (GPU_NODES_TOTAL, "Number of GPU nodes on the machine") is served on every platform, bare metal
+#: and hypervisor alike (docs/configuration/metricslist.md, "System Information")
 EXPORTER = Exporter("amd-device-metrics-exporter", 5000, "ROCm/device-metrics-exporter docs (metrics list)",
                     utilization="gpu_gfx_activity", temperature="gpu_junction_temperature",
-                    health="gpu_ecc_uncorrect_total")
+                    health="gpu_ecc_uncorrect_total", serves="gpu_nodes_total")
 
 PACK = Pack(
     name="amd",

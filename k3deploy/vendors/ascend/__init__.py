@@ -71,9 +71,10 @@ HEALTH_KINDS = (
 
 #: Huawei MindCluster's npu-exporter (gitee.com/ascend/mind-cluster: listens on :8082; its Prometheus metrics API
 #: names these; health 1 = healthy, 0 = not)
+#: (its page opens with ``machine_npu_nums``, the number of NPUs: MindCluster docs, "Prometheus Metrics API")
 EXPORTER = Exporter("npu-exporter", 8082, "Ascend MindCluster npu-exporter, Prometheus metrics API",
                     utilization="npu_chip_info_utilization", temperature="npu_chip_info_temperature",
-                    health="npu_chip_info_health_status")
+                    health="npu_chip_info_health_status", serves="machine_npu_nums")
 
 PACK = Pack(
     name="ascend",

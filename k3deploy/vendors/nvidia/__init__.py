@@ -224,10 +224,11 @@ TROUBLES = (
             "IMEX channel on each node:", _mnnvl_script, nvlink_only=True),
 )
 
-#: NVIDIA's dcgm-exporter (github.com/NVIDIA/dcgm-exporter: listens on :9400; etc/default-counters.csv names these)
+#: NVIDIA's dcgm-exporter (github.com/NVIDIA/dcgm-exporter: listens on :9400; etc/default-counters.csv names these;
+#: every device field it serves is a ``DCGM_FI_DEV_*`` family, the first of its page ``DCGM_FI_DEV_SM_CLOCK``)
 EXPORTER = Exporter("dcgm-exporter", 9400, "NVIDIA/dcgm-exporter README and etc/default-counters.csv",
                     utilization="DCGM_FI_DEV_GPU_UTIL", temperature="DCGM_FI_DEV_GPU_TEMP",
-                    health="DCGM_FI_DEV_XID_ERRORS")
+                    health="DCGM_FI_DEV_XID_ERRORS", serves="DCGM_FI_DEV_")
 
 PACK = Pack(
     name="nvidia",

@@ -1,0 +1,168 @@
+"""Progress of the stage's copies on the control machine, while they run: per copy the bytes so far against its
+whole size, the rate and the time left (:class:`k3deploy.runtime.progress.Board`: rich's bars on a terminal, a
+plain line every 10 s otherwise, and one line per copy as it ends, on stderr: never on the stdout a ``--json``
+prints).
+
+Why this way. The copies run as remote scripts through pyinfra, which shows a command's output only at ``-vvv`` and
+only line by line as the script prints it. Making the scripts print progress lines would change what the stage runs
+(and what the runbook prints) and tie every copy tool's output to a format; instead, while a stage step's command
+runs, a greenlet of this deploy process (pyinfra runs each host as a gevent greenlet, so it runs beside the command
+without a thread) reads, every :data:`POLL` seconds, the bytes the receiving node holds at the copy's paths, over a
+channel of its own on the host's SSH connection (one ``find`` of those paths:
+:func:`k3deploy.model.commands.copied_bytes`; a few files, never the data: the copy is not slowed measurably), and
+the whole size once from the host that holds it whole (:mod:`k3deploy.model.stagecopies`). The step's command is the
+same one pyinfra would run (:class:`Watched` runs it as its ``StringCommand`` or ``RsyncCommand`` does); the
+greenlet is killed when the command returns or raises, whatever the outcome; under ``--dry`` no command runs, so
+nothing is shown.
+
+Example (in an operation)::
+
+    yield Watched("sh", "-c", "rsync ...", copies=(Copied("weights", ("/c/hub/models--o--m/blobs/",), "n1"),))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gevent
+from pyinfra.api.command import PyinfraCommand, RsyncCommand, StringCommand
+
+from k3deploy.model.commands import copied_bytes
+from k3deploy.model.stagecopies import Copied
+from k3deploy.runtime.progress import Board, tree_bytes
+
+#: seconds between two reads of a node's bytes
+POLL = 2.0
+#: the longest a read of the bytes may take (a node that does not answer: the copy's own step says why)
+READ_TIMEOUT = 30
+
+_board: Board | None = None
+
+
+def board() -> Board:
+    """The one display of this process's copies (made at the first copy)."""
+    global _board
+    if _board is None:
+        _board = Board()
+    return _board
+
+
+def _read(host: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int] | None:
+    """The bytes each of ``copies`` holds on ``host`` (None: no answer)."""
+    args = {k: v for k, v in arguments.items() if k not in ("_timeout", "_stdin", "_success_exit_codes",
+                                                            "_get_pty")}
+    command = StringCommand("sh", "-c", shlex.quote(copied_bytes([c.paths for c in copies])))
+    try:
+        ok, out = host.run_shell_command(command, print_output=False, print_input=False, _timeout=READ_TIMEOUT,
+                                         **args)
+    except Exception:   # a connection that fails under the read: the copy's own command reports it
+        return None
+    got = [int(x) for x in out.stdout_lines if x.strip().isdigit()] if ok else []
+    return got if len(got) == len(copies) else None
+
+
+def _local(path: str) -> int | None:
+    p = Path(path)
+    with contextlib.suppress(OSError):
+        return p.stat().st_size if p.is_file() else tree_bytes(p)
+    return None
+
+
+def _totals(state: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int | None]:
+    """Each copy's whole size: its holder's bytes at the same paths, or the control machine's copy's."""
+    out: list[int | None] = []
+    for c in copies:
+        total: int | None = None
+        if c.local:
+            total = _local(c.local)
+        elif c.source:
+            holder = state.inventory.get_host(c.source, None) if state is not None else None
+            got = _read(holder, [c], arguments) if holder is not None and holder.connected else None
+            total = got[0] if got else None
+        out.append(total or None)
+    return out
+
+
+@contextlib.contextmanager
+def watching(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> Iterator[list[bool]]:
+    """While the body runs, ``copies`` on ``host`` shown on the :func:`board`; the body sets ``outcome[0]`` to
+    whether the step's command succeeded (then each copy is whole)."""
+    if not copies:
+        yield [False]
+        return
+    shown = board()
+    keys = [f"{host.name}:{id(c)}:{c.what}" for c in copies]
+    for key, c in zip(keys, copies, strict=True):
+        shown.begin(key, f"[{host.name}] stage: {c.shown}", None)
+
+    def poll() -> None:
+        for key, total in zip(keys, _totals(state, copies, arguments), strict=True):
+            if total:
+                shown.update(key, 0, total)
+        while True:
+            got = _read(host, copies, arguments)
+            for key, done in zip(keys, got or [], strict=False):
+                shown.update(key, done)
+            gevent.sleep(POLL)
+
+    outcome = [False]
+    reader = gevent.spawn(poll)
+    try:
+        yield outcome
+    finally:
+        reader.kill(block=True)
+        # a last read where the bytes are not known otherwise (a failed step, a copy with no total); a copy whose
+        # step succeeded holds its total: the step's end waits for no read
+        whole = outcome[0] and all(shown.copies.get(k, {}).get("total") for k in keys)
+        last = None if whole else _read(host, copies, arguments)
+        for i, key in enumerate(keys):
+            shown.end(key, last[i] if last else None, ok=outcome[0])
+
+
+def _succeeded(result: Any) -> bool:
+    """A command's ``execute`` result: ``(ok, output)`` of a shell command, ``ok`` of an rsync."""
+    return bool(result[0] if isinstance(result, tuple) else result)
+
+
+class Watched(StringCommand):
+    """A stage step's script, run as its :class:`~pyinfra.api.command.StringCommand` would be, its ``copies``
+    shown while it runs (:func:`watching`)."""
+
+    def __init__(self, *bits: Any, copies: Sequence[Copied] = (), **kwargs: Any) -> None:
+        super().__init__(*bits, **kwargs)
+        self.copies = tuple(copies)
+
+    def execute(self, state: Any, host: Any, connector_arguments: Any) -> Any:
+        with watching(state, host, self.copies, dict(connector_arguments)) as outcome:
+            result = super().execute(state, host, connector_arguments)
+            outcome[0] = _succeeded(result)
+            return result
+
+
+class WatchedRsync(RsyncCommand):
+    """A copy from the control machine, run as its :class:`~pyinfra.api.command.RsyncCommand` would be, its
+    ``copies`` shown while it runs."""
+
+    def __init__(self, src: str, dest: str, flags: Any, copies: Sequence[Copied] = (), **kwargs: Any) -> None:
+        super().__init__(src, dest, flags, **kwargs)
+        self.copies = tuple(copies)
+
+    def execute(self, state: Any, host: Any, connector_arguments: Any) -> Any:
+        with watching(state, host, self.copies, dict(connector_arguments)) as outcome:
+            result = super().execute(state, host, connector_arguments)
+            outcome[0] = _succeeded(result)
+            return result
+
+
+def watched(command: PyinfraCommand, copies: Sequence[Copied]) -> PyinfraCommand:
+    """``command`` with ``copies`` shown while it runs (an rsync from the control machine or a script); any other
+    command, or none to show, as it is."""
+    if not copies:
+        return command
+    if isinstance(command, RsyncCommand):
+        return WatchedRsync(command.src, command.dest, command.flags, copies=copies, **command.connector_arguments)
+    return command
