@@ -374,9 +374,19 @@ RELAY = (
 
 
 def _relay_env(peers: Sequence[tuple[str, str]], port: int, wait: int) -> str:
+    """The relay's variables, and ``K3_ERR``: where rsync's messages go (what :data:`RELAY`'s ``k3_full`` reads), a
+    file made by ``mktemp``, held open on descriptor 9 and unlinked at once, then named ``/dev/fd/9``: no name of it
+    is left in the temporary directory whichever way the script ends (done, failed, or killed, even by SIGKILL,
+    which no ``trap`` sees), and the kernel frees it with the last process holding it; ``/dev/null`` where no
+    temporary file can be made.
+
+        >>> "exec 9>" in _relay_env([("n1", "10.0.0.11")], 8873, 10)
+        True
+    """
     words = " ".join(f"{name}={address}" for name, address in peers)
     return (f"K3_PEERS={shlex.quote(words)} K3_PORT={int(port)} K3_WAIT={int(wait)} K3_STALL={6 * int(wait)} "
-            "K3_DEAD= K3_FROM= K3_ERR=$(mktemp 2>/dev/null || echo /dev/null)")
+            'K3_DEAD= K3_FROM= K3_ERR=/dev/null; if k3_t=$(mktemp 2>/dev/null); then exec 9>"$k3_t"; rm -f "$k3_t"; '
+            "K3_ERR=/dev/fd/9; fi")
 
 
 def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model: str, wait: int = 10) -> str:
@@ -419,7 +429,7 @@ def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model
                "for f in $(grep -o '\"[^\"]*[.]safetensors\"' model.safetensors.index.json | tr -d '\"' | sort -u); "
                'do [ -e "$f" ] || { echo "stage: shard $f of the index is not in the snapshot ${p%%=*} gave" >&2; '
                'exit 1; }; done; }')
-    return (f"( d={qd}; top={top}; {_relay_env(peers, port, wait)} ok=0; {HASH_TOOLS}; {RELAY}; "
+    return (f"( d={qd}; top={top}; {_relay_env(peers, port, wait)}; ok=0; {HASH_TOOLS}; {RELAY}; "
             f'mkdir -p "$d/blobs" && rm -f "$d/{VERIFIED}" && {meta} && {blobs} && {indexed} && '
             f'touch "$d/{VERIFIED}" && echo "verified $n files as they landed" )')
 
