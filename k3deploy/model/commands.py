@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from k3deploy.model import compilecache
 from k3deploy.model.bench import BENCH_FILE
@@ -25,7 +25,7 @@ from k3deploy.model.correctness import PROMPTS, request_body
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
-from k3deploy.model.startup import BEGIN, ENGINE_LINE, GATE, KEPT, LINE, READY
+from k3deploy.model.startup import BEGIN, CLOCK, ENGINE_LINE, GATE, KEPT, LINE, READY, STEP, STEP_BEGAN, ere
 from k3deploy.model.units import CONTAINER_CACHE, router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
@@ -1095,12 +1095,43 @@ def startup_lines(unit: str) -> str:
             f"awk -v k={shlex.quote(KEPT)} 'NR == 1 || $0 ~ k {{ print }} /{READY}/ {{ exit }}' | sed 's/^/{LINE}/'")
 
 
+def step_startup_lines(group_dir: str, host: str) -> str:
+    """The last start in this node's newest Slurm step output under ``group_dir`` (``<job id>/<host>.out``, written
+    as the engine logs), as :func:`k3deploy.model.startup.parse` reads it: ``K3_CLOCK=`` the node's clock (epoch
+    seconds, UTC offset: the year and zone of vLLM's own stamps), then ``K3_STEP=`` the launch script's first line
+    (:data:`~k3deploy.model.startup.STEP_BEGAN`) of the last start the file holds (a requeued job appends its
+    next start), the engine's first log line and its milestones, read up to the API server's ready line. A file
+    without the launch script's line (a launch script kept from an older revision) is read whole.
+
+    >>> step_startup_lines("/var/lib/k3deploy/slurm/engine", "n1").startswith("printf 'K3_CLOCK=")
+    True
+    """
+    began = ere(STEP_BEGAN)
+    return (f"printf '{CLOCK}%s %s\\n' \"$(date +%s.%N)\" \"$(date +%z)\"; "
+            f"k3_f=$(ls -1t {shlex.quote(group_dir.rstrip('/'))}/*/{shlex.quote(host + '.out')} 2>/dev/null | "
+            f"head -n 1); [ -z \"$k3_f\" ] || grep -E {shlex.quote(ENGINE_LINE + '|' + began)} \"$k3_f\" | "
+            f"awk -v k={shlex.quote(KEPT)} -v b={shlex.quote(began)} '$0 ~ b {{ n = 0; done = 0 }} "
+            f"!done && (n < 2 || $0 ~ k) {{ l[n++] = $0 }} /{READY}/ {{ done = 1 }} "
+            f"END {{ for (i = 0; i < n; i++) print l[i] }}' | sed 's/^/{STEP}/'")
+
+
 def keep_startup(directory: str, number: int, units: Sequence[str]) -> str:
-    """Keep each of ``units``' last start (:func:`startup_lines`) and the time now (``K3_GATE=``: its group serves) in
-    revision ``number``'s directory of a group (``startup-<unit>.log``), where this node keeps that revision."""
+    """Keep each of ``units``' last start (:func:`startup_lines`, from the journal) and the time now (``K3_GATE=``:
+    its group serves) in revision ``number``'s directory of a group (``startup-<unit>.log``), where this node keeps
+    that revision."""
+    return _keep(directory, number, units, startup_lines)
+
+
+def keep_step_startup(directory: str, number: int, units: Sequence[str], group_dir: str, host: str) -> str:
+    """:func:`keep_startup` of a Slurm job's units: each one's last start from this node's step output under
+    ``group_dir`` (:func:`step_startup_lines`)."""
+    return _keep(directory, number, units, lambda _: step_startup_lines(group_dir, host))
+
+
+def _keep(directory: str, number: int, units: Sequence[str], read: Callable[[str], str]) -> str:
     d = f"{directory}/{int(number)}"
     return " && ".join(
-        f"{{ [ ! -d {shlex.quote(d)} ] || {{ umask 077; {{ {startup_lines(u)}; echo \"{GATE}$(date +%s.%N)\"; }} "
+        f"{{ [ ! -d {shlex.quote(d)} ] || {{ umask 077; {{ {read(u)}; echo \"{GATE}$(date +%s.%N)\"; }} "
         f"> {shlex.quote(d + '/' + STARTUP_FILE.format(unit=u))}; }}; }}" for u in units)
 
 

@@ -47,7 +47,7 @@ from k3deploy.model.jobcontainers import import_image, runtime
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
-from k3deploy.model.slurm import host_files, image_imports, launch_path
+from k3deploy.model.slurm import group_dir, host_files, image_imports, launch_path
 from k3deploy.model.staging import (
     ARCHIVE,
     OUTSIDE,
@@ -594,10 +594,9 @@ class StartSteps(Protocol):
     def marks_in_roll(self) -> bool:
         """A rolled replica is marked current in its own step."""
 
-    @property
-    def journals(self) -> bool:
-        """Its units' starts are in systemd's journal: the mark keeps each one's start with the revision
-        (:func:`k3deploy.model.commands.keep_startup`)."""
+    def keep_starts(self, rollout: Rollout, group: str, host: str, number: int) -> str:
+        """The shell that keeps the last start of each of ``group``'s units on ``host`` with its revision ``number``
+        (``startup-<unit>.log``), read from where the launcher's units log their lines (the mark's part)."""
 
     def configure(self, rollout: Rollout, host: str) -> Configure | None:
         """``host``'s configure step (None: nothing there)."""
@@ -649,7 +648,11 @@ class UnitSteps:
     idle: str = "every group runs the planned version: nothing restarts"
     worker_file: bool = True
     marks_in_roll: bool = True
-    journals: bool = True
+
+    def keep_starts(self, rollout: Rollout, group: str, host: str, number: int) -> str:
+        """From the journal of each unit's last invocation (:func:`k3deploy.model.commands.keep_startup`)."""
+        return commands.keep_startup(revisions_dir(rollout.vars.k3_config_dir, group), number,
+                                     [u.unit for u in rollout.group(group) if u.host == host])
 
     def staged(self, rollout: Rollout) -> list[Step]:
         """None: the units run the image from the node's docker, where the stage put it."""
@@ -744,7 +747,13 @@ class JobSteps:
     idle: str = "every group's job runs the planned revision: nothing is submitted"
     worker_file: bool = False
     marks_in_roll: bool = False
-    journals: bool = False   # a job step's output is a file of its own, not the journal
+
+    def keep_starts(self, rollout: Rollout, group: str, host: str, number: int) -> str:
+        """From the node's step output of the group's newest job (no journal holds a job step's lines:
+        :func:`k3deploy.model.commands.keep_step_startup`)."""
+        return commands.keep_step_startup(revisions_dir(rollout.vars.k3_config_dir, group), number,
+                                          [u.unit for u in rollout.group(group) if u.host == host],
+                                          group_dir(rollout, group), host)
 
     def configure(self, rollout: Rollout, host: str) -> Configure | None:
         """``host``'s Slurm files (:func:`k3deploy.model.slurm.host_files`): on each node its env files (0600) and
@@ -914,7 +923,8 @@ def restart(rollout: Rollout, launcher: StartSteps, decided: Decisions | None = 
         if rolling and launcher.marks_in_roll:
             # a rolled replica is marked current as soon as it serves, on every one of its nodes in one step,
             # before the router call that puts it back
-            marking = tuple(Part(h, " && ".join(_marked(r, g, h, _mark(r, g, d.marks[g], h)) for g in marked),
+            marking = tuple(Part(h, " && ".join(_marked(r, g, h, _mark(r, g, d.marks[g], h, launcher))
+                                                for g in marked),
                                  when=tuple(Keeps(g) for g in marked))
                             for h in r.hosts
                             if (marked := [g for g in wave if g in launcher.gate_groups(r, plan, h, rolling)
@@ -954,14 +964,12 @@ def _listed(rollout: Rollout, router: UnitWork, groups: list[str],
     return (rollout.router_list(router, groups),) if launcher.worker_file else ()
 
 
-def _mark(rollout: Rollout, group: str, number: int, host: str, journals: bool = True) -> str:
-    """On ``host``, once ``group`` serves: revision ``number`` becomes current, and (``journals``: the units log to
-    systemd's journal) the start of each of the group's units there is kept in the revision's directory
-    (:func:`k3deploy.model.commands.keep_startup`)."""
-    directory = revisions_dir(rollout.vars.k3_config_dir, group)
-    units = [u.unit for u in rollout.group(group) if u.host == host]
-    current = commands.set_current(directory, number)
-    return " && ".join([current, commands.keep_startup(directory, number, units)]) if journals else current
+def _mark(rollout: Rollout, group: str, number: int, host: str, launcher: StartSteps) -> str:
+    """On ``host``, once ``group`` serves: revision ``number`` becomes current, and the start of each of the group's
+    units there, read where the launcher says its lines are (:meth:`StartSteps.keep_starts`), is kept in the
+    revision's directory (:func:`k3deploy.model.commands.keep_startup`)."""
+    current = commands.set_current(revisions_dir(rollout.vars.k3_config_dir, group), number)
+    return " && ".join([current, launcher.keep_starts(rollout, group, host, number)])
 
 
 def _marked(rollout: Rollout, group: str, host: str, script: str) -> str:
@@ -985,7 +993,7 @@ def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list
     for group in changed:
         number = decided.marks.get(group)
         here = {u.host for u in r.group(group)}
-        parts = tuple(Part(h, _marked(r, group, h, _mark(r, group, number, h, launcher.journals))
+        parts = tuple(Part(h, _marked(r, group, h, _mark(r, group, number, h, launcher))
                            if h in here and number is not None else "") for h in r.hosts)
         out.append(Action("current", f"Mark the revision of group {group} current", parts, (Keeps(group),),
                           barrier=True))

@@ -69,6 +69,67 @@ def test_the_journal_filter_keeps_the_first_engine_line_and_the_milestones(tmp_p
     assert out.splitlines() == ["K3_START=" + line for line in journal]
 
 
+def test_a_slurm_step_output_gives_the_last_start_by_vllms_own_stamps(tmp_path):
+    # the same ls, grep and awk the nodes run (commands.step_startup_lines) over a group's directory: an older job's
+    # step output, the job's own output, and the newest job's step output holding a failed start and the requeued
+    # one after it (tests/fixtures/vllm/step-head.out)
+    group = tmp_path / "engine"
+    (group / "41").mkdir(parents=True)
+    (group / "42").mkdir()
+    old = group / "41" / "gb300-01.out"
+    old.write_text("k3deploy: the step began at 2026-12-05T10:00:00.000000Z\n"
+                   "INFO 12-05 10:00:01 [utils.py:253] non-default args: {}\n")
+    (group / "42.out").write_text("k3deploy: group engine served\n")
+    (group / "42" / "gb300-01.out").write_text((FIXTURES / "step-head.out").read_text())
+    import os
+    os.utime(old, (1796460000, 1796460000))
+    run = subprocess.run(["sh", "-c", commands.step_startup_lines(str(group), "gb300-01")], capture_output=True,
+                         text=True, check=True, env={**os.environ, "TZ": "UTC"})
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("K3_CLOCK=") and lines[0].endswith(" +0000")
+    assert lines[1] == "K3_STEP=k3deploy: the step began at 2026-12-06T09:00:00.000000Z"
+    assert not any("08:4" in line or "Avg prompt" in line or "1.00 GiB" in line or "shards" in line
+                   for line in lines)   # the failed start before it, the lines after ready, progress bars
+    # the node's clock when it was read (a fixed one here: the year of the stamps is the clock's)
+    s = startup.parse(["K3_CLOCK=1796600000.5 +0000", *lines[1:], "K3_GATE=1796548046.5"])
+    assert s.begun == pytest.approx(1796547600.0)   # the launch script's own line, with microseconds
+    assert s.seconds == {"container": 12.0, "rendezvous": 91.0, "weights": 243.0, "compile": 16.0,
+                         "kv_cache": 17.0, "graphs": 62.0, "ready": 0.0}   # whole seconds, as vLLM stamps them
+    assert s.compile_cache == "hit" and s.complete
+    # the same lines read on a node one hour east of UTC (vLLM stamps its local time) and in the next year
+    east = [line.replace(" 09:", " 10:") if "INFO 12-06" in line else line for line in lines[1:]]
+    assert startup.parse(["K3_CLOCK=1796600000.5 +0100", *east]).seconds == s.seconds
+    assert startup.parse(["K3_CLOCK=1798800000 +0000", *lines[2:]]).begun == pytest.approx(1796547612.0)
+    # no clock, no stamp read; a start record without the launch script's line: from the engine's first line
+    assert startup.parse(lines[1:]).phases == ()
+
+
+def test_the_slurm_launcher_keeps_a_start_from_its_step_output_and_the_systemd_one_from_the_journal(tmp_path):
+    from types import SimpleNamespace as N
+
+    from k3deploy.model.steps import JobSteps, UnitSteps
+
+    units = [N(unit="k3-engine.service", host="n2", group="engine")]
+    r = N(vars=N(k3_slurm_dir=str(tmp_path / "slurm"), k3_config_dir=str(tmp_path / "etc")),
+          group=lambda g: units)
+    job = JobSteps("n1").keep_starts(r, "engine", "n2", 3)   # type: ignore[arg-type]
+    assert commands.step_startup_lines(str(tmp_path / "slurm/engine"), "n2") in job
+    unit = UnitSteps().keep_starts(r, "engine", "n2", 3)   # type: ignore[arg-type]
+    assert commands.startup_lines("k3-engine.service") in unit and "K3_CLOCK" not in unit
+    # the record of the job's start, kept in the revision's directory (0600) and listed back as history lists it
+    rev = tmp_path / "etc/revisions/engine/3"
+    rev.mkdir(parents=True)
+    (rev / "meta.json").write_text(Revision(group="engine", number=3, created="t", image="i", summary="s").to_json())
+    (tmp_path / "slurm/engine/42").mkdir(parents=True)
+    (tmp_path / "slurm/engine/42/n2.out").write_text((FIXTURES / "step-head.out").read_text())
+    subprocess.run(["sh", "-c", job], check=True, capture_output=True)
+    assert (rev / "startup-k3-engine.service.log").stat().st_mode & 0o777 == 0o600
+    listing = subprocess.run(["sh", "-c", commands.list_revisions(str(rev.parent))], capture_output=True,
+                             text=True).stdout
+    kept = startup.recorded(parse_listing(listing.splitlines()).startups[3])[""]["k3-engine.service"]
+    assert kept.seconds["weights"] == 243.0 and kept.complete and kept.gate is not None
+
+
 def test_status_reads_the_last_start_beside_the_units_state():
     run = UnitRuntime().process(["K3_ActiveState=active", "K3_SubState=running", *HEAD[:-1]])
     assert run.active == "active" and run.startup == tuple(HEAD[:-1])
