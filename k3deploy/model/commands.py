@@ -25,7 +25,19 @@ from k3deploy.model.correctness import PROMPTS, request_body
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
-from k3deploy.model.startup import BEGIN, CLOCK, ENGINE_LINE, GATE, KEPT, LINE, READY, STEP, STEP_BEGAN, ere
+from k3deploy.model.startup import (
+    BEGIN,
+    CLOCK,
+    ENGINE_LINE,
+    GATE,
+    KEPT,
+    LINE,
+    READY,
+    STAGE,
+    STEP,
+    STEP_BEGAN,
+    ere,
+)
 from k3deploy.model.units import CONTAINER_CACHE, router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
@@ -1115,6 +1127,40 @@ def step_startup_lines(group_dir: str, host: str) -> str:
             f"END {{ for (i = 0; i < n; i++) print l[i] }}' | sed 's/^/{STEP}/'")
 
 
+#: a node's record of its stage in a run (``K3_STAGE=<step> <began> <ended>`` a line, epoch seconds), beside the
+#: groups' revisions: what :func:`stage_ended` writes and :func:`kept_stage` keeps with the revision
+STAGE_FILE = "stage.log"
+
+#: before a stage step's script (run in a subshell of its own after it): when the step began
+STAGE_BEGAN = "k3_b=$(date +%s.%N)"
+
+
+def stage_ended(record: str, name: str, first: bool = False) -> str:
+    """After a stage step's script (``( STAGE_BEGAN; ( SCRIPT ); stage_ended )``, :data:`STAGE_BEGAN`): a line of the
+    node's stage record ``record`` (0600): ``K3_STAGE=`` the step's ``name``, when it began and when it ended
+    (``date +%s.%N``); the step's exit code is the script's. ``first``: the node's first step of the run's stage,
+    which begins the record anew (the record is the last run's stage only).
+
+    >>> stage_ended("/r/stage.log", "weights").startswith("k3_rc=$?; mkdir -p /r && ")
+    True
+    """
+    r = shlex.quote(record)
+    return (f"k3_rc=$?; mkdir -p {shlex.quote(record.rsplit('/', 1)[0] or '/')} && ( umask 077; "
+            f"printf '{STAGE}%s %s %s\\n' {shlex.quote(name)} \"$k3_b\" \"$(date +%s.%N)\" {'>' if first else '>>'} "
+            f"{r} ) || true; exit $k3_rc")
+
+
+def kept_stage(record: str, directory: str) -> str:
+    """Once a group's revision became current on this node (:func:`set_current`): the node's stage record ``record``
+    (:func:`timed_stage`) where it is newer than the group's last mark here (``stage.seen`` in ``directory``, touched
+    now): the stage ran toward this revision (an older one was an earlier revision's, or no stage ran here:
+    nothing), kept in the shell variable ``k3_staged`` that :func:`keep_startup` writes into each unit's start
+    record."""
+    r, seen = shlex.quote(record), shlex.quote(f"{directory}/stage.seen")
+    return (f"k3_staged=; if [ -f {r} ] && {{ [ ! -f {seen} ] || [ {r} -nt {seen} ]; }}; then "
+            f"k3_staged=$(cat {r}); fi; touch {seen}")
+
+
 def keep_startup(directory: str, number: int, units: Sequence[str]) -> str:
     """Keep each of ``units``' last start (:func:`startup_lines`, from the journal) and the time now (``K3_GATE=``:
     its group serves) in revision ``number``'s directory of a group (``startup-<unit>.log``), where this node keeps
@@ -1131,7 +1177,8 @@ def keep_step_startup(directory: str, number: int, units: Sequence[str], group_d
 def _keep(directory: str, number: int, units: Sequence[str], read: Callable[[str], str]) -> str:
     d = f"{directory}/{int(number)}"
     return " && ".join(
-        f"{{ [ ! -d {shlex.quote(d)} ] || {{ umask 077; {{ {read(u)}; echo \"{GATE}$(date +%s.%N)\"; }} "
+        f"{{ [ ! -d {shlex.quote(d)} ] || {{ umask 077; {{ {read(u)}; [ -z \"${{k3_staged:-}}\" ] || "
+        f"printf '%s\\n' \"$k3_staged\"; echo \"{GATE}$(date +%s.%N)\"; }} "
         f"> {shlex.quote(d + '/' + STARTUP_FILE.format(unit=u))}; }}; }}" for u in units)
 
 

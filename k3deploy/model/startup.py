@@ -77,6 +77,9 @@ BEGIN, LINE, GATE = "K3_BEGIN=", "K3_START=", "K3_GATE="
 #: the marks of :func:`k3deploy.model.commands.step_startup_lines` (a Slurm job step's output): a line of the
 #: engine's as it logged it, and the node's clock when it was read (epoch seconds, its UTC offset ``+HHMM``)
 STEP, CLOCK = "K3_STEP=", "K3_CLOCK="
+#: a step of the node's stage as the start record keeps it (:func:`k3deploy.model.steps.timed_stage`): its name,
+#: when it began and when it ended (epoch seconds)
+STAGE = "K3_STAGE="
 #: what a Slurm launch script prints first (:func:`k3deploy.model.slurm.launch_script`), then the time in UTC with
 #: microseconds (``date -u +%Y-%m-%dT%H:%M:%S.%6NZ``): where a start begins in its step's output
 STEP_BEGAN = "k3deploy: the step began at "
@@ -168,11 +171,18 @@ class Startup:
     compile_cache: str | None = None
     gate: float | None = None
     complete: bool = False
+    stage: tuple[tuple[str, float, float], ...] = ()      # the node's stage steps toward it: (step, began, ended)
 
     @property
     def seconds(self) -> dict[str, float]:
         """``{phase: seconds}``, in the order the phases ran."""
         return {name: length for name, _, length in self.phases}
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """``{step: seconds}`` of the node's stage toward this start, in the order the steps ran (empty: the stage
+        did nothing on the node)."""
+        return {name: round(ended - began, 3) for name, began, ended in self.stage}
 
     @property
     def total(self) -> float:
@@ -184,12 +194,16 @@ class Startup:
         began and the cache."""
         return {"startup": self.seconds, "startup_total": self.total, "startup_begun": self.begun,
                 "startup_offsets": {name: start for name, start, _ in self.phases}, "compile_cache": self.compile_cache,
-                "startup_complete": self.complete, "gate": self.gate}
+                "startup_complete": self.complete, "gate": self.gate, "stage": self.stage_seconds,
+                "stage_times": {name: [began, ended] for name, began, ended in self.stage}}
 
     def line(self) -> str:
-        """One line for people: ``weights 7.2s, compile 3.1s (cache hit), ... = 12.0s``."""
-        return describe(self.seconds, self.compile_cache) + ("" if self.complete or not self.phases else
-                                                             " (not ready)")
+        """One line for people: ``weights 7.2s, compile 3.1s (cache hit), ... = 12.0s``, after the node's stage
+        where it did something (``stage image 4.1s, weights 9.0s = 13.1s; start ...``)."""
+        staged = (f"stage {', '.join(f'{n} {v:.1f}s' for n, v in self.stage_seconds.items())} = "
+                  f"{sum(self.stage_seconds.values()):.1f}s; start " if self.stage else "")
+        return staged + describe(self.seconds, self.compile_cache) + ("" if self.complete or not self.phases else
+                                                                      " (not ready)")
 
 
 def describe(seconds: Mapping[str, float], compile_cache: str | None = None) -> str:
@@ -259,6 +273,7 @@ def parse(lines: Iterable[str], *, headless: bool | None = None) -> Startup:
     begun: float | None = None
     gate: float | None = None
     timed: list[tuple[float, str]] = []
+    staged: dict[str, tuple[float, float]] = {}
     lines = list(lines)
     clock = next((c for raw in lines if raw.startswith(CLOCK) and (c := _clock(raw[len(CLOCK):])) is not None), None)
     for raw in lines:
@@ -270,6 +285,11 @@ def parse(lines: Iterable[str], *, headless: bool | None = None) -> Startup:
                 timed.append((when, text))
             elif timed and READY_MARK in text:   # uvicorn's own line, without vLLM's stamp: its line before
                 timed.append((timed[-1][0], text))
+        elif raw.startswith(STAGE):
+            step = _stage_step(raw[len(STAGE):])
+            if step is not None:
+                staged.pop(step[0], None)   # the last of a step's lines (in the order it ran)
+                staged[step[0]] = step[1:]
         elif raw.startswith(BEGIN):
             begun = begun_at(raw[len(BEGIN):])
         elif raw.startswith(GATE):
@@ -279,8 +299,9 @@ def parse(lines: Iterable[str], *, headless: bool | None = None) -> Startup:
                 gate = None
         elif raw.startswith(LINE) and (m := _JOURNAL.match(raw[len(LINE):].strip())):
             timed.append((float(m.group(1)), m.group(2)))
+    stage = tuple((name, began, ended) for name, (began, ended) in staged.items())
     if not timed:
-        return Startup(begun=begun, gate=gate)
+        return Startup(begun=begun, gate=gate, stage=stage)
     origin = begun if begun is not None and begun <= timed[0][0] else timed[0][0]
     ends: dict[str, float] = {}
     cache: str | None = None
@@ -304,7 +325,24 @@ def parse(lines: Iterable[str], *, headless: bool | None = None) -> Startup:
     if headless is None:   # a start the deploy recorded once its group served, without an API: a headless node's
         headless = "ready" not in ends and gate is not None
     complete = "ready" in ends or (headless and ("graphs" in ends or "kv_cache" in ends))
-    return Startup(begun=origin, phases=tuple(phases), compile_cache=cache, gate=gate, complete=complete)
+    return Startup(begun=origin, phases=tuple(phases), compile_cache=cache, gate=gate, complete=complete,
+                   stage=stage)
+
+
+def _stage_step(text: str) -> tuple[str, float, float] | None:
+    """A ``K3_STAGE=`` line's step, begin and end; None: not one (or one that ended before it began).
+
+    >>> _stage_step("weights 1796596700.25 1796596760.5")
+    ('weights', 1796596700.25, 1796596760.5)
+    >>> _stage_step("weights x y") is None
+    True
+    """
+    words = text.split()
+    try:
+        step = (words[0], float(words[1]), float(words[2])) if len(words) == 3 else None
+    except ValueError:
+        return None
+    return step if step is not None and step[2] >= step[1] else None
 
 
 def from_dict(data: Mapping[str, Any]) -> Startup:
@@ -317,8 +355,9 @@ def from_dict(data: Mapping[str, Any]) -> Startup:
     """
     offsets = data.get("startup_offsets") or {}
     phases = tuple((str(n), float(offsets.get(n, 0.0)), float(v)) for n, v in (data.get("startup") or {}).items())
+    stage = tuple((str(n), float(t[0]), float(t[1])) for n, t in (data.get("stage_times") or {}).items())
     return Startup(begun=data.get("startup_begun"), phases=phases, compile_cache=data.get("compile_cache"),
-                   gate=data.get("gate"), complete=bool(data.get("startup_complete")))
+                   gate=data.get("gate"), complete=bool(data.get("startup_complete")), stage=stage)
 
 
 def recorded(starts: Mapping[str, Mapping[str, Iterable[str]]]) -> dict[str, dict[str, Startup]]:
@@ -326,7 +365,7 @@ def recorded(starts: Mapping[str, Mapping[str, Iterable[str]]]) -> dict[str, dic
 
     >>> recorded({"n1": {"k3-engine.service": ["K3_START=10.0 n d[1]: INFO 12-06 22:40:01 [utils.py:1] x"]}})
     {'n1': {'k3-engine.service': Startup(begun=10.0, phases=(('container', 0.0, 0.0),), compile_cache=None, \
-gate=None, complete=False)}}
+gate=None, complete=False, stage=())}}
     """
     return {host: {unit: parse(lines) for unit, lines in sorted(units.items())}
             for host, units in sorted(starts.items())}

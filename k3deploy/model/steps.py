@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import partial
 from typing import Literal, Protocol
@@ -111,6 +111,58 @@ class StageKind:
 (STOP_LEFTOVER, TOKEN, PULL, ARCHIVE_COPY, ARCHIVE_LOAD, NAME_BUILD, HUB, WEIGHTS_COPY, WEIGHTS_VERIFY, REQUIRE, EXPORT,
  SERVE, CACHES, UNSERVE, CONTAINER_IMAGE, VERIFY_BEFORE_START, ROUTER_IMAGE, PRUNE_IMAGES, READAHEAD) = (
     StageKind(p) for p in StagePart if p is not StagePart.ROUND)
+
+
+#: each stage step a node records (:func:`timed`): its name in the node's stage record, a bar of the timeline; the
+#: others (the token, the peers' daemon, naming a build, removing files) take no time worth a bar
+STAGE_BARS: dict[StagePart, str] = {
+    StagePart.PULL: "image_pull", StagePart.ARCHIVE_LOAD: "image_load", StagePart.HUB: "weights_download",
+    StagePart.WEIGHTS_VERIFY: "weights_verify", StagePart.REQUIRE: "weights_check", StagePart.EXPORT: "image_export",
+    StagePart.ROUND: "from_peer", StagePart.CACHES: "compile_caches", StagePart.CONTAINER_IMAGE: "image_file",
+    StagePart.VERIFY_BEFORE_START: "verify", StagePart.ROUTER_IMAGE: "router_image", StagePart.READAHEAD: "readahead",
+}
+
+
+def bar_name(kind: StageKind | None) -> str | None:
+    """A stage step's name in the node's stage record (a round after the first: numbered); None: not recorded.
+
+    >>> bar_name(StageKind(StagePart.ROUND, 0)), bar_name(StageKind(StagePart.ROUND, 2)), bar_name(TOKEN)
+    ('from_peer', 'from_peer_3', None)
+    """
+    name = STAGE_BARS.get(kind.part) if kind is not None else None
+    return f"{name}_{kind.round + 1}" if name is not None and kind is not None and kind.round else name
+
+
+def stage_record(config_dir: str) -> str:
+    """Where a node records its stage (:data:`k3deploy.model.commands.STAGE_FILE`, beside the groups' revisions).
+
+    >>> stage_record("/etc/k3deploy/")
+    '/etc/k3deploy/revisions/stage.log'
+    """
+    return f"{config_dir.rstrip('/')}/revisions/{commands.STAGE_FILE}"
+
+
+def timed_stage(record: str, name: str, script: str, first: bool = False) -> str:
+    """``script``, a stage step on a node, in a subshell, timed into the node's stage record ``record`` as ``name``
+    (:func:`k3deploy.model.commands.stage_ended`): its exit code is the script's."""
+    return f"( {commands.STAGE_BEGAN}; ( {script} ); {commands.stage_ended(record, name, first)} )"
+
+
+def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
+    """The stage's ``staged`` steps (in the order they run), each script a node runs of a recorded kind
+    (:func:`bar_name`) timed into the node's stage record (:func:`timed_stage`; a node's first one begins it anew);
+    the rest as they are."""
+    record = stage_record(rollout.vars.k3_config_dir)
+    begun: set[str] = set()
+    out = []
+    for step in staged:
+        name = bar_name(step.kind)
+        if step.applies and step.script and name is not None:
+            out.append(replace(step, script=timed_stage(record, name, step.script, step.host not in begun)))
+            begun.add(step.host)
+        else:
+            out.append(step)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -966,10 +1018,13 @@ def _listed(rollout: Rollout, router: UnitWork, groups: list[str],
 
 def _mark(rollout: Rollout, group: str, number: int, host: str, launcher: StartSteps) -> str:
     """On ``host``, once ``group`` serves: revision ``number`` becomes current, and the start of each of the group's
-    units there, read where the launcher says its lines are (:meth:`StartSteps.keep_starts`), is kept in the
+    units there (with the node's stage toward it: :func:`k3deploy.model.commands.kept_stage`), read where the
+    launcher says its lines are (:meth:`StartSteps.keep_starts`), is kept in the
     revision's directory (:func:`k3deploy.model.commands.keep_startup`)."""
-    current = commands.set_current(revisions_dir(rollout.vars.k3_config_dir, group), number)
-    return " && ".join([current, launcher.keep_starts(rollout, group, host, number)])
+    directory = revisions_dir(rollout.vars.k3_config_dir, group)
+    staged = commands.kept_stage(stage_record(rollout.vars.k3_config_dir), directory)
+    return (f"{commands.set_current(directory, number)} && {{ {staged}; }} && "
+            f"{launcher.keep_starts(rollout, group, host, number)}")
 
 
 def _marked(rollout: Rollout, group: str, host: str, script: str) -> str:
@@ -1209,6 +1264,7 @@ def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | Non
     staged = stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover,
                    router_tag=router_tag, router_images=router_images)
     return RolloutSteps(
-        tuple(sorted([*staged, *launcher.staged(layout)], key=lambda s: s.kind.order if s.kind is not None else 0)),
+        timed(layout, sorted([*staged, *launcher.staged(layout)],
+                             key=lambda s: s.kind.order if s.kind is not None else 0)),
         tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)),
         virtual_address(layout), smoke(layout))
