@@ -1047,10 +1047,13 @@ def chat_body(model: str) -> str:
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
 
 
-def unit_status(unit: str, container: str, docker: str, url: str | None, env_file: str | None = None) -> str:
+def unit_status(unit: str, container: str, docker: str, url: str | None, env_file: str | None = None,
+                group_dir: str | None = None, host: str | None = None) -> str:
     """What ``k3deploy status`` reads of one unit, as ``K3_*=`` lines: systemd state, restarts and since when; the
     container's image and image id; with ``url``, the HTTP code of ``/health`` and the body of ``/v1/models``
-    (3 s each; with ``env_file``, the unit's own, sent with the API key it holds)."""
+    (3 s each; with ``env_file``, the unit's own, sent with the API key it holds); its last start, from the journal
+    (:func:`startup_lines`) or, under Slurm (``group_dir`` and ``host`` set), from its step output in its group's
+    newest job (:func:`step_startup_lines`)."""
     u, c = shlex.quote(unit), shlex.quote(container)
     fmt = shlex.quote("{{.Config.Image}} {{.Image}}")
     lines = [f"systemctl show --timestamp=unix -p LoadState -p ActiveState -p SubState -p NRestarts "
@@ -1061,7 +1064,9 @@ def unit_status(unit: str, container: str, docker: str, url: str | None, env_fil
         lines += [f"printf '%s\\n' \"K3_HEALTH=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
                   f"{shlex.quote(url + '/health')})\"",
                   _models_line("K3_MODELS=", url, env_file)]
-    return "; ".join([*lines, startup_lines(unit)])
+    started = step_startup_lines(group_dir, host) if group_dir is not None and host is not None else \
+        startup_lines(unit)
+    return "; ".join([*lines, started])
 
 
 def _models_line(mark: str, url: str, env_file: str | None) -> str:

@@ -127,6 +127,9 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
         assert rec["startup"]["weights"] >= 0 and rec["startup_begun"] is not None, rec
     code, st = status(sim)
     assert code == 0 and st["verdict"] == "serving" and st["launcher"] == "slurm", st
+    # and each unit's last start, phase by phase, from its step output: the start the revision kept
+    assert {u["host"]: u["startup"] for g in st["groups"] for u in g["units"]} == {
+        h: next(iter(by_unit.values()))["startup"] for h, by_unit in starts.items()}, st
     (group,) = st["groups"]
     assert group["verdict"] == "serving" and group["job"]["id"] == job and group["job"]["planned"], group
     assert [(u["host"], u["active"], u["restarts"], u["matches_plan"]) for u in group["units"]] == [

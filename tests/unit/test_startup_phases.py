@@ -130,6 +130,18 @@ def test_the_slurm_launcher_keeps_a_start_from_its_step_output_and_the_systemd_o
     assert kept.seconds["weights"] == 243.0 and kept.complete and kept.gate is not None
 
 
+def test_status_under_slurm_reads_the_last_start_from_the_step_output():
+    fact = UnitRuntime()
+    script = fact.command("k3-engine.service", "k3-engine", group_dir="/var/lib/k3deploy/slurm/engine", host="n2")
+    assert commands.step_startup_lines("/var/lib/k3deploy/slurm/engine", "n2") in script and "journalctl" not in script
+    assert "journalctl _SYSTEMD_INVOCATION_ID" in fact.command("k3-engine.service", "k3-engine")
+    lines = ["K3_CLOCK=1796600000.5 +0000", "K3_STEP=k3deploy: the step began at 2026-12-06T09:00:00.000000Z",
+             *(f"K3_STEP={line}" for line in (FIXTURES / "step-head.out").read_text().splitlines()[6:])]
+    run = fact.process(["K3_LoadState=not-found", "K3_HEALTH=200", *lines])
+    assert run.active == "absent" and run.health == 200 and run.startup == tuple(lines)
+    assert startup.parse(run.startup).seconds["weights"] == 243.0
+
+
 def test_status_reads_the_last_start_beside_the_units_state():
     run = UnitRuntime().process(["K3_ActiveState=active", "K3_SubState=running", *HEAD[:-1]])
     assert run.active == "active" and run.startup == tuple(HEAD[:-1])
