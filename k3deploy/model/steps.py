@@ -113,8 +113,9 @@ class StageKind:
     StageKind(p) for p in StagePart if p is not StagePart.ROUND)
 
 
-#: each stage step a node records (:func:`timed`): its name in the node's stage record, a bar of the timeline; the
-#: others (the token, the peers' daemon, naming a build, removing files) take no time worth a bar
+#: each stage step a node records (:func:`timed`): its name in the node's stage record, a bar of the timeline (a
+#: round from a peer: its parts', ``image_from_peer`` and ``weights_from_peer``); the others (the token, the peers'
+#: daemon, naming a build, removing files) take no time worth a bar
 STAGE_BARS: dict[StagePart, str] = {
     StagePart.PULL: "image_pull", StagePart.ARCHIVE_LOAD: "image_load", StagePart.HUB: "weights_download",
     StagePart.WEIGHTS_VERIFY: "weights_verify", StagePart.REQUIRE: "weights_check", StagePart.EXPORT: "image_export",
@@ -158,8 +159,16 @@ def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
     for step in staged:
         name = bar_name(step.kind)
         if step.applies and step.script and name is not None:
-            out.append(replace(step, script=timed_stage(record, name, step.script, step.host not in begun)))
-            begun.add(step.host)
+            parts = step.bars or ((name, step.script),)
+            numbered = f"_{step.kind.round + 1}" if step.bars and step.kind is not None and step.kind.round else ""
+            scripts = []
+            for part, script in parts:
+                if part is None:
+                    scripts.append(script)
+                    continue
+                scripts.append(timed_stage(record, part + numbered, script, step.host not in begun))
+                begun.add(step.host)
+            out.append(replace(step, script=" && ".join(scripts)))
         else:
             out.append(step)
     return tuple(out)
@@ -214,6 +223,9 @@ class Step:
     why: str = ""        # for people: what the step does (the runbook's sentence)
     peers: tuple[str, ...] = ()   # the hosts it copies from: where one of them failed, it fails saying so
     creates: tuple[str, ...] = ()   # the files it makes: where the host has them all, it has nothing to do
+    # its script's parts, each with its name in the node's stage record (None: not recorded), where they are
+    # recorded one by one (a round from a peer: the image, then the weights); the script is their " && " join
+    bars: tuple[tuple[str | None, str], ...] = ()
 
 
 def fresh(rollout: Rollout) -> StagePlan:
@@ -379,12 +391,15 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                 elif from_weights:
                     parts.append(commands.receive_weights(where[from_weights], port, cache, model))
                     said.append(f"the weights from {from_weights}")
+                names = [n for n, came in (("image_from_peer", from_image), ("weights_from_peer", from_weights))
+                         if came]   # a part each, in that order
                 if parts and h in done_early and last[h] == index:
                     parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
                     said.append("then it removes the image archive (it sends to no peer)")
                 peers = tuple(dict.fromkeys(p for p in (from_image, *up_image, from_weights, *up_weights) if p))
                 return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), " && ".join(parts),
-                            why=", ".join(said), peers=peers)
+                            why=", ".join(said), peers=peers,
+                            bars=tuple(zip([*names, *[None] * (len(parts) - len(names))], parts, strict=True)))
 
             each(StageKind(StagePart.ROUND, index), name, receive)
         shares = {h: [(c.key, c.sends[h]) for c in plan.caches if h in c.sends] for h in hosts}

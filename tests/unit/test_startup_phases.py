@@ -271,6 +271,10 @@ def test_the_rollout_times_each_stage_step_a_node_runs_and_its_first_begins_the_
         assert timed and all(f"{record}" in s.script and s.script.startswith("( k3_b=") for s in timed)
         assert f"> {record}" in timed[0].script and all(f">> {record}" in s.script for s in timed[1:])
         assert not any(record in s.script for s in mine if steps.bar_name(s.kind) is None)   # the daemon, ...
+    # a round from a peer is recorded part by part: the image, then the weights
+    got = next(s for s in made.stage if s.host == "n2" and s.kind == steps.StageKind(steps.StagePart.ROUND, 0))
+    assert got.script.count("K3_STAGE=%s %s %s") == 2
+    assert got.script.index("image_from_peer") < got.script.index("weights_from_peer")
     # the mark keeps the stage with each start, on every host of the group
     for h in ("n1", "n2"):
         mark = steps._mark(r, "engine", 1, h, steps.UNITS)
