@@ -135,8 +135,10 @@ def shown(history: GroupHistory, number: int, values: list[str]) -> dict[str, An
                     {"when": kept.when, "client": kept.client, "endpoint": kept.endpoint, "gpus": kept.gpus,
                      "load": asdict(kept.load), "figures": bench.summary(list(kept.points)),
                      "points": [asdict(p) for p in kept.points]})
-    rev["startup"] = {host: {unit: s.to_dict() for unit, s in units.items()}
-                      for host, units in startup.recorded(history.startups.get(number, {})).items()}
+    starts = startup.recorded(history.startups.get(number, {}))
+    rev["startup"] = {host: {unit: s.to_dict() for unit, s in units.items()} for host, units in starts.items()}
+    # each node's stage toward the revision, {step: seconds} (kept in each of its units' start records)
+    rev["stage"] = {host: next(s.stage_seconds for s in units.values()) for host, units in starts.items() if units}
     return rev
 
 

@@ -43,7 +43,7 @@ from k3deploy.model.slurm import (
     queue,
     steps_query,
 )
-from k3deploy.model.startup import BEGIN, LINE
+from k3deploy.model.startup import BEGIN, CLOCK, LINE, STEP
 
 
 def model_ids(text: str) -> tuple[str, ...] | None:
@@ -76,14 +76,14 @@ class UnitRuntime(FactBase[UnitRun]):
     """One unit as it runs (see :func:`k3deploy.model.commands.unit_status`)."""
 
     def command(self, unit: str, container: str, docker: str = "docker", url: str | None = None,
-                env_file: str | None = None) -> str:
-        return unit_status(unit, container, docker, url, env_file)
+                env_file: str | None = None, group_dir: str | None = None, host: str | None = None) -> str:
+        return unit_status(unit, container, docker, url, env_file, group_dir, host)
 
     def process(self, output: list[str]) -> UnitRun:
         values: dict[str, str] = {}
-        started = tuple(line for line in output if line.startswith((BEGIN, LINE)))
+        started = tuple(line for line in output if line.startswith((BEGIN, LINE, STEP, CLOCK)))
         for line in output:
-            if line.startswith(LINE):
+            if line.startswith((LINE, STEP, CLOCK)):
                 continue
             key, sep, value = line.partition("=")
             if sep and key.startswith("K3_"):

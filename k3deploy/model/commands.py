@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from k3deploy.model import compilecache
 from k3deploy.model.bench import BENCH_FILE
@@ -25,7 +25,19 @@ from k3deploy.model.correctness import PROMPTS, request_body
 from k3deploy.model.images import run_ref
 from k3deploy.model.secrets import API_KEY_ENV
 from k3deploy.model.slo import FAMILIES, FIGURES_FILE
-from k3deploy.model.startup import BEGIN, ENGINE_LINE, GATE, KEPT, LINE, READY
+from k3deploy.model.startup import (
+    BEGIN,
+    CLOCK,
+    ENGINE_LINE,
+    GATE,
+    KEPT,
+    LINE,
+    READY,
+    STAGE,
+    STEP,
+    STEP_BEGAN,
+    ere,
+)
 from k3deploy.model.units import CONTAINER_CACHE, router_workers_text
 
 #: what one poll of a unit (:func:`probe`) exits with
@@ -410,9 +422,19 @@ RELAY = (
 
 
 def _relay_env(peers: Sequence[tuple[str, str]], port: int, wait: int) -> str:
+    """The relay's variables, and ``K3_ERR``: where rsync's messages go (what :data:`RELAY`'s ``k3_full`` reads), a
+    file made by ``mktemp``, held open on descriptor 9 and unlinked at once, then named ``/dev/fd/9``: no name of it
+    is left in the temporary directory whichever way the script ends (done, failed, or killed, even by SIGKILL,
+    which no ``trap`` sees), and the kernel frees it with the last process holding it; ``/dev/null`` where no
+    temporary file can be made.
+
+        >>> "exec 9>" in _relay_env([("n1", "10.0.0.11")], 8873, 10)
+        True
+    """
     words = " ".join(f"{name}={address}" for name, address in peers)
     return (f"K3_PEERS={shlex.quote(words)} K3_PORT={int(port)} K3_WAIT={int(wait)} K3_STALL={6 * int(wait)} "
-            "K3_DEAD= K3_FROM= K3_ERR=$(mktemp 2>/dev/null || echo /dev/null)")
+            'K3_DEAD= K3_FROM= K3_ERR=/dev/null; if k3_t=$(mktemp 2>/dev/null); then exec 9>"$k3_t"; rm -f "$k3_t"; '
+            "K3_ERR=/dev/fd/9; fi")
 
 
 def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model: str, wait: int = 10) -> str:
@@ -455,7 +477,7 @@ def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model
                "for f in $(grep -o '\"[^\"]*[.]safetensors\"' model.safetensors.index.json | tr -d '\"' | sort -u); "
                'do [ -e "$f" ] || { echo "stage: shard $f of the index is not in the snapshot ${p%%=*} gave" >&2; '
                'exit 1; }; done; }')
-    return (f"( d={qd}; top={top}; {_relay_env(peers, port, wait)} ok=0; {HASH_TOOLS}; {RELAY}; "
+    return (f"( d={qd}; top={top}; {_relay_env(peers, port, wait)}; ok=0; {HASH_TOOLS}; {RELAY}; "
             f'mkdir -p "$d/blobs" && rm -f "$d/{VERIFIED}" && {meta} && {blobs} && {indexed} && '
             f'touch "$d/{VERIFIED}" && echo "verified $n files as they landed" )')
 
@@ -1061,10 +1083,13 @@ def chat_body(model: str) -> str:
                        "messages": [{"role": "user", "content": "Say hello in one word."}]})
 
 
-def unit_status(unit: str, container: str, docker: str, url: str | None, env_file: str | None = None) -> str:
+def unit_status(unit: str, container: str, docker: str, url: str | None, env_file: str | None = None,
+                group_dir: str | None = None, host: str | None = None) -> str:
     """What ``k3deploy status`` reads of one unit, as ``K3_*=`` lines: systemd state, restarts and since when; the
     container's image and image id; with ``url``, the HTTP code of ``/health`` and the body of ``/v1/models``
-    (3 s each; with ``env_file``, the unit's own, sent with the API key it holds)."""
+    (3 s each; with ``env_file``, the unit's own, sent with the API key it holds); its last start, from the journal
+    (:func:`startup_lines`) or, under Slurm (``group_dir`` and ``host`` set), from its step output in its group's
+    newest job (:func:`step_startup_lines`)."""
     u, c = shlex.quote(unit), shlex.quote(container)
     fmt = shlex.quote("{{.Config.Image}} {{.Image}}")
     lines = [f"systemctl show --timestamp=unix -p LoadState -p ActiveState -p SubState -p NRestarts "
@@ -1075,7 +1100,9 @@ def unit_status(unit: str, container: str, docker: str, url: str | None, env_fil
         lines += [f"printf '%s\\n' \"K3_HEALTH=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
                   f"{shlex.quote(url + '/health')})\"",
                   _models_line("K3_MODELS=", url, env_file)]
-    return "; ".join([*lines, startup_lines(unit)])
+    started = step_startup_lines(group_dir, host) if group_dir is not None and host is not None else \
+        startup_lines(unit)
+    return "; ".join([*lines, started])
 
 
 def _models_line(mark: str, url: str, env_file: str | None) -> str:
@@ -1121,12 +1148,78 @@ def startup_lines(unit: str) -> str:
             f"awk -v k={shlex.quote(KEPT)} 'NR == 1 || $0 ~ k {{ print }} /{READY}/ {{ exit }}' | sed 's/^/{LINE}/'")
 
 
+def step_startup_lines(group_dir: str, host: str) -> str:
+    """The last start in this node's newest Slurm step output under ``group_dir`` (``<job id>/<host>.out``, written
+    as the engine logs), as :func:`k3deploy.model.startup.parse` reads it: ``K3_CLOCK=`` the node's clock (epoch
+    seconds, UTC offset: the year and zone of vLLM's own stamps), then ``K3_STEP=`` the launch script's first line
+    (:data:`~k3deploy.model.startup.STEP_BEGAN`) of the last start the file holds (a requeued job appends its
+    next start), the engine's first log line and its milestones, read up to the API server's ready line. A file
+    without the launch script's line (a launch script kept from an older revision) is read whole.
+
+    >>> step_startup_lines("/var/lib/k3deploy/slurm/engine", "n1").startswith("printf 'K3_CLOCK=")
+    True
+    """
+    began = ere(STEP_BEGAN)
+    return (f"printf '{CLOCK}%s %s\\n' \"$(date +%s.%N)\" \"$(date +%z)\"; "
+            f"k3_f=$(ls -1t {shlex.quote(group_dir.rstrip('/'))}/*/{shlex.quote(host + '.out')} 2>/dev/null | "
+            f"head -n 1); [ -z \"$k3_f\" ] || grep -E {shlex.quote(ENGINE_LINE + '|' + began)} \"$k3_f\" | "
+            f"awk -v k={shlex.quote(KEPT)} -v b={shlex.quote(began)} '$0 ~ b {{ n = 0; done = 0 }} "
+            f"!done && (n < 2 || $0 ~ k) {{ l[n++] = $0 }} /{READY}/ {{ done = 1 }} "
+            f"END {{ for (i = 0; i < n; i++) print l[i] }}' | sed 's/^/{STEP}/'")
+
+
+#: a node's record of its stage in a run (``K3_STAGE=<step> <began> <ended>`` a line, epoch seconds), beside the
+#: groups' revisions: what :func:`stage_ended` writes and :func:`kept_stage` keeps with the revision
+STAGE_FILE = "stage.log"
+
+#: before a stage step's script (run in a subshell of its own after it): when the step began
+STAGE_BEGAN = "k3_b=$(date +%s.%N)"
+
+
+def stage_ended(record: str, name: str, first: bool = False) -> str:
+    """After a stage step's script (``( STAGE_BEGAN; ( SCRIPT ); stage_ended )``, :data:`STAGE_BEGAN`): a line of the
+    node's stage record ``record`` (0600): ``K3_STAGE=`` the step's ``name``, when it began and when it ended
+    (``date +%s.%N``); the step's exit code is the script's. ``first``: the node's first step of the run's stage,
+    which begins the record anew (the record is the last run's stage only).
+
+    >>> stage_ended("/r/stage.log", "weights").startswith("k3_rc=$?; mkdir -p /r && ")
+    True
+    """
+    r = shlex.quote(record)
+    return (f"k3_rc=$?; mkdir -p {shlex.quote(record.rsplit('/', 1)[0] or '/')} && ( umask 077; "
+            f"printf '{STAGE}%s %s %s\\n' {shlex.quote(name)} \"$k3_b\" \"$(date +%s.%N)\" {'>' if first else '>>'} "
+            f"{r} ) || true; exit $k3_rc")
+
+
+def kept_stage(record: str, directory: str) -> str:
+    """Once a group's revision became current on this node (:func:`set_current`): the node's stage record ``record``
+    (:func:`timed_stage`) where it is newer than the group's last mark here (``stage.seen`` in ``directory``, touched
+    now): the stage ran toward this revision (an older one was an earlier revision's, or no stage ran here:
+    nothing), kept in the shell variable ``k3_staged`` that :func:`keep_startup` writes into each unit's start
+    record."""
+    r, seen = shlex.quote(record), shlex.quote(f"{directory}/stage.seen")
+    return (f"k3_staged=; if [ -f {r} ] && {{ [ ! -f {seen} ] || [ {r} -nt {seen} ]; }}; then "
+            f"k3_staged=$(cat {r}); fi; touch {seen}")
+
+
 def keep_startup(directory: str, number: int, units: Sequence[str]) -> str:
-    """Keep each of ``units``' last start (:func:`startup_lines`) and the time now (``K3_GATE=``: its group serves) in
-    revision ``number``'s directory of a group (``startup-<unit>.log``), where this node keeps that revision."""
+    """Keep each of ``units``' last start (:func:`startup_lines`, from the journal) and the time now (``K3_GATE=``:
+    its group serves) in revision ``number``'s directory of a group (``startup-<unit>.log``), where this node keeps
+    that revision."""
+    return _keep(directory, number, units, startup_lines)
+
+
+def keep_step_startup(directory: str, number: int, units: Sequence[str], group_dir: str, host: str) -> str:
+    """:func:`keep_startup` of a Slurm job's units: each one's last start from this node's step output under
+    ``group_dir`` (:func:`step_startup_lines`)."""
+    return _keep(directory, number, units, lambda _: step_startup_lines(group_dir, host))
+
+
+def _keep(directory: str, number: int, units: Sequence[str], read: Callable[[str], str]) -> str:
     d = f"{directory}/{int(number)}"
     return " && ".join(
-        f"{{ [ ! -d {shlex.quote(d)} ] || {{ umask 077; {{ {startup_lines(u)}; echo \"{GATE}$(date +%s.%N)\"; }} "
+        f"{{ [ ! -d {shlex.quote(d)} ] || {{ umask 077; {{ {read(u)}; [ -z \"${{k3_staged:-}}\" ] || "
+        f"printf '%s\\n' \"$k3_staged\"; echo \"{GATE}$(date +%s.%N)\"; }} "
         f"> {shlex.quote(d + '/' + STARTUP_FILE.format(unit=u))}; }}; }}" for u in units)
 
 

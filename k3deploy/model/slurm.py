@@ -47,6 +47,7 @@ from k3deploy.model.hosttext import IMAGE_LINE, launch_argv, launch_image
 from k3deploy.model.images import run_ref
 from k3deploy.model.jobcontainers import Runtime, import_image, runtime, staged_image
 from k3deploy.model.rollout import Placement, Rollout, UnitWork, sha256
+from k3deploy.model.startup import STEP_BEGAN
 from k3deploy.model.units import ContainerSpec, bind_mounts, cleanup_argv, render_template, stop_argv
 from k3deploy.model.variables import Variables
 from k3deploy.recipe.taxonomy import hardware
@@ -400,7 +401,14 @@ def launch_script(rollout: Placement, unit: UnitWork) -> str:
             "run=$!",
             'wait "$run"',
         ]
-    return render_template(LAUNCH_TEMPLATE, managed=MANAGED, comments=comments, body=body)
+    return render_template(LAUNCH_TEMPLATE, managed=MANAGED, comments=comments, body=[*BEGAN, *body])
+
+
+#: a launch script's first lines: when the step began, in its output (where ``k3deploy history`` reads a start's
+#: phases from: :func:`k3deploy.model.commands.step_startup_lines`)
+BEGAN = ("# When the step began, on stderr (srun --output takes both into the step's output file: the lines after it",
+         "# are this start's, where k3deploy reads its phases).",
+         f'echo "{STEP_BEGAN}$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)" >&2')
 
 
 def imex_lines(rollout: Placement, spec: ContainerSpec | None, argv: Sequence[str]) -> tuple[list[str], str] | None:

@@ -28,7 +28,21 @@ it, so that the phases add up to the start:
 
 A phase whose milestone is not in the log (``--enforce-eager``: no compile, no graphs) is left out and the next one
 spans its time. The log lines' own timestamps (``INFO 12-06 22:40:01``) have whole seconds only: the journal's are
-used. Pure: the runtime reads the lines (``k3deploy status``, the revision's ``startup-<unit>.log`` that ``history``
+used.
+
+Under ``k3_launcher: slurm`` there is no journal: a start is read from its job step's output file
+(:func:`k3deploy.model.commands.step_startup_lines`, ``K3_STEP=`` each line, ``K3_CLOCK=`` the node's clock), from
+the launch script's own first line (:data:`STEP_BEGAN`, UTC with microseconds: the start's begin, as systemd's
+``InactiveExitTimestamp`` is) on. There each line's time is vLLM's own stamp (``vllm/logger.py`` of 0.33:
+``_FORMAT = "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s"``, ``_DATE_FORMAT = "%m-%d
+%H:%M:%S"``: the local time to the second, no milliseconds, no year): real on every site with nothing between
+the engine and its output file (a filter that stamped each line would stand between Slurm's SIGTERM and the
+engine, and between the engine's exit code and the step's), and exact to a second against phases that take
+minutes on a real cluster (a 1.5 TB checkpoint's weights, ~70 s of compile, ~60 s of graphs); the year and the
+UTC offset are the node's clock's when the lines were read, and uvicorn's ready line, which vLLM does not stamp,
+takes the time of the line before it.
+
+Pure: the runtime reads the lines (``k3deploy status``, the revision's ``startup-<unit>.log`` that ``history``
 lists).
 
 Example::
@@ -60,6 +74,15 @@ PHASES: tuple[str, ...] = ("container", "rendezvous", "weights", "compile", "kv_
 
 #: the line marks of :func:`k3deploy.model.commands.startup_lines`
 BEGIN, LINE, GATE = "K3_BEGIN=", "K3_START=", "K3_GATE="
+#: the marks of :func:`k3deploy.model.commands.step_startup_lines` (a Slurm job step's output): a line of the
+#: engine's as it logged it, and the node's clock when it was read (epoch seconds, its UTC offset ``+HHMM``)
+STEP, CLOCK = "K3_STEP=", "K3_CLOCK="
+#: a step of the node's stage as the start record keeps it (:func:`k3deploy.model.steps.timed_stage`): its name,
+#: when it began and when it ended (epoch seconds)
+STAGE = "K3_STAGE="
+#: what a Slurm launch script prints first (:func:`k3deploy.model.slurm.launch_script`), then the time in UTC with
+#: microseconds (``date -u +%Y-%m-%dT%H:%M:%S.%6NZ``): where a start begins in its step's output
+STEP_BEGAN = "k3deploy: the step began at "
 
 #: a vLLM log line (``INFO 12-06 22:40:01 [file.py:12] ...``, after a ``(EngineCore_DP0 pid=79)`` prefix or not), or
 #: uvicorn's line that the API serves: the lines :func:`k3deploy.model.commands.startup_lines` keeps
@@ -77,6 +100,8 @@ MILESTONES: dict[str, tuple[str, ...]] = {
 }
 #: a compile cache hit / miss, as vLLM's compilation backend logs it
 HIT, MISS = "Directly load the compiled graph(s)", "Compiling a graph for"
+#: the API server's ready line (uvicorn's)
+READY_MARK = MILESTONES["ready"][0]
 #: the engine core's line once it is initialised (a headless node logs none)
 CORE = "init engine (profile, create kv cache, warmup model)"
 
@@ -97,6 +122,42 @@ KEPT = "|".join(ere(m) for m in (*(m for ms in MILESTONES.values() for m in ms),
 READY = ere("Application startup complete")
 
 _JOURNAL = re.compile(r"^(\d+(?:\.\d+)?) \S+ \S+?: (.*)$")
+#: vLLM 0.33's own stamp (``vllm/logger.py``: ``_FORMAT = "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d]
+#: %(message)s"``, ``_DATE_FORMAT = "%m-%d %H:%M:%S"``: local time, whole seconds, no year), after a process prefix
+#: (``(EngineCore_DP0 pid=79) ``) or not
+_STAMPED = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG) ([0-9]{2})-([0-9]{2}) ([0-9]{2}):([0-9]{2}):([0-9]{2}) \[")
+
+
+def logged_at(line: str, now: float, offset: str = "+0000") -> float | None:
+    """The epoch seconds of a vLLM log line's own stamp (``MM-DD HH:MM:SS``, the node's local time at UTC ``offset``),
+    in the year that puts it at or before ``now`` (the time it was read: a line of 12-31 read on 01-01 is last
+    year's); None: a line without vLLM's stamp.
+
+    >>> logged_at("INFO 12-06 22:40:01 [utils.py:253] non-default args: {}", 1796596900.0)
+    1796596801.0
+    >>> logged_at("(EngineCore_DP0 pid=7) INFO 12-31 23:59:59 [core.py:1] x", 1798761700.0)   # 2027-01-01
+    1798761599.0
+    >>> logged_at("INFO 12-06 23:40:01 [utils.py:253] x", 1796596900.0, "+0100")
+    1796596801.0
+    >>> logged_at("INFO:     Application startup complete.", 1.0) is None
+    True
+    """
+    m = _STAMPED.search(line)
+    if m is None:
+        return None
+    month, day, hour, minute, second = (int(g) for g in m.groups())
+    sign = -1 if offset.startswith("-") else 1
+    digits = offset.lstrip("+-")
+    shift = sign * (int(digits[:2] or 0) * 3600 + int(digits[2:4] or 0) * 60) if digits.isdigit() else 0
+    year = datetime.fromtimestamp(now, UTC).year
+    for y in (year, year - 1):
+        try:
+            when = datetime(y, month, day, hour, minute, second, tzinfo=UTC).timestamp() - shift
+        except ValueError:   # 02-29 of a year without it
+            continue
+        if when <= now + 60:
+            return when
+    return None
 
 
 @dataclass(frozen=True)
@@ -110,11 +171,18 @@ class Startup:
     compile_cache: str | None = None
     gate: float | None = None
     complete: bool = False
+    stage: tuple[tuple[str, float, float], ...] = ()      # the node's stage steps toward it: (step, began, ended)
 
     @property
     def seconds(self) -> dict[str, float]:
         """``{phase: seconds}``, in the order the phases ran."""
         return {name: length for name, _, length in self.phases}
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """``{step: seconds}`` of the node's stage toward this start, in the order the steps ran (empty: the stage
+        did nothing on the node)."""
+        return {name: round(ended - began, 3) for name, began, ended in self.stage}
 
     @property
     def total(self) -> float:
@@ -126,12 +194,16 @@ class Startup:
         began and the cache."""
         return {"startup": self.seconds, "startup_total": self.total, "startup_begun": self.begun,
                 "startup_offsets": {name: start for name, start, _ in self.phases}, "compile_cache": self.compile_cache,
-                "startup_complete": self.complete, "gate": self.gate}
+                "startup_complete": self.complete, "gate": self.gate, "stage": self.stage_seconds,
+                "stage_times": {name: [began, ended] for name, began, ended in self.stage}}
 
     def line(self) -> str:
-        """One line for people: ``weights 7.2s, compile 3.1s (cache hit), ... = 12.0s``."""
-        return describe(self.seconds, self.compile_cache) + ("" if self.complete or not self.phases else
-                                                             " (not ready)")
+        """One line for people: ``weights 7.2s, compile 3.1s (cache hit), ... = 12.0s``, after the node's stage
+        where it did something (``stage image 4.1s, weights 9.0s = 13.1s; start ...``)."""
+        staged = (f"stage {', '.join(f'{n} {v:.1f}s' for n, v in self.stage_seconds.items())} = "
+                  f"{sum(self.stage_seconds.values()):.1f}s; start " if self.stage else "")
+        return staged + describe(self.seconds, self.compile_cache) + ("" if self.complete or not self.phases else
+                                                                      " (not ready)")
 
 
 def describe(seconds: Mapping[str, float], compile_cache: str | None = None) -> str:
@@ -164,6 +236,27 @@ def begun_at(text: str) -> float | None:
     return when.replace(tzinfo=UTC).timestamp()
 
 
+def _clock(text: str) -> tuple[float, str] | None:
+    """``K3_CLOCK=``'s epoch seconds and UTC offset; None: not one."""
+    words = text.split()
+    try:
+        return (float(words[0]), words[1]) if len(words) == 2 else None
+    except ValueError:
+        return None
+
+
+def _began(text: str) -> float | None:
+    """:data:`STEP_BEGAN`'s time (``2026-12-06T09:00:00.000000Z``) as epoch seconds; None: not one.
+
+    >>> _began("2026-12-06T22:40:00.250000Z")
+    1796596800.25
+    """
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
 def _phase_of(message: str) -> str | None:
     for name, marks in MILESTONES.items():
         if any(m in message for m in marks):
@@ -172,15 +265,32 @@ def _phase_of(message: str) -> str | None:
 
 
 def parse(lines: Iterable[str], *, headless: bool | None = None) -> Startup:
-    """The start that ``lines`` (``K3_BEGIN=``, ``K3_START=``, ``K3_GATE=``; other lines are skipped) show.
+    """The start that ``lines`` (``K3_BEGIN=``, ``K3_START=``, ``K3_GATE=``; a job step's ``K3_STEP=`` and
+    ``K3_CLOCK=``; other lines are skipped) show.
     ``headless``: the unit serves no API, so its start is complete at its graphs (or its KV cache, where it captures
     none; None: judged from the lines, a start recorded once its group served, ``K3_GATE=``, that has no API
     server's line is a headless node's)."""
     begun: float | None = None
     gate: float | None = None
     timed: list[tuple[float, str]] = []
+    staged: dict[str, tuple[float, float]] = {}
+    lines = list(lines)
+    clock = next((c for raw in lines if raw.startswith(CLOCK) and (c := _clock(raw[len(CLOCK):])) is not None), None)
     for raw in lines:
-        if raw.startswith(BEGIN):
+        if raw.startswith(STEP):
+            text = raw[len(STEP):]
+            if text.startswith(STEP_BEGAN):
+                begun = _began(text[len(STEP_BEGAN):])
+            elif clock is not None and (when := logged_at(text, *clock)) is not None:
+                timed.append((when, text))
+            elif timed and READY_MARK in text:   # uvicorn's own line, without vLLM's stamp: its line before
+                timed.append((timed[-1][0], text))
+        elif raw.startswith(STAGE):
+            step = _stage_step(raw[len(STAGE):])
+            if step is not None:
+                staged.pop(step[0], None)   # the last of a step's lines (in the order it ran)
+                staged[step[0]] = step[1:]
+        elif raw.startswith(BEGIN):
             begun = begun_at(raw[len(BEGIN):])
         elif raw.startswith(GATE):
             try:
@@ -189,8 +299,9 @@ def parse(lines: Iterable[str], *, headless: bool | None = None) -> Startup:
                 gate = None
         elif raw.startswith(LINE) and (m := _JOURNAL.match(raw[len(LINE):].strip())):
             timed.append((float(m.group(1)), m.group(2)))
+    stage = tuple((name, began, ended) for name, (began, ended) in staged.items())
     if not timed:
-        return Startup(begun=begun, gate=gate)
+        return Startup(begun=begun, gate=gate, stage=stage)
     origin = begun if begun is not None and begun <= timed[0][0] else timed[0][0]
     ends: dict[str, float] = {}
     cache: str | None = None
@@ -214,7 +325,24 @@ def parse(lines: Iterable[str], *, headless: bool | None = None) -> Startup:
     if headless is None:   # a start the deploy recorded once its group served, without an API: a headless node's
         headless = "ready" not in ends and gate is not None
     complete = "ready" in ends or (headless and ("graphs" in ends or "kv_cache" in ends))
-    return Startup(begun=origin, phases=tuple(phases), compile_cache=cache, gate=gate, complete=complete)
+    return Startup(begun=origin, phases=tuple(phases), compile_cache=cache, gate=gate, complete=complete,
+                   stage=stage)
+
+
+def _stage_step(text: str) -> tuple[str, float, float] | None:
+    """A ``K3_STAGE=`` line's step, begin and end; None: not one (or one that ended before it began).
+
+    >>> _stage_step("weights 1796596700.25 1796596760.5")
+    ('weights', 1796596700.25, 1796596760.5)
+    >>> _stage_step("weights x y") is None
+    True
+    """
+    words = text.split()
+    try:
+        step = (words[0], float(words[1]), float(words[2])) if len(words) == 3 else None
+    except ValueError:
+        return None
+    return step if step is not None and step[2] >= step[1] else None
 
 
 def from_dict(data: Mapping[str, Any]) -> Startup:
@@ -227,8 +355,9 @@ def from_dict(data: Mapping[str, Any]) -> Startup:
     """
     offsets = data.get("startup_offsets") or {}
     phases = tuple((str(n), float(offsets.get(n, 0.0)), float(v)) for n, v in (data.get("startup") or {}).items())
+    stage = tuple((str(n), float(t[0]), float(t[1])) for n, t in (data.get("stage_times") or {}).items())
     return Startup(begun=data.get("startup_begun"), phases=phases, compile_cache=data.get("compile_cache"),
-                   gate=data.get("gate"), complete=bool(data.get("startup_complete")))
+                   gate=data.get("gate"), complete=bool(data.get("startup_complete")), stage=stage)
 
 
 def recorded(starts: Mapping[str, Mapping[str, Iterable[str]]]) -> dict[str, dict[str, Startup]]:
@@ -236,7 +365,7 @@ def recorded(starts: Mapping[str, Mapping[str, Iterable[str]]]) -> dict[str, dic
 
     >>> recorded({"n1": {"k3-engine.service": ["K3_START=10.0 n d[1]: INFO 12-06 22:40:01 [utils.py:1] x"]}})
     {'n1': {'k3-engine.service': Startup(begun=10.0, phases=(('container', 0.0, 0.0),), compile_cache=None, \
-gate=None, complete=False)}}
+gate=None, complete=False, stage=())}}
     """
     return {host: {unit: parse(lines) for unit, lines in sorted(units.items())}
             for host, units in sorted(starts.items())}

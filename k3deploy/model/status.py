@@ -294,7 +294,8 @@ def assess(rollout: Rollout, model: str, runs: Mapping[tuple[str, str], Run],
                     u.host, u.unit, u.group, u.rank, u.node.role,
                     unit_verdict(active=active, serves=u.serves is not None, health=run.health, listed=listed),
                     job.shown() if job is not None else "no job", None, None, shown(run.image), run.image_id,
-                    matches, u.serves, run.health, list(run.models) if run.models is not None else None, why))
+                    matches, u.serves, run.health, list(run.models) if run.models is not None else None, why,
+                    *_started(run, u.serves is None)))
                 continue
             reports.append(UnitReport(
                 u.host, u.unit, u.group, u.rank, u.node.role,

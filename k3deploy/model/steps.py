@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import partial
 from typing import Literal, Protocol
@@ -47,7 +47,7 @@ from k3deploy.model.jobcontainers import import_image, runtime
 from k3deploy.model.revisions import revisions_dir
 from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
-from k3deploy.model.slurm import host_files, image_imports, launch_path
+from k3deploy.model.slurm import group_dir, host_files, image_imports, launch_path
 from k3deploy.model.staging import (
     ARCHIVE,
     OUTSIDE,
@@ -113,6 +113,67 @@ class StageKind:
     StageKind(p) for p in StagePart if p is not StagePart.ROUND)
 
 
+#: each stage step a node records (:func:`timed`): its name in the node's stage record, a bar of the timeline (a
+#: round from a peer: its parts', ``image_from_peer`` and ``weights_from_peer``); the others (the token, the peers'
+#: daemon, naming a build, removing files) take no time worth a bar
+STAGE_BARS: dict[StagePart, str] = {
+    StagePart.PULL: "image_pull", StagePart.ARCHIVE_LOAD: "image_load", StagePart.HUB: "weights_download",
+    StagePart.WEIGHTS_VERIFY: "weights_verify", StagePart.REQUIRE: "weights_check", StagePart.EXPORT: "image_export",
+    StagePart.ROUND: "from_peer", StagePart.CACHES: "compile_caches", StagePart.CONTAINER_IMAGE: "image_file",
+    StagePart.VERIFY_BEFORE_START: "verify", StagePart.ROUTER_IMAGE: "router_image", StagePart.READAHEAD: "readahead",
+}
+
+
+def bar_name(kind: StageKind | None) -> str | None:
+    """A stage step's name in the node's stage record (a round after the first: numbered); None: not recorded.
+
+    >>> bar_name(StageKind(StagePart.ROUND, 0)), bar_name(StageKind(StagePart.ROUND, 2)), bar_name(TOKEN)
+    ('from_peer', 'from_peer_3', None)
+    """
+    name = STAGE_BARS.get(kind.part) if kind is not None else None
+    return f"{name}_{kind.round + 1}" if name is not None and kind is not None and kind.round else name
+
+
+def stage_record(config_dir: str) -> str:
+    """Where a node records its stage (:data:`k3deploy.model.commands.STAGE_FILE`, beside the groups' revisions).
+
+    >>> stage_record("/etc/k3deploy/")
+    '/etc/k3deploy/revisions/stage.log'
+    """
+    return f"{config_dir.rstrip('/')}/revisions/{commands.STAGE_FILE}"
+
+
+def timed_stage(record: str, name: str, script: str, first: bool = False) -> str:
+    """``script``, a stage step on a node, in a subshell, timed into the node's stage record ``record`` as ``name``
+    (:func:`k3deploy.model.commands.stage_ended`): its exit code is the script's."""
+    return f"( {commands.STAGE_BEGAN}; ( {script} ); {commands.stage_ended(record, name, first)} )"
+
+
+def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
+    """The stage's ``staged`` steps (in the order they run), each script a node runs of a recorded kind
+    (:func:`bar_name`) timed into the node's stage record (:func:`timed_stage`; a node's first one begins it anew);
+    the rest as they are."""
+    record = stage_record(rollout.vars.k3_config_dir)
+    begun: set[str] = set()
+    out = []
+    for step in staged:
+        name = bar_name(step.kind)
+        if step.applies and step.script and name is not None:
+            parts = step.bars or ((name, step.script),)
+            numbered = f"_{step.kind.round + 1}" if step.bars and step.kind is not None and step.kind.round else ""
+            scripts = []
+            for part, script in parts:
+                if part is None:
+                    scripts.append(script)
+                    continue
+                scripts.append(timed_stage(record, part + numbered, script, step.host not in begun))
+                begun.add(step.host)
+            out.append(replace(step, script=" && ".join(scripts)))
+        else:
+            out.append(step)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class FileWrite:
     """A file a step writes: ``content``, or the control machine's file ``source`` (a secret read only when
@@ -162,6 +223,9 @@ class Step:
     why: str = ""        # for people: what the step does (the runbook's sentence)
     peers: tuple[str, ...] = ()   # the hosts it copies from: where one of them failed, it fails saying so
     creates: tuple[str, ...] = ()   # the files it makes: where the host has them all, it has nothing to do
+    # its script's parts, each with its name in the node's stage record (None: not recorded), where they are
+    # recorded one by one (a round from a peer: the image, then the weights); the script is their " && " join
+    bars: tuple[tuple[str | None, str], ...] = ()
 
 
 def fresh(rollout: Rollout) -> StagePlan:
@@ -327,12 +391,15 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                 elif from_weights:
                     parts.append(commands.receive_weights(where[from_weights], port, cache, model))
                     said.append(f"the weights from {from_weights}")
+                names = [n for n, came in (("image_from_peer", from_image), ("weights_from_peer", from_weights))
+                         if came]   # a part each, in that order
                 if parts and h in done_early and last[h] == index:
                     parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
                     said.append("then it removes the image archive (it sends to no peer)")
                 peers = tuple(dict.fromkeys(p for p in (from_image, *up_image, from_weights, *up_weights) if p))
                 return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), " && ".join(parts),
-                            why=", ".join(said), peers=peers)
+                            why=", ".join(said), peers=peers,
+                            bars=tuple(zip([*names, *[None] * (len(parts) - len(names))], parts, strict=True)))
 
             each(StageKind(StagePart.ROUND, index), name, receive)
         shares = {h: [(c.key, c.sends[h]) for c in plan.caches if h in c.sends] for h in hosts}
@@ -594,10 +661,9 @@ class StartSteps(Protocol):
     def marks_in_roll(self) -> bool:
         """A rolled replica is marked current in its own step."""
 
-    @property
-    def journals(self) -> bool:
-        """Its units' starts are in systemd's journal: the mark keeps each one's start with the revision
-        (:func:`k3deploy.model.commands.keep_startup`)."""
+    def keep_starts(self, rollout: Rollout, group: str, host: str, number: int) -> str:
+        """The shell that keeps the last start of each of ``group``'s units on ``host`` with its revision ``number``
+        (``startup-<unit>.log``), read from where the launcher's units log their lines (the mark's part)."""
 
     def configure(self, rollout: Rollout, host: str) -> Configure | None:
         """``host``'s configure step (None: nothing there)."""
@@ -649,7 +715,11 @@ class UnitSteps:
     idle: str = "every group runs the planned version: nothing restarts"
     worker_file: bool = True
     marks_in_roll: bool = True
-    journals: bool = True
+
+    def keep_starts(self, rollout: Rollout, group: str, host: str, number: int) -> str:
+        """From the journal of each unit's last invocation (:func:`k3deploy.model.commands.keep_startup`)."""
+        return commands.keep_startup(revisions_dir(rollout.vars.k3_config_dir, group), number,
+                                     [u.unit for u in rollout.group(group) if u.host == host])
 
     def staged(self, rollout: Rollout) -> list[Step]:
         """None: the units run the image from the node's docker, where the stage put it."""
@@ -744,7 +814,13 @@ class JobSteps:
     idle: str = "every group's job runs the planned revision: nothing is submitted"
     worker_file: bool = False
     marks_in_roll: bool = False
-    journals: bool = False   # a job step's output is a file of its own, not the journal
+
+    def keep_starts(self, rollout: Rollout, group: str, host: str, number: int) -> str:
+        """From the node's step output of the group's newest job (no journal holds a job step's lines:
+        :func:`k3deploy.model.commands.keep_step_startup`)."""
+        return commands.keep_step_startup(revisions_dir(rollout.vars.k3_config_dir, group), number,
+                                          [u.unit for u in rollout.group(group) if u.host == host],
+                                          group_dir(rollout, group), host)
 
     def configure(self, rollout: Rollout, host: str) -> Configure | None:
         """``host``'s Slurm files (:func:`k3deploy.model.slurm.host_files`): on each node its env files (0600) and
@@ -914,7 +990,8 @@ def restart(rollout: Rollout, launcher: StartSteps, decided: Decisions | None = 
         if rolling and launcher.marks_in_roll:
             # a rolled replica is marked current as soon as it serves, on every one of its nodes in one step,
             # before the router call that puts it back
-            marking = tuple(Part(h, " && ".join(_marked(r, g, h, _mark(r, g, d.marks[g], h)) for g in marked),
+            marking = tuple(Part(h, " && ".join(_marked(r, g, h, _mark(r, g, d.marks[g], h, launcher))
+                                                for g in marked),
                                  when=tuple(Keeps(g) for g in marked))
                             for h in r.hosts
                             if (marked := [g for g in wave if g in launcher.gate_groups(r, plan, h, rolling)
@@ -954,14 +1031,15 @@ def _listed(rollout: Rollout, router: UnitWork, groups: list[str],
     return (rollout.router_list(router, groups),) if launcher.worker_file else ()
 
 
-def _mark(rollout: Rollout, group: str, number: int, host: str, journals: bool = True) -> str:
-    """On ``host``, once ``group`` serves: revision ``number`` becomes current, and (``journals``: the units log to
-    systemd's journal) the start of each of the group's units there is kept in the revision's directory
-    (:func:`k3deploy.model.commands.keep_startup`)."""
+def _mark(rollout: Rollout, group: str, number: int, host: str, launcher: StartSteps) -> str:
+    """On ``host``, once ``group`` serves: revision ``number`` becomes current, and the start of each of the group's
+    units there (with the node's stage toward it: :func:`k3deploy.model.commands.kept_stage`), read where the
+    launcher says its lines are (:meth:`StartSteps.keep_starts`), is kept in the
+    revision's directory (:func:`k3deploy.model.commands.keep_startup`)."""
     directory = revisions_dir(rollout.vars.k3_config_dir, group)
-    units = [u.unit for u in rollout.group(group) if u.host == host]
-    current = commands.set_current(directory, number)
-    return " && ".join([current, commands.keep_startup(directory, number, units)]) if journals else current
+    staged = commands.kept_stage(stage_record(rollout.vars.k3_config_dir), directory)
+    return (f"{commands.set_current(directory, number)} && {{ {staged}; }} && "
+            f"{launcher.keep_starts(rollout, group, host, number)}")
 
 
 def _marked(rollout: Rollout, group: str, host: str, script: str) -> str:
@@ -985,7 +1063,7 @@ def _current(rollout: Rollout, launcher: StartSteps, decided: Decisions) -> list
     for group in changed:
         number = decided.marks.get(group)
         here = {u.host for u in r.group(group)}
-        parts = tuple(Part(h, _marked(r, group, h, _mark(r, group, number, h, launcher.journals))
+        parts = tuple(Part(h, _marked(r, group, h, _mark(r, group, number, h, launcher))
                            if h in here and number is not None else "") for h in r.hosts)
         out.append(Action("current", f"Mark the revision of group {group} current", parts, (Keeps(group),),
                           barrier=True))
@@ -1201,6 +1279,7 @@ def rollout(layout: Rollout, launcher: StartSteps = UNITS, plan: StagePlan | Non
     staged = stage(layout, plan if plan is not None else fresh(layout), tag=tag, images=images, leftover=leftover,
                    router_tag=router_tag, router_images=router_images)
     return RolloutSteps(
-        tuple(sorted([*staged, *launcher.staged(layout)], key=lambda s: s.kind.order if s.kind is not None else 0)),
+        timed(layout, sorted([*staged, *launcher.staged(layout)],
+                             key=lambda s: s.kind.order if s.kind is not None else 0)),
         tuple(c for c in configured if c is not None), tuple(restart(layout, launcher, decided)),
         virtual_address(layout), smoke(layout))

@@ -321,6 +321,8 @@ class ReadRunning(Request):
     docker: str
     url: str | None
     env_file: str | None = None          # the unit's env file: the API key its requests carry
+    group_dir: str | None = None         # under Slurm: its start from its step output there (on ``host``)
+    host: str | None = None
 
 
     def keep(self, value: UnitRun) -> dict[str, Any]:
@@ -536,7 +538,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     out += [ReadRevisions(g, revisions_dir(variables.k3_config_dir, g))
             for g in layout.groups if any(u.host == host for u in layout.group(g))]
     if view.running:
-        out += [ReadRunning(u.unit, u.container, variables.k3_docker, u.serves, u.env_path) for u in mine]
+        out += [ReadRunning(u.unit, u.container, variables.k3_docker, u.serves, u.env_path, launcher.log_dir(u),
+                            host if launcher.log_dir(u) is not None else None) for u in mine]
         if layout.units and host == layout.hosts[0]:
             out.append(ReadEndpoint(layout.endpoint, mine[0].env_path))
     elif view.health:

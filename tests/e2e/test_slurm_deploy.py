@@ -34,9 +34,12 @@ def engine_job(sim: Sim) -> tuple[str, str]:
     return queued[0][0], queued[0][3]
 
 
-def history(sim: Sim) -> tuple[int | None, list[int]]:
-    """The engine group's current revision and its revisions' numbers (``k3deploy history --json``)."""
+def history(sim: Sim, starts: dict | None = None) -> tuple[int | None, list[int]]:
+    """The engine group's current revision and its revisions' numbers (``k3deploy history --json``); ``starts``
+    given: filled with the current revision's start record per host and unit."""
     got = json.loads(k3("history", sim.inventory, "--json", check=True).stdout)["groups"]["engine"]
+    if starts is not None:
+        starts.update(next((r.get("startup") or {} for r in got["revisions"] if r["number"] == got["current"]), {}))
     return got["current"], [r["number"] for r in got["revisions"]]
 
 
@@ -114,10 +117,19 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
         # each node keeps its own step's output
         out = sim.ssh(rank, f"cat /var/lib/k3deploy/slurm/engine/{job}/{sim.info['nodes'][rank]['name']}.out")
         assert out.returncode == 0, out.stderr
-    assert history(sim) == (1, [1])
-    # status reads the job from the submit host's squeue beside each node's /health
+    starts: dict = {}
+    assert history(sim, starts) == (1, [1])
+    # each node's start, phase by phase, read from its step output by vLLM's own stamps and kept with the revision
+    assert set(starts) == {head, worker}, starts
+    for node, last in ((head, "ready"), (worker, "graphs")):   # a headless worker: no API server
+        rec = next(iter(starts[node].values()))
+        assert list(rec["startup"])[-1] == last and rec["startup_complete"], (node, rec)
+        assert rec["startup"]["weights"] >= 0 and rec["startup_begun"] is not None, rec
     code, st = status(sim)
     assert code == 0 and st["verdict"] == "serving" and st["launcher"] == "slurm", st
+    # and each unit's last start, phase by phase, from its step output: the start the revision kept
+    assert {u["host"]: u["startup"] for g in st["groups"] for u in g["units"]} == {
+        h: next(iter(by_unit.values()))["startup"] for h, by_unit in starts.items()}, st
     (group,) = st["groups"]
     assert group["verdict"] == "serving" and group["job"]["id"] == job and group["job"]["planned"], group
     assert [(u["host"], u["active"], u["restarts"], u["matches_plan"]) for u in group["units"]] == [
@@ -139,7 +151,7 @@ def test_multi_node_tp_under_slurm(sim_factory, tmp_path):
     assert f"hosts/{head}/k3-engine.batch-{job}.log" in files   # the job's own output, on its batch host
     assert json.loads(files["status.json"])["verdict"] == "serving"
     kept = sim.ssh(1, "ls /etc/k3deploy/revisions/engine/1").stdout.split()
-    assert kept == ["k3-engine.env", "k3-engine.launch", "meta.json", "served"], kept
+    assert kept == ["k3-engine.env", "k3-engine.launch", "meta.json", "served", "startup-k3-engine.service.log"], kept
     batch = sim.ssh(0, "cat /var/lib/k3deploy/slurm/k3-engine.sbatch").stdout
     assert f"#SBATCH --comment={comment}\n" in batch and f"#SBATCH --nodelist={head},{worker}\n" in batch
 

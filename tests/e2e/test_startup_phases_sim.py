@@ -1,7 +1,7 @@
 """A start, phase by phase, on the simulated cluster: two gb300 trays in one group deployed once; `status --json`
 carries each unit's last start per phase (read from the simulated engine's vLLM 0.33 log lines and systemd's start
-time), `history --json` the same start as the revision recorded it on each node, `timeline` draws it (a bar per node
-and phase, as wide as its seconds) and the bundle carries both."""
+time), `history --json` the same start as the revision recorded it on each node with the node's stage toward it,
+`timeline` draws them (a bar per node and stage step or phase, as wide as its seconds) and the bundle carries both."""
 
 from __future__ import annotations
 
@@ -56,6 +56,12 @@ def test_status_history_timeline_and_bundle_show_each_start_phase_by_phase(sim, 
     for host, rec in recorded.items():   # the revision kept the very start status reads
         assert rec["startup"] == units[host]["startup"] and rec["startup_complete"] is True
         assert rec["gate"] >= rec["startup_begun"] + rec["startup_total"]   # recorded once the group served
+    # each tray's stage toward the revision, step by step (k3_stage: per_node: each pulled the image and downloaded
+    # the weights itself), ended before its start began
+    assert set(current["stage"]) == {head, worker}
+    for host, staged in current["stage"].items():
+        assert {"image_pull", "weights_download"} <= set(staged) and all(v > 0 for v in staged.values()), staged
+        assert max(e for _, e in recorded[host]["stage_times"].values()) <= recorded[host]["startup_begun"]
 
     picture = tmp_path / "rollout.svg"
     t = json.loads(k3("timeline", sim.inventory, "-o", str(picture), "--json", check=True).stdout)
@@ -64,10 +70,18 @@ def test_status_history_timeline_and_bundle_show_each_start_phase_by_phase(sim, 
     bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "bar"]
     scale = PLOT_W / t["span"]
     for host, rec in recorded.items():
-        shown = {r.get("data-phase", ""): r for r in bars if r.get("data-host") == host}
+        shown = {r.get("data-phase", ""): r for r in bars if r.get("data-host") == host
+                 and r.get("data-kind") != "stage"}
         assert set(shown) == {*rec["startup"], "gate"}, sorted(shown)
         for phase, seconds in rec["startup"].items():
             assert float(shown[phase].get("width", "")) == pytest.approx(seconds * scale, abs=0.02), (host, phase)
+        # a bar per stage step, as wide as its seconds, before the start's first phase
+        staged = {r.get("data-phase", ""): r for r in bars if r.get("data-host") == host
+                  and r.get("data-kind") == "stage"}
+        assert set(staged) == set(rec["stage"]), sorted(staged)
+        for step, seconds in rec["stage"].items():
+            assert float(staged[step].get("width", "")) == pytest.approx(seconds * scale, abs=0.02), (host, step)
+            assert float(staged[step].get("x", "")) < float(shown["container"].get("x", ""))
 
     out = tmp_path / "support.tar.gz"
     k3("bundle", sim.inventory, "-o", str(out), check=True)

@@ -6,6 +6,7 @@ file exported word for word, the engine's argv exec'd)."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -151,7 +152,7 @@ def test_the_image_is_staged_as_the_runtimes_file_made_once_and_handed_on_keyed_
     (tmp_path / "image.tar").write_bytes(b"")
     archived = staged(rollout(k3_image_archive=str(tmp_path / "image.tar")))
     load = archived[("n0", "Image: load the archive")]
-    assert "docker-archive:///var/lib/k3deploy/stage/" in load and load.endswith(".tar")
+    assert "docker-archive:///var/lib/k3deploy/stage/" in load and re.search(r"&& rm -f \S+[.]tar \)", load)
     # apptainer: a SIF, from the registry
     sif = staged(rollout(k3_slurm_container="apptainer"))
     assert any("apptainer build" in t and f"docker://{PINNED}" in t and ".sif.part" in t for t in sif.values())

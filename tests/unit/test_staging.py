@@ -256,3 +256,59 @@ def test_a_file_changed_after_verification_is_seen(tmp_path):
 def test_no_snapshot_is_not_complete(tmp_path):
     status = WeightsState().process(_sh(WeightsState().command(str(tmp_path), "org/m")).stdout.splitlines())
     assert status.revision is None and not status.complete and status.describe() == "no snapshot"
+
+
+def test_the_chain_leaves_no_temporary_file_whether_it_copies_fails_or_is_killed(tmp_path):
+    """rsync's messages go to a file ``mktemp`` makes; its name is gone at once, so neither a relay that copies,
+    one that fails nor one killed (SIGKILL to its process group, which no ``trap`` sees) leaves it behind, and the
+    full-disk message it holds is still read."""
+    import os
+    import shutil
+    import signal
+    import socket
+    import time
+
+    if shutil.which("rsync") is None:
+        pytest.skip("no rsync")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+
+    def run(script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+
+    seed, empty = tmp_path / "seed", tmp_path / "empty"
+    _snapshot(seed, {"a.safetensors": b"x" * 100_000})
+    (empty / "huggingface/hub").mkdir(parents=True)
+    daemons = [_daemon(tmp_path, "127.0.0.31", port, seed / "huggingface/hub"),
+               _daemon(tmp_path, "127.0.0.32", port, empty / "huggingface/hub")]
+    try:
+        copied = run(commands.relay_weights([("seed", "127.0.0.31")], port, str(tmp_path / "a"), "org/m", wait=2))
+        assert copied.returncode == 0, copied.stderr
+        failed = run(commands.relay_weights([("gone", "127.0.0.33")], port, str(tmp_path / "b"), "org/m", wait=1))
+        assert failed.returncode == 1 and "no peer gave the snapshot" in failed.stderr
+        # a peer that does not hold the snapshot yet: the relay waits on it, and is killed while it waits
+        waiting = subprocess.Popen(["sh", "-c", commands.relay_weights([("empty", "127.0.0.32")], port,
+                                                                        str(tmp_path / "c"), "org/m", wait=5)],
+                                   env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "c/huggingface/hub/models--org--m/blobs").is_dir():
+            assert waiting.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(waiting.pid, signal.SIGKILL)
+        waiting.wait()
+        assert list(tmp.iterdir()) == []
+    finally:
+        for d in daemons:
+            d.terminate()
+            d.wait()
+    # the messages are still there to read while the relay runs: a full disk is named
+    full = run(f"{commands._relay_env([], port, 1)}; {commands.RELAY}; part=/x/f.k3-part; "
+               'echo "rsync: write failed on f: No space left on device (28)" >> "$K3_ERR"; k3_full')
+    assert full.returncode == 0 and "stage: this node cannot write /x/f.k3-part: rsync: write failed on f: No " \
+        "space left on device (28)" in full.stderr
+    assert list(tmp.iterdir()) == []
