@@ -138,6 +138,8 @@ def test_the_runbook_runs_exactly_the_commands_the_operations_run(sim_factory, t
     revision = re.compile(r"^(umask 077 && install -d -m 0700 \S+/revisions/\S+ .*meta\.json.*|"
                           r"\{ \[ -f \S+ \].* && mv -f \S+ \S+|"
                           r"echo \d+ > \S+/revisions/\S+/current && \{ \[ ! -d \S+ \] \|\| touch \S+/served; \}"
+                          # the node's stage record kept with the revision where newer than the group's last mark
+                          r"(?: && \{ k3_staged=; if .*; fi; touch \S+/stage\.seen; \})?"
                           # the units' starts kept with the revision, the compile caches they served from marked whole
                           r"(?: && \{ \[ ! -d \S+ \] \|\| \{ umask 077; .* > \S+/startup-\S+\.log; \}; \})?"
                           r"(?: && mkdir -p \S+/k3-compile/[0-9a-f]+ && touch \S+/k3-compile/[0-9a-f]+/\.k3-complete)*"
