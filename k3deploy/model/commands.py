@@ -1191,6 +1191,38 @@ def stage_ended(record: str, name: str, first: bool = False) -> str:
             f"{r} ) || true; exit $k3_rc")
 
 
+def stage_reset(record: str) -> str:
+    """Before a node's first stage step of a run whose timed parts run side by side (:func:`side_by_side`): the
+    node's stage record ``record`` begun anew (0600), so that no part's line is lost to another's truncation.
+
+    >>> stage_reset("/r/stage.log")
+    '( mkdir -p /r && umask 077 && : > /r/stage.log ) || true'
+    """
+    return (f"( mkdir -p {shlex.quote(record.rsplit('/', 1)[0] or '/')} && umask 077 && : > {shlex.quote(record)} ) "
+            "|| true")
+
+
+def side_by_side(scripts: Sequence[str]) -> str:
+    """``scripts`` at once, each in a subshell of its own, all waited for: the exit code is the last failed one's (0
+    where every one succeeded), each one's messages its own. A stage round's copies (the image and the weights along
+    the chain) run so: each node's weights follow its predecessor's as they land instead of waiting behind its own
+    image's copy, so the chain's depth is paid once, not once per artifact.
+
+    >>> import subprocess
+    >>> subprocess.run(["sh", "-c", side_by_side(["sleep 0.2; exit 3", "true"])]).returncode
+    3
+    >>> subprocess.run(["sh", "-c", side_by_side(["true", "true"])]).returncode
+    0
+    >>> side_by_side(["a"])
+    'a'
+    """
+    if len(scripts) == 1:
+        return scripts[0]
+    started = " ".join(f"( {script} ) & k3_p{i}=$!;" for i, script in enumerate(scripts))
+    waited = " ".join(f"wait $k3_p{i} || k3_w=$?;" for i in range(len(scripts)))
+    return f"( k3_w=0; {started} {waited} exit $k3_w )"
+
+
 def kept_stage(record: str, directory: str) -> str:
     """Once a group's revision became current on this node (:func:`set_current`): the node's stage record ``record``
     (:func:`timed_stage`) where it is newer than the group's last mark here (``stage.seen`` in ``directory``, touched

@@ -152,7 +152,8 @@ def timed_stage(record: str, name: str, script: str, first: bool = False) -> str
 def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
     """The stage's ``staged`` steps (in the order they run), each script a node runs of a recorded kind
     (:func:`bar_name`) timed into the node's stage record (:func:`timed_stage`; a node's first one begins it anew);
-    the rest as they are."""
+    a round's copies (the image and the weights from a peer) side by side
+    (:func:`k3deploy.model.commands.side_by_side`); the rest as they are."""
     record = stage_record(rollout.vars.k3_config_dir)
     begun: set[str] = set()
     out = []
@@ -161,14 +162,17 @@ def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
         if step.applies and step.script and name is not None:
             parts = step.bars or ((name, step.script),)
             numbered = f"_{step.kind.round + 1}" if step.bars and step.kind is not None and step.kind.round else ""
-            scripts = []
-            for part, script in parts:
-                if part is None:
-                    scripts.append(script)
-                    continue
-                scripts.append(timed_stage(record, part + numbered, script, step.host not in begun))
+            named = [(part + numbered, script) for part, script in parts if part is not None]
+            rest = [script for part, script in parts if part is None]
+            first = step.host not in begun and bool(named)
+            if named:
                 begun.add(step.host)
-            out.append(replace(step, script=" && ".join(scripts)))
+            if len(named) > 1:   # a round's copies side by side; the record begun anew before them, not by one
+                timed_parts = [commands.stage_reset(record)] if first else []
+                timed_parts.append(commands.side_by_side([timed_stage(record, n, script) for n, script in named]))
+            else:
+                timed_parts = [timed_stage(record, n, script, first) for n, script in named]
+            out.append(replace(step, script=" && ".join([*timed_parts, *rest])))
         else:
             out.append(step)
     return tuple(out)
@@ -397,7 +401,10 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                     parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
                     said.append("then it removes the image archive (it sends to no peer)")
                 peers = tuple(dict.fromkeys(p for p in (from_image, *up_image, from_weights, *up_weights) if p))
-                return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), " && ".join(parts),
+                copies = parts[:len(names)]
+                script = " && ".join([commands.side_by_side(copies), *parts[len(names):]]) if copies else \
+                    " && ".join(parts)
+                return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), script,
                             why=", ".join(said), peers=peers,
                             bars=tuple(zip([*names, *[None] * (len(parts) - len(names))], parts, strict=True)))
 

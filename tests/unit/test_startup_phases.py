@@ -268,13 +268,18 @@ def test_the_rollout_times_each_stage_step_a_node_runs_and_its_first_begins_the_
     for h in ("n1", "n2"):
         mine = [s for s in made.stage if s.host == h and s.applies and s.script]
         timed = [s for s in mine if steps.bar_name(s.kind) is not None]
-        assert timed and all(f"{record}" in s.script and s.script.startswith("( k3_b=") for s in timed)
+        assert timed and all(f"{record}" in s.script and s.script.startswith(("( k3_b=", "( mkdir -p", "( k3_w=0;"))
+                             for s in timed)
         assert f"> {record}" in timed[0].script and all(f">> {record}" in s.script for s in timed[1:])
         assert not any(record in s.script for s in mine if steps.bar_name(s.kind) is None)   # the daemon, ...
     # a round from a peer is recorded part by part: the image, then the weights
     got = next(s for s in made.stage if s.host == "n2" and s.kind == steps.StageKind(steps.StagePart.ROUND, 0))
     assert got.script.count("K3_STAGE=%s %s %s") == 2
     assert got.script.index("image_from_peer") < got.script.index("weights_from_peer")
+    # side by side: the weights' chain does not wait behind the image's, and the record is begun before either
+    assert got.script.startswith(f"( mkdir -p /etc/k3deploy/revisions && umask 077 && : > {record} ) || true && ( k3_w=0;")
+    assert "& k3_p0=$!;" in got.script and "& k3_p1=$!;" in got.script and f"> {record}" not in got.script.split(
+        "k3_w=0;", 1)[1].replace(f">> {record}", "")
     # the mark keeps the stage with each start, on every host of the group
     for h in ("n1", "n2"):
         mark = steps._mark(r, "engine", 1, h, steps.UNITS)
