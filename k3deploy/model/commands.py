@@ -1202,18 +1202,18 @@ def stage_reset(record: str) -> str:
             "|| true")
 
 
-def side_by_side(scripts: Sequence[str]) -> str:
+def side_by_side(*scripts: str) -> str:
     """``scripts`` at once, each in a subshell of its own, all waited for: the exit code is the last failed one's (0
     where every one succeeded), each one's messages its own. A stage round's copies (the image and the weights along
     the chain) run so: each node's weights follow its predecessor's as they land instead of waiting behind its own
     image's copy, so the chain's depth is paid once, not once per artifact.
 
     >>> import subprocess
-    >>> subprocess.run(["sh", "-c", side_by_side(["sleep 0.2; exit 3", "true"])]).returncode
+    >>> subprocess.run(["sh", "-c", side_by_side("sleep 0.2; exit 3", "true")]).returncode
     3
-    >>> subprocess.run(["sh", "-c", side_by_side(["true", "true"])]).returncode
+    >>> subprocess.run(["sh", "-c", side_by_side("true", "true")]).returncode
     0
-    >>> side_by_side(["a"])
+    >>> side_by_side("a")
     'a'
     """
     if len(scripts) == 1:

@@ -169,7 +169,7 @@ def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
                 begun.add(step.host)
             if len(named) > 1:   # a round's copies side by side; the record begun anew before them, not by one
                 timed_parts = [commands.stage_reset(record)] if first else []
-                timed_parts.append(commands.side_by_side([timed_stage(record, n, script) for n, script in named]))
+                timed_parts.append(commands.side_by_side(*[timed_stage(record, n, script) for n, script in named]))
             else:
                 timed_parts = [timed_stage(record, n, script, first) for n, script in named]
             out.append(replace(step, script=" && ".join([*timed_parts, *rest])))
@@ -402,7 +402,7 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                     said.append("then it removes the image archive (it sends to no peer)")
                 peers = tuple(dict.fromkeys(p for p in (from_image, *up_image, from_weights, *up_weights) if p))
                 copies = parts[:len(names)]
-                script = " && ".join([commands.side_by_side(copies), *parts[len(names):]]) if copies else \
+                script = " && ".join([commands.side_by_side(*copies), *parts[len(names):]]) if copies else \
                     " && ".join(parts)
                 return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), script,
                             why=", ".join(said), peers=peers,
