@@ -95,6 +95,24 @@ def done_line(what: str, done: int, total: int | None, seconds: float, ok: bool)
     return f"{what}: {size(done)}{of}, done in {left(seconds)}{rate}"
 
 
+
+def rich_bar(stream: IO[str]) -> Any:
+    """rich's transfer bars on ``stream`` (a terminal): a task's description (its "[host]" as text, not rich's
+    markup), bar, bytes, rate and time left; gone once stopped."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(binary_units=True),
+                    TransferSpeedColumn(), TimeRemainingColumn(), console=Console(file=stream), transient=True)
+
+
 class Board:
     """Several copies shown at once, each under its own key: :meth:`begin`, :meth:`update` with the bytes so far
     (and a total once it is known), :meth:`end`. On a terminal one rich bar each (one live display for all); else a
@@ -127,20 +145,7 @@ class Board:
         self.copies[key] = {"what": what, "total": total, "started": now, "said": now, "done": 0, "first": None}
         if self.tty:
             if self.bar is None:
-                from rich.console import Console
-                from rich.progress import (
-                    BarColumn,
-                    DownloadColumn,
-                    Progress,
-                    TextColumn,
-                    TimeRemainingColumn,
-                    TransferSpeedColumn,
-                )
-
-                # a description's "[host]" is text, not rich markup
-                self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                                    DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
-                                    console=Console(file=self.stream), transient=True)
+                self.bar = rich_bar(self.stream)
                 self.bar.start()
             self.copies[key]["task"] = self.bar.add_task(what, total=total)
 
@@ -212,19 +217,7 @@ class Meter:
         self.done = 0
         self.bar: Any = None
         if not quiet and self.stream.isatty():
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                                TransferSpeedColumn(), TimeRemainingColumn(),
-                                console=Console(file=self.stream), transient=True)
+            self.bar = rich_bar(self.stream)
             self.task = self.bar.add_task(what, total=total)
             self.bar.start()
 

@@ -128,7 +128,19 @@ def _succeeded(result: Any) -> bool:
     return bool(result[0] if isinstance(result, tuple) else result)
 
 
-class Watched(StringCommand):
+class _Watching:
+    """A command's ``copies`` shown while it runs (:func:`watching`): mixed in before the pyinfra command class."""
+
+    copies: tuple[Copied, ...]
+
+    def execute(self, state: Any, host: Any, connector_arguments: Any) -> Any:
+        with watching(state, host, self.copies, dict(connector_arguments)) as outcome:
+            result = super().execute(state, host, connector_arguments)  # type: ignore[misc]
+            outcome[0] = _succeeded(result)
+            return result
+
+
+class Watched(_Watching, StringCommand):
     """A stage step's script, run as its :class:`~pyinfra.api.command.StringCommand` would be, its ``copies``
     shown while it runs (:func:`watching`)."""
 
@@ -136,26 +148,14 @@ class Watched(StringCommand):
         super().__init__(*bits, **kwargs)
         self.copies = tuple(copies)
 
-    def execute(self, state: Any, host: Any, connector_arguments: Any) -> Any:
-        with watching(state, host, self.copies, dict(connector_arguments)) as outcome:
-            result = super().execute(state, host, connector_arguments)
-            outcome[0] = _succeeded(result)
-            return result
 
-
-class WatchedRsync(RsyncCommand):
+class WatchedRsync(_Watching, RsyncCommand):
     """A copy from the control machine, run as its :class:`~pyinfra.api.command.RsyncCommand` would be, its
     ``copies`` shown while it runs."""
 
     def __init__(self, src: str, dest: str, flags: Any, copies: Sequence[Copied] = (), **kwargs: Any) -> None:
         super().__init__(src, dest, flags, **kwargs)
         self.copies = tuple(copies)
-
-    def execute(self, state: Any, host: Any, connector_arguments: Any) -> Any:
-        with watching(state, host, self.copies, dict(connector_arguments)) as outcome:
-            result = super().execute(state, host, connector_arguments)
-            outcome[0] = _succeeded(result)
-            return result
 
 
 def watched(command: PyinfraCommand, copies: Sequence[Copied]) -> PyinfraCommand:
