@@ -16,6 +16,7 @@ The protocol on the process's standard input and output: one JSON line per call 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 #: what each kind of call runs in the child, and the modules the process imports before its first fork (the lazy
 #: imports of the commands that read hosts, deploy and render)
@@ -127,14 +128,16 @@ class _Process:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.broken = False
+        #: what was read of the process's answers beyond the last whole line
+        self.pending = b""
 
-    def start(self) -> subprocess.Popen[str]:
+    def start(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, text=True, bufsize=1, cwd="/",
-                                         start_new_session=True)
+                                         stderr=subprocess.DEVNULL, bufsize=0, cwd="/", start_new_session=True)
+            self.pending = b""
             atexit.register(self.stop)
         return self.proc
 
@@ -151,19 +154,24 @@ class _Process:
 _PROCESS = _Process()
 
 
-def _answer(stream: IO[str], deadline: float | None) -> dict[str, Any] | None:
-    """The process's next answer, or None at ``deadline``."""
-    while True:
+def _answer(deadline: float | None) -> dict[str, Any] | None:
+    """The process's next answer (a line of its standard output, read unbuffered: two answers may come in one read),
+    or None at ``deadline``."""
+    proc = _PROCESS.proc
+    assert proc is not None and proc.stdout is not None
+    fd = proc.stdout.fileno()
+    while b"\n" not in _PROCESS.pending:
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([stream], [], [], wait)
-        if ready:
-            line = stream.readline()
-            if not line:
-                raise OSError("the forking process exited")
-            answer: dict[str, Any] = json.loads(line)
-            return answer
-        if deadline is not None and time.monotonic() >= deadline:
+        ready, _, _ = select.select([fd], [], [], wait)
+        if not ready:
             return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise OSError("the forking process exited")
+        _PROCESS.pending += chunk
+    line, _PROCESS.pending = _PROCESS.pending.split(b"\n", 1)
+    answer: dict[str, Any] = json.loads(line)
+    return answer
 
 
 def run(kind: str, argv0: str, args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str] | None,
@@ -181,18 +189,19 @@ def run(kind: str, argv0: str, args: Sequence[str], *, cwd: Path | str, env: Map
             assert proc.stdin is not None and proc.stdout is not None
             call = {"kind": kind, "argv0": argv0, "args": list(args), "cwd": str(cwd),
                     "env": {**os.environ, **(env or {})}, "out": str(out), "err": str(err or out)}
-            proc.stdin.write(json.dumps(call) + "\n")
+            proc.stdin.write((json.dumps(call) + "\n").encode())
             proc.stdin.flush()
-            started = _answer(proc.stdout, None)
+            started = _answer(None)
         except OSError:
             _PROCESS.broken = True
             return None
         assert started is not None
         deadline = None if timeout is None else time.monotonic() + timeout
-        done = _answer(proc.stdout, deadline)
+        done = _answer(deadline)
         if done is None:
-            os.kill(started["pid"], signal.SIGKILL)
-            _answer(proc.stdout, None)
+            with contextlib.suppress(ProcessLookupError):   # it may end as the deadline comes
+                os.kill(started["pid"], signal.SIGKILL)
+            _answer(None)
             raise subprocess.TimeoutExpired([kind, *args], timeout or 0)
         return int(done["rc"])
     finally:
