@@ -35,7 +35,8 @@ from k3deploy.model.commands import copied_bytes
 from k3deploy.model.stagecopies import Copied
 from k3deploy.runtime.progress import Board, tree_bytes
 
-#: seconds between two reads of a node's bytes
+#: seconds between two reads of a node's bytes on a terminal (off one, half the plain lines' interval: each read is
+#: an SSH command per receiving node, control-machine CPU at rack scale)
 POLL = 2.0
 #: the longest a read of the bytes may take (a node that does not answer: the copy's own step says why)
 READ_TIMEOUT = 30
@@ -107,7 +108,7 @@ def watching(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[st
             got = _read(host, copies, arguments)
             for key, done in zip(keys, got or [], strict=False):
                 shown.update(key, done)
-            gevent.sleep(POLL)
+            gevent.sleep(POLL if shown.tty else max(POLL, shown.every / 2))   # off a terminal: a line a while
 
     outcome = [False]
     reader = gevent.spawn(poll)

@@ -5,6 +5,7 @@ TTFT, ITL and end-to-end histograms."""
 from __future__ import annotations
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from helpers.engine import Node, free_port, healthy, http, wait_for
@@ -41,11 +42,19 @@ def test_every_rank_the_server_fronts_has_vllm_s_metrics(procs, tmp_path, net):
 
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(ask, range(4))) == [200] * 4
-    code, text = http(base + "/metrics")
-    assert code == 200
+    # a request's counters are recorded as its answer is sent (as vLLM's output processor does): read until both
+    # ranks counted both of theirs
+    deadline = time.monotonic() + 10
+    while True:
+        code, text = http(base + "/metrics")
+        assert code == 200
+        got = _samples(str(text))
+        counted = [got.get(("vllm:e2e_request_latency_seconds_count", rank)) for rank in ("0", "1")]
+        if counted == [2.0, 2.0] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     for name, kind in VLLM_METRICS.items():
         assert f"# TYPE {name} {kind}" in text, name
-    got = _samples(str(text))
     for rank in ("0", "1"):
         assert got[("vllm:prompt_tokens_total", rank)] == 80.0          # two requests of 40 tokens on each rank
         assert got[("vllm:prefix_cache_queries_total", rank)] == 80.0
