@@ -149,6 +149,17 @@ def timed_stage(record: str, name: str, script: str, first: bool = False) -> str
     return f"( {commands.STAGE_BEGAN}; ( {script} ); {commands.stage_ended(record, name, first)} )"
 
 
+def parts_script(copies: Sequence[str], rest: Sequence[str], reset: str | None = None) -> str:
+    """A step's script from its parts: its ``copies`` side by side (:func:`k3deploy.model.commands.side_by_side`),
+    then the ``rest`` one after the other; ``reset``: the node's stage record begun anew before them.
+
+    >>> parts_script(["a"], ["c"])
+    'a && c'
+    """
+    lead = [commands.stage_reset(reset)] if reset is not None else []
+    return " && ".join([*lead, *([commands.side_by_side(*copies)] if copies else []), *rest])
+
+
 def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
     """The stage's ``staged`` steps (in the order they run), each script a node runs of a recorded kind
     (:func:`bar_name`) timed into the node's stage record (:func:`timed_stage`; a node's first one begins it anew);
@@ -167,12 +178,12 @@ def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
             first = step.host not in begun and bool(named)
             if named:
                 begun.add(step.host)
-            if len(named) > 1:   # a round's copies side by side; the record begun anew before them, not by one
-                timed_parts = [commands.stage_reset(record)] if first else []
-                timed_parts.append(commands.side_by_side(*[timed_stage(record, n, script) for n, script in named]))
+            if len(named) > 1:   # the record begun anew before parts that run side by side, not by one of them
+                timed_parts = [timed_stage(record, n, script) for n, script in named]
+                script = parts_script(timed_parts, rest, reset=record if first else None)
             else:
-                timed_parts = [timed_stage(record, n, script, first) for n, script in named]
-            out.append(replace(step, script=" && ".join([*timed_parts, *rest])))
+                script = parts_script([timed_stage(record, n, script, first) for n, script in named], rest)
+            out.append(replace(step, script=script))
         else:
             out.append(step)
     return tuple(out)
@@ -228,7 +239,7 @@ class Step:
     peers: tuple[str, ...] = ()   # the hosts it copies from: where one of them failed, it fails saying so
     creates: tuple[str, ...] = ()   # the files it makes: where the host has them all, it has nothing to do
     # its script's parts, each with its name in the node's stage record (None: not recorded), where they are
-    # recorded one by one (a round from a peer: the image, then the weights); the script is their " && " join
+    # recorded one by one (a round from a peer: the image and the weights); the script is :func:`parts_script`'s
     bars: tuple[tuple[str | None, str], ...] = ()
 
 
@@ -401,9 +412,7 @@ def stage(rollout: Rollout, plan: StagePlan, *, tag: str | None = None,
                     parts.append(commands.stop_serving(variables.k3_stage_dir, image_ref))
                     said.append("then it removes the image archive (it sends to no peer)")
                 peers = tuple(dict.fromkeys(p for p in (from_image, *up_image, from_weights, *up_weights) if p))
-                copies = parts[:len(names)]
-                script = " && ".join([commands.side_by_side(*copies), *parts[len(names):]]) if copies else \
-                    " && ".join(parts)
+                script = parts_script(parts[:len(names)], parts[len(names):])
                 return Step(StageKind(StagePart.ROUND, index), name, h, bool(parts), script,
                             why=", ".join(said), peers=peers,
                             bars=tuple(zip([*names, *[None] * (len(parts) - len(names))], parts, strict=True)))
