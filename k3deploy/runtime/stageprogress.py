@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+from gevent.event import AsyncResult
 from pyinfra.api.command import PyinfraCommand, RsyncCommand, StringCommand
 
 from k3deploy.model.commands import copied_bytes
@@ -73,6 +74,33 @@ def _local(path: str) -> int | None:
     return None
 
 
+#: the holders' whole sizes this run has read, by (holder, paths): every receiver of a step copies from the same
+#: holder, which holds the artifact whole before the round, so it is read once for all of them (the first receiver
+#: reads, the others wait for its answer)
+_holders: dict[tuple[str, tuple[str, ...]], AsyncResult] = {}
+
+
+def _holder_total(state: Any, c: Copied, arguments: dict[str, Any]) -> int | None:
+    """The bytes ``c``'s holder (``c.source``) holds at its paths, read once per holder and paths."""
+    assert c.source is not None
+    key = (c.source, c.paths)
+    known = _holders.get(key)
+    if known is not None:
+        got: int | None = known.get()
+        return got
+    known = _holders[key] = AsyncResult()
+    total: int | None = None
+    try:
+        holder = state.inventory.get_host(c.source, None) if state is not None else None
+        read = _read(holder, [c], arguments) if holder is not None and holder.connected else None
+        total = read[0] if read else None
+    finally:
+        if total is None:   # not known (or the read was stopped): the next receiver asks again
+            del _holders[key]
+        known.set(total)
+    return total
+
+
 def _totals(state: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int | None]:
     """Each copy's whole size: its holder's bytes at the same paths, or the control machine's copy's."""
     out: list[int | None] = []
@@ -81,9 +109,7 @@ def _totals(state: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> 
         if c.local:
             total = _local(c.local)
         elif c.source:
-            holder = state.inventory.get_host(c.source, None) if state is not None else None
-            got = _read(holder, [c], arguments) if holder is not None and holder.connected else None
-            total = got[0] if got else None
+            total = _holder_total(state, c, arguments)
         out.append(total or None)
     return out
 

@@ -279,3 +279,39 @@ def test_on_a_terminal_the_copies_are_bars_and_their_last_lines_stay():
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
     assert re.search(r"(^|\r)\[n2\] stage: image from n1: 50\.0 MiB of 50\.0 MiB, done in ", text, re.M)
     assert re.search(r"(^|\r)\[n3\] stage: weights from n1: stopped at 70\.0 MiB of 100\.0 MiB \(70%\)", text, re.M)
+
+
+def test_a_holder_s_whole_size_is_read_once_for_every_receiver_of_a_step(monkeypatch):
+    """Every receiver of a step copies from the same holder: its size is read once, the other receivers wait for that
+    answer; a read that gets no answer is asked again by the next receiver."""
+    import gevent
+
+    from k3deploy.model.stagecopies import Copied
+    from k3deploy.runtime import stageprogress
+
+    reads: list[str] = []
+    answers = iter([None, [7 * MIB]])
+
+    class Holder:
+        name, connected = "n1", True
+
+    class Inventory:
+        def get_host(self, name: str, default: object = None) -> object:
+            return Holder() if name == "n1" else default
+
+    class State:
+        inventory = Inventory()
+
+    def read(host: object, copies: object, arguments: object) -> list[int] | None:
+        reads.append(getattr(host, "name", "?"))
+        gevent.sleep(0.05)
+        return next(answers)
+
+    monkeypatch.setattr(stageprogress, "_read", read)
+    monkeypatch.setattr(stageprogress, "_holders", {})
+    copy = Copied("weights", ("/c/hub/models--o--m/blobs/",), source="n1")
+    assert stageprogress._totals(State(), [copy], {}) == [None]          # no answer: not kept
+    receivers = [gevent.spawn(stageprogress._totals, State(), [copy], {}) for _ in range(17)]
+    gevent.joinall(receivers)
+    assert [r.value for r in receivers] == [[7 * MIB]] * 17
+    assert reads == ["n1", "n1"]                                          # the failed read, then one for all 17
