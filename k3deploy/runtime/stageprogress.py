@@ -80,10 +80,10 @@ def _local(path: str) -> int | None:
 _holders: dict[tuple[str, tuple[str, ...]], AsyncResult] = {}
 
 
-def _holder_total(state: Any, c: Copied, arguments: dict[str, Any]) -> int | None:
-    """The bytes ``c``'s holder (``c.source``) holds at its paths, read once per holder and paths."""
-    assert c.source is not None
-    key = (c.source, c.paths)
+def _holder_total(state: Any, copy: Copied, arguments: dict[str, Any]) -> int | None:
+    """The bytes ``copy``'s holder (``copy.source``) holds at its paths, read once per holder and paths."""
+    assert copy.source is not None
+    key = (copy.source, copy.paths)
     known = _holders.get(key)
     if known is not None:
         got: int | None = known.get()
@@ -91,8 +91,8 @@ def _holder_total(state: Any, c: Copied, arguments: dict[str, Any]) -> int | Non
     known = _holders[key] = AsyncResult()
     total: int | None = None
     try:
-        holder = state.inventory.get_host(c.source, None) if state is not None else None
-        read = _read(holder, [c], arguments) if holder is not None and holder.connected else None
+        holder = state.inventory.get_host(copy.source, None) if state is not None else None
+        read = _read(holder, [copy], arguments) if holder is not None and holder.connected else None
         total = read[0] if read else None
     finally:
         if total is None:   # not known (or the read was stopped): the next receiver asks again
