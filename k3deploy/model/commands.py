@@ -143,10 +143,15 @@ def pull(docker: str, image: str, tag: str | None = None) -> str:
 VERIFIED = ".k3-verified"
 #: the files that failed the last verification, one path per line
 BAD = ".k3-bad"
+#: the chain's list of the model's blobs and their sizes (``<blob> <bytes>`` lines), handed on with the snapshot
+#: (:func:`relay_weights`); peers may read it (its name is not one the peers' daemon hides)
+SIZES = "k3-sizes"
 #: the transient unit of the read-only rsync daemon that serves staged files to peers
 PEERS_UNIT = "k3-stage-peers"
 #: where ``k3-group-member stopped`` notes an engine unit's failed runs (its crash-loop backoff counts them)
 FAILURES_DIR = "/run/k3deploy"
+#: the daemon's socket options (rsyncd.conf(5) ``socket options``; the clients pass the same with ``--sockopts``)
+PEERS_SOCKET_OPTIONS = "TCP_NODELAY"
 #: rsync modules of that daemon
 HUB_MODULE, STAGE_MODULE = "k3-hub", "k3-stage"
 #: the daemon's module of the engines' compile caches (:mod:`k3deploy.model.compilecache`)
@@ -382,20 +387,25 @@ def copied_bytes(copies: Sequence[Sequence[str]]) -> str:
     return "; ".join(lines)
 
 
-#: the chain's copy of one file (``k3deploy.model.staging.chain``), as shell functions. ``k3_relay MODULE PATH DEST``
-#: copies ``PATH`` of the peers' rsync module ``MODULE`` to ``DEST.k3-part`` from the first peer of ``$K3_PEERS``
-#: (``name=address`` words, nearest first; ``$K3_PORT``) not in ``$K3_DEAD``: the whole file where that peer holds
-#: it, else its growing ``PATH.k3-part`` (``rsync --append``: only the bytes beyond this node's copy; rsync checks
-#: what it sends), again every 0.3 s until the peer holds it whole. A peer that does not answer within ``$K3_WAIT``
-#: seconds, or during whose transfer this node's copy does not grow for ``$K3_WAIT`` seconds (a cut link: rsync's own
-#: ``--timeout`` does not fire while the socket still takes its keep-alives, so ``k3_pull`` watches the file and
-#: kills the transfer's process group: rsync's own cleanup would block on the dead socket), or that answers
-#: but whose copy does not grow for ``$K3_STALL`` seconds (its own copy failed), joins ``K3_DEAD`` (said on stderr)
-#: and the next one is asked. It sets ``K3_FROM`` to the peer that gave it whole;
-#: returns 1 when no peer could. ``k3_sum FILE NAME`` is true when ``FILE`` hashes to ``NAME`` (64 hex digits:
-#: sha256; 40: the git blob id the hub names a small file by; any other name is not checked here).
+#: the chain's copy of one file (``k3deploy.model.staging.chain``), as shell functions. ``k3_relay MODULE PATH DEST
+#: [SIZE]`` copies ``PATH`` of the peers' rsync module ``MODULE`` to ``DEST.k3-part`` from the first peer of
+#: ``$K3_PEERS`` (``name=address`` words, nearest first; ``$K3_PORT``) not in ``$K3_DEAD``: the whole file where that
+#: peer holds it, else its growing ``PATH.k3-part`` (``rsync --append``: only the bytes beyond this node's copy; rsync
+#: checks what it sends), again at once where that gave bytes (a pause between copies is a lag the node does not make
+#: up: its link is no faster than its peer's), else after 0.3 s, until the peer holds it whole, or, with ``SIZE`` (the
+#: file's size as its holder has it), until this node holds ``SIZE`` bytes: the file is this node's then, to verify on
+#: its own (its name is its hash), while its peer may still be hashing its copy; so a hop adds a poll, not a hash, and
+#: the peer's growing copy is asked first (one connection a poll). A wrong ``SIZE`` costs time, never a file: too small,
+#: the copy fails its hash and is copied again without one; too large, the copy ends when the peer holds it whole. A
+#: peer that does not answer within ``$K3_WAIT`` seconds, or during whose transfer this node's copy does not grow for
+#: ``$K3_WAIT`` seconds (a cut link: rsync's own ``--timeout`` does not fire while the socket still takes its
+#: keep-alives, so ``k3_pull`` watches the file and kills the transfer's process group: rsync's own cleanup would block
+#: on the dead socket), or that answers but whose copy does not grow for ``$K3_STALL`` seconds (its own copy failed),
+#: joins ``K3_DEAD`` (said on stderr) and the next one is asked. It sets ``K3_FROM`` to the peer that gave it whole;
+#: returns 1 when no peer could. ``k3_sum FILE NAME`` is true when ``FILE`` hashes to ``NAME`` (64 hex digits: sha256;
+#: 40: the git blob id the hub names a small file by; any other name is not checked here).
 RELAY = (
-    'k3_pull() { setsid rsync -q --append --timeout="$K3_WAIT" --contimeout="$K3_WAIT" "$1" "$2" >/dev/null '
+    'k3_pull() { setsid $K3_RSYNC -q --append "$1" "$2" >/dev/null '
     '2>>"$K3_ERR" & '
     'pid=$!; { was=-1; t=$(date +%s); while sleep 1; do now=$(stat -c %s "$2" 2>/dev/null || echo 0); '
     'if [ "$now" != "$was" ]; then was=$now; t=$(date +%s); elif [ $(($(date +%s) - t)) -ge "$K3_WAIT" ]; then '
@@ -404,15 +414,20 @@ RELAY = (
     'kill $dog 2>/dev/null; wait $dog 2>/dev/null; return $rc; }; '
     'k3_full() { m=$(grep -m1 -e "No space left on device" -e "Disk quota exceeded" "$K3_ERR" 2>/dev/null) || '
     'return 1; echo "stage: this node cannot write $part: $m" >&2; }; '
-    'k3_relay() { part="$3.k3-part"; : > "$K3_ERR"; for p in $K3_PEERS; do case " $K3_DEAD " in *" $p "*) continue;; '
-    'esac; '
+    'k3_len() { stat -c %s "$part" 2>/dev/null || echo 0; }; '
+    'k3_relay() { part="$3.k3-part"; want=$4; case $want in *[!0-9]*) want=;; esac; : > "$K3_ERR"; '
+    'for p in $K3_PEERS; do case " $K3_DEAD " in *" $p "*) continue;; esac; '
     'src="rsync://${p#*=}:$K3_PORT/$1/$2"; last=$(date +%s); '
-    'while :; do k3_pull "$src" "$part"; rc=$?; ! k3_full || return 2; '
+    'while :; do had=$(k3_len); if [ -n "$want" ]; then '
+    '[ "$had" -lt "$want" ] || { K3_FROM=$p; return 0; }; k3_pull "$src.k3-part" "$part"; rc=$?; '
+    '! k3_full || return 2; if [ $rc = 23 ]; then k3_pull "$src" "$part"; rc=$?; ! k3_full || return 2; '
+    '[ $rc != 0 ] || { K3_FROM=$p; return 0; }; fi; [ "$(k3_len)" -lt "$want" ] || { K3_FROM=$p; return 0; }; '
+    'else k3_pull "$src" "$part"; rc=$?; ! k3_full || return 2; '
     'if [ $rc = 0 ]; then K3_FROM=$p; return 0; fi; [ $rc = 23 ] || break; '
-    'had=$(stat -c %s "$part" 2>/dev/null || echo 0); k3_pull "$src.k3-part" "$part"; rc=$?; ! k3_full || return 2; '
+    'k3_pull "$src.k3-part" "$part"; rc=$?; ! k3_full || return 2; fi; '
     'case $rc in 0|23|24) ;; *) break;; esac; '
-    'if [ "$(stat -c %s "$part" 2>/dev/null || echo 0)" -gt "$had" ]; then last=$(date +%s); '
-    'elif [ $(($(date +%s) - last)) -ge "$K3_STALL" ]; then rc=stalled; break; fi; sleep 0.3; done; '
+    'if [ "$(k3_len)" -gt "$had" ]; then last=$(date +%s); '
+    'elif [ $(($(date +%s) - last)) -ge "$K3_STALL" ]; then rc=stalled; break; else sleep 0.3; fi; done; '
     'echo "stage: ${p%%=*} (${p#*=}) gave no more of $2 (rsync exit $rc: no answer or no new byte within '
     '${K3_WAIT}s; stalled: its own copy did not grow for ${K3_STALL}s): routed around it" >&2; '
     'K3_DEAD="$K3_DEAD $p"; done; return 1; }; '
@@ -422,7 +437,10 @@ RELAY = (
 
 
 def _relay_env(peers: Sequence[tuple[str, str]], port: int, wait: int) -> str:
-    """The relay's variables, and ``K3_ERR``: where rsync's messages go (what :data:`RELAY`'s ``k3_full`` reads), a
+    """The relay's variables (``K3_RSYNC``: rsync as the chain runs it against a peer's daemon, with ``TCP_NODELAY``
+    as the daemon has it (:data:`PEERS_SOCKET_OPTIONS`): without it, Nagle's algorithm against delayed ACKs holds each
+    short exchange of rsync's protocol for ~40 ms, ~0.13 s a connection, which a hop pays on every poll), and
+    ``K3_ERR``: where rsync's messages go (what :data:`RELAY`'s ``k3_full`` reads), a
     file made by ``mktemp``, held open on descriptor 9 and unlinked at once, then named ``/dev/fd/9``: no name of it
     is left in the temporary directory whichever way the script ends (done, failed, or killed, even by SIGKILL,
     which no ``trap`` sees), and the kernel frees it with the last process holding it; ``/dev/null`` where no
@@ -433,6 +451,7 @@ def _relay_env(peers: Sequence[tuple[str, str]], port: int, wait: int) -> str:
     """
     words = " ".join(f"{name}={address}" for name, address in peers)
     return (f"K3_PEERS={shlex.quote(words)} K3_PORT={int(port)} K3_WAIT={int(wait)} K3_STALL={6 * int(wait)} "
+            f"K3_RSYNC='rsync --timeout={int(wait)} --contimeout={int(wait)} --sockopts={PEERS_SOCKET_OPTIONS}' "
             'K3_DEAD= K3_FROM= K3_ERR=/dev/null; if k3_t=$(mktemp 2>/dev/null); then exec 9>"$k3_t"; rm -f "$k3_t"; '
             "K3_ERR=/dev/fd/9; fi")
 
@@ -440,9 +459,10 @@ def _relay_env(peers: Sequence[tuple[str, str]], port: int, wait: int) -> str:
 def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model: str, wait: int = 10) -> str:
     """The model's cache directory along the chain (:data:`RELAY`): from the first of ``peers`` (``(name,
     address)``, nearest first) that answers, once it holds the snapshot (its ``refs/main``, which a node writes
-    last), the snapshot's links; then every blob the snapshot names, in one order on every node, each copied as
-    the peer receives it, verified against its name as it lands and only then renamed whole (what the next node
-    copies as whole), a bad one copied once more; then every shard the index names checked to be there, and the
+    last), the snapshot's links and the blobs' sizes (``SIZES``); then every blob the snapshot names, in one order
+    on every node, each copied as the peer receives it until this node holds its size (or the peer holds it whole,
+    where its size is not known), verified against its name as it lands and only then renamed whole, a bad one
+    copied once more (without a size); then every shard the index names checked to be there, and the
     snapshot marked verified (``VERIFIED``: each of its files was hashed once, as it landed).
 
         >>> "k3_relay k3-hub" in relay_weights([("n1", "10.0.0.11")], 8873, "/c", "o/m")
@@ -453,12 +473,20 @@ def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model
     failed = shlex.quote(f"stage: no peer gave the snapshot of {model}")
     nobody = ('echo "stage: no peer gave a whole, good blob $b of "' + shlex.quote(model) + '" (asked: $K3_PEERS)" '
               '>&2; exit 1')
+    # the blobs' sizes as the chain's holder has them (what lets a node take a file as soon as it holds all of it):
+    # the peer's own list (a node writes it before its ``refs/main``, which its successor waits for) and the peer's
+    # whole blobs; a list, not a check: every file is still verified against its name
+    sizes = ('{ timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC -q '
+             f'"$src/{SIZES}" "$d/.k3-sizes" 2>/dev/null && cat "$d/.k3-sizes"; timeout -k 1 "$((3 * K3_WAIT))" '
+             '$K3_RSYNC --list-only --no-h "$src/blobs/" 2>/dev/null | '
+             "awk '$1 ~ /^-/ && $NF !~ /[.]k3-part$/ {print $NF, $2}'; } | awk '$2 ~ /^[0-9]+$/ && !seen[$1]++' > "
+             f'"$d/.k3-sizes-new"; mv -f "$d/.k3-sizes-new" "$d/{SIZES}"; rm -f "$d/.k3-sizes"')
     meta = ('for p in $K3_PEERS; do src="rsync://${p#*=}:$K3_PORT/' + HUB_MODULE + '/$top"; last=$(date +%s); '
-            'while :; do timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
+            'while :; do timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC -q '
             '"$src/refs/main" "$d/.k3-ref" 2>/dev/null; rc=$?; [ $rc = 23 ] || break; '
             '[ $(($(date +%s) - last)) -lt "$K3_STALL" ] || break; sleep 0.3; done; '
-            'if [ $rc = 0 ] && timeout -k 1 "$((3 * K3_WAIT))" rsync -rlt --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
-            '"$src/snapshots/" "$d/snapshots/"; then '
+            'if [ $rc = 0 ] && timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC -rlt '
+            '"$src/snapshots/" "$d/snapshots/"; then ' + sizes + '; '
             'mkdir -p "$d/refs" && mv -f "$d/.k3-ref" "$d/refs/main" && ok=1 && break; fi; '
             'echo "stage: ${p%%=*} (${p#*=}) gave no snapshot (rsync exit $rc): routed around it" >&2; '
             f'K3_DEAD="$K3_DEAD $p"; done; [ "$ok" = 1 ] || {{ echo {failed} >&2; exit 1; }}')
@@ -467,8 +495,10 @@ def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model
     bad = '"$d/.k3-landed-bad"'
     blobs = ('rev=$(cat "$d/refs/main") && : > ' + bad + ' && for b in $(find "$d/snapshots/$rev" -type l -exec '
              "readlink {} + | sed 's|.*/||' | sort -u); do f=\"$d/blobs/$b\"; "
-             '[ -f "$f" ] && k3_sum "$f" "$b" && continue; rm -f "$f"; k3_relay ' + HUB_MODULE + ' "$top/blobs/$b" '
-             f'"$f" || {{ wait; {nobody}; }}; {{ if k3_sum "$f.k3-part" "$b"; then mv -f "$f.k3-part" "$f"; '
+             '[ -f "$f" ] && k3_sum "$f" "$b" && continue; rm -f "$f"; '
+             f"size=$(awk -v b=\"$b\" '$1 == b {{print $2; exit}}' \"$d/{SIZES}\" 2>/dev/null); "
+             'k3_relay ' + HUB_MODULE + ' "$top/blobs/$b" '
+             f'"$f" "$size" || {{ wait; {nobody}; }}; {{ if k3_sum "$f.k3-part" "$b"; then mv -f "$f.k3-part" "$f"; '
              f'else echo "$b" >> {bad}; fi; }} & done; wait; for b in $(cat {bad}); do f="$d/blobs/$b"; '
              f'rm -f "$f.k3-part"; k3_relay {HUB_MODULE} "$top/blobs/$b" "$f" && k3_sum "$f.k3-part" "$b" || '
              f'{{ {nobody}; }}; mv -f "$f.k3-part" "$f"; done; rm -f {bad}')
@@ -504,7 +534,7 @@ def relay_image(peers: Sequence[tuple[str, str]], port: int, docker: str, image:
     out = (f"mkdir -p {shlex.quote(stage_dir)} && {root_only_dir(stage_dir)} && ( a={shlex.quote(a)}; "
            f"{_relay_env(peers, port, wait)}; {HASH_TOOLS}; {RELAY}; k3_relay {STAGE_MODULE} {shlex.quote(name)} "
            f'"$a" || {{ echo {failed} >&2; exit 1; }}; src="rsync://${{K3_FROM#*=}}:$K3_PORT/{STAGE_MODULE}/"; '
-           f'timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" {srcs} '
+           f'timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC -q {srcs} '
            f'{shlex.quote(stage_dir.rstrip("/") + "/")} '
            '&& got=$($K3_SHA256 < "$a.k3-part" | cut -d" " -f1) && want=$(cat "$a.sha256") && '
            f'{{ [ "$got" = "$want" ] || {{ {bad}; }}; }} && mv -f "$a.k3-part" "$a" )')
@@ -534,7 +564,7 @@ def relay_file(peers: Sequence[tuple[str, str]], port: int, stage_dir: str, path
     return (f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0] or '/')} && ( a={shlex.quote(path)}; "
             f"{_relay_env(peers, port, wait)}; {HASH_TOOLS}; {RELAY}; k3_relay {STAGE_MODULE} {shlex.quote(rel)} "
             f'"$a" || {{ echo {failed} >&2; exit 1; }}; src="rsync://${{K3_FROM#*=}}:$K3_PORT/{STAGE_MODULE}/"; '
-            f'timeout -k 1 "$((3 * K3_WAIT))" rsync -q --timeout="$K3_WAIT" --contimeout="$K3_WAIT" '
+            f'timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC -q '
             f'"$src"{shlex.quote(rel + ".sha256")} "$a.sha256.k3-part" '
             '&& got=$($K3_SHA256 < "$a.k3-part" | cut -d" " -f1) && want=$(cat "$a.sha256.k3-part") && '
             f'{{ [ "$got" = "$want" ] || {{ {bad}; }}; }} && mv -f "$a.sha256.k3-part" "$a.sha256" && '

@@ -301,7 +301,8 @@ def peers_config(rollout: Placement, host: str) -> str:
     where = addresses(rollout)
     allow = " ".join(dict.fromkeys(where[h] for h in engines(rollout)))
     return render_template("k3-stage-peers.conf.j2", unit=commands.PEERS_UNIT, address=where[host],
-                           port=v.k3_stage_port, hosts_allow=allow, hub_module=commands.HUB_MODULE,
+                           port=v.k3_stage_port, hosts_allow=allow, socket_options=commands.PEERS_SOCKET_OPTIONS,
+                           hub_module=commands.HUB_MODULE,
                            hub=commands.hub_dir(v.k3_model_cache), stage_module=commands.STAGE_MODULE,
                            stage=v.k3_stage_dir.rstrip("/"), compile_module=commands.COMPILE_MODULE,
                            compile=compilecache.host_root(v.k3_model_cache))

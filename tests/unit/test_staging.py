@@ -187,6 +187,50 @@ def test_the_chain_copies_along_and_routes_around_a_peer_that_does_not_answer(tm
             d.wait()
 
 
+def test_a_node_takes_a_file_once_it_holds_its_size_while_its_peer_still_hashes_its_copy(tmp_path):
+    """The chain hands a file on by its size: a node whose copy holds as many bytes as the holder's blob takes it as
+    its own (and verifies it itself), though its peer has not renamed its copy whole yet; the sizes come from the
+    holder's listing on the first hop and from the peer's handed-on list after it."""
+    import shutil
+    import socket
+
+    if shutil.which("rsync") is None:
+        pytest.skip("no rsync")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seed = tmp_path / "seed"
+    sd = _snapshot(seed, {"a.safetensors": b"x" * 300_000, "b.safetensors": b"y" * 1000})
+    mid = tmp_path / "mid"
+    daemons = [_daemon(tmp_path, "127.0.0.41", port, seed / "huggingface/hub"),
+               _daemon(tmp_path, "127.0.0.42", port, mid / "huggingface/hub")]
+    try:
+        first = _sh(commands.relay_weights([("seed", "127.0.0.41")], port, str(mid), "org/m", wait=2))
+        assert first.returncode == 0, first.stderr
+        md = mid / "huggingface/hub/models--org--m"
+        listed = dict(line.split() for line in (md / commands.SIZES).read_text().splitlines())
+        assert listed == {b.name: str(b.stat().st_size) for b in (sd / "blobs").iterdir()}
+        # the middle node as it is while it hashes its copies: every blob whole in bytes, none renamed yet
+        for blob in (md / "blobs").iterdir():
+            blob.rename(blob.with_name(blob.name + ".k3-part"))
+        last = tmp_path / "last"
+        took = _sh(commands.relay_weights([("mid", "127.0.0.42")], port, str(last), "org/m", wait=2))
+        assert took.returncode == 0, took.stderr
+        assert "routed around" not in took.stderr and "verified 3 files" in took.stdout
+        ld = last / "huggingface/hub/models--org--m"
+        assert sorted(b.name for b in (ld / "blobs").iterdir()) == sorted(b.name for b in (sd / "blobs").iterdir())
+        assert (ld / commands.SIZES).read_text() == (md / commands.SIZES).read_text()
+        # without the list (a holder that never wrote one, mid-copy), the node waits for the peer's whole file and
+        # routes around a peer whose copy never becomes whole
+        (md / commands.SIZES).unlink()
+        waited = _sh(commands.relay_weights([("mid", "127.0.0.42")], port, str(tmp_path / "wait"), "org/m", wait=1))
+        assert waited.returncode == 1 and "stalled" in waited.stderr
+    finally:
+        for d in daemons:
+            d.terminate()
+            d.wait()
+
+
 # --------------------------------------------------------------------------- verification, for real (sha256sum)
 
 
