@@ -125,6 +125,7 @@ def test_a_chain_starts_at_every_holder_and_falls_back_to_the_others():
 def _daemon(tmp_path, address: str, port: int, hub) -> subprocess.Popen[bytes]:
     conf = tmp_path / f"{address}.conf"
     conf.write_text(f"address = {address}\nport = {port}\nuse chroot = no\nread only = yes\n"
+                    f"socket options = {commands.PEERS_SOCKET_OPTIONS}\n"
                     f"[{commands.HUB_MODULE}]\n    path = {hub}\n    exclude = *.incomplete .k3-*\n")
     proc = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"])
     import socket
@@ -356,3 +357,22 @@ def test_the_chain_leaves_no_temporary_file_whether_it_copies_fails_or_is_killed
     assert full.returncode == 0 and "stage: this node cannot write /x/f.k3-part: rsync: write failed on f: No " \
         "space left on device (28)" in full.stderr
     assert list(tmp.iterdir()) == []
+
+
+def test_the_peers_daemon_and_the_chains_clients_both_run_without_nagle():
+    """rsync's protocol is many short exchanges: with Nagle's algorithm on either end each waits ~40 ms for a delayed
+    ACK, which every poll of a hop pays; the daemon's configuration and the relay's rsync both set the option."""
+    from k3deploy.model.binding import HostRecord
+    from k3deploy.model.pipeline import desired_rollout, target
+    from k3deploy.model.staging import peers_config
+
+    given = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp"}
+    r = desired_rollout(target([HostRecord("n1", ("head",), {**given, "k3_ip": "10.0.0.1"}),
+                                HostRecord("n2", ("workers",), {**given, "k3_ip": "10.0.0.2"})], None))
+    conf = dict(line.split(" = ", 1) for line in peers_config(r, "n1").splitlines() if " = " in line
+                and not line.startswith(" "))
+    assert conf["socket options"] == "TCP_NODELAY" == commands.PEERS_SOCKET_OPTIONS
+    assert conf["read only"] == "yes" and conf["hosts allow"] == "10.0.0.1 10.0.0.2" and conf["address"] == "10.0.0.1"
+    script = commands.relay_weights([("n1", "10.0.0.1")], 8873, "/c", "o/m")
+    assert "--sockopts=TCP_NODELAY" in script and script.count("$K3_RSYNC ") >= 5
+    assert " rsync " not in script.replace("$K3_RSYNC", "")     # every rsync of the chain goes through it
