@@ -474,13 +474,13 @@ def relay_weights(peers: Sequence[tuple[str, str]], port: int, cache: str, model
     nobody = ('echo "stage: no peer gave a whole, good blob $b of "' + shlex.quote(model) + '" (asked: $K3_PEERS)" '
               '>&2; exit 1')
     # the blobs' sizes as the chain's holder has them (what lets a node take a file as soon as it holds all of it):
-    # the peer's own list (a node writes it before its ``refs/main``, which its successor waits for) and the peer's
-    # whole blobs; a list, not a check: every file is still verified against its name
-    sizes = ('{ timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC -q '
-             f'"$src/{SIZES}" "$d/.k3-sizes" 2>/dev/null && cat "$d/.k3-sizes"; timeout -k 1 "$((3 * K3_WAIT))" '
-             '$K3_RSYNC --list-only --no-h "$src/blobs/" 2>/dev/null | '
-             "awk '$1 ~ /^-/ && $NF !~ /[.]k3-part$/ {print $NF, $2}'; } | awk '$2 ~ /^[0-9]+$/ && !seen[$1]++' > "
-             f'"$d/.k3-sizes-new"; mv -f "$d/.k3-sizes-new" "$d/{SIZES}"; rm -f "$d/.k3-sizes"')
+    # the sizes of the peer's whole blobs, then, for the others, the peer's own list (a node writes it before its
+    # ``refs/main``, which its successor waits for); a list, not a check: every file is still verified by its name
+    sizes = ('{ timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC --list-only --no-h "$src/blobs/" 2>/dev/null | '
+             "awk '$1 ~ /^-/ && $NF !~ /[.]k3-part$/ {print $NF, $2}'; timeout -k 1 \"$((3 * K3_WAIT))\" "
+             f'$K3_RSYNC -q "$src/{SIZES}" "$d/.k3-sizes" 2>/dev/null && cat "$d/.k3-sizes"; }} | '
+             f"awk '$2 ~ /^[0-9]+$/ && !seen[$1]++' > \"$d/.k3-sizes-new\"; mv -f \"$d/.k3-sizes-new\" "
+             f'"$d/{SIZES}"; rm -f "$d/.k3-sizes"')
     meta = ('for p in $K3_PEERS; do src="rsync://${p#*=}:$K3_PORT/' + HUB_MODULE + '/$top"; last=$(date +%s); '
             'while :; do timeout -k 1 "$((3 * K3_WAIT))" $K3_RSYNC -q '
             '"$src/refs/main" "$d/.k3-ref" 2>/dev/null; rc=$?; [ $rc = 23 ] || break; '

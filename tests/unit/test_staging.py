@@ -194,6 +194,7 @@ def test_a_node_takes_a_file_once_it_holds_its_size_while_its_peer_still_hashes_
     holder's listing on the first hop and from the peer's handed-on list after it."""
     import shutil
     import socket
+    import time
 
     if shutil.which("rsync") is None:
         pytest.skip("no rsync")
@@ -221,6 +222,34 @@ def test_a_node_takes_a_file_once_it_holds_its_size_while_its_peer_still_hashes_
         ld = last / "huggingface/hub/models--org--m"
         assert sorted(b.name for b in (ld / "blobs").iterdir()) == sorted(b.name for b in (sd / "blobs").iterdir())
         assert (ld / commands.SIZES).read_text() == (md / commands.SIZES).read_text()
+        # a wrong size costs a second copy, never a bad file: taken short, it fails its hash and is copied again,
+        # without a size, once the peer holds it whole
+        (md / commands.SIZES).write_text("".join(f"{b} {int(n) // 2}\n" for b, n in listed.items()))
+        big = next(b for b, n in listed.items() if n == "300000")
+        growing = md / "blobs" / f"{big}.k3-part"
+        whole = growing.read_bytes()
+        growing.write_bytes(whole[:200_000])      # the peer's copy of the shard still growing, past the wrong size
+        short = subprocess.Popen(["sh", "-c", commands.relay_weights([("mid", "127.0.0.42")], port,
+                                                                     str(tmp_path / "short"), "org/m", wait=2)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        got = tmp_path / "short/huggingface/hub/models--org--m/blobs"
+        landed_bad = got.parent / ".k3-landed-bad"
+        for _ in range(200):     # until the shard, taken at half its size, failed its hash (and waits for a whole)
+            if landed_bad.exists() and big in landed_bad.read_text():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the shard taken at the size its peer's list gave did not fail its hash")
+        growing.write_bytes(whole)
+        for part in (md / "blobs").glob("*.k3-part"):
+            part.rename(part.with_name(part.name.removesuffix(".k3-part")))
+        out, err = short.communicate(timeout=60)
+        assert short.returncode == 0, err
+        assert "verified 3 files" in out
+        assert {b.name: b.read_bytes() for b in got.iterdir()} == {b.name: b.read_bytes() for b in
+                                                                   (sd / "blobs").iterdir()}
+        for blob in (md / "blobs").iterdir():
+            blob.rename(blob.with_name(blob.name + ".k3-part"))
         # without the list (a holder that never wrote one, mid-copy), the node waits for the peer's whole file and
         # routes around a peer whose copy never becomes whole
         (md / commands.SIZES).unlink()
