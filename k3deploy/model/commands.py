@@ -1221,6 +1221,28 @@ def stage_ended(record: str, name: str, first: bool = False) -> str:
             f"{r} ) || true; exit $k3_rc")
 
 
+def copy_began(record: str) -> str:
+    """Before a stage step that is no script of the node's (a copy from the control machine): when it began, kept
+    beside the node's stage record ``record`` for :func:`copy_ended`.
+
+    >>> copy_began("/r/stage.log")
+    '( mkdir -p /r && umask 077 && date +%s.%N > /r/stage.log.began ) || true'
+    """
+    return (f"( mkdir -p {shlex.quote(record.rsplit('/', 1)[0] or '/')} && umask 077 && date +%s.%N > "
+            f"{shlex.quote(record + '.began')} ) || true")
+
+
+def copy_ended(record: str, name: str, first: bool = False) -> str:
+    """After that step: its line of the node's stage record (:func:`stage_ended`), from when :func:`copy_began`
+    said it began.
+
+    >>> copy_ended("/r/stage.log", "weights_copy").startswith("( k3_b=$(cat /r/stage.log.began 2>/dev/null); ")
+    True
+    """
+    began = shlex.quote(record + ".began")
+    return f"( k3_b=$(cat {began} 2>/dev/null); rm -f {began}; true; {stage_ended(record, name, first)} )"
+
+
 def stage_reset(record: str) -> str:
     """Before a node's first stage step of a run whose timed parts run side by side (:func:`side_by_side`): the
     node's stage record ``record`` begun anew (0600), so that no part's line is lost to another's truncation.

@@ -117,7 +117,8 @@ class StageKind:
 #: round from a peer: its parts', ``image_from_peer`` and ``weights_from_peer``); the others (the token, the peers'
 #: daemon, naming a build, removing files) take no time worth a bar
 STAGE_BARS: dict[StagePart, str] = {
-    StagePart.PULL: "image_pull", StagePart.ARCHIVE_LOAD: "image_load", StagePart.HUB: "weights_download",
+    StagePart.PULL: "image_pull", StagePart.ARCHIVE_COPY: "image_copy", StagePart.ARCHIVE_LOAD: "image_load",
+    StagePart.HUB: "weights_download", StagePart.WEIGHTS_COPY: "weights_copy",
     StagePart.WEIGHTS_VERIFY: "weights_verify", StagePart.REQUIRE: "weights_check", StagePart.EXPORT: "image_export",
     StagePart.ROUND: "from_peer", StagePart.CACHES: "compile_caches", StagePart.CONTAINER_IMAGE: "image_file",
     StagePart.VERIFY_BEFORE_START: "verify", StagePart.ROUTER_IMAGE: "router_image", StagePart.READAHEAD: "readahead",
@@ -164,13 +165,19 @@ def timed(rollout: Rollout, staged: Sequence[Step]) -> tuple[Step, ...]:
     """The stage's ``staged`` steps (in the order they run), each script a node runs of a recorded kind
     (:func:`bar_name`) timed into the node's stage record (:func:`timed_stage`; a node's first one begins it anew);
     a round's copies (the image and the weights from a peer) side by side
-    (:func:`k3deploy.model.commands.side_by_side`); the rest as they are."""
+    (:func:`k3deploy.model.commands.side_by_side`); a copy from the control machine (an air-gapped site's) between a
+    command before it and one after it on the node; the rest as they are."""
     record = stage_record(rollout.vars.k3_config_dir)
     begun: set[str] = set()
     out = []
     for step in staged:
         name = bar_name(step.kind)
-        if step.applies and step.script and name is not None:
+        if step.applies and step.copy is not None and name is not None:
+            first = step.host not in begun
+            begun.add(step.host)
+            out.append(replace(step, copy=replace(step.copy, began=commands.copy_began(record),
+                                                  ended=commands.copy_ended(record, name, first))))
+        elif step.applies and step.script and name is not None:
             parts = step.bars or ((name, step.script),)
             numbered = f"_{step.kind.round + 1}" if step.bars and step.kind is not None and step.kind.round else ""
             named = [(part + numbered, script) for part, script in parts if part is not None]
@@ -214,10 +221,13 @@ class FileWrite:
 @dataclass(frozen=True)
 class Copy:
     """A copy from the control machine (``rsync`` over the host's SSH connection): a directory ``src`` ends with
-    ``/``."""
+    ``/``. ``began`` and ``ended``: what the node runs before and after it where the copy is timed into its stage
+    record (:func:`timed`)."""
 
     src: str
     dest: str
+    began: str = ""
+    ended: str = ""
 
 
 @dataclass(frozen=True)

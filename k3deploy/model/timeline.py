@@ -41,7 +41,8 @@ COLOURS: dict[str, str] = {"container": "#9e9e9e", "rendezvous": "#ffb74d", "wei
                            "gate": "#cfd8dc",
                            # the node's stage (:data:`k3deploy.model.steps.STAGE_BARS`)
                            "image_pull": "#5c6bc0", "image_load": "#7986cb", "image_export": "#9fa8da",
-                           "image_file": "#3949ab", "weights_download": "#8d6e63", "weights_verify": "#a1887f",
+                           "image_file": "#3949ab", "image_copy": "#3f51b5", "weights_download": "#8d6e63",
+                           "weights_copy": "#795548", "weights_verify": "#a1887f",
                            "weights_check": "#bcaaa4", "from_peer": "#26c6da", "image_from_peer": "#4dd0e1",
                            "weights_from_peer": "#00acc1", "compile_caches": "#ce93d8",
                            "verify": "#d4e157", "router_image": "#78909c", "readahead": "#ffee58"}

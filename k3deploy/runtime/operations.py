@@ -257,8 +257,12 @@ def stage_step(step: Step, copies: tuple[Copied, ...] = ()) -> Commands:
         content = Path(f.source).read_text() if f.source else f.content
         yield from managed_file._inner(dest=f.dest, content=content, mode=f.mode, kind=f.kind)
     elif step.copy is not None:
+        if step.copy.began:
+            yield sh(step.copy.began)
         for command in from_control._inner(src=step.copy.src, dest=step.copy.dest):
             yield watched(command, copies)
+        if step.copy.ended:
+            yield sh(step.copy.ended)
     elif step.script:
         yield Watched("sh", "-c", shlex.quote(step.script), copies=copies) if copies else sh(step.script)
     else:

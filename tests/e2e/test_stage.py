@@ -16,7 +16,7 @@ import pytest
 
 from helpers import deploy, k3, why
 from helpers.simulated import Sim
-from k3deploy.model import commands
+from k3deploy.model import commands, steps
 
 pytestmark = pytest.mark.sim
 
@@ -197,5 +197,11 @@ def test_an_air_gapped_site_rolls_out_from_the_control_machine(sim_factory, tmp_
         line = re.search(rf"^\[{first}\] stage: {what} from the control machine: {size} of {size}, done in ",
                          run.stdout, re.M)
         assert line is not None and line[1] == line[2] and not line[1].endswith(" B"), what
+    # the copies from the control machine are timed into the first node's stage record, as its other steps are
+    record = sim.ssh(0, f"cat {steps.stage_record('/etc/k3deploy')}").stdout.split()
+    timed = {w.removeprefix("K3_STAGE="): (float(b), float(e)) for w, b, e in zip(record[::3], record[1::3],
+                                                                                    record[2::3], strict=True)}
+    assert {"image_copy", "weights_copy"} <= set(timed) and all(e >= b for b, e in timed.values()), record
+    assert timed["image_copy"][1] <= timed["weights_copy"][0]
     assert verified(sim, 0) and verified(sim, 1) and serves(sim)
     assert staging(sim) == []

@@ -222,6 +222,41 @@ def test_a_stage_step_is_timed_into_the_nodes_record_and_keeps_its_exit_code(tmp
     assert [line.split()[0] for line in record.read_text().splitlines()] == ["K3_STAGE=from_peer"]
 
 
+def test_an_air_gapped_sites_copies_from_the_control_machine_are_timed_on_the_node(tmp_path):
+    """A copy from the control machine is no script of the node's: a command before it and one after it on the node
+    record it as the node's other stage steps are, the first one beginning the record anew."""
+    import time
+
+    from k3deploy.model import steps
+    from k3deploy.model.binding import HostRecord
+    from k3deploy.model.pipeline import desired_rollout, target
+
+    source = tmp_path / "site" / "models--o--m"
+    (source / "refs").mkdir(parents=True)
+    (source / "snapshots").mkdir()
+    (source / "refs" / "main").write_text("c0ffee")
+    (tmp_path / "i.tar").write_bytes(b"")
+    given = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp", "k3_config_dir": str(tmp_path / "etc"),
+             "k3_weights_source": str(source), "k3_image_archive": str(tmp_path / "i.tar")}
+    r = desired_rollout(target([HostRecord("n1", ("head",), {**given, "k3_ip": "10.0.0.1"}),
+                                HostRecord("n2", ("workers",), {**given, "k3_ip": "10.0.0.2"})], None))
+    r = r.decided(set(r.groups))
+    staged = {(s.host, s.kind): s for s in steps.rollout(r).stage}
+    image, weights = staged[("n1", steps.ARCHIVE_COPY)].copy, staged[("n1", steps.WEIGHTS_COPY)].copy
+    assert image is not None and weights is not None and image.began and weights.ended
+    assert staged[("n2", steps.WEIGHTS_COPY)].copy is None or not staged[("n2", steps.WEIGHTS_COPY)].applies
+    record = Path(steps.stage_record(str(tmp_path / "etc")))
+    record.parent.mkdir(parents=True)
+    record.write_text("K3_STAGE=from_peer 1.0 2.0\n")      # the last run's
+    for copy in (image, weights):
+        subprocess.run(["sh", "-c", copy.began], check=True)
+        time.sleep(0.2)     # the copy itself runs from the control machine in between
+        subprocess.run(["sh", "-c", copy.ended], check=True)
+    s = startup.parse(record.read_text().splitlines())
+    assert list(s.stage_seconds) == ["image_copy", "weights_copy"]
+    assert all(v >= 0.2 for v in s.stage_seconds.values()) and not Path(f"{record}.began").exists()
+
+
 def test_the_mark_keeps_the_stage_that_ran_toward_the_revision_with_each_start(tmp_path):
     import os
 

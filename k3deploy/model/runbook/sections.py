@@ -177,11 +177,16 @@ def stage(doc: Draft, rollout: Rollout, context: Context) -> None:
             doc.block(h, commands.install_file(step.file.dest, step.file.content, "0" + step.file.mode) + "\n")
         elif step.copy is not None:
             doc.p(f"On the control machine, {step.why} to {h} (on {h} first, where it goes).")
+            if step.copy.began:
+                doc.block(h, step.copy.began + "\n")
             doc.block(h, commands.copy_into(step.copy.dest) + "\n")
             target = context.ssh.get(h, [h])[-1] + ":" + step.copy.dest
             doc.block(CONTROL, f"rsync -a --partial --exclude='*.incomplete' --exclude='.k3-*' -e "
                                f"{shlex.quote(shlex.join(context.ssh.get(h, ['ssh', h])[:-1]))} "
                                f"{shlex.quote(step.copy.src)} {shlex.quote(target)}\n")
+            if step.copy.ended:
+                doc.p(f"Then on {h}, the copy's line of the node's stage record.")
+                doc.block(h, step.copy.ended + "\n")
         else:
             doc.p(f"{h}: {step.why}." if index is not None else f"On {h}, {step.why}.")
             doc.block(h, step.script + "\n")
