@@ -5,8 +5,10 @@ daemons on loopback addresses, around a peer that does not answer."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -122,6 +124,30 @@ def test_a_chain_starts_at_every_holder_and_falls_back_to_the_others():
 # --------------------------------------------------------------------------- the chain's copy, for real (rsync)
 
 
+def _rsync_port() -> int:
+    """A free port for the real rsync daemons of a test (skipped where rsync is not installed)."""
+    import shutil
+    import socket
+
+    if shutil.which("rsync") is None:
+        pytest.skip("no rsync")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _serving(tmp_path, port: int, nodes: dict) -> Iterator[None]:
+    """A real rsync daemon per node address (``{address: the node's root}``, serving its hub), stopped after."""
+    daemons = [_daemon(tmp_path, address, port, root / "huggingface/hub") for address, root in nodes.items()]
+    try:
+        yield
+    finally:
+        for d in daemons:
+            d.terminate()
+            d.wait()
+
+
 def _daemon(tmp_path, address: str, port: int, hub) -> subprocess.Popen[bytes]:
     conf = tmp_path / f"{address}.conf"
     conf.write_text(f"address = {address}\nport = {port}\nuse chroot = no\nread only = yes\n"
@@ -140,21 +166,13 @@ def _daemon(tmp_path, address: str, port: int, hub) -> subprocess.Popen[bytes]:
 
 
 def test_the_chain_copies_along_and_routes_around_a_peer_that_does_not_answer(tmp_path):
-    import shutil
-    import socket
 
-    if shutil.which("rsync") is None:
-        pytest.skip("no rsync")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _rsync_port()
     seed = tmp_path / "seed"
     _snapshot(seed, {"a.safetensors": b"x" * 300_000, "b.safetensors": b"y" * 1000})
     assert _sh(commands.verify_weights(str(seed), "org/m")).returncode == 0
     mid, last = tmp_path / "mid", tmp_path / "last"
-    daemons = [_daemon(tmp_path, "127.0.0.21", port, seed / "huggingface/hub"),
-               _daemon(tmp_path, "127.0.0.22", port, mid / "huggingface/hub")]
-    try:
+    with _serving(tmp_path, port, {"127.0.0.21": seed, "127.0.0.22": mid}):
         # the last node starts first: it waits on the middle one, which copies from the seed as it is asked
         behind = subprocess.Popen(["sh", "-c", commands.relay_weights(
             [("mid", "127.0.0.22"), ("seed", "127.0.0.21")], port, str(last), "org/m", wait=2)],
@@ -182,31 +200,19 @@ def test_the_chain_copies_along_and_routes_around_a_peer_that_does_not_answer(tm
         # no peer at all: one line naming what could not be had
         none = _sh(commands.relay_weights([("gone", "127.0.0.23")], port, str(tmp_path / "none"), "org/m", wait=1))
         assert none.returncode == 1 and "stage: no peer gave the snapshot of org/m" in none.stderr
-    finally:
-        for d in daemons:
-            d.terminate()
-            d.wait()
 
 
 def test_a_node_takes_a_file_once_it_holds_its_size_while_its_peer_still_hashes_its_copy(tmp_path):
     """The chain hands a file on by its size: a node whose copy holds as many bytes as the holder's blob takes it as
     its own (and verifies it itself), though its peer has not renamed its copy whole yet; the sizes come from the
     holder's listing on the first hop and from the peer's handed-on list after it."""
-    import shutil
-    import socket
     import time
 
-    if shutil.which("rsync") is None:
-        pytest.skip("no rsync")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _rsync_port()
     seed = tmp_path / "seed"
     sd = _snapshot(seed, {"a.safetensors": b"x" * 300_000, "b.safetensors": b"y" * 1000})
     mid = tmp_path / "mid"
-    daemons = [_daemon(tmp_path, "127.0.0.41", port, seed / "huggingface/hub"),
-               _daemon(tmp_path, "127.0.0.42", port, mid / "huggingface/hub")]
-    try:
+    with _serving(tmp_path, port, {"127.0.0.41": seed, "127.0.0.42": mid}):
         first = _sh(commands.relay_weights([("seed", "127.0.0.41")], port, str(mid), "org/m", wait=2))
         assert first.returncode == 0, first.stderr
         md = mid / "huggingface/hub/models--org--m"
@@ -255,10 +261,6 @@ def test_a_node_takes_a_file_once_it_holds_its_size_while_its_peer_still_hashes_
         (md / commands.SIZES).unlink()
         waited = _sh(commands.relay_weights([("mid", "127.0.0.42")], port, str(tmp_path / "wait"), "org/m", wait=1))
         assert waited.returncode == 1 and "stalled" in waited.stderr
-    finally:
-        for d in daemons:
-            d.terminate()
-            d.wait()
 
 
 # --------------------------------------------------------------------------- verification, for real (sha256sum)
@@ -337,16 +339,10 @@ def test_the_chain_leaves_no_temporary_file_whether_it_copies_fails_or_is_killed
     one that fails nor one killed (SIGKILL to its process group, which no ``trap`` sees) leaves it behind, and the
     full-disk message it holds is still read."""
     import os
-    import shutil
     import signal
-    import socket
     import time
 
-    if shutil.which("rsync") is None:
-        pytest.skip("no rsync")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _rsync_port()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
@@ -357,9 +353,7 @@ def test_the_chain_leaves_no_temporary_file_whether_it_copies_fails_or_is_killed
     seed, empty = tmp_path / "seed", tmp_path / "empty"
     _snapshot(seed, {"a.safetensors": b"x" * 100_000})
     (empty / "huggingface/hub").mkdir(parents=True)
-    daemons = [_daemon(tmp_path, "127.0.0.31", port, seed / "huggingface/hub"),
-               _daemon(tmp_path, "127.0.0.32", port, empty / "huggingface/hub")]
-    try:
+    with _serving(tmp_path, port, {"127.0.0.31": seed, "127.0.0.32": empty}):
         copied = run(commands.relay_weights([("seed", "127.0.0.31")], port, str(tmp_path / "a"), "org/m", wait=2))
         assert copied.returncode == 0, copied.stderr
         failed = run(commands.relay_weights([("gone", "127.0.0.33")], port, str(tmp_path / "b"), "org/m", wait=1))
@@ -376,10 +370,6 @@ def test_the_chain_leaves_no_temporary_file_whether_it_copies_fails_or_is_killed
         os.killpg(waiting.pid, signal.SIGKILL)
         waiting.wait()
         assert list(tmp.iterdir()) == []
-    finally:
-        for d in daemons:
-            d.terminate()
-            d.wait()
     # the messages are still there to read while the relay runs: a full disk is named
     full = run(f"{commands._relay_env([], port, 1)}; {commands.RELAY}; part=/x/f.k3-part; "
                'echo "rsync: write failed on f: No space left on device (28)" >> "$K3_ERR"; k3_full')
