@@ -18,6 +18,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable, Sequence
+from urllib.parse import quote
 
 from k3deploy.model import compilecache
 from k3deploy.model.bench import BENCH_FILE
@@ -93,6 +94,36 @@ def download_argv(docker: str, cache: str, image: str, model: str, token_file: s
     if endpoint:
         args += ["-e", f"HF_ENDPOINT={endpoint}"]
     return args + ["--entrypoint", "hf", image, "download", model]
+
+
+#: the hub the image's CLI downloads from where no endpoint is set (``huggingface_hub.constants.ENDPOINT``)
+HUB = "https://huggingface.co"
+#: the longest the hub's index may take to answer (no answer: the download shows no total)
+HUB_INDEX_TIMEOUT = 15
+
+
+def hub_index(endpoint: str | None, model: str, revision: str = "main", token_file: str | None = None) -> str:
+    """Shell that prints the hub's index of ``model`` at ``revision`` with every file's size, as
+    ``HfApi.model_info(repo, revision=..., files_metadata=True)`` asks for it (huggingface_hub 2.4.0
+    ``hf_api.py``: ``GET {endpoint}/api/models/{repo}/revision/{rev}`` with ``blobs=true``), from ``endpoint``
+    (the site's mirror, as the download uses it) or the hub. curl (every node has it: the probes use it) honours the
+    node's own ``https_proxy``/``no_proxy``; the token, where there is one, is read from its 0600 file by the shell
+    and handed to curl as a header on its stdin (``-H @-``, curl >= 7.55): it is in no argv. Prints nothing and
+    fails where the hub does not answer 2xx (air-gapped, down, 401): the caller shows no total then.
+
+        >>> print(hub_index(None, "o/m"))
+        curl -fsS --max-time 15 'https://huggingface.co/api/models/o/m/revision/main?blobs=true'
+        >>> print(hub_index("http://mirror:8080/", "o/m", token_file="/t").replace(" | ", " |\\n"))
+        { [ -r /t ] && printf 'Authorization: Bearer %s\\n' "$(cat /t)"; } |
+        curl -fsS --max-time 15 -H @- 'http://mirror:8080/api/models/o/m/revision/main?blobs=true'
+    """
+    url = f"{(endpoint or HUB).rstrip('/')}/api/models/{model}/revision/{quote(revision, safe='')}?blobs=true"
+    curl = f"curl -fsS --max-time {HUB_INDEX_TIMEOUT} "
+    if not token_file:
+        return curl + shlex.quote(url)
+    t = shlex.quote(token_file)
+    return (f"{{ [ -r {t} ] && printf 'Authorization: Bearer %s\\n' \"$(cat {t})\"; }} | "
+            f"{curl}-H @- {shlex.quote(url)}")
 
 
 def require_weights(cache: str, model: str) -> str:

@@ -9,8 +9,10 @@ What is measured, per kind of step:
   ``k3_stage_dir`` (or the runtime's image file), the weights' blobs in the model's cache directory, each against
   the bytes of the same paths on the holder the chain starts from (it holds the artifact whole before the round);
 - the compile caches from a peer of the class: the key's directory, against the sender's;
-- the weights from the hub: the model's blobs (the hub CLI's ``*.incomplete`` files included), no total known
-  before the download (the hub's index is fetched by the download itself);
+- the weights from the hub: the model's blobs (the hub CLI's ``*.incomplete`` files included), against the sizes
+  in the hub's own index of the revision, read once by the downloading node itself
+  (:func:`k3deploy.model.commands.hub_index`: its endpoint, proxy and token; :func:`hub_total`); no answer (an
+  air-gapped site, the hub down, a refused token): no total, the download goes on;
 - the image file made from the registry (a Slurm site's pyxis/apptainer file): the file being written;
 - a copy from the control machine (an air-gapped site's archive or weights): the destination, against the control
   machine's copy.
@@ -26,14 +28,18 @@ Example::
     >>> c = Copied("weights", ("/c/hub/models--o--m/blobs/",), source="n1")
     >>> c.shown
     'weights from n1'
+    >>> hub_total('{"siblings": [{"rfilename": "a", "size": 5, "blobId": "b1"}, '
+    ...           '{"rfilename": "m.safetensors", "size": 9, "blobId": "b2", "lfs": {"size": 9, "sha256": "h"}}]}')
+    14
     >>> commands.file_names("/s/images/i.sqsh")
     ('i.sqsh', 'i.sqsh.part', 'i.sqsh.k3-part', '.i.sqsh.*')
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from k3deploy.model import commands, compilecache
 from k3deploy.model.staging import ARCHIVE, OUTSIDE, Artifact, StagePlan
@@ -48,18 +54,51 @@ class Copied:
     """One copy a stage step makes on its host: ``what`` it is (for people), the ``paths`` its bytes land at (a
     directory ends with ``/``: every file under it; a file: with its partial names,
     :func:`~k3deploy.model.commands.file_names`), ``source``: a host that holds it whole (its total is the same
-    paths' bytes there), ``local``: the control machine's copy it comes from (its total is that copy's size);
-    neither: no total known."""
+    paths' bytes there), ``local``: the control machine's copy it comes from (its total is that copy's size),
+    ``index``: a command the receiving host runs once that prints the hub's index of what it downloads (its total:
+    :func:`hub_total`); none: no total known."""
 
     what: str
     paths: tuple[str, ...]
     source: str | None = None
     local: str | None = None
+    index: str | None = None
 
     @property
     def shown(self) -> str:
         return self.what + (f" from {self.source}" if self.source else
                             " from the control machine" if self.local else "")
+
+
+def hub_total(answer: str) -> int | None:
+    """The bytes a download of every file of a revision puts in the hub cache's ``blobs/``, from the hub's index
+    of it (:func:`k3deploy.model.commands.hub_index`; the shape huggingface_hub 2.4.0 reads into ``RepoSibling``:
+    each of ``siblings`` with ``size`` and ``blobId``, an LFS file with ``lfs.size`` and ``lfs.sha256``): each blob
+    once (the cache keeps one blob for files of the same content, by its ETag: the sha256 of an LFS file, else its
+    blob id); None where the answer is not such an index (an error page, a file without its size).
+
+        >>> hub_total('{"siblings": [{"rfilename": "a", "size": 3, "blobId": "x"}, '
+        ...           '{"rfilename": "b", "size": 3, "blobId": "x"}]}')
+        3
+        >>> hub_total("<html>503</html>"), hub_total('{"siblings": [{"rfilename": "a"}]}'), hub_total("{}")
+        (None, None, None)
+    """
+    try:
+        doc: Any = json.loads(answer)
+    except ValueError:
+        return None
+    siblings = doc.get("siblings") if isinstance(doc, dict) else None
+    if not isinstance(siblings, list) or not siblings:
+        return None
+    blobs: dict[str, int] = {}
+    for i, s in enumerate(siblings):
+        lfs = s.get("lfs") if isinstance(s, dict) else None
+        got = lfs if isinstance(lfs, dict) else s if isinstance(s, dict) else {}
+        size = got.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return None
+        blobs[str(got.get("sha256") or s.get("blobId") or i)] = size
+    return sum(blobs.values())
 
 
 def _holder(artifact: Artifact, host: str, sender: str) -> str:
@@ -72,7 +111,7 @@ def _holder(artifact: Artifact, host: str, sender: str) -> str:
 def copies(rollout: Placement, plan: StagePlan, step: Step) -> tuple[Copied, ...]:
     """What ``step`` (a step of :func:`k3deploy.model.steps.stage` of ``plan``) copies onto its host; none where it
     copies nothing measurable."""
-    from k3deploy.model.steps import StagePart
+    from k3deploy.model.steps import StagePart, token_path
 
     if step.kind is None or not step.applies:
         return ()
@@ -89,7 +128,8 @@ def copies(rollout: Placement, plan: StagePlan, step: Step) -> tuple[Copied, ...
         return (Copied("image archive", (commands.archive_path(v.k3_stage_dir, image_ref),),
                        local=v.k3_image_archive),)
     if part is StagePart.HUB:
-        return (Copied("weights", (blobs,)),)
+        return (Copied("weights", (blobs,), index=commands.hub_index(v.k3_hf_endpoint, rollout.plan.model,
+                                                                      token_file=token_path(rollout))),)
     if part is StagePart.WEIGHTS_COPY and v.k3_weights_source:
         return (Copied("weights", (weights_dir + "/",), local=v.k3_weights_source.rstrip("/") + "/"),)
     if part is StagePart.ROUND:

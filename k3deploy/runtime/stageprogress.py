@@ -10,10 +10,11 @@ runs, a greenlet of this deploy process (pyinfra runs each host as a gevent gree
 without a thread) reads, every :data:`POLL` seconds, the bytes the receiving node holds at the copy's paths, over a
 channel of its own on the host's SSH connection (one ``find`` of those paths:
 :func:`k3deploy.model.commands.copied_bytes`; a few files, never the data: the copy is not slowed measurably), and
-the whole size once from the host that holds it whole (:mod:`k3deploy.model.stagecopies`). The step's command is the
-same one pyinfra would run (:class:`Watched` runs it as its ``StringCommand`` or ``RsyncCommand`` does); the
-greenlet is killed when the command returns or raises, whatever the outcome; under ``--dry`` no command runs, so
-nothing is shown.
+the whole size once from the host that holds it whole (:mod:`k3deploy.model.stagecopies`), or, for a download
+from the hub, from the hub's index of it, read once by the downloading node (its endpoint, proxy and token). The
+step's command is the same one pyinfra would run (:class:`Watched` runs it as its ``StringCommand`` or
+``RsyncCommand`` does); the greenlet is killed when the command returns or raises, whatever the outcome; under
+``--dry`` no command runs, so nothing is shown.
 
 Example (in an operation)::
 
@@ -33,7 +34,7 @@ from gevent.event import AsyncResult
 from pyinfra.api.command import PyinfraCommand, RsyncCommand, StringCommand
 
 from k3deploy.model.commands import copied_bytes
-from k3deploy.model.stagecopies import Copied
+from k3deploy.model.stagecopies import Copied, hub_total
 from k3deploy.runtime.progress import Board, tree_bytes
 
 #: seconds between two reads of a node's bytes on a terminal (off one, half the plain lines' interval: each read is
@@ -53,17 +54,22 @@ def board() -> Board:
     return _board
 
 
-def _read(host: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int] | None:
-    """The bytes each of ``copies`` holds on ``host`` (None: no answer)."""
+def _run(host: Any, script: str, arguments: dict[str, Any]) -> list[str] | None:
+    """The lines ``script`` prints on ``host``, over a channel of its own on the host's connection (None: it
+    failed or there was no answer)."""
     args = {k: v for k, v in arguments.items() if k not in ("_timeout", "_stdin", "_success_exit_codes",
                                                             "_get_pty")}
-    command = StringCommand("sh", "-c", shlex.quote(copied_bytes([c.paths for c in copies])))
     try:
-        ok, out = host.run_shell_command(command, print_output=False, print_input=False, _timeout=READ_TIMEOUT,
-                                         **args)
+        ok, out = host.run_shell_command(StringCommand("sh", "-c", shlex.quote(script)), print_output=False,
+                                         print_input=False, _timeout=READ_TIMEOUT, **args)
     except Exception:   # a connection that fails under the read: the copy's own command reports it
         return None
-    got = [int(x) for x in out.stdout_lines if x.strip().isdigit()] if ok else []
+    return list(out.stdout_lines) if ok else None
+
+
+def _read(host: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int] | None:
+    """The bytes each of ``copies`` holds on ``host`` (None: no answer)."""
+    got = [int(x) for x in _run(host, copied_bytes([c.paths for c in copies]), arguments) or [] if x.strip().isdigit()]
     return got if len(got) == len(copies) else None
 
 
@@ -101,8 +107,17 @@ def _holder_total(state: Any, copy: Copied, arguments: dict[str, Any]) -> int | 
     return total
 
 
-def _totals(state: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int | None]:
-    """Each copy's whole size: its holder's bytes at the same paths, or the control machine's copy's."""
+def _index_total(host: Any, copy: Copied, arguments: dict[str, Any]) -> int | None:
+    """The whole size of a download, from the hub's index read by the downloading ``host`` itself (no answer: no
+    total; the download's own step goes on)."""
+    assert copy.index is not None
+    answer = _run(host, copy.index, arguments)
+    return hub_total("\n".join(answer)) if answer else None
+
+
+def _totals(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int | None]:
+    """Each copy's whole size: its holder's bytes at the same paths, the control machine's copy's, or the hub's
+    index's."""
     out: list[int | None] = []
     for c in copies:
         total: int | None = None
@@ -110,6 +125,8 @@ def _totals(state: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> 
             total = _local(c.local)
         elif c.source:
             total = _holder_total(state, c, arguments)
+        elif c.index:
+            total = _index_total(host, c, arguments)
         out.append(total or None)
     return out
 
@@ -127,7 +144,7 @@ def watching(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[st
         shown.begin(key, f"[{host.name}] stage: {c.shown}", None)
 
     def poll() -> None:
-        for key, total in zip(keys, _totals(state, copies, arguments), strict=True):
+        for key, total in zip(keys, _totals(state, host, copies, arguments), strict=True):
             if total:
                 shown.update(key, 0, total)
         while True:

@@ -110,8 +110,9 @@ def test_each_receiver_of_a_chain_measures_its_copies_against_the_holder_it_star
     blobs = commands.model_dir(v.k3_model_cache, r.plan.model) + "/blobs/"
     archive = commands.archive_path(v.k3_stage_dir, r.plan.image)
     made = {(s.host, s.kind): copies(r, plan, s) for s in steps.stage(r, plan)}
-    # n1 fetches from outside: the hub's download is measured (no total before it), docker's pull is not
+    # n1 fetches from outside: the hub's download is measured (its total from the hub's index), docker's pull is not
     assert [(c.what, c.paths, c.source) for c in made[("n1", steps.HUB)]] == [("weights", (blobs,), None)]
+    assert made[("n1", steps.HUB)][0].index == commands.hub_index(None, r.plan.model)
     assert made[("n1", steps.PULL)] == ()
     rounds = {h: c for (h, kind), c in made.items() if kind is not None and kind.part is steps.StagePart.ROUND}
     assert rounds["n1"] == ()
@@ -310,8 +311,73 @@ def test_a_holder_s_whole_size_is_read_once_for_every_receiver_of_a_step(monkeyp
     monkeypatch.setattr(stageprogress, "_read", read)
     monkeypatch.setattr(stageprogress, "_holders", {})
     copy = Copied("weights", ("/c/hub/models--o--m/blobs/",), source="n1")
-    assert stageprogress._totals(State(), [copy], {}) == [None]          # no answer: not kept
-    receivers = [gevent.spawn(stageprogress._totals, State(), [copy], {}) for _ in range(17)]
+    assert stageprogress._totals(State(), None, [copy], {}) == [None]          # no answer: not kept
+    receivers = [gevent.spawn(stageprogress._totals, State(), None, [copy], {}) for _ in range(17)]
     gevent.joinall(receivers)
     assert [r.value for r in receivers] == [[7 * MIB]] * 17
     assert reads == ["n1", "n1"]                                          # the failed read, then one for all 17
+
+
+FIXTURES = __import__("pathlib").Path(__file__).parents[1] / "fixtures"
+
+
+def test_the_hub_s_index_gives_the_bytes_a_download_puts_in_the_cache():
+    """The hub's answer with every file's size (tests/fixtures/hub, its shape as huggingface_hub reads it): an LFS
+    file by its ``lfs.size``, a small one by its ``size``, a content two files share once (one blob)."""
+    from k3deploy.model.stagecopies import hub_total
+
+    answer = (FIXTURES / "hub" / "model-info-blobs.json").read_text()
+    assert hub_total(answer) == 1519 + 1686 + 383865448 + 5234139343
+    assert hub_total('{"error": "Repository not found"}') is None
+    assert hub_total(answer.replace('"size": 1686', '"size": null')) is None    # a file without its size: no total
+
+
+def test_the_downloading_node_reads_the_hub_s_index_with_the_token_from_its_file(tmp_path):
+    """The index's command, run by a real shell and curl against a real HTTP server standing in for the endpoint:
+    the token goes from its 0600 file to the header (never in the command's text), the answer's total is read; a
+    refused token (401) or an endpoint that does not answer gives no total."""
+    import http.server
+    import subprocess
+
+    from k3deploy.model import commands
+    from k3deploy.model.stagecopies import hub_total
+
+    seen: list[tuple[str, str | None]] = []
+    answer = (FIXTURES / "hub" / "model-info-blobs.json").read_bytes()
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            ok = self.headers.get("Authorization") == "Bearer hf_secret"
+            body = answer if ok else b'{"error": "Invalid credentials in Authorization header"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    token = tmp_path / "hf-token"
+    token.write_text("hf_secret\n")
+    token.chmod(0o600)
+
+    def total(script: str) -> int | None:
+        assert "hf_secret" not in script
+        run = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+        return hub_total(run.stdout) if run.returncode == 0 else None
+
+    try:
+        assert total(commands.hub_index(endpoint + "/", "org/model", token_file=str(token))) == 5618007996
+        assert seen[-1] == ("/api/models/org/model/revision/main?blobs=true", "Bearer hf_secret")
+        assert total(commands.hub_index(endpoint, "org/model")) is None               # 401: no token sent
+        assert seen[-1][1] is None
+        token.write_text("hf_other")
+        assert total(commands.hub_index(endpoint, "org/model", token_file=str(token))) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert total(commands.hub_index(endpoint, "org/model")) is None                   # nothing answers
