@@ -126,6 +126,49 @@ def hub_index(endpoint: str | None, model: str, revision: str = "main", token_fi
             f"{curl}-H @- {shlex.quote(url)}")
 
 
+def image_index(docker: str, image: str) -> str:
+    """Shell that prints the node's docker data root and architecture (``docker info``), then the registry's
+    manifest of ``image`` with its layers' sizes, as the CLI reads it (``docker manifest inspect -v``: the CLI's
+    ``ImageManifest``, docker/cli ``cli/manifest/types/types.go``; a list of them for a multi-platform image), with
+    the credentials the CLI hands the daemon for the pull (its ``config.json``) and the node's proxy settings.
+
+        >>> print(image_index("docker", "v/o:t"))
+        docker info -f '{{.DockerRootDir}} {{.Architecture}}' && docker manifest inspect -v v/o:t
+    """
+    d = shlex.quote(docker)
+    return f"{d} info -f '{{{{.DockerRootDir}}}} {{{{.Architecture}}}}' && {d} manifest inspect -v {shlex.quote(image)}"
+
+
+#: the content stores a docker daemon's containerd image store keeps its blobs in: the system containerd's, and that
+#: of the containerd dockerd starts itself (under the data root, ``$r``)
+CONTENT_STORES = ("/var/lib/containerd/io.containerd.content.v1.content",
+                  '"$r"/containerd/daemon/io.containerd.content.v1.content')
+
+
+def pulled_bytes(root: str, layers: Sequence[tuple[str, int]]) -> str:
+    """Shell that prints the bytes a ``docker pull`` of an image whose ``layers`` are ``(sha256 hex, size)`` holds
+    so far on a node whose docker data root is ``root``, read from the daemon's own files, whichever its image store:
+    each layer that is whole counts its size (the containerd store's blob ``<content>/blobs/sha256/<hex>``,
+    containerd's ``plugins/content/local/store.go``; the classic store's layer registered by its digest,
+    ``<root>/image/<driver>/distribution/diffid-by-digest/sha256/<hex>``, moby's ``distribution/metadata``), each
+    download under way its bytes so far (containerd's ``<content>/ingest/*/data``; the classic store's temp files
+    ``<root>/tmp/GetImageBlob*``, moby's ``distribution/pull_v2.go``, ``TMPDIR`` being ``<root>/tmp``). Read only.
+
+        >>> s = pulled_bytes("/var/lib/docker", [("ab", 5), ("cd", 7)])
+        >>> s.startswith("r=/var/lib/docker; { for x in ab:5 cd:7; do "), s.count("find "), s.count("-printf")
+        (True, 2, 2)
+    """
+    marks = " ".join([f"{c}/blobs/sha256/$h" for c in CONTENT_STORES]
+                     + ['"$r"/image/*/distribution/diffid-by-digest/sha256/$h'])
+    words = " ".join(f"{h}:{n}" for h, n in layers)
+    ingest = " ".join(f"{c}/ingest" for c in CONTENT_STORES)
+    return (f"r={shlex.quote(root)}; {{ for x in {words}; do h=${{x%:*}}; for f in {marks}; do "
+            '[ -e "$f" ] && { echo "${x#*:}"; break; }; done; done; '
+            f"find {ingest} -name data -type f -printf '%s\\n' 2>/dev/null; "
+            """find "$r"/tmp -maxdepth 1 -name 'GetImageBlob*' -type f -printf '%s\\n' 2>/dev/null; """
+            """} | awk '{s += $1} END {printf "%d\\n", s}'""")
+
+
 def require_weights(cache: str, model: str) -> str:
     """Verify the weights already in the cache and fail with the reason when they are not all there
     (``k3_download_weights: false``)."""

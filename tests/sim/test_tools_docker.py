@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -178,6 +179,26 @@ def test_info_and_version_formats(tmp_path, net):
     assert docker(amd, "info", "--format", fmt).stdout == "io.containerd.runc.v2 runc \n"
     assert docker(nv, "version", "--format", "{{.Server.Version}}").stdout == "28.2.2\n"
     assert docker(nv, "--version").stdout.startswith("Docker version 28.2.2, build ")
+
+
+def test_a_pull_leaves_the_daemon_s_own_files_that_the_stage_s_progress_reads(tmp_path, net):
+    """As with dockerd's containerd image store: every blob is downloaded to the content store's ingest and committed
+    to its blobs; the stage's progress, from ``docker info`` and ``docker manifest inspect -v`` on the node, then
+    reads the pull as whole."""
+    from k3deploy.model import commands
+    from k3deploy.model.stagecopies import image_layers
+
+    n = Node(tmp_path, "h200", 0, 1, net)
+    assert docker(n, "pull", "-q", IMAGE).returncode == 0
+    root = docker(n, "info", "-f", "{{.DockerRootDir}} {{.Architecture}}").stdout
+    verbose = json.loads(docker(n, "manifest", "inspect", "-v", IMAGE).stdout)
+    assert verbose["Descriptor"]["digest"] == DIGEST and verbose["Ref"] == f"docker.io/{IMAGE}"
+    got = image_layers(root + json.dumps(verbose))
+    assert got is not None and len(got[1]) >= 2
+    read = subprocess.run(["sh", "-c", commands.pulled_bytes(*got)], capture_output=True, text=True, timeout=30)
+    assert int(read.stdout) == sum(size for _, size in got[1]) > 0
+    assert not any((Path(got[0]) / "containerd" / "daemon" / "io.containerd.content.v1.content" / "ingest")
+                   .iterdir())                                             # nothing left under way
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="mounting a small tmpfs needs root")
