@@ -1768,6 +1768,9 @@ def correctness_probe(url: str, model: str, timeout: int = 60, env_file: str | N
 _BENCH = r"""
 import json, os, sys
 a = json.loads(sys.argv[1])
+for line in (open(sys.argv[2]).read().splitlines() if len(sys.argv) > 2 else []):
+    if line and not line.startswith("#") and "=" in line:
+        os.environ.setdefault(*line.split("=", 1))
 if os.environ.get("VLLM_API_KEY") and not os.environ.get("OPENAI_API_KEY"):
     os.environ["OPENAI_API_KEY"] = os.environ["VLLM_API_KEY"]
 from vllm.benchmarks.serve import add_cli_args, main
@@ -1802,8 +1805,23 @@ def bench_serve(docker: str, image: str, cache_dir: str, env_file: str, args: Se
     """
     argv = [docker, "run", "--rm", "--network", "host", "--env-file", env_file, "-e", "HF_HUB_OFFLINE=1",
             "-v", f"{cache_dir}:{CONTAINER_CACHE}", "--entrypoint", "python3", image]
+    return bench_with(argv, args, concurrency, rounds)
+
+
+def bench_with(python: Sequence[str], args: Sequence[str], concurrency: Sequence[int], rounds: int,
+               env_file: str | None = None) -> str:
+    """The benchmark of :func:`bench_serve` run by ``python``: the argv that runs ``python3`` in a container of the
+    engines' image on the host network, the model cache at ``~/.cache`` (docker's, or a Slurm site's runtime from
+    its staged file: :meth:`k3deploy.runtime.launchers.Launcher.bench_command`); ``env_file``: the unit's env file,
+    which the client reads in the container itself (mounted there at its own path: the API key in no argv), where
+    the runtime is not handed it as docker's ``--env-file``.
+
+        >>> bench_with(["enroot", "start", "i.sqsh", "python3"], [], [1], 1, "/etc/k3/e.env").split(" ")[-1]
+        '/etc/k3/e.env'
+    """
     spec = {"args": list(args), "concurrency": [int(c) for c in concurrency], "rounds": int(rounds)}
-    return f"{shlex.join(argv)} -c {shlex.quote(_BENCH.strip())} {shlex.quote(json.dumps(spec))}"
+    return (f"{shlex.join(python)} -c {shlex.quote(_BENCH.strip())} {shlex.quote(json.dumps(spec))}"
+            + (f" {shlex.quote(env_file)}" if env_file else ""))
 
 
 def record_bench(directory: str, number: int, record: str) -> str:
