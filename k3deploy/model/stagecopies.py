@@ -20,8 +20,8 @@ What is measured, per kind of step:
 - the image from the registry (``docker pull``): the daemon's own files, whichever its image store, against the
   registry's manifest of the image read once by the pulling node (:func:`image_layers`,
   :func:`k3deploy.model.commands.pulled_bytes`). ``docker pull`` itself prints no bytes off a terminal (the CLI's
-  ``jsonmessage`` draws progress bars only on a terminal, and the stage pulls with ``-q``), so its output is not
-  read.
+  ``pkg/jsonmessage/jsonmessage.go`` drops a progress message there: "disable progressbar in non-terminal"; and the
+  stage pulls with ``-q``), so its output is not read.
 
 A file is measured with the names a copy gives it while it is not whole (``.part``, the chain's ``.k3-part``,
 rsync's temporary ``.NAME.XXXXXX``), so the bytes do not drop when it is renamed whole.
