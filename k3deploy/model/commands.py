@@ -18,6 +18,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable, Sequence
+from urllib.parse import quote
 
 from k3deploy.model import compilecache
 from k3deploy.model.bench import BENCH_FILE
@@ -93,6 +94,79 @@ def download_argv(docker: str, cache: str, image: str, model: str, token_file: s
     if endpoint:
         args += ["-e", f"HF_ENDPOINT={endpoint}"]
     return args + ["--entrypoint", "hf", image, "download", model]
+
+
+#: the hub the image's CLI downloads from where no endpoint is set (``huggingface_hub.constants.ENDPOINT``)
+HUB = "https://huggingface.co"
+#: the longest the hub's index may take to answer (no answer: the download shows no total)
+HUB_INDEX_TIMEOUT = 15
+
+
+def hub_index(endpoint: str | None, model: str, revision: str = "main", token_file: str | None = None) -> str:
+    """Shell that prints the hub's index of ``model`` at ``revision`` with every file's size, as
+    ``HfApi.model_info(repo, revision=..., files_metadata=True)`` asks for it (huggingface_hub 2.4.0
+    ``hf_api.py``: ``GET {endpoint}/api/models/{repo}/revision/{rev}`` with ``blobs=true``), from ``endpoint``
+    (the site's mirror, as the download uses it) or the hub. curl (every node has it: the probes use it) honours the
+    node's own ``https_proxy``/``no_proxy``; the token, where there is one, is read from its 0600 file by the shell
+    and handed to curl as a header on its stdin (``-H @-``, curl >= 7.55): it is in no argv. Prints nothing and
+    fails where the hub does not answer 2xx (air-gapped, down, 401): the caller shows no total then.
+
+        >>> print(hub_index(None, "o/m"))
+        curl -fsS --max-time 15 'https://huggingface.co/api/models/o/m/revision/main?blobs=true'
+        >>> print(hub_index("http://mirror:8080/", "o/m", token_file="/t").replace(" | ", " |\\n"))
+        { [ -r /t ] && printf 'Authorization: Bearer %s\\n' "$(cat /t)"; } |
+        curl -fsS --max-time 15 -H @- 'http://mirror:8080/api/models/o/m/revision/main?blobs=true'
+    """
+    url = f"{(endpoint or HUB).rstrip('/')}/api/models/{model}/revision/{quote(revision, safe='')}?blobs=true"
+    curl = f"curl -fsS --max-time {HUB_INDEX_TIMEOUT} "
+    if not token_file:
+        return curl + shlex.quote(url)
+    t = shlex.quote(token_file)
+    return (f"{{ [ -r {t} ] && printf 'Authorization: Bearer %s\\n' \"$(cat {t})\"; }} | "
+            f"{curl}-H @- {shlex.quote(url)}")
+
+
+def image_index(docker: str, image: str) -> str:
+    """Shell that prints the node's docker data root and architecture (``docker info``), then the registry's
+    manifest of ``image`` with its layers' sizes, as the CLI reads it (``docker manifest inspect -v``: the CLI's
+    ``ImageManifest``, docker/cli ``cli/manifest/types/types.go``; a list of them for a multi-platform image), with
+    the credentials the CLI hands the daemon for the pull (its ``config.json``) and the node's proxy settings.
+
+        >>> print(image_index("docker", "v/o:t"))
+        docker info -f '{{.DockerRootDir}} {{.Architecture}}' && docker manifest inspect -v v/o:t
+    """
+    d = shlex.quote(docker)
+    return f"{d} info -f '{{{{.DockerRootDir}}}} {{{{.Architecture}}}}' && {d} manifest inspect -v {shlex.quote(image)}"
+
+
+#: the content stores a docker daemon's containerd image store keeps its blobs in: the system containerd's, and that
+#: of the containerd dockerd starts itself (under the data root, ``$r``)
+CONTENT_STORES = ("/var/lib/containerd/io.containerd.content.v1.content",
+                  '"$r"/containerd/daemon/io.containerd.content.v1.content')
+
+
+def pulled_bytes(root: str, layers: Sequence[tuple[str, int]]) -> str:
+    """Shell that prints the bytes a ``docker pull`` of an image whose ``layers`` are ``(sha256 hex, size)`` holds
+    so far on a node whose docker data root is ``root``, read from the daemon's own files, whichever its image store:
+    each layer that is whole counts its size (the containerd store's blob ``<content>/blobs/sha256/<hex>``,
+    containerd's ``plugins/content/local/store.go``; the classic store's layer registered by its digest,
+    ``<root>/image/<driver>/distribution/diffid-by-digest/sha256/<hex>``, moby's ``distribution/metadata``), each
+    download under way its bytes so far (containerd's ``<content>/ingest/*/data``; the classic store's temp files
+    ``<root>/tmp/GetImageBlob*``, moby's ``distribution/pull_v2.go``, ``TMPDIR`` being ``<root>/tmp``). Read only.
+
+        >>> s = pulled_bytes("/var/lib/docker", [("ab", 5), ("cd", 7)])
+        >>> s.startswith("r=/var/lib/docker; { for x in ab:5 cd:7; do "), s.count("find "), s.count("-printf")
+        (True, 2, 2)
+    """
+    marks = " ".join([f"{c}/blobs/sha256/$h" for c in CONTENT_STORES]
+                     + ['"$r"/image/*/distribution/diffid-by-digest/sha256/$h'])
+    words = " ".join(f"{h}:{n}" for h, n in layers)
+    ingest = " ".join(f"{c}/ingest" for c in CONTENT_STORES)
+    return (f"r={shlex.quote(root)}; {{ for x in {words}; do h=${{x%:*}}; for f in {marks}; do "
+            '[ -e "$f" ] && { echo "${x#*:}"; break; }; done; done; '
+            f"find {ingest} -name data -type f -printf '%s\\n' 2>/dev/null; "
+            """find "$r"/tmp -maxdepth 1 -name 'GetImageBlob*' -type f -printf '%s\\n' 2>/dev/null; """
+            """} | awk '{s += $1} END {printf "%d\\n", s}'""")
 
 
 def require_weights(cache: str, model: str) -> str:
@@ -1746,6 +1820,9 @@ def correctness_probe(url: str, model: str, timeout: int = 60, env_file: str | N
 _BENCH = r"""
 import json, os, sys
 a = json.loads(sys.argv[1])
+for line in (open(sys.argv[2]).read().splitlines() if len(sys.argv) > 2 else []):
+    if line and not line.startswith("#") and "=" in line:
+        os.environ.setdefault(*line.split("=", 1))
 if os.environ.get("VLLM_API_KEY") and not os.environ.get("OPENAI_API_KEY"):
     os.environ["OPENAI_API_KEY"] = os.environ["VLLM_API_KEY"]
 from vllm.benchmarks.serve import add_cli_args, main
@@ -1780,8 +1857,23 @@ def bench_serve(docker: str, image: str, cache_dir: str, env_file: str, args: Se
     """
     argv = [docker, "run", "--rm", "--network", "host", "--env-file", env_file, "-e", "HF_HUB_OFFLINE=1",
             "-v", f"{cache_dir}:{CONTAINER_CACHE}", "--entrypoint", "python3", image]
+    return bench_with(argv, args, concurrency, rounds)
+
+
+def bench_with(python: Sequence[str], args: Sequence[str], concurrency: Sequence[int], rounds: int,
+               env_file: str | None = None) -> str:
+    """The benchmark of :func:`bench_serve` run by ``python``: the argv that runs ``python3`` in a container of the
+    engines' image on the host network, the model cache at ``~/.cache`` (docker's, or a Slurm site's runtime from
+    its staged file: :meth:`k3deploy.runtime.launchers.Launcher.bench_command`); ``env_file``: the unit's env file,
+    which the client reads in the container itself (mounted there at its own path: the API key in no argv), where
+    the runtime is not handed it as docker's ``--env-file``.
+
+        >>> bench_with(["enroot", "start", "i.sqsh", "python3"], [], [1], 1, "/etc/k3/e.env").split(" ")[-1]
+        '/etc/k3/e.env'
+    """
     spec = {"args": list(args), "concurrency": [int(c) for c in concurrency], "rounds": int(rounds)}
-    return f"{shlex.join(argv)} -c {shlex.quote(_BENCH.strip())} {shlex.quote(json.dumps(spec))}"
+    return (f"{shlex.join(python)} -c {shlex.quote(_BENCH.strip())} {shlex.quote(json.dumps(spec))}"
+            + (f" {shlex.quote(env_file)}" if env_file else ""))
 
 
 def record_bench(directory: str, number: int, record: str) -> str:

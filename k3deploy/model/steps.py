@@ -45,7 +45,7 @@ from k3deploy.model.hosttext import parse_env
 from k3deploy.model.images import LocalImage, holds, named, run_ref
 from k3deploy.model.jobcontainers import import_image, runtime
 from k3deploy.model.revisions import revisions_dir
-from k3deploy.model.rollout import HostStart, Rollout, StartPlan, UnitWork
+from k3deploy.model.rollout import HostStart, Placement, Rollout, StartPlan, UnitWork
 from k3deploy.model.slo import GatePlan
 from k3deploy.model.slurm import group_dir, host_files, image_imports, launch_path
 from k3deploy.model.staging import (
@@ -258,7 +258,7 @@ def fresh(rollout: Rollout) -> StagePlan:
     return stage_for(rollout, {}, {})
 
 
-def token_path(rollout: Rollout) -> str | None:
+def token_path(rollout: Placement) -> str | None:
     """Where the Hugging Face token goes on an engine node (None: no token)."""
     variables = rollout.vars
     return variables.k3_config_dir.rstrip("/") + "/hf-token" if variables.k3_hf_token_file else None

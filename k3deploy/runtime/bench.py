@@ -1,10 +1,12 @@
 """``k3deploy bench`` at work: vLLM's own benchmark client against the serving endpoint, recorded per revision.
 
 :func:`bench` reads the cluster as ``history`` does (:data:`~k3deploy.runtime.views.HISTORY`: the rollout and each
-group's revisions), runs :func:`k3deploy.model.commands.bench_serve` (``vllm bench serve`` from the engines' own
-image, the sweep of :func:`k3deploy.model.bench.load_of`) on the node of the first engine group's head through the
-public endpoint, and keeps the sweep (:class:`k3deploy.model.bench.Record`) in the directory of the revision each
-serving group runs, on each of its nodes (``bench.json``), where ``k3deploy history`` reads it.
+group's revisions), runs ``vllm bench serve`` from the engines' own image (the sweep of
+:func:`k3deploy.model.bench.load_of`), as the launcher runs that image (:meth:`Launcher.bench_command
+<k3deploy.runtime.launchers.Launcher.bench_command>`: docker, or a Slurm site's runtime from its staged file), on the
+node of the first engine group's head through the public endpoint, and keeps the sweep
+(:class:`k3deploy.model.bench.Record`) in the directory of the revision each serving group runs, on each of its
+nodes (``bench.json``), where ``k3deploy history`` reads it.
 
 Example::
 
@@ -50,6 +52,7 @@ def bench(inventory: str, overrides: dict[str, Any] | None = None) -> Result:
     from k3deploy.preflight import runner
     from k3deploy.runtime.connections import disconnect, open_inventory
     from k3deploy.runtime.gather import read_and_render, require_reachable
+    from k3deploy.runtime.launchers import launcher_for
     from k3deploy.runtime.readiness import run
     from k3deploy.runtime.views import HISTORY
 
@@ -70,8 +73,7 @@ def bench(inventory: str, overrides: dict[str, Any] | None = None) -> Result:
         load = model.load_of(r.vars)
         gpus = sum(u.spec.container.gpus_per_node for u in engines if u.spec is not None and u.spec.container)
         args = model.client_args(load, r.endpoint, r.plan.model, served_model(r))
-        text = commands.bench_serve(spec.container.docker, spec.container.image, spec.container.cache_dir,
-                                    head.env_path, args, load.concurrency, load.rounds)
+        text = launcher_for(r).bench_command(head, args, load.concurrency, load.rounds)
         hosts = {h.name: h for h in state.inventory}
         _, out = run(hosts, head.host, text)
         points, why = model.parse(out, gpus)

@@ -36,6 +36,7 @@ from k3deploy.model.rollout import Placement, Rollout, UnitWork, files_differ, m
 from k3deploy.model.slurm import HostFiles, QueuedJob, SlurmJob
 from k3deploy.model.staging import engines as engine_hosts
 from k3deploy.model.steps import StartSteps
+from k3deploy.model.units import CONTAINER_CACHE
 from k3deploy.preflight.base import CheckResult
 from k3deploy.runtime import readiness
 from k3deploy.runtime.readiness import GroupControl, run
@@ -152,6 +153,17 @@ class Launcher(Renderer, Protocol):
     def bundle_names(self, unit: UnitWork) -> tuple[str, str]:
         """What the bundle names ``unit``'s files after, and the suffix of the file it runs from."""
 
+    def bench_command(self, unit: UnitWork, args: Sequence[str], concurrency: Sequence[int], rounds: int) -> str:
+        """The shell that runs vLLM's benchmark client (``k3deploy bench``: :func:`k3deploy.model.commands.bench_with`)
+        on ``unit``'s node, in a container of the engines' image as this launcher's engines run it."""
+
+
+def docker_bench(unit: UnitWork, args: Sequence[str], concurrency: Sequence[int], rounds: int) -> str:
+    """The benchmark client in a docker container of ``unit``'s image (:func:`k3deploy.model.commands.bench_serve`)."""
+    c = unit.require_spec().container
+    assert c is not None
+    return commands.bench_serve(c.docker, c.image, c.cache_dir, unit.env_path, args, concurrency, rounds)
+
 
 @dataclass(frozen=True)
 class Systemd:
@@ -247,6 +259,10 @@ class Systemd:
     def bundle_names(self, unit: UnitWork) -> tuple[str, str]:
         """The unit's name; its unit file."""
         return unit.unit, "unit"
+
+    def bench_command(self, unit: UnitWork, args: Sequence[str], concurrency: Sequence[int], rounds: int) -> str:
+        """In a docker container of the unit's image, as its unit runs the engine."""
+        return docker_bench(unit, args, concurrency, rounds)
 
 
 def failure_advice(group: str, host: str, changed: bool) -> str:
@@ -425,6 +441,21 @@ class Slurm:
     def bundle_names(self, unit: UnitWork) -> tuple[str, str]:
         """Its container's name (no systemd unit); its launch script."""
         return unit.container, "launch"
+
+    def bench_command(self, unit: UnitWork, args: Sequence[str], concurrency: Sequence[int], rounds: int) -> str:
+        """With docker, as :class:`Systemd`. With a runtime of its own (pyxis, apptainer: a site that may have no
+        docker), from the staged image file the unit's job runs, as the stage's download runs the image's CLI
+        (:meth:`k3deploy.model.jobcontainers.Runtime.run_argv`, on the node, outside any job: a client, no GPU),
+        the model cache at ``~/.cache`` and the unit's env file read in the container at its own path."""
+        rt = slurm.container_runtime(self.rollout)
+        spec = unit.require_spec().container
+        assert spec is not None
+        if rt.staged is None:
+            return docker_bench(unit, args, concurrency, rounds)
+        config = unit.env_path.rsplit("/", 1)[0] or "/"
+        mounts = [(spec.cache_dir, CONTAINER_CACHE), (config, config)]
+        python = rt.run_argv(slurm.image_file(self.rollout, spec), mounts, [("HF_HUB_OFFLINE", "1")], ["python3"])
+        return commands.bench_with(python, args, concurrency, rounds, env_file=unit.env_path)
 
     def submit(self, hosts: Mapping[str, Any], stop: Sequence[str], start: Sequence[str],
                submitted: dict[str, str]) -> bool:

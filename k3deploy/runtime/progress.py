@@ -175,6 +175,15 @@ class Board:
             c["said"] = now
             print(line(c["what"], c["done"], c["total"], self.rate(key)), file=self.stream, flush=True)
 
+    def forget(self, key: str) -> None:
+        """The copy is not shown any more, and ends without a line (nothing was measured of it)."""
+        c = self.copies.pop(key, None)
+        if c is not None and self.bar is not None and "task" in c:
+            self.bar.remove_task(c["task"])
+            if not self.copies:
+                self.bar.stop()
+                self.bar = None
+
     def end(self, key: str, done: int | None, ok: bool) -> None:
         """The copy ended (``ok``: its step succeeded, so it holds the whole: ``done`` then is at least its total)."""
         c = self.copies.pop(key, None)

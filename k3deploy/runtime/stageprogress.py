@@ -10,10 +10,12 @@ runs, a greenlet of this deploy process (pyinfra runs each host as a gevent gree
 without a thread) reads, every :data:`POLL` seconds, the bytes the receiving node holds at the copy's paths, over a
 channel of its own on the host's SSH connection (one ``find`` of those paths:
 :func:`k3deploy.model.commands.copied_bytes`; a few files, never the data: the copy is not slowed measurably), and
-the whole size once from the host that holds it whole (:mod:`k3deploy.model.stagecopies`). The step's command is the
-same one pyinfra would run (:class:`Watched` runs it as its ``StringCommand`` or ``RsyncCommand`` does); the
-greenlet is killed when the command returns or raises, whatever the outcome; under ``--dry`` no command runs, so
-nothing is shown.
+the whole size once from the host that holds it whole (:mod:`k3deploy.model.stagecopies`), or, for a download
+from the hub or the registry, from the source's own index of it (the hub's sizes, the image's manifest), read once
+by the downloading node (its endpoint, proxy and credentials); a pull's bytes are the daemon's own files. The
+step's command is the same one pyinfra would run (:class:`Watched` runs it as its ``StringCommand`` or
+``RsyncCommand`` does); the greenlet is killed when the command returns or raises, whatever the outcome; under
+``--dry`` no command runs, so nothing is shown.
 
 Example (in an operation)::
 
@@ -29,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import gevent
-from gevent.event import AsyncResult
+from gevent.event import AsyncResult, Event
 from pyinfra.api.command import PyinfraCommand, RsyncCommand, StringCommand
 
-from k3deploy.model.commands import copied_bytes
-from k3deploy.model.stagecopies import Copied
+from k3deploy.model.commands import copied_bytes, pulled_bytes
+from k3deploy.model.stagecopies import Copied, Index, hub_total, image_layers
 from k3deploy.runtime.progress import Board, tree_bytes
 
 #: seconds between two reads of a node's bytes on a terminal (off one, half the plain lines' interval: each read is
@@ -53,18 +55,29 @@ def board() -> Board:
     return _board
 
 
-def _read(host: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int] | None:
-    """The bytes each of ``copies`` holds on ``host`` (None: no answer)."""
+def _run(host: Any, script: str, arguments: dict[str, Any]) -> list[str] | None:
+    """The lines ``script`` prints on ``host``, over a channel of its own on the host's connection (None: it
+    failed or there was no answer)."""
     args = {k: v for k, v in arguments.items() if k not in ("_timeout", "_stdin", "_success_exit_codes",
                                                             "_get_pty")}
-    command = StringCommand("sh", "-c", shlex.quote(copied_bytes([c.paths for c in copies])))
     try:
-        ok, out = host.run_shell_command(command, print_output=False, print_input=False, _timeout=READ_TIMEOUT,
-                                         **args)
+        ok, out = host.run_shell_command(StringCommand("sh", "-c", shlex.quote(script)), print_output=False,
+                                         print_input=False, _timeout=READ_TIMEOUT, **args)
     except Exception:   # a connection that fails under the read: the copy's own command reports it
         return None
-    got = [int(x) for x in out.stdout_lines if x.strip().isdigit()] if ok else []
-    return got if len(got) == len(copies) else None
+    return list(out.stdout_lines) if ok else None
+
+
+def _script(copy: Copied) -> str:
+    """Shell that prints the bytes ``copy`` holds at its paths (0 where it has none: a download measured by its
+    index's files only)."""
+    return copied_bytes([copy.paths]) if copy.paths else "echo 0"
+
+
+def _read(host: Any, scripts: Sequence[str], arguments: dict[str, Any]) -> list[int] | None:
+    """The bytes each copy holds on ``host``, each by its script (:func:`_script`) (None: no answer)."""
+    got = [int(x) for x in _run(host, "; ".join(scripts), arguments) or [] if x.strip().isdigit()]
+    return got if len(got) == len(scripts) else None
 
 
 def _local(path: str) -> int | None:
@@ -92,7 +105,7 @@ def _holder_total(state: Any, copy: Copied, arguments: dict[str, Any]) -> int | 
     total: int | None = None
     try:
         holder = state.inventory.get_host(copy.source, None) if state is not None else None
-        read = _read(holder, [copy], arguments) if holder is not None and holder.connected else None
+        read = _read(holder, [_script(copy)], arguments) if holder is not None and holder.connected else None
         total = read[0] if read else None
     finally:
         if total is None:   # not known (or the read was stopped): the next receiver asks again
@@ -101,15 +114,34 @@ def _holder_total(state: Any, copy: Copied, arguments: dict[str, Any]) -> int | 
     return total
 
 
-def _totals(state: Any, copies: Sequence[Copied], arguments: dict[str, Any]) -> list[int | None]:
-    """Each copy's whole size: its holder's bytes at the same paths, or the control machine's copy's."""
+def _index_total(host: Any, index: Index, arguments: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The whole size of a download, from its source's index read by the downloading ``host`` itself, and for an
+    image the script that reads the daemon's files for it (no answer: neither; the download's own step goes on)."""
+    answer = "\n".join(_run(host, index.command, arguments) or [])
+    if index.kind == "hub":
+        return hub_total(answer), None
+    image = image_layers(answer)
+    if image is None:
+        return None, None
+    root, layers = image
+    return sum(n for _, n in layers), pulled_bytes(root, layers)
+
+
+def _totals(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[str, Any],
+            scripts: list[str] | None = None) -> list[int | None]:
+    """Each copy's whole size: its holder's bytes at the same paths, the control machine's copy's, or its source's
+    index's (where that index says how its bytes are read, ``scripts[i]`` becomes that script)."""
     out: list[int | None] = []
-    for c in copies:
+    for i, c in enumerate(copies):
         total: int | None = None
         if c.local:
             total = _local(c.local)
         elif c.source:
             total = _holder_total(state, c, arguments)
+        elif c.index:
+            total, script = _index_total(host, c.index, arguments)
+            if script and scripts is not None:
+                scripts[i] = script
         out.append(total or None)
     return out
 
@@ -126,12 +158,16 @@ def watching(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[st
     for key, c in zip(keys, copies, strict=True):
         shown.begin(key, f"[{host.name}] stage: {c.shown}", None)
 
+    scripts = [_script(c) for c in copies]
+    known = Event()
+
     def poll() -> None:
-        for key, total in zip(keys, _totals(state, copies, arguments), strict=True):
+        for key, total in zip(keys, _totals(state, host, copies, arguments, scripts), strict=True):
             if total:
                 shown.update(key, 0, total)
+        known.set()
         while True:
-            got = _read(host, copies, arguments)
+            got = _read(host, scripts, arguments)
             for key, done in zip(keys, got or [], strict=False):
                 shown.update(key, done)
             gevent.sleep(POLL if shown.tty else max(POLL, shown.every / 2))   # off a terminal: a line a while
@@ -141,12 +177,16 @@ def watching(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[st
     try:
         yield outcome
     finally:
+        if outcome[0]:   # a step quicker than the read of its totals waits for that read: its last line has them
+            known.wait(READ_TIMEOUT)
         reader.kill(block=True)
         # a last read where the bytes are not known otherwise (a failed step, a copy with no total); a copy whose
         # step succeeded holds its total: the step's end waits for no read
         whole = outcome[0] and all(shown.copies.get(k, {}).get("total") for k in keys)
-        last = None if whole else _read(host, copies, arguments)
-        for i, key in enumerate(keys):
+        last = None if whole else _read(host, scripts, arguments)
+        for i, (key, c) in enumerate(zip(keys, copies, strict=True)):
+            if not c.paths and not shown.copies.get(key, {}).get("total"):
+                shown.forget(key)   # measured through its index only, which did not answer: nothing to say
             shown.end(key, last[i] if last else None, ok=outcome[0])
 
 

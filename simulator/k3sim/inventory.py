@@ -17,6 +17,9 @@ from k3sim import profiles
 from k3sim.host import write_atomic
 from k3sim.monitoring import GROUP_VARS
 
+#: where the simulated outside serves the hub (:mod:`k3sim.outside`; ``huggingface.co`` maps to it on every node)
+HUB_ENDPOINT = "http://huggingface.co"
+
 
 def parse_layout(layout: str | None, nodes: int) -> dict[str, int] | None:
     """``None`` (head + workers) or ``"pd:P,D"`` -> ``{"prefill": P, "decode": D}`` with P + D == nodes."""
@@ -89,6 +92,9 @@ def write_inventory(state: dict[str, Any]) -> None:
                      "deploy another)")
     elif state.get("strategy"):
         lines.append(f"k3_strategy: {state['strategy']}")
+    # the simulated hub answers plain HTTP at huggingface.co (the simulated image's `hf` defaults to it too): the
+    # site's endpoint, so what the nodes ask the hub (the download's index) reaches it
+    lines.append(f"k3_hf_endpoint: {HUB_ENDPOINT}")
     if state["hardware"] == "ascend_910c":
         lines.append("k3_variant: ascend_w4a8")
     if state.get("vip"):

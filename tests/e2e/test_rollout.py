@@ -9,7 +9,9 @@ first, each on its cluster's first deploy.
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -90,7 +92,7 @@ def test_preflight_failure_changes_nothing(two_gb300):
     ("e5d", "h200", 2, "multi_node_tp_dp", None, ["k3-engine.service"]),  # workers made --headless
     ("e5e", "b300", 3, "pd_cluster", "pd:1,2", ["k3-engine-prefill.service", "k3-engine-router.service"]),
 ])
-def test_strategies_serve(sim_factory, name, hardware, nodes, strategy, layout, served_units):
+def test_strategies_serve(sim_factory, tmp_path, name, hardware, nodes, strategy, layout, served_units):
     sim = sim_factory(name, hardware, nodes, *(["--layout", layout] if layout else []))
     sim.set_vars(f"k3_strategy: {strategy}\n")
     if "k3-engine-router.service" in served_units:   # the router's command is checked before anything changes
@@ -107,6 +109,15 @@ def test_strategies_serve(sim_factory, name, hardware, nodes, strategy, layout, 
         assert f"{unit} serves at" in run.stdout
     out = openai_client(endpoint_of(run.stdout))
     assert "Kimi-K3" in out
+    if layout:   # the P/D router's metrics target, scraped from the control machine as Prometheus would
+        k3_here("export", "prometheus", sim.inventory, "-o", str(tmp_path / "prom"), check=True)
+        (target,) = json.loads((tmp_path / "prom" / "targets" / "routers.json").read_text())[0]["targets"]
+        assert target == f"{sim.info['nodes'][0]['ip']}:29000"          # k3_router_metrics_port on the router node
+        with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as answer:
+            scraped = answer.read().decode()
+        # vllm-router 0.1.17's own P/D counter (vllm_router_rs::metrics): the chat completion above, on the prefill
+        prefill = re.escape(f'{{worker="http://{sim.info["nodes"][0]["ip"]}:')
+        assert re.search(rf"^vllm_router_pd_prefill_requests_total{prefill}\d+\"\}} [1-9]", scraped, re.M), scraped
     # every node runs its engine under its own systemd
     for rank in range(nodes):
         state = sim.ssh(rank, "systemctl is-active k3-engine.service k3-engine-prefill.service "

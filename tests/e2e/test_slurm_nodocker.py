@@ -17,6 +17,7 @@ import pytest
 
 from helpers import deploy, k3, why
 from helpers.simulated import endpoint_of, openai_client
+from k3sim.processes import engine_venv
 
 pytestmark = pytest.mark.sim
 
@@ -33,7 +34,8 @@ def ran_on(output: str, operation: str) -> int:
 
 def test_a_pyxis_site_without_docker_serves_from_the_file_the_stage_made_once(sim_factory):
     sim = sim_factory("pxnodock", "gb300", 2, "--slurm", "--fault", "0:no-docker", "--fault", "1:no-docker")
-    sim.set_vars(f"k3_strategy: multi_node_tp\nk3_image: {IMAGE}\n")
+    sim.set_vars(f"k3_strategy: multi_node_tp\nk3_image: {IMAGE}\nk3_bench_input_tokens: 8\n"
+                 "k3_bench_output_tokens: 4\nk3_bench_concurrency: [1]\nk3_bench_rounds: 1\n")   # bench's least load
     for rank in (0, 1):
         assert sim.ssh(rank, "command -v docker").returncode != 0
     made = sim.ssh(1, f"mkdir -p {STRAY.rsplit('/', 1)[0]} && echo hsqs > {STRAY} && echo 0 > {STRAY}.sha256")
@@ -57,3 +59,12 @@ def test_a_pyxis_site_without_docker_serves_from_the_file_the_stage_made_once(si
     # the file of an image no kept revision runs is gone, with its checksum; the revision's file stays
     assert sim.ssh(1, f"ls {STRAY} {STRAY}.sha256 2>/dev/null").stdout.strip() == ""
     assert "Image files: remove those of images no kept revision runs" in run.stdout
+    # vLLM's benchmark client from that same file (enroot start: no docker here), its figures kept with the revision
+    if engine_venv() is not None:   # the real client (tools/engine-venv.sh)
+        ran = k3("bench", sim.inventory, "--json")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        figures = json.loads(ran.stdout)
+        assert list(figures) == ["1"] and figures["1"]["output_tokens_per_s"] > 0, figures
+        for rank in (0, 1):
+            kept = json.loads(sim.ssh(rank, "cat /etc/k3deploy/revisions/engine/*/bench.json").stdout)
+            assert [p["concurrency"] for p in kept["points"]] == [1] and kept["gpus"] == 8, kept

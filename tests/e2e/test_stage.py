@@ -107,7 +107,10 @@ def test_four_trays_fetch_each_artifact_once_and_hand_it_on_along_a_chain(four: 
             line = re.search(rf"^\[{node['name']}\] stage: {what} from {first}: {size} of {size}, done in ",
                              run.stdout, re.M)
             assert line is not None and line[1] == line[2] and not line[1].endswith(" B"), (node["name"], what)
-    assert re.search(rf"^\[{first}\] stage: weights: {size}, done in ", run.stdout, re.M)   # the hub's download
+    # the hub's download and the image's pull, each against its source's own index (read by the node that fetches)
+    for what in ("weights", "image"):
+        line = re.search(rf"^\[{first}\] stage: {what}: {size} of {size}, done in ", run.stdout, re.M)
+        assert line is not None and line[1] == line[2] and not line[1].endswith(" B"), (what, run.stdout[-3000:])
     served, artifacts = uplink(sim)        # the uplink carried the artifacts once, not once per node
     assert artifacts <= served <= 1.2 * artifacts, (served, artifacts)
     for rank in range(4):   # the archives are gone, the daemons stopped; the image stays loaded

@@ -65,6 +65,36 @@ def probe(base: str, requests: int = 8, concurrency: int = 4, output: int = 8):
     return figures
 
 
+def test_a_stream_ends_with_the_usage_as_vllm_sends_it(procs, tmp_path, net):
+    """``stream_options.include_usage``: a last chunk with the usage and no choice before ``[DONE]`` (chat and
+    completions), ``continuous_usage_stats``: every chunk with the usage so far; neither: no usage. The shapes are
+    vLLM 0.33's (``chat_completion/serving.py``, ``completion/serving.py``: the last chunk dumped without its unset
+    and None fields)."""
+    import json
+
+    base = start(procs, tmp_path, net)
+
+    def events(path: str, **body: object) -> list[dict[str, object]]:
+        code, text = http(base + path, {"model": "kimi-k3", "max_tokens": 3, "ignore_eos": True, "stream": True,
+                                        **body})
+        assert code == 200 and str(text).rstrip().endswith("data: [DONE]")
+        return [json.loads(e[len("data: "):]) for e in str(text).split("\n\n") if e.startswith("data: {")]
+
+    chat = {"messages": [{"role": "user", "content": "a b c d"}]}
+    for path, extra, obj in (("/v1/chat/completions", chat, "chat.completion.chunk"),
+                             ("/v1/completions", {"prompt": "a b c d"}, "text_completion")):
+        got = events(path, stream_options={"include_usage": True}, **extra)
+        last = got[-1]
+        assert list(last) == ["id", "object", "created", "model", "choices", "usage"], last
+        assert last["object"] == obj and last["choices"] == [] and last["id"] == got[0]["id"]
+        assert last["usage"] == {"prompt_tokens": 4, "total_tokens": 7, "completion_tokens": 3}
+        assert all("usage" not in e for e in got[:-1])
+        assert all("usage" not in e for e in events(path, **extra))
+        every = events(path, stream_options={"include_usage": True, "continuous_usage_stats": True}, **extra)
+        counts = [e["usage"]["completion_tokens"] for e in every[:-1]]           # type: ignore[index]
+        assert counts == sorted(counts) and counts[-1] == 3 and every[-1]["choices"] == []
+
+
 def test_metrics_as_vllm_shows_them(procs, tmp_path, net):
     base = start(procs, tmp_path, net)
     text = metrics(base)

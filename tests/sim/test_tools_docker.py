@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -178,6 +179,68 @@ def test_info_and_version_formats(tmp_path, net):
     assert docker(amd, "info", "--format", fmt).stdout == "io.containerd.runc.v2 runc \n"
     assert docker(nv, "version", "--format", "{{.Server.Version}}").stdout == "28.2.2\n"
     assert docker(nv, "--version").stdout.startswith("Docker version 28.2.2, build ")
+
+
+def test_a_pull_leaves_the_daemon_s_own_files_that_the_stage_s_progress_reads(tmp_path, net):
+    """As with dockerd's containerd image store: every blob is downloaded to the content store's ingest and committed
+    to its blobs; the stage's progress, from ``docker info`` and ``docker manifest inspect -v`` on the node, then
+    reads the pull as whole."""
+    from k3deploy.model import commands
+    from k3deploy.model.stagecopies import image_layers
+
+    n = Node(tmp_path, "h200", 0, 1, net)
+    assert docker(n, "pull", "-q", IMAGE).returncode == 0
+    root = docker(n, "info", "-f", "{{.DockerRootDir}} {{.Architecture}}").stdout
+    verbose = json.loads(docker(n, "manifest", "inspect", "-v", IMAGE).stdout)
+    assert verbose["Descriptor"]["digest"] == DIGEST and verbose["Ref"] == f"docker.io/{IMAGE}"
+    got = image_layers(root + json.dumps(verbose))
+    assert got is not None and len(got[1]) >= 2
+    read = subprocess.run(["sh", "-c", commands.pulled_bytes(*got)], capture_output=True, text=True, timeout=30)
+    assert int(read.stdout) == sum(size for _, size in got[1]) > 0
+    assert not any((Path(got[0]) / "containerd" / "daemon" / "io.containerd.content.v1.content" / "ingest")
+                   .iterdir())                                             # nothing left under way
+
+
+@pytest.mark.parametrize("classic", [False, True])
+def test_a_layer_under_way_is_where_the_daemon_keeps_it(tmp_path, net, monkeypatch, classic):
+    """Halfway through a layer's download (the simulated docker's pull, in this process, its body copy paused), the
+    stage's reader counts the bytes so far: in the containerd store's ingest, or with the classic store
+    (``"containerd-snapshotter": false``) in ``<data-root>/tmp/GetImageBlob*``; once the pull is done, every
+    layer whole."""
+    from helpers.engine import DOCKER
+    from k3deploy.model import commands
+    from k3deploy.model.stagecopies import image_layers
+
+    n = Node(tmp_path, "h200", 0, 1, net)
+    for key, value in n.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(DOCKER.resolve().parent.parent / "lib" / "k3sim"))
+    import dockersim
+    import k3simlib
+
+    monkeypatch.setattr(dockersim, "_CFG", None)
+    monkeypatch.setattr(dockersim, "classic_store", lambda: classic)
+    got = image_layers(docker(n, "info", "-f", "{{.DockerRootDir}} {{.Architecture}}").stdout
+                       + docker(n, "manifest", "inspect", "-v", IMAGE).stdout)
+    assert got is not None
+    root, layers = got
+    seen: list[int] = []
+    copy = k3simlib.copy_body
+
+    def halfway(resp, out, want, *rest):     # the first half, a read of the node as the stage reads it, the rest
+        first = copy(resp, out, want // 2, *rest)
+        out.flush()
+        if len(layers) > len(seen) and want in dict(layers).values():
+            read = subprocess.run(["sh", "-c", commands.pulled_bytes(root, layers)], capture_output=True, text=True)
+            seen.append(int(read.stdout))
+        return first + copy(resp, out, want - first, *rest)
+
+    monkeypatch.setattr(k3simlib, "copy_body", halfway)
+    dockersim.pull(IMAGE, quiet=True, out=open(os.devnull, "w"))
+    sizes = [size for _, size in layers]
+    assert seen == [sum(sizes[:i]) + sizes[i] // 2 for i in range(len(sizes))], (seen, sizes)
+    whole = subprocess.run(["sh", "-c", commands.pulled_bytes(root, layers)], capture_output=True, text=True)
+    assert int(whole.stdout) == sum(sizes)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="mounting a small tmpfs needs root")

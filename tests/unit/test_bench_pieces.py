@@ -98,3 +98,37 @@ def test_the_picture_has_a_line_per_revision_and_history_a_line_per_run():
     svg = bench.svg({"engine rev 1": RECORD, "engine rev 2": RECORD})
     assert svg.count("<polyline") == 2 and svg.count("<circle") == 6 and "output tokens/s per GPU" in svg
     assert bench.cell(RECORD).splitlines()[2] == "c16: TTFT 60/132, ITL 20/44 ms, 300 tok/s (37.5/GPU)"
+
+
+def test_the_launcher_runs_the_client_as_it_runs_the_engines_image():
+    """systemd: docker, as above; a pyxis Slurm site (no docker needed): ``enroot start`` of the staged squashfs the
+    unit's job runs, the model cache at ``~/.cache``, the env file's directory at its own path and the env file read
+    by the client itself: no secret in the argv."""
+    from k3deploy.model.binding import HostRecord
+    from k3deploy.model.pipeline import desired_rollout, target
+    from k3deploy.model.slurm import engine_image_file
+    from k3deploy.runtime.launchers import launcher_for
+
+    def rollout(**more: object):
+        given = {"k3_hardware": "gb300", "k3_strategy": "multi_node_tp", **more}
+        hosts = [HostRecord(f"n{i}", ("head",) if i == 1 else ("workers",), {**given, "k3_ip": f"10.0.0.{i}"})
+                 for i in (1, 2)]
+        return desired_rollout(target(hosts, None))
+
+    load = bench.Load(32, 16, (1,), 2)
+    r = rollout()
+    head = r.units[0]
+    args = bench.client_args(load, r.endpoint, r.plan.model, "kimi-k3")
+    c = head.require_spec().container
+    assert c is not None
+    assert launcher_for(r).bench_command(head, args, load.concurrency, load.rounds) == commands.bench_serve(
+        c.docker, c.image, c.cache_dir, head.env_path, args, load.concurrency, load.rounds)
+    s = rollout(k3_launcher="slurm", k3_slurm_submit_host="n1", k3_slurm_container="pyxis")
+    unit = s.units[0]
+    words = shlex.split(launcher_for(s).bench_command(unit, args, load.concurrency, load.rounds))
+    config = unit.env_path.rsplit("/", 1)[0]
+    assert words[:words.index("python3")] == [
+        "enroot", "start", "--mount", f"{unit.require_spec().container.cache_dir}:/root/.cache",
+        "--mount", f"{config}:{config}", "--env", "HF_HUB_OFFLINE=1", engine_image_file(s)]
+    assert words[words.index("python3") + 1] == "-c" and words[-1] == unit.env_path
+    assert "docker" not in words and not any("API_KEY=" in w for w in words)

@@ -102,7 +102,7 @@ def _tray_rollout(n: int, **more: object):
 
 def test_each_receiver_of_a_chain_measures_its_copies_against_the_holder_it_starts_from():
     from k3deploy.model import commands, steps
-    from k3deploy.model.stagecopies import copies
+    from k3deploy.model.stagecopies import Index, copies
 
     r = _tray_rollout(4)
     plan = steps.fresh(r)
@@ -110,9 +110,11 @@ def test_each_receiver_of_a_chain_measures_its_copies_against_the_holder_it_star
     blobs = commands.model_dir(v.k3_model_cache, r.plan.model) + "/blobs/"
     archive = commands.archive_path(v.k3_stage_dir, r.plan.image)
     made = {(s.host, s.kind): copies(r, plan, s) for s in steps.stage(r, plan)}
-    # n1 fetches from outside: the hub's download is measured (no total before it), docker's pull is not
+    # n1 fetches from outside: the hub's download and docker's pull are measured, each against its source's index
     assert [(c.what, c.paths, c.source) for c in made[("n1", steps.HUB)]] == [("weights", (blobs,), None)]
-    assert made[("n1", steps.PULL)] == ()
+    assert made[("n1", steps.HUB)][0].index == Index(commands.hub_index(None, r.plan.model), "hub")
+    assert [(c.what, c.paths, c.index) for c in made[("n1", steps.PULL)]] == [
+        ("image", (), Index(commands.image_index(v.k3_docker, r.plan.image), "image"))]
     rounds = {h: c for (h, kind), c in made.items() if kind is not None and kind.part is steps.StagePart.ROUND}
     assert rounds["n1"] == ()
     for h in ("n2", "n3", "n4"):   # along the chain n1 -> n2 -> n3 -> n4: each against n1, which holds them whole
@@ -310,8 +312,148 @@ def test_a_holder_s_whole_size_is_read_once_for_every_receiver_of_a_step(monkeyp
     monkeypatch.setattr(stageprogress, "_read", read)
     monkeypatch.setattr(stageprogress, "_holders", {})
     copy = Copied("weights", ("/c/hub/models--o--m/blobs/",), source="n1")
-    assert stageprogress._totals(State(), [copy], {}) == [None]          # no answer: not kept
-    receivers = [gevent.spawn(stageprogress._totals, State(), [copy], {}) for _ in range(17)]
+    assert stageprogress._totals(State(), None, [copy], {}) == [None]          # no answer: not kept
+    receivers = [gevent.spawn(stageprogress._totals, State(), None, [copy], {}) for _ in range(17)]
     gevent.joinall(receivers)
     assert [r.value for r in receivers] == [[7 * MIB]] * 17
     assert reads == ["n1", "n1"]                                          # the failed read, then one for all 17
+
+
+FIXTURES = __import__("pathlib").Path(__file__).parents[1] / "fixtures"
+
+
+def test_the_hub_s_index_gives_the_bytes_a_download_puts_in_the_cache():
+    """The hub's answer with every file's size (tests/fixtures/hub, its shape as huggingface_hub reads it): an LFS
+    file by its ``lfs.size``, a small one by its ``size``, a content two files share once (one blob)."""
+    from k3deploy.model.stagecopies import hub_total
+
+    answer = (FIXTURES / "hub" / "model-info-blobs.json").read_text()
+    assert hub_total(answer) == 1519 + 1686 + 383865448 + 5234139343
+    assert hub_total('{"error": "Repository not found"}') is None
+    assert hub_total(answer.replace('"size": 1686', '"size": null')) is None    # a file without its size: no total
+
+
+def test_the_downloading_node_reads_the_hub_s_index_with_the_token_from_its_file(tmp_path):
+    """The index's command, run by a real shell and curl against a real HTTP server standing in for the endpoint:
+    the token goes from its 0600 file to the header (never in the command's text), the answer's total is read; a
+    refused token (401) or an endpoint that does not answer gives no total."""
+    import http.server
+    import subprocess
+
+    from k3deploy.model import commands
+    from k3deploy.model.stagecopies import hub_total
+
+    seen: list[tuple[str, str | None]] = []
+    answer = (FIXTURES / "hub" / "model-info-blobs.json").read_bytes()
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            ok = self.headers.get("Authorization") == "Bearer hf_secret"
+            body = answer if ok else b'{"error": "Invalid credentials in Authorization header"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    token = tmp_path / "hf-token"
+    token.write_text("hf_secret\n")
+    token.chmod(0o600)
+
+    def total(script: str) -> int | None:
+        assert "hf_secret" not in script
+        run = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+        return hub_total(run.stdout) if run.returncode == 0 else None
+
+    try:
+        assert total(commands.hub_index(endpoint + "/", "org/model", token_file=str(token))) == 5618007996
+        assert seen[-1] == ("/api/models/org/model/revision/main?blobs=true", "Bearer hf_secret")
+        assert total(commands.hub_index(endpoint, "org/model")) is None               # 401: no token sent
+        assert seen[-1][1] is None
+        token.write_text("hf_other")
+        assert total(commands.hub_index(endpoint, "org/model", token_file=str(token))) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert total(commands.hub_index(endpoint, "org/model")) is None                   # nothing answers
+
+
+def test_a_pull_is_measured_by_the_daemon_s_own_files_whichever_its_image_store(tmp_path):
+    """``docker pull``'s bytes: each layer of the manifest that is whole (the classic store's layer registered by its
+    digest, the containerd store's blob) by its size, each download under way by its file so far (the classic
+    store's ``GetImageBlob*`` temp file, containerd's ingest ``data``), read by a real shell from a data root laid
+    out as the daemons lay it out; the layers from ``docker manifest inspect -v`` (tests/fixtures/host)."""
+    import subprocess
+
+    from k3deploy.model import commands
+    from k3deploy.model.stagecopies import image_layers
+
+    root = tmp_path / "docker"
+    a, b, c, d = ("a" * 64, 100), ("b" * 64, 200), ("c" * 64, 300), ("d" * 64, 400)
+    registered = root / "image" / "overlay2" / "distribution" / "diffid-by-digest" / "sha256"
+    content = root / "containerd" / "daemon" / "io.containerd.content.v1.content"
+    registered.mkdir(parents=True)
+    (registered / a[0]).write_text("sha256:" + "e" * 64)            # classic: a whole, c downloading
+    (root / "tmp").mkdir()
+    (root / "tmp" / "GetImageBlob2771529104").write_bytes(b"x" * 50)
+    (content / "blobs" / "sha256").mkdir(parents=True)               # containerd: b whole, d downloading
+    (content / "blobs" / "sha256" / b[0]).write_bytes(b"x" * b[1])
+    (content / "ingest" / ("f" * 64)).mkdir(parents=True)
+    (content / "ingest" / ("f" * 64) / "data").write_bytes(b"x" * 70)
+    (content / "ingest" / ("f" * 64) / "ref").write_text("layer-sha256:" + d[0])
+
+    def read(layers: list[tuple[str, int]]) -> int:
+        run = subprocess.run(["sh", "-c", commands.pulled_bytes(str(root), layers)], capture_output=True, text=True,
+                             timeout=30)
+        assert run.returncode == 0, run.stderr
+        return int(run.stdout)
+
+    assert read([a, b, c, d]) == 100 + 200 + 50 + 70
+    assert read([c]) == 50 + 70                                         # another image's layers are not counted whole
+    verbose = (FIXTURES / "host" / "docker-manifest-inspect-v-hello-world.txt").read_text()
+    assert image_layers("/var/lib/docker x86_64\n" + verbose) == (
+        "/var/lib/docker", (("b04784fba78d739b526e27edc02a5a8cd07b1052e9283f5fc155828f4b614c28", 972),))
+    # a multi-platform image: the node's platform's manifest
+    listed = json.dumps([{"Descriptor": {"platform": {"os": "linux", "architecture": arch}},
+                          "OCIManifest": {"layers": [{"digest": f"sha256:{h}", "size": n}]}}
+                         for arch, h, n in (("amd64", "11", 5), ("arm64", "22", 6))])
+    assert image_layers("/d aarch64\n" + listed) == ("/d", (("22", 6),))
+    assert image_layers("/d s390x\n" + listed) is None
+
+
+def test_a_pull_quicker_than_its_manifest_s_read_still_ends_with_its_total_and_one_with_no_manifest_says_nothing(
+        tmp_path, monkeypatch):
+    """A real pyinfra host (``@local``) runs a quick step whose copy is measured through its index only (a pull):
+    the step's end waits for the index's read, so its line has the total; where the index does not answer, the copy
+    ends without a line (nothing of it was measured)."""
+    from pyinfra.api import Config, Inventory, State
+
+    from k3deploy.model.stagecopies import Copied, Index
+    from k3deploy.preflight import runner
+    from k3deploy.runtime import stageprogress
+    from k3deploy.runtime.progress import Board
+
+    runner.quiet_pyinfra()
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory=inventory, config=Config())
+    host = inventory.get_host("@local")
+    host.connect(raise_exceptions=True)
+    out = io.StringIO()
+    monkeypatch.setattr(stageprogress, "_board", Board(out, every=60))
+    manifest = json.dumps({"OCIManifest": {"layers": [{"digest": "sha256:" + "a" * 64, "size": 3 * MIB}]}})
+    index = f"sleep 1; echo {tmp_path} x86_64; echo '{manifest}'"
+    pull = Copied("image", (), index=Index(index, "image"))
+    ok, _ = stageprogress.Watched("sh", "-c", "true", copies=(pull,)).execute(state, host, {})
+    said = out.getvalue()
+    assert ok and re.fullmatch(r"\[@local\] stage: image: 3\.0 MiB of 3\.0 MiB, done in \d+ s( \(.*\))?\n", said), said
+    out.truncate(0)
+    out.seek(0)
+    none = Copied("image", (), index=Index("exit 1", "image"))
+    ok, _ = stageprogress.Watched("sh", "-c", "true", copies=(none,)).execute(state, host, {})
+    assert ok and out.getvalue() == "" and not stageprogress.board().copies

@@ -1,7 +1,8 @@
 """Simulated docker CLI + daemon for one node (state under /var/lib/k3sim/docker); ``/usr/bin/docker`` runs it.
 
 Subset: pull, images, image inspect/ls/rm/save/load/tag, rmi, save, load, tag, inspect, run (foreground or -d),
-stop, kill, rm, logs, ps, wait, info, version, buildx imagetools inspect (the registry's digest of a tag). ``run``
+stop, kill, rm, logs, ps, wait, info, version, buildx imagetools inspect (the registry's digest of a tag), manifest
+inspect [-v]. A pull downloads each blob where the daemon keeps it while it downloads (:func:`download_file`). ``run``
 starts the simulated vLLM engine as a real process and supervises it: its stdout/stderr are the container's log, its
 exit status is ``docker run``'s, SIGTERM/SIGINT are forwarded, ``docker stop`` sends SIGTERM then SIGKILL after the
 timeout.
@@ -337,14 +338,71 @@ def fetch_manifest(repo, ref):
     err(f"Error response from daemon: {failure}")
 
 
-def fetch_blob(base, name, desc, out, quiet):
-    """Download one blob into the data root (resumed with Range when the transfer breaks), verify its sha256."""
+#: the content store of the containerd dockerd starts itself (``<data-root>/containerd/daemon``, its root, as
+#: moby's libcontainerd supervisor sets it), as containerd lays it out (``plugins/content/local/store.go``)
+CONTENT = os.path.join("containerd", "daemon", "io.containerd.content.v1.content")
+
+
+def download_file(digest):
+    """Where the daemon writes a blob while it downloads it, by image store: the containerd store's ingest
+    (``<content>/ingest/<sha256 of the ref>/data``, with its ``ref``: containerd's ``content/local`` store), the
+    classic store's temp file (``os.CreateTemp("", "GetImageBlob")`` in moby's ``distribution/pull_v2.go``, in
+    ``<data-root>/tmp``, the daemon's ``TMPDIR``)."""
+    import hashlib
+
+    if classic_store():
+        d = os.path.join(root(), "tmp")
+        os.makedirs(d, exist_ok=True)
+        return os.path.join(d, f"GetImageBlob{os.getpid()}{digest[7:15]}")
+    ref = f"layer-{digest}"
+    d = os.path.join(root(), CONTENT, "ingest", hashlib.sha256(ref.encode()).hexdigest())
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "ref"), "w") as fh:
+        fh.write(ref)
+    return os.path.join(d, "data")
+
+
+def committed(digest, tmp, layer=True):
+    """The daemon's mark that a blob is whole, by image store: the containerd store's blob
+    (``<content>/blobs/sha256/<hex>``: here a hard link to the simulation's copy), the classic store's layer
+    registered by its digest (``image/overlay2/distribution/diffid-by-digest/sha256/<hex>``: moby's
+    ``distribution/metadata`` v2 service, written once the layer is registered; the simulated layers are
+    uncompressed, so the diff id is the digest). The ingest's directory goes."""
+    hexd = digest.split(":", 1)[1]
+    if classic_store():
+        if not layer:   # the image's config: not a layer
+            return
+        d = os.path.join(root(), "image", "overlay2", "distribution", "diffid-by-digest", "sha256")
+        os.makedirs(d, exist_ok=True)
+        write_atomic_text(os.path.join(d, hexd), digest)
+        return
+    d = os.path.join(root(), CONTENT, "blobs", "sha256")
+    os.makedirs(d, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.link(blob_path(digest), os.path.join(d, hexd))
+    import shutil
+
+    shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
+
+
+def write_atomic_text(path, text):
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def fetch_blob(base, name, desc, out, quiet, layer=True):
+    """Download one blob into the data root (resumed with Range when the transfer breaks), verify its sha256;
+    while it downloads it is where the daemon keeps it (:func:`download_file`), then marked whole
+    (:func:`committed`)."""
     digest, size = desc["digest"], int(desc["size"])
     short = digest.split(":", 1)[1][:12]
     final = blob_path(digest)
-    tmp = f"{final}.{os.getpid()}.partial"
+    tmp = None
     scale = float(load_cfg().get("time_scale", 0.01))
     try:
+        tmp = download_file(digest)
         for attempt in range(1, LAYER_ATTEMPTS + 1):
             have = os.path.getsize(tmp) if os.path.exists(tmp) else 0
             try:
@@ -377,9 +435,11 @@ def fetch_blob(base, name, desc, out, quiet):
             os.unlink(tmp)
             err(f"filesystem layer verification failed for digest {digest}")
         os.replace(tmp, final)
+        committed(digest, tmp, layer)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         err(f"failed to register layer: write {final}: {strerror(exc)}")
 
 
@@ -469,7 +529,7 @@ def pull(ref, quiet=False, out=sys.stdout):
             out.write(f"{d['digest'][7:19]}: {'Pulling fs layer' if d in missing else 'Already exists'}\n")
         out.flush()
     if not os.path.exists(blob_path(config_desc["digest"])):
-        fetch_blob(base, name, config_desc, out, quiet)
+        fetch_blob(base, name, config_desc, out, quiet, layer=False)
     for d in missing:
         fetch_blob(base, name, d, out, quiet)
         if not quiet:
@@ -1382,6 +1442,7 @@ def cmd_info(argv):
             "ContainersRunning": sum(1 for c in conts if c["State"]["Running"]),
             "ContainersStopped": sum(1 for c in conts if not c["State"]["Running"]),
             "Images": len(images_db()), "Driver": "overlay2", "DockerRootDir": root(),
+            "Architecture": os.uname().machine,
             "ServerVersion": CLIENT_VERSION, "Runtimes": runtimes(), "DefaultRuntime": "runc",
             "Name": cfg.get("name", ""), "OperatingSystem": "Debian GNU/Linux 12 (bookworm)",
             "KernelVersion": k.kernel_release(), "NCPU": os.cpu_count(), "CgroupVersion": "1"}
@@ -1428,6 +1489,48 @@ def cmd_tag(argv):
         img = db[img["Id"]]
         _add_tag(img, tag, db, repo)
         write_images(db)
+    return 0
+
+
+def cmd_manifest(argv):
+    """docker manifest inspect [-v] NAME: the registry's manifest of NAME, asked directly (as the CLI does: not
+    through the daemon's mirrors). ``-v`` prints the CLI's ``ImageManifest`` (docker/cli
+    ``cli/manifest/types/types.go``: ``Ref``, ``Descriptor`` with the platform, ``Raw``, the manifest itself under
+    ``OCIManifest``); the simulated registry serves single-platform OCI manifests, so it is one object, not a list."""
+    import base64
+
+    if argv[:1] != ["inspect"]:
+        err(f"docker manifest: unknown command: docker manifest {' '.join(argv[:1])}")
+    rest = argv[1:]
+    verbose = take_opt(rest, ["-v", "--verbose"], False)
+    take_opt(rest, ["--insecure"], False)
+    if len(rest) != 1:
+        err("\"docker manifest inspect\" requires exactly 1 argument.")
+    repo, tag, digest = parse_ref(rest[0])
+    base, name = registry_sources(repo)[-1]
+    url = f"{base}/v2/{name}/manifests/{digest or tag}"
+    try:
+        resp, conn = k.http_open(url, headers={"Accept": MANIFEST_TYPE})
+        try:
+            raw = resp.read()
+        finally:
+            conn.close()
+    except k.net_errors() as exc:
+        host, port = _host_of(base)
+        err(f'Get "{url}": {k.net_error(exc, host, port)}')
+    if resp.status != 200:
+        err(f"no such manifest: {_normalized(display(repo, tag, digest))}")
+    if not verbose:
+        sys.stdout.write(json.dumps(json.loads(raw), indent=3) + "\n")
+        return 0
+    man = json.loads(raw)
+    platform = (man.get("annotations") or {}).get("io.k3sim.platform") or "linux/amd64"
+    os_, _, arch = platform.partition("/")
+    doc = {"Ref": _normalized(display(repo, tag, digest)),
+           "Descriptor": {"mediaType": MANIFEST_TYPE, "digest": resp.getheader("Docker-Content-Digest") or
+                          digest_of(raw), "size": len(raw), "platform": {"architecture": arch, "os": os_}},
+           "Raw": base64.b64encode(raw).decode(), "OCIManifest": man}
+    sys.stdout.write(json.dumps(doc, indent=8) + "\n")
     return 0
 
 
@@ -1683,7 +1786,8 @@ def main(argv):
         return 0
     handlers = {"images": cmd_images, "rmi": cmd_rmi, "inspect": cmd_inspect, "run": cmd_run, "stop": cmd_stop,
                 "kill": cmd_kill, "rm": cmd_rm, "logs": cmd_logs, "ps": cmd_ps, "wait": cmd_wait, "info": cmd_info,
-                "version": cmd_version, "save": cmd_save, "load": cmd_load, "tag": cmd_tag, "buildx": cmd_buildx}
+                "version": cmd_version, "save": cmd_save, "load": cmd_load, "tag": cmd_tag, "buildx": cmd_buildx,
+                "manifest": cmd_manifest}
     if cmd not in handlers:
         err(f"docker: unknown command: docker {cmd}\n\nRun 'docker --help' for more information")
     return handlers[cmd](rest)

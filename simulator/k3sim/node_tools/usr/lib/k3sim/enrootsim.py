@@ -206,9 +206,13 @@ def cmd_start_image(argv):
             env[key] = val
     env.update(K3SIM_VOLUMES=json.dumps(volumes), K3SIM_CONTAINER_IMAGE=doc["digest"],
                PATH=BIN + ":" + env.get("PATH", "/usr/bin:/bin"))
+    lib = os.path.dirname(os.path.abspath(__file__))
     if command[0] in ("hf", "huggingface-cli"):   # the image's Hugging Face CLI (as the simulated docker runs it)
-        command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hfsim.py"),
-                   *command[1:]]
+        command = [sys.executable, os.path.join(lib, "hfsim.py"), *command[1:]]
+    elif os.path.basename(command[0]).startswith("python") and command[1:2] == ["-c"] and \
+            "vllm.benchmarks" in (command[2] if len(command) > 2 else ""):
+        # vLLM's own benchmark client (k3deploy bench): the real one, from the engine venv, as the simulated docker
+        command = [sys.executable, os.path.join(lib, "vllmsim_bench.py"), *command[2:]]
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:

@@ -1182,7 +1182,9 @@ class _Handler(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": prompt_words, "total_tokens": prompt_words + len(words),
                  "completion_tokens": len(words), "prompt_tokens_details": None}
         if req.get("stream"):
-            return self._stream(rid, created, name, words, finish, chat, timing)
+            return self._stream(rid, created, name, words, finish, chat, timing,
+                                stream_usage(req.get("stream_options"), "--enable-force-include-usage" in sys.argv),
+                                prompt_words)
         text = " ".join(words)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
@@ -1245,20 +1247,30 @@ class _Handler(BaseHTTPRequestHandler):
                 "remote_num_tokens": prompt_tokens, "remote_blocks_expiry_time": None,
                 "remote_registration_generation": 0, "transfer_mode": "pull"}
 
-    def _stream(self, rid, created, name, words, finish, chat, timing) -> None:
+    def _stream(self, rid, created, name, words, finish, chat, timing, usage=(False, False), prompt_tokens=0) -> None:
         """Server-sent events, each token as it is made: the first after ``timing.ttft``, each next one
-        ``timing.itl`` later. A client that goes away ends it (the request counts as aborted)."""
+        ``timing.itl`` later. A client that goes away ends it (the request counts as aborted). ``usage``: whether
+        a last chunk with the usage and no choice comes before ``[DONE]``, and whether every chunk carries the usage
+        so far (:func:`stream_usage`), in vLLM 0.33's shapes (``chat_completion/serving.py``,
+        ``completion/serving.py``: the last chunk ``{"id", "object", "created", "model", "choices": [], "usage"}``)."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.end_headers()
         obj = "chat.completion.chunk" if chat else "text_completion"
+        include, continuous = usage
 
-        def chunk(delta, fin=None):
+        def counted(done):
+            out = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + done, "completion_tokens": done}
+            return {**out, "completion_tokens_details": None} if chat else out
+
+        def chunk(delta, fin=None, done=0):
             if chat:
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}
             else:
                 choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": fin}
             data = {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice]}
+            if continuous:
+                data["usage"] = counted(done)
             self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
             self.wfile.flush()
 
@@ -1270,11 +1282,34 @@ class _Handler(BaseHTTPRequestHandler):
             for i, w in enumerate(words):
                 if i:
                     time.sleep(timing.itl)
-                chunk({"content": (" " if i else "") + w})
-            chunk({}, finish)
+                chunk({"content": (" " if i else "") + w}, done=i + 1)
+            chunk({}, finish, done=len(words))
+            if include:
+                last = {"id": rid, "object": obj, "created": created, "model": name, "choices": [],
+                        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(words),
+                                  "completion_tokens": len(words)}}
+                self.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
         except OSError:
             timing.done = False
+
+
+def stream_usage(options, forced: bool) -> tuple[bool, bool]:
+    """(a last usage chunk, the usage on every chunk) of a stream, as vLLM 0.33 decides it
+    (``vllm/entrypoints/serve/utils/api_utils.py`` ``should_include_usage``): both with
+    ``--enable-force-include-usage``; else ``stream_options.include_usage``, and ``continuous_usage_stats`` with it.
+
+    >>> stream_usage(None, False), stream_usage({"include_usage": True}, False), stream_usage({}, True)
+    ((False, False), (True, False), (True, True))
+    >>> stream_usage({"continuous_usage_stats": True}, False)
+    (False, False)
+    """
+    if forced:
+        return True, True
+    if not isinstance(options, dict):
+        return False, False
+    include = bool(options.get("include_usage"))
+    return include, include and bool(options.get("continuous_usage_stats"))
 
 
 class Timing:
