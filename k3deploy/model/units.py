@@ -204,17 +204,27 @@ class Fence:
         return f"k3-fence-{self.port}.socket"
 
 
-def fence_units(port: int, config_dir: str) -> dict[str, str]:
-    """The units that answer a peer with this node's fence record: path -> text (a socket, and the service each
-    connection starts; templates ``k3-fence.socket.j2`` and ``k3-fence@.service.j2``).
+def fence_paths(port: int) -> tuple[str, str]:
+    """Where :func:`fence_units` are written: the socket, and the service each connection starts.
 
-    >>> sorted(fence_units(8479, "/etc/k3deploy"))
-    ['/etc/systemd/system/k3-fence-8479.socket', '/etc/systemd/system/k3-fence-8479@.service']
+    >>> fence_paths(8479)
+    ('/etc/systemd/system/k3-fence-8479.socket', '/etc/systemd/system/k3-fence-8479@.service')
     """
     base = f"/etc/systemd/system/k3-fence-{port}"
-    return {base + ".socket": render_template("k3-fence.socket.j2", port=port),
-            base + "@.service": render_template("k3-fence@.service.j2",
-                                                exec_start=exec_line([GROUP_MEMBER, "record", config_dir]))}
+    return base + ".socket", base + "@.service"
+
+
+def fence_units(port: int, config_dir: str) -> dict[str, str]:
+    """The units that answer a peer with this node's fence record: path -> text (a socket, and the service each
+    connection starts, at :func:`fence_paths`; templates ``k3-fence.socket.j2`` and ``k3-fence@.service.j2``).
+
+    >>> sorted(fence_units(8479, "/etc/k3deploy")) == sorted(fence_paths(8479))
+    True
+    """
+    socket, service = fence_paths(port)
+    return {socket: render_template("k3-fence.socket.j2", port=port),
+            service: render_template("k3-fence@.service.j2",
+                                     exec_start=exec_line([GROUP_MEMBER, "record", config_dir]))}
 
 
 @dataclass(frozen=True)

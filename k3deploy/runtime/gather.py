@@ -28,7 +28,7 @@ from pyinfra.api.state import State
 from pyinfra.facts.files import File, FileContents
 
 from k3deploy.errors import K3Error
-from k3deploy.facts.rollout import WeightsStatus
+from k3deploy.facts.rollout import FileState, WeightsStatus
 from k3deploy.facts.status import SlurmQueueReading, UnitRun
 from k3deploy.model import images as image_pins
 from k3deploy.model import slurm
@@ -134,6 +134,11 @@ class Gathered:
     def helpers(self) -> dict[str, str | None]:
         """host -> sha256 of its k3-group-member (None: none there); hosts that were not asked are left out."""
         return {host: r.helper for host, r in self.readings.items() if r.helper_read}
+
+    @cached_property
+    def files(self) -> dict[tuple[str, str], FileState]:
+        """``(host, path)`` -> a file the configure step writes in place, as the host's reading found it."""
+        return {(host, path): state for host, r in self.readings.items() for path, state in r.files.items()}
 
     @cached_property
     def weights(self) -> dict[str, WeightsStatus]:

@@ -31,7 +31,15 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import Directory, File, FileContents
 from pyinfra.operations import server
 
-from k3deploy.facts.rollout import CorrectAnswers, FileOnHost, KeepalivedState, SmokeAnswer, UnitState, VipHeld
+from k3deploy.facts.rollout import (
+    CorrectAnswers,
+    FileOnHost,
+    FileState,
+    KeepalivedState,
+    SmokeAnswer,
+    UnitState,
+    VipHeld,
+)
 from k3deploy.model import commands, correctness
 from k3deploy.model.diff import change_lines, env_file_changes, unit_file_changes
 from k3deploy.model.engine import EngineSpec
@@ -170,6 +178,7 @@ class Written:
     when: Callable[[], bool] | None = None
     spec: EngineSpec | None = field(default=None, repr=False, compare=False)
     owner: str | None = None        # a user name: the file is that user's (a Slurm job's, k3_slurm_user)
+    read: FileState | None = field(default=None, repr=False)   # as the host's reading found it (not read again)
 
 
 @operation()
@@ -177,7 +186,8 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
     """Write every one of ``files`` whose content differs, all in one command: the script
     (:func:`~k3deploy.model.commands.write_from_stdin`) is the command line, the contents come on its stdin (never
     in argv, never in a log), each into a new root-only file of a random name put in place as :func:`managed_file`
-    does. A file up to date whose owner or mode drifted gets them back, as do the files of ``restore`` (``(path,
+    does (a file's sha256, owner and mode as ``seen``, else as the host's reading found them, ``read``, else read
+    here). A file up to date whose owner or mode drifted gets them back, as do the files of ``restore`` (``(path,
     mode, how it drifted)``, e.g. :func:`drifted`'s live unit and env files), content untouched. ``--diff`` shows
     each change as :func:`managed_file` does."""
     todo: list[Written] = []
@@ -192,7 +202,7 @@ def write_files(files: Sequence[Written], restore: Sequence[tuple[str, str, str]
         if f.seen is not None:
             have, meta = f.seen[0], None
         else:
-            got = host.get_fact(FileOnHost, path=f.dest)
+            got = f.read if f.read is not None else host.get_fact(FileOnHost, path=f.dest)
             have, meta = got.sha, got.meta
         if have == hashlib.sha256(f.content.encode()).hexdigest():
             drift = meta.drift(f.mode, owned=f.owner is not None) if meta is not None else None

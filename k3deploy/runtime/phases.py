@@ -581,7 +581,8 @@ def configure_phase(ctx: RunContext) -> None:
                     opened=step.opened)
     files = [Written(f.dest, f.content, f.mode, f.kind,
                      seen=(gathered.helpers.get(me), None) if f.dest == GROUP_MEMBER and me in gathered.helpers
-                     else None, when=ctx.holds(f.when) if f.when else None, spec=f.spec, owner=f.owner)
+                     else None, when=ctx.holds(f.when) if f.when else None, spec=f.spec, owner=f.owner,
+                     read=gathered.files.get((me, f.dest)))
              for f in step.files]
     files += _staged(ctx, [u for u in rollout.on_host(me) if u.unit in step.staged])
     # (on every host, even where nothing is written: pyinfra orders operations by their depth in each host's own

@@ -32,6 +32,8 @@ from k3deploy.facts.rollout import (
     CompileCaches,
     Executable,
     FileHash,
+    FileOnHost,
+    FileState,
     ImageDigest,
     RegistryDigest,
     Revisions,
@@ -63,7 +65,7 @@ from k3deploy.model.pipeline import Target
 from k3deploy.model.revisions import GroupHistory, revisions_dir
 from k3deploy.model.rollout import Placement
 from k3deploy.model.slurm import SlurmSite, job_name
-from k3deploy.model.units import GROUP_MEMBER
+from k3deploy.model.units import GROUP_MEMBER, fence_paths
 from k3deploy.preflight import runner
 from k3deploy.preflight.checks import HostFacts
 from k3deploy.runtime.connections import connect
@@ -85,6 +87,7 @@ class HostReading:
     image: LocalImage | None = None            # what the host holds of the image's repository (engine hosts)
     helper_read: bool = False                  # the group-member helper was looked for (engine hosts)
     helper: str | None = None                  # its sha256 (None: not there)
+    files: dict[str, FileState] = field(default_factory=dict)   # path -> a file the configure step writes in place
     weights: WeightsStatus | None = None       # what the cache holds of the model (engine hosts)
     compile_caches: tuple[str, ...] | None = None   # the compile cache keys it holds whole (engine hosts)
     router_command: bool | None = None         # k3_router_bin is an executable (a router host without its image)
@@ -179,6 +182,19 @@ class ReadHelper(Request):
 
     def keep(self, value: str | None) -> dict[str, Any]:
         return {"helper_read": True, "helper": value}
+
+
+@dataclass(frozen=True)
+class ReadFile(Request):
+    """The sha256, owner and mode of a file the configure step writes in place (the fence units), as
+    :func:`~k3deploy.runtime.operations.write_files` would read it: read with the host's facts, not in a command of
+    its own."""
+
+    fact = FileOnHost
+    path: str
+
+    def keep(self, value: FileState) -> dict[str, Any]:
+        return {"files": {self.path: value}}
 
 
 @dataclass(frozen=True)
@@ -521,7 +537,8 @@ def plan_host(layout: Placement, host: str, view: View, resolver: str | None,
     if host == resolver:
         out.append(registry)
     if any(u.group != "router" for u in mine):
-        out += [ReadHelper(), ReadImage(layout.plan.image, variables.k3_docker),
+        out += [ReadHelper(), *(ReadFile(p) for p in fence_paths(variables.k3_fence_port)),
+                ReadImage(layout.plan.image, variables.k3_docker),
                 ReadWeights(variables.k3_model_cache, layout.plan.model)]
         if variables.k3_compile_cache:
             out.append(ReadCompileCaches(host_root(variables.k3_model_cache)))

@@ -70,3 +70,31 @@ def test_a_file_up_to_date_is_not_written_and_a_condition_that_fails_writes_noth
     same = Written("/etc/k3deploy/a.env", "A=1\n", "600", seen=(hashlib.sha256(b"A=1\n").hexdigest(), "A=1\n"))
     held = Written("/etc/k3deploy/b.env", "B=2\n", "600", seen=(None, None), when=lambda: False)
     assert commands_of([same, held]) == []
+
+
+def test_a_file_as_the_hosts_reading_found_it_is_not_read_again(monkeypatch):
+    from k3deploy.facts.rollout import FileState
+    from k3deploy.model.observed import FileMeta
+
+    content = "[Socket]\n"
+    sha = hashlib.sha256(content.encode()).hexdigest()
+    host = create_host(FakeState())
+    asked: list[object] = []
+
+    def get_fact(*args: object, **kwargs: object) -> FileState:
+        asked.append(args)
+        return FileState()
+
+    monkeypatch.setattr(host, "get_fact", get_fact, raising=False)
+
+    def commands(read: FileState | None) -> list[StringCommand]:
+        with ctx_state.use(FakeState()), ctx_host.use(host):
+            return list(write_files._inner(files=[Written("/etc/systemd/system/k3-fence-8479.socket", content,
+                                                          "644", read=read)]))
+
+    assert commands(FileState(sha, FileMeta(0, 0, "644"))) == [] and asked == []   # up to date
+    drifted = commands(FileState(sha, FileMeta(0, 0, "600")))
+    assert len(drifted) == 1 and "chmod 644" in drifted[0].get_raw_value() and "_stdin" not in \
+        drifted[0].connector_arguments   # its mode back, the content left
+    assert len(commands(FileState("0" * 64, FileMeta(0, 0, "644")))) == 1 and asked == []   # written
+    assert len(commands(None)) == 1 and len(asked) == 1   # not read with the facts: read here

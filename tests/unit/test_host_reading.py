@@ -95,6 +95,26 @@ def test_the_values_land_in_a_typed_reading(layout: Placement) -> None:
     assert plan.reading({}) is None   # nothing came back: the host failed, it has no reading
 
 
+def test_the_units_written_in_place_are_read_with_the_facts_of_each_engine_host(layout: Placement) -> None:
+    from k3deploy.facts.rollout import FileState
+    from k3deploy.model.observed import FileMeta
+    from k3deploy.model.units import fence_paths
+    from k3deploy.runtime.reading import ReadFile
+
+    paths = fence_paths(layout.vars.k3_fence_port)
+    for host in layout.hosts:
+        plan = plan_host(layout, host, views.DEPLOY, resolver=None)
+        assert [r.path for r in plan.requests if isinstance(r, ReadFile)] == list(paths), host
+    plan = plan_host(layout, layout.hosts[1], views.DEPLOY, resolver=None)
+    read = {p: FileState("b" * 64, FileMeta(0, 0, "644")) for p in paths[:1]} | {paths[1]: FileState()}
+    values = {name: read[request.path] if isinstance(request, ReadFile) else None
+              for (name, _, _), request in zip(plan.specs(), plan.requests, strict=True)}
+    reading = plan.reading(values)
+    assert reading is not None and reading.files == read   # each by its path, one absent
+    for view in (views.PREFLIGHT, views.RUNBOOK):   # views that read nothing installed read none of them
+        assert not any(isinstance(r, ReadFile) for r in plan_host(layout, layout.hosts[0], view, resolver=None).requests)
+
+
 def test_an_inventory_is_read_with_one_recipe_parse_and_one_render(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"parse": 0, "render": 0}
     parse = schema.parse_recipe
@@ -124,7 +144,7 @@ def test_each_request_asks_its_fact_by_the_facts_own_parameter_names() -> None:
 
     requests = [cls for cls in vars(reading).values()
                 if isinstance(cls, type) and issubclass(cls, reading.Request) and cls is not reading.Request]
-    assert len(requests) == 23
+    assert len(requests) == 24
     for cls in requests:
         sample = cls(**{f.name: f"<{f.name}>" for f in dataclasses.fields(cls)})
         parameters = inspect.signature(cls.fact().command).parameters

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pyinfra.api.arguments
+import pyinfra.api.exceptions
 import pyinfra.api.facts
 import pytest
 from pyinfra.api import util as pyinfra_util
@@ -109,3 +110,78 @@ def test_the_same_process_with_the_supported_version_gets_past_the_check():
     proc = subprocess.run([sys.executable, "-c", code, "3.10.0"], capture_output=True, text=True, cwd=ROOT,
                           timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
+
+
+def _host_with_layers():
+    """A host whose global arguments come from every layer: its own data, its group's, the inventory's, a value
+    pyinfra reads from a callable layer (a ``@deploy``'s data defaults), and the configuration."""
+    from pyinfra.api import Config, Inventory, State
+
+    inventory = Inventory((["n1", ("n2", {"_sudo": True, "_timeout": 30})], {"_env": {"A": "1"}, "_retries": 2}),
+                          gpus=(["n1"], {"_sudo_user": "k3", "_retries": 3}))
+    config = Config()
+    config.SHELL = "bash"
+    state = State(inventory=inventory, config=config)
+    return state, inventory
+
+
+def _both(state, host, kwargs):
+    """pyinfra's result and ours for the same call (each on its own copy of ``kwargs``), and what each left."""
+    theirs_kwargs, ours_kwargs = dict(kwargs), dict(kwargs)
+    outcomes: list[Any] = []
+    for pop, left in ((internals._pyinfra_pop_global_arguments, theirs_kwargs),
+                      (internals.pop_global_arguments, ours_kwargs)):
+        try:
+            outcomes.append(pop(state, host, left))
+        except pyinfra.api.exceptions.ArgumentTypeError as exc:
+            outcomes.append(("refused", str(exc)))
+    return outcomes, (theirs_kwargs, ours_kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"name": "x", "_sudo": False, "path": "/a"}, {"_if": [lambda: True], "_timeout": 5, "_env": {"B": "2"}},
+    {"_retries": 0, "_stdin": "text"}, {"_sudo": "yes"}, {"_timeout": "soon"},
+])
+def test_global_arguments_are_popped_as_pyinfra_pops_them(kwargs):
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra.context import host as host_context
+
+    state, inventory = _host_with_layers()
+    for name in ("n1", "n2"):
+        host = inventory.get_host(name)
+        (theirs, ours), (theirs_left, ours_left) = _both(state, host, kwargs)
+        assert ours == theirs and ours_left == theirs_left
+        with ctx_state.use(state), ctx_host.use(host):   # through pyinfra's context object, as operations call it
+            (theirs, ours), _ = _both(state, host_context, kwargs)
+            assert ours == theirs
+            host.current_deploy_kwargs = {"_sudo": True, "_timeout": 9}   # inside a @deploy's arguments
+            (theirs, ours), _ = _both(state, host_context, kwargs)
+            assert ours == theirs
+            host.current_deploy_kwargs = None
+
+
+def test_popped_global_arguments_come_from_the_nearest_layer():
+    state, inventory = _host_with_layers()
+    popped, found = internals.pop_global_arguments(state, inventory.get_host("n1"), {"name": "x", "_timeout": 5})
+    assert sorted(found) == ["_timeout", "name"]   # an operation's name is one of them
+    assert (popped["_sudo"], popped["_sudo_user"], popped["_retries"], popped["_timeout"]) == (False, "k3", 3, 5)
+    assert popped["_env"] == {"A": "1"}   # the inventory's, through pyinfra's handler
+    popped, _ = internals.pop_global_arguments(state, inventory.get_host("n2"), {})
+    assert (popped["_sudo"], popped["_sudo_user"], popped["_retries"], popped["_timeout"]) == (True, None, 2, 30)
+
+
+def test_an_operations_signature_is_made_once_per_function_and_is_inspects():
+    import inspect
+
+    import pyinfra.api.operation  # noqa: F401 (the module)
+
+    from k3deploy.runtime.operations import write_files
+
+    func = write_files._inner
+    internals.signature.cache_clear()
+    assert internals.signature(func) == inspect.signature(func)
+    assert internals.signature(func) is internals.signature(func)
+    assert internals.signature(internals.settle_heap) != internals.signature(func)   # one per function
+    internals.install()
+    assert sys.modules["pyinfra.api.operation"].signature is internals.signature
+    assert sys.modules["pyinfra.api.operation"].pop_global_arguments is internals.pop_global_arguments
