@@ -166,11 +166,11 @@ def watching(state: Any, host: Any, copies: Sequence[Copied], arguments: dict[st
             if total:
                 shown.update(key, 0, total)
         known.set()
-        while True:
+        while True:   # the first read after a pause: a step shorter than it costs no read (its end says its bytes)
+            gevent.sleep(POLL if shown.tty else max(POLL, shown.every / 2))   # off a terminal: a line a while
             got = _read(host, scripts, arguments)
             for key, done in zip(keys, got or [], strict=False):
                 shown.update(key, done)
-            gevent.sleep(POLL if shown.tty else max(POLL, shown.every / 2))   # off a terminal: a line a while
 
     outcome = [False]
     reader = gevent.spawn(poll)
