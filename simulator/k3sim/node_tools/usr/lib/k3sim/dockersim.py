@@ -310,6 +310,15 @@ def _host_of(base):
     return u.hostname or "", u.port or 80
 
 
+def _manifest(base, name, ref):
+    """The registry's answer to a GET of ``ref``'s manifest: the response and its body (a network error raises)."""
+    resp, conn = k.http_open(f"{base}/v2/{name}/manifests/{ref}", headers={"Accept": MANIFEST_TYPE})
+    try:
+        return resp, resp.read()
+    finally:
+        conn.close()
+
+
 def fetch_manifest(repo, ref):
     """(base, name, manifest bytes, content digest) from the first source that has it; docker's error otherwise."""
     sources = registry_sources(repo)
@@ -317,11 +326,7 @@ def fetch_manifest(repo, ref):
     for i, (base, name) in enumerate(sources):
         last = i == len(sources) - 1
         try:
-            resp, conn = k.http_open(f"{base}/v2/{name}/manifests/{ref}", headers={"Accept": MANIFEST_TYPE})
-            try:
-                body = resp.read()
-            finally:
-                conn.close()
+            resp, body = _manifest(base, name, ref)
         except k.net_errors() as exc:
             host, port = _host_of(base)
             failure = f'Get "{base}/v2/": {k.net_error(exc, host, port)}'
@@ -1510,11 +1515,7 @@ def cmd_manifest(argv):
     base, name = registry_sources(repo)[-1]
     url = f"{base}/v2/{name}/manifests/{digest or tag}"
     try:
-        resp, conn = k.http_open(url, headers={"Accept": MANIFEST_TYPE})
-        try:
-            raw = resp.read()
-        finally:
-            conn.close()
+        resp, raw = _manifest(base, name, digest or tag)
     except k.net_errors() as exc:
         host, port = _host_of(base)
         err(f'Get "{url}": {k.net_error(exc, host, port)}')
