@@ -1302,8 +1302,7 @@ def copy_began(record: str) -> str:
     >>> copy_began("/r/stage.log")
     '( mkdir -p /r && umask 077 && date +%s.%N > /r/stage.log.began ) || true'
     """
-    return (f"( mkdir -p {shlex.quote(record.rsplit('/', 1)[0] or '/')} && umask 077 && date +%s.%N > "
-            f"{shlex.quote(record + '.began')} ) || true")
+    return _in_record_dir(record, f"date +%s.%N > {shlex.quote(record + '.began')}")
 
 
 def copy_ended(record: str, name: str, first: bool = False) -> str:
@@ -1324,8 +1323,13 @@ def stage_reset(record: str) -> str:
     >>> stage_reset("/r/stage.log")
     '( mkdir -p /r && umask 077 && : > /r/stage.log ) || true'
     """
-    return (f"( mkdir -p {shlex.quote(record.rsplit('/', 1)[0] or '/')} && umask 077 && : > {shlex.quote(record)} ) "
-            "|| true")
+    return _in_record_dir(record, f": > {shlex.quote(record)}")
+
+
+def _in_record_dir(record: str, write: str) -> str:
+    """``write`` into a file beside the node's stage record ``record``, its directory made, the file 0600; never
+    failing the step it serves."""
+    return f"( mkdir -p {shlex.quote(record.rsplit('/', 1)[0] or '/')} && umask 077 && {write} ) || true"
 
 
 def side_by_side(*scripts: str) -> str:
