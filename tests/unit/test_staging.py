@@ -221,13 +221,19 @@ def test_a_node_takes_a_file_once_it_holds_its_size_while_its_peer_still_hashes_
         # the middle node as it is while it hashes its copies: every blob whole in bytes, none renamed yet
         for blob in (md / "blobs").iterdir():
             blob.rename(blob.with_name(blob.name + ".k3-part"))
+        # a peer's list is data, never script: lines that are not a name and a byte count are dropped
+        pwn = tmp_path / "pwn"
+        handed = (md / commands.SIZES).read_text()
+        (md / commands.SIZES).write_text("".join(f"{b} 1$(touch {pwn})\n{b} -5\n" for b in listed) + "x\n"
+                                         + handed)
         last = tmp_path / "last"
         took = _sh(commands.relay_weights([("mid", "127.0.0.42")], port, str(last), "org/m", wait=2))
         assert took.returncode == 0, took.stderr
         assert "routed around" not in took.stderr and "verified 3 files" in took.stdout
         ld = last / "huggingface/hub/models--org--m"
         assert sorted(b.name for b in (ld / "blobs").iterdir()) == sorted(b.name for b in (sd / "blobs").iterdir())
-        assert (ld / commands.SIZES).read_text() == (md / commands.SIZES).read_text()
+        assert (ld / commands.SIZES).read_text() == handed and not pwn.exists()
+        (md / commands.SIZES).write_text(handed)
         # a wrong size costs a second copy, never a bad file: taken short, it fails its hash and is copied again,
         # without a size, once the peer holds it whole
         (md / commands.SIZES).write_text("".join(f"{b} {int(n) // 2}\n" for b, n in listed.items()))
